@@ -1,0 +1,54 @@
+"""The exceptions every part of agent-blackbox raises.
+
+One root, :class:`BlackboxError`, and one class per condition a caller can act on.
+Each message says what was wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class BlackboxError(Exception):
+    """Root of every error agent-blackbox raises on purpose."""
+
+
+class NotSerialisable(BlackboxError, TypeError):
+    """A value handed to the recorder cannot be written as canonical JSON."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"{path}: {reason}. Convert it to JSON types (str, int, float, bool, None, "
+            "list, dict with str keys) before it crosses a recorded boundary."
+        )
+
+
+class UnknownSchemaVersion(BlackboxError):
+    """No reader path exists for this event type and body version."""
+
+    def __init__(self, event_type: str, version: int, known: tuple[int, ...]) -> None:
+        self.event_type = event_type
+        self.version = version
+        self.known = known
+        hint = (
+            f"known versions: {', '.join(map(str, known))}"
+            if known
+            else "this event type is not known at all"
+        )
+        super().__init__(
+            f"no schema for event type {event_type!r} version {version} ({hint}); "
+            "upgrade agent-blackbox to a release that knows it"
+        )
+
+
+class UndecodableMessage(BlackboxError):
+    """Bytes that should hold an envelope do not decode as one."""
+
+
+class BodyEncodingError(BlackboxError, ValueError):
+    """A body does not fit the Avro schema of its event type and version."""
+
+    def __init__(self, event_type: str, version: int, reason: str) -> None:
+        self.event_type = event_type
+        self.version = version
+        super().__init__(f"{event_type} v{version} body does not fit its schema: {reason}")

@@ -1,0 +1,105 @@
+"""The payload pipeline: body → Avro → seal, and open → Avro → body.
+
+One place does each step. Sealing is a port (:class:`Sealer`); the plaintext adapter
+is for development, the envelope-encryption adapter plugs in behind the same two
+methods. The additional authenticated data binds a payload to its run, sequence and
+event id, so a sealed body cannot be moved to another event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from schemas._canonical import canonical_json
+from schemas._codec import BodyCodec
+from schemas._envelope import Envelope
+from schemas._errors import UndecodableMessage
+
+PLAIN_ENCODING = "avro"
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadContext:
+    """Where a payload belongs; sealing binds it there."""
+
+    run_id: str
+    sequence: int
+    event_id: str
+    tenant_id: str
+
+    def aad(self) -> bytes:
+        """The additional authenticated data for AEAD sealing."""
+        return canonical_json([self.run_id, self.sequence, self.event_id])
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """Payload bytes as stored, with what is needed to open them again."""
+
+    data: bytes
+    key_id: str | None
+    encoding: str
+
+
+class Sealer(Protocol):
+    """Seals and opens payload bytes."""
+
+    def seal(self, plaintext: bytes, context: PayloadContext) -> Sealed:
+        """Seal ``plaintext`` for the event ``context`` names."""
+        ...
+
+    def open(self, sealed: Sealed, context: PayloadContext) -> bytes:
+        """Return the plaintext of ``sealed``, or raise naming run and key id."""
+        ...
+
+
+class PlaintextSealer:
+    """Development mode: payloads are stored as plain Avro."""
+
+    def seal(self, plaintext: bytes, context: PayloadContext) -> Sealed:
+        return Sealed(data=plaintext, key_id=None, encoding=PLAIN_ENCODING)
+
+    def open(self, sealed: Sealed, context: PayloadContext) -> bytes:
+        if sealed.encoding != PLAIN_ENCODING or sealed.key_id is not None:
+            raise UndecodableMessage(
+                f"run {context.run_id} sequence {context.sequence}: payload is sealed "
+                f"({sealed.encoding}, key {sealed.key_id}) and no key provider is configured"
+            )
+        return sealed.data
+
+
+class PayloadPipeline:
+    """Turns bodies into stored payload bytes and back."""
+
+    def __init__(self, bodies: BodyCodec | None = None, sealer: Sealer | None = None) -> None:
+        self._bodies = bodies or BodyCodec()
+        self._sealer = sealer or PlaintextSealer()
+
+    def pack(
+        self, event_type: str, version: int, body: Mapping[str, Any], context: PayloadContext
+    ) -> Sealed:
+        """Encode ``body`` as Avro and seal it for ``context``."""
+        return self._sealer.seal(self._bodies.encode(event_type, version, body), context)
+
+    def unpack(self, envelope: Envelope, data: bytes | None = None) -> dict[str, Any]:
+        """Open the payload of ``envelope`` and decode its body.
+
+        ``data`` supplies the bytes of a body stored out of line (``payload_ref``).
+        """
+        stored = envelope.payload if data is None else data
+        if stored is None:
+            raise UndecodableMessage(
+                f"run {envelope.run_id} sequence {envelope.sequence}: the body is stored "
+                f"out of line as {envelope.payload_ref}; fetch it from the blob store"
+            )
+        context = PayloadContext(
+            run_id=envelope.run_id,
+            sequence=envelope.sequence,
+            event_id=envelope.event_id,
+            tenant_id=envelope.tenant_id,
+        )
+        sealed = Sealed(data=stored, key_id=envelope.key_id, encoding=envelope.payload_encoding)
+        plaintext = self._sealer.open(sealed, context)
+        return self._bodies.decode(envelope.event_type, envelope.body_version, plaintext)

@@ -1,0 +1,63 @@
+"""Connection settings and names both sides must agree on, read from the environment once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+DEFAULT_DATABASE_URL = "postgresql+psycopg://blackbox@127.0.0.1:55432/blackbox"
+DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:59092"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Where the services are and how the pipeline is laid out.
+
+    Every field has an environment variable ``BLACKBOX_<FIELD>`` (upper case); the
+    defaults point at the local stack that ``blackbox stack up`` starts.
+    """
+
+    database_url: str = DEFAULT_DATABASE_URL
+    kafka_bootstrap: str = DEFAULT_KAFKA_BOOTSTRAP
+    topic: str = "blackbox.events"
+    partitions: int = 12
+    replication_factor: int = 1
+    outbox_shards: int = 16
+    blob_threshold_bytes: int = 64 * 1024
+    max_payload_bytes: int = 16 * 1024 * 1024
+    consumer_group: str = "blackbox-views"
+    schema_registry_url: str | None = None
+
+    @property
+    def dlq_topic(self) -> str:
+        """The dead-letter topic of :attr:`topic`."""
+        return f"{self.topic}.dlq"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from ``BLACKBOX_*`` variables, defaults for the rest.
+
+        Raises:
+            ValueError: a numeric variable does not hold a positive integer.
+        """
+        env = os.environ if environ is None else environ
+        defaults = cls()
+        values: dict[str, object] = {}
+        for name in cls.__dataclass_fields__:
+            raw = env.get(f"BLACKBOX_{name.upper()}")
+            if raw is None or raw == "":
+                continue
+            current = getattr(defaults, name)
+            values[name] = _positive_int(name, raw) if isinstance(current, int) else raw
+        return replace(defaults, **values)  # type: ignore[arg-type]
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"BLACKBOX_{name.upper()}={raw!r} is not an integer") from None
+    if value <= 0:
+        raise ValueError(f"BLACKBOX_{name.upper()}={raw!r} must be positive")
+    return value
