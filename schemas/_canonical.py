@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 from schemas._errors import NotSerialisable
 
 JsonValue: TypeAlias = (
-    None | bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
+    bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"] | None
 )
 
 DIGEST_PREFIX = "sha256:"

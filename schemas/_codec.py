@@ -78,6 +78,8 @@ class EnvelopeCodec:
             raise UndecodableMessage(
                 f"envelope has {len(data) - body.tell()} trailing bytes after the Avro record"
             )
+        if not isinstance(record, dict):
+            raise UndecodableMessage("envelope is not an Avro record")
         try:
             return Envelope.from_record(record)
         except (KeyError, TypeError, ValueError) as exc:

@@ -105,7 +105,7 @@ _DEFAULT: SchemaRegistry | None = None
 
 def default_registry() -> SchemaRegistry:
     """The registry of the schemas shipped with this package, loaded once."""
-    global _DEFAULT  # noqa: PLW0603 - a read-only cache of files shipped in the package
+    global _DEFAULT
     if _DEFAULT is None:
         _DEFAULT = SchemaRegistry.from_directory()
     return _DEFAULT

@@ -1,0 +1,205 @@
+"""What each boundary kind records: its body, the inputs and outputs that are digested,
+and the unsealed attributes views index on.
+
+The same functions serve record mode and replay: replay recomputes the input part from
+the call the agent makes now and compares its digest with the recorded one, so the
+input of a boundary is exactly what the agent code decides, and nothing it receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas import EventType, canonical_text
+
+VERSION = 1
+"""Body version every builder here writes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Crossing:
+    """One boundary crossing, ready to be turned into an envelope."""
+
+    event_type: EventType
+    body: dict[str, Any]
+    input: Any
+    """The JSON the input digest is taken over."""
+    output: Any
+    """The JSON the output digest is taken over."""
+    attributes: dict[str, str] = field(default_factory=dict)
+    version: int = VERSION
+
+
+def error_info(exc: BaseException | None) -> dict[str, str] | None:
+    """The recorded form of an exception: its type name and message."""
+    if exc is None:
+        return None
+    return {"type": type(exc).__qualname__, "message": str(exc)}
+
+
+def run_started(
+    *,
+    code_version: str,
+    input: Any,
+    prompt_templates: Mapping[str, str],
+    tool_schemas: Mapping[str, str],
+    model_ids: tuple[str, ...],
+    flags: Mapping[str, str],
+    permissions: tuple[str, ...],
+    parent_run_id: str | None,
+    changes: Mapping[str, str],
+) -> Crossing:
+    """The input snapshot that opens a run."""
+    snapshot = {
+        "code_version": code_version,
+        "input": input,
+        "prompt_templates": dict(prompt_templates),
+        "tool_schemas": dict(tool_schemas),
+        "model_ids": list(model_ids),
+        "flags": dict(flags),
+        "permissions": list(permissions),
+        "parent_run_id": parent_run_id,
+        "changes": dict(changes),
+    }
+    body = {
+        "code_version": code_version,
+        "input_json": canonical_text(input, path="input"),
+        "prompt_templates": [{"id": k, "digest": v} for k, v in sorted(prompt_templates.items())],
+        "tool_schemas": [{"name": k, "version": v} for k, v in sorted(tool_schemas.items())],
+        "model_ids": list(model_ids),
+        "flags": dict(flags),
+        "permissions": list(permissions),
+        "parent_run_id": parent_run_id,
+        "changes": dict(changes),
+    }
+    attributes = {"code_version": code_version}
+    if parent_run_id is not None:
+        attributes["parent_run_id"] = parent_run_id
+    return Crossing(EventType.RUN_STARTED, body, snapshot, {}, attributes)
+
+
+def tool_input(tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The digested input of a tool call."""
+    return {"tool": tool, "args": list(args), "kwargs": dict(kwargs)}
+
+
+def tool_call(
+    *,
+    tool: str,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    result: Any,
+    error: BaseException | None,
+    latency_ms: float,
+) -> Crossing:
+    """A finished tool call, successful or not."""
+    inputs = tool_input(tool, args, kwargs)
+    err = error_info(error)
+    body = {
+        "tool": tool,
+        "arguments_json": canonical_text(inputs, path=f"{tool}.arguments"),
+        "result_json": None if error else canonical_text(result, path=f"{tool}.result"),
+        "error": err,
+        "latency_ms": latency_ms,
+    }
+    attributes = {"tool": tool, "latency_ms": f"{latency_ms:.3f}"}
+    if err:
+        attributes["error"] = err["type"]
+    return Crossing(EventType.TOOL_CALL, body, inputs, {"result": result, "error": err}, attributes)
+
+
+def clock_read(*, clock: str, value_us: int) -> Crossing:
+    """A read of the wall or the monotonic clock."""
+    body = {"clock": clock, "value_us": value_us}
+    return Crossing(
+        EventType.CLOCK_READ, body, {"clock": clock}, {"value_us": value_us}, {"clock": clock}
+    )
+
+
+def random_draw(*, kind: str, arguments: Mapping[str, Any], value: Any) -> Crossing:
+    """A draw of randomness: a float, an integer range, a UUID."""
+    inputs = {"kind": kind, "arguments": dict(arguments)}
+    body = {
+        "kind": kind,
+        "arguments_json": canonical_text(dict(arguments), path=f"{kind}.arguments"),
+        "value_json": canonical_text(value, path=f"{kind}.value"),
+    }
+    return Crossing(EventType.RANDOM_DRAW, body, inputs, {"value": value}, {"kind": kind})
+
+
+def effect_intent(*, effect: str, idempotency_key: str, arguments: Mapping[str, Any]) -> Crossing:
+    """The intent of a side effect, committed before the external call."""
+    inputs = {"effect": effect, "idempotency_key": idempotency_key, "arguments": dict(arguments)}
+    body = {
+        "effect": effect,
+        "idempotency_key": idempotency_key,
+        "arguments_json": canonical_text(dict(arguments), path=f"{effect}.arguments"),
+    }
+    attributes = {"effect": effect, "idempotency_key": idempotency_key}
+    return Crossing(EventType.EFFECT_INTENT, body, inputs, {}, attributes)
+
+
+def effect_receipt(
+    *,
+    effect: str,
+    idempotency_key: str,
+    status: str,
+    external_id: str | None,
+    result: Any,
+    error: BaseException | None,
+    latency_ms: float,
+) -> Crossing:
+    """What the external system answered for an intent."""
+    err = error_info(error)
+    body = {
+        "effect": effect,
+        "idempotency_key": idempotency_key,
+        "status": status,
+        "external_id": external_id,
+        "result_json": None if result is None else canonical_text(result, path=f"{effect}.result"),
+        "error": err,
+        "latency_ms": latency_ms,
+    }
+    outputs = {"status": status, "external_id": external_id, "result": result, "error": err}
+    attributes = {"effect": effect, "idempotency_key": idempotency_key, "status": status}
+    if external_id is not None:
+        attributes["external_id"] = external_id
+    inputs = {"effect": effect, "idempotency_key": idempotency_key}
+    return Crossing(EventType.EFFECT_RECEIPT, body, inputs, outputs, attributes)
+
+
+def state_transition(
+    *, from_state: str | None, to_state: str, state: Any, reason: str | None
+) -> Crossing:
+    """The agent's business state moved."""
+    body = {
+        "from_state": from_state,
+        "to_state": to_state,
+        "state_json": canonical_text(state, path=f"{to_state}.state"),
+        "reason": reason,
+    }
+    inputs = {"from_state": from_state, "to_state": to_state, "reason": reason}
+    attributes = {"to_state": to_state}
+    if from_state is not None:
+        attributes["from_state"] = from_state
+    return Crossing(EventType.STATE_TRANSITION, body, inputs, {"state": state}, attributes)
+
+
+def run_finished(
+    *, status: str, output: Any, error: BaseException | None, final_state_digest: str | None
+) -> Crossing:
+    """The end of a run."""
+    err = error_info(error)
+    body = {
+        "status": status,
+        "output_json": None if output is None else canonical_text(output, path="output"),
+        "error": err,
+        "final_state_digest": final_state_digest,
+    }
+    outputs = {"output": output, "error": err, "final_state_digest": final_state_digest}
+    attributes = {"status": status}
+    if err:
+        attributes["error"] = err["type"]
+    return Crossing(EventType.RUN_FINISHED, body, {"status": status}, outputs, attributes)

@@ -1,0 +1,41 @@
+"""Errors of the write side."""
+
+from __future__ import annotations
+
+from schemas import BlackboxError
+
+
+class DatabaseUnavailable(BlackboxError):
+    """Postgres cannot be reached or refused a statement."""
+
+
+class PayloadTooLarge(BlackboxError, ValueError):
+    """A body is larger than the configured maximum."""
+
+    def __init__(self, event_type: str, size: int, limit: int) -> None:
+        self.event_type = event_type
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"{event_type} body is {size} bytes, over the limit of {limit}; record a "
+            "reference or a summary instead, or raise BLACKBOX_MAX_PAYLOAD_BYTES"
+        )
+
+
+class RunNotActive(BlackboxError):
+    """A boundary was crossed on a run that is finished or was never started."""
+
+
+class ConcurrentRunWriter(BlackboxError):
+    """Another writer advanced the same run; each run must have one writer at a time."""
+
+
+class EffectRejected(BlackboxError):
+    """Raised by an effect's ``perform`` to say the external system refused it for sure.
+
+    Any other exception leaves the receipt ``unknown``: the call may have happened.
+    """
+
+    def __init__(self, message: str, *, external_id: str | None = None) -> None:
+        self.external_id = external_id
+        super().__init__(message)

@@ -1,0 +1,36 @@
+"""Runs the write side's alembic migrations programmatically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from outbox._errors import DatabaseUnavailable
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def migrate_write_side(database: str | Engine) -> None:
+    """Bring the ``blackbox`` schema to the newest revision (idempotent).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached or refused the change.
+    """
+    engine = create_engine(database) if isinstance(database, str) else database
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    try:
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    except SQLAlchemyError as exc:
+        raise DatabaseUnavailable(
+            f"could not migrate the write side at {engine.url.render_as_string()}: {exc}"
+        ) from exc
+    finally:
+        if isinstance(database, str):
+            engine.dispose()

@@ -1,0 +1,426 @@
+"""The Recorder in record mode, for synchronous agents."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from outbox._boundaries import Crossing
+from outbox._core import (
+    APPEND_ATTEMPTS,
+    EffectOutcome,
+    EffectReceipt,
+    RunCore,
+    RunSnapshot,
+    as_outcome,
+    fresh_event_id,
+    receipt_crossing,
+    start_crossing,
+)
+from outbox._errors import DatabaseUnavailable, RunNotActive
+from outbox._writer import (
+    EventFactory,
+    RunIdentity,
+    append_txn,
+    insert_run_plan,
+    load_cursor_txn,
+    shard_of,
+)
+from schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings
+
+T = TypeVar("T")
+Joinable = Connection | Session
+TRANSIENT_RETRIES = 3
+
+
+def utc_now() -> datetime:
+    """The wall clock stamped on envelopes as ``recorded_at`` (informational only)."""
+    return datetime.now(UTC)
+
+
+class Recorder:
+    """Records agent runs into the Postgres outbox.
+
+    Args:
+        engine: the write side's database.
+        settings: shards, payload limits; read from the environment when omitted.
+        pipeline: how bodies become payload bytes (plain Avro by default).
+        clock: the source of ``recorded_at``.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        settings: Settings | None = None,
+        pipeline: PayloadPipeline | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings or Settings.from_env()
+        self._factory = EventFactory(
+            settings=self.settings,
+            pipeline=pipeline or PayloadPipeline(),
+            codec=EnvelopeCodec(),
+            clock=clock,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Recorder:
+        """A recorder with its own engine for ``settings.database_url``."""
+        settings = settings or Settings.from_env()
+        engine = create_engine(settings.database_url, pool_size=10, max_overflow=20)
+        return cls(engine, settings=settings)
+
+    def start_run(
+        self,
+        snapshot: RunSnapshot,
+        *,
+        agent_id: str,
+        tenant_id: str = "default",
+        subject_ids: tuple[str, ...] = (),
+        run_id: str | None = None,
+        classification: str = "internal",
+        retention_class: str = "standard",
+        connection: Joinable | None = None,
+    ) -> Run:
+        """Create the run and record ``run.started``, in one transaction.
+
+        With ``connection``, the run is created in the caller's transaction and exists
+        only if the caller commits.
+
+        Raises:
+            NotSerialisable: the snapshot's input is not JSON.
+            RunNotActive: a run with ``run_id`` exists already.
+            DatabaseUnavailable: Postgres could not be reached.
+        """
+        run_id = run_id or str(uuid.uuid4())
+        identity = RunIdentity(
+            run_id=run_id,
+            tenant_id=tenant_id,
+            agent_id=agent_id,
+            shard=shard_of(run_id, self.settings.outbox_shards),
+            subject_ids=tuple(subject_ids),
+            classification=classification,
+            retention_class=retention_class,
+        )
+        run = Run(self, RunCore(identity, self._factory))
+        crossing = start_crossing(snapshot)
+        statement, params = insert_run_plan(
+            identity, parent_run_id=snapshot.parent_run_id, code_version=snapshot.code_version
+        )
+        event_id = fresh_event_id()
+        event = run.core.prepare(crossing, event_id)
+
+        def create(conn: Connection) -> None:
+            try:
+                conn.execute(statement, params)
+            except IntegrityError as exc:
+                raise RunNotActive(f"a run with id {run_id} exists already") from exc
+            run.append_in(conn, crossing, event_id, first=event)
+
+        self.transact(create, connection)
+        return run
+
+    def transact(self, work: Callable[[Connection], T], connection: Joinable | None) -> T:
+        """Run ``work`` in the caller's transaction, or in a new one with retries.
+
+        Only a transaction this recorder owns is retried: a connection that broke or a
+        serialisation failure gets a fresh attempt; a joined transaction belongs to the
+        caller, who decides.
+        """
+        if connection is not None:
+            conn = connection.connection() if isinstance(connection, Session) else connection
+            return _translated(lambda: work(conn))
+        for attempt in range(TRANSIENT_RETRIES):
+            try:
+                with self.engine.begin() as conn:
+                    return work(conn)
+            except DBAPIError as exc:
+                if not _transient(exc) or attempt == TRANSIENT_RETRIES - 1:
+                    raise _unavailable(exc) from exc
+                time.sleep(0.05 * 2**attempt)  # back off before a fresh attempt
+            except SQLAlchemyError as exc:
+                raise _unavailable(exc) from exc
+        raise AssertionError("unreachable")
+
+
+class Run:
+    """One agent run in record mode: the only door between agent code and the world.
+
+    Use it as a context manager: leaving the block records ``run.finished``, as
+    ``failed`` when an exception escapes. A run has one writer at a time; its methods
+    are safe to call from several threads of that writer.
+    """
+
+    def __init__(self, recorder: Recorder, core: RunCore) -> None:
+        self._recorder = recorder
+        self.core = core
+        self._lock = threading.RLock()
+        self._joined: Joinable | None = None
+        self._random = random.Random()
+
+    @property
+    def run_id(self) -> str:
+        """The id of this run."""
+        return self.core.run_id
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the last event this writer appended."""
+        return self.core.cursor.sequence
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.core.finished:
+            return
+        if exc is None:
+            self.finish()
+        else:
+            self.finish(status="failed", error=exc)
+
+    @contextmanager
+    def joined(self, connection: Joinable) -> Iterator[Run]:
+        """Append every event inside the block in the caller's transaction."""
+        with self._lock:
+            previous, self._joined = self._joined, connection
+            try:
+                yield self
+            finally:
+                self._joined = previous
+
+    # Boundaries -----------------------------------------------------------------
+
+    def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Call tool ``fn(*args, **kwargs)`` and record ``tool.call``.
+
+        The arguments are checked before ``fn`` runs; an exception from ``fn`` is
+        recorded and re-raised.
+
+        Raises:
+            NotSerialisable: an argument or the result is not JSON.
+        """
+        self.core.tool_inputs(tool, args, kwargs)
+        started = time.perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            self._append(
+                self.core.tool_call(
+                    tool=tool,
+                    args=args,
+                    kwargs=kwargs,
+                    result=None,
+                    error=exc,
+                    latency_ms=_since(started),
+                )
+            )
+            raise
+        self._append(
+            self.core.tool_call(
+                tool=tool,
+                args=args,
+                kwargs=kwargs,
+                result=result,
+                error=None,
+                latency_ms=_since(started),
+            )
+        )
+        return result
+
+    def llm(
+        self,
+        send: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+        request: Mapping[str, Any],
+        *,
+        provider: str,
+        model: str | None = None,
+    ) -> Mapping[str, Any]:
+        """Send ``request`` to a model through ``send`` and record ``llm.call``.
+
+        ``send`` takes the raw request JSON and returns the raw response JSON of an
+        OpenAI-compatible chat completion. Errors are recorded and re-raised.
+        """
+        model = model or str(request.get("model", "unknown"))
+        self.core.llm_inputs(provider, model, request)
+        started = time.perf_counter()
+        try:
+            response = send(request)
+        except Exception as exc:
+            self._append(
+                self.core.llm_call(
+                    provider=provider,
+                    model=model,
+                    request=request,
+                    response=None,
+                    error=exc,
+                    latency_ms=_since(started),
+                )
+            )
+            raise
+        self._append(
+            self.core.llm_call(
+                provider=provider,
+                model=model,
+                request=request,
+                response=response,
+                error=None,
+                latency_ms=_since(started),
+            )
+        )
+        return response
+
+    def now(self) -> datetime:
+        """The wall clock, UTC, recorded as ``clock.read``."""
+        crossing = self.core.wall_clock()
+        self._append(crossing)
+        return datetime.fromtimestamp(crossing.body["value_us"] / 1e6, UTC)
+
+    def monotonic(self) -> float:
+        """A monotonic clock in seconds, recorded as ``clock.read``."""
+        crossing = self.core.monotonic_clock()
+        self._append(crossing)
+        return float(crossing.body["value_us"]) / 1e6
+
+    def random(self) -> float:
+        """A float in [0, 1), recorded as ``random.draw``."""
+        value = self._random.random()
+        self._append(self.core.random_float(value))
+        return value
+
+    def randint(self, low: int, high: int) -> int:
+        """An integer in [low, high], recorded as ``random.draw``."""
+        value = self._random.randint(low, high)
+        self._append(self.core.random_int(low, high, value))
+        return value
+
+    def uuid(self) -> uuid.UUID:
+        """A random UUID, recorded as ``random.draw``."""
+        value, crossing = self.core.random_uuid()
+        self._append(crossing)
+        return value
+
+    def effect(
+        self,
+        effect: str,
+        perform: Callable[[str], EffectOutcome | Mapping[str, Any] | None],
+        *,
+        arguments: Mapping[str, Any],
+        key: str | None = None,
+    ) -> EffectReceipt:
+        """Cause a side effect: ``effect.intent`` commits, then ``perform(key)``, then
+        ``effect.receipt``.
+
+        ``perform`` receives the idempotency key and should hand it to the external
+        system. It raises :class:`EffectRejected` when the system refused for sure;
+        any other exception leaves the receipt ``unknown`` and is re-raised.
+        """
+        intent = self.core.effect_intent(effect, arguments, key)
+        self._append(intent)  # committed before the external call, by design
+        started = time.perf_counter()
+        try:
+            outcome = as_outcome(perform(intent.body["idempotency_key"]))
+        except Exception as exc:
+            _, crossing = receipt_crossing(intent, None, exc, _since(started))
+            self._append(crossing)
+            raise
+        receipt, crossing = receipt_crossing(intent, outcome, None, _since(started))
+        self._append(crossing)
+        return receipt
+
+    def transition(
+        self,
+        to_state: str,
+        *,
+        state: Any,
+        reason: str | None = None,
+        connection: Joinable | None = None,
+    ) -> Envelope:
+        """Record ``state.transition``; with ``connection``, in the caller's transaction
+        so the business state change and the event commit together."""
+        crossing = self.core.transition(to_state, state, reason)
+        envelope = self._append(crossing, connection)
+        self.core.transitioned(crossing)
+        return envelope
+
+    def finish(
+        self,
+        *,
+        status: str = "succeeded",
+        output: Any = None,
+        error: BaseException | None = None,
+        connection: Joinable | None = None,
+    ) -> Envelope:
+        """Record ``run.finished``; afterwards the run takes no more events."""
+        envelope = self._append(self.core.finish(status, output, error), connection)
+        self.core.finished = True
+        return envelope
+
+    # Appending --------------------------------------------------------------------
+
+    def _append(self, crossing: Crossing, connection: Joinable | None = None) -> Envelope:
+        with self._lock:
+            self.core.check_active()
+            event_id = fresh_event_id()
+            target = connection if connection is not None else self._joined
+            return self._recorder.transact(
+                lambda conn: self.append_in(conn, crossing, event_id), target
+            )
+
+    def append_in(
+        self, conn: Connection, crossing: Crossing, event_id: str, *, first: Any = None
+    ) -> Envelope:
+        """Append ``crossing`` on ``conn``, re-reading the run when its guard fails."""
+        event = first or self.core.prepare(crossing, event_id)
+        for _ in range(APPEND_ATTEMPTS):
+            if append_txn(conn, self.core.identity, event):
+                return self.core.advanced(event)
+            if self.core.stale(event, load_cursor_txn(conn, self.run_id)):
+                return event.envelope
+            event = self.core.prepare(crossing, event_id)
+        raise self.core.conflict()
+
+
+def _since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
+
+
+def _transient(exc: DBAPIError) -> bool:
+    if exc.connection_invalidated:
+        return True
+    code = getattr(exc.orig, "sqlstate", None)
+    # serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now
+    return code in {"40001", "40P01", "57P01", "57P02", "57P03"}
+
+
+def _unavailable(exc: SQLAlchemyError) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"the outbox write failed: {exc.__class__.__name__}: {str(exc).splitlines()[0]}; "
+        "nothing was recorded for this event. Check that Postgres is reachable "
+        "(BLACKBOX_DATABASE_URL) and migrated (blackbox migrate)"
+    )
+
+
+def _translated(work: Callable[[], T]) -> T:
+    try:
+        return work()
+    except SQLAlchemyError as exc:
+        raise _unavailable(exc) from exc

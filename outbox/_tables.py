@@ -1,0 +1,75 @@
+"""The write side's tables, in the Postgres schema ``blackbox``.
+
+Created and changed only by the alembic migrations in ``outbox/migrations``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
+
+SCHEMA = "blackbox"
+NOTIFY_CHANNEL = "blackbox_outbox"
+
+metadata = MetaData(schema=SCHEMA)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("agent_id", Text, nullable=False),
+    Column("subject_ids", ARRAY(Text), nullable=False, server_default="{}"),
+    Column("status", Text, nullable=False, server_default="running"),
+    # The sequence allocator and the head of the hash chain: every event of the run
+    # advances both in the transaction that inserts it.
+    Column("last_sequence", BigInteger, nullable=False, server_default="0"),
+    Column("chain_head", Text, nullable=False),
+    Column("parent_run_id", Text),
+    Column("code_version", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("shard", SmallInteger, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("sequence", BigInteger, nullable=False),
+    Column("event_id", UUID(as_uuid=False), nullable=False),
+    Column("envelope", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("outbox_shard_id", "shard", "id"),
+)
+
+blobs = Table(
+    "blobs",
+    metadata,
+    Column("digest", Text, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+relay_leases = Table(
+    "relay_leases",
+    metadata,
+    Column("shard", SmallInteger, primary_key=True),
+    Column("owner", Text),
+    Column("expires_at", DateTime(timezone=True)),
+)

@@ -1,0 +1,95 @@
+"""Write side: runs, outbox, blobs, relay leases, and the outbox notification.
+
+Revision ID: 0001
+Revises:
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+SCHEMA = "blackbox"
+
+
+def upgrade() -> None:
+    op.create_table(
+        "runs",
+        sa.Column("run_id", sa.Text, primary_key=True),
+        sa.Column("tenant_id", sa.Text, nullable=False),
+        sa.Column("agent_id", sa.Text, nullable=False),
+        sa.Column("subject_ids", postgresql.ARRAY(sa.Text), nullable=False, server_default="{}"),
+        sa.Column("status", sa.Text, nullable=False, server_default="running"),
+        sa.Column("last_sequence", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("chain_head", sa.Text, nullable=False),
+        sa.Column("parent_run_id", sa.Text),
+        sa.Column("code_version", sa.Text),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        sa.Column(
+            "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        schema=SCHEMA,
+    )
+    op.create_table(
+        "outbox",
+        sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+        sa.Column("shard", sa.SmallInteger, nullable=False),
+        sa.Column("run_id", sa.Text, nullable=False),
+        sa.Column("sequence", sa.BigInteger, nullable=False),
+        sa.Column("event_id", postgresql.UUID(as_uuid=False), nullable=False),
+        sa.Column("envelope", sa.LargeBinary, nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        schema=SCHEMA,
+    )
+    op.create_index("outbox_shard_id", "outbox", ["shard", "id"], schema=SCHEMA)
+    op.create_table(
+        "blobs",
+        sa.Column("digest", sa.Text, primary_key=True),
+        sa.Column("data", sa.LargeBinary, nullable=False),
+        sa.Column("size", sa.Integer, nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        schema=SCHEMA,
+    )
+    op.create_table(
+        "relay_leases",
+        sa.Column("shard", sa.SmallInteger, primary_key=True),
+        sa.Column("owner", sa.Text),
+        sa.Column("expires_at", sa.DateTime(timezone=True)),
+        schema=SCHEMA,
+    )
+    # One notification per inserting statement wakes idle relays; Postgres folds
+    # duplicates within a transaction, so a busy writer pays for it once per commit.
+    op.execute(
+        f"""
+        CREATE FUNCTION {SCHEMA}.notify_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_notify('blackbox_outbox', '');
+            RETURN NULL;
+        END $$
+        """
+    )
+    op.execute(
+        f"""
+        CREATE TRIGGER outbox_notify AFTER INSERT ON {SCHEMA}.outbox
+        FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.notify_outbox()
+        """
+    )
+
+
+def downgrade() -> None:
+    op.execute(f"DROP TRIGGER IF EXISTS outbox_notify ON {SCHEMA}.outbox")
+    op.execute(f"DROP FUNCTION IF EXISTS {SCHEMA}.notify_outbox()")
+    for table in ("relay_leases", "blobs", "outbox", "runs"):
+        op.drop_table(table, schema=SCHEMA)
