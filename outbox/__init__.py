@@ -13,16 +13,29 @@ from outbox._errors import (
     PayloadTooLarge,
     RunNotActive,
 )
+from outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
+from outbox._metrics import RelayMetrics
 from outbox._migrate import migrate_write_side
 from outbox._recorder import Recorder, Run
-from outbox._tables import NOTIFY_CHANNEL, SCHEMA, blobs, outbox, relay_leases, runs
+from outbox._relay import EVENT_ID_HEADER, Relay, RelayOptions
+from outbox._tables import (
+    NOTIFY_CHANNEL,
+    SCHEMA,
+    blobs,
+    outbox,
+    relay_leases,
+    relay_members,
+    runs,
+)
 from outbox._writer import shard_of
 
 __all__ = [
+    "EVENT_ID_HEADER",
     "NOTIFY_CHANNEL",
     "SCHEMA",
     "AsyncRecorder",
     "AsyncRun",
+    "BrokerUnavailable",
     "ConcurrentRunWriter",
     "DatabaseUnavailable",
     "EffectOutcome",
@@ -30,13 +43,19 @@ __all__ = [
     "EffectRejected",
     "PayloadTooLarge",
     "Recorder",
+    "Relay",
+    "RelayMetrics",
+    "RelayOptions",
     "Run",
     "RunNotActive",
     "RunSnapshot",
     "blobs",
+    "ensure_topic",
     "migrate_write_side",
     "outbox",
+    "producer_config",
     "relay_leases",
+    "relay_members",
     "runs",
     "shard_of",
 ]

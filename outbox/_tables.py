@@ -73,3 +73,10 @@ relay_leases = Table(
     Column("owner", Text),
     Column("expires_at", DateTime(timezone=True)),
 )
+
+relay_members = Table(
+    "relay_members",
+    metadata,
+    Column("owner", Text, primary_key=True),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+)

@@ -1,4 +1,4 @@
-"""Write side: runs, outbox, blobs, relay leases, and the outbox notification.
+"""Write side: runs, outbox, blobs, relay leases and members, the outbox notification.
 
 Revision ID: 0001
 Revises:
@@ -69,6 +69,13 @@ def upgrade() -> None:
         sa.Column("expires_at", sa.DateTime(timezone=True)),
         schema=SCHEMA,
     )
+    # Live relays heartbeat here, so each can take its fair share of the shards.
+    op.create_table(
+        "relay_members",
+        sa.Column("owner", sa.Text, primary_key=True),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        schema=SCHEMA,
+    )
     # One notification per inserting statement wakes idle relays; Postgres folds
     # duplicates within a transaction, so a busy writer pays for it once per commit.
     op.execute(
@@ -91,5 +98,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(f"DROP TRIGGER IF EXISTS outbox_notify ON {SCHEMA}.outbox")
     op.execute(f"DROP FUNCTION IF EXISTS {SCHEMA}.notify_outbox()")
-    for table in ("relay_leases", "blobs", "outbox", "runs"):
+    for table in ("relay_members", "relay_leases", "blobs", "outbox", "runs"):
         op.drop_table(table, schema=SCHEMA)

@@ -1,0 +1,49 @@
+"""Prometheus metrics of the relay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass(frozen=True)
+class RelayMetrics:
+    """The relay's metrics, registered in one registry per relay."""
+
+    registry: CollectorRegistry
+    outbox_depth: Gauge
+    published: Counter
+    delivery_failures: Counter
+    publish_latency: Histogram
+    batch_seconds: Histogram
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry | None = None) -> RelayMetrics:
+        """Metrics in ``registry`` (a fresh one when omitted)."""
+        registry = registry or CollectorRegistry()
+        return cls(
+            registry=registry,
+            outbox_depth=Gauge(
+                "blackbox_outbox_depth", "Rows waiting in the outbox", registry=registry
+            ),
+            published=Counter(
+                "blackbox_events_published", "Events acknowledged by Kafka", registry=registry
+            ),
+            delivery_failures=Counter(
+                "blackbox_delivery_failures",
+                "Deliveries Kafka refused; their rows stay in the outbox",
+                registry=registry,
+            ),
+            publish_latency=Histogram(
+                "blackbox_publish_latency_seconds",
+                "From outbox commit to Kafka acknowledgement",
+                buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+                registry=registry,
+            ),
+            batch_seconds=Histogram(
+                "blackbox_relay_batch_seconds",
+                "Read, produce, acknowledge and delete of one batch",
+                registry=registry,
+            ),
+        )
