@@ -16,6 +16,7 @@ from outbox._errors import (
 from outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
 from outbox._metrics import RelayMetrics
 from outbox._migrate import migrate_write_side
+from outbox._protocol import AgentRun
 from outbox._recorder import Recorder, Run
 from outbox._relay import EVENT_ID_HEADER, Relay, RelayOptions
 from outbox._tables import (
@@ -33,6 +34,7 @@ __all__ = [
     "EVENT_ID_HEADER",
     "NOTIFY_CHANNEL",
     "SCHEMA",
+    "AgentRun",
     "AsyncRecorder",
     "AsyncRun",
     "BrokerUnavailable",

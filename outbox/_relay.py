@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from outbox._kafka import ensure_topic, producer_config
+from outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
 from outbox._metrics import RelayMetrics
 from outbox._tables import NOTIFY_CHANNEL
 from schemas import Settings
@@ -133,26 +133,35 @@ class Relay:
         self._renewed_at = -math.inf
         self._depth_at = -math.inf
         self._listener: psycopg.Connection[Any] | None = None
+        self._topic_ready = False
         self.published = 0
+        self.failed_deliveries = 0
+        """Deliveries Kafka refused since the relay started (their rows stay)."""
 
     # Loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Relay until ``stop`` is set; in-flight deliveries finish before returning."""
-        ensure_topic(self.settings, self.settings.topic, partitions=self.settings.partitions)
         failures = 0
         try:
             while not stop.is_set():
+                refused = self.failed_deliveries
                 try:
                     moved = self.drain_once(stop)
-                    failures = 0
-                except SQLAlchemyError as exc:
+                except (SQLAlchemyError, BrokerUnavailable) as exc:
                     failures += 1
                     delay = min(0.2 * 2**failures, 5.0)
-                    log.warning("database unavailable (%s); retrying in %.1fs", exc, delay)
+                    log.warning("%s; retrying in %.1fs", _first_line(exc), delay)
                     self._close_listener()
                     stop.wait(delay)
                     continue
+                if self.failed_deliveries > refused:
+                    # Kafka refused deliveries for good (topic deleted, not authorised):
+                    # their rows stay; back off instead of hammering the broker.
+                    failures += 1
+                    stop.wait(min(0.5 * 2**failures, 30.0))
+                    continue
+                failures = 0
                 if moved == 0:
                     self._wait_for_work(stop)
         finally:
@@ -164,6 +173,9 @@ class Relay:
         self._observe_depth()
         if not self._shards:
             return 0
+        if not self._topic_ready:
+            ensure_topic(self.settings, self.settings.topic, partitions=self.settings.partitions)
+            self._topic_ready = True
         started = time.perf_counter()
         with self.engine.connect() as conn:
             rows = conn.execute(
@@ -181,7 +193,6 @@ class Relay:
 
     def drain(self, *, timeout: float = 60.0) -> int:
         """Publish until the leased shards are empty or ``timeout`` passes (for tools)."""
-        ensure_topic(self.settings, self.settings.topic, partitions=self.settings.partitions)
         deadline = time.monotonic() + timeout
         total = 0
         while time.monotonic() < deadline:
@@ -226,6 +237,7 @@ class Relay:
                 self.metrics.published.inc()
             else:
                 batch.failed += 1
+                self.failed_deliveries += 1
                 self.metrics.delivery_failures.inc()
                 log.error("delivery of event %s (run %s) failed: %s", event_id, run_id, err)
 
@@ -266,6 +278,16 @@ class Relay:
             self._keep_leases()
 
     # Leases -----------------------------------------------------------------------
+
+    def rebalance(self) -> list[int]:
+        """Heartbeat, renew leases and take or hand back shards to hold a fair share now.
+
+        The loop does this by itself every third of the lease time; the shards held
+        afterwards are returned.
+        """
+        self._renewed_at = -math.inf
+        self._keep_leases()
+        return list(self._shards)
 
     def _keep_leases(self) -> None:
         now = time.monotonic()
@@ -323,6 +345,10 @@ class Relay:
         self._depth_at = now
         with self.engine.connect() as conn:
             self.metrics.outbox_depth.set(conn.execute(_DEPTH).scalar_one())
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _age(created_at: datetime) -> float:

@@ -1,0 +1,1 @@
+"""Example agents and the end-to-end demo."""

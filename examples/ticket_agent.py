@@ -1,0 +1,153 @@
+"""A small support-ticket agent, written the way production agents use the Recorder.
+
+It reads a ticket through a tool, asks a language model to triage it through an
+injected client, sends a notification as a side effect, and moves its business state.
+Every one of those crosses a recorded boundary; the agent's own control logic is plain
+Python in between. The model and the notifier here are local stand-ins so the demo and
+the tests run without a network; a real deployment injects real clients.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from outbox import AgentRun, EffectOutcome, RunSnapshot
+from schemas import digest
+
+MODEL = "triage-small-1"
+CODE_VERSION = "ticket-agent/1.0.0"
+PROMPT = "You triage support tickets. Answer with JSON: category, priority, summary."
+CATEGORIES = ("billing", "outage", "account", "feature")
+
+
+@dataclass
+class TicketStore:
+    """The ticket system the agent reads from (a tool)."""
+
+    tickets: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def read(self, ticket_id: str) -> dict[str, str]:
+        return dict(self.tickets[ticket_id])
+
+
+class KeywordModel:
+    """A deterministic stand-in for a chat-completion endpoint (OpenAI-compatible JSON)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._served = 0
+
+    def complete(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self._served += 1
+            served = self._served
+        text = str(request["messages"][-1]["content"]).lower()
+        category = next((c for c in CATEGORIES if c in text), "feature")
+        priority = "high" if "down" in text or "urgent" in text else "normal"
+        answer = {"category": category, "priority": priority, "summary": text[:60]}
+        prompt_tokens = len(text.split()) + len(PROMPT.split())
+        return {
+            "id": f"chatcmpl-{served}",
+            "object": "chat.completion",
+            "model": request["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": json.dumps(answer)},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": 12,
+                "total_tokens": prompt_tokens + 12,
+            },
+        }
+
+
+@dataclass
+class Notifier:
+    """An external notification service that honours idempotency keys."""
+
+    sent: dict[str, dict[str, str]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def send(self, *, to: str, message: str, idempotency_key: str) -> EffectOutcome:
+        with self._lock:
+            if idempotency_key not in self.sent:
+                self.sent[idempotency_key] = {"to": to, "message": message}
+            external_id = f"notif-{len(self.sent)}"
+        return EffectOutcome(external_id=external_id, result={"accepted": True})
+
+
+@dataclass
+class TicketAgent:
+    """The agent's dependencies, injected."""
+
+    tickets: TicketStore
+    model: KeywordModel
+    notifier: Notifier
+
+    def snapshot(self, ticket_id: str) -> RunSnapshot:
+        """The input snapshot a run of this agent starts from."""
+        return RunSnapshot(
+            code_version=CODE_VERSION,
+            input={"ticket_id": ticket_id},
+            prompt_templates={"triage": digest(PROMPT)},
+            tool_schemas={"read_ticket": "1"},
+            model_ids=(MODEL,),
+            flags={"escalation": "on"},
+            permissions=("tickets:read", "notify:send"),
+        )
+
+    def handle(self, run: AgentRun, ticket_id: str) -> dict[str, Any]:
+        """Triage one ticket and notify its owner. Returns the run's output."""
+        ticket = run.call("read_ticket", self.tickets.read, ticket_id)
+        received_at = run.now()
+        request = {
+            "model": MODEL,
+            "temperature": 0,
+            "messages": [
+                {"role": "system", "content": PROMPT},
+                {"role": "user", "content": ticket["text"]},
+            ],
+        }
+        reply = run.llm(self.model.complete, request, provider="local")
+        triage = json.loads(reply["choices"][0]["message"]["content"])
+        run.transition("triaged", state={"ticket_id": ticket_id, **triage})
+        # A sampled audit: one ticket in ten gets a second pair of eyes.
+        audited = run.random() < 0.1
+        reference = str(run.uuid())
+        message = f"[{triage['priority']}] {triage['category']}: ticket {ticket_id} ({reference})"
+        receipt = run.effect(
+            "send_notification",
+            lambda key: self.notifier.send(
+                to=ticket["owner"], message=message, idempotency_key=key
+            ),
+            arguments={"to": ticket["owner"], "message": message},
+        )
+        state = {"ticket_id": ticket_id, "notification": receipt.external_id, "audited": audited}
+        run.transition("notified", state=state)
+        return {"ticket_id": ticket_id, **triage, "received_at": received_at.isoformat()}
+
+
+def sample_tickets(count: int) -> TicketStore:
+    """A deterministic set of tickets for demos and tests."""
+    texts = (
+        "Our billing page charges twice",
+        "Service is down for all users, urgent",
+        "Cannot reset my account password",
+        "Please add dark mode as a feature",
+        "Outage in the EU region since 10:00",
+    )
+    store = TicketStore()
+    for index in range(count):
+        store.tickets[f"T-{index:05d}"] = {
+            "text": texts[index % len(texts)],
+            "owner": f"owner{index % 7}@example.test",
+        }
+    return store

@@ -1,0 +1,77 @@
+"""Reading a topic back, and Kafka's own partitioner, for assertions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from schemas import Envelope, EnvelopeCodec
+
+
+def murmur2_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default (murmur2) partitioner picks for ``key``."""
+    seed, m, mask = 0x9747B28C, 0x5BD1E995, 0xFFFFFFFF
+    length = len(key)
+    h = (seed ^ length) & mask
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(key[i : i + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    tail = length & ~3
+    rest = length % 4
+    if rest == 3:
+        h ^= key[tail + 2] << 16
+    if rest >= 2:
+        h ^= key[tail + 1] << 8
+    if rest >= 1:
+        h ^= key[tail]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    h ^= h >> 15
+    return (h & 0x7FFFFFFF) % partitions
+
+
+def read_topic(
+    bootstrap: str, topic: str, *, expect: int, timeout: float = 60.0
+) -> list[tuple[int, int, Envelope]]:
+    """Every message of ``topic`` as (partition, offset, envelope), at least ``expect``.
+
+    Reads until ``expect`` messages arrived and the end of every partition is reached.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    codec = EnvelopeCodec()
+    out: list[tuple[int, int, Envelope]] = []
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)
+        partitions = list(metadata.topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        at_end: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while len(out) < expect or len(at_end) < len(partitions):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"read {len(out)} of {expect} messages from {topic}")
+            for msg in consumer.consume(1000, 0.5):
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        at_end.add(msg.partition())
+                        continue
+                    raise AssertionError(f"consume error: {error}")
+                at_end.discard(msg.partition())
+                out.append((msg.partition(), msg.offset(), codec.decode(msg.value())))
+    finally:
+        consumer.close()
+    return out

@@ -1,0 +1,143 @@
+"""Real PostgreSQL and real Kafka for the integration tests.
+
+Where they come from, in order: ``BLACKBOX_DATABASE_URL`` / ``BLACKBOX_KAFKA_BOOTSTRAP``
+when set; testcontainers when a Docker engine answers; otherwise the project's local
+stack, started on test-only ports under the cache folder and stopped at the end.
+Each test gets its own database (cloned from a migrated template) and its own topic
+names, so tests never see each other's rows or messages.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, make_url, text
+
+from consumers import migrate_views
+from outbox import migrate_write_side
+from schemas import Settings
+from stack import LocalKafka, LocalStack, StackPorts
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE_DB = "blackbox_test_template"
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("BLACKBOX_CACHE_DIR")
+    return (Path(base) if base else ROOT / ".cache" / "blackbox") / "test"
+
+
+@dataclass(frozen=True)
+class Services:
+    """Where the test services listen."""
+
+    database_url: str
+    kafka_bootstrap: str
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=2).ping()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    env_db = os.environ.get("BLACKBOX_DATABASE_URL")
+    env_kafka = os.environ.get("BLACKBOX_KAFKA_BOOTSTRAP")
+    if env_db and env_kafka:
+        yield Services(env_db, env_kafka)
+        return
+    if _docker_answers():
+        yield from _containers()
+        return
+    stack = LocalStack(_cache_dir(), StackPorts(postgres=55442, kafka=59192, controller=59193))
+    endpoints = stack.up()
+    try:
+        yield Services(endpoints.database_url, endpoints.kafka_bootstrap)
+    finally:
+        stack.down()
+
+
+def _containers() -> Iterator[Services]:
+    from testcontainers.kafka import KafkaContainer
+    from testcontainers.postgres import PostgresContainer
+
+    with (
+        PostgresContainer("postgres:16", driver="psycopg") as pg,
+        KafkaContainer("confluentinc/cp-kafka:7.6.0").with_kraft() as kafka,
+    ):
+        yield Services(pg.get_connection_url(), kafka.get_bootstrap_server())
+
+
+@pytest.fixture(scope="session")
+def template_database(services: Services) -> str:
+    """A database with both sides migrated, cloned for every test."""
+    admin = create_engine(services.database_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {TEMPLATE_DB}"))
+        conn.execute(text(f"CREATE DATABASE {TEMPLATE_DB}"))
+    admin.dispose()
+    url = make_url(services.database_url).set(database=TEMPLATE_DB).render_as_string(False)
+    migrate_write_side(url)
+    migrate_views(url)
+    return url
+
+
+@pytest.fixture
+def database_url(services: Services, template_database: str) -> Iterator[str]:
+    name = f"bb_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(services.database_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}"))
+    try:
+        yield make_url(services.database_url).set(database=name).render_as_string(False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+@pytest.fixture
+def settings(services: Services, database_url: str) -> Settings:
+    suffix = uuid.uuid4().hex[:10]
+    return replace(
+        Settings(),
+        database_url=database_url,
+        kafka_bootstrap=services.kafka_bootstrap,
+        topic=f"test.events.{suffix}",
+        consumer_group=f"test-views-{suffix}",
+    )
+
+
+@pytest.fixture
+def engine(settings: Settings) -> Iterator[Engine]:
+    engine = create_engine(settings.database_url, pool_size=10, max_overflow=10)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A Kafka broker this test may stop and start, apart from the shared one."""
+    if shutil.which("java") is None:
+        pytest.skip("no Java runtime: the broker-outage test needs a broker it controls")
+    cache = _cache_dir()
+    broker = LocalKafka(cache / "outage", 59292, 59293)
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()

@@ -1,0 +1,152 @@
+"""The Recorder against a real Postgres: bad input changes nothing, async works."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from outbox import AsyncRecorder, EffectRejected, PayloadTooLarge, Recorder, RunSnapshot
+from schemas import EnvelopeCodec, NotSerialisable, PayloadPipeline, Settings
+
+pytestmark = pytest.mark.integration
+
+
+def _events(engine: Engine, run_id: str) -> list[tuple[int, str]]:
+    codec = EnvelopeCodec()
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT sequence, envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY id"),
+            {"r": run_id},
+        ).all()
+    return [(seq, codec.decode(env).event_type) for seq, env in rows]
+
+
+@pytest.mark.parametrize(
+    ("argument", "complaint"),
+    [
+        (object(), "a object is not JSON-serialisable"),
+        (float("nan"), "nan is not a finite number"),
+        ({1: "x"}, "key 1 is a int"),
+    ],
+)
+def test_bad_argument_is_refused_before_the_tool_runs(
+    engine: Engine, settings: Settings, argument: Any, complaint: str
+) -> None:
+    recorder = Recorder(engine, settings=settings)
+    run = recorder.start_run(RunSnapshot(code_version="v1"), agent_id="a")
+    called = []
+    with pytest.raises(NotSerialisable, match=complaint) as caught:
+        run.call("lookup", lambda value: called.append(value), argument)
+    assert "lookup.arguments.args[0]" in str(caught.value)
+    assert called == []
+    assert _events(engine, run.run_id) == [(1, "run.started")]
+    run.call("lookup", lambda value: value, 1)  # the run goes on, at the next sequence
+    assert _events(engine, run.run_id) == [(1, "run.started"), (2, "tool.call")]
+
+
+def test_unserialisable_result_and_oversized_body_write_nothing(
+    engine: Engine, settings: Settings
+) -> None:
+    small = Settings(
+        database_url=settings.database_url, max_payload_bytes=10_000, blob_threshold_bytes=1_000
+    )
+    recorder = Recorder(engine, settings=small)
+    run = recorder.start_run(RunSnapshot(code_version="v1"), agent_id="a")
+    with pytest.raises(NotSerialisable, match=r"lookup\.result"):
+        run.call("lookup", lambda: {"when": object()})
+    with pytest.raises(PayloadTooLarge, match="over the limit of 10000"):
+        run.call("lookup", lambda: "x" * 20_000)
+    run.call("lookup", lambda: "y" * 5_000)  # over the blob threshold: stored out of line
+    assert _events(engine, run.run_id) == [(1, "run.started"), (2, "tool.call")]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM blackbox.blobs")).scalar_one() == 1
+    codec = EnvelopeCodec()
+    with engine.connect() as conn:
+        row = conn.execute(
+            text("SELECT envelope FROM blackbox.outbox WHERE sequence = 2 AND run_id = :r"),
+            {"r": run.run_id},
+        ).scalar_one()
+        envelope = codec.decode(row)
+        assert envelope.payload is None
+        assert envelope.payload_ref is not None
+        blob = conn.execute(
+            text("SELECT data FROM blackbox.blobs WHERE digest = :d"), {"d": envelope.payload_ref}
+        ).scalar_one()
+    body = PayloadPipeline().unpack(envelope, bytes(blob))
+    assert body["result_json"] == '"' + "y" * 5_000 + '"'
+
+
+def test_effect_intent_commits_before_the_external_call(engine: Engine, settings: Settings) -> None:
+    recorder = Recorder(engine, settings=settings)
+    run = recorder.start_run(RunSnapshot(code_version="v1"), agent_id="a")
+    seen_before_call: list[list[tuple[int, str]]] = []
+
+    def send(key: str) -> dict[str, str]:
+        seen_before_call.append(_events(engine, run.run_id))  # another connection looks
+        return {"external_id": f"ext-{key}"}
+
+    receipt = run.effect("notify", send, arguments={"to": "x"})
+    assert seen_before_call == [[(1, "run.started"), (2, "effect.intent")]]
+    assert receipt.status == "confirmed"
+    assert receipt.idempotency_key == f"{run.run_id}:2"
+
+    def refuse(key: str) -> None:
+        raise EffectRejected("mailbox full", external_id="bounce-1")
+
+    with pytest.raises(EffectRejected):
+        run.effect("notify", refuse, arguments={"to": "y"})
+
+    def time_out(key: str) -> None:
+        raise TimeoutError("no answer")
+
+    with pytest.raises(TimeoutError):
+        run.effect("notify", time_out, arguments={"to": "z"})
+    codec = EnvelopeCodec()
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY id"),
+            {"r": run.run_id},
+        ).scalars()
+        statuses = [codec.decode(r).attributes.get("status") for r in rows]
+    assert statuses == [None, None, "confirmed", None, "failed", None, "unknown"]
+
+
+def test_async_recorder_records_in_order(settings: Settings, engine: Engine) -> None:
+    async def scenario() -> str:
+        async_engine = create_async_engine(settings.database_url)
+        recorder = AsyncRecorder(async_engine, settings=settings)
+        try:
+            async with await recorder.start_run(
+                RunSnapshot(code_version="v1"), agent_id="a"
+            ) as run:
+
+                async def fetch(x: int) -> int:
+                    await asyncio.sleep(0)
+                    return x * 2
+
+                assert await run.call("fetch", fetch, 21) == 42
+                assert await run.call("sync", lambda: "plain") == "plain"
+                await run.now()
+                await run.uuid()
+                await run.effect("notify", lambda key: {"external_id": key}, arguments={})
+                await run.transition("done", state={"ok": True})
+            return run.run_id
+        finally:
+            await async_engine.dispose()
+
+    run_id = asyncio.run(scenario())
+    assert [t for _, t in _events(engine, run_id)] == [
+        "run.started",
+        "tool.call",
+        "tool.call",
+        "clock.read",
+        "random.draw",
+        "effect.intent",
+        "effect.receipt",
+        "state.transition",
+        "run.finished",
+    ]
