@@ -1,0 +1,400 @@
+"""A single-node Apache Kafka broker (KRaft, broker and controller in one JVM).
+
+The broker runs from the official jars, which Maven copies once into
+``<cache>/kafka/jars``; later starts need neither Maven nor the network. Layout under
+``<cache>/kafka``: ``jars/``, ``data/`` (log.dirs), ``logs/`` (``server.log`` from log4j2
+and ``server.out`` for the JVM's own output), ``server.properties`` and ``kafka.pid``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from rich.console import Console
+
+from stack._process import (
+    MissingPrerequisiteError,
+    PidFile,
+    ServiceError,
+    ServiceState,
+    ServiceStatus,
+    file_size,
+    kill,
+    last_lines,
+    port_open,
+    require_free_port,
+    run_checked,
+    start_detached,
+    stream_lines,
+    tail_file,
+    terminate,
+    wait_for,
+)
+
+_RESOURCES = Path(__file__).resolve().parent / "kafka"
+POM = _RESOURCES / "pom.xml"
+LOG4J2_CONFIG = _RESOURCES / "log4j2.xml"
+_MAIN_CLASS = "kafka.Kafka"
+_STORAGE_TOOL = "kafka.tools.StorageTool"
+_JVM_HEAP = ("-Xms256m", "-Xmx512m")
+_DOWNLOADED = re.compile(r"Downloaded from [^:]+: (\S+)")
+_client_log = logging.getLogger("stack.kafka.admin")
+
+
+def new_cluster_id() -> str:
+    """A fresh KRaft cluster id: 16 random bytes, URL-safe base64 without padding.
+
+    Ids starting with ``-`` are skipped: command-line tools would read them as an option.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def render_server_properties(*, port: int, controller_port: int, log_dir: Path) -> str:
+    """``server.properties`` for a one-node cluster listening on loopback only."""
+    settings = {
+        "node.id": "1",
+        "process.roles": "broker,controller",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "log.dirs": str(log_dir),
+        # One broker: every internal topic must make do with a single replica.
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        # Consumers in tests join alone; waiting for more members only adds latency.
+        "group.initial.rebalance.delay.ms": "0",
+        # After a crash the controller refuses the restarted broker's registration until
+        # the dead incarnation's session expires (default 9 s); a short session keeps a
+        # kill-and-restart in tests quick. Heartbeats must come well inside the session.
+        "broker.heartbeat.interval.ms": "500",
+        "broker.session.timeout.ms": "3000",
+        # Topics are created on purpose, with the partition count the code asks for.
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+    }
+    lines = [f"{key}={value}" for key, value in settings.items()]
+    return "# Written by the blackbox stack launcher on every start.\n" + "\n".join(lines) + "\n"
+
+
+def downloaded_artifact(maven_line: str) -> str | None:
+    """The file name in a Maven ``Downloaded from`` line, else ``None``."""
+    match = _DOWNLOADED.search(maven_line)
+    return match.group(1).rsplit("/", 1)[-1] if match else None
+
+
+class KafkaJars:
+    """The broker's jars, copied by Maven into ``jar_dir`` once per version of the pom.
+
+    A marker file holding the pom's digest says the copy is complete; a changed pom (a
+    new Kafka version) triggers a fresh copy.
+    """
+
+    def __init__(self, jar_dir: Path, *, console: Console) -> None:
+        self._jar_dir = jar_dir
+        self._console = console
+        self._marker = jar_dir / ".complete"
+
+    @property
+    def classpath(self) -> str:
+        """The ``-cp`` value; the JVM expands the wildcard itself."""
+        return f"{self._jar_dir}/*"
+
+    def is_complete(self) -> bool:
+        """Whether the jars of the current pom are all present."""
+        return self._marker.exists() and self._marker.read_text().strip() == _pom_digest()
+
+    def ensure(self) -> None:
+        """Copy the jars unless a complete copy exists.
+
+        Raises:
+            MissingPrerequisiteError: Maven is not installed.
+            ServiceError: Maven could not resolve the jars (quoting its last lines).
+        """
+        if self.is_complete():
+            return
+        if self._jar_dir.exists():
+            shutil.rmtree(self._jar_dir)
+        self._console.print("kafka: fetching the broker's jars with Maven (first start only)")
+        self._run_maven()
+        self._marker.write_text(_pom_digest() + "\n")
+
+    def _run_maven(self) -> None:
+        argv = ["mvn", "-B", "-f", str(POM), "dependency:copy-dependencies"]
+        argv += [f"-DoutputDirectory={self._jar_dir}", "-DincludeScope=runtime"]
+        try:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+        except FileNotFoundError as exc:
+            raise MissingPrerequisiteError(
+                "Maven is needed once to fetch the Kafka jars: `apt-get install maven`, "
+                "or set BLACKBOX_KAFKA_BOOTSTRAP to use a broker you already run."
+            ) from exc
+        output = "\n".join(self._follow(process))
+        if process.returncode != 0:
+            raise ServiceError(
+                f"Maven could not fetch the Kafka jars (exit code {process.returncode}). "
+                f"Check network access to the Maven repository, then retry.\n"
+                f"Last output:\n{last_lines(output)}"
+            )
+
+    def _follow(self, process: subprocess.Popen[bytes]) -> deque[str]:
+        """Show Maven's downloads as they happen; keep its last lines for errors."""
+        recent: deque[str] = deque(maxlen=25)
+        count = 0
+        with process, self._console.status("kafka: resolving jars with Maven") as status:
+            for raw in stream_lines(process):
+                line = raw.decode(errors="replace").rstrip()
+                recent.append(line)
+                artifact = downloaded_artifact(line)
+                if artifact is None:
+                    continue
+                count += 1
+                status.update(f"kafka: downloaded {count} files, latest {artifact}")
+                if not self._console.is_terminal and artifact.endswith(".jar"):
+                    self._console.print(f"  downloaded {artifact}")
+        return recent
+
+
+def _pom_digest() -> str:
+    return hashlib.sha256(POM.read_bytes()).hexdigest()
+
+
+class LocalKafka:
+    """A one-node Kafka broker for development, owned by one cache folder and two ports.
+
+    Args:
+        cache_dir: The stack's cache folder; the broker lives in ``<cache_dir>/kafka``.
+        port: Loopback port of the PLAINTEXT listener clients use.
+        controller_port: Loopback port of the KRaft controller listener.
+        console: Where progress messages go (stderr by default).
+        start_timeout: Seconds to wait for the broker to answer after launch.
+        stop_timeout: Seconds to wait for a clean shutdown before SIGKILL.
+    """
+
+    def __init__(
+        self,
+        cache_dir: Path,
+        port: int = 59092,
+        controller_port: int = 59093,
+        *,
+        console: Console | None = None,
+        start_timeout: float = 120.0,
+        stop_timeout: float = 30.0,
+    ) -> None:
+        self._root = cache_dir.resolve() / "kafka"
+        self._port = port
+        self._controller_port = controller_port
+        self._console = console or Console(stderr=True, soft_wrap=True)
+        self._start_timeout = start_timeout
+        self._stop_timeout = stop_timeout
+        self._jars = KafkaJars(self._root / "jars", console=self._console)
+        self._child: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0  # where this launch's lines start in server.log
+
+    @property
+    def bootstrap(self) -> str:
+        """The ``bootstrap.servers`` value for clients."""
+        return f"127.0.0.1:{self._port}"
+
+    @property
+    def data_dir(self) -> Path:
+        """The broker's ``log.dirs``."""
+        return self._root / "data"
+
+    @property
+    def log_dir(self) -> Path:
+        """Where ``server.log`` and ``server.out`` are written."""
+        return self._root / "logs"
+
+    @property
+    def properties_path(self) -> Path:
+        """The generated ``server.properties``."""
+        return self._root / "server.properties"
+
+    def pid(self) -> int | None:
+        """The broker's pid when it is running, else ``None``."""
+        return self._pid_file().running_pid()
+
+    def is_running(self) -> bool:
+        """Whether this broker's JVM is alive (it may still be starting)."""
+        return self.pid() is not None
+
+    def status(self) -> ServiceStatus:
+        """A snapshot for ``stack status``."""
+        pid = self.pid()
+        state: ServiceState = "running" if pid is not None else "stopped"
+        return ServiceStatus("kafka", state, pid, self.bootstrap, self.data_dir)
+
+    def start(self) -> str:
+        """Start the broker and wait until it answers metadata requests.
+
+        Returns:
+            The bootstrap address. When the broker already runs this is a no-op.
+
+        Raises:
+            MissingPrerequisiteError: Java or (on the first start) Maven is missing.
+            ServiceError: the broker exited or did not answer in time; the message
+                quotes the end of its logs.
+        """
+        pid = self.pid()
+        if pid is not None:
+            self._console.print(f"kafka: already running (pid {pid}) at {self.bootstrap}")
+            return self.bootstrap
+        self._remove_stale_pid_file()
+        require_free_port(self._port, service="Kafka", option="--kafka-port")
+        require_free_port(self._controller_port, service="Kafka", option="--controller-port")
+        java = _java()
+        self._jars.ensure()
+        self._root.mkdir(parents=True, exist_ok=True)
+        self.properties_path.write_text(self._properties())
+        if not (self.data_dir / "meta.properties").exists():
+            self._format(java)
+        began = time.monotonic()
+        self._launch(java)
+        elapsed = time.monotonic() - began
+        self._console.print(
+            f"kafka: started (pid {self.pid()}) at {self.bootstrap} in {elapsed:.1f}s"
+        )
+        return self.bootstrap
+
+    def stop(self) -> None:
+        """Shut the broker down cleanly (SIGTERM), killing it after ``stop_timeout``.
+
+        A no-op when it is not running. The data directory is kept, so a later
+        ``start()`` brings back every topic and message.
+        """
+        pid = self.pid()
+        if pid is None:
+            self._remove_stale_pid_file()
+            self._console.print("kafka: not running")
+            return
+        terminate(pid, marker=self._marker(), timeout=self._stop_timeout, child=self._own(pid))
+        self._forget()
+        self._console.print("kafka: stopped")
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash would; for outage tests."""
+        pid = self.pid()
+        if pid is not None:
+            kill(pid, marker=self._marker(), child=self._own(pid))
+        self._forget()
+
+    # -- steps of start() ----------------------------------------------------------
+
+    def _pid_file(self) -> PidFile:
+        return PidFile(self._root / "kafka.pid", marker=self._marker())
+
+    def _marker(self) -> str:
+        return f"{_MAIN_CLASS} {self.properties_path}"
+
+    def _own(self, pid: int) -> subprocess.Popen[bytes] | None:
+        return self._child if self._child is not None and self._child.pid == pid else None
+
+    def _forget(self) -> None:
+        self._pid_file().remove()
+        self._child = None
+
+    def _remove_stale_pid_file(self) -> None:
+        if self._pid_file().is_stale():
+            self._console.print("kafka: removing a stale pid file (its process is gone)")
+            self._pid_file().remove()
+
+    def _properties(self) -> str:
+        return render_server_properties(
+            port=self._port, controller_port=self._controller_port, log_dir=self.data_dir
+        )
+
+    def _jvm(self, java: str, *options: str) -> list[str]:
+        logging_options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}"]
+        logging_options.append(f"-Dkafka.logs.dir={self.log_dir}")
+        return [java, *options, *logging_options, "-cp", self._jars.classpath]
+
+    def _format(self, java: str) -> None:
+        cluster_id, properties = new_cluster_id(), str(self.properties_path)
+        self._console.print(f"kafka: formatting storage in {self.data_dir} (cluster {cluster_id})")
+        run_checked(
+            [*self._jvm(java), _STORAGE_TOOL, "format", "-t", cluster_id, "-c", properties],
+            what="Formatting the Kafka storage",
+            hint=f"Delete {self.data_dir} if it holds a half-formatted directory, then retry.",
+        )
+
+    def _launch(self, java: str) -> None:
+        server_out = self.log_dir / "server.out"
+        if server_out.exists():
+            server_out.replace(server_out.with_name("server.out.1"))
+        argv = [*self._jvm(java, *_JVM_HEAP), _MAIN_CLASS, str(self.properties_path)]
+        self._log_offset = file_size(self.log_dir / "server.log")
+        child = start_detached(argv, log_path=server_out, cwd=self._root)
+        self._child = child
+        self._pid_file().write(child.pid)
+        try:
+            self._wait_ready(child)
+        except BaseException:
+            kill(child.pid, marker=self._marker(), child=child)
+            self._forget()
+            raise
+
+    def _wait_ready(self, child: subprocess.Popen[bytes]) -> None:
+        admin: AdminClient | None = None
+
+        def ready() -> bool:
+            nonlocal admin
+            if child.poll() is not None:
+                raise ServiceError(
+                    f"Kafka exited with code {child.returncode} while starting.\n{self._logs()}"
+                )
+            if not port_open(self._port):
+                return False
+            admin = admin or AdminClient({"bootstrap.servers": self.bootstrap}, logger=_client_log)
+            return _answers(admin)
+
+        if not wait_for(ready, timeout=self._start_timeout):
+            raise ServiceError(
+                f"Kafka did not answer on {self.bootstrap} within {self._start_timeout:g}s. "
+                f"Check the logs below; a slow machine may need a longer start_timeout.\n"
+                f"{self._logs()}"
+            )
+
+    def _logs(self) -> str:
+        log, out = self.log_dir / "server.log", self.log_dir / "server.out"
+        log_tail = tail_file(log, since=self._log_offset)
+        return f"Last lines of {log}:\n{log_tail}\nLast lines of {out}:\n{tail_file(out)}"
+
+
+def _answers(admin: AdminClient) -> bool:
+    """Whether the broker serves metadata and has registered itself."""
+    try:
+        return bool(admin.list_topics(timeout=2.0).brokers)
+    except KafkaException:
+        return False
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise MissingPrerequisiteError(
+            "Java 17 or newer is needed to run Kafka: `apt-get install openjdk-17-jre-headless`, "
+            "or set BLACKBOX_KAFKA_BOOTSTRAP to use a broker you already run."
+        )
+    return java

@@ -1,0 +1,129 @@
+"""What each boundary records, without a database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from outbox import shard_of
+from outbox._boundaries import clock_read, tool_call
+from outbox._errors import PayloadTooLarge
+from outbox._llm import llm_call
+from outbox._writer import Cursor, EventFactory, RunIdentity
+from schemas import (
+    GENESIS_CHAIN_HASH,
+    EnvelopeCodec,
+    PayloadPipeline,
+    Settings,
+    digest,
+)
+from tests.integration._kafka import murmur2
+
+RESPONSE = {
+    "id": "chatcmpl-1",
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call-1",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": '{"q": "x"}'},
+                    }
+                ],
+            },
+            "finish_reason": "tool_calls",
+        }
+    ],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+}
+
+
+def _factory(**settings: int) -> EventFactory:
+    return EventFactory(
+        settings=Settings(**settings),  # type: ignore[arg-type]
+        pipeline=PayloadPipeline(),
+        codec=EnvelopeCodec(),
+        clock=lambda: datetime(2026, 12, 2, tzinfo=UTC),
+    )
+
+
+def test_latency_is_recorded_but_not_digested() -> None:
+    fast = tool_call(tool="t", args=(1,), kwargs={}, result=2, error=None, latency_ms=0.1)
+    slow = tool_call(tool="t", args=(1,), kwargs={}, result=2, error=None, latency_ms=900.0)
+    assert digest(fast.output) == digest(slow.output)
+    assert fast.body["latency_ms"] != slow.body["latency_ms"]
+
+
+def test_tool_error_is_recorded_by_type_and_message() -> None:
+    crossing = tool_call(
+        tool="t", args=(), kwargs={}, result=None, error=KeyError("T-9"), latency_ms=1.0
+    )
+    assert crossing.body["error"] == {"type": "KeyError", "message": "'T-9'"}
+    assert crossing.attributes["error"] == "KeyError"
+
+
+def test_llm_call_extracts_choices_tool_calls_usage_and_parameters() -> None:
+    request = {"model": "m", "temperature": 0.2, "messages": [{"role": "user", "content": "hi"}]}
+    crossing = llm_call(
+        provider="openai",
+        model="m",
+        request=request,
+        response=RESPONSE,
+        error=None,
+        latency_ms=12.0,
+    )
+    body = crossing.body
+    assert body["request_params_json"] == '{"temperature":0.2}'
+    assert body["tool_calls"] == [
+        {"id": "call-1", "name": "lookup", "arguments_json": '{"q": "x"}'}
+    ]
+    assert body["finish_reason"] == "tool_calls"
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    assert body["response_id"] == "chatcmpl-1"
+    assert crossing.attributes["total_tokens"] == "15"
+
+
+def test_factory_chains_events_and_moves_large_bodies_out_of_line() -> None:
+    factory = _factory(blob_threshold_bytes=100, max_payload_bytes=10_000)
+    identity = RunIdentity(run_id="r", tenant_id="t", agent_id="a", shard=0)
+    small = factory.prepare(identity, Cursor(), clock_read(clock="wall", value_us=1), event_id="e1")
+    assert small.envelope.sequence == 1
+    assert small.envelope.chain_hash == small.envelope.expected_chain_hash(GENESIS_CHAIN_HASH)
+    big = tool_call(tool="t", args=(), kwargs={}, result="x" * 500, error=None, latency_ms=1.0)
+    large = factory.prepare(identity, small.cursor, big, event_id="e2")
+    assert large.envelope.sequence == 2
+    assert large.envelope.payload is None
+    assert large.blob is not None
+    assert large.envelope.payload_ref == large.blob[0]
+    assert (
+        large.envelope.expected_chain_hash(small.envelope.chain_hash) == large.envelope.chain_hash
+    )
+    huge = tool_call(tool="t", args=(), kwargs={}, result="x" * 20_000, error=None, latency_ms=1)
+    with pytest.raises(PayloadTooLarge):
+        factory.prepare(identity, small.cursor, huge, event_id="e3")
+
+
+def test_shard_of_is_stable_and_in_range() -> None:
+    assert shard_of("run-1", 16) == shard_of("run-1", 16)
+    assert {shard_of(f"run-{i}", 16) for i in range(500)} == set(range(16))
+
+
+@pytest.mark.parametrize(
+    ("key", "java_hash"),
+    # Kafka's own vectors for Utils.murmur2 (signed, as Java prints them).
+    [
+        (b"21", -973932308),
+        (b"foobar", -790332482),
+        (b"a-little-bit-long-string", -985981536),
+        (b"a-little-bit-longer-string", -1486304829),
+        (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+        (b"abc", 479470107),
+    ],
+)
+def test_murmur2_matches_kafka(key: bytes, java_hash: int) -> None:
+    assert murmur2(key) == java_hash & 0xFFFFFFFF

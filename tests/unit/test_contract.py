@@ -1,0 +1,187 @@
+"""The shared contract: canonical JSON, digests, the envelope codec and the chain."""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from fastavro import schemaless_writer
+
+from schemas import (
+    GENESIS_CHAIN_HASH,
+    BodyCodec,
+    BodyEncodingError,
+    Envelope,
+    EnvelopeCodec,
+    NotSerialisable,
+    Settings,
+    UndecodableMessage,
+    UnknownSchemaVersion,
+    canonical_json,
+    default_registry,
+    digest,
+)
+
+
+def _envelope(**changes: Any) -> Envelope:
+    base = Envelope(
+        event_id="6f1c1c55-8a4b-4d55-9b0e-6f6f8f0e3a10",
+        run_id="run-1",
+        sequence=1,
+        event_type="tool.call",
+        body_version=1,
+        recorded_at=datetime(2026, 12, 2, 10, 0, 0, 123456, tzinfo=UTC),
+        tenant_id="acme",
+        agent_id="ticket-agent",
+        input_digest=digest({"tool": "x"}),
+        output_digest=digest({"result": 1}),
+        chain_hash="",
+        subject_ids=("customer-1",),
+        payload=b"\x02ab",
+        attributes={"tool": "x"},
+    )
+    unchained = replace(base, **changes)
+    return replace(unchained, chain_hash=unchained.expected_chain_hash(GENESIS_CHAIN_HASH))
+
+
+def test_canonical_json_sorts_keys_strips_space_and_keeps_integers() -> None:
+    value = {"b": 1, "a": [1.5, True, None, "é"], "c": {"z": 2, "y": 10**20}}
+    assert canonical_json(value) == (
+        '{"a":[1.5,true,null,"é"],"b":1,"c":{"y":100000000000000000000,"z":2}}'.encode()
+    )
+
+
+def test_digest_is_sha256_of_canonical_json() -> None:
+    # Independent of key order and of tuple versus list.
+    assert digest({"a": 1, "b": (1, 2)}) == digest({"b": [1, 2], "a": 1})
+    assert digest({}) == "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+
+
+@pytest.mark.parametrize(
+    ("value", "path", "reason"),
+    [
+        ({"a": [1, float("nan")]}, "$.a[1]", "nan is not a finite number"),
+        ({"a": float("inf")}, "$.a", "inf is not a finite number"),
+        ({"a": {"b": b"raw"}}, "$.a.b", "a bytes is not JSON-serialisable"),
+        ({1: "x"}, "$", "key 1 is a int, not a str"),
+        ([datetime(2026, 1, 1)], "$[0]", "a datetime is not JSON-serialisable"),
+    ],
+)
+def test_canonical_json_names_the_bad_value(value: Any, path: str, reason: str) -> None:
+    with pytest.raises(NotSerialisable) as caught:
+        canonical_json(value)
+    assert caught.value.path == path
+    assert reason in str(caught.value)
+
+
+def test_envelope_round_trips_as_single_object_encoding() -> None:
+    codec = EnvelopeCodec()
+    envelope = _envelope()
+    data = codec.encode(envelope)
+    entry = default_registry().latest("envelope")
+    assert data[:2] == b"\xc3\x01"
+    assert data[2:10] == entry.fingerprint
+    assert codec.decode(data) == envelope
+
+
+def test_fingerprint_is_crc64_avro_of_the_parsing_canonical_form() -> None:
+    # The Avro specification's own example: the schema "int".
+    from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+    canonical = to_parsing_canonical_form(parse_schema("int"))
+    assert bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")) == bytes.fromhex("8f5c393f1ad57572")
+
+
+@pytest.mark.parametrize(
+    ("mangle", "complaint"),
+    [
+        (lambda d: b"garbage", "not an envelope"),
+        (lambda d: b"", "not an envelope"),
+        (lambda d: d[:2] + b"\x00" * 8 + d[10:], "unknown writer schema fingerprint"),
+        (lambda d: d[:-5], "not valid Avro"),
+        (lambda d: d + b"\x00\x00", "trailing bytes"),
+        (lambda d: b"\x00\x00\x00\x00\x07" + d[10:], "no schema registry is configured"),
+    ],
+)
+def test_corrupt_envelopes_raise_a_clear_error(mangle: Any, complaint: str) -> None:
+    codec = EnvelopeCodec()
+    with pytest.raises(UndecodableMessage, match=complaint):
+        codec.decode(mangle(codec.encode(_envelope())))
+
+
+def test_confluent_wire_format_is_read_through_a_schema_id_resolver() -> None:
+    entry = default_registry().latest("envelope")
+
+    class Registry:
+        def writer_schema(self, schema_id: int) -> Any:
+            assert schema_id == 42
+            return entry.parsed
+
+    envelope = _envelope()
+    body = io.BytesIO()
+    schemaless_writer(body, entry.parsed, envelope.to_record())
+    framed = b"\x00" + struct.pack(">I", 42) + body.getvalue()
+    assert EnvelopeCodec(schema_ids=Registry()).decode(framed) == envelope
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sequence": 2},
+        {"event_type": "llm.call"},
+        {"input_digest": digest({"tool": "y"})},
+        {"payload": b"\x02ac"},
+        {"attributes": {"tool": "y"}},
+        {"subject_ids": ()},
+    ],
+)
+def test_chain_hash_covers_every_field(change: dict[str, Any]) -> None:
+    original = _envelope()
+    altered = replace(original, **change)
+    assert altered.expected_chain_hash(GENESIS_CHAIN_HASH) != original.chain_hash
+
+
+def test_chain_hash_depends_on_the_previous_one() -> None:
+    envelope = _envelope()
+    assert envelope.expected_chain_hash("1" * 64) != envelope.chain_hash
+
+
+def test_every_body_schema_round_trips_its_defaults() -> None:
+    registry = default_registry()
+    codec = BodyCodec()
+    assert set(registry.event_types()) >= {
+        "run.started",
+        "llm.call",
+        "tool.call",
+        "clock.read",
+        "random.draw",
+        "effect.intent",
+        "effect.receipt",
+        "state.transition",
+        "run.finished",
+    }
+    body = {"tool": "t", "arguments_json": "{}", "latency_ms": 0.5}
+    assert codec.decode("tool.call", 1, codec.encode("tool.call", 1, body))["tool"] == "t"
+
+
+def test_body_that_does_not_fit_its_schema_names_the_field() -> None:
+    with pytest.raises(BodyEncodingError, match="tool"):
+        BodyCodec().encode("tool.call", 1, {"tool": 3, "arguments_json": "{}", "latency_ms": 1.0})
+
+
+def test_unknown_schema_version_names_type_and_version() -> None:
+    with pytest.raises(UnknownSchemaVersion, match=r"'tool\.call' version 7 \(known versions: 1\)"):
+        BodyCodec().encode("tool.call", 7, {})
+    with pytest.raises(UnknownSchemaVersion, match="not known at all"):
+        BodyCodec().decode("no.such.type", 1, b"")
+
+
+def test_settings_read_the_environment_once_and_validate_numbers() -> None:
+    settings = Settings.from_env({"BLACKBOX_TOPIC": "t", "BLACKBOX_PARTITIONS": "3"})
+    assert (settings.topic, settings.partitions, settings.dlq_topic) == ("t", 3, "t.dlq")
+    with pytest.raises(ValueError, match="BLACKBOX_OUTBOX_SHARDS='zero' is not an integer"):
+        Settings.from_env({"BLACKBOX_OUTBOX_SHARDS": "zero"})

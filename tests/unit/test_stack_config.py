@@ -1,0 +1,308 @@
+"""The local stack's configuration and bookkeeping, checked without starting a service."""
+
+from __future__ import annotations
+
+import base64
+import os
+import pwd
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from stack import (
+    LocalKafka,
+    LocalPostgres,
+    LocalStack,
+    MissingPrerequisiteError,
+    ServiceStatus,
+    StackError,
+    StackPorts,
+    StackSettings,
+)
+from stack._kafka import downloaded_artifact, new_cluster_id, render_server_properties
+from stack._postgres import _untraversable, find_bin_dir, install_postgres, render_conf, render_hba
+from stack._process import PidFile, process_matches, tail_file, wait_for
+from stack._settings import default_cache_dir, redact_password
+from stack.cli import status_table
+
+QUIET = Console(quiet=True)
+
+
+def _properties(text: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in text.splitlines() if line and line[0] != "#")
+    return dict(pairs)
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# -- ports and settings -------------------------------------------------------------
+
+
+def test_default_ports_avoid_the_services_usual_ones() -> None:
+    assert StackPorts() == StackPorts(postgres=55432, kafka=59092, controller=59093)
+
+
+@pytest.mark.parametrize(
+    ("postgres", "kafka", "controller"),
+    [(0, 59092, 59093), (55432, 70000, 59093), (55432, 59092, 59092)],
+)
+def test_ports_out_of_range_or_shared_are_rejected(
+    postgres: int, kafka: int, controller: int
+) -> None:
+    with pytest.raises(ValueError, match=r"(?i)port"):
+        StackPorts(postgres=postgres, kafka=kafka, controller=controller)
+
+
+def test_settings_read_overrides_from_the_environment(tmp_path: Path) -> None:
+    env = {
+        "BLACKBOX_CACHE_DIR": str(tmp_path / "cache"),
+        "BLACKBOX_DATABASE_URL": "postgresql+psycopg://me@db:5432/x",
+        "BLACKBOX_KAFKA_BOOTSTRAP": "broker:9092",
+    }
+    settings = StackSettings.from_env(env)
+    assert settings.cache_dir == (tmp_path / "cache").resolve()
+    assert settings.external_database_url == "postgresql+psycopg://me@db:5432/x"
+    assert settings.external_kafka_bootstrap == "broker:9092"
+
+
+def test_empty_variables_count_as_unset_and_arguments_win(tmp_path: Path) -> None:
+    env = {"BLACKBOX_CACHE_DIR": "/elsewhere", "BLACKBOX_DATABASE_URL": ""}
+    settings = StackSettings.from_env(env, cache_dir=tmp_path, ports=StackPorts(postgres=1))
+    assert settings.cache_dir == tmp_path.resolve()
+    assert settings.ports.postgres == 1
+    assert settings.external_database_url is None
+    assert settings.external_kafka_bootstrap is None
+
+
+def test_default_cache_dir_is_inside_the_project_checkout() -> None:
+    project_root = Path(__file__).resolve().parents[2]
+    assert default_cache_dir({}) == project_root / ".cache" / "blackbox"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql+psycopg://me:s3cret@db:5432/x", "postgresql+psycopg://me:***@db:5432/x"),
+        (
+            "postgresql+psycopg://blackbox@127.0.0.1:55432/bb",
+            "postgresql+psycopg://blackbox@127.0.0.1:55432/bb",
+        ),
+        ("postgresql://u:p@[::1]:5432/x", "postgresql://u:***@[::1]:5432/x"),
+    ],
+)
+def test_passwords_never_reach_the_screen(url: str, shown: str) -> None:
+    assert redact_password(url) == shown
+
+
+# -- rendered configuration ---------------------------------------------------------
+
+
+def test_cluster_ids_are_16_random_bytes_in_url_safe_base64() -> None:
+    ids = {new_cluster_id() for _ in range(500)}
+    assert len(ids) == 500
+    for cluster_id in ids:
+        assert len(cluster_id) == 22
+        assert not cluster_id.startswith("-")
+        assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
+
+
+def test_server_properties_describe_a_single_loopback_kraft_node(tmp_path: Path) -> None:
+    props = _properties(
+        render_server_properties(port=59192, controller_port=59193, log_dir=tmp_path / "data")
+    )
+    assert props["process.roles"] == "broker,controller"
+    assert props["node.id"] == "1"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:59192,CONTROLLER://127.0.0.1:59193"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:59192"
+    assert props["controller.listener.names"] == "CONTROLLER"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:59193"
+    assert props["log.dirs"] == str(tmp_path / "data")
+    assert props["auto.create.topics.enable"] == "false"
+    for single_replica in (
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "transaction.state.log.min.isr",
+        "share.coordinator.state.topic.replication.factor",
+        "share.coordinator.state.topic.min.isr",
+    ):
+        assert props[single_replica] == "1"
+    assert int(props["broker.heartbeat.interval.ms"]) < int(props["broker.session.timeout.ms"])
+
+
+def test_postgres_conf_listens_on_loopback_with_its_own_socket_dir() -> None:
+    conf = render_conf(port=55442, socket_dir=Path("/tmp/it's here/run"))
+    assert "listen_addresses = '127.0.0.1'" in conf
+    assert "port = 55442" in conf
+    assert "unix_socket_directories = '/tmp/it''s here/run'" in conf
+    assert "max_connections = 200" in conf
+    assert "synchronous_commit = on" in conf
+
+
+def test_pg_hba_trusts_only_the_socket_and_ipv4_loopback() -> None:
+    rules = [line.split() for line in render_hba().splitlines() if line and line[0] != "#"]
+    assert rules == [
+        ["local", "all", "all", "trust"],
+        ["host", "all", "all", "127.0.0.1/32", "trust"],
+    ]
+
+
+def test_maven_download_lines_name_the_file() -> None:
+    line = "[INFO] Downloaded from repo: https://host/org/kafka_2.13-4.1.1.jar (6.6 MB at 9 MB/s)"
+    assert downloaded_artifact(line) == "kafka_2.13-4.1.1.jar"
+    assert downloaded_artifact("[INFO] Copying kafka-clients-4.1.1.jar to /x") is None
+
+
+def test_the_newest_postgres_wins_unless_a_data_dir_asks_for_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for major in ("13", "15", "9.6"):
+        (tmp_path / major / "bin").mkdir(parents=True)
+        (tmp_path / major / "bin" / "initdb").touch()
+    monkeypatch.setattr("stack._postgres._PG_LIB", tmp_path)
+    assert find_bin_dir() == tmp_path / "15" / "bin"
+    assert find_bin_dir("13") == tmp_path / "13" / "bin"
+    assert find_bin_dir("16") is None
+
+
+def test_without_postgres_an_ordinary_user_is_told_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("stack._postgres._PG_LIB", tmp_path)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(MissingPrerequisiteError, match="apt-get install postgresql"):
+        install_postgres(QUIET)
+
+
+def test_folders_the_postgres_account_cannot_enter_are_found(tmp_path: Path) -> None:
+    account = pwd.getpwnam("nobody")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    locked.chmod(0o700)
+    assert locked in _untraversable(locked, account)
+    locked.chmod(0o701)
+    assert locked not in _untraversable(locked, account)
+
+
+# -- pid files and waiting ----------------------------------------------------------
+
+
+def test_a_pid_file_of_our_own_live_process_is_running(tmp_path: Path) -> None:
+    own_program = Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode()
+    pid_file = PidFile(tmp_path / "x.pid", marker=own_program)
+    pid_file.write(os.getpid())
+    assert pid_file.running_pid() == os.getpid()
+    assert not pid_file.is_stale()
+
+
+def test_a_pid_reused_by_another_program_is_stale(tmp_path: Path) -> None:
+    pid_file = PidFile(tmp_path / "x.pid", marker="kafka.Kafka /nowhere/server.properties")
+    pid_file.write(os.getpid())
+    assert pid_file.running_pid() is None
+    assert pid_file.is_stale()
+
+
+def test_a_pid_of_a_dead_process_is_stale(tmp_path: Path) -> None:
+    pid_file = PidFile(tmp_path / "x.pid", marker="python")
+    pid_file.write(_dead_pid())
+    assert pid_file.is_stale()
+
+
+@pytest.mark.parametrize("content", ["", "not a pid\n", "12ab\n"])
+def test_unreadable_pid_files_hold_no_pid(tmp_path: Path, content: str) -> None:
+    (tmp_path / "x.pid").write_text(content)
+    assert PidFile(tmp_path / "x.pid", marker="x").read() is None
+
+
+def test_a_missing_pid_file_is_neither_running_nor_stale(tmp_path: Path) -> None:
+    pid_file = PidFile(tmp_path / "absent.pid", marker="x")
+    assert pid_file.read() is None
+    assert not pid_file.is_stale()
+    assert not process_matches(_dead_pid(), "python")
+
+
+def test_wait_for_gives_up_at_the_deadline() -> None:
+    began = time.monotonic()
+    assert not wait_for(lambda: False, timeout=0.2)
+    assert 0.2 <= time.monotonic() - began < 2.0
+    assert wait_for(lambda: True, timeout=0)
+
+
+def test_wait_for_lets_the_condition_abort() -> None:
+    def dead() -> bool:
+        raise StackError("the process died")
+
+    with pytest.raises(StackError, match="died"):
+        wait_for(dead, timeout=5)
+
+
+def test_log_tails_skip_an_earlier_run(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("old run\n")
+    offset = log.stat().st_size
+    with log.open("a") as handle:
+        handle.write("new run\n")
+    assert "old run" not in tail_file(log, since=offset)
+    assert "new run" in tail_file(log, since=offset)
+    assert "old run" in tail_file(log, since=10_000)  # rotated: read from the start
+    assert "does not exist" in tail_file(tmp_path / "absent.log")
+
+
+# -- services, without starting them --------------------------------------------------
+
+
+def test_services_expose_their_addresses(tmp_path: Path) -> None:
+    postgres = LocalPostgres(tmp_path, 55442, console=QUIET)
+    kafka = LocalKafka(tmp_path, 59192, 59193, console=QUIET)
+    assert postgres.url == "postgresql+psycopg://blackbox@127.0.0.1:55442/blackbox"
+    assert kafka.bootstrap == "127.0.0.1:59192"
+    assert postgres.data_dir == tmp_path.resolve() / "postgres" / "data"
+    assert kafka.data_dir == tmp_path.resolve() / "kafka" / "data"
+
+
+def test_stopping_a_dead_kafka_removes_its_stale_pid_file(tmp_path: Path) -> None:
+    kafka = LocalKafka(tmp_path, 59192, 59193, console=QUIET)
+    pid_path = tmp_path / "kafka" / "kafka.pid"
+    PidFile(pid_path, marker="x").write(_dead_pid())
+    assert not kafka.is_running()
+    kafka.stop()
+    assert not pid_path.exists()
+
+
+def test_status_of_an_unstarted_stack(tmp_path: Path) -> None:
+    stack = LocalStack(tmp_path, StackPorts(55442, 59192, 59193), console=QUIET, environ={})
+    assert [(s.name, s.state, s.pid) for s in stack.status()] == [
+        ("postgres", "stopped", None),
+        ("kafka", "stopped", None),
+    ]
+
+
+def test_external_services_are_reported_and_left_alone(tmp_path: Path) -> None:
+    env = {
+        "BLACKBOX_DATABASE_URL": "postgresql+psycopg://me:pw@db:5432/x",
+        "BLACKBOX_KAFKA_BOOTSTRAP": "broker:9092",
+    }
+    stack = LocalStack(tmp_path, console=QUIET, environ=env)
+    assert stack.status() == [
+        ServiceStatus("postgres", "external", None, "postgresql+psycopg://me:***@db:5432/x", None),
+        ServiceStatus("kafka", "external", None, "broker:9092", None),
+    ]
+    endpoints = stack.up()  # starts nothing: both services are external
+    assert endpoints.database_url == env["BLACKBOX_DATABASE_URL"]
+    assert endpoints.kafka_bootstrap == "broker:9092"
+    stack.down()
+    assert not (tmp_path / "postgres").exists()
+    assert not (tmp_path / "kafka").exists()
+
+
+def test_the_status_table_says_external_with_the_address(tmp_path: Path) -> None:
+    console = Console(record=True, width=200)
+    console.print(status_table([ServiceStatus("kafka", "external", None, "broker:9092", None)]))
+    assert "external: broker:9092" in console.export_text()
