@@ -189,8 +189,9 @@ def _show(
         ).all()
         sample = conn.execute(
             text(
-                "SELECT run_id, status, event_count, last_sequence, code_version, "
-                "finished_at - started_at FROM blackbox_views.runs "
+                "SELECT left(run_id, 8), status, event_count, last_sequence, code_version, "
+                "round(extract(epoch FROM finished_at - started_at) * 1000) "
+                "FROM blackbox_views.runs "
                 "WHERE run_id = ANY(:ids) ORDER BY started_at LIMIT 5"
             ),
             ids,
@@ -221,8 +222,8 @@ def _show(
     console.print(table)
 
     table = Table(title="First runs")
-    for column in ("run_id", "status", "events", "last seq", "code version", "duration"):
-        table.add_column(column)
+    for column in ("run", "status", "events", "last seq", "code version", "ms"):
+        table.add_column(column, no_wrap=True)
     for row in sample:
         table.add_row(*(str(value) for value in row))
     console.print(table)
