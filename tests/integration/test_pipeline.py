@@ -11,6 +11,7 @@ from outbox import Recorder, Relay, RelayOptions, RunSnapshot
 from schemas import GENESIS_CHAIN_HASH, EventType, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._kafka import murmur2_partition, read_topic
+from tests.integration._views import build_views, view_runs
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +58,17 @@ def test_recorded_runs_land_once_in_order_on_their_murmur2_partition(
         previous_hash[envelope.run_id] = envelope.chain_hash
     assert types == EVERY_BOUNDARY
     assert {r.run_id: list(range(1, r.events + 1)) for r in recorded} == dict(by_run)
+
+    build_views(settings, engine, expect=total)
+    assert view_runs(engine) == {
+        r.run_id: ("succeeded", r.events, r.events, r.code_version) for r in recorded
+    }
+    with engine.connect() as conn:
+        indexed = conn.execute(
+            text('SELECT run_id, sequence, "partition", "offset" FROM blackbox_views.events')
+        ).all()
+    where = {(e.run_id, e.sequence): (p, o) for p, o, e in messages}
+    assert {(r, s): (p, o) for r, s, p, o in indexed} == where
 
 
 def test_rolled_back_transaction_leaves_no_event_anywhere(

@@ -1,0 +1,40 @@
+"""Building the views from a topic, for assertions on what landed."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, text
+
+from consumers import ViewConsumer
+from schemas import Settings
+from tests.integration._wait import eventually
+
+
+def build_views(settings: Settings, engine: Engine, *, expect: int, timeout: float = 60.0) -> None:
+    """Consume ``settings.topic`` into the views until ``expect`` events are indexed."""
+
+    def indexed() -> int:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(text("SELECT count(*) FROM blackbox_views.events")).scalar_one()
+            )
+
+    with ViewConsumer(settings, engine=engine) as consumer:
+
+        def caught_up() -> bool:
+            consumer.poll_once(0.5)
+            return indexed() >= expect
+
+        eventually(caught_up, timeout=timeout, what=f"{expect} events in the views")
+    assert indexed() == expect
+
+
+def view_runs(engine: Engine) -> dict[str, tuple[str, int, int, str | None]]:
+    """run_id → (status, event_count, last_sequence, code_version) from the runs view."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT run_id, status, event_count, last_sequence, code_version "
+                "FROM blackbox_views.runs"
+            )
+        ).all()
+    return {r[0]: (r[1], int(r[2]), int(r[3]), r[4]) for r in rows}
