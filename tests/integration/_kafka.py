@@ -12,6 +12,11 @@ from schemas import Envelope, EnvelopeCodec
 
 def murmur2_partition(key: bytes, partitions: int) -> int:
     """The partition Kafka's default (murmur2) partitioner picks for ``key``."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def murmur2(key: bytes) -> int:
+    """Kafka's ``Utils.murmur2`` of ``key``, as an unsigned 32-bit integer."""
     seed, m, mask = 0x9747B28C, 0x5BD1E995, 0xFFFFFFFF
     length = len(key)
     h = (seed ^ length) & mask
@@ -33,7 +38,7 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     h ^= h >> 13
     h = (h * m) & mask
     h ^= h >> 15
-    return (h & 0x7FFFFFFF) % partitions
+    return h
 
 
 def read_topic(

@@ -1,0 +1,77 @@
+"""The read side: a consumer runtime with offsets in the database, and the first views.
+
+Typical use::
+
+    settings = Settings.from_env()
+    migrate_views(settings.database_url)
+    with ViewConsumer(settings) as consumer:
+        consumer.run(stop=stop_event)
+
+Other consumers (analytics, retention) reuse :class:`ConsumerRuntime` with their own
+:data:`Projection`: a function ``(connection, records) -> BatchOutcome`` that writes
+through the caller's connection and never commits.
+"""
+
+from consumers._batch import BatchOutcome, Delivered, Projection
+from consumers._errors import (
+    ConsumerError,
+    DeadLetterFailed,
+    KafkaUnavailable,
+    MigrationFailed,
+    ProjectionFailed,
+    ViewsNotMigrated,
+    ViewStoreUnavailable,
+)
+from consumers._kafka import (
+    DLQ_OFFSET,
+    DLQ_PARTITION,
+    DLQ_REASON,
+    DLQ_TOPIC,
+    ClientConfig,
+    ensure_topics,
+)
+from consumers._metrics import ConsumerMetrics
+from consumers._migrate import migrate_views
+from consumers._offsets import OffsetsMoved, load_offsets
+from consumers._runtime import ConsumerRuntime, Screen, ViewConsumer
+from consumers._tables import (
+    VIEWS_SCHEMA,
+    consumer_offsets,
+    events_index,
+    integrity_violations,
+    runs_view,
+)
+from consumers._views import apply_batch, views_screen
+
+__all__ = [
+    "DLQ_OFFSET",
+    "DLQ_PARTITION",
+    "DLQ_REASON",
+    "DLQ_TOPIC",
+    "VIEWS_SCHEMA",
+    "BatchOutcome",
+    "ClientConfig",
+    "ConsumerError",
+    "ConsumerMetrics",
+    "ConsumerRuntime",
+    "DeadLetterFailed",
+    "Delivered",
+    "KafkaUnavailable",
+    "MigrationFailed",
+    "OffsetsMoved",
+    "Projection",
+    "ProjectionFailed",
+    "Screen",
+    "ViewConsumer",
+    "ViewStoreUnavailable",
+    "ViewsNotMigrated",
+    "apply_batch",
+    "consumer_offsets",
+    "ensure_topics",
+    "events_index",
+    "integrity_violations",
+    "load_offsets",
+    "migrate_views",
+    "runs_view",
+    "views_screen",
+]

@@ -1,0 +1,97 @@
+"""Prometheus metrics of the consumers.
+
+Metric families are created once per ``CollectorRegistry`` and shared by every
+consumer using it (told apart by labels), so a process may create many consumers,
+as the tests do, without duplicate-registration errors.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+from consumers._batch import BatchOutcome
+
+_LABELS = ("consumer", "group", "topic")
+
+
+@dataclass(frozen=True, slots=True)
+class _Families:
+    messages: Counter
+    inserted: Counter
+    duplicates: Counter
+    violations: Counter
+    dead_lettered: Counter
+    failed_batches: Counter
+    batch_seconds: Histogram
+
+
+_FAMILIES: WeakKeyDictionary[CollectorRegistry, _Families] = WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _families(registry: CollectorRegistry) -> _Families:
+    with _LOCK:
+        families = _FAMILIES.get(registry)
+        if families is None:
+            families = _create(registry)
+            _FAMILIES[registry] = families
+        return families
+
+
+def _create(registry: CollectorRegistry) -> _Families:
+    def counter(name: str, doc: str) -> Counter:
+        return Counter(f"blackbox_consumer_{name}", doc, _LABELS, registry=registry)
+
+    return _Families(
+        messages=counter("messages", "Kafka messages a consumer accounted for."),
+        inserted=counter("events_inserted", "Events newly applied to the views."),
+        duplicates=counter("duplicates", "Re-delivered events ignored as duplicates."),
+        violations=counter("integrity_violations", "Events colliding with different digests."),
+        dead_lettered=counter("dead_lettered", "Poison messages written to the DLQ topic."),
+        failed_batches=counter("failed_batches", "Batches rolled back and rewound."),
+        batch_seconds=Histogram(
+            "blackbox_consumer_batch_seconds",
+            "Time to apply and commit one batch.",
+            _LABELS,
+            registry=registry,
+        ),
+    )
+
+
+class ConsumerMetrics:
+    """The metric children of one consumer (one label set)."""
+
+    def __init__(
+        self,
+        *,
+        consumer: str,
+        group: str,
+        topic: str,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        families = _families(REGISTRY if registry is None else registry)
+        labels = {"consumer": consumer, "group": group, "topic": topic}
+        self._messages = families.messages.labels(**labels)
+        self._inserted = families.inserted.labels(**labels)
+        self._duplicates = families.duplicates.labels(**labels)
+        self._violations = families.violations.labels(**labels)
+        self._dead_lettered = families.dead_lettered.labels(**labels)
+        self._failed = families.failed_batches.labels(**labels)
+        self._seconds = families.batch_seconds.labels(**labels)
+
+    def batch_committed(self, outcome: BatchOutcome, seconds: float) -> None:
+        """Count a committed batch."""
+        self._messages.inc(outcome.messages)
+        self._inserted.inc(outcome.inserted)
+        self._duplicates.inc(outcome.duplicates)
+        self._violations.inc(outcome.violations)
+        self._dead_lettered.inc(outcome.dead_lettered)
+        self._seconds.observe(seconds)
+
+    def batch_failed(self) -> None:
+        """Count a batch that was rolled back."""
+        self._failed.inc()

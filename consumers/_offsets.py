@@ -1,0 +1,107 @@
+"""Kafka offsets kept in Postgres, in the same transaction as the rows they produced.
+
+Every advance is a compare-and-set against the value this consumer last read or
+wrote. If another member of the group (a zombie that missed a rebalance, say) moved
+a partition in between, the advance fails, the whole transaction rolls back, and
+the consumer rewinds to what is stored: two writers can never both apply a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, func, select, update
+from sqlalchemy.dialects import postgresql as pg
+
+from consumers._errors import ConsumerError
+from consumers._tables import consumer_offsets
+
+TopicPartition = tuple[str, int]
+"""``(topic, partition)``."""
+
+
+class OffsetsMoved(ConsumerError):
+    """Another consumer advanced a partition since this one last read its offset."""
+
+    def __init__(self, group_id: str, move: OffsetMove) -> None:
+        self.move = move
+        super().__init__(
+            f"group {group_id!r} offset of {move.topic}[{move.partition}] is no longer "
+            f"{move.expected}; another consumer advanced it. This batch was rolled back "
+            "and the consumer rewinds to the stored offset"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetMove:
+    """Advance one partition from ``expected`` (``None``: nothing stored yet) to ``next_offset``."""
+
+    topic: str
+    partition: int
+    expected: int | None
+    next_offset: int
+
+
+def load_offsets(
+    conn: Connection, *, group_id: str, partitions: Iterable[TopicPartition]
+) -> dict[TopicPartition, int | None]:
+    """The stored next offset of each partition, ``None`` where nothing is stored."""
+    wanted = sorted(set(partitions))
+    found: dict[TopicPartition, int | None] = dict.fromkeys(wanted)
+    if not wanted:
+        return found
+    c = consumer_offsets.c
+    query = select(c.topic, c.partition, c.next_offset).where(
+        c.group_id == group_id,
+        c.topic.in_({topic for topic, _ in wanted}),
+        c.partition.in_({partition for _, partition in wanted}),
+    )
+    for topic, partition, next_offset in conn.execute(query):
+        if (topic, partition) in found:
+            found[(topic, partition)] = next_offset
+    return found
+
+
+def advance_offsets(conn: Connection, *, group_id: str, moves: Sequence[OffsetMove]) -> None:
+    """Compare-and-set each partition's offset; the caller commits.
+
+    Partitions are advanced in sorted order so concurrent writers lock rows in the
+    same order and cannot deadlock.
+
+    Raises:
+        OffsetsMoved: a partition no longer holds the expected offset.
+    """
+    for move in sorted(moves, key=lambda m: (m.topic, m.partition)):
+        if _advance(conn, group_id, move) != 1:
+            raise OffsetsMoved(group_id, move)
+
+
+def _advance(conn: Connection, group_id: str, move: OffsetMove) -> int:
+    c = consumer_offsets.c
+    if move.expected is None:
+        # A concurrent first insert makes this one do nothing (rowcount 0) once the
+        # other commits: that is the compare-and-set failing, as intended.
+        first = (
+            pg.insert(consumer_offsets)
+            .values(
+                group_id=group_id,
+                topic=move.topic,
+                partition=move.partition,
+                next_offset=move.next_offset,
+            )
+            .on_conflict_do_nothing()
+            .returning(c.partition)
+        )
+        return len(conn.execute(first).all())
+    later = (
+        update(consumer_offsets)
+        .where(
+            c.group_id == group_id,
+            c.topic == move.topic,
+            c.partition == move.partition,
+            c.next_offset == move.expected,
+        )
+        .values(next_offset=move.next_offset, updated_at=func.now())
+    )
+    return conn.execute(later).rowcount

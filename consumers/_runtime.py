@@ -1,0 +1,445 @@
+"""The consumer runtime: Kafka in, one Postgres transaction per batch, offsets inside it.
+
+Assignment is eager (``range``): rebalance callbacks run only inside ``consume()``,
+and a batch is always committed or rolled back before ``consume()`` is called again,
+so a revocation never finds work in flight and the simpler protocol loses nothing.
+The offsets Kafka would normally keep live in ``blackbox_views.consumer_offsets``,
+written in the same transaction as the rows they produced; Kafka's own committed
+offsets are only updated afterwards, for lag dashboards, and never read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import TopicPartition as KafkaPartition
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+
+from consumers._batch import BatchOutcome, Delivered, Projection
+from consumers._errors import (
+    ConsumerError,
+    DeadLetterFailed,
+    KafkaUnavailable,
+    ProjectionFailed,
+    ViewsNotMigrated,
+    ViewStoreUnavailable,
+)
+from consumers._kafka import ClientConfig, DeadLetterWriter, Poison, ensure_topics
+from consumers._metrics import ConsumerMetrics
+from consumers._offsets import (
+    OffsetMove,
+    OffsetsMoved,
+    TopicPartition,
+    advance_offsets,
+    load_offsets,
+)
+from consumers._views import apply_batch, views_screen
+from schemas import BlackboxError, Envelope, EnvelopeCodec, Settings
+
+log = logging.getLogger(__name__)
+
+Screen = Callable[[Envelope], str | None]
+"""Says why a decoded envelope cannot be projected (it is dead-lettered), or ``None``."""
+
+_MISSING_RELATION = {"42P01", "3F000", "42703"}  # undefined table, schema, column
+_RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed)
+_MAX_BACKOFF_S = 30.0
+
+
+@dataclass(slots=True)
+class _Batch:
+    records: list[Delivered] = field(default_factory=list)
+    poison: list[Poison] = field(default_factory=list)
+    next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+class ConsumerRuntime:
+    """Consumes the event topic and applies each batch with a projection, exactly once.
+
+    Each batch: poison messages go to the dead-letter topic (acknowledged first),
+    then one transaction advances the stored offsets (compare-and-set), applies the
+    projection and commits. Any failure rolls everything back and rewinds the
+    consumer to the stored offsets.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        projection: Projection,
+        *,
+        name: str,
+        group_id: str | None = None,
+        screen: Screen | None = None,
+        engine: Engine | None = None,
+        codec: EnvelopeCodec | None = None,
+        batch_size: int = 2000,
+        registry: CollectorRegistry | None = None,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        self._settings = settings
+        self._projection = projection
+        self.name = name
+        self.group_id = group_id or settings.consumer_group
+        self._screen = screen
+        self._owns_engine = engine is None
+        self._engine = engine or create_engine(settings.database_url, pool_pre_ping=True)
+        self._codec = codec or EnvelopeCodec()
+        self._batch_size = batch_size
+        self._client_config = dict(client_config or {})
+        self._metrics = ConsumerMetrics(
+            consumer=name, group=self.group_id, topic=settings.topic, registry=registry
+        )
+        self._consumer: Consumer | None = None
+        self._dead_letters: DeadLetterWriter | None = None
+        self._positions: dict[TopicPartition, int | None] = {}
+        self._unsynced: set[TopicPartition] = set()
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create missing topics and join the group; :meth:`poll_once` calls it lazily.
+
+        Raises:
+            KafkaUnavailable: the broker is unreachable or the client cannot start.
+        """
+        if self._consumer is not None:
+            return
+        if self._closed:
+            raise ConsumerError(f"consumer {self.name!r} is closed; create a new one")
+        ensure_topics(self._settings, client_config=self._client_config)
+        try:
+            self._dead_letters = DeadLetterWriter(self._settings, client_config=self._client_config)
+            consumer = Consumer(self._consumer_config())
+            consumer.subscribe(
+                [self._settings.topic], on_assign=self._on_assign, on_revoke=self._on_revoke
+            )
+        except KafkaException as exc:
+            raise KafkaUnavailable(
+                f"consumer {self.name!r} could not start: {exc.args[0].str()}; check the "
+                "Kafka settings"
+            ) from exc
+        self._consumer = consumer
+
+    def close(self) -> None:
+        """Leave the group, flush the dead-letter producer, release the database."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("consumer %s did not close cleanly: %s", self.name, exc)
+        if self._dead_letters is not None:
+            self._dead_letters.close()
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> ConsumerRuntime:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        max_idle_s: float | None = None,
+        *,
+        on_batch: Callable[[BatchOutcome], None] | None = None,
+        poll_timeout_s: float = 0.5,
+    ) -> BatchOutcome:
+        """Consume until ``stop`` is set or nothing arrived for ``max_idle_s`` seconds.
+
+        A lost database or an unacknowledged dead letter is retried with backoff;
+        the batch in progress when ``stop`` is set is still committed.
+
+        Returns:
+            The sum of every committed batch's outcome.
+
+        Raises:
+            KafkaUnavailable, ViewsNotMigrated, ProjectionFailed: not retryable here.
+        """
+        stop = stop or threading.Event()
+        total = BatchOutcome()
+        last_progress = time.monotonic()
+        failures = 0
+        while not stop.is_set():
+            try:
+                outcome = self.poll_once(poll_timeout_s)
+                failures = 0
+            except _RETRYABLE as exc:
+                failures += 1
+                delay = min(_MAX_BACKOFF_S, 0.2 * 2**failures)
+                log.warning("consumer %s: %s; retrying in %.1f s", self.name, exc, delay)
+                stop.wait(delay)
+                outcome = None
+            if outcome is not None:
+                total += outcome
+                last_progress = time.monotonic()
+                if on_batch is not None:
+                    on_batch(outcome)
+            elif max_idle_s is not None and time.monotonic() - last_progress >= max_idle_s:
+                break
+        return total
+
+    def poll_once(self, timeout: float) -> BatchOutcome | None:
+        """Consume and commit at most one batch.
+
+        Returns:
+            What the batch did, or ``None`` when no message arrived (or the batch
+            raced another consumer and was rolled back).
+
+        Raises:
+            ViewStoreUnavailable: the database failed; nothing was committed and the
+                next call rewinds to the stored offsets first.
+            DeadLetterFailed: a poison message was not acknowledged; likewise.
+            KafkaUnavailable: the Kafka client failed fatally.
+            ViewsNotMigrated: the view tables are missing.
+            ProjectionFailed: the projection raised something unexpected.
+        """
+        self.start()
+        if self._unsynced:
+            self._sync()
+        messages = self._consume(timeout)
+        started = time.monotonic()
+        try:
+            batch = self._sort(messages)
+            if not batch.next_offsets:
+                return None
+            outcome = self._commit(batch)
+        except OffsetsMoved as exc:
+            log.warning("consumer %s: %s", self.name, exc)
+            self._batch_failed()
+            self._sync()
+            return None
+        except BaseException:
+            # Whatever failed, the consumer's position is now past messages that were
+            # not committed: rewind before consuming again.
+            self._batch_failed()
+            raise
+        self._committed(batch, outcome, time.monotonic() - started)
+        return outcome
+
+    # -- one batch --------------------------------------------------------------------
+
+    def _consume(self, timeout: float) -> list[Message]:
+        assert self._consumer is not None
+        try:
+            return self._consumer.consume(num_messages=self._batch_size, timeout=timeout)
+        except KafkaException as exc:
+            raise KafkaUnavailable(
+                f"consumer {self.name!r} failed: {exc.args[0].str()}; restart it"
+            ) from exc
+
+    def _sort(self, messages: Sequence[Message]) -> _Batch:
+        batch = _Batch()
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                self._kafka_error(error)
+                continue
+            tp = (message.topic() or "", message.partition() or 0)
+            offset = message.offset() or 0
+            if not self._owns(tp, offset):
+                continue
+            decoded = self._decode(message.value())
+            if isinstance(decoded, str):
+                batch.poison.append(Poison.of(message, decoded))
+            else:
+                batch.records.append(Delivered(decoded, tp[0], tp[1], offset))
+            batch.next_offsets[tp] = offset + 1
+        return batch
+
+    def _kafka_error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        if error.fatal():
+            raise KafkaUnavailable(f"consumer {self.name!r} failed fatally: {error.str()}")
+        log.warning("consumer %s: Kafka reported %s; skipping it", self.name, error.str())
+
+    def _owns(self, tp: TopicPartition, offset: int) -> bool:
+        # Messages of revoked partitions, of partitions awaiting a rewind, or below the
+        # stored offset (fetched before a seek took effect) are not ours to apply.
+        if tp not in self._positions or tp in self._unsynced:
+            return False
+        stored = self._positions[tp]
+        return stored is None or offset >= stored
+
+    def _decode(self, value: bytes | str | None) -> Envelope | str:
+        """The envelope, or the reason it cannot be projected."""
+        if not value:
+            return "message has no value (empty or tombstone); expected an envelope"
+        data = value.encode() if isinstance(value, str) else value
+        try:
+            envelope = self._codec.decode(data)
+        except BlackboxError as exc:
+            return str(exc)
+        except Exception as exc:  # a poison message must never stop the consumer
+            return f"decoder failed unexpectedly: {exc!r}"
+        return (self._screen(envelope) if self._screen else None) or envelope
+
+    def _commit(self, batch: _Batch) -> BatchOutcome:
+        """1. DLQ acknowledged. 2. Offsets CAS. 3. Projection. 4. Commit."""
+        assert self._dead_letters is not None
+        self._dead_letters.send(batch.poison)
+        moves = [
+            OffsetMove(tp[0], tp[1], self._positions[tp], next_offset)
+            for tp, next_offset in batch.next_offsets.items()
+        ]
+        with self._transaction() as conn:
+            advance_offsets(conn, group_id=self.group_id, moves=moves)
+            outcome = self._projection(conn, batch.records) if batch.records else BatchOutcome()
+        return replace(outcome, dead_lettered=len(batch.poison))
+
+    def _committed(self, batch: _Batch, outcome: BatchOutcome, seconds: float) -> None:
+        self._positions.update(batch.next_offsets)
+        self._metrics.batch_committed(outcome, seconds)
+        assert self._consumer is not None
+        try:  # informational only: the database holds the offsets that count
+            self._consumer.commit(
+                offsets=[KafkaPartition(t, p, o) for (t, p), o in batch.next_offsets.items()],
+                asynchronous=True,
+            )
+        except KafkaException as exc:
+            log.debug("consumer %s: informational Kafka commit failed: %s", self.name, exc)
+
+    def _batch_failed(self) -> None:
+        self._metrics.batch_failed()
+        self._unsynced.update(self._positions)
+
+    # -- offsets and rebalancing ----------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        try:
+            stored = self._load(tps)
+        except ConsumerError as exc:
+            # Assign anyway (the client would otherwise assign at Kafka's offsets) and
+            # apply nothing from these partitions until a rewind has read the database.
+            log.warning("consumer %s: cannot read offsets on assignment: %s", self.name, exc)
+            self._positions.update(dict.fromkeys(tps))
+            self._unsynced.update(tps)
+            consumer.assign(partitions)
+            return
+        self._positions.update(stored)
+        consumer.assign([_kafka_partition(tp, offset) for tp, offset in stored.items()])
+        log.info("consumer %s assigned %s", self.name, _describe(stored))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+        for p in partitions:
+            self._positions.pop((p.topic, p.partition), None)
+            self._unsynced.discard((p.topic, p.partition))
+        consumer.unassign()
+
+    def _sync(self) -> None:
+        """Rewind every assigned partition to its stored offset."""
+        assert self._consumer is not None
+        stored = self._load(list(self._positions))
+        for tp, offset in stored.items():
+            try:
+                self._consumer.seek(_kafka_partition(tp, offset))
+            except KafkaException as exc:
+                raise KafkaUnavailable(
+                    f"consumer {self.name!r} could not rewind {tp[0]}[{tp[1]}]: "
+                    f"{exc.args[0].str()}; restart it"
+                ) from exc
+        self._positions.update(stored)
+        self._unsynced.clear()
+        log.info("consumer %s rewound to %s", self.name, _describe(stored))
+
+    def _load(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
+        with self._transaction() as conn:
+            return load_offsets(conn, group_id=self.group_id, partitions=tps)
+
+    # -- the database edge --------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        try:
+            with self._engine.begin() as conn:
+                yield conn
+        except (OperationalError, InterfaceError) as exc:
+            raise ViewStoreUnavailable(
+                f"the view database failed under consumer {self.name!r}: {exc.orig or exc}; "
+                "nothing was committed, the consumer rewinds to its stored offsets and retries"
+            ) from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise ViewStoreUnavailable(
+                    f"view database connection dropped: {exc.orig}; retrying"
+                ) from exc
+            if getattr(exc.orig, "sqlstate", None) in _MISSING_RELATION:
+                raise ViewsNotMigrated(str(exc.orig).splitlines()[0]) from exc
+            raise ProjectionFailed(_refused(self.name, exc)) from exc
+        except SQLAlchemyError as exc:
+            raise ProjectionFailed(_refused(self.name, exc)) from exc
+
+    def _consumer_config(self) -> dict[str, str | int | float | bool]:
+        return {
+            "bootstrap.servers": self._settings.kafka_bootstrap,
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "range",
+            **self._client_config,
+        }
+
+
+class ViewConsumer(ConsumerRuntime):
+    """The consumer that builds the runs view and the events index.
+
+    Call :func:`consumers.migrate_views` once before starting it.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        group_id: str | None = None,
+        engine: Engine | None = None,
+        codec: EnvelopeCodec | None = None,
+        batch_size: int = 2000,
+        registry: CollectorRegistry | None = None,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        super().__init__(
+            settings,
+            apply_batch,
+            name="views",
+            group_id=group_id,
+            screen=views_screen,
+            engine=engine,
+            codec=codec,
+            batch_size=batch_size,
+            registry=registry,
+            client_config=client_config,
+        )
+
+
+def _kafka_partition(tp: TopicPartition, offset: int | None) -> KafkaPartition:
+    return KafkaPartition(tp[0], tp[1], OFFSET_BEGINNING if offset is None else offset)
+
+
+def _describe(stored: dict[TopicPartition, int | None]) -> str:
+    parts = [f"{t}[{p}]@{'start' if o is None else o}" for (t, p), o in sorted(stored.items())]
+    return ", ".join(parts) or "nothing"
+
+
+def _refused(name: str, exc: SQLAlchemyError) -> str:
+    return (
+        f"the view database refused a batch of consumer {name!r}: {exc}; nothing was "
+        "committed. Check the projection and the view schema version"
+    )

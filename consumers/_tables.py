@@ -1,0 +1,109 @@
+"""The read-side tables, all in the Postgres schema ``blackbox_views``.
+
+The write side owns the schema ``blackbox``; nothing here reads or writes it. The
+migration in ``consumers/migrations`` creates exactly these tables; keep both in step.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+
+VIEWS_SCHEMA = "blackbox_views"
+"""The Postgres schema that holds every read-side table."""
+
+metadata = MetaData(schema=VIEWS_SCHEMA)
+
+runs_view = Table(
+    "runs",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("agent_id", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'running'")),
+    Column("event_count", BigInteger, nullable=False, server_default=text("0")),
+    Column("last_sequence", BigInteger, nullable=False, server_default=text("0")),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("last_event_at", DateTime(timezone=True), nullable=False),
+    Column("code_version", Text),
+    Column("parent_run_id", Text),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_runs_tenant_agent", "tenant_id", "agent_id"),
+)
+"""One row per run: status, counts and the run.started / run.finished facts."""
+
+events_index = Table(
+    "events",
+    metadata,
+    Column("run_id", Text, nullable=False),
+    Column("sequence", BigInteger, nullable=False),
+    Column("event_id", Text, nullable=False, unique=True),
+    Column("event_type", Text, nullable=False),
+    Column("body_version", Integer, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("input_digest", Text, nullable=False),
+    Column("output_digest", Text, nullable=False),
+    Column("chain_hash", Text, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("key_id", Text),
+    Column("payload_ref", Text),
+    PrimaryKeyConstraint("run_id", "sequence"),
+    Index("ix_events_topic_partition_offset", "topic", "partition", "offset"),
+)
+"""Where every event lives in Kafka, with its digests; never the payload."""
+
+integrity_violations = Table(
+    "integrity_violations",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("kind", Text, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("sequence", BigInteger, nullable=False),
+    Column("event_id", Text, nullable=False),
+    Column("existing_input_digest", Text, nullable=False),
+    Column("existing_output_digest", Text, nullable=False),
+    Column("existing_chain_hash", Text, nullable=False),
+    Column("incoming_input_digest", Text, nullable=False),
+    Column("incoming_output_digest", Text, nullable=False),
+    Column("incoming_chain_hash", Text, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("detected_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # A re-delivered copy of the same offending event is recorded once.
+    UniqueConstraint(
+        "run_id",
+        "sequence",
+        "event_id",
+        "incoming_chain_hash",
+        name="uq_integrity_violations_incoming",
+    ),
+)
+"""An event that collides with a stored one but differs in its digests or chain hash."""
+
+consumer_offsets = Table(
+    "consumer_offsets",
+    metadata,
+    Column("group_id", Text, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("next_offset", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("group_id", "topic", "partition"),
+)
+"""The next Kafka offset each consumer group reads, committed with the view rows."""

@@ -1,0 +1,385 @@
+"""The first projection: the runs view and the events index.
+
+Only envelope fields and ``Envelope.attributes`` are read; payloads are never decoded
+(they may be sealed, and the view reader holds no keys). The work per batch is a
+constant number of statements whatever its size: one bulk insert of events, one
+lookup of the rare conflicting rows, one insert of violations, one upsert of runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Table,
+    Text,
+    and_,
+    any_,
+    bindparam,
+    case,
+    func,
+    select,
+    union,
+)
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.sql import Select, column
+
+from consumers._batch import BatchOutcome, Delivered
+from consumers._errors import ProjectionFailed
+from consumers._tables import events_index, integrity_violations, runs_view
+from schemas import Envelope, EventType
+
+log = logging.getLogger(__name__)
+
+RUNNING = "running"
+FINISHED_WITHOUT_STATUS = "finished"
+DIGEST_MISMATCH = "digest_mismatch"
+EVENT_ID_REUSED = "event_id_reused"
+_MAX_BIGINT = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """The identity and digests of an event already in the events index."""
+
+    run_id: str
+    sequence: int
+    event_id: str
+    input_digest: str
+    output_digest: str
+    chain_hash: str
+
+    def matches(self, envelope: Envelope) -> bool:
+        """Whether ``envelope`` carries the same digests and chain hash."""
+        return (self.input_digest, self.output_digest, self.chain_hash) == (
+            envelope.input_digest,
+            envelope.output_digest,
+            envelope.chain_hash,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """An incoming event that collides with a stored one but is not the same event."""
+
+    kind: str
+    incoming: Delivered
+    existing: StoredEvent
+
+
+@dataclass(frozen=True, slots=True)
+class RunDelta:
+    """What the newly inserted events of one batch change about one run."""
+
+    run_id: str
+    tenant_id: str
+    agent_id: str
+    event_count: int
+    last_sequence: int
+    last_event_at: datetime
+    started_at: datetime | None = None
+    code_version: str | None = None
+    parent_run_id: str | None = None
+    finished_at: datetime | None = None
+    status: str | None = None
+
+
+def apply_batch(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
+    """Project ``records`` into the views through ``conn``; the caller commits.
+
+    1. Keep the first record of each ``(run_id, sequence)``; later ones are repeats.
+    2. Bulk-insert the firsts into the events index, skipping any that collide.
+    3. Look up the stored rows of everything that collided (and of the repeats).
+    4. Same digests and chain hash: a duplicate, ignored. Different: a violation row.
+    5. Upsert each run touched by a newly inserted event, once.
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: the database refused a statement; the caller
+            rolls back and retries the batch.
+        ProjectionFailed: a collision whose stored row cannot be found.
+    """
+    firsts, repeats = split_repeats(records)
+    inserted_keys = _insert_events(conn, firsts)
+    inserted = [r for r in firsts if r.key in inserted_keys]
+    colliding = [r for r in firsts if r.key not in inserted_keys] + repeats
+    duplicates, violations = classify_collisions(colliding, _stored_rows(conn, colliding))
+    _record_violations(conn, violations)
+    _upsert_runs(conn, aggregate_runs(r.envelope for r in inserted))
+    return BatchOutcome(
+        inserted=len(inserted), duplicates=len(duplicates), violations=len(violations)
+    )
+
+
+def views_screen(envelope: Envelope) -> str | None:
+    """Why ``envelope`` cannot enter the views, or ``None`` when it can.
+
+    Postgres rejects NUL characters in text and sequences beyond bigint; such a
+    message would fail its batch forever, so the runtime dead-letters it instead.
+    """
+    if not 1 <= envelope.sequence <= _MAX_BIGINT:
+        return f"sequence {envelope.sequence} is outside 1..{_MAX_BIGINT}"
+    for name, value in _texts(envelope):
+        if value is not None and "\x00" in value:
+            return f"envelope field {name} contains a NUL character"
+    return None
+
+
+def split_repeats(records: Sequence[Delivered]) -> tuple[list[Delivered], list[Delivered]]:
+    """Split into the first record of each ``(run_id, sequence)`` and the later repeats."""
+    seen: set[tuple[str, int]] = set()
+    firsts: list[Delivered] = []
+    repeats: list[Delivered] = []
+    for record in records:
+        (repeats if record.key in seen else firsts).append(record)
+        seen.add(record.key)
+    return firsts, repeats
+
+
+def classify_collisions(
+    colliding: Sequence[Delivered], stored: Iterable[StoredEvent]
+) -> tuple[list[Delivered], list[Violation]]:
+    """Sort colliding records into duplicates and violations against the stored rows.
+
+    A record collides either on ``(run_id, sequence)`` or, failing that, on its
+    ``event_id`` (an id reused by a different event is a violation too).
+
+    Raises:
+        ProjectionFailed: a record whose stored counterpart is missing.
+    """
+    by_key = {(s.run_id, s.sequence): s for s in stored}
+    by_event_id = {s.event_id: s for s in by_key.values()}
+    duplicates: list[Delivered] = []
+    violations: list[Violation] = []
+    for record in colliding:
+        existing = by_key.get(record.key)
+        if existing is not None and existing.matches(record.envelope):
+            duplicates.append(record)
+        elif existing is not None:
+            violations.append(Violation(DIGEST_MISMATCH, record, existing))
+        elif (reused := by_event_id.get(record.envelope.event_id)) is not None:
+            violations.append(Violation(EVENT_ID_REUSED, record, reused))
+        else:
+            raise ProjectionFailed(
+                f"event {record.key} collided on insert but no stored row matches it; "
+                "the batch was rolled back and will be retried"
+            )
+    return duplicates, violations
+
+
+def aggregate_runs(envelopes: Iterable[Envelope]) -> list[RunDelta]:
+    """One :class:`RunDelta` per run, in ``run_id`` order (a stable lock order)."""
+    grouped: dict[str, list[Envelope]] = {}
+    for envelope in envelopes:
+        grouped.setdefault(envelope.run_id, []).append(envelope)
+    return [_run_delta(grouped[run_id]) for run_id in sorted(grouped)]
+
+
+def _run_delta(envelopes: list[Envelope]) -> RunDelta:
+    first = envelopes[0]
+    started = _last_of_type(envelopes, EventType.RUN_STARTED)
+    finished = _last_of_type(envelopes, EventType.RUN_FINISHED)
+    return RunDelta(
+        run_id=first.run_id,
+        tenant_id=first.tenant_id,
+        agent_id=first.agent_id,
+        event_count=len(envelopes),
+        last_sequence=max(e.sequence for e in envelopes),
+        last_event_at=max(e.recorded_at for e in envelopes),
+        started_at=started.recorded_at if started else None,
+        code_version=started.attributes.get("code_version") if started else None,
+        parent_run_id=started.attributes.get("parent_run_id") if started else None,
+        finished_at=finished.recorded_at if finished else None,
+        status=finished.attributes.get("status", FINISHED_WITHOUT_STATUS) if finished else None,
+    )
+
+
+def _last_of_type(envelopes: list[Envelope], event_type: EventType) -> Envelope | None:
+    matching = [e for e in envelopes if e.event_type == event_type]
+    return max(matching, key=lambda e: e.sequence) if matching else None
+
+
+def _texts(envelope: Envelope) -> Iterable[tuple[str, str | None]]:
+    yield from (
+        ("event_id", envelope.event_id),
+        ("run_id", envelope.run_id),
+        ("event_type", envelope.event_type),
+        ("tenant_id", envelope.tenant_id),
+        ("agent_id", envelope.agent_id),
+        ("input_digest", envelope.input_digest),
+        ("output_digest", envelope.output_digest),
+        ("chain_hash", envelope.chain_hash),
+        ("key_id", envelope.key_id),
+        ("payload_ref", envelope.payload_ref),
+    )
+    for name in ("code_version", "parent_run_id", "status"):
+        yield (f"attributes.{name}", envelope.attributes.get(name))
+
+
+def _unnest(table: Table, columns: dict[str, list[Any]]) -> Select[Any]:
+    """``SELECT * FROM unnest(:a, :b, ...)``: a whole batch as one set of array parameters."""
+    arrays = [
+        bindparam(f"u_{name}", values, type_=pg.ARRAY(table.c[name].type))
+        for name, values in columns.items()
+    ]
+    rows = (
+        func.unnest(*arrays)
+        .table_valued(*(column(name, table.c[name].type) for name in columns), name="u")
+        .render_derived()
+    )
+    return select(*(rows.c[name] for name in columns))
+
+
+def _insert_events(conn: Connection, records: Sequence[Delivered]) -> set[tuple[str, int]]:
+    if not records:
+        return set()
+    ordered = sorted(records, key=lambda r: r.key)  # a stable lock order across consumers
+    columns = _event_columns(ordered)
+    statement = (
+        pg.insert(events_index)
+        .from_select(list(columns), _unnest(events_index, columns))
+        .on_conflict_do_nothing()
+        .returning(events_index.c.run_id, events_index.c.sequence)
+    )
+    return {(run_id, sequence) for run_id, sequence in conn.execute(statement)}
+
+
+def _event_columns(records: Sequence[Delivered]) -> dict[str, list[Any]]:
+    envelopes = [r.envelope for r in records]
+    return {
+        "run_id": [e.run_id for e in envelopes],
+        "sequence": [e.sequence for e in envelopes],
+        "event_id": [e.event_id for e in envelopes],
+        "event_type": [e.event_type for e in envelopes],
+        "body_version": [e.body_version for e in envelopes],
+        "topic": [r.topic for r in records],
+        "partition": [r.partition for r in records],
+        "offset": [r.offset for r in records],
+        "input_digest": [e.input_digest for e in envelopes],
+        "output_digest": [e.output_digest for e in envelopes],
+        "chain_hash": [e.chain_hash for e in envelopes],
+        "recorded_at": [e.recorded_at for e in envelopes],
+        "key_id": [e.key_id for e in envelopes],
+        "payload_ref": [e.payload_ref for e in envelopes],
+    }
+
+
+def _stored_rows(conn: Connection, colliding: Sequence[Delivered]) -> list[StoredEvent]:
+    """The stored rows sharing a ``(run_id, sequence)`` or an ``event_id`` with ``colliding``.
+
+    Joined against unnested arrays rather than long IN lists, which keeps a
+    re-delivered batch (every record colliding) as fast as a fresh one.
+    """
+    if not colliding:
+        return []
+    c = events_index.c
+    keys = sorted({r.key for r in colliding})
+    wanted = _unnest(
+        events_index,
+        {"run_id": [run_id for run_id, _ in keys], "sequence": [seq for _, seq in keys]},
+    ).subquery("wanted")
+    columns = (c.run_id, c.sequence, c.event_id, c.input_digest, c.output_digest, c.chain_hash)
+    by_key = select(*columns).join(
+        wanted, and_(c.run_id == wanted.c.run_id, c.sequence == wanted.c.sequence)
+    )
+    event_ids = sorted({r.envelope.event_id for r in colliding})
+    by_event_id = select(*columns).where(
+        c.event_id == any_(bindparam("event_ids", event_ids, type_=pg.ARRAY(Text)))
+    )
+    return [StoredEvent(*row) for row in conn.execute(union(by_key, by_event_id))]
+
+
+def _record_violations(conn: Connection, violations: Sequence[Violation]) -> None:
+    if not violations:
+        return
+    for violation in violations:
+        _warn(violation)
+    statement = pg.insert(integrity_violations).on_conflict_do_nothing()
+    conn.execute(statement, [_violation_row(v) for v in violations])
+
+
+def _warn(violation: Violation) -> None:
+    incoming, existing = violation.incoming, violation.existing
+    log.warning(
+        "integrity violation (%s): run %s sequence %d event %s at %s[%d]@%d has "
+        "input %s output %s chain %s; stored event %s has input %s output %s chain %s",
+        violation.kind,
+        incoming.envelope.run_id,
+        incoming.envelope.sequence,
+        incoming.envelope.event_id,
+        incoming.topic,
+        incoming.partition,
+        incoming.offset,
+        incoming.envelope.input_digest,
+        incoming.envelope.output_digest,
+        incoming.envelope.chain_hash,
+        existing.event_id,
+        existing.input_digest,
+        existing.output_digest,
+        existing.chain_hash,
+    )
+
+
+def _violation_row(violation: Violation) -> dict[str, Any]:
+    incoming, existing = violation.incoming, violation.existing
+    envelope = incoming.envelope
+    return {
+        "kind": violation.kind,
+        "run_id": envelope.run_id,
+        "sequence": envelope.sequence,
+        "event_id": envelope.event_id,
+        "existing_input_digest": existing.input_digest,
+        "existing_output_digest": existing.output_digest,
+        "existing_chain_hash": existing.chain_hash,
+        "incoming_input_digest": envelope.input_digest,
+        "incoming_output_digest": envelope.output_digest,
+        "incoming_chain_hash": envelope.chain_hash,
+        "topic": incoming.topic,
+        "partition": incoming.partition,
+        "offset": incoming.offset,
+    }
+
+
+def _upsert_runs(conn: Connection, deltas: Sequence[RunDelta]) -> None:
+    """Insert or fold in each run's delta; every update is commutative across batches."""
+    if not deltas:
+        return
+    columns = _run_columns(deltas)
+    statement = pg.insert(runs_view).from_select(list(columns), _unnest(runs_view, columns))
+    new, old = statement.excluded, runs_view.c
+    conn.execute(
+        statement.on_conflict_do_update(
+            index_elements=[old.run_id],
+            set_={
+                "status": case((new.finished_at.is_not(None), new.status), else_=old.status),
+                "event_count": old.event_count + new.event_count,
+                "last_sequence": func.greatest(old.last_sequence, new.last_sequence),
+                "last_event_at": func.greatest(old.last_event_at, new.last_event_at),
+                "started_at": func.coalesce(old.started_at, new.started_at),
+                "code_version": func.coalesce(old.code_version, new.code_version),
+                "parent_run_id": func.coalesce(old.parent_run_id, new.parent_run_id),
+                "finished_at": func.coalesce(new.finished_at, old.finished_at),
+                "updated_at": func.now(),
+            },
+        )
+    )
+
+
+def _run_columns(deltas: Sequence[RunDelta]) -> dict[str, list[Any]]:
+    return {
+        "run_id": [d.run_id for d in deltas],
+        "tenant_id": [d.tenant_id for d in deltas],
+        "agent_id": [d.agent_id for d in deltas],
+        "status": [d.status or RUNNING for d in deltas],
+        "event_count": [d.event_count for d in deltas],
+        "last_sequence": [d.last_sequence for d in deltas],
+        "last_event_at": [d.last_event_at for d in deltas],
+        "started_at": [d.started_at for d in deltas],
+        "code_version": [d.code_version for d in deltas],
+        "parent_run_id": [d.parent_run_id for d in deltas],
+        "finished_at": [d.finished_at for d in deltas],
+    }

@@ -1,0 +1,1 @@
+"""Revisions of the ``blackbox_views`` schema."""
