@@ -18,27 +18,22 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from outbox._boundaries import Crossing
 from outbox._core import (
     APPEND_ATTEMPTS,
-    EffectOutcome,
     EffectReceipt,
+    Outcome,
+    ReceiptBuilder,
+    RecorderBase,
     RunCore,
     RunSnapshot,
-    as_outcome,
     fresh_event_id,
-    receipt_crossing,
-    start_crossing,
+    plan_start,
 )
-from outbox._errors import RunNotActive
-from outbox._recorder import TRANSIENT_RETRIES, _since, _transient, _unavailable, utc_now
+from outbox._recorder import TRANSIENT_RETRIES, _since, _transient, _unavailable
 from outbox._writer import (
-    EventFactory,
     PreparedEvent,
-    RunIdentity,
     append_txn_async,
-    insert_run_plan,
     load_cursor_txn_async,
-    shard_of,
 )
-from schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings
+from schemas import Envelope, Settings
 
 T = TypeVar("T")
 
@@ -47,25 +42,8 @@ async def _resolve(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-class AsyncRecorder:
+class AsyncRecorder(RecorderBase[AsyncEngine]):
     """Records runs of asyncio agents; the async twin of :class:`~outbox.Recorder`."""
-
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        *,
-        settings: Settings | None = None,
-        pipeline: PayloadPipeline | None = None,
-        clock: Callable[[], datetime] = utc_now,
-    ) -> None:
-        self.engine = engine
-        self.settings = settings or Settings.from_env()
-        self._factory = EventFactory(
-            settings=self.settings,
-            pipeline=pipeline or PayloadPipeline(),
-            codec=EnvelopeCodec(),
-            clock=clock,
-        )
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> AsyncRecorder:
@@ -86,30 +64,26 @@ class AsyncRecorder:
         connection: AsyncConnection | None = None,
     ) -> AsyncRun:
         """Create the run and record ``run.started``; see :meth:`Recorder.start_run`."""
-        run_id = run_id or str(uuid.uuid4())
-        identity = RunIdentity(
-            run_id=run_id,
-            tenant_id=tenant_id,
+        plan = plan_start(
+            self._factory,
+            self.settings,
+            snapshot,
             agent_id=agent_id,
-            shard=shard_of(run_id, self.settings.outbox_shards),
-            subject_ids=tuple(subject_ids),
+            tenant_id=tenant_id,
+            subject_ids=subject_ids,
+            run_id=run_id,
             classification=classification,
             retention_class=retention_class,
         )
-        run = AsyncRun(self, RunCore(identity, self._factory))
-        crossing = start_crossing(snapshot)
-        statement, params = insert_run_plan(
-            identity, parent_run_id=snapshot.parent_run_id, code_version=snapshot.code_version
-        )
-        event_id = fresh_event_id()
-        first = run.core.prepare(crossing, event_id)
+        run = AsyncRun(self, plan.core)
 
         async def create(conn: AsyncConnection) -> Envelope:
+            statement, params = plan.insert
             try:
                 await conn.execute(statement, params)
             except IntegrityError as exc:
-                raise RunNotActive(f"a run with id {run_id} exists already") from exc
-            return await run.append_in(conn, crossing, event_id, first=first)
+                raise plan.exists() from exc
+            return await run.append_in(conn, plan.crossing, plan.event_id, first=plan.first)
 
         await self.transact(create, connection)
         return run
@@ -172,32 +146,9 @@ class AsyncRun:
     async def call(self, tool: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Call tool ``fn`` (sync or async) and record ``tool.call``."""
         self.core.tool_inputs(tool, args, kwargs)
-        started = time.perf_counter()
-        try:
-            result = await _resolve(fn(*args, **kwargs))
-        except Exception as exc:
-            await self._append(
-                self.core.tool_call(
-                    tool=tool,
-                    args=args,
-                    kwargs=kwargs,
-                    result=None,
-                    error=exc,
-                    latency_ms=_since(started),
-                )
-            )
-            raise
-        await self._append(
-            self.core.tool_call(
-                tool=tool,
-                args=args,
-                kwargs=kwargs,
-                result=result,
-                error=None,
-                latency_ms=_since(started),
-            )
+        return await self._observed(
+            lambda: fn(*args, **kwargs), self.core.tool_outcome(tool, args, kwargs)
         )
-        return result
 
     async def llm(
         self,
@@ -208,33 +159,8 @@ class AsyncRun:
         model: str | None = None,
     ) -> Mapping[str, Any]:
         """Send ``request`` through ``send`` (sync or async) and record ``llm.call``."""
-        model = model or str(request.get("model", "unknown"))
-        self.core.llm_inputs(provider, model, request)
-        started = time.perf_counter()
-        try:
-            response: Mapping[str, Any] = await _resolve(send(request))
-        except Exception as exc:
-            await self._append(
-                self.core.llm_call(
-                    provider=provider,
-                    model=model,
-                    request=request,
-                    response=None,
-                    error=exc,
-                    latency_ms=_since(started),
-                )
-            )
-            raise
-        await self._append(
-            self.core.llm_call(
-                provider=provider,
-                model=model,
-                request=request,
-                response=response,
-                error=None,
-                latency_ms=_since(started),
-            )
-        )
+        outcome = self.core.llm_outcome(provider, model, request)
+        response: Mapping[str, Any] = await self._observed(lambda: send(request), outcome)
         return response
 
     async def now(self) -> datetime:
@@ -265,19 +191,10 @@ class AsyncRun:
     ) -> EffectReceipt:
         """Cause a side effect with intent before and receipt after; see ``Run.effect``."""
         intent = self.core.effect_intent(effect, arguments, key)
-        await self._append(intent)
-        started = time.perf_counter()
-        try:
-            outcome: EffectOutcome | None = as_outcome(
-                await _resolve(perform(intent.body["idempotency_key"]))
-            )
-        except Exception as exc:
-            _, crossing = receipt_crossing(intent, None, exc, _since(started))
-            await self._append(crossing)
-            raise
-        receipt, crossing = receipt_crossing(intent, outcome, None, _since(started))
-        await self._append(crossing)
-        return receipt
+        await self._append(intent)  # committed before the external call, by design
+        receipt = ReceiptBuilder(intent)
+        await self._observed(lambda: perform(intent.body["idempotency_key"]), receipt.crossing)
+        return receipt.receipt
 
     async def transition(
         self,
@@ -305,6 +222,17 @@ class AsyncRun:
         envelope = await self._append(self.core.finish(status, output, error), connection)
         self.core.finished = True
         return envelope
+
+    async def _observed(self, perform: Callable[[], Any], outcome: Outcome) -> Any:
+        """Run ``perform`` (awaiting what it returns) and record what came of it."""
+        started = time.perf_counter()
+        try:
+            result = await _resolve(perform())
+        except Exception as exc:
+            await self._append(outcome(None, exc, _since(started)))
+            raise
+        await self._append(outcome(result, None, _since(started)))
+        return result
 
     async def _append(
         self, crossing: Crossing, connection: AsyncConnection | None = None

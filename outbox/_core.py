@@ -9,17 +9,31 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy import TextClause
 
 from outbox import _boundaries as b
 from outbox._errors import ConcurrentRunWriter, EffectRejected, RunNotActive
 from outbox._llm import llm_call, llm_input
-from outbox._writer import Cursor, EventFactory, PreparedEvent, RunIdentity, new_event_id
-from schemas import Envelope, digest
+from outbox._writer import (
+    Cursor,
+    EventFactory,
+    PreparedEvent,
+    RunIdentity,
+    insert_run_plan,
+    new_event_id,
+    shard_of,
+)
+from schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings, digest
 
 APPEND_ATTEMPTS = 3
+
+Outcome = Callable[[Any, BaseException | None, float], b.Crossing]
+"""Turns what a boundary call returned or raised, and its latency, into its crossing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +134,37 @@ class RunCore:
         self.check_active()
         digest(llm_input(provider, model, request), path="llm.request")
 
-    tool_call = staticmethod(b.tool_call)
-    llm_call = staticmethod(llm_call)
+    def tool_outcome(self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Outcome:
+        """How a tool call's result or error becomes its ``tool.call`` crossing."""
+
+        def crossing(result: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
+            return b.tool_call(
+                tool=tool,
+                args=args,
+                kwargs=kwargs,
+                result=result,
+                error=error,
+                latency_ms=latency_ms,
+            )
+
+        return crossing
+
+    def llm_outcome(self, provider: str, model: str | None, request: Mapping[str, Any]) -> Outcome:
+        """Check the request, then say how the response becomes its ``llm.call``."""
+        chosen = model or str(request.get("model", "unknown"))
+        self.llm_inputs(provider, chosen, request)
+
+        def crossing(response: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
+            return llm_call(
+                provider=provider,
+                model=chosen,
+                request=request,
+                response=response,
+                error=error,
+                latency_ms=latency_ms,
+            )
+
+        return crossing
 
     def wall_clock(self) -> b.Crossing:
         return b.clock_read(clock="wall", value_us=time.time_ns() // 1000)
@@ -166,8 +209,100 @@ class RunCore:
         )
 
 
-def start_crossing(snapshot: RunSnapshot) -> b.Crossing:
-    """The ``run.started`` crossing of ``snapshot``."""
+def utc_now() -> datetime:
+    """The wall clock stamped on envelopes as ``recorded_at`` (informational only)."""
+    return datetime.now(UTC)
+
+
+E = TypeVar("E")
+
+
+class RecorderBase(Generic[E]):
+    """What the sync and the async recorder share: engine, settings, event factory.
+
+    Args:
+        engine: the write side's database.
+        settings: shards, payload limits; read from the environment when omitted.
+        pipeline: how bodies become payload bytes (plain Avro by default).
+        clock: the source of ``recorded_at``.
+    """
+
+    def __init__(
+        self,
+        engine: E,
+        *,
+        settings: Settings | None = None,
+        pipeline: PayloadPipeline | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings or Settings.from_env()
+        self._factory = new_factory(self.settings, pipeline, clock)
+
+
+def new_factory(
+    settings: Settings, pipeline: PayloadPipeline | None, clock: Callable[[], datetime]
+) -> EventFactory:
+    """The event factory a recorder builds its envelopes with."""
+    return EventFactory(
+        settings=settings,
+        pipeline=pipeline or PayloadPipeline(),
+        codec=EnvelopeCodec(),
+        clock=clock,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StartPlan:
+    """Everything a recorder needs to create a run and record its ``run.started``."""
+
+    core: RunCore
+    crossing: b.Crossing
+    insert: tuple[TextClause, dict[str, Any]]
+    event_id: str
+    first: PreparedEvent
+
+    def exists(self) -> RunNotActive:
+        return RunNotActive(f"a run with id {self.core.run_id} exists already")
+
+
+def plan_start(
+    factory: EventFactory,
+    settings: Settings,
+    snapshot: RunSnapshot,
+    *,
+    agent_id: str,
+    tenant_id: str,
+    subject_ids: tuple[str, ...],
+    run_id: str | None,
+    classification: str,
+    retention_class: str,
+) -> StartPlan:
+    """Identity, first event and run row of a new run; nothing is written yet.
+
+    Raises:
+        NotSerialisable: the snapshot's input is not JSON.
+    """
+    run_id = run_id or str(uuid.uuid4())
+    identity = RunIdentity(
+        run_id=run_id,
+        tenant_id=tenant_id,
+        agent_id=agent_id,
+        shard=shard_of(run_id, settings.outbox_shards),
+        subject_ids=tuple(subject_ids),
+        classification=classification,
+        retention_class=retention_class,
+    )
+    core = RunCore(identity, factory)
+    crossing = _start_crossing(snapshot)
+    insert = insert_run_plan(
+        identity, parent_run_id=snapshot.parent_run_id, code_version=snapshot.code_version
+    )
+    event_id = fresh_event_id()
+    return StartPlan(core, crossing, insert, event_id, core.prepare(crossing, event_id))
+
+
+def _start_crossing(snapshot: RunSnapshot) -> b.Crossing:
     return b.run_started(
         code_version=snapshot.code_version,
         input=snapshot.input,
@@ -181,35 +316,36 @@ def start_crossing(snapshot: RunSnapshot) -> b.Crossing:
     )
 
 
-def receipt_crossing(
-    intent: b.Crossing,
-    outcome: EffectOutcome | None,
-    error: BaseException | None,
-    latency_ms: float,
-) -> tuple[EffectReceipt, b.Crossing]:
-    """The receipt for ``intent``: confirmed, failed (rejected for sure) or unknown."""
-    effect = intent.body["effect"]
-    key = intent.body["idempotency_key"]
-    if error is None:
-        status, external_id, result = (
-            "confirmed",
-            outcome.external_id if outcome else None,
-            (outcome.result if outcome else None),
+class ReceiptBuilder:
+    """Builds the receipt of ``intent`` from what ``perform`` did, and keeps it."""
+
+    def __init__(self, intent: b.Crossing) -> None:
+        self.intent = intent
+        self.receipt = EffectReceipt("", "", "", None, None)
+
+    def crossing(self, value: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
+        """The receipt crossing: confirmed, failed (rejected for sure) or unknown."""
+        effect = self.intent.body["effect"]
+        key = self.intent.body["idempotency_key"]
+        outcome = as_outcome(value)
+        if error is None:
+            status = "confirmed"
+            external_id = outcome.external_id if outcome else None
+            result = outcome.result if outcome else None
+        elif isinstance(error, EffectRejected):
+            status, external_id, result = "failed", error.external_id, None
+        else:
+            status, external_id, result = "unknown", None, None
+        self.receipt = EffectReceipt(effect, key, status, external_id, result)
+        return b.effect_receipt(
+            effect=effect,
+            idempotency_key=key,
+            status=status,
+            external_id=external_id,
+            result=result,
+            error=error,
+            latency_ms=latency_ms,
         )
-    elif isinstance(error, EffectRejected):
-        status, external_id, result = "failed", error.external_id, None
-    else:
-        status, external_id, result = "unknown", None, None
-    crossing = b.effect_receipt(
-        effect=effect,
-        idempotency_key=key,
-        status=status,
-        external_id=external_id,
-        result=result,
-        error=error,
-        latency_ms=latency_ms,
-    )
-    return EffectReceipt(effect, key, status, external_id, result), crossing
 
 
 def as_outcome(value: EffectOutcome | Mapping[str, Any] | None) -> EffectOutcome | None:

@@ -21,35 +21,27 @@ from outbox._core import (
     APPEND_ATTEMPTS,
     EffectOutcome,
     EffectReceipt,
+    Outcome,
+    ReceiptBuilder,
+    RecorderBase,
     RunCore,
     RunSnapshot,
-    as_outcome,
     fresh_event_id,
-    receipt_crossing,
-    start_crossing,
+    plan_start,
 )
-from outbox._errors import DatabaseUnavailable, RunNotActive
+from outbox._errors import DatabaseUnavailable
 from outbox._writer import (
-    EventFactory,
-    RunIdentity,
     append_txn,
-    insert_run_plan,
     load_cursor_txn,
-    shard_of,
 )
-from schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings
+from schemas import Envelope, Settings
 
 T = TypeVar("T")
 Joinable = Connection | Session
 TRANSIENT_RETRIES = 3
 
 
-def utc_now() -> datetime:
-    """The wall clock stamped on envelopes as ``recorded_at`` (informational only)."""
-    return datetime.now(UTC)
-
-
-class Recorder:
+class Recorder(RecorderBase[Engine]):
     """Records agent runs into the Postgres outbox.
 
     Args:
@@ -58,23 +50,6 @@ class Recorder:
         pipeline: how bodies become payload bytes (plain Avro by default).
         clock: the source of ``recorded_at``.
     """
-
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        settings: Settings | None = None,
-        pipeline: PayloadPipeline | None = None,
-        clock: Callable[[], datetime] = utc_now,
-    ) -> None:
-        self.engine = engine
-        self.settings = settings or Settings.from_env()
-        self._factory = EventFactory(
-            settings=self.settings,
-            pipeline=pipeline or PayloadPipeline(),
-            codec=EnvelopeCodec(),
-            clock=clock,
-        )
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Recorder:
@@ -105,30 +80,26 @@ class Recorder:
             RunNotActive: a run with ``run_id`` exists already.
             DatabaseUnavailable: Postgres could not be reached.
         """
-        run_id = run_id or str(uuid.uuid4())
-        identity = RunIdentity(
-            run_id=run_id,
-            tenant_id=tenant_id,
+        plan = plan_start(
+            self._factory,
+            self.settings,
+            snapshot,
             agent_id=agent_id,
-            shard=shard_of(run_id, self.settings.outbox_shards),
-            subject_ids=tuple(subject_ids),
+            tenant_id=tenant_id,
+            subject_ids=subject_ids,
+            run_id=run_id,
             classification=classification,
             retention_class=retention_class,
         )
-        run = Run(self, RunCore(identity, self._factory))
-        crossing = start_crossing(snapshot)
-        statement, params = insert_run_plan(
-            identity, parent_run_id=snapshot.parent_run_id, code_version=snapshot.code_version
-        )
-        event_id = fresh_event_id()
-        event = run.core.prepare(crossing, event_id)
+        run = Run(self, plan.core)
 
         def create(conn: Connection) -> None:
+            statement, params = plan.insert
             try:
                 conn.execute(statement, params)
             except IntegrityError as exc:
-                raise RunNotActive(f"a run with id {run_id} exists already") from exc
-            run.append_in(conn, crossing, event_id, first=event)
+                raise plan.exists() from exc
+            run.append_in(conn, plan.crossing, plan.event_id, first=plan.first)
 
         self.transact(create, connection)
         return run
@@ -219,32 +190,9 @@ class Run:
             NotSerialisable: an argument or the result is not JSON.
         """
         self.core.tool_inputs(tool, args, kwargs)
-        started = time.perf_counter()
-        try:
-            result = fn(*args, **kwargs)
-        except Exception as exc:
-            self._append(
-                self.core.tool_call(
-                    tool=tool,
-                    args=args,
-                    kwargs=kwargs,
-                    result=None,
-                    error=exc,
-                    latency_ms=_since(started),
-                )
-            )
-            raise
-        self._append(
-            self.core.tool_call(
-                tool=tool,
-                args=args,
-                kwargs=kwargs,
-                result=result,
-                error=None,
-                latency_ms=_since(started),
-            )
+        return self._observed(
+            lambda: fn(*args, **kwargs), self.core.tool_outcome(tool, args, kwargs)
         )
-        return result
 
     def llm(
         self,
@@ -259,34 +207,8 @@ class Run:
         ``send`` takes the raw request JSON and returns the raw response JSON of an
         OpenAI-compatible chat completion. Errors are recorded and re-raised.
         """
-        model = model or str(request.get("model", "unknown"))
-        self.core.llm_inputs(provider, model, request)
-        started = time.perf_counter()
-        try:
-            response = send(request)
-        except Exception as exc:
-            self._append(
-                self.core.llm_call(
-                    provider=provider,
-                    model=model,
-                    request=request,
-                    response=None,
-                    error=exc,
-                    latency_ms=_since(started),
-                )
-            )
-            raise
-        self._append(
-            self.core.llm_call(
-                provider=provider,
-                model=model,
-                request=request,
-                response=response,
-                error=None,
-                latency_ms=_since(started),
-            )
-        )
-        return response
+        outcome = self.core.llm_outcome(provider, model, request)
+        return self._observed(lambda: send(request), outcome)
 
     def now(self) -> datetime:
         """The wall clock, UTC, recorded as ``clock.read``."""
@@ -335,16 +257,9 @@ class Run:
         """
         intent = self.core.effect_intent(effect, arguments, key)
         self._append(intent)  # committed before the external call, by design
-        started = time.perf_counter()
-        try:
-            outcome = as_outcome(perform(intent.body["idempotency_key"]))
-        except Exception as exc:
-            _, crossing = receipt_crossing(intent, None, exc, _since(started))
-            self._append(crossing)
-            raise
-        receipt, crossing = receipt_crossing(intent, outcome, None, _since(started))
-        self._append(crossing)
-        return receipt
+        receipt = ReceiptBuilder(intent)
+        self._observed(lambda: perform(intent.body["idempotency_key"]), receipt.crossing)
+        return receipt.receipt
 
     def transition(
         self,
@@ -375,6 +290,17 @@ class Run:
         return envelope
 
     # Appending --------------------------------------------------------------------
+
+    def _observed(self, perform: Callable[[], T], outcome: Outcome) -> T:
+        """Run ``perform`` and record what came of it, also when it raised."""
+        started = time.perf_counter()
+        try:
+            result = perform()
+        except Exception as exc:
+            self._append(outcome(None, exc, _since(started)))
+            raise
+        self._append(outcome(result, None, _since(started)))
+        return result
 
     def _append(self, crossing: Crossing, connection: Joinable | None = None) -> Envelope:
         with self._lock:

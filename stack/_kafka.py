@@ -26,9 +26,8 @@ from rich.console import Console
 from stack._process import (
     MissingPrerequisiteError,
     PidFile,
+    PidService,
     ServiceError,
-    ServiceState,
-    ServiceStatus,
     file_size,
     kill,
     last_lines,
@@ -180,7 +179,7 @@ def _pom_digest() -> str:
     return hashlib.sha256(POM.read_bytes()).hexdigest()
 
 
-class LocalKafka:
+class LocalKafka(PidService):
     """A one-node Kafka broker for development, owned by one cache folder and two ports.
 
     Args:
@@ -191,6 +190,8 @@ class LocalKafka:
         start_timeout: Seconds to wait for the broker to answer after launch.
         stop_timeout: Seconds to wait for a clean shutdown before SIGKILL.
     """
+
+    name = "kafka"
 
     def __init__(
         self,
@@ -232,19 +233,10 @@ class LocalKafka:
         """The generated ``server.properties``."""
         return self._root / "server.properties"
 
-    def pid(self) -> int | None:
-        """The broker's pid when it is running, else ``None``."""
-        return self._pid_file().running_pid()
-
-    def is_running(self) -> bool:
-        """Whether this broker's JVM is alive (it may still be starting)."""
-        return self.pid() is not None
-
-    def status(self) -> ServiceStatus:
-        """A snapshot for ``stack status``."""
-        pid = self.pid()
-        state: ServiceState = "running" if pid is not None else "stopped"
-        return ServiceStatus("kafka", state, pid, self.bootstrap, self.data_dir)
+    @property
+    def address(self) -> str:
+        """Where clients connect."""
+        return self.bootstrap
 
     def start(self) -> str:
         """Start the broker and wait until it answers metadata requests.

@@ -18,9 +18,8 @@ from rich.console import Console
 from stack._process import (
     MissingPrerequisiteError,
     PidFile,
+    PidService,
     ServiceError,
-    ServiceState,
-    ServiceStatus,
     as_user,
     file_size,
     require_free_port,
@@ -128,7 +127,7 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-class LocalPostgres:
+class LocalPostgres(PidService):
     """A PostgreSQL server for development, owned by one cache folder and one port.
 
     Args:
@@ -136,6 +135,8 @@ class LocalPostgres:
         port: Loopback TCP port to listen on.
         console: Where progress messages go (stderr by default).
     """
+
+    name = "postgres"
 
     def __init__(self, cache_dir: Path, port: int = 55432, *, console: Console | None = None):
         self._cache_dir = cache_dir.resolve()
@@ -165,19 +166,10 @@ class LocalPostgres:
         """The server log that ``pg_ctl -l`` appends to."""
         return self.root / "postgres.log"
 
-    def pid(self) -> int | None:
-        """The postmaster's pid when this server is running, else ``None``."""
-        return self._pid_file().running_pid()
-
-    def is_running(self) -> bool:
-        """Whether this server's postmaster is alive."""
-        return self.pid() is not None
-
-    def status(self) -> ServiceStatus:
-        """A snapshot for ``stack status``."""
-        pid = self.pid()
-        state: ServiceState = "running" if pid is not None else "stopped"
-        return ServiceStatus("postgres", state, pid, self.url, self.data_dir)
+    @property
+    def address(self) -> str:
+        """Where clients connect."""
+        return self.url
 
     def start(self) -> str:
         """Start the server (installing and initialising it first if needed).

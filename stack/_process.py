@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,3 +304,36 @@ def stream_lines(process: subprocess.Popen[bytes]) -> IO[bytes]:
     if process.stdout is None:
         raise ValueError("the process was not started with stdout=subprocess.PIPE")
     return process.stdout
+
+
+class PidService(ABC):
+    """A server process this stack starts, known by its pid file."""
+
+    name: str = "service"
+
+    @property
+    @abstractmethod
+    def address(self) -> str:
+        """Where clients connect."""
+
+    @property
+    @abstractmethod
+    def data_dir(self) -> Path:
+        """Where the server keeps its data."""
+
+    @abstractmethod
+    def _pid_file(self) -> PidFile: ...
+
+    def pid(self) -> int | None:
+        """The server's pid when it is running, else ``None``."""
+        return self._pid_file().running_pid()
+
+    def is_running(self) -> bool:
+        """Whether the server process is alive (it may still be starting)."""
+        return self.pid() is not None
+
+    def status(self) -> ServiceStatus:
+        """A snapshot for ``stack status``."""
+        pid = self.pid()
+        state: ServiceState = "running" if pid is not None else "stopped"
+        return ServiceStatus(self.name, state, pid, self.address, self.data_dir)
