@@ -1,0 +1,153 @@
+"""Many runs of valid envelopes, fast: one run recorded for real, then cloned.
+
+Recording 100,000 events through the Recorder takes over a minute on a small machine,
+and the relay and view benches are not about the Recorder. So one run is recorded with
+the Recorder (a mix of tool, LLM, clock, random and state events, as an agent writes
+them), read back from the outbox, and cloned: each clone gets its own run id, fresh
+event ids and a hash chain recomputed over its own envelopes, and is encoded with the
+same :class:`~schemas.EnvelopeCodec`. Payloads are plain Avro and not bound to a run,
+so the template's bodies stay valid in every clone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from confluent_kafka import Producer
+from sqlalchemy import Engine, text
+
+from bench._common import drop_runs
+from outbox import EVENT_ID_HEADER, Recorder, Run, RunSnapshot, producer_config, shard_of
+from schemas import GENESIS_CHAIN_HASH, Envelope, EnvelopeCodec, Settings
+
+TEMPLATE_EVENTS = 50
+"""Events per run, ``run.started`` and ``run.finished`` included."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One outbox row: what the recorder inserts and the relay publishes."""
+
+    shard: int
+    run_id: str
+    sequence: int
+    event_id: str
+    envelope: bytes
+
+
+def record_template(engine: Engine, settings: Settings) -> list[Envelope]:
+    """Record one run with the Recorder and return its envelopes, then drop it."""
+    recorder = Recorder(engine, settings=settings)
+    snapshot = RunSnapshot(code_version="bench", input={"task": "summarise the inbox"})
+    run = recorder.start_run(snapshot, agent_id="bench")
+    step = 0
+    while run.last_sequence < TEMPLATE_EVENTS - 1:
+        _agent_step(run, step)
+        step += 1
+    run.finish(output={"summary": "done"})
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :id ORDER BY sequence"),
+            {"id": run.run_id},
+        ).all()
+    drop_runs(engine, [run.run_id])
+    codec = EnvelopeCodec()
+    return [codec.decode(row[0]) for row in rows]
+
+
+def _agent_step(run: Run, step: int) -> None:
+    """One boundary of a plausible agent loop, cycling through the kinds."""
+    kind = step % 5
+    if kind == 0:
+        run.llm(
+            _chat,
+            {"model": "bench-model", "messages": [{"role": "user", "content": "hi"}]},
+            provider="bench",
+        )
+    elif kind == 1:
+        run.call("search", _search, "quarterly report", limit=5)
+    elif kind == 2:
+        run.now()
+    elif kind == 3:
+        run.random()
+    else:
+        run.transition(f"step-{step}", state={"step": step, "notes": ["a", "b"]})
+
+
+def _chat(request: Mapping[str, Any]) -> Mapping[str, Any]:
+    return {
+        "id": "chatcmpl-bench",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello."},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+    }
+
+
+def _search(query: str, *, limit: int) -> list[dict[str, str]]:
+    return [{"title": f"{query} #{i}", "url": f"https://example.test/{i}"} for i in range(limit)]
+
+
+def clone(template: Sequence[Envelope], run_id: str) -> list[Envelope]:
+    """``template`` as the run ``run_id``: fresh event ids, its own hash chain."""
+    head = GENESIS_CHAIN_HASH
+    clones: list[Envelope] = []
+    for envelope in template:
+        moved = replace(envelope, run_id=run_id, event_id=str(uuid.uuid4()), chain_hash="")
+        chained = replace(moved, chain_hash=moved.expected_chain_hash(head))
+        head = chained.chain_hash
+        clones.append(chained)
+    return clones
+
+
+def rows(template: Sequence[Envelope], *, events: int, shards: int) -> Iterator[Row]:
+    """``events`` outbox rows of cloned runs, interleaved as concurrent writers leave them."""
+    codec = EnvelopeCodec()
+    runs = -(-events // len(template))
+    clones = [clone(template, str(uuid.uuid4())) for _ in range(runs)]
+    emitted = 0
+    for position in range(len(template)):
+        for envelopes in clones:
+            if emitted == events:
+                return
+            envelope = envelopes[position]
+            yield Row(
+                shard=shard_of(envelope.run_id, shards),
+                run_id=envelope.run_id,
+                sequence=envelope.sequence,
+                event_id=envelope.event_id,
+                envelope=codec.encode(envelope),
+            )
+            emitted += 1
+
+
+def produce(settings: Settings, topic: str, rows: Sequence[Row]) -> None:
+    """Send ``rows`` to ``topic`` as the relay does (key, value, header, its producer
+    config) with a bare producer, and return once every one is acknowledged.
+
+    Raises:
+        RuntimeError: deliveries were still outstanding after two minutes.
+    """
+    producer = Producer(producer_config(settings))
+    for row in rows:
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    key=row.run_id.encode("utf-8"),
+                    value=row.envelope,
+                    headers=[(EVENT_ID_HEADER, row.event_id.encode("ascii"))],
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)  # the local queue is full; let deliveries drain
+        producer.poll(0)
+    if left := producer.flush(120):
+        raise RuntimeError(f"{left} messages to {topic} were not delivered within 120s")
