@@ -169,10 +169,22 @@ class AsyncRun:
         await self._append(crossing)
         return datetime.fromtimestamp(crossing.body["value_us"] / 1e6, UTC)
 
+    async def monotonic(self) -> float:
+        """A monotonic clock in seconds, recorded as ``clock.read``."""
+        crossing = self.core.monotonic_clock()
+        await self._append(crossing)
+        return float(crossing.body["value_us"]) / 1e6
+
     async def random(self) -> float:
         """A float in [0, 1), recorded as ``random.draw``."""
         value = self._random.random()
         await self._append(self.core.random_float(value))
+        return value
+
+    async def randint(self, low: int, high: int) -> int:
+        """An integer in [low, high], recorded as ``random.draw``."""
+        value = self._random.randint(low, high)
+        await self._append(self.core.random_int(low, high, value))
         return value
 
     async def uuid(self) -> uuid.UUID:

@@ -137,6 +137,8 @@ class Relay:
         self._depth_at = -math.inf
         self._listener: psycopg.Connection[Any] | None = None
         self._topic_ready = False
+        self.idle = False
+        """True while the relay waits for a notification (nothing left to publish)."""
         self.published = 0
         self.failed_deliveries = 0
         """Deliveries Kafka refused since the relay started (their rows stay)."""
@@ -320,15 +322,23 @@ class Relay:
     # Idle -------------------------------------------------------------------------
 
     def _wait_for_work(self, stop: threading.Event) -> None:
-        """Sleep until a writer's NOTIFY or the polling interval, whichever comes first."""
+        """Sleep until a writer's NOTIFY or the polling interval, whichever comes first.
+
+        The wait is cut in short slices so that a stop request is seen promptly.
+        """
+        deadline = time.monotonic() + self.options.idle_wait_s
         try:
             listener = self._listen()
-            for _ in listener.notifies(timeout=self.options.idle_wait_s, stop_after=1):
-                break
+            self.idle = True
+            while not stop.is_set() and (remaining := deadline - time.monotonic()) > 0:
+                for _ in listener.notifies(timeout=min(remaining, 0.25), stop_after=1):
+                    return
         except psycopg.Error as exc:
             log.warning("LISTEN failed (%s); falling back to polling", exc)
             self._close_listener()
-            stop.wait(self.options.idle_wait_s)
+            stop.wait(max(deadline - time.monotonic(), 0.0))
+        finally:
+            self.idle = False
 
     def _listen(self) -> psycopg.Connection[Any]:
         if self._listener is None or self._listener.closed:
