@@ -18,11 +18,13 @@ from outbox._metrics import RelayMetrics
 from outbox._migrate import migrate_write_side
 from outbox._protocol import AgentRun
 from outbox._recorder import Recorder, Run
+from outbox._recovery import PendingEffect
 from outbox._relay import EVENT_ID_HEADER, Relay, RelayOptions
 from outbox._tables import (
     NOTIFY_CHANNEL,
     SCHEMA,
     blobs,
+    effects,
     outbox,
     relay_leases,
     relay_members,
@@ -44,6 +46,7 @@ __all__ = [
     "EffectReceipt",
     "EffectRejected",
     "PayloadTooLarge",
+    "PendingEffect",
     "Recorder",
     "Relay",
     "RelayMetrics",
@@ -52,6 +55,7 @@ __all__ = [
     "RunNotActive",
     "RunSnapshot",
     "blobs",
+    "effects",
     "ensure_topic",
     "migrate_write_side",
     "outbox",

@@ -204,7 +204,7 @@ class AsyncRun:
         """Cause a side effect with intent before and receipt after; see ``Run.effect``."""
         intent = self.core.effect_intent(effect, arguments, key)
         await self._append(intent)  # committed before the external call, by design
-        receipt = ReceiptBuilder(intent)
+        receipt = ReceiptBuilder.of(intent)
         await self._observed(lambda: perform(intent.body["idempotency_key"]), receipt.crossing)
         return receipt.receipt
 

@@ -317,16 +317,21 @@ def _start_crossing(snapshot: RunSnapshot) -> b.Crossing:
 
 
 class ReceiptBuilder:
-    """Builds the receipt of ``intent`` from what ``perform`` did, and keeps it."""
+    """Builds the receipt of an intent from what ``perform`` did, and keeps it."""
 
-    def __init__(self, intent: b.Crossing) -> None:
-        self.intent = intent
-        self.receipt = EffectReceipt("", "", "", None, None)
+    def __init__(self, effect: str, idempotency_key: str) -> None:
+        self.effect = effect
+        self.idempotency_key = idempotency_key
+        self.receipt = EffectReceipt(effect, idempotency_key, "unknown", None, None)
+
+    @classmethod
+    def of(cls, intent: b.Crossing) -> ReceiptBuilder:
+        """The builder for the receipt of ``intent``."""
+        return cls(intent.body["effect"], intent.body["idempotency_key"])
 
     def crossing(self, value: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
         """The receipt crossing: confirmed, failed (rejected for sure) or unknown."""
-        effect = self.intent.body["effect"]
-        key = self.intent.body["idempotency_key"]
+        effect, key = self.effect, self.idempotency_key
         outcome = as_outcome(value)
         if error is None:
             status = "confirmed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -29,7 +30,8 @@ from outbox._core import (
     fresh_event_id,
     plan_start,
 )
-from outbox._errors import DatabaseUnavailable
+from outbox._errors import DatabaseUnavailable, EffectRejected, RunNotActive
+from outbox._recovery import PendingEffect, load_run_txn, unresolved_effects_txn
 from outbox._writer import (
     append_txn,
     load_cursor_txn,
@@ -103,6 +105,34 @@ class Recorder(RecorderBase[Engine]):
 
         self.transact(create, connection)
         return run
+
+    def unresolved_effects(
+        self, *, run_id: str | None = None, limit: int = 1_000
+    ) -> list[PendingEffect]:
+        """Side effects whose intent committed but whose receipt is missing or unknown.
+
+        After a crash, resolve each with :meth:`Run.resolve_effect` on the run from
+        :meth:`resume`, asking the external system; never by calling it again blindly.
+        """
+        return self.transact(
+            lambda conn: unresolved_effects_txn(conn, run_id=run_id, limit=limit), None
+        )
+
+    def resume(self, run_id: str) -> Run:
+        """A writer for a run that is still ``running`` (its first writer died).
+
+        Raises:
+            RunNotActive: the run does not exist or has finished.
+        """
+        stored = self.transact(
+            lambda conn: load_run_txn(conn, run_id, shards=self.settings.outbox_shards), None
+        )
+        if stored.status != "running":
+            raise RunNotActive(f"run {run_id} is {stored.status}; only running runs resume")
+        core = RunCore(stored.identity, self._factory)
+        core.cursor = stored.cursor
+        core.state = stored.state
+        return Run(self, core)
 
     def transact(self, work: Callable[[Connection], T], connection: Joinable | None) -> T:
         """Run ``work`` in the caller's transaction, or in a new one with retries.
@@ -257,8 +287,36 @@ class Run:
         """
         intent = self.core.effect_intent(effect, arguments, key)
         self._append(intent)  # committed before the external call, by design
-        receipt = ReceiptBuilder(intent)
+        receipt = ReceiptBuilder.of(intent)
         self._observed(lambda: perform(intent.body["idempotency_key"]), receipt.crossing)
+        return receipt.receipt
+
+    def resolve_effect(
+        self,
+        pending: PendingEffect,
+        lookup: Callable[[str], EffectOutcome | Mapping[str, Any] | None],
+    ) -> EffectReceipt:
+        """Record the receipt of an effect left open by a crash, by asking the external
+        system what became of it.
+
+        ``lookup`` gets the idempotency key and returns what the external system knows
+        (``confirmed``), ``None`` when it has no record (``failed``: the call never took
+        effect, and the agent may now decide to try again), or raises when it cannot
+        tell (the receipt says ``unknown`` and the exception propagates).
+        """
+        if pending.run_id != self.run_id:
+            raise RunNotActive(f"effect {pending.idempotency_key} belongs to run {pending.run_id}")
+        receipt = ReceiptBuilder(pending.effect, pending.idempotency_key)
+
+        def ask() -> EffectOutcome | Mapping[str, Any]:
+            found = lookup(pending.idempotency_key)
+            if found is None:
+                raise EffectRejected("the external system has no record of this effect")
+            return found
+
+        # A missing record is recorded as ``failed``; the caller reads it off the receipt.
+        with contextlib.suppress(EffectRejected):
+            self._observed(ask, receipt.crossing)
         return receipt.receipt
 
     def transition(

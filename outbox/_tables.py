@@ -40,6 +40,9 @@ runs = Table(
     Column("chain_head", Text, nullable=False),
     Column("parent_run_id", Text),
     Column("code_version", Text),
+    Column("state", Text),
+    Column("classification", Text, nullable=False, server_default="internal"),
+    Column("retention_class", Text, nullable=False, server_default="standard"),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
@@ -79,4 +82,17 @@ relay_members = Table(
     metadata,
     Column("owner", Text, primary_key=True),
     Column("expires_at", DateTime(timezone=True), nullable=False),
+)
+
+effects = Table(
+    "effects",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("idempotency_key", Text, primary_key=True),
+    Column("effect", Text, nullable=False),
+    Column("intent_sequence", BigInteger, nullable=False),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("external_id", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

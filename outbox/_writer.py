@@ -160,9 +160,11 @@ def new_event_id() -> str:
 _INSERT_RUN = text(
     """
     INSERT INTO blackbox.runs
-        (run_id, tenant_id, agent_id, subject_ids, chain_head, parent_run_id, code_version)
+        (run_id, tenant_id, agent_id, subject_ids, chain_head, parent_run_id, code_version,
+         classification, retention_class)
     VALUES
-        (:run_id, :tenant_id, :agent_id, :subject_ids, :chain_head, :parent_run_id, :code_version)
+        (:run_id, :tenant_id, :agent_id, :subject_ids, :chain_head, :parent_run_id, :code_version,
+         :classification, :retention_class)
     """
 )
 
@@ -173,6 +175,7 @@ _APPEND = text(
            SET last_sequence = :sequence,
                chain_head = :chain_hash,
                status = COALESCE(:status, status),
+               state = COALESCE(:state, state),
                updated_at = now()
          WHERE run_id = :run_id AND last_sequence = :previous
      RETURNING run_id
@@ -186,6 +189,21 @@ _INSERT_BLOB = text(
     """
     INSERT INTO blackbox.blobs (digest, data, size) VALUES (:digest, :data, :size)
     ON CONFLICT (digest) DO NOTHING
+    """
+)
+
+_INTENT = text(
+    """
+    INSERT INTO blackbox.effects (run_id, idempotency_key, effect, intent_sequence)
+    VALUES (:run_id, :idempotency_key, :effect, :sequence)
+    """
+)
+
+_RECEIPT = text(
+    """
+    UPDATE blackbox.effects
+       SET status = :status, external_id = :external_id, updated_at = now()
+     WHERE run_id = :run_id AND idempotency_key = :idempotency_key
     """
 )
 
@@ -204,19 +222,26 @@ def insert_run_plan(
         "chain_head": GENESIS_CHAIN_HASH,
         "parent_run_id": parent_run_id,
         "code_version": code_version,
+        "classification": identity.classification,
+        "retention_class": identity.retention_class,
     }
 
 
-def append_plan(
-    identity: RunIdentity, event: PreparedEvent
-) -> list[tuple[TextClause, dict[str, Any]]]:
-    """The statements that append ``event``; the last one's rowcount says if the guard held."""
-    plan: list[tuple[TextClause, dict[str, Any]]] = []
+Plan = list[tuple[TextClause, dict[str, Any]]]
+
+
+def append_plan(identity: RunIdentity, event: PreparedEvent) -> tuple[Plan, Plan]:
+    """The statements that append ``event``: those up to and including the guarded
+    append, whose rowcount says if the guard held, and those to run only if it did."""
+    before: Plan = []
     if event.blob is not None:
         ref, data = event.blob
-        plan.append((_INSERT_BLOB, {"digest": ref, "data": data, "size": len(data)}))
+        before.append((_INSERT_BLOB, {"digest": ref, "data": data, "size": len(data)}))
     envelope = event.envelope
-    plan.append(
+    state = (
+        envelope.attributes.get("to_state") if envelope.event_type == "state.transition" else None
+    )
+    before.append(
         (
             _APPEND,
             {
@@ -226,30 +251,52 @@ def append_plan(
                 "previous": envelope.sequence - 1,
                 "chain_hash": envelope.chain_hash,
                 "status": event.status,
+                "state": state,
                 "event_id": envelope.event_id,
                 "envelope": event.encoded,
             },
         )
     )
-    return plan
+    return before, _effect_plan(envelope)
+
+
+def _effect_plan(envelope: Envelope) -> Plan:
+    attributes = envelope.attributes
+    keys = {"run_id": envelope.run_id, "idempotency_key": attributes.get("idempotency_key")}
+    if envelope.event_type == "effect.intent":
+        return [(_INTENT, {**keys, "effect": attributes["effect"], "sequence": envelope.sequence})]
+    if envelope.event_type == "effect.receipt":
+        status = {"status": attributes["status"], "external_id": attributes.get("external_id")}
+        return [(_RECEIPT, {**keys, **status})]
+    return []
 
 
 def append_txn(conn: Connection, identity: RunIdentity, event: PreparedEvent) -> bool:
     """Append ``event`` in the caller's transaction; False when the run moved on."""
+    before, after = append_plan(identity, event)
     rowcount = 0
-    for statement, params in append_plan(identity, event):
+    for statement, params in before:
         rowcount = conn.execute(statement, params).rowcount
-    return rowcount == 1
+    if rowcount != 1:
+        return False
+    for statement, params in after:
+        conn.execute(statement, params)
+    return True
 
 
 async def append_txn_async(
     conn: AsyncConnection, identity: RunIdentity, event: PreparedEvent
 ) -> bool:
     """:func:`append_txn` for an async connection."""
+    before, after = append_plan(identity, event)
     rowcount = 0
-    for statement, params in append_plan(identity, event):
+    for statement, params in before:
         rowcount = (await conn.execute(statement, params)).rowcount
-    return rowcount == 1
+    if rowcount != 1:
+        return False
+    for statement, params in after:
+        await conn.execute(statement, params)
+    return True
 
 
 def load_cursor_txn(conn: Connection, run_id: str) -> Cursor | None:

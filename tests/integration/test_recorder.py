@@ -9,7 +9,14 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from outbox import AsyncRecorder, EffectRejected, PayloadTooLarge, Recorder, RunSnapshot
+from outbox import (
+    AsyncRecorder,
+    EffectRejected,
+    PayloadTooLarge,
+    Recorder,
+    RunNotActive,
+    RunSnapshot,
+)
 from schemas import EnvelopeCodec, NotSerialisable, PayloadPipeline, Settings
 
 pytestmark = pytest.mark.integration
@@ -150,3 +157,47 @@ def test_async_recorder_records_in_order(settings: Settings, engine: Engine) -> 
         "state.transition",
         "run.finished",
     ]
+
+
+class _Crash(BaseException):
+    """The agent process dying between intent and receipt."""
+
+
+def test_effect_left_open_by_a_crash_is_resolved_by_asking_the_external_system(
+    engine: Engine, settings: Settings
+) -> None:
+    crashed = Recorder(engine, settings=settings).start_run(
+        RunSnapshot(code_version="v1"), agent_id="a"
+    )
+    calls: list[str] = []
+
+    def die(key: str) -> None:
+        calls.append(key)
+        raise _Crash
+
+    for target in ("x", "y"):
+        with pytest.raises(_Crash):
+            crashed.effect("notify", die, arguments={"to": target})
+
+    successor = Recorder(engine, settings=settings)  # a new process after the crash
+    pending = successor.unresolved_effects()
+    assert [(p.run_id, p.status, p.intent_sequence) for p in pending] == [
+        (crashed.run_id, "pending", 2),
+        (crashed.run_id, "pending", 3),
+    ]
+    resumed = successor.resume(crashed.run_id)
+    known = {calls[0]: {"external_id": "n-7"}}
+    receipts = [resumed.resolve_effect(p, known.get) for p in pending]
+    assert [(r.status, r.external_id) for r in receipts] == [("confirmed", "n-7"), ("failed", None)]
+    assert successor.unresolved_effects() == []
+    resumed.finish()
+    assert [t for _, t in _events(engine, crashed.run_id)] == [
+        "run.started",
+        "effect.intent",
+        "effect.intent",
+        "effect.receipt",
+        "effect.receipt",
+        "run.finished",
+    ]
+    with pytest.raises(RunNotActive, match="only running runs resume"):
+        successor.resume(crashed.run_id)

@@ -1,4 +1,4 @@
-"""Write side: runs, outbox, blobs, relay leases and members, the outbox notification.
+"""Write side: runs, outbox, blobs, effects, relay leases and members, outbox notification.
 
 Revision ID: 0001
 Revises:
@@ -30,6 +30,9 @@ def upgrade() -> None:
         sa.Column("chain_head", sa.Text, nullable=False),
         sa.Column("parent_run_id", sa.Text),
         sa.Column("code_version", sa.Text),
+        sa.Column("state", sa.Text),
+        sa.Column("classification", sa.Text, nullable=False, server_default="internal"),
+        sa.Column("retention_class", sa.Text, nullable=False, server_default="standard"),
         sa.Column(
             "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
@@ -76,6 +79,31 @@ def upgrade() -> None:
         sa.Column("expires_at", sa.DateTime(timezone=True)),
         schema=SCHEMA,
     )
+    # Side effects whose receipt is outstanding are found here after a crash; rows are
+    # written in the transactions of the intent and of the receipt.
+    op.create_table(
+        "effects",
+        sa.Column("run_id", sa.Text, primary_key=True),
+        sa.Column("idempotency_key", sa.Text, primary_key=True),
+        sa.Column("effect", sa.Text, nullable=False),
+        sa.Column("intent_sequence", sa.BigInteger, nullable=False),
+        sa.Column("status", sa.Text, nullable=False, server_default="pending"),
+        sa.Column("external_id", sa.Text),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        sa.Column(
+            "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        schema=SCHEMA,
+    )
+    op.create_index(
+        "effects_unresolved",
+        "effects",
+        ["created_at"],
+        schema=SCHEMA,
+        postgresql_where=sa.text("status IN ('pending', 'unknown')"),
+    )
     # Live relays heartbeat here, so each can take its fair share of the shards.
     op.create_table(
         "relay_members",
@@ -105,5 +133,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(f"DROP TRIGGER IF EXISTS outbox_notify ON {SCHEMA}.outbox")
     op.execute(f"DROP FUNCTION IF EXISTS {SCHEMA}.notify_outbox()")
-    for table in ("relay_members", "relay_leases", "blobs", "outbox", "runs"):
+    for table in ("effects", "relay_members", "relay_leases", "blobs", "outbox", "runs"):
         op.drop_table(table, schema=SCHEMA)
