@@ -67,10 +67,10 @@ def _record(
     agent = TicketAgent(sample_tickets(runs), KeywordModel(), Notifier())
 
     def one(ticket_id: str) -> str:
-        with recorder.start_run(
-            agent.snapshot(ticket_id), agent_id="ticket-agent", subject_ids=(ticket_id,)
-        ) as run:
-            agent.handle(run, ticket_id)
+        snapshot = agent.snapshot(ticket_id)
+        run, _ = recorder.record(
+            agent.run, snapshot, agent_id="ticket-agent", subject_ids=(ticket_id,)
+        )
         return run.run_id
 
     started = time.perf_counter()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox import AgentRun, EffectOutcome, RunSnapshot
-from schemas import digest
+from schemas import BlackboxError, digest
 
 MODEL = "triage-small-1"
 CODE_VERSION = "ticket-agent/1.0.0"
@@ -104,6 +104,10 @@ class TicketAgent:
             permissions=("tickets:read", "notify:send"),
         )
 
+    def run(self, run: AgentRun, input: Any) -> dict[str, Any]:
+        """The agent's entry point, the same in record and replay: ``entry(run, input)``."""
+        return self.handle(run, input["ticket_id"])
+
     def handle(self, run: AgentRun, ticket_id: str) -> dict[str, Any]:
         """Triage one ticket and notify its owner. Returns the run's output."""
         ticket = run.call("read_ticket", self.tickets.read, ticket_id)
@@ -151,3 +155,34 @@ def sample_tickets(count: int) -> TicketStore:
             "owner": f"owner{index % 7}@example.test",
         }
     return store
+
+
+class ExternalCallRefused(BlackboxError):
+    """Raised by the offline stand-ins: replay reached for the outside world."""
+
+
+class OfflineTickets(TicketStore):
+    """A ticket system that refuses every call."""
+
+    def read(self, ticket_id: str) -> dict[str, str]:
+        raise ExternalCallRefused(f"replay tried to read ticket {ticket_id}")
+
+
+class OfflineModel(KeywordModel):
+    """A model endpoint that refuses every call."""
+
+    def complete(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        raise ExternalCallRefused("replay tried to call the model")
+
+
+class OfflineNotifier(Notifier):
+    """A notification service that refuses every call."""
+
+    def send(self, *, to: str, message: str, idempotency_key: str) -> EffectOutcome:
+        raise ExternalCallRefused(f"replay tried to notify {to}")
+
+
+def replay_entry(run: AgentRun, input: Any) -> dict[str, Any]:
+    """The agent's entry point for replay: its own code, with transports that refuse
+    every call, so a replay that passes proves nothing external was needed."""
+    return TicketAgent(OfflineTickets(), OfflineModel(), OfflineNotifier()).run(run, input)

@@ -20,6 +20,15 @@ from outbox._protocol import AgentRun
 from outbox._recorder import Recorder, Run
 from outbox._recovery import PendingEffect
 from outbox._relay import EVENT_ID_HEADER, Relay, RelayOptions
+from outbox._replay import (
+    BlobReader,
+    CallSite,
+    Divergence,
+    DivergenceKind,
+    RecordedError,
+    ReplayDivergence,
+    ReplayRun,
+)
 from outbox._tables import (
     NOTIFY_CHANNEL,
     SCHEMA,
@@ -39,18 +48,25 @@ __all__ = [
     "AgentRun",
     "AsyncRecorder",
     "AsyncRun",
+    "BlobReader",
     "BrokerUnavailable",
+    "CallSite",
     "ConcurrentRunWriter",
     "DatabaseUnavailable",
+    "Divergence",
+    "DivergenceKind",
     "EffectOutcome",
     "EffectReceipt",
     "EffectRejected",
     "PayloadTooLarge",
     "PendingEffect",
+    "RecordedError",
     "Recorder",
     "Relay",
     "RelayMetrics",
     "RelayOptions",
+    "ReplayDivergence",
+    "ReplayRun",
     "Run",
     "RunNotActive",
     "RunSnapshot",

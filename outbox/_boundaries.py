@@ -8,6 +8,7 @@ input of a boundary is exactly what the agent code decides, and nothing it recei
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,10 @@ def error_info(exc: BaseException | None) -> dict[str, str] | None:
     """The recorded form of an exception: its type name and message."""
     if exc is None:
         return None
+    # In replay, a recorded error travels as such and must be recorded the same way.
+    recorded = getattr(exc, "recorded_error", None)
+    if isinstance(recorded, dict):
+        return {"type": str(recorded["type"]), "message": str(recorded["message"])}
     return {"type": type(exc).__qualname__, "message": str(exc)}
 
 
@@ -113,14 +118,81 @@ def tool_call(
 def clock_read(*, clock: str, value_us: int) -> Crossing:
     """A read of the wall or the monotonic clock."""
     body = {"clock": clock, "value_us": value_us}
-    return Crossing(
-        EventType.CLOCK_READ, body, {"clock": clock}, {"value_us": value_us}, {"clock": clock}
-    )
+    inputs = clock_input(clock)
+    return Crossing(EventType.CLOCK_READ, body, inputs, {"value_us": value_us}, {"clock": clock})
+
+
+def clock_input(clock: str) -> dict[str, Any]:
+    """The digested input of a clock read."""
+    return {"clock": clock}
+
+
+def random_input(kind: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The digested input of a random draw."""
+    return {"kind": kind, "arguments": dict(arguments)}
+
+
+def intent_input(effect: str, idempotency_key: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The digested input of an effect intent."""
+    return {"effect": effect, "idempotency_key": idempotency_key, "arguments": dict(arguments)}
+
+
+def receipt_input(effect: str, idempotency_key: str) -> dict[str, Any]:
+    """The digested input of an effect receipt."""
+    return {"effect": effect, "idempotency_key": idempotency_key}
+
+
+def transition_input(from_state: str | None, to_state: str, reason: str | None) -> dict[str, Any]:
+    """The digested input of a state transition."""
+    return {"from_state": from_state, "to_state": to_state, "reason": reason}
+
+
+def finished_input(status: str) -> dict[str, Any]:
+    """The digested input of the end of a run."""
+    return {"status": status}
+
+
+def recorded_output(event_type: str, body: Mapping[str, Any]) -> Any:
+    """The output a boundary handed back, rebuilt from its recorded body.
+
+    It is exactly what record mode digested as the output, so its digest must equal
+    the envelope's ``output_digest``; anything else means the body was altered.
+    """
+
+    def loads(name: str) -> Any:
+        raw = body.get(name)
+        return None if raw is None else json.loads(raw)
+
+    match event_type:
+        case EventType.TOOL_CALL:
+            return {"result": loads("result_json"), "error": body["error"]}
+        case EventType.LLM_CALL:
+            return {"response": loads("raw_response_json"), "error": body["error"]}
+        case EventType.CLOCK_READ:
+            return {"value_us": body["value_us"]}
+        case EventType.RANDOM_DRAW:
+            return {"value": loads("value_json")}
+        case EventType.EFFECT_RECEIPT:
+            return {
+                "status": body["status"],
+                "external_id": body["external_id"],
+                "result": loads("result_json"),
+                "error": body["error"],
+            }
+        case EventType.STATE_TRANSITION:
+            return {"state": loads("state_json")}
+        case EventType.RUN_FINISHED:
+            return {
+                "output": loads("output_json"),
+                "error": body["error"],
+                "final_state_digest": body["final_state_digest"],
+            }
+    return {}
 
 
 def random_draw(*, kind: str, arguments: Mapping[str, Any], value: Any) -> Crossing:
     """A draw of randomness: a float, an integer range, a UUID."""
-    inputs = {"kind": kind, "arguments": dict(arguments)}
+    inputs = random_input(kind, arguments)
     body = {
         "kind": kind,
         "arguments_json": canonical_text(dict(arguments), path=f"{kind}.arguments"),
@@ -131,7 +203,7 @@ def random_draw(*, kind: str, arguments: Mapping[str, Any], value: Any) -> Cross
 
 def effect_intent(*, effect: str, idempotency_key: str, arguments: Mapping[str, Any]) -> Crossing:
     """The intent of a side effect, committed before the external call."""
-    inputs = {"effect": effect, "idempotency_key": idempotency_key, "arguments": dict(arguments)}
+    inputs = intent_input(effect, idempotency_key, arguments)
     body = {
         "effect": effect,
         "idempotency_key": idempotency_key,
@@ -166,7 +238,7 @@ def effect_receipt(
     attributes = {"effect": effect, "idempotency_key": idempotency_key, "status": status}
     if external_id is not None:
         attributes["external_id"] = external_id
-    inputs = {"effect": effect, "idempotency_key": idempotency_key}
+    inputs = receipt_input(effect, idempotency_key)
     return Crossing(EventType.EFFECT_RECEIPT, body, inputs, outputs, attributes)
 
 
@@ -180,7 +252,7 @@ def state_transition(
         "state_json": canonical_text(state, path=f"{to_state}.state"),
         "reason": reason,
     }
-    inputs = {"from_state": from_state, "to_state": to_state, "reason": reason}
+    inputs = transition_input(from_state, to_state, reason)
     attributes = {"to_state": to_state}
     if from_state is not None:
         attributes["from_state"] = from_state
@@ -202,4 +274,4 @@ def run_finished(
     attributes = {"status": status}
     if err:
         attributes["error"] = err["type"]
-    return Crossing(EventType.RUN_FINISHED, body, {"status": status}, outputs, attributes)
+    return Crossing(EventType.RUN_FINISHED, body, finished_input(status), outputs, attributes)

@@ -106,6 +106,33 @@ class Recorder(RecorderBase[Engine]):
         self.transact(create, connection)
         return run
 
+    def record(
+        self,
+        entry: Callable[[Run, Any], T],
+        snapshot: RunSnapshot,
+        *,
+        agent_id: str,
+        tenant_id: str = "default",
+        subject_ids: tuple[str, ...] = (),
+        run_id: str | None = None,
+    ) -> tuple[Run, T]:
+        """Run ``entry(run, snapshot.input)`` as a recorded run; its return value is the
+        run's recorded output, so a replay can check it.
+
+        An exception from ``entry`` is recorded as the run's failure and re-raised.
+        Returns the finished run and the output.
+        """
+        run = self.start_run(
+            snapshot, agent_id=agent_id, tenant_id=tenant_id, subject_ids=subject_ids, run_id=run_id
+        )
+        try:
+            output = entry(run, snapshot.input)
+        except Exception as exc:
+            run.finish(status="failed", error=exc)
+            raise
+        run.finish(output=output)
+        return run, output
+
     def unresolved_effects(
         self, *, run_id: str | None = None, limit: int = 1_000
     ) -> list[PendingEffect]:

@@ -1,8 +1,30 @@
-"""Offline replay, divergence reports, fork and re-execution, backup and restore drills.
-
-Nothing here yet: the replay mode of the Recorder and the replayer land with the replay
-issue. The package exists so the read paths it will own (Kafka via the events index,
-archives, in-memory envelopes) have their home from the start.
+"""Offline replay: re-drive an agent's own code from a recorded run, report PASS or the
+first divergence. Reads runs from Kafka (through the events index), from Avro archives,
+or from envelopes in memory; nothing external is ever called.
 """
 
-__all__: list[str] = []
+from replayer._driver import AgentEntry, replay_run
+from replayer._registry import AgentRegistry, UnknownAgent, load_entry
+from replayer._report import LEVEL_NAMES, ReplayReport
+from replayer._sources import (
+    KafkaRunSource,
+    PostgresBlobs,
+    SourceError,
+    read_archive,
+    write_archive,
+)
+
+__all__ = [
+    "LEVEL_NAMES",
+    "AgentEntry",
+    "AgentRegistry",
+    "KafkaRunSource",
+    "PostgresBlobs",
+    "ReplayReport",
+    "SourceError",
+    "UnknownAgent",
+    "load_entry",
+    "read_archive",
+    "replay_run",
+    "write_archive",
+]

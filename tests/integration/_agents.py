@@ -26,10 +26,9 @@ def record_ticket_runs(
 
     def one(ticket_id: str) -> RecordedRun:
         snapshot = agent.snapshot(ticket_id)
-        with recorder.start_run(
-            snapshot, agent_id="ticket-agent", subject_ids=("customer-1",)
-        ) as run:
-            agent.handle(run, ticket_id)
+        run, _ = recorder.record(
+            agent.run, snapshot, agent_id="ticket-agent", subject_ids=("customer-1",)
+        )
         return RecordedRun(run.run_id, run.last_sequence, snapshot.code_version)
 
     with ThreadPoolExecutor(workers) as pool:

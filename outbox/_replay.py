@@ -1,0 +1,473 @@
+"""The Recorder in replay mode: the same agent code, driven from a recorded run.
+
+Nothing is called: every boundary takes the next recorded event, checks that the code
+asks for the same kind of thing with the same input (by digest), checks the recorded
+body against its output digest, and hands back the recorded output. The first event
+where today's code goes another way raises :class:`ReplayDivergence`, naming the
+sequence, the expected and actual type and digests, and the call site; never a payload.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Protocol, TypeVar
+
+from outbox import _boundaries as b
+from outbox._core import EffectOutcome, EffectReceipt
+from outbox._errors import EffectRejected
+from outbox._llm import llm_input
+from schemas import (
+    GENESIS_CHAIN_HASH,
+    BlackboxError,
+    Envelope,
+    EventType,
+    PayloadPipeline,
+    digest,
+)
+
+T = TypeVar("T")
+# Frames of these packages are the recorder's own; the call site is the first other one.
+_OWN_MODULES = ("outbox.", "replayer.")
+
+
+class DivergenceKind(StrEnum):
+    """Why a replay stopped."""
+
+    TYPE_MISMATCH = "type_mismatch"
+    """The code crossed a different kind of boundary than was recorded."""
+    ARGUMENT_MISMATCH = "argument_mismatch"
+    """Same kind of boundary, different input (arguments, request, key)."""
+    STATE_MISMATCH = "state_mismatch"
+    """A state transition (or the final state) differs from the recorded one."""
+    OUTPUT_MISMATCH = "output_mismatch"
+    """The run ended with a different output or error than was recorded."""
+    TAMPERED_OUTPUT = "tampered_output"
+    """A recorded body does not match its own output digest."""
+    MISSING_EVENT = "missing_event"
+    """The code made a call the log has no event for (the log is exhausted)."""
+    UNCONSUMED_EVENTS = "unconsumed_events"
+    """The code finished while recorded events were left (it ended early)."""
+    BROKEN_CHAIN = "broken_chain"
+    """An envelope's chain hash does not follow from the one before it."""
+    SEQUENCE_GAP = "sequence_gap"
+    """Sequences are not contiguous from 1: an event is missing or out of order."""
+
+
+LEVELS = {
+    DivergenceKind.TYPE_MISMATCH: "control_flow",
+    DivergenceKind.ARGUMENT_MISMATCH: "control_flow",
+    DivergenceKind.MISSING_EVENT: "control_flow",
+    DivergenceKind.UNCONSUMED_EVENTS: "control_flow",
+    DivergenceKind.SEQUENCE_GAP: "control_flow",
+    DivergenceKind.STATE_MISMATCH: "state",
+    DivergenceKind.OUTPUT_MISMATCH: "content",
+    DivergenceKind.TAMPERED_OUTPUT: "content",
+    DivergenceKind.BROKEN_CHAIN: "content",
+}
+"""Which of the three levels (control flow, state, content) each kind breaks."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallSite:
+    """Where in the agent's code the diverging boundary was crossed."""
+
+    function: str
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.function} ({self.file}:{self.line})"
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """The first point where replay and record disagree. Carries digests, never bodies."""
+
+    kind: DivergenceKind
+    run_id: str
+    sequence: int
+    expected_type: str | None
+    actual_type: str | None
+    expected_digest: str | None = None
+    actual_digest: str | None = None
+    call_site: CallSite | None = None
+    detail: str = ""
+
+    @property
+    def level(self) -> str:
+        """``control_flow``, ``state`` or ``content``."""
+        return LEVELS[self.kind]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form."""
+        values = asdict(self)
+        values["kind"] = str(self.kind)
+        values["level"] = self.level
+        return values
+
+    def describe(self) -> str:
+        """One line for people."""
+        where = f" at {self.call_site}" if self.call_site else ""
+        digests = ""
+        if self.expected_digest or self.actual_digest:
+            digests = f"; expected {self.expected_digest}, got {self.actual_digest}"
+        return (
+            f"{self.kind} at sequence {self.sequence} of run {self.run_id}: expected "
+            f"{self.expected_type or 'no event'}, got {self.actual_type or 'no call'}"
+            f"{where}{digests}{'; ' + self.detail if self.detail else ''}"
+        )
+
+
+class ReplayDivergence(BlackboxError):
+    """Replay found the first event where today's code goes another way."""
+
+    def __init__(self, divergence: Divergence) -> None:
+        self.divergence = divergence
+        super().__init__(divergence.describe())
+
+
+class RecordedError(BlackboxError):
+    """In replay, the exception a boundary raised when it was recorded.
+
+    ``type_name`` and ``message`` are what was recorded; the original class is not
+    re-created, since nothing from a payload is ever imported or executed.
+    """
+
+    def __init__(self, type_name: str, message: str) -> None:
+        self.type_name = type_name
+        self.message = message
+        self.recorded_error = {"type": type_name, "message": message}
+        super().__init__(f"{type_name}: {message}")
+
+
+class BlobReader(Protocol):
+    """Reads a body stored out of line by its content address."""
+
+    def read(self, ref: str) -> bytes:
+        """The bytes stored under ``ref``."""
+        ...
+
+
+class ReplayRun:
+    """An :class:`~outbox.AgentRun` that answers from a recorded run.
+
+    Args:
+        events: the run's envelopes in sequence order, from sequence 1 (streamed; the
+            run may be longer than memory).
+        pipeline: opens payloads (the sealing adapter for encrypted runs).
+        blobs: reads bodies stored out of line.
+    """
+
+    def __init__(
+        self,
+        events: Iterable[Envelope],
+        *,
+        pipeline: PayloadPipeline | None = None,
+        blobs: BlobReader | None = None,
+    ) -> None:
+        self._events: Iterator[Envelope] = iter(events)
+        self._pipeline = pipeline or PayloadPipeline()
+        self._blobs = blobs
+        self._peeked: Envelope | None = None
+        self._sequence = 0
+        self._chain = GENESIS_CHAIN_HASH
+        self._state: str | None = None
+        self._state_digest: str | None = None
+        self.consumed = 0
+        started, body, _ = self._take(EventType.RUN_STARTED, None)
+        self._run_id = started.run_id
+        self.snapshot_body = body
+        """The recorded ``run.started`` body: the run's input snapshot."""
+
+    @property
+    def run_id(self) -> str:
+        """The id of the recorded run."""
+        return self._run_id
+
+    @property
+    def input(self) -> Any:
+        """The recorded input of the run."""
+        return json.loads(self.snapshot_body["input_json"])
+
+    # Boundaries -----------------------------------------------------------------
+
+    def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """The recorded result of tool ``tool``; ``fn`` is not called."""
+        output = self._cross(EventType.TOOL_CALL, b.tool_input(tool, args, kwargs))
+        _raise_recorded(output["error"])
+        result: T = output["result"]
+        return result
+
+    def llm(
+        self,
+        send: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+        request: Mapping[str, Any],
+        *,
+        provider: str,
+        model: str | None = None,
+    ) -> Mapping[str, Any]:
+        """The recorded response to ``request``; ``send`` is not called."""
+        chosen = model or str(request.get("model", "unknown"))
+        output = self._cross(EventType.LLM_CALL, llm_input(provider, chosen, request))
+        _raise_recorded(output["error"])
+        response: Mapping[str, Any] = output["response"]
+        return response
+
+    def now(self) -> datetime:
+        """The recorded wall-clock reading."""
+        value = self._cross(EventType.CLOCK_READ, b.clock_input("wall"))["value_us"]
+        return datetime.fromtimestamp(value / 1e6, UTC)
+
+    def monotonic(self) -> float:
+        """The recorded monotonic-clock reading."""
+        return (
+            float(self._cross(EventType.CLOCK_READ, b.clock_input("monotonic"))["value_us"]) / 1e6
+        )
+
+    def random(self) -> float:
+        """The recorded random float."""
+        return float(self._cross(EventType.RANDOM_DRAW, b.random_input("random", {}))["value"])
+
+    def randint(self, low: int, high: int) -> int:
+        """The recorded random integer."""
+        inputs = b.random_input("randint", {"low": low, "high": high})
+        return int(self._cross(EventType.RANDOM_DRAW, inputs)["value"])
+
+    def uuid(self) -> uuid.UUID:
+        """The recorded random UUID."""
+        return uuid.UUID(self._cross(EventType.RANDOM_DRAW, b.random_input("uuid4", {}))["value"])
+
+    def effect(
+        self,
+        effect: str,
+        perform: Callable[[str], EffectOutcome | Mapping[str, Any] | None],
+        *,
+        arguments: Mapping[str, Any],
+        key: str | None = None,
+    ) -> EffectReceipt:
+        """The recorded receipt of the effect; ``perform`` is never called."""
+        idempotency_key = key or f"{self._run_id}:{self._sequence + 1}"
+        self._cross(EventType.EFFECT_INTENT, b.intent_input(effect, idempotency_key, arguments))
+        output = self._cross(EventType.EFFECT_RECEIPT, b.receipt_input(effect, idempotency_key))
+        status = output["status"]
+        if status == "failed":
+            raise EffectRejected(
+                (output["error"] or {}).get("message", "rejected"),
+                external_id=output["external_id"],
+            )
+        if status == "unknown":
+            _raise_recorded(output["error"])
+        return EffectReceipt(
+            effect, idempotency_key, status, output["external_id"], output["result"]
+        )
+
+    def transition(self, to_state: str, *, state: Any, reason: str | None = None) -> Any:
+        """Check the transition against the recorded one, state included."""
+        inputs = b.transition_input(self._state, to_state, reason)
+        envelope, output = self._cross_event(EventType.STATE_TRANSITION, inputs)
+        actual = digest({"state": state}, path=f"{to_state}.state")
+        if actual != envelope.output_digest:
+            self._diverge(
+                DivergenceKind.STATE_MISMATCH,
+                envelope.sequence,
+                expected=(envelope.event_type, envelope.output_digest),
+                actual=(EventType.STATE_TRANSITION, actual),
+            )
+        self._state = to_state
+        self._state_digest = digest(output["state"])
+        return None
+
+    # The end of the run -------------------------------------------------------------
+
+    def finish(self, *, output: Any = None, error: BaseException | None = None) -> None:
+        """Check the recorded ``run.finished`` against how the code ended, then that
+        every recorded event was consumed."""
+        status = "succeeded" if error is None else "failed"
+        upcoming = self._peek()
+        if upcoming is not None and upcoming.event_type != EventType.RUN_FINISHED:
+            self._diverge(
+                DivergenceKind.UNCONSUMED_EVENTS,
+                upcoming.sequence,
+                expected=(upcoming.event_type, upcoming.input_digest),
+                actual=(EventType.RUN_FINISHED, None),
+                detail="the code ended before consuming every recorded event",
+            )
+        envelope, recorded = self._cross_event(EventType.RUN_FINISHED, b.finished_input(status))
+        if recorded["final_state_digest"] != self._state_digest:
+            self._diverge(
+                DivergenceKind.STATE_MISMATCH,
+                envelope.sequence,
+                expected=(envelope.event_type, recorded["final_state_digest"]),
+                actual=(EventType.RUN_FINISHED, self._state_digest),
+                detail="final state",
+            )
+        actual = digest(
+            {
+                "output": output,
+                "error": b.error_info(error),
+                "final_state_digest": self._state_digest,
+            }
+        )
+        if actual != envelope.output_digest:
+            self._diverge(
+                DivergenceKind.OUTPUT_MISMATCH,
+                envelope.sequence,
+                expected=(envelope.event_type, envelope.output_digest),
+                actual=(EventType.RUN_FINISHED, actual),
+            )
+        extra = self._peek()
+        if extra is not None:
+            self._diverge(
+                DivergenceKind.UNCONSUMED_EVENTS,
+                extra.sequence,
+                expected=(extra.event_type, extra.input_digest),
+                actual=(None, None),
+                detail="events recorded after run.finished",
+            )
+
+    # Taking events ----------------------------------------------------------------
+
+    def _cross(self, event_type: EventType, inputs: Any) -> Any:
+        return self._cross_event(event_type, inputs)[1]
+
+    def _cross_event(self, event_type: EventType, inputs: Any) -> tuple[Envelope, Any]:
+        envelope, _, output = self._take(event_type, inputs)
+        return envelope, output
+
+    def _take(self, event_type: EventType, inputs: Any) -> tuple[Envelope, dict[str, Any], Any]:
+        """The next event, checked in the order that names the most precise cause:
+        sequence, type, input digest, body against output digest, chain hash."""
+        actual = None if inputs is None else digest(inputs, path=f"{event_type}.input")
+        envelope = self._next()
+        expected_seq = self._sequence + 1
+        if envelope is None or (
+            envelope.event_type == EventType.RUN_FINISHED and event_type != EventType.RUN_FINISHED
+        ):
+            self._diverge(
+                DivergenceKind.MISSING_EVENT,
+                expected_seq,
+                expected=(None, None),
+                actual=(event_type, actual),
+                detail="the recorded run has no more boundary events",
+            )
+        assert envelope is not None
+        if envelope.sequence != expected_seq:
+            self._diverge(
+                DivergenceKind.SEQUENCE_GAP,
+                expected_seq,
+                expected=(None, None),
+                actual=(envelope.event_type, None),
+                detail=f"the log holds sequence {envelope.sequence} where {expected_seq} belongs",
+            )
+        if envelope.event_type != event_type:
+            self._diverge(
+                DivergenceKind.TYPE_MISMATCH,
+                envelope.sequence,
+                expected=(envelope.event_type, envelope.input_digest),
+                actual=(event_type, actual),
+            )
+        if actual is not None and actual != envelope.input_digest:
+            self._diverge(
+                DivergenceKind.ARGUMENT_MISMATCH,
+                envelope.sequence,
+                expected=(envelope.event_type, envelope.input_digest),
+                actual=(event_type, actual),
+            )
+        body, output = self._open(envelope)
+        if envelope.chain_hash != envelope.expected_chain_hash(self._chain):
+            self._diverge(
+                DivergenceKind.BROKEN_CHAIN,
+                envelope.sequence,
+                expected=(envelope.event_type, envelope.expected_chain_hash(self._chain)),
+                actual=(envelope.event_type, envelope.chain_hash),
+            )
+        self._sequence = envelope.sequence
+        self._chain = envelope.chain_hash
+        self.consumed += 1
+        return envelope, body, output
+
+    def _open(self, envelope: Envelope) -> tuple[dict[str, Any], Any]:
+        data = None
+        if envelope.payload_ref is not None:
+            if self._blobs is None:
+                raise BlackboxError(
+                    f"run {envelope.run_id} sequence {envelope.sequence}: the body is stored "
+                    f"out of line ({envelope.payload_ref}) and no blob reader was given"
+                )
+            data = self._blobs.read(envelope.payload_ref)
+        try:
+            body = self._pipeline.unpack(envelope, data)
+        except BlackboxError as exc:
+            self._diverge(
+                DivergenceKind.TAMPERED_OUTPUT,
+                envelope.sequence,
+                expected=(envelope.event_type, envelope.output_digest),
+                actual=(envelope.event_type, None),
+                detail=f"the body does not open: {type(exc).__name__}",
+            )
+        output = b.recorded_output(envelope.event_type, body)
+        actual = digest(output)
+        if actual != envelope.output_digest:
+            self._diverge(
+                DivergenceKind.TAMPERED_OUTPUT,
+                envelope.sequence,
+                expected=(envelope.event_type, envelope.output_digest),
+                actual=(envelope.event_type, actual),
+            )
+        return body, output
+
+    def _next(self) -> Envelope | None:
+        if self._peeked is not None:
+            envelope, self._peeked = self._peeked, None
+            return envelope
+        return next(self._events, None)
+
+    def _peek(self) -> Envelope | None:
+        if self._peeked is None:
+            self._peeked = next(self._events, None)
+        return self._peeked
+
+    def _diverge(
+        self,
+        kind: DivergenceKind,
+        sequence: int,
+        *,
+        expected: tuple[str | None, str | None],
+        actual: tuple[str | None, str | None],
+        detail: str = "",
+    ) -> None:
+        raise ReplayDivergence(
+            Divergence(
+                kind=kind,
+                run_id=getattr(self, "_run_id", None) or "unknown",
+                sequence=sequence,
+                expected_type=expected[0],
+                actual_type=actual[0],
+                expected_digest=expected[1],
+                actual_digest=actual[1],
+                call_site=_call_site(),
+                detail=detail,
+            )
+        )
+
+
+def _raise_recorded(error: Mapping[str, str] | None) -> None:
+    if error is not None:
+        raise RecordedError(error["type"], error["message"])
+
+
+def _call_site() -> CallSite | None:
+    """The first frame outside the recorder: the agent code that crossed the boundary."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if not module.startswith(_OWN_MODULES):
+            return CallSite(frame.f_code.co_name, frame.f_code.co_filename, frame.f_lineno)
+        frame = frame.f_back  # type: ignore[assignment]
+    return None

@@ -1,0 +1,151 @@
+"""Where recorded runs are read from: memory, an Avro archive, or Kafka.
+
+Every source streams: a run is yielded event by event, so a run of a million events
+replays in bounded memory.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from fastavro import reader, writer
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from schemas import ENVELOPE, BlackboxError, Envelope, EnvelopeCodec, Settings, default_registry
+
+
+class SourceError(BlackboxError):
+    """A recorded run could not be read from its source."""
+
+
+def write_archive(path: Path, envelopes: Iterable[Envelope], *, codec: str = "deflate") -> int:
+    """Write ``envelopes`` to an Avro object container file; returns how many.
+
+    The file embeds the envelope schema it was written with, so it stays readable by
+    every later release.
+    """
+    count = 0
+
+    def records() -> Iterator[dict[str, Any]]:
+        nonlocal count
+        for envelope in envelopes:
+            count += 1
+            yield envelope.to_record()
+
+    schema = default_registry().latest(ENVELOPE).parsed
+    with path.open("wb") as out:
+        writer(out, schema, records(), codec=codec)
+    return count
+
+
+def read_archive(path: Path, *, run_id: str | None = None) -> Iterator[Envelope]:
+    """The envelopes of an archive (of one run when ``run_id`` is given), in file order.
+
+    Raises:
+        SourceError: the file is missing or not an envelope archive.
+    """
+    reader_schema = default_registry().latest(ENVELOPE).parsed
+    try:
+        with path.open("rb") as stream:
+            for record in reader(stream, reader_schema):
+                if not isinstance(record, dict):
+                    raise SourceError(f"{path}: holds something other than envelopes")
+                if run_id is None or record["run_id"] == run_id:
+                    yield Envelope.from_record(record)
+    except OSError as exc:
+        raise SourceError(f"cannot read archive {path}: {exc.strerror}") from exc
+    except (ValueError, EOFError, StopIteration) as exc:
+        raise SourceError(f"{path} is not a readable envelope archive: {exc}") from exc
+
+
+_LOCATE = text(
+    """
+    SELECT topic, "partition", min("offset"), max("offset"), count(*), min(agent_id)
+      FROM blackbox_views.events e JOIN blackbox_views.runs r USING (run_id)
+     WHERE run_id = :run_id
+     GROUP BY topic, "partition"
+    """
+)
+
+
+class KafkaRunSource:
+    """A run read back from the event topic, located through the events index.
+
+    The index says which partition holds the run and between which offsets, so only
+    that stretch of one partition is read, never the whole topic. Duplicates left by a
+    relay crash are skipped (the first copy of each sequence wins).
+    """
+
+    def __init__(self, settings: Settings, engine: Engine, run_id: str) -> None:
+        self._settings = settings
+        self.run_id = run_id
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(_LOCATE, {"run_id": run_id}).all()
+        except SQLAlchemyError as exc:
+            raise SourceError(f"cannot read the events index: {exc}") from exc
+        if not rows:
+            raise SourceError(
+                f"run {run_id} is not in the events index; is the view consumer running "
+                "(blackbox consume) and is the run id right?"
+            )
+        if len(rows) > 1:
+            raise SourceError(f"run {run_id} is indexed on {len(rows)} partitions; expected one")
+        topic, partition, first, last, count, agent_id = rows[0]
+        self.topic, self.partition = str(topic), int(partition)
+        self.first, self.last, self.count = int(first), int(last), int(count)
+        self.agent_id: str | None = agent_id
+
+    def __iter__(self) -> Iterator[Envelope]:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self._settings.kafka_bootstrap,
+                "group.id": f"blackbox-replay-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+        codec = EnvelopeCodec()
+        key = self.run_id.encode("utf-8")
+        last_sequence = 0
+        try:
+            consumer.assign([TopicPartition(self.topic, self.partition, self.first)])
+            while True:
+                for message in consumer.consume(500, 5.0):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            return
+                        raise SourceError(f"reading {self.topic}[{self.partition}]: {error}")
+                    if message.key() == key:
+                        envelope = codec.decode(message.value() or b"")
+                        if envelope.sequence > last_sequence:
+                            last_sequence = envelope.sequence
+                            yield envelope
+                    if (message.offset() or 0) >= self.last:
+                        return
+        except KafkaException as exc:
+            raise SourceError(f"cannot read {self.topic}: {exc.args[0]}") from exc
+        finally:
+            consumer.close()
+
+
+class PostgresBlobs:
+    """Reads bodies stored out of line from the write side's blob table."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def read(self, ref: str) -> bytes:
+        with self._engine.connect() as conn:
+            data = conn.execute(
+                text("SELECT data FROM blackbox.blobs WHERE digest = :d"), {"d": ref}
+            ).scalar()
+        if data is None:
+            raise SourceError(f"blob {ref} is not in blackbox.blobs")
+        return bytes(data)
