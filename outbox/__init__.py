@@ -14,6 +14,7 @@ from outbox._errors import (
     RunNotActive,
 )
 from outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
+from outbox._memory import MemoryRecorder
 from outbox._metrics import RelayMetrics
 from outbox._migrate import migrate_write_side
 from outbox._protocol import AgentRun
@@ -58,6 +59,7 @@ __all__ = [
     "EffectOutcome",
     "EffectReceipt",
     "EffectRejected",
+    "MemoryRecorder",
     "PayloadTooLarge",
     "PendingEffect",
     "RecordedError",

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
@@ -125,13 +125,13 @@ class Recorder(RecorderBase[Engine]):
         run = self.start_run(
             snapshot, agent_id=agent_id, tenant_id=tenant_id, subject_ids=subject_ids, run_id=run_id
         )
-        try:
-            output = entry(run, snapshot.input)
-        except Exception as exc:
-            run.finish(status="failed", error=exc)
-            raise
-        run.finish(output=output)
-        return run, output
+        return run, run.drive(entry, snapshot.input)
+
+    def append(
+        self, run: Run, crossing: Crossing, event_id: str, connection: Joinable | None
+    ) -> Envelope:
+        """Append one event of ``run`` in its own transaction or the caller's."""
+        return self.transact(lambda conn: run.append_in(conn, crossing, event_id), connection)
 
     def unresolved_effects(
         self, *, run_id: str | None = None, limit: int = 1_000
@@ -184,6 +184,16 @@ class Recorder(RecorderBase[Engine]):
         raise AssertionError("unreachable")
 
 
+class EventLog(Protocol):
+    """Where a run's events go: the Postgres outbox, or memory."""
+
+    def append(
+        self, run: Run, crossing: Crossing, event_id: str, connection: Joinable | None
+    ) -> Envelope:
+        """Append the next event of ``run``."""
+        ...
+
+
 class Run:
     """One agent run in record mode: the only door between agent code and the world.
 
@@ -192,7 +202,7 @@ class Run:
     are safe to call from several threads of that writer.
     """
 
-    def __init__(self, recorder: Recorder, core: RunCore) -> None:
+    def __init__(self, recorder: EventLog, core: RunCore) -> None:
         self._recorder = recorder
         self.core = core
         self._lock = threading.RLock()
@@ -224,6 +234,16 @@ class Run:
             self.finish()
         else:
             self.finish(status="failed", error=exc)
+
+    def drive(self, entry: Callable[[Run, Any], T], input: Any) -> T:
+        """Run ``entry(self, input)`` and finish the run with its output or its error."""
+        try:
+            output = entry(self, input)
+        except Exception as exc:
+            self.finish(status="failed", error=exc)
+            raise
+        self.finish(output=output)
+        return output
 
     @contextmanager
     def joined(self, connection: Joinable) -> Iterator[Run]:
@@ -392,9 +412,7 @@ class Run:
             self.core.check_active()
             event_id = fresh_event_id()
             target = connection if connection is not None else self._joined
-            return self._recorder.transact(
-                lambda conn: self.append_in(conn, crossing, event_id), target
-            )
+            return self._recorder.append(self, crossing, event_id, target)
 
     def append_in(
         self, conn: Connection, crossing: Crossing, event_id: str, *, first: Any = None

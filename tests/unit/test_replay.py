@@ -211,3 +211,18 @@ def test_different_state_is_a_state_mismatch() -> None:
     report = _replay(OK_RUN, lambda run, input: replay_entry(_AlteredState(run), input))  # type: ignore[arg-type]
     _diverges(report, DivergenceKind.STATE_MISMATCH, 5)
     assert report.levels == {"control_flow": "unchecked", "state": "fail", "content": "unchecked"}
+
+
+def test_a_run_recorded_in_memory_replays_and_its_blobs_are_read() -> None:
+    from examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
+    from outbox import MemoryRecorder
+    from schemas import Settings
+
+    recorder = MemoryRecorder(settings=Settings(blob_threshold_bytes=200))
+    agent = TicketAgent(sample_tickets(1), KeywordModel(), Notifier())
+    run, output = recorder.record(agent.run, agent.snapshot("T-00000"), agent_id="ticket-agent")
+    assert recorder.blobs  # the LLM call's body went out of line
+    report = replay_run(recorder.events, replay_entry, blobs=recorder)
+    assert report.passed, report.divergence and report.divergence.describe()
+    assert report.events == len(recorder.events) == run.last_sequence
+    assert output["category"] == "billing"
