@@ -6,6 +6,7 @@ replays in bounded memory.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -81,8 +82,11 @@ class KafkaRunSource:
     relay crash are skipped (the first copy of each sequence wins).
     """
 
-    def __init__(self, settings: Settings, engine: Engine, run_id: str) -> None:
+    def __init__(
+        self, settings: Settings, engine: Engine, run_id: str, *, timeout_s: float = 60.0
+    ) -> None:
         self._settings = settings
+        self.timeout_s = timeout_s
         self.run_id = run_id
         try:
             with engine.connect() as conn:
@@ -113,10 +117,17 @@ class KafkaRunSource:
         codec = EnvelopeCodec()
         key = self.run_id.encode("utf-8")
         last_sequence = 0
+        deadline = time.monotonic() + self.timeout_s
         try:
             consumer.assign([TopicPartition(self.topic, self.partition, self.first)])
             while True:
-                for message in consumer.consume(500, 5.0):
+                if time.monotonic() > deadline:
+                    raise SourceError(
+                        f"run {self.run_id}: {self.topic}[{self.partition}] did not reach offset "
+                        f"{self.last} within {self.timeout_s:.0f}s; is Kafka reachable?"
+                    )
+                # Short polls: consume() waits for a full batch or its timeout.
+                for message in consumer.consume(500, 0.1):
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:

@@ -1,0 +1,203 @@
+"""``blackbox replay``: replay one run or a whole history through today's code."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime
+from itertools import groupby
+from pathlib import Path
+from typing import TypeVar
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy import Engine, create_engine, text
+
+from replayer._driver import replay_run
+from replayer._registry import AgentRegistry, load_entry
+from replayer._report import ReplayReport
+from replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
+from schemas import BlackboxError, Envelope, Settings
+
+T = TypeVar("T")
+
+_RUNS = text(
+    """
+    SELECT run_id, agent_id FROM blackbox_views.runs
+     WHERE status <> 'running'
+       AND (CAST(:since AS timestamptz) IS NULL OR started_at >= :since)
+       AND (CAST(:agent AS text) IS NULL OR agent_id = :agent)
+     ORDER BY started_at, run_id
+     LIMIT :limit
+    """
+)
+
+
+@click.command("replay")
+@click.argument("run_id", required=False)
+@click.option("--all", "every", is_flag=True, help="Replay every finished run (batch).")
+@click.option("--agent", "agent_path", default=None, help="Entry point module:function.")
+@click.option("--agent-id", default=None, help="With --all: only runs of this agent.")
+@click.option("--since", type=click.DateTime(), default=None, help="With --all: started after.")
+@click.option("--limit", default=100_000, show_default=True, help="With --all: at most N runs.")
+@click.option(
+    "--archive",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="Read runs from an Avro archive instead of Kafka.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+def replay_command(
+    run_id: str | None,
+    every: bool,
+    agent_path: str | None,
+    agent_id: str | None,
+    since: datetime | None,
+    limit: int,
+    archive: Path | None,
+    as_json: bool,
+) -> None:
+    """Replay RUN_ID (or --all) through the agent's own code, offline.
+
+    Exit status: 0 when every run passes, 1 when one diverged, 2 when replay could not
+    run. Entry points come from --agent or BLACKBOX_AGENTS (name=module:function,...).
+    """
+    console = Console(stderr=True)
+    if every == (run_id is not None):
+        raise click.UsageError("give a RUN_ID or --all, not both")
+    try:
+        registry = AgentRegistry.from_env(load_entry(agent_path) if agent_path else None)
+        reports = _reports(run_id, archive, registry, agent_id, since, limit, console, every)
+    except BlackboxError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        sys.exit(2)
+    if as_json:
+        payload = _summary(reports) if every else reports[0].to_dict()
+        click.echo(json.dumps(payload, indent=2))
+    elif every:
+        _print_summary(reports, Console())
+    else:
+        _print_report(reports[0], Console())
+    sys.exit(0 if all(r.passed for r in reports) else 1)
+
+
+def _reports(
+    run_id: str | None,
+    archive: Path | None,
+    registry: AgentRegistry,
+    agent_id: str | None,
+    since: datetime | None,
+    limit: int,
+    console: Console,
+    every: bool,
+) -> list[ReplayReport]:
+    if archive is not None:
+        runs = _archive_runs(archive, run_id)
+        return [_replay_events(events, registry) for events in _progress(runs, None, console)]
+    settings = Settings.from_env()
+    engine = create_engine(settings.database_url)
+    try:
+        ids = [(run_id, None)] if run_id else _indexed_runs(engine, agent_id, since, limit)
+        blobs = PostgresBlobs(engine)
+        reports = []
+        for rid, _ in _progress(iter(ids), len(ids) if every else None, console):
+            source = KafkaRunSource(settings, engine, str(rid))
+            entry = registry.resolve(source.agent_id)
+            reports.append(replay_run(source, entry, blobs=blobs, agent_id=source.agent_id))
+        return reports
+    finally:
+        engine.dispose()
+
+
+def _archive_runs(path: Path, run_id: str | None) -> Iterator[list[Envelope]]:
+    # Archives hold runs one after another; each run is small next to memory, the file
+    # need not be.
+    for _, events in groupby(read_archive(path, run_id=run_id), key=lambda e: e.run_id):
+        yield list(events)
+
+
+def _replay_events(events: list[Envelope], registry: AgentRegistry) -> ReplayReport:
+    agent = events[0].agent_id if events else None
+    return replay_run(events, registry.resolve(agent), agent_id=agent)
+
+
+def _indexed_runs(
+    engine: Engine, agent_id: str | None, since: datetime | None, limit: int
+) -> list[tuple[str, str]]:
+    with engine.connect() as conn:
+        rows = conn.execute(_RUNS, {"since": since, "agent": agent_id, "limit": limit}).all()
+    return [(r[0], r[1]) for r in rows]
+
+
+def _progress(items: Iterator[T], total: int | None, console: Console) -> Iterator[T]:
+    columns = (TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=total is None) as progress:
+        task = progress.add_task("replay", total=total)
+        for item in items:
+            yield item
+            progress.advance(task)
+
+
+def _summary(reports: list[ReplayReport]) -> dict[str, object]:
+    diverged = [r for r in reports if r.divergence is not None]
+    positions = [r.divergence.sequence for r in diverged if r.divergence]
+    return {
+        "runs": len(reports),
+        "passed": sum(r.passed for r in reports),
+        "pass_rate": (sum(r.passed for r in reports) / len(reports)) if reports else None,
+        "errors": sum(r.error is not None for r in reports),
+        "divergence_kinds": dict(Counter(str(r.divergence.kind) for r in diverged if r.divergence)),
+        "first_divergence_sequence": {
+            "min": min(positions, default=None),
+            "median": statistics.median(positions) if positions else None,
+            "max": max(positions, default=None),
+        },
+        "results": [r.to_dict() for r in reports],
+    }
+
+
+def _print_report(report: ReplayReport, console: Console) -> None:
+    levels = ", ".join(f"{name.replace('_', ' ')} {state}" for name, state in report.levels.items())
+    if report.passed:
+        console.print(f"[green]PASS[/] run {report.run_id} ({report.events} events): {levels}")
+        return
+    divergence = report.divergence
+    assert divergence is not None
+    console.print(f"[red]DIVERGED[/] run {report.run_id} after {report.events} events: {levels}")
+    table = Table(show_header=False, box=None)
+    rows = {
+        "kind": str(divergence.kind),
+        "level": divergence.level,
+        "sequence": str(divergence.sequence),
+        "expected": f"{divergence.expected_type or '-'} {divergence.expected_digest or ''}",
+        "actual": f"{divergence.actual_type or '-'} {divergence.actual_digest or ''}",
+        "call site": str(divergence.call_site or "(unknown)"),
+        "detail": divergence.detail or "",
+    }
+    for name, value in rows.items():
+        table.add_row(name, escape(value))
+    console.print(table)
+
+
+def _print_summary(reports: list[ReplayReport], console: Console) -> None:
+    summary = _summary(reports)
+    rate = summary["pass_rate"]
+    console.print(
+        f"{summary['passed']}/{summary['runs']} runs passed"
+        + (f" ({float(rate):.1%})" if isinstance(rate, float) else "")
+    )
+    kinds = summary["divergence_kinds"]
+    if isinstance(kinds, dict) and kinds:
+        table = Table(title="First divergences")
+        for column in ("kind", "runs"):
+            table.add_column(column)
+        for kind, count in sorted(kinds.items()):
+            table.add_row(kind, str(count))
+        console.print(table)
+        console.print(f"first divergence at sequence: {summary['first_divergence_sequence']}")
