@@ -5,12 +5,26 @@ read side.
 """
 
 from outbox._async import AsyncRecorder, AsyncRun
-from outbox._core import EffectOutcome, EffectReceipt, RunSnapshot
+from outbox._core import RunSnapshot
+from outbox._effects import (
+    EffectOutcome,
+    EffectPolicy,
+    EffectReceipt,
+    EffectRefused,
+    LiveEffects,
+    LiveTools,
+    RecordedTools,
+    RefuseEffects,
+    SandboxEffects,
+    ToolNotRecorded,
+    ToolPolicy,
+)
 from outbox._errors import (
     ConcurrentRunWriter,
     DatabaseUnavailable,
     EffectRejected,
     PayloadTooLarge,
+    RecordedError,
     RunNotActive,
 )
 from outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
@@ -26,7 +40,6 @@ from outbox._replay import (
     CallSite,
     Divergence,
     DivergenceKind,
-    RecordedError,
     ReplayDivergence,
     ReplayRun,
 )
@@ -57,13 +70,19 @@ __all__ = [
     "Divergence",
     "DivergenceKind",
     "EffectOutcome",
+    "EffectPolicy",
     "EffectReceipt",
+    "EffectRefused",
     "EffectRejected",
+    "LiveEffects",
+    "LiveTools",
     "MemoryRecorder",
     "PayloadTooLarge",
     "PendingEffect",
     "RecordedError",
+    "RecordedTools",
     "Recorder",
+    "RefuseEffects",
     "Relay",
     "RelayMetrics",
     "RelayOptions",
@@ -72,6 +91,9 @@ __all__ = [
     "Run",
     "RunNotActive",
     "RunSnapshot",
+    "SandboxEffects",
+    "ToolNotRecorded",
+    "ToolPolicy",
     "blobs",
     "effects",
     "ensure_topic",

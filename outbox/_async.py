@@ -18,7 +18,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from outbox._boundaries import Crossing
 from outbox._core import (
     APPEND_ATTEMPTS,
-    EffectReceipt,
     Outcome,
     ReceiptBuilder,
     RecorderBase,
@@ -27,6 +26,7 @@ from outbox._core import (
     fresh_event_id,
     plan_start,
 )
+from outbox._effects import EffectReceipt
 from outbox._recorder import TRANSIENT_RETRIES, _since, _transient, _unavailable
 from outbox._writer import (
     PreparedEvent,
@@ -146,8 +146,9 @@ class AsyncRun:
     async def call(self, tool: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Call tool ``fn`` (sync or async) and record ``tool.call``."""
         self.core.tool_inputs(tool, args, kwargs)
+        tools = self._recorder.tools
         return await self._observed(
-            lambda: fn(*args, **kwargs), self.core.tool_outcome(tool, args, kwargs)
+            lambda: tools.call(tool, args, kwargs, fn), self.core.tool_outcome(tool, args, kwargs)
         )
 
     async def llm(
@@ -205,7 +206,11 @@ class AsyncRun:
         intent = self.core.effect_intent(effect, arguments, key)
         await self._append(intent)  # committed before the external call, by design
         receipt = ReceiptBuilder.of(intent)
-        await self._observed(lambda: perform(intent.body["idempotency_key"]), receipt.crossing)
+        key = intent.body["idempotency_key"]
+        policy = self._recorder.effects
+        await self._observed(
+            lambda: policy.perform(effect, key, arguments, perform), receipt.crossing
+        )
         return receipt.receipt
 
     async def transition(

@@ -17,6 +17,14 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import TextClause
 
 from outbox import _boundaries as b
+from outbox._effects import (
+    EffectOutcome,
+    EffectPolicy,
+    EffectReceipt,
+    LiveEffects,
+    LiveTools,
+    ToolPolicy,
+)
 from outbox._errors import ConcurrentRunWriter, EffectRejected, RunNotActive
 from outbox._llm import llm_call, llm_input
 from outbox._writer import (
@@ -56,25 +64,6 @@ class RunSnapshot:
     parent_run_id: str | None = None
     changes: Mapping[str, str] = field(default_factory=dict)
     """What a fork changed relative to its parent."""
-
-
-@dataclass(frozen=True, slots=True)
-class EffectOutcome:
-    """What an effect's ``perform`` returns: the external system's id and answer."""
-
-    external_id: str | None = None
-    result: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class EffectReceipt:
-    """The recorded receipt of a side effect."""
-
-    effect: str
-    idempotency_key: str
-    status: str
-    external_id: str | None
-    result: Any
 
 
 class RunCore:
@@ -225,6 +214,10 @@ class RecorderBase(Generic[E]):
         settings: shards, payload limits; read from the environment when omitted.
         pipeline: how bodies become payload bytes (plain Avro by default).
         clock: the source of ``recorded_at``.
+        tools: how tool calls are answered (live by default; a fork answers from its
+            parent's recording).
+        effects: what happens to side effects (live by default; refused or sandboxed
+            in a fork).
     """
 
     def __init__(
@@ -234,10 +227,14 @@ class RecorderBase(Generic[E]):
         settings: Settings | None = None,
         pipeline: PayloadPipeline | None = None,
         clock: Callable[[], datetime] = utc_now,
+        tools: ToolPolicy | None = None,
+        effects: EffectPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings or Settings.from_env()
         self._factory = new_factory(self.settings, pipeline, clock)
+        self.tools: ToolPolicy = tools or LiveTools()
+        self.effects: EffectPolicy = effects or LiveEffects()
 
 
 def new_factory(

@@ -39,3 +39,17 @@ class EffectRejected(BlackboxError):
     def __init__(self, message: str, *, external_id: str | None = None) -> None:
         self.external_id = external_id
         super().__init__(message)
+
+
+class RecordedError(BlackboxError):
+    """In replay, the exception a boundary raised when it was recorded.
+
+    ``type_name`` and ``message`` are what was recorded; the original class is not
+    re-created, since nothing from a payload is ever imported or executed.
+    """
+
+    def __init__(self, type_name: str, message: str) -> None:
+        self.type_name = type_name
+        self.message = message
+        self.recorded_error = {"type": type_name, "message": message}
+        super().__init__(f"{type_name}: {message}")

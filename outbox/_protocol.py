@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from outbox._core import EffectOutcome, EffectReceipt
+from outbox._effects import EffectOutcome, EffectReceipt
 
 T = TypeVar("T")
 

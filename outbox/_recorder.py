@@ -20,8 +20,6 @@ from sqlalchemy.orm import Session
 from outbox._boundaries import Crossing
 from outbox._core import (
     APPEND_ATTEMPTS,
-    EffectOutcome,
-    EffectReceipt,
     Outcome,
     ReceiptBuilder,
     RecorderBase,
@@ -30,6 +28,7 @@ from outbox._core import (
     fresh_event_id,
     plan_start,
 )
+from outbox._effects import EffectOutcome, EffectPolicy, EffectReceipt, ToolPolicy
 from outbox._errors import DatabaseUnavailable, EffectRejected, RunNotActive
 from outbox._recovery import PendingEffect, load_run_txn, unresolved_effects_txn
 from outbox._writer import (
@@ -185,7 +184,11 @@ class Recorder(RecorderBase[Engine]):
 
 
 class EventLog(Protocol):
-    """Where a run's events go: the Postgres outbox, or memory."""
+    """Where a run's events go (the Postgres outbox, or memory), and the policies that
+    decide how its tools and effects are reached."""
+
+    tools: ToolPolicy
+    effects: EffectPolicy
 
     def append(
         self, run: Run, crossing: Crossing, event_id: str, connection: Joinable | None
@@ -267,9 +270,11 @@ class Run:
             NotSerialisable: an argument or the result is not JSON.
         """
         self.core.tool_inputs(tool, args, kwargs)
-        return self._observed(
-            lambda: fn(*args, **kwargs), self.core.tool_outcome(tool, args, kwargs)
+        tools = self._recorder.tools
+        result: T = self._observed(
+            lambda: tools.call(tool, args, kwargs, fn), self.core.tool_outcome(tool, args, kwargs)
         )
+        return result
 
     def llm(
         self,
@@ -335,7 +340,9 @@ class Run:
         intent = self.core.effect_intent(effect, arguments, key)
         self._append(intent)  # committed before the external call, by design
         receipt = ReceiptBuilder.of(intent)
-        self._observed(lambda: perform(intent.body["idempotency_key"]), receipt.crossing)
+        key = intent.body["idempotency_key"]
+        policy = self._recorder.effects
+        self._observed(lambda: policy.perform(effect, key, arguments, perform), receipt.crossing)
         return receipt.receipt
 
     def resolve_effect(

@@ -19,8 +19,8 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from outbox import _boundaries as b
-from outbox._core import EffectOutcome, EffectReceipt
-from outbox._errors import EffectRejected
+from outbox._effects import EffectOutcome, EffectReceipt
+from outbox._errors import EffectRejected, RecordedError
 from outbox._llm import llm_input
 from schemas import (
     GENESIS_CHAIN_HASH,
@@ -130,20 +130,6 @@ class ReplayDivergence(BlackboxError):
     def __init__(self, divergence: Divergence) -> None:
         self.divergence = divergence
         super().__init__(divergence.describe())
-
-
-class RecordedError(BlackboxError):
-    """In replay, the exception a boundary raised when it was recorded.
-
-    ``type_name`` and ``message`` are what was recorded; the original class is not
-    re-created, since nothing from a payload is ever imported or executed.
-    """
-
-    def __init__(self, type_name: str, message: str) -> None:
-        self.type_name = type_name
-        self.message = message
-        self.recorded_error = {"type": type_name, "message": message}
-        super().__init__(f"{type_name}: {message}")
 
 
 class BlobReader(Protocol):
