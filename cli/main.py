@@ -18,7 +18,7 @@ from sqlalchemy import create_engine
 from consumers import migrate_views
 from consumers.cli import consume_command
 from outbox import Relay, RelayOptions, migrate_write_side
-from replayer.cli import replay_command
+from replayer.cli import fork_command, reexecute_command, replay_command
 from schemas import BlackboxError, Settings
 from stack.cli import stack_group
 
@@ -41,6 +41,8 @@ def main(verbose: bool) -> None:
 main.add_command(stack_group, "stack")
 main.add_command(consume_command, "consume")
 main.add_command(replay_command, "replay")
+main.add_command(fork_command, "fork")
+main.add_command(reexecute_command, "reexecute")
 
 
 @main.command()

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from outbox import AgentRun, EffectOutcome, RunSnapshot
 from schemas import BlackboxError, digest
@@ -69,6 +69,26 @@ class KeywordModel:
         }
 
 
+class ChatModel(Protocol):
+    """What the agent needs of a model: an OpenAI-compatible chat completion."""
+
+    def complete(self, request: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class ChatEndpoint:
+    """A real OpenAI-compatible endpoint, through the official SDK (``openai`` extra)."""
+
+    def __init__(self, base_url: str, api_key: str) -> None:
+        from openai import OpenAI
+
+        self._client = OpenAI(base_url=base_url, api_key=api_key)
+
+    def complete(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        response = self._client.chat.completions.create(**request)
+        body: dict[str, Any] = response.model_dump(mode="json", exclude_unset=True)
+        return body
+
+
 @dataclass
 class Notifier:
     """An external notification service that honours idempotency keys."""
@@ -86,20 +106,35 @@ class Notifier:
 
 @dataclass
 class TicketAgent:
-    """The agent's dependencies, injected."""
+    """The agent: its dependencies, injected, and the model and prompt it uses."""
 
     tickets: TicketStore
-    model: KeywordModel
+    model: ChatModel
     notifier: Notifier
+    model_id: str = MODEL
+    prompt: str = PROMPT
+
+    @classmethod
+    def from_snapshot(
+        cls, snapshot: RunSnapshot, *, tickets: TicketStore, model: ChatModel, notifier: Notifier
+    ) -> TicketAgent:
+        """The agent a snapshot describes: a fork changes its model or prompt there."""
+        return cls(
+            tickets,
+            model,
+            notifier,
+            model_id=snapshot.model_ids[0] if snapshot.model_ids else MODEL,
+            prompt=snapshot.changes.get("prompt", PROMPT),
+        )
 
     def snapshot(self, ticket_id: str) -> RunSnapshot:
         """The input snapshot a run of this agent starts from."""
         return RunSnapshot(
             code_version=CODE_VERSION,
             input={"ticket_id": ticket_id},
-            prompt_templates={"triage": digest(PROMPT)},
+            prompt_templates={"triage": digest(self.prompt)},
             tool_schemas={"read_ticket": "1"},
-            model_ids=(MODEL,),
+            model_ids=(self.model_id,),
             flags={"escalation": "on"},
             permissions=("tickets:read", "notify:send"),
         )
@@ -113,10 +148,10 @@ class TicketAgent:
         ticket = run.call("read_ticket", self.tickets.read, ticket_id)
         received_at = run.now()
         request = {
-            "model": MODEL,
+            "model": self.model_id,
             "temperature": 0,
             "messages": [
-                {"role": "system", "content": PROMPT},
+                {"role": "system", "content": self.prompt},
                 {"role": "user", "content": ticket["text"]},
             ],
         }
@@ -186,3 +221,15 @@ def replay_entry(run: AgentRun, input: Any) -> dict[str, Any]:
     """The agent's entry point for replay: its own code, with transports that refuse
     every call, so a replay that passes proves nothing external was needed."""
     return TicketAgent(OfflineTickets(), OfflineModel(), OfflineNotifier()).run(run, input)
+
+
+def fork_entry(snapshot: RunSnapshot, *, base_url: str, api_key: str) -> Callable[..., Any]:
+    """The agent's entry point for a fork: the model from the (changed) snapshot, called
+    for real at ``base_url``; tools and effects are governed by the fork's policies."""
+    agent = TicketAgent.from_snapshot(
+        snapshot,
+        tickets=OfflineTickets(),
+        model=ChatEndpoint(base_url, api_key),
+        notifier=OfflineNotifier(),
+    )
+    return agent.run

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from outbox._boundaries import Crossing
 from outbox._core import RecorderBase, RunSnapshot, plan_start, utc_now
+from outbox._effects import EffectPolicy, ToolPolicy
 from outbox._recorder import Joinable, Run
 from outbox._writer import PreparedEvent
 from schemas import BlackboxError, Envelope, PayloadPipeline, Settings
@@ -32,8 +33,17 @@ class MemoryRecorder(RecorderBase[None]):
         pipeline: PayloadPipeline | None = None,
         clock: Callable[[], datetime] = utc_now,
         sink: Callable[[Envelope], None] | None = None,
+        tools: ToolPolicy | None = None,
+        effects: EffectPolicy | None = None,
     ) -> None:
-        super().__init__(None, settings=settings or Settings(), pipeline=pipeline, clock=clock)
+        super().__init__(
+            None,
+            settings=settings or Settings(),
+            pipeline=pipeline,
+            clock=clock,
+            tools=tools,
+            effects=effects,
+        )
         self.events: list[Envelope] = []
         self.blobs: dict[str, bytes] = {}
         self._sink = sink or self.events.append
