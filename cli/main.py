@@ -20,6 +20,7 @@ from consumers.cli import consume_command
 from outbox import Relay, RelayOptions, migrate_write_side
 from replayer.cli import fork_command, reexecute_command, replay_command
 from schemas import BlackboxError, Settings
+from schemas.cli import schemas_group
 from stack.cli import stack_group
 
 console = Console(stderr=True)
@@ -43,6 +44,7 @@ main.add_command(consume_command, "consume")
 main.add_command(replay_command, "replay")
 main.add_command(fork_command, "fork")
 main.add_command(reexecute_command, "reexecute")
+main.add_command(schemas_group, "schemas")
 
 
 @main.command()

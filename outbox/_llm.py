@@ -1,13 +1,16 @@
-"""The ``llm.call`` boundary for OpenAI-compatible chat completion JSON."""
+"""The ``llm.call`` boundary for OpenAI-compatible chat completion JSON.
+
+Bodies are written at :data:`schemas.LLM_CALL_VERSION`; the usage and tool call shapes
+come from ``schemas`` so that v1 bodies migrated on read look like new ones.
+"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from outbox._boundaries import Crossing, error_info
-from schemas import EventType, canonical_text
+from schemas import LLM_CALL_VERSION, EventType, canonical_text, llm_tool_call, llm_usage
 
 # Request fields that are the conversation or the call itself, not sampling parameters.
 _NOT_PARAMS = frozenset({"messages", "tools", "model", "stream", "input", "tool_choice"})
@@ -34,7 +37,7 @@ def llm_call(
     choices = [_choice(c) for c in reply.get("choices") or []]
     tool_calls = [tc for c in reply.get("choices") or [] for tc in _tool_calls(c)]
     finish_reason = choices[0]["finish_reason"] if choices else None
-    usage = _usage(reply.get("usage"))
+    usage = llm_usage(reply.get("usage"))
     body = {
         "provider": provider,
         "model": model,
@@ -55,12 +58,23 @@ def llm_call(
     if finish_reason:
         attributes["finish_reason"] = finish_reason
     if usage:
-        attributes.update({k: str(v) for k, v in usage.items()})
+        # Attribute names stay those of v1: views and analytics index on them.
+        attributes.update(
+            prompt_tokens=str(usage["input_tokens"]),
+            completion_tokens=str(usage["output_tokens"]),
+            cached_tokens=str(usage["cached_tokens"]),
+            total_tokens=str(usage["total_tokens"]),
+        )
     if err:
         attributes["error"] = err["type"]
     outputs = {"response": None if response is None else dict(response), "error": err}
     return Crossing(
-        EventType.LLM_CALL, body, llm_input(provider, model, request), outputs, attributes
+        EventType.LLM_CALL,
+        body,
+        llm_input(provider, model, request),
+        outputs,
+        attributes,
+        version=LLM_CALL_VERSION,
     )
 
 
@@ -75,31 +89,23 @@ def _choice(choice: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _tool_calls(choice: Mapping[str, Any]) -> list[dict[str, str]]:
+def _tool_calls(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
     calls = (choice.get("message") or {}).get("tool_calls") or []
     out = []
     for call in calls:
-        function = call.get("function") or {}
-        arguments = function.get("arguments")
+        kind = str(call.get("type") or "function")
+        # Custom tools carry their text under "custom" rather than "function".
+        detail = call.get(kind) or call.get("function") or {}
+        arguments = detail.get("arguments", detail.get("input"))
         out.append(
-            {
-                "id": str(call.get("id") or ""),
-                "name": str(function.get("name") or ""),
-                "arguments_json": arguments
-                if isinstance(arguments, str)
-                else json.dumps(arguments),
-            }
+            llm_tool_call(
+                call_id=str(call.get("id") or ""),
+                name=str(detail.get("name") or ""),
+                arguments=arguments,
+                kind=kind,
+            )
         )
     return out
-
-
-def _usage(usage: Any) -> dict[str, int] | None:
-    if not isinstance(usage, Mapping):
-        return None
-    prompt = int(usage.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or 0)
-    total = int(usage.get("total_tokens") or prompt + completion)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -28,6 +28,7 @@ from schemas import (
     Envelope,
     EventType,
     PayloadPipeline,
+    UnknownSchemaVersion,
     digest,
 )
 
@@ -166,6 +167,9 @@ class ReplayRun:
         self._state: str | None = None
         self._state_digest: str | None = None
         self.consumed = 0
+        # An event no release of ours can read stops the replay for good, also when the
+        # agent code catches the error: nothing after it can be checked.
+        self._unreadable: UnknownSchemaVersion | None = None
         started, body, _ = self._take(EventType.RUN_STARTED, None)
         self._run_id = started.run_id
         self.snapshot_body = body
@@ -274,6 +278,7 @@ class ReplayRun:
     def finish(self, *, output: Any = None, error: BaseException | None = None) -> None:
         """Check the recorded ``run.finished`` against how the code ended, then that
         every recorded event was consumed."""
+        self._check_readable()
         status = "succeeded" if error is None else "failed"
         upcoming = self._peek()
         if upcoming is not None and upcoming.event_type != EventType.RUN_FINISHED:
@@ -329,6 +334,7 @@ class ReplayRun:
     def _take(self, event_type: EventType, inputs: Any) -> tuple[Envelope, dict[str, Any], Any]:
         """The next event, checked in the order that names the most precise cause:
         sequence, type, input digest, body against output digest, chain hash."""
+        self._check_readable()
         actual = None if inputs is None else digest(inputs, path=f"{event_type}.input")
         envelope = self._next()
         expected_seq = self._sequence + 1
@@ -389,6 +395,20 @@ class ReplayRun:
             data = self._blobs.read(envelope.payload_ref)
         try:
             body = self._pipeline.unpack(envelope, data)
+        except UnknownSchemaVersion as exc:
+            expected_chain = envelope.expected_chain_hash(self._chain)
+            if envelope.chain_hash != expected_chain:
+                self._diverge(
+                    DivergenceKind.BROKEN_CHAIN,
+                    envelope.sequence,
+                    expected=(envelope.event_type, expected_chain),
+                    actual=(envelope.event_type, envelope.chain_hash),
+                    detail=f"the altered envelope names body version {envelope.body_version}",
+                )
+            # An intact envelope of a version this release cannot read is not tampering:
+            # it was written by a newer release (or needs a migrator). Stop.
+            self._unreadable = exc
+            raise
         except BlackboxError as exc:
             self._diverge(
                 DivergenceKind.TAMPERED_OUTPUT,
@@ -407,6 +427,10 @@ class ReplayRun:
                 actual=(envelope.event_type, actual),
             )
         return body, output
+
+    def _check_readable(self) -> None:
+        if self._unreadable is not None:
+            raise self._unreadable
 
     def _next(self) -> Envelope | None:
         if self._peeked is not None:

@@ -1,4 +1,5 @@
-"""The contract both sides share: envelope, Avro schemas and codecs, canonical JSON.
+"""The contract both sides share: envelope, Avro schemas and codecs, canonical JSON,
+schema migrators and compatibility checks.
 
 This package is a leaf: it imports none of ``outbox``, ``consumers`` or ``replayer``.
 """
@@ -18,13 +19,30 @@ from schemas._codec import (
     EnvelopeCodec,
     SchemaIdResolver,
 )
+from schemas._compat import (
+    CompatibilityProblem,
+    CompatibilityReport,
+    Incompatibility,
+    can_read,
+    check_registry,
+    incompatibilities,
+)
 from schemas._envelope import GENESIS_CHAIN_HASH, Envelope, next_chain_hash
 from schemas._errors import (
     BlackboxError,
     BodyEncodingError,
+    MigrationFailed,
     NotSerialisable,
     UndecodableMessage,
     UnknownSchemaVersion,
+)
+from schemas._llm_call import LLM_CALL_VERSION, llm_call_v1_to_v2, llm_tool_call, llm_usage
+from schemas._migrations import (
+    BodyReader,
+    Migrator,
+    MigratorRegistry,
+    Step,
+    default_migrators,
 )
 from schemas._payload import (
     PLAIN_ENCODING,
@@ -45,15 +63,23 @@ __all__ = [
     "DIGEST_PREFIX",
     "ENVELOPE",
     "GENESIS_CHAIN_HASH",
+    "LLM_CALL_VERSION",
     "PLAIN_ENCODING",
     "SINGLE_OBJECT_MAGIC",
     "BlackboxError",
     "BodyCodec",
     "BodyEncodingError",
+    "BodyReader",
+    "CompatibilityProblem",
+    "CompatibilityReport",
     "Envelope",
     "EnvelopeCodec",
     "EventType",
+    "Incompatibility",
     "JsonValue",
+    "MigrationFailed",
+    "Migrator",
+    "MigratorRegistry",
     "NotSerialisable",
     "PayloadContext",
     "PayloadPipeline",
@@ -64,12 +90,20 @@ __all__ = [
     "Sealed",
     "Sealer",
     "Settings",
+    "Step",
     "UndecodableMessage",
     "UnknownSchemaVersion",
+    "can_read",
     "canonical_json",
     "canonical_text",
+    "check_registry",
+    "default_migrators",
     "default_registry",
     "digest",
     "digest_bytes",
+    "incompatibilities",
+    "llm_call_v1_to_v2",
+    "llm_tool_call",
+    "llm_usage",
     "next_chain_hash",
 ]

@@ -114,6 +114,11 @@ class BodyCodec:
     def __init__(self, registry: SchemaRegistry | None = None) -> None:
         self._registry = registry or default_registry()
 
+    @property
+    def registry(self) -> SchemaRegistry:
+        """The schemas this codec reads and writes with."""
+        return self._registry
+
     def encode(self, event_type: str, version: int, body: Mapping[str, Any]) -> bytes:
         """Encode ``body`` with the schema of ``event_type`` at ``version``.
 

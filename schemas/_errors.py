@@ -26,19 +26,33 @@ class NotSerialisable(BlackboxError, TypeError):
 class UnknownSchemaVersion(BlackboxError):
     """No reader path exists for this event type and body version."""
 
-    def __init__(self, event_type: str, version: int, known: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        event_type: str,
+        version: int,
+        known: tuple[int, ...],
+        *,
+        reason: str | None = None,
+    ) -> None:
         self.event_type = event_type
         self.version = version
         self.known = known
+        self.reason = reason
         hint = (
             f"known versions: {', '.join(map(str, known))}"
             if known
             else "this event type is not known at all"
         )
-        super().__init__(
-            f"no schema for event type {event_type!r} version {version} ({hint}); "
-            "upgrade agent-blackbox to a release that knows it"
-        )
+        if reason is None:
+            message = (
+                f"no schema for event type {event_type!r} version {version} ({hint}); "
+                "upgrade agent-blackbox to a release that knows it"
+            )
+        else:
+            message = (
+                f"no reader path for event type {event_type!r} version {version} ({hint}): {reason}"
+            )
+        super().__init__(message)
 
 
 class UndecodableMessage(BlackboxError):
@@ -52,3 +66,16 @@ class BodyEncodingError(BlackboxError, ValueError):
         self.event_type = event_type
         self.version = version
         super().__init__(f"{event_type} v{version} body does not fit its schema: {reason}")
+
+
+class MigrationFailed(BlackboxError):
+    """A migrator raised on a body it should have turned into the next version."""
+
+    def __init__(self, event_type: str, version: int, reason: str) -> None:
+        self.event_type = event_type
+        self.version = version
+        super().__init__(
+            f"{event_type} v{version} body does not migrate to v{version + 1}: {reason}; "
+            "the stored body is damaged or the migrator has a bug (originals are never "
+            "rewritten, so fixing the migrator fixes every read)"
+        )

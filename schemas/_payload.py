@@ -16,6 +16,7 @@ from schemas._canonical import canonical_json
 from schemas._codec import BodyCodec
 from schemas._envelope import Envelope
 from schemas._errors import UndecodableMessage
+from schemas._migrations import BodyReader
 
 PLAIN_ENCODING = "avro"
 
@@ -73,9 +74,17 @@ class PlaintextSealer:
 class PayloadPipeline:
     """Turns bodies into stored payload bytes and back."""
 
-    def __init__(self, bodies: BodyCodec | None = None, sealer: Sealer | None = None) -> None:
+    def __init__(
+        self,
+        bodies: BodyCodec | None = None,
+        sealer: Sealer | None = None,
+        *,
+        reader: BodyReader | None = None,
+    ) -> None:
         self._bodies = bodies or BodyCodec()
         self._sealer = sealer or PlaintextSealer()
+        # Reading migrates: old body versions come out at the newest (or asked) version.
+        self._reader = reader or BodyReader(self._bodies)
 
     def pack(
         self, event_type: str, version: int, body: Mapping[str, Any], context: PayloadContext
@@ -83,10 +92,18 @@ class PayloadPipeline:
         """Encode ``body`` as Avro and seal it for ``context``."""
         return self._sealer.seal(self._bodies.encode(event_type, version, body), context)
 
-    def unpack(self, envelope: Envelope, data: bytes | None = None) -> dict[str, Any]:
-        """Open the payload of ``envelope`` and decode its body.
+    def unpack(
+        self, envelope: Envelope, data: bytes | None = None, *, version: int | None = None
+    ) -> dict[str, Any]:
+        """Open the payload of ``envelope``, decode its body and bring it to ``version``.
 
         ``data`` supplies the bytes of a body stored out of line (``payload_ref``).
+        ``version`` is the body version wanted, the newest when None; older bodies go
+        through Avro resolution and the migrators (see :class:`BodyReader`).
+
+        Raises:
+            UnknownSchemaVersion: the envelope's body version has no reader path.
+            UndecodableMessage: the payload does not open or decode.
         """
         stored = envelope.payload if data is None else data
         if stored is None:
@@ -102,4 +119,4 @@ class PayloadPipeline:
         )
         sealed = Sealed(data=stored, key_id=envelope.key_id, encoding=envelope.payload_encoding)
         plaintext = self._sealer.open(sealed, context)
-        return self._bodies.decode(envelope.event_type, envelope.body_version, plaintext)
+        return self._reader.read(envelope.event_type, envelope.body_version, plaintext, to=version)

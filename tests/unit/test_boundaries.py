@@ -79,11 +79,23 @@ def test_llm_call_extracts_choices_tool_calls_usage_and_parameters() -> None:
     )
     body = crossing.body
     assert body["request_params_json"] == '{"temperature":0.2}'
+    assert crossing.version == 2
     assert body["tool_calls"] == [
-        {"id": "call-1", "name": "lookup", "arguments_json": '{"q": "x"}'}
+        {
+            "id": "call-1",
+            "type": "function",
+            "name": "lookup",
+            "arguments_json": '{"q":"x"}',
+            "arguments_raw": None,
+        }
     ]
     assert body["finish_reason"] == "tool_calls"
-    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    assert body["usage"] == {
+        "input_tokens": 10,
+        "output_tokens": 5,
+        "cached_tokens": 0,
+        "total_tokens": 15,
+    }
     assert body["response_id"] == "chatcmpl-1"
     assert crossing.attributes["total_tokens"] == "15"
 

@@ -1,0 +1,113 @@
+"""The ``llm.call`` body: how a provider's usage and tool calls become body fields.
+
+The recorder (which writes the newest version) and the migrator from v1 both use
+these functions, so a migrated v1 body and a freshly recorded one say the same thing
+the same way.
+
+v2 changes two parts of v1:
+
+- ``usage`` is ``{input_tokens, output_tokens, cached_tokens, total_tokens}``, the
+  cached part taken from ``usage.prompt_tokens_details.cached_tokens`` (Chat
+  Completions) or ``usage.input_tokens_details.cached_tokens`` (Responses);
+- each tool call carries its ``type`` and its arguments as canonical JSON text
+  (``arguments_json``), or, when the model sent something that is not JSON, as the
+  text it sent (``arguments_raw``, with ``arguments_json`` null).
+
+The digests never cover bodies (they cover the raw request and response JSON), so a
+body version changes nothing a replay checks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from schemas._canonical import canonical_text
+from schemas._errors import NotSerialisable
+
+LLM_CALL_VERSION = 2
+"""The ``llm.call`` body version the recorder writes."""
+
+
+def llm_usage(usage: Any) -> dict[str, int] | None:
+    """The v2 ``usage`` record of a provider's usage JSON; None when there is none."""
+    if not isinstance(usage, Mapping):
+        return None
+    input_tokens = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    output_tokens = _count(usage.get("completion_tokens", usage.get("output_tokens")))
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else 0
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cached_tokens": cached,
+        "total_tokens": _count(usage.get("total_tokens")) or input_tokens + output_tokens,
+    }
+
+
+def llm_tool_call(*, call_id: str, name: str, arguments: Any, kind: str) -> dict[str, Any]:
+    """A v2 tool call: ``arguments`` as the model sent them (text, or already parsed)."""
+    arguments_json, arguments_raw = _normalised_arguments(arguments)
+    return {
+        "id": call_id,
+        "type": kind,
+        "name": name,
+        "arguments_json": arguments_json,
+        "arguments_raw": arguments_raw,
+    }
+
+
+def llm_call_v1_to_v2(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Migrate an ``llm.call`` v1 body to v2 (a pure function; ``body`` is not changed).
+
+    v1 kept prompt and completion tokens only; the cached part is read from the raw
+    response the v1 body also holds. v1 tool calls kept the argument text as sent and
+    no type; Chat Completions tool calls of that time were all ``function`` calls.
+    """
+    migrated = dict(body)
+    usage = body.get("usage")
+    if usage is not None:
+        cached = llm_usage(_raw_usage(body.get("raw_response_json")))
+        migrated["usage"] = {
+            "input_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+            "cached_tokens": cached["cached_tokens"] if cached else 0,
+            "total_tokens": usage["total_tokens"],
+        }
+    migrated["tool_calls"] = [
+        llm_tool_call(
+            call_id=call["id"], name=call["name"], arguments=call["arguments_json"], kind="function"
+        )
+        for call in body.get("tool_calls") or ()
+    ]
+    return migrated
+
+
+def _normalised_arguments(arguments: Any) -> tuple[str | None, str | None]:
+    if arguments is None:
+        return None, None
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        return canonical_text(parsed, path="llm.tool_call.arguments"), None
+    except (ValueError, NotSerialisable):
+        return None, arguments if isinstance(arguments, str) else repr(arguments)
+
+
+def _raw_usage(raw_response_json: Any) -> Any:
+    if not isinstance(raw_response_json, str):
+        return None
+    try:
+        response = json.loads(raw_response_json)
+    except ValueError:
+        return None  # the output digest check will name a damaged response
+    return response.get("usage") if isinstance(response, Mapping) else None
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    try:
+        return int(value)
+    except (ValueError, OverflowError):  # NaN and infinity count nothing
+        return 0
