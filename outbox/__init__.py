@@ -4,6 +4,8 @@ An agent process imports only this package (and ``schemas``): it never carries t
 read side.
 """
 
+from typing import TYPE_CHECKING
+
 from outbox._async import AsyncRecorder, AsyncRun
 from outbox._core import RunSnapshot
 from outbox._effects import (
@@ -55,16 +57,58 @@ from outbox._tables import (
 )
 from outbox._writer import shard_of
 
+if TYPE_CHECKING:
+    from outbox._openai import (
+        AsyncAgentRun,
+        AsyncRecordedStream,
+        CapturedAsyncOpenAI,
+        CapturedOpenAI,
+        RecordedStream,
+        capture_openai,
+    )
+
+# The OpenAI capture needs the optional ``openai`` extra, so it is imported on first use
+# rather than with the package: an agent without the SDK still imports ``outbox``.
+_OPENAI_NAMES = frozenset(
+    {
+        "AsyncAgentRun",
+        "AsyncRecordedStream",
+        "CapturedAsyncOpenAI",
+        "CapturedOpenAI",
+        "RecordedStream",
+        "capture_openai",
+    }
+)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _OPENAI_NAMES:
+        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+    try:
+        from outbox import _openai
+    except ModuleNotFoundError as exc:
+        if exc.name != "openai":
+            raise
+        raise ImportError(
+            f"outbox.{name} needs the openai SDK: pip install 'agent-blackbox[openai]'"
+        ) from exc
+    return getattr(_openai, name)
+
+
 __all__ = [
     "EVENT_ID_HEADER",
     "NOTIFY_CHANNEL",
     "SCHEMA",
     "AgentRun",
+    "AsyncAgentRun",
+    "AsyncRecordedStream",
     "AsyncRecorder",
     "AsyncRun",
     "BlobReader",
     "BrokerUnavailable",
     "CallSite",
+    "CapturedAsyncOpenAI",
+    "CapturedOpenAI",
     "ConcurrentRunWriter",
     "DatabaseUnavailable",
     "Divergence",
@@ -80,6 +124,7 @@ __all__ = [
     "PayloadTooLarge",
     "PendingEffect",
     "RecordedError",
+    "RecordedStream",
     "RecordedTools",
     "Recorder",
     "RefuseEffects",
@@ -95,6 +140,7 @@ __all__ = [
     "ToolNotRecorded",
     "ToolPolicy",
     "blobs",
+    "capture_openai",
     "effects",
     "ensure_topic",
     "migrate_write_side",

@@ -1,0 +1,411 @@
+"""A local OpenAI-compatible HTTP server for the SDK capture tests.
+
+It serves ``POST /v1/chat/completions`` and ``POST /v1/responses``, plain and streamed
+(server-sent events, sent with chunked transfer encoding as the real API does), and
+answers deterministically from the request alone, so a test knows every byte it will
+get. Every request it receives is kept, headers included, so a test can prove what
+went over the wire and that nothing did during a replay.
+
+What it answers is chosen by the request:
+
+- ``model`` ``"fail-<status>"`` (``fail-400``, ``fail-429``, ``fail-500``): an OpenAI
+  error body with that HTTP status;
+- ``tools`` present: a call of the first tool, with arguments ``{"city": "Paris"}``;
+- otherwise: the text ``"echo: <last user text>"``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+CREATED = 1_700_000_000
+TOOL_ARGUMENTS = '{"city": "Paris"}'
+REQUEST_ID = "req_test_0001"
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    """One request as the server saw it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    """Header names in lower case."""
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the server sends back: a JSON body, or a list of SSE events."""
+
+    status: int
+    body: Any = None
+    events: tuple[tuple[str | None, str], ...] | None = None
+    """``(event name, data)`` pairs of a stream."""
+
+
+class OpenAIServer:
+    """Serves the two endpoints on 127.0.0.1 on a free port, in a thread.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: list[ReceivedRequest] = []
+        self.sent: list[Any] = []
+        """The JSON documents sent back, in order: bodies, or each stream's event data."""
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd.daemon_threads = True  # keep-alive connections must not block stop()
+        # A short poll interval lets stop() return at once instead of after half a second.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.02},
+            name="openai-test-server",
+            daemon=True,
+        )
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    @property
+    def requests(self) -> list[ReceivedRequest]:
+        """A copy of the requests received so far."""
+        with self._lock:
+            return list(self._requests)
+
+    def start(self) -> OpenAIServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> OpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def received(self, request: ReceivedRequest) -> None:
+        with self._lock:
+            self._requests.append(request)
+
+    def answered(self, document: Any) -> None:
+        with self._lock:
+            self.sent.append(document)
+
+
+def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = 30  # a client that stops talking frees its thread
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            body = self.rfile.read(length)
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            server.received(ReceivedRequest("POST", self.path, headers, body))
+            reply = answer(urlsplit(self.path).path, json.loads(body or b"{}"))
+            if reply.events is None:
+                server.answered(reply.body)
+                self._send_json(reply.status, reply.body)
+            else:
+                server.answered([json.loads(data) for _, data in reply.events if data != "[DONE]"])
+                self._send_events(reply.events)
+
+        def _send_json(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.send_header("x-request-id", REQUEST_ID)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _send_events(self, events: tuple[tuple[str | None, str], ...]) -> None:
+            self.send_response(HTTPStatus.OK)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("transfer-encoding", "chunked")
+            self.send_header("x-request-id", REQUEST_ID)
+            self.end_headers()
+            for event, data in events:
+                text = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
+                chunk = text.encode()
+                self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # keep test output quiet
+
+    return Handler
+
+
+# Answers ---------------------------------------------------------------------------
+
+
+def answer(path: str, request: Mapping[str, Any]) -> Reply:
+    """The deterministic reply to ``request`` on ``path``."""
+    model = str(request.get("model") or "")
+    if model.startswith("fail-"):
+        return _failure(int(model.removeprefix("fail-")))
+    streamed = bool(request.get("stream"))
+    if path == "/v1/chat/completions":
+        if streamed:
+            return Reply(HTTPStatus.OK, events=tuple(_chat_events(request)))
+        return Reply(HTTPStatus.OK, _chat_completion(request))
+    if path == "/v1/responses":
+        if streamed:
+            return Reply(HTTPStatus.OK, events=tuple(_response_events(request)))
+        return Reply(HTTPStatus.OK, _response(request, _response_output(request)))
+    return Reply(
+        HTTPStatus.NOT_FOUND,
+        {"error": {"message": f"no route {path}", "type": "invalid_request_error"}},
+    )
+
+
+def _failure(status: int) -> Reply:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return Reply(
+        status,
+        {
+            "error": {
+                "message": f"the test server fails with {status}",
+                "type": kind,
+                "param": "model",
+                "code": f"status_{status}",
+            }
+        },
+    )
+
+
+def _tool_name(request: Mapping[str, Any]) -> str | None:
+    tools = request.get("tools") or []
+    if not tools:
+        return None
+    tool = tools[0]
+    return str((tool.get("function") or tool).get("name"))
+
+
+def _last_user_text(request: Mapping[str, Any]) -> str:
+    if "messages" in request:
+        texts = [m.get("content") for m in request["messages"] if m.get("role") == "user"]
+    else:
+        given = request.get("input")
+        texts = [given] if isinstance(given, str) else [m.get("content") for m in given or []]
+    text = texts[-1] if texts else ""
+    return text if isinstance(text, str) else json.dumps(text, sort_keys=True)
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` cut into word-sized deltas that join back into it."""
+    words = text.split(" ")
+    return [word if i == 0 else f" {word}" for i, word in enumerate(words)]
+
+
+def _chat_usage() -> dict[str, Any]:
+    return {
+        "prompt_tokens": 12,
+        "completion_tokens": 5,
+        "total_tokens": 17,
+        "prompt_tokens_details": {"cached_tokens": 2, "audio_tokens": 0},
+    }
+
+
+def _chat_completion(request: Mapping[str, Any]) -> dict[str, Any]:
+    tool = _tool_name(request)
+    message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
+    if tool is None:
+        message["content"] = f"echo: {_last_user_text(request)}"
+    else:
+        message["tool_calls"] = [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": tool, "arguments": TOOL_ARGUMENTS},
+            }
+        ]
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": request["model"],
+        "system_fingerprint": "fp_test",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": "stop" if tool is None else "tool_calls",
+            }
+        ],
+        "usage": _chat_usage(),
+    }
+
+
+def _chat_chunk(request: Mapping[str, Any], delta: Any, finish: str | None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": CREATED,
+        "model": request["model"],
+        "system_fingerprint": "fp_test",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def _chat_events(request: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
+    tool = _tool_name(request)
+    chunks = [_chat_chunk(request, {"role": "assistant", "content": ""}, None)]
+    if tool is None:
+        pieces = _pieces(f"echo: {_last_user_text(request)}")
+        chunks += [_chat_chunk(request, {"content": p}, None) for p in pieces]
+        chunks.append(_chat_chunk(request, {}, "stop"))
+    else:
+        start = {
+            "index": 0,
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": tool, "arguments": ""},
+        }
+        chunks.append(_chat_chunk(request, {"tool_calls": [start]}, None))
+        half = len(TOOL_ARGUMENTS) // 2
+        for part in (TOOL_ARGUMENTS[:half], TOOL_ARGUMENTS[half:]):
+            fragment = {"index": 0, "function": {"arguments": part}}
+            chunks.append(_chat_chunk(request, {"tool_calls": [fragment]}, None))
+        chunks.append(_chat_chunk(request, {}, "tool_calls"))
+    if (request.get("stream_options") or {}).get("include_usage"):
+        final = _chat_chunk(request, {}, None)
+        final["choices"] = []
+        final["usage"] = _chat_usage()
+        chunks.append(final)
+    for chunk in chunks:
+        yield None, json.dumps(chunk)
+    yield None, "[DONE]"
+
+
+def _response_usage() -> dict[str, Any]:
+    return {
+        "input_tokens": 20,
+        "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0},
+        "output_tokens": 6,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 26,
+    }
+
+
+def _response_output(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    tool = _tool_name(request)
+    if tool is not None:
+        return [
+            {
+                "type": "function_call",
+                "id": "fc_1",
+                "call_id": "call_1",
+                "name": tool,
+                "arguments": TOOL_ARGUMENTS,
+                "status": "completed",
+            }
+        ]
+    return [
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "status": "completed",
+            "content": [
+                {
+                    "type": "output_text",
+                    "text": f"echo: {_last_user_text(request)}",
+                    "annotations": [],
+                }
+            ],
+        }
+    ]
+
+
+def _response(
+    request: Mapping[str, Any], output: list[dict[str, Any]], *, status: str = "completed"
+) -> dict[str, Any]:
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": CREATED,
+        "status": status,
+        "model": request["model"],
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": list(request.get("tools") or []),
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.get("instructions"),
+        "metadata": {},
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "usage": _response_usage() if status == "completed" else None,
+    }
+
+
+def _response_events(request: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
+    output = _response_output(request)
+    item = output[0]
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": _response(request, [], status="in_progress")},
+    ]
+    if item["type"] == "message":
+        text = item["content"][0]["text"]
+        added = {**item, "status": "in_progress", "content": []}
+        events.append({"type": "response.output_item.added", "output_index": 0, "item": added})
+        for piece in _pieces(text):
+            events.append(
+                {
+                    "type": "response.output_text.delta",
+                    "item_id": item["id"],
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": piece,
+                    "logprobs": [],
+                }
+            )
+        events.append(
+            {
+                "type": "response.output_text.done",
+                "item_id": item["id"],
+                "output_index": 0,
+                "content_index": 0,
+                "text": text,
+                "logprobs": [],
+            }
+        )
+    else:
+        added = {**item, "status": "in_progress", "arguments": ""}
+        events.append({"type": "response.output_item.added", "output_index": 0, "item": added})
+        events.append(
+            {
+                "type": "response.function_call_arguments.delta",
+                "item_id": item["id"],
+                "output_index": 0,
+                "delta": item["arguments"],
+            }
+        )
+    events.append({"type": "response.output_item.done", "output_index": 0, "item": item})
+    events.append({"type": "response.completed", "response": _response(request, output)})
+    for number, event in enumerate(events):
+        event["sequence_number"] = number
+        yield event["type"], json.dumps(event)
