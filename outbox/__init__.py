@@ -30,6 +30,7 @@ from outbox._errors import (
     RunNotActive,
 )
 from outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
+from outbox._llm import completion_view
 from outbox._memory import MemoryRecorder
 from outbox._metrics import RelayMetrics
 from outbox._migrate import migrate_write_side
@@ -141,6 +142,7 @@ __all__ = [
     "ToolPolicy",
     "blobs",
     "capture_openai",
+    "completion_view",
     "effects",
     "ensure_topic",
     "migrate_write_side",

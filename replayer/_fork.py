@@ -26,6 +26,7 @@ from outbox import (
     RefuseEffects,
     RunSnapshot,
     SandboxEffects,
+    completion_view,
 )
 from replayer._driver import AgentEntry
 from schemas import BlackboxError, Envelope, EventType, PayloadPipeline, Settings
@@ -175,7 +176,7 @@ def reexecute(
                 CallDiff(envelope.sequence, body["model"], error=f"{type(exc).__name__}: {exc}")
             )
             continue
-        before, after = _comparable(recorded), _comparable(fresh)
+        before, after = _comparable(completion_view(recorded)), _comparable(completion_view(fresh))
         changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
         diffs.append(CallDiff(envelope.sequence, body["model"], changed))
     return diffs
@@ -220,7 +221,13 @@ def openai_sender(base_url: str, api_key: str) -> Callable[[Mapping[str, Any]], 
     client = OpenAI(base_url=base_url, api_key=api_key)
 
     def send(request: Mapping[str, Any]) -> dict[str, Any]:
-        response = client.chat.completions.create(**request)
+        # Re-send as recorded, to the API it was recorded from; a streamed call is asked
+        # for whole, since only the folded answer is compared.
+        arguments = {k: v for k, v in request.items() if k != "stream"}
+        if "messages" in arguments:
+            response: Any = client.chat.completions.create(**arguments)
+        else:
+            response = client.responses.create(**arguments)
         body: dict[str, Any] = response.model_dump(mode="json", exclude_unset=True)
         return body
 
