@@ -9,7 +9,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
-from itertools import groupby
+from itertools import chain, groupby
 from pathlib import Path
 from typing import TypeVar
 
@@ -116,16 +116,16 @@ def _reports(
         engine.dispose()
 
 
-def _archive_runs(path: Path, run_id: str | None) -> Iterator[list[Envelope]]:
-    # Archives hold runs one after another; each run is small next to memory, the file
-    # need not be.
+def _archive_runs(path: Path, run_id: str | None) -> Iterator[Iterator[Envelope]]:
+    # Archives hold runs one after another; each run streams, however long it is.
     for _, events in groupby(read_archive(path, run_id=run_id), key=lambda e: e.run_id):
-        yield list(events)
+        yield events
 
 
-def _replay_events(events: list[Envelope], registry: AgentRegistry) -> ReplayReport:
-    agent = events[0].agent_id if events else None
-    return replay_run(events, registry.resolve(agent), agent_id=agent)
+def _replay_events(events: Iterator[Envelope], registry: AgentRegistry) -> ReplayReport:
+    first = next(events)
+    agent = first.agent_id
+    return replay_run(chain([first], events), registry.resolve(agent), agent_id=agent)
 
 
 def _indexed_runs(
