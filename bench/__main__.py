@@ -10,13 +10,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import recorder, relay, views
+from bench import recorder, relay, replay, views
 from bench._common import console
 
 BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "recorder": recorder.main,
     "relay": relay.main,
     "views": views.main,
+    "replay": replay.main,
 }
 
 

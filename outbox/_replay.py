@@ -372,11 +372,12 @@ class ReplayRun:
                 actual=(event_type, actual),
             )
         body, output = self._open(envelope)
-        if envelope.chain_hash != envelope.expected_chain_hash(self._chain):
+        expected_chain = envelope.expected_chain_hash(self._chain)
+        if envelope.chain_hash != expected_chain:
             self._diverge(
                 DivergenceKind.BROKEN_CHAIN,
                 envelope.sequence,
-                expected=(envelope.event_type, envelope.expected_chain_hash(self._chain)),
+                expected=(envelope.event_type, expected_chain),
                 actual=(envelope.event_type, envelope.chain_hash),
             )
         self._sequence = envelope.sequence

@@ -14,6 +14,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from fastavro import reader, writer
+from fastavro.read import SchemaResolutionError
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -50,18 +51,30 @@ def read_archive(path: Path, *, run_id: str | None = None) -> Iterator[Envelope]
     Raises:
         SourceError: the file is missing or not an envelope archive.
     """
-    reader_schema = default_registry().latest(ENVELOPE).parsed
+    latest = default_registry().latest(ENVELOPE)
     try:
         with path.open("rb") as stream:
-            for record in reader(stream, reader_schema):
+            records = reader(stream)
+            if records.writer_schema != _as_written(latest.parsed):
+                # Written with another envelope schema: resolve each record to ours. Only
+                # then: resolving a record costs about three times as much as reading it.
+                stream.seek(0)
+                records = reader(stream, latest.parsed)
+            for record in records:
                 if not isinstance(record, dict):
                     raise SourceError(f"{path}: holds something other than envelopes")
                 if run_id is None or record["run_id"] == run_id:
                     yield Envelope.from_record(record)
     except OSError as exc:
         raise SourceError(f"cannot read archive {path}: {exc.strerror}") from exc
-    except (ValueError, EOFError, StopIteration) as exc:
+    except (ValueError, EOFError, StopIteration, SchemaResolutionError) as exc:
         raise SourceError(f"{path} is not a readable envelope archive: {exc}") from exc
+
+
+def _as_written(parsed: Any) -> Any:
+    """A schema as fastavro parsed it, without the bookkeeping keys parsing adds: the
+    form in which a reader reports a file's writer schema."""
+    return {key: value for key, value in parsed.items() if not key.startswith("__")}
 
 
 _LOCATE = text(

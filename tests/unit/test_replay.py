@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastavro import parse_schema, writer
 
 from examples.ticket_agent import replay_entry
 from outbox import AgentRun, DivergenceKind
-from replayer import ReplayReport, read_archive, replay_run
+from replayer import ReplayReport, SourceError, read_archive, replay_run, write_archive
 from schemas import BodyCodec, Envelope
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v1.avro"
+AVSC = Path(__file__).resolve().parents[2] / "schemas" / "avsc"
 
 
 def _runs() -> list[list[Envelope]]:
@@ -226,3 +228,33 @@ def test_a_run_recorded_in_memory_replays_and_its_blobs_are_read() -> None:
     assert report.passed, report.divergence and report.divergence.describe()
     assert report.events == len(recorder.events) == run.last_sequence
     assert output["category"] == "billing"
+
+
+def test_an_archive_of_another_envelope_schema_is_resolved_on_read(tmp_path: Path) -> None:
+    # As an older envelope schema would be: without a field the current one defaults.
+    schema = json.loads((AVSC / "envelope.v1.avsc").read_text(encoding="utf-8"))
+    schema["fields"] = [f for f in schema["fields"] if f["name"] != "attributes"]
+    archive = tmp_path / "older.avro"
+    records = [{k: v for k, v in e.to_record().items() if k != "attributes"} for e in OK_RUN]
+    with archive.open("wb") as out:
+        writer(out, parse_schema(schema), records)
+    assert list(read_archive(archive)) == [replace(e, attributes={}) for e in OK_RUN]
+
+
+def test_an_archive_of_the_current_schema_reads_back_what_was_written(tmp_path: Path) -> None:
+    archive = tmp_path / "current.avro"
+    assert write_archive(archive, OK_RUN) == len(OK_RUN)
+    assert list(read_archive(archive)) == OK_RUN
+
+
+def test_an_archive_whose_schema_does_not_resolve_to_envelopes_is_refused(tmp_path: Path) -> None:
+    schema = json.loads((AVSC / "envelope.v1.avsc").read_text(encoding="utf-8"))
+    for field in schema["fields"]:
+        if field["name"] == "sequence":
+            field["type"] = "string"
+    archive = tmp_path / "foreign.avro"
+    records = [{**e.to_record(), "sequence": str(e.sequence)} for e in OK_RUN]
+    with archive.open("wb") as out:
+        writer(out, parse_schema(schema), records)
+    with pytest.raises(SourceError, match="not a readable envelope archive"):
+        list(read_archive(archive))

@@ -1,0 +1,277 @@
+"""Replay throughput and peak memory: one long run re-driven from an Avro archive.
+
+A run of the loop agent below is recorded with the MemoryRecorder straight into an
+Avro archive, once per event count, under ``<cache>/bench/``. Recording streams: the
+agent runs in a thread whose recorder sink feeds a bounded queue, which
+``write_archive`` drains as it writes, so a million envelopes never sit in memory
+together. Each replay then runs in a fresh process, so its peak RSS is the replay's own
+(reading the archive, opening and checking every event, re-driving the agent) and not
+the recording's.
+
+Figures: ``events_per_s`` of the long run (one process, one thread); ``peak_rss_mb`` of
+that process and of one replaying a run a quarter as long, with ``replay_rss_growth_mb``,
+how much of it the replay added (about the same for both: memory does not grow with the
+run); ``short_run_s``, from opening the archive of a short run to its PASS report.
+
+    python -m bench.replay [--events 1000000] [--bounded 250000] [--short 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import resource
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from bench._common import console, emit, progress, stage
+from outbox import AgentRun, MemoryRecorder, RunSnapshot
+from replayer import read_archive, replay_run, write_archive
+from schemas import Envelope
+from stack import StackSettings
+
+BENCH = "replay"
+THROUGHPUT_TARGET = 30_000.0
+PEAK_TARGET_MB = 300.0
+SHORT_TARGET_S = 1.0
+CODE_VERSION = "bench-loop-agent.1"
+"""Recorded in ``run.started`` and part of the archive's file name: change it whenever
+:func:`loop_agent` changes, so a cached archive of the old code is not replayed."""
+TRANSITION_EVERY = 1_000
+QUEUE_DEPTH = 1_024
+"""Envelopes in flight between the recorder and the archive writer."""
+
+
+# The agent ---------------------------------------------------------------------------
+
+
+class StepTool:
+    """The tool the agent calls; it counts its calls, so a replay can prove it made none."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, i: int) -> int:
+        self.calls += 1
+        return i * 7 % 101
+
+
+STEP = StepTool()
+
+
+def loop_agent(run: AgentRun, input: Any) -> Any:
+    """``input["events"]`` events in all: every loop turn crosses exactly one boundary
+    (tool calls, clock reads, random draws, a state transition every thousand turns),
+    plus ``run.started`` and ``run.finished``. Record and replay run this same code."""
+    total = 0
+    draws = 0.0
+    for i in range(int(input["events"]) - 2):
+        if i % TRANSITION_EVERY == TRANSITION_EVERY - 1:
+            run.transition("working", state={"turns": i + 1, "total": total})
+        elif i % 4 == 1:
+            run.now()
+        elif i % 4 == 3:
+            draws += run.random()
+        else:
+            total += run.call("step", STEP, i)
+    return {"total": total, "draws": round(draws, 6)}
+
+
+# Recording into an archive -------------------------------------------------------------
+
+_END = object()
+
+
+class _Cancelled(Exception):
+    """The archive writer failed; the recording stops at its next event."""
+
+
+def record_archive(path: Path, events: int) -> None:
+    """Record one run of ``events`` events of :func:`loop_agent` into the archive ``path``.
+
+    The agent runs in a thread whose sink puts envelopes on a bounded queue; this thread
+    writes them as they come. The file appears under its name only when complete.
+    """
+    handoff: queue.Queue[object] = queue.Queue(maxsize=QUEUE_DEPTH)
+    cancelled, ended = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def sink(envelope: Envelope) -> None:
+        if cancelled.is_set():
+            raise _Cancelled
+        handoff.put(envelope)
+
+    def record() -> None:
+        try:
+            recorder = MemoryRecorder(sink=sink)
+            snapshot = RunSnapshot(code_version=CODE_VERSION, input={"events": events})
+            recorder.record(loop_agent, snapshot, agent_id=BENCH)
+        except BaseException as exc:  # handed to the writing thread, raised there
+            failure.append(exc)
+        finally:
+            handoff.put(_END)
+
+    def envelopes(bar: Any, task: Any) -> Iterator[Envelope]:
+        while (item := handoff.get()) is not _END:
+            assert isinstance(item, Envelope)
+            yield item
+            if item.sequence % 10_000 == 0:
+                bar.update(task, completed=item.sequence)
+        ended.set()
+
+    partial = path.with_suffix(".partial")
+    recorder = threading.Thread(target=record, name="bench-recorder")
+    recorder.start()
+    try:
+        with progress() as bar:
+            task = bar.add_task(f"recording {events:,} events", total=events)
+            written = write_archive(partial, envelopes(bar, task))
+            bar.update(task, completed=written)
+    except BaseException:
+        cancelled.set()
+        while not ended.is_set() and handoff.get() is not _END:  # unblock the recorder
+            pass
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        recorder.join()
+    if failure:
+        partial.unlink(missing_ok=True)
+        raise failure[0]
+    if written != events:
+        raise RuntimeError(f"the loop agent recorded {written} events, expected {events}")
+    partial.replace(path)
+
+
+def archive_of(events: int, cache: Path) -> Path:
+    """The archive of a run of ``events`` events, recorded on first use."""
+    path = cache / f"{CODE_VERSION}.{events}.avro"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with stage(f"recording a run of {events:,} events into {path}"):
+            record_archive(path, events)
+    return path
+
+
+# Replaying in a fresh process ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """What one replay process measured."""
+
+    events: int
+    seconds: float
+    """From opening the archive to the finished report."""
+    peak_rss_mb: float
+    """The peak resident set of the process: the interpreter, the imports, the replay."""
+    growth_mb: float
+    """How far the replay raised that peak above what the process held before it."""
+    passed: bool
+    detail: str
+    tool_calls: int
+    """Calls the agent's tool received during the replay: zero, or the replay is wrong."""
+
+
+def replay_archive(path: Path) -> Replayed:
+    """Replay the run in ``path`` through :func:`loop_agent` and measure it.
+
+    Runs in the process of its own that :func:`replay_fresh` starts.
+    """
+    before = _peak_rss_mb()
+    started = time.perf_counter()
+    report = replay_run(read_archive(path), loop_agent, agent_id=BENCH)
+    seconds = time.perf_counter() - started
+    peak = _peak_rss_mb()
+    return Replayed(
+        events=report.events,
+        seconds=seconds,
+        peak_rss_mb=peak,
+        growth_mb=peak - before,
+        passed=report.passed,
+        detail=report.divergence.describe() if report.divergence else str(report.error),
+        tool_calls=STEP.calls,
+    )
+
+
+def replay_fresh(path: Path) -> Replayed:
+    """:func:`replay_archive` in a newly spawned process (not forked: a fork would carry
+    this process's memory into the child's peak RSS)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        result = pool.submit(replay_archive, path).result()
+    if not result.passed:
+        raise RuntimeError(f"replay of {path} did not pass: {result.detail}")
+    if result.tool_calls:
+        raise RuntimeError(f"replay of {path} called the tool {result.tool_calls} times")
+    console.log(
+        f"replayed {result.events:,} events in {result.seconds:.2f}s; peak RSS "
+        f"{result.peak_rss_mb:.1f} MB, {result.growth_mb:.1f} MB of it added by the replay"
+    )
+    return result
+
+
+def _peak_rss_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes there, KiB here
+
+
+# Figures -------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="events of the long run")
+    parser.add_argument(
+        "--bounded", type=int, default=250_000, help="events of the run compared for memory"
+    )
+    parser.add_argument("--short", type=int, default=10_000, help="events of the short run")
+    parser.add_argument(
+        "--cache", type=Path, default=None, help="archive folder (default: <cache>/bench)"
+    )
+    args = parser.parse_args(argv)
+    cache = args.cache or StackSettings.from_env().cache_dir / "bench"
+    archives = [archive_of(n, cache) for n in (args.events, args.bounded, args.short)]
+    results: list[Replayed] = []
+    for path in archives:
+        with stage(f"replaying {path.name} in a fresh process"):
+            results.append(replay_fresh(path))
+    long, bounded, short = results
+    emit(
+        BENCH,
+        "events_per_s",
+        long.events / long.seconds,
+        unit="events/s",
+        target=THROUGHPUT_TARGET,
+        events=long.events,
+    )
+    for result in (long, bounded):
+        emit(
+            BENCH,
+            "peak_rss_mb",
+            result.peak_rss_mb,
+            unit="MB",
+            target=PEAK_TARGET_MB,
+            at_least=False,
+            events=result.events,
+        )
+        emit(BENCH, "replay_rss_growth_mb", result.growth_mb, unit="MB", events=result.events)
+    emit(
+        BENCH,
+        "short_run_s",
+        short.seconds,
+        unit="s",
+        target=SHORT_TARGET_S,
+        at_least=False,
+        events=short.events,
+    )
+
+
+if __name__ == "__main__":
+    main()
