@@ -6,8 +6,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-DEFAULT_DATABASE_URL = "postgresql+psycopg://blackbox@127.0.0.1:55432/blackbox"
-DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:59092"
+DEFAULT_DATABASE_URL = "postgresql+psycopg://blackbox@127.0.0.1:25432/blackbox"
+DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:29092"
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,8 +46,8 @@ class Endpoints:
     """Where the code should connect.
 
     Attributes:
-        database_url: SQLAlchemy URL, e.g. ``postgresql+psycopg://blackbox@127.0.0.1:55432/blackbox``.
-        kafka_bootstrap: ``bootstrap.servers`` value, e.g. ``127.0.0.1:59092``.
+        database_url: SQLAlchemy URL, e.g. ``postgresql+psycopg://blackbox@127.0.0.1:25432/blackbox``.
+        kafka_bootstrap: ``bootstrap.servers`` value, e.g. ``127.0.0.1:29092``.
     """
 
     database_url: str
@@ -60,7 +60,7 @@ class LocalStack:
     Args:
         cache_dir: Root folder for everything the stack writes; defaults to
             ``BLACKBOX_CACHE_DIR`` or ``<project root>/.cache/blackbox``.
-        ports: Loopback ports; defaults to 55432 (Postgres), 59092 and 59093 (Kafka).
+        ports: Loopback ports; defaults to 25432 (Postgres), 29092 and 29093 (Kafka).
         console: Where progress messages go (stderr by default).
         environ: The environment to read overrides from; ``os.environ`` when omitted.
     """

@@ -196,8 +196,8 @@ class LocalKafka(PidService):
     def __init__(
         self,
         cache_dir: Path,
-        port: int = 59092,
-        controller_port: int = 59093,
+        port: int = 29092,
+        controller_port: int = 29093,
         *,
         console: Console | None = None,
         start_timeout: float = 120.0,

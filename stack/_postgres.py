@@ -138,7 +138,7 @@ class LocalPostgres(PidService):
 
     name = "postgres"
 
-    def __init__(self, cache_dir: Path, port: int = 55432, *, console: Console | None = None):
+    def __init__(self, cache_dir: Path, port: int = 25432, *, console: Console | None = None):
         self._cache_dir = cache_dir.resolve()
         self._port = port
         self._console = console or Console(stderr=True, soft_wrap=True)

@@ -24,9 +24,9 @@ class StackPorts:
         ValueError: when a port is out of range or two services share a port.
     """
 
-    postgres: int = 55432
-    kafka: int = 59092
-    controller: int = 59093
+    postgres: int = 25432
+    kafka: int = 29092
+    controller: int = 29093
 
     def __post_init__(self) -> None:
         ports = (self.postgres, self.kafka, self.controller)

@@ -61,7 +61,9 @@ def services() -> Iterator[Services]:
     if _docker_answers():
         yield from _containers()
         return
-    stack = LocalStack(_cache_dir(), StackPorts(postgres=55442, kafka=59192, controller=59193))
+    # Test-only ports, below Linux's ephemeral range (32768-60999) so that no outgoing
+    # connection of the suite can hold one of them when a broker (re)binds it.
+    stack = LocalStack(_cache_dir(), StackPorts(postgres=25442, kafka=29192, controller=29193))
     endpoints = stack.up()
     try:
         yield Services(endpoints.database_url, endpoints.kafka_bootstrap)
@@ -135,7 +137,7 @@ def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]
     if shutil.which("java") is None:
         pytest.skip("no Java runtime: the broker-outage test needs a broker it controls")
     cache = _cache_dir()
-    broker = LocalKafka(cache / "outage", 59292, 59293)
+    broker = LocalKafka(cache / "outage", 29292, 29293)
     try:
         broker.start()
         yield broker

@@ -47,12 +47,12 @@ def _dead_pid() -> int:
 
 
 def test_default_ports_avoid_the_services_usual_ones() -> None:
-    assert StackPorts() == StackPorts(postgres=55432, kafka=59092, controller=59093)
+    assert StackPorts() == StackPorts(postgres=25432, kafka=29092, controller=29093)
 
 
 @pytest.mark.parametrize(
     ("postgres", "kafka", "controller"),
-    [(0, 59092, 59093), (55432, 70000, 59093), (55432, 59092, 59092)],
+    [(0, 29092, 29093), (25432, 70000, 29093), (25432, 29092, 29092)],
 )
 def test_ports_out_of_range_or_shared_are_rejected(
     postgres: int, kafka: int, controller: int
@@ -92,8 +92,8 @@ def test_default_cache_dir_is_inside_the_project_checkout() -> None:
     [
         ("postgresql+psycopg://me:s3cret@db:5432/x", "postgresql+psycopg://me:***@db:5432/x"),
         (
-            "postgresql+psycopg://blackbox@127.0.0.1:55432/bb",
-            "postgresql+psycopg://blackbox@127.0.0.1:55432/bb",
+            "postgresql+psycopg://blackbox@127.0.0.1:25432/bb",
+            "postgresql+psycopg://blackbox@127.0.0.1:25432/bb",
         ),
         ("postgresql://u:p@[::1]:5432/x", "postgresql://u:***@[::1]:5432/x"),
     ],
@@ -116,14 +116,14 @@ def test_cluster_ids_are_16_random_bytes_in_url_safe_base64() -> None:
 
 def test_server_properties_describe_a_single_loopback_kraft_node(tmp_path: Path) -> None:
     props = _properties(
-        render_server_properties(port=59192, controller_port=59193, log_dir=tmp_path / "data")
+        render_server_properties(port=29192, controller_port=29193, log_dir=tmp_path / "data")
     )
     assert props["process.roles"] == "broker,controller"
     assert props["node.id"] == "1"
-    assert props["listeners"] == "PLAINTEXT://127.0.0.1:59192,CONTROLLER://127.0.0.1:59193"
-    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:59192"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:29192,CONTROLLER://127.0.0.1:29193"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:29192"
     assert props["controller.listener.names"] == "CONTROLLER"
-    assert props["controller.quorum.voters"] == "1@127.0.0.1:59193"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:29193"
     assert props["log.dirs"] == str(tmp_path / "data")
     assert props["auto.create.topics.enable"] == "false"
     for single_replica in (
@@ -138,9 +138,9 @@ def test_server_properties_describe_a_single_loopback_kraft_node(tmp_path: Path)
 
 
 def test_postgres_conf_listens_on_loopback_with_its_own_socket_dir() -> None:
-    conf = render_conf(port=55442, socket_dir=Path("/tmp/it's here/run"))
+    conf = render_conf(port=25442, socket_dir=Path("/tmp/it's here/run"))
     assert "listen_addresses = '127.0.0.1'" in conf
-    assert "port = 55442" in conf
+    assert "port = 25442" in conf
     assert "unix_socket_directories = '/tmp/it''s here/run'" in conf
     assert "max_connections = 200" in conf
     assert "synchronous_commit = on" in conf
@@ -259,16 +259,16 @@ def test_log_tails_skip_an_earlier_run(tmp_path: Path) -> None:
 
 
 def test_services_expose_their_addresses(tmp_path: Path) -> None:
-    postgres = LocalPostgres(tmp_path, 55442, console=QUIET)
-    kafka = LocalKafka(tmp_path, 59192, 59193, console=QUIET)
-    assert postgres.url == "postgresql+psycopg://blackbox@127.0.0.1:55442/blackbox"
-    assert kafka.bootstrap == "127.0.0.1:59192"
+    postgres = LocalPostgres(tmp_path, 25442, console=QUIET)
+    kafka = LocalKafka(tmp_path, 29192, 29193, console=QUIET)
+    assert postgres.url == "postgresql+psycopg://blackbox@127.0.0.1:25442/blackbox"
+    assert kafka.bootstrap == "127.0.0.1:29192"
     assert postgres.data_dir == tmp_path.resolve() / "postgres" / "data"
     assert kafka.data_dir == tmp_path.resolve() / "kafka" / "data"
 
 
 def test_stopping_a_dead_kafka_removes_its_stale_pid_file(tmp_path: Path) -> None:
-    kafka = LocalKafka(tmp_path, 59192, 59193, console=QUIET)
+    kafka = LocalKafka(tmp_path, 29192, 29193, console=QUIET)
     pid_path = tmp_path / "kafka" / "kafka.pid"
     PidFile(pid_path, marker="x").write(_dead_pid())
     assert not kafka.is_running()
@@ -277,7 +277,7 @@ def test_stopping_a_dead_kafka_removes_its_stale_pid_file(tmp_path: Path) -> Non
 
 
 def test_status_of_an_unstarted_stack(tmp_path: Path) -> None:
-    stack = LocalStack(tmp_path, StackPorts(55442, 59192, 59193), console=QUIET, environ={})
+    stack = LocalStack(tmp_path, StackPorts(25442, 29192, 29193), console=QUIET, environ={})
     assert [(s.name, s.state, s.pid) for s in stack.status()] == [
         ("postgres", "stopped", None),
         ("kafka", "stopped", None),
