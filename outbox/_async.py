@@ -145,11 +145,9 @@ class AsyncRun:
 
     async def call(self, tool: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Call tool ``fn`` (sync or async) and record ``tool.call``."""
-        self.core.tool_inputs(tool, args, kwargs)
+        outcome = self.core.tool_outcome(tool, args, kwargs)
         tools = self._recorder.tools
-        return await self._observed(
-            lambda: tools.call(tool, args, kwargs, fn), self.core.tool_outcome(tool, args, kwargs)
-        )
+        return await self._observed(lambda: tools.call(tool, args, kwargs, fn), outcome)
 
     async def llm(
         self,

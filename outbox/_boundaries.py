@@ -31,6 +31,8 @@ class Crossing:
     """The JSON the output digest is taken over."""
     attributes: dict[str, str] = field(default_factory=dict)
     version: int = VERSION
+    input_digest: str | None = None
+    """The digest of :attr:`input`, when it was already taken (by the pre-call check)."""
 
 
 def error_info(exc: BaseException | None) -> dict[str, str] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
@@ -115,19 +115,14 @@ class RunCore:
     # Crossings. Inputs are checked before the agent's function is called, so a value
     # that cannot be recorded fails before any external call happens.
 
-    def tool_inputs(self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-        self.check_active()
-        digest(b.tool_input(tool, args, kwargs), path=f"{tool}.arguments")
-
-    def llm_inputs(self, provider: str, model: str, request: Mapping[str, Any]) -> None:
-        self.check_active()
-        digest(llm_input(provider, model, request), path="llm.request")
-
     def tool_outcome(self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Outcome:
-        """How a tool call's result or error becomes its ``tool.call`` crossing."""
+        """Check the arguments, then say how the tool's result or error becomes its
+        ``tool.call`` crossing (carrying the input digest taken by the check)."""
+        self.check_active()
+        input_digest = digest(b.tool_input(tool, args, kwargs), path=f"{tool}.arguments")
 
         def crossing(result: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
-            return b.tool_call(
+            built = b.tool_call(
                 tool=tool,
                 args=args,
                 kwargs=kwargs,
@@ -135,16 +130,18 @@ class RunCore:
                 error=error,
                 latency_ms=latency_ms,
             )
+            return replace(built, input_digest=input_digest)
 
         return crossing
 
     def llm_outcome(self, provider: str, model: str | None, request: Mapping[str, Any]) -> Outcome:
         """Check the request, then say how the response becomes its ``llm.call``."""
+        self.check_active()
         chosen = model or str(request.get("model", "unknown"))
-        self.llm_inputs(provider, chosen, request)
+        input_digest = digest(llm_input(provider, chosen, request), path="llm.request")
 
         def crossing(response: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
-            return llm_call(
+            built = llm_call(
                 provider=provider,
                 model=chosen,
                 request=request,
@@ -152,6 +149,7 @@ class RunCore:
                 error=error,
                 latency_ms=latency_ms,
             )
+            return replace(built, input_digest=input_digest)
 
         return crossing
 

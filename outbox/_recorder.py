@@ -269,11 +269,9 @@ class Run:
         Raises:
             NotSerialisable: an argument or the result is not JSON.
         """
-        self.core.tool_inputs(tool, args, kwargs)
+        outcome = self.core.tool_outcome(tool, args, kwargs)
         tools = self._recorder.tools
-        result: T = self._observed(
-            lambda: tools.call(tool, args, kwargs, fn), self.core.tool_outcome(tool, args, kwargs)
-        )
+        result: T = self._observed(lambda: tools.call(tool, args, kwargs, fn), outcome)
         return result
 
     def llm(

@@ -128,7 +128,7 @@ class EventFactory:
             trace_id=trace.trace_id,
             span_id=trace.span_id,
             parent_span_id=trace.parent_span_id,
-            input_digest=digest(crossing.input, path="input"),
+            input_digest=crossing.input_digest or digest(crossing.input, path="input"),
             output_digest=digest(crossing.output, path="output"),
             chain_hash="",
             payload=payload,
