@@ -41,9 +41,10 @@ BENCH = "replay"
 THROUGHPUT_TARGET = 30_000.0
 PEAK_TARGET_MB = 300.0
 SHORT_TARGET_S = 1.0
-CODE_VERSION = "bench-loop-agent.1"
+CODE_VERSION = "bench-loop-agent.2"
 """Recorded in ``run.started`` and part of the archive's file name: change it whenever
-:func:`loop_agent` changes, so a cached archive of the old code is not replayed."""
+:func:`loop_agent` or the archive format changes, so a cached archive of the old code
+(or the old format) is not replayed."""
 TRANSITION_EVERY = 1_000
 QUEUE_DEPTH = 1_024
 """Envelopes in flight between the recorder and the archive writer."""

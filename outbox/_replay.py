@@ -33,6 +33,9 @@ from schemas import (
 )
 
 T = TypeVar("T")
+# Where a bad input is named in errors, by event type (built once: replay digests
+# the input of every event).
+_INPUT_PATHS = {event_type: f"{event_type}.input" for event_type in EventType}
 # Frames of these packages are the recorder's own; the call site is the first other one.
 _OWN_MODULES = ("outbox.", "replayer.")
 
@@ -325,7 +328,7 @@ class ReplayRun:
     # Taking events ----------------------------------------------------------------
 
     def _cross(self, event_type: EventType, inputs: Any) -> Any:
-        return self._cross_event(event_type, inputs)[1]
+        return self._take(event_type, inputs)[2]
 
     def _cross_event(self, event_type: EventType, inputs: Any) -> tuple[Envelope, Any]:
         envelope, _, output = self._take(event_type, inputs)
@@ -335,7 +338,7 @@ class ReplayRun:
         """The next event, checked in the order that names the most precise cause:
         sequence, type, input digest, body against output digest, chain hash."""
         self._check_readable()
-        actual = None if inputs is None else digest(inputs, path=f"{event_type}.input")
+        actual = None if inputs is None else digest(inputs, path=_INPUT_PATHS[event_type])
         envelope = self._next()
         expected_seq = self._sequence + 1
         if envelope is None or (

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, TypeAlias
 
 from schemas._errors import NotSerialisable
@@ -27,6 +28,19 @@ _ENCODER = json.JSONEncoder(
 )
 
 
+def _unencodable(value: Any) -> Any:
+    raise TypeError(f"a {type(value).__name__} is not JSON-serialisable")
+
+
+# The C encoder that _ENCODER.encode builds anew for every value, built once with the
+# same options (no circular-reference markers: _plain has walked the value already).
+_C_ENCODER = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(None, _unencodable, encode_basestring, None, ":", ",", True, False, False)
+)
+
+
 def canonical_json(value: Any, *, path: str = "$") -> bytes:
     """Return the canonical JSON encoding of ``value``.
 
@@ -34,8 +48,9 @@ def canonical_json(value: Any, *, path: str = "$") -> bytes:
         NotSerialisable: naming the path of the first value that is not JSON
             (an object, bytes, a non-string key, NaN or an infinity).
     """
-    if not _plain(value):
-        _check(value, path)  # raises naming the path, or lets a subclass or Mapping through
+    if _C_ENCODER is not None and _plain(value):
+        return "".join(_C_ENCODER(value, 0)).encode("utf-8")
+    _check(value, path)  # raises naming the path, or lets a subclass or Mapping through
     return _ENCODER.encode(value).encode("utf-8")
 
 
@@ -71,9 +86,16 @@ def _plain(value: Any) -> bool:
     if kind is float:
         return math.isfinite(value)
     if kind is dict:
-        return all(type(key) is str for key in value) and all(map(_plain, value.values()))
+        for key, item in value.items():
+            if type(key) is not str or (type(item) not in _SCALARS and not _plain(item)):
+                return False
+        return True
     if kind is list or kind is tuple:
-        return all(map(_plain, value))
+        # A loop, not all(): a generator costs more than the walk over a short list.
+        for item in value:  # noqa: SIM110
+            if type(item) not in _SCALARS and not _plain(item):
+                return False
+        return True
     return False
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring as _q  # how json writes a str (not ASCII-only)
 from typing import Any
 
@@ -74,16 +75,46 @@ class Envelope:
         }
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> Envelope:
-        """Build an envelope from a record fastavro read."""
-        values = dict(record)
-        values["event_id"] = str(values["event_id"])
-        values["subject_ids"] = tuple(values.get("subject_ids") or ())
-        values["attributes"] = dict(values.get("attributes") or {})
-        recorded_at = values["recorded_at"]
-        if recorded_at.tzinfo is None:
-            values["recorded_at"] = recorded_at.replace(tzinfo=UTC)
-        return cls(**values)
+    def from_record(cls, record: Mapping[str, Any]) -> Envelope:
+        """Build an envelope from a record fastavro read: with the envelope schema's
+        logical types (a UUID and a datetime) or without them (their string and
+        microseconds, as archives store them)."""
+        at = record["recorded_at"]
+        if type(at) is int:
+            at = _EPOCH + timedelta(microseconds=at)
+        elif at.tzinfo is None:
+            at = at.replace(tzinfo=UTC)
+        subjects = record["subject_ids"]
+        attributes = record["attributes"]
+        return cls(
+            str(record["event_id"]),
+            record["run_id"],
+            record["sequence"],
+            record["event_type"],
+            record["body_version"],
+            at,
+            record["tenant_id"],
+            record["agent_id"],
+            record["input_digest"],
+            record["output_digest"],
+            record["chain_hash"],
+            tuple(subjects) if subjects else (),
+            record["trace_id"],
+            record["span_id"],
+            record["parent_span_id"],
+            record["payload"],
+            record["payload_ref"],
+            record["payload_encoding"],
+            record["key_id"],
+            record["classification"],
+            record["retention_class"],
+            dict(attributes) if attributes else {},
+        )
+
+    @property
+    def recorded_at_us(self) -> int:
+        """``recorded_at`` in microseconds since the Unix epoch, as the chain hashes it."""
+        return _micros(self.recorded_at)
 
     def chain_material(self) -> bytes:
         """Canonical JSON of this envelope without ``chain_hash``: what the chain hashes.
@@ -111,15 +142,15 @@ class Envelope:
         checks the chain of every event. Keys in sorted order, strings escaped as ``json``
         escapes them; a unit test holds the two equal. Raises TypeError where a string
         field holds something else."""
-        attributes = ",".join(f"{_q(k)}:{_q(v)}" for k, v in sorted(self.attributes.items()))
-        payload = None if self.payload is None else digest_bytes(self.payload)
+        attributes = ",".join([f"{_q(k)}:{_q(v)}" for k, v in sorted(self.attributes.items())])
+        payload = "null" if self.payload is None else _q(digest_bytes(self.payload))
         return (
             f'{{"agent_id":{_q(self.agent_id)},"attributes":{{{attributes}}},'
             f'"body_version":{self.body_version},"classification":{_q(self.classification)},'
             f'"event_id":{_q(self.event_id)},"event_type":{_q(self.event_type)},'
             f'"input_digest":{_q(self.input_digest)},"key_id":{_q_opt(self.key_id)},'
             f'"output_digest":{_q(self.output_digest)},'
-            f'"parent_span_id":{_q_opt(self.parent_span_id)},"payload":{_q_opt(payload)},'
+            f'"parent_span_id":{_q_opt(self.parent_span_id)},"payload":{payload},'
             f'"payload_encoding":{_q(self.payload_encoding)},'
             f'"payload_ref":{_q_opt(self.payload_ref)},"recorded_at":{_micros(self.recorded_at)},'
             f'"retention_class":{_q(self.retention_class)},"run_id":{_q(self.run_id)},'
@@ -142,6 +173,9 @@ def _q_opt(value: str | None) -> str:
     return "null" if value is None else _q(value)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _micros(moment: datetime) -> int:
-    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    delta = moment - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds

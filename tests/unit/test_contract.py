@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 import struct
+import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -92,6 +94,49 @@ def test_canonical_json_takes_subclasses_mappings_and_deep_values_as_before() ->
     with pytest.raises(NotSerialisable) as caught:
         canonical_json({"a": ({"b": -float("inf")},)})
     assert caught.value.path == "$.a[0].b"
+
+
+_JSON_CORPUS: list[Any] = [
+    {"b": 1, "a": [1.5, True, None, "é"]},
+    [0.1, 1e-07, 1e16, -0.0, 123456789.125, 2.5e-300, -(10**30)],
+    {"esc": 'quote " backslash \\ tab \t nul \x00 bell \x07 del \x7f', "u": "\u2028\U0001f600"},
+    {"": {"nested": [[], {}, [{}], ("tuple", 1)]}, "\u00e9": "key order by code point", "Z": 0},
+    [True, False, None, "", 0, -1],
+    "top-level string",
+    7,
+]
+
+
+@pytest.mark.parametrize("value", _JSON_CORPUS)
+def test_canonical_json_is_what_json_dumps_writes(value: Any) -> None:
+    # canonical_json runs the C encoder directly (built once); it must stay byte for
+    # byte what the documented json.dumps options write.
+    expected = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    assert canonical_json(value) == expected.encode("utf-8")
+
+
+@pytest.mark.parametrize("logical", [True, False], ids=["logical-types", "base-types"])
+def test_envelope_record_round_trips_with_every_field_set(logical: bool) -> None:
+    envelope = _envelope(
+        trace_id="t",
+        span_id="s",
+        parent_span_id="p",
+        payload=None,
+        payload_ref="sha256:blob",
+        payload_encoding="aes256gcm",
+        key_id="dk-1",
+        classification="sensitive",
+        retention_class="short",
+        subject_ids=("a", "b"),
+    )
+    record = envelope.to_record()
+    if logical:
+        record["event_id"] = uuid.UUID(envelope.event_id)
+    else:
+        record["recorded_at"] = envelope.recorded_at_us
+    assert Envelope.from_record(record) == envelope
 
 
 def test_envelope_round_trips_as_single_object_encoding() -> None:

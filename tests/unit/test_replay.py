@@ -7,12 +7,13 @@ import json
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from datetime import datetime
 from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fastavro import parse_schema, writer
+from fastavro import parse_schema, reader, writer
 
 from examples.ticket_agent import replay_entry
 from outbox import AgentRun, DivergenceKind
@@ -245,6 +246,26 @@ def test_an_archive_of_the_current_schema_reads_back_what_was_written(tmp_path: 
     archive = tmp_path / "current.avro"
     assert write_archive(archive, OK_RUN) == len(OK_RUN)
     assert list(read_archive(archive)) == OK_RUN
+
+
+def test_an_archive_stores_ids_and_times_at_their_base_types(tmp_path: Path) -> None:
+    # What other Avro readers see: the UUID string and microseconds the chain hashes.
+    archive = tmp_path / "current.avro"
+    write_archive(archive, OK_RUN)
+    with archive.open("rb") as stream:
+        first = next(iter(reader(stream)))
+    assert isinstance(first, dict)
+    assert first["event_id"] == OK_RUN[0].event_id
+    assert first["recorded_at"] == OK_RUN[0].recorded_at_us
+
+
+def test_the_golden_archive_of_the_envelope_schema_itself_still_reads() -> None:
+    # Written before archives dropped the logical types: UUIDs and datetimes on read.
+    with GOLDEN.open("rb") as stream:
+        first = next(iter(reader(stream)))
+    assert isinstance(first, dict)
+    assert isinstance(first["recorded_at"], datetime)
+    assert RUNS[0][0].recorded_at == first["recorded_at"]
 
 
 def test_an_archive_whose_schema_does_not_resolve_to_envelopes_is_refused(tmp_path: Path) -> None:
