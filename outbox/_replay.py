@@ -2,9 +2,16 @@
 
 Nothing is called: every boundary takes the next recorded event, checks that the code
 asks for the same kind of thing with the same input (by digest), checks the recorded
-body against its output digest, and hands back the recorded output. The first event
-where today's code goes another way raises :class:`ReplayDivergence`, naming the
-sequence, the expected and actual type and digests, and the call site; never a payload.
+body against its output digest, and hands back the recorded output. Divergences name
+the sequence, the expected and actual type and digests, and the call site; never a
+payload.
+
+The three levels are checked separately. A control-flow divergence (another boundary,
+other arguments, a missing or extra event) raises :class:`ReplayDivergence` at once:
+past it, recorded events no longer line up with the code's calls. A state or content
+divergence (another state, another final output, a body that does not match its
+digest, a broken chain) is noted and the replay goes on with the recorded values, so
+control flow is still checked to the end; ``finish`` then raises naming the first one.
 """
 
 from __future__ import annotations
@@ -129,10 +136,17 @@ class Divergence:
 
 
 class ReplayDivergence(BlackboxError):
-    """Replay found the first event where today's code goes another way."""
+    """Replay found where today's code (or the log) goes another way.
 
-    def __init__(self, divergence: Divergence) -> None:
+    ``divergence`` is the first one; ``divergences`` the first of each level found,
+    in sequence order (it holds ``divergence``).
+    """
+
+    def __init__(
+        self, divergence: Divergence, divergences: tuple[Divergence, ...] | None = None
+    ) -> None:
         self.divergence = divergence
+        self.divergences = divergences or (divergence,)
         super().__init__(divergence.describe())
 
 
@@ -170,6 +184,8 @@ class ReplayRun:
         self._state: str | None = None
         self._state_digest: str | None = None
         self.consumed = 0
+        self._found: dict[str, Divergence] = {}
+        """The first state and content divergence, by level; replay went on past them."""
         # An event no release of ours can read stops the replay for good, also when the
         # agent code catches the error: nothing after it can be checked.
         self._unreadable: UnknownSchemaVersion | None = None
@@ -324,6 +340,14 @@ class ReplayRun:
                 actual=(None, None),
                 detail="events recorded after run.finished",
             )
+        if self._found:
+            found = self.divergences
+            raise ReplayDivergence(found[0], found)
+
+    @property
+    def divergences(self) -> tuple[Divergence, ...]:
+        """The state and content divergences found so far, the first of each level."""
+        return tuple(sorted(self._found.values(), key=lambda d: d.sequence))
 
     # Taking events ----------------------------------------------------------------
 
@@ -408,6 +432,7 @@ class ReplayRun:
                     expected=(envelope.event_type, expected_chain),
                     actual=(envelope.event_type, envelope.chain_hash),
                     detail=f"the altered envelope names body version {envelope.body_version}",
+                    fatal=True,
                 )
             # An intact envelope of a version this release cannot read is not tampering:
             # it was written by a newer release (or needs a migrator). Stop.
@@ -420,6 +445,7 @@ class ReplayRun:
                 expected=(envelope.event_type, envelope.output_digest),
                 actual=(envelope.event_type, None),
                 detail=f"the body does not open: {type(exc).__name__}",
+                fatal=True,  # there is no recorded output to go on with
             )
         output = b.recorded_output(envelope.event_type, body)
         actual = digest(output)
@@ -455,20 +481,25 @@ class ReplayRun:
         expected: tuple[str | None, str | None],
         actual: tuple[str | None, str | None],
         detail: str = "",
+        fatal: bool = False,
     ) -> None:
-        raise ReplayDivergence(
-            Divergence(
-                kind=kind,
-                run_id=getattr(self, "_run_id", None) or "unknown",
-                sequence=sequence,
-                expected_type=expected[0],
-                actual_type=actual[0],
-                expected_digest=expected[1],
-                actual_digest=actual[1],
-                call_site=_call_site(),
-                detail=detail,
-            )
+        """Raise a control-flow (or ``fatal``) divergence; note the first state or
+        content one of its level and return, so the replay goes on."""
+        divergence = Divergence(
+            kind=kind,
+            run_id=getattr(self, "_run_id", None) or "unknown",
+            sequence=sequence,
+            expected_type=expected[0],
+            actual_type=actual[0],
+            expected_digest=expected[1],
+            actual_digest=actual[1],
+            call_site=_call_site(),
+            detail=detail,
         )
+        if fatal or divergence.level == "control_flow":
+            found = tuple(sorted([*self._found.values(), divergence], key=lambda d: d.sequence))
+            raise ReplayDivergence(found[0], found)
+        self._found.setdefault(divergence.level, divergence)
 
 
 def _raise_recorded(error: Mapping[str, str] | None) -> None:

@@ -29,7 +29,9 @@ def replay_run(
     try:
         run = ReplayRun(events, pipeline=pipeline, blobs=blobs)
     except ReplayDivergence as exc:
-        return ReplayReport(exc.divergence.run_id, agent_id, 0, exc.divergence)
+        return ReplayReport(
+            exc.divergence.run_id, agent_id, 0, exc.divergence, divergences=exc.divergences
+        )
     try:
         try:
             output = entry(run, run.input)
@@ -40,5 +42,7 @@ def replay_run(
         else:
             run.finish(output=output)
     except ReplayDivergence as exc:
-        return ReplayReport(run.run_id, agent_id, run.consumed, exc.divergence)
+        return ReplayReport(
+            run.run_id, agent_id, run.consumed, exc.divergence, divergences=exc.divergences
+        )
     return ReplayReport(run.run_id, agent_id, run.consumed)

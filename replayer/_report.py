@@ -19,8 +19,15 @@ class ReplayReport:
     events: int
     """Recorded events consumed before the replay ended."""
     divergence: Divergence | None = None
+    """The first divergence found."""
     error: str | None = None
     """A replay that could not run at all (an unknown agent, an unreadable source)."""
+    divergences: tuple[Divergence, ...] = ()
+    """The first divergence of each level found, in sequence order."""
+
+    def __post_init__(self) -> None:
+        if self.divergence is not None and not self.divergences:
+            object.__setattr__(self, "divergences", (self.divergence,))
 
     @property
     def passed(self) -> bool:
@@ -30,15 +37,17 @@ class ReplayReport:
     def levels(self) -> dict[str, str]:
         """``pass``, ``fail`` or ``unchecked`` for control flow, state and content.
 
-        Replay stops at the first divergence, so the levels it did not reach are
-        unchecked rather than passed.
+        Replay goes on past state and content divergences but stops at a control-flow
+        one; a level without a divergence of its own then counts as unchecked, since
+        the rest of the run was never compared.
         """
-        if self.passed:
-            return dict.fromkeys(LEVEL_NAMES, "pass")
-        if self.divergence is None:
+        if self.error is not None:
             return dict.fromkeys(LEVEL_NAMES, "unchecked")
+        failed = {d.level for d in self.divergences}
+        completed = "control_flow" not in failed
         return {
-            name: "fail" if name == self.divergence.level else "unchecked" for name in LEVEL_NAMES
+            name: "fail" if name in failed else ("pass" if completed else "unchecked")
+            for name in LEVEL_NAMES
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -50,5 +59,6 @@ class ReplayReport:
             "events": self.events,
             "levels": self.levels,
             "divergence": None if self.divergence is None else self.divergence.to_dict(),
+            "divergences": [d.to_dict() for d in self.divergences],
             "error": self.error,
         }

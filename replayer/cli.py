@@ -168,22 +168,21 @@ def _print_report(report: ReplayReport, console: Console) -> None:
     if report.passed:
         console.print(f"[green]PASS[/] run {report.run_id} ({report.events} events): {levels}")
         return
-    divergence = report.divergence
-    assert divergence is not None
     console.print(f"[red]DIVERGED[/] run {report.run_id} after {report.events} events: {levels}")
-    table = Table(show_header=False, box=None)
-    rows = {
-        "kind": str(divergence.kind),
-        "level": divergence.level,
-        "sequence": str(divergence.sequence),
-        "expected": f"{divergence.expected_type or '-'} {divergence.expected_digest or ''}",
-        "actual": f"{divergence.actual_type or '-'} {divergence.actual_digest or ''}",
-        "call site": str(divergence.call_site or "(unknown)"),
-        "detail": divergence.detail or "",
-    }
-    for name, value in rows.items():
-        table.add_row(name, escape(value))
-    console.print(table)
+    for divergence in report.divergences:
+        table = Table(show_header=False, box=None)
+        rows = {
+            "kind": str(divergence.kind),
+            "level": divergence.level,
+            "sequence": str(divergence.sequence),
+            "expected": f"{divergence.expected_type or '-'} {divergence.expected_digest or ''}",
+            "actual": f"{divergence.actual_type or '-'} {divergence.actual_digest or ''}",
+            "call site": str(divergence.call_site or "(unknown)"),
+            "detail": divergence.detail or "",
+        }
+        for name, value in rows.items():
+            table.add_row(name, escape(value))
+        console.print(table)
 
 
 def _print_summary(reports: list[ReplayReport], console: Console) -> None:

@@ -16,7 +16,7 @@ import pytest
 from fastavro import parse_schema, reader, writer
 
 from examples.ticket_agent import replay_entry
-from outbox import AgentRun, DivergenceKind
+from outbox import AgentRun, DivergenceKind, ReplayDivergence, ReplayRun
 from replayer import ReplayReport, SourceError, read_archive, replay_run, write_archive
 from schemas import BodyCodec, Envelope
 
@@ -213,7 +213,8 @@ class _AlteredState:
 def test_different_state_is_a_state_mismatch() -> None:
     report = _replay(OK_RUN, lambda run, input: replay_entry(_AlteredState(run), input))  # type: ignore[arg-type]
     _diverges(report, DivergenceKind.STATE_MISMATCH, 5)
-    assert report.levels == {"control_flow": "unchecked", "state": "fail", "content": "unchecked"}
+    # Replay went on past the state divergence: control flow and content held.
+    assert report.levels == {"control_flow": "pass", "state": "fail", "content": "pass"}
 
 
 def test_a_run_recorded_in_memory_replays_and_its_blobs_are_read() -> None:
@@ -229,6 +230,62 @@ def test_a_run_recorded_in_memory_replays_and_its_blobs_are_read() -> None:
     assert report.passed, report.divergence and report.divergence.describe()
     assert report.events == len(recorder.events) == run.last_sequence
     assert output["category"] == "billing"
+
+
+def test_replay_goes_on_past_a_broken_chain_and_checks_control_flow_to_the_end() -> None:
+    events = list(OK_RUN)
+    events[3] = replace(events[3], attributes={**events[3].attributes, "model": "other"})
+    events[5] = replace(events[5], attributes={**events[5].attributes, "model": "other"})
+    report = _replay(events)
+    _diverges(report, DivergenceKind.BROKEN_CHAIN, 4)
+    assert [(d.kind, d.sequence) for d in report.divergences] == [
+        (DivergenceKind.BROKEN_CHAIN, 4)  # the first of its level; the one at 6 is not kept
+    ]
+    assert report.events == len(OK_RUN)  # every event was still taken and checked
+    assert report.levels == {"control_flow": "pass", "state": "pass", "content": "fail"}
+
+
+def test_a_tampered_output_is_handed_on_and_what_it_changes_is_reported_too() -> None:
+    def forge(body: dict[str, Any]) -> None:
+        body["result_json"] = json.dumps({"text": "edited"})
+
+    events = list(OK_RUN)
+    events[1] = _with_body(events[1], forge)
+    report = _replay(events)
+    _diverges(report, DivergenceKind.TAMPERED_OUTPUT, 2)
+    # The agent read the edited ticket, so the next request it made differs.
+    assert [(d.kind, d.sequence) for d in report.divergences] == [
+        (DivergenceKind.TAMPERED_OUTPUT, 2),
+        (DivergenceKind.ARGUMENT_MISMATCH, 4),
+    ]
+    assert report.levels == {"control_flow": "fail", "state": "unchecked", "content": "fail"}
+
+
+def test_each_level_reports_its_own_first_divergence() -> None:
+    def altered_then_extra(run: AgentRun, input: Any) -> Any:
+        output = replay_entry(_AlteredState(run), input)  # type: ignore[arg-type]
+        run.now()
+        return output
+
+    report = _replay(OK_RUN, altered_then_extra)
+    assert [(d.kind, d.sequence) for d in report.divergences] == [
+        (DivergenceKind.STATE_MISMATCH, 5),
+        (DivergenceKind.MISSING_EVENT, len(OK_RUN)),
+    ]
+    assert report.divergence == report.divergences[0]
+    # Control flow stopped the replay at the end, so content past it was not compared.
+    assert report.levels == {"control_flow": "fail", "state": "fail", "content": "unchecked"}
+    as_json = report.to_dict()
+    assert [d["level"] for d in as_json["divergences"]] == ["state", "control_flow"]
+
+
+def test_a_replay_run_driven_by_hand_raises_its_first_divergence_at_finish() -> None:
+    run = ReplayRun(OK_RUN)
+    with pytest.raises(ReplayDivergence) as caught:
+        run.finish(output=replay_entry(_AlteredState(run), run.input))  # type: ignore[arg-type]
+    kinds = [d.kind for d in caught.value.divergences]
+    assert kinds[0] == DivergenceKind.STATE_MISMATCH
+    assert caught.value.divergence.sequence == 5
 
 
 def test_an_archive_of_another_envelope_schema_is_resolved_on_read(tmp_path: Path) -> None:
