@@ -46,6 +46,7 @@ from schemas._migrations import (
 )
 from schemas._payload import (
     PLAIN_ENCODING,
+    DataKey,
     PayloadContext,
     PayloadPipeline,
     PlaintextSealer,
@@ -81,6 +82,7 @@ __all__ = [
     "Migrator",
     "MigratorRegistry",
     "NotSerialisable",
+    "DataKey",
     "PayloadContext",
     "PayloadPipeline",
     "PlaintextSealer",

@@ -9,7 +9,7 @@ event id, so a sealed body cannot be moved to another event.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas._canonical import canonical_json
@@ -22,13 +22,29 @@ PLAIN_ENCODING = "avro"
 
 
 @dataclass(frozen=True, slots=True)
+class DataKey:
+    """A run's data key in the clear, as the recorder holds it while the run records.
+
+    Never printed: its repr shows the key id only.
+    """
+
+    key_id: str
+    secret: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class PayloadContext:
-    """Where a payload belongs; sealing binds it there."""
+    """Where a payload belongs; sealing binds it there.
+
+    ``data_key`` is the run's data key when the run is encrypted: the recorder creates
+    it with the run and hands it to the sealer with every payload it seals.
+    """
 
     run_id: str
     sequence: int
     event_id: str
     tenant_id: str
+    data_key: DataKey | None = field(default=None, repr=False, compare=False)
 
     def aad(self) -> bytes:
         """The additional authenticated data for AEAD sealing."""

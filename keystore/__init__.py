@@ -1,0 +1,39 @@
+"""Keys: envelope encryption of recorded bodies, the data-key store, key providers.
+
+Each run is sealed under its own data key (AES-256-GCM); data keys are stored wrapped by
+a versioned key-encryption key from a :class:`KeyProvider`; a replayer unwraps them only
+through the audited database function; destroying a run's keys makes its bodies
+unreadable everywhere they were copied (crypto-shredding).
+"""
+
+from keystore._errors import (
+    AccessDenied,
+    CiphertextCorrupt,
+    DataKeyMissing,
+    KeyProviderError,
+    KeystoreError,
+    UnknownKeyVersion,
+    WrongKey,
+)
+from keystore._postgres import AuditedKeys, DataKeyStore, wrapping_aad
+from keystore._provider import KeyProvider, LocalKeyProvider, WrappedKey
+from keystore._sealer import SEALED_ENCODING, AesGcmSealer, OpeningKeys
+
+__all__ = [
+    "SEALED_ENCODING",
+    "AccessDenied",
+    "AesGcmSealer",
+    "AuditedKeys",
+    "CiphertextCorrupt",
+    "DataKeyMissing",
+    "DataKeyStore",
+    "KeyProvider",
+    "KeyProviderError",
+    "KeystoreError",
+    "LocalKeyProvider",
+    "OpeningKeys",
+    "UnknownKeyVersion",
+    "WrappedKey",
+    "WrongKey",
+    "wrapping_aad",
+]

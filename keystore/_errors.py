@@ -1,0 +1,33 @@
+"""What can go wrong with keys, one class per condition a caller can act on."""
+
+from __future__ import annotations
+
+from schemas import BlackboxError
+
+
+class KeystoreError(BlackboxError):
+    """A key could not be created, found, unwrapped or used."""
+
+
+class KeyProviderError(KeystoreError):
+    """The key-encryption keys are missing or malformed (``BLACKBOX_KEK[_FILE]``)."""
+
+
+class UnknownKeyVersion(KeystoreError):
+    """A data key is wrapped under a key-encryption key version this provider lacks."""
+
+
+class WrongKey(KeystoreError):
+    """A data key does not unwrap under the key-encryption key of its version."""
+
+
+class DataKeyMissing(KeystoreError):
+    """No data key of that id exists for the run, or it was destroyed (crypto-shredded)."""
+
+
+class CiphertextCorrupt(KeystoreError):
+    """A sealed payload does not authenticate: truncated, altered, or moved to another event."""
+
+
+class AccessDenied(KeystoreError):
+    """The database refused: the role may not do this, or no purpose was given."""

@@ -1,0 +1,186 @@
+"""The data-key store in Postgres (``blackbox.data_keys``), and audited unwrapping.
+
+Writers insert wrapped keys and never read them back. A replayer obtains a wrapped key
+only through ``blackbox.unwrap_data_key(run, key, purpose)``, a database function that
+writes an access-audit row on every call; retention destroys keys for good.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine, TextClause, text
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from keystore._errors import AccessDenied, DataKeyMissing, KeystoreError, WrongKey
+from keystore._provider import KEY_BYTES, KeyProvider, WrappedKey
+from schemas import DataKey
+
+_INSERT = text(
+    """
+    INSERT INTO blackbox.data_keys (key_id, run_id, tenant_id, kek_version, wrapped)
+    VALUES (:key_id, :run_id, :tenant_id, :kek_version, :wrapped)
+    """
+)
+
+_UNWRAP = text(
+    "SELECT key_id, kek_version, wrapped, destroyed_at "
+    "FROM blackbox.unwrap_data_key(:run_id, :key_id, :purpose)"
+)
+
+_DESTROY = text(
+    """
+    UPDATE blackbox.data_keys
+       SET wrapped = NULL, destroyed_at = now(), destroyed_reason = :reason
+     WHERE run_id = ANY(:run_ids) AND wrapped IS NOT NULL
+    RETURNING run_id, key_id
+    """
+)
+
+_LIVE_KEYS = text(
+    """
+    SELECT key_id, run_id, kek_version, wrapped FROM blackbox.data_keys
+     WHERE wrapped IS NOT NULL AND kek_version <> :version AND key_id > :after
+     ORDER BY key_id LIMIT :limit
+    """
+)
+
+_REWRAP = text(
+    "UPDATE blackbox.data_keys SET kek_version = :kek_version, wrapped = :wrapped "
+    "WHERE key_id = :key_id AND wrapped IS NOT NULL"
+)
+
+
+def wrapping_aad(run_id: str, key_id: str) -> bytes:
+    """What a wrapped data key is bound to: it unwraps for its own run and id only."""
+    return f"agent-blackbox data key\x00{run_id}\x00{key_id}".encode()
+
+
+class DataKeyStore:
+    """Creates, rotates and destroys the data keys of runs.
+
+    Args:
+        provider: the key-encryption keys new data keys are wrapped under.
+    """
+
+    def __init__(self, provider: KeyProvider) -> None:
+        self.provider = provider
+
+    def new_key(
+        self, run_id: str, tenant_id: str
+    ) -> tuple[DataKey, tuple[TextClause, dict[str, Any]]]:
+        """A fresh data key for ``run_id`` and the statement that stores it wrapped, to run
+        in the transaction that creates the run (or resumes it)."""
+        key = DataKey(key_id=f"dk-{uuid.uuid4().hex}", secret=os.urandom(KEY_BYTES))
+        wrapped = self.provider.wrap(key.secret, aad=wrapping_aad(run_id, key.key_id))
+        params = {
+            "key_id": key.key_id,
+            "run_id": run_id,
+            "tenant_id": tenant_id,
+            "kek_version": wrapped.kek_version,
+            "wrapped": wrapped.blob,
+        }
+        return key, (_INSERT, params)
+
+    def destroy_txn(
+        self, conn: Connection, run_ids: Sequence[str], *, reason: str
+    ) -> list[tuple[str, str]]:
+        """Crypto-shred every data key of ``run_ids``; returns the (run, key) pairs destroyed."""
+        rows = conn.execute(_DESTROY, {"run_ids": list(run_ids), "reason": reason}).all()
+        return [(str(run_id), str(key_id)) for run_id, key_id in rows]
+
+    def rotate(self, engine: Engine, *, batch: int = 500) -> int:
+        """Re-wrap every live data key not yet under the current KEK version; events are
+        not touched. Needs the owner role (it reads wrapped keys directly). Returns how
+        many keys were re-wrapped."""
+        version, after, done = self.provider.current_version, "", 0
+        while True:
+            with engine.begin() as conn:
+                rows = conn.execute(
+                    _LIVE_KEYS, {"version": version, "after": after, "limit": batch}
+                ).all()
+                for key_id, run_id, kek_version, blob in rows:
+                    aad = wrapping_aad(str(run_id), str(key_id))
+                    secret = self.provider.unwrap(
+                        WrappedKey(str(kek_version), bytes(blob)), aad=aad
+                    )
+                    rewrapped = self.provider.wrap(secret, aad=aad, version=version)
+                    conn.execute(
+                        _REWRAP,
+                        {"key_id": key_id, "kek_version": version, "wrapped": rewrapped.blob},
+                    )
+            if not rows:
+                return done
+            done += len(rows)
+            after = str(rows[-1][0])
+
+
+class AuditedKeys:
+    """Opening keys for a replayer: each data key is unwrapped once, through the audited
+    database function, for the purpose given.
+
+    Args:
+        engine: a connection as the replayer role (or any role granted the function).
+        provider: the key-encryption keys.
+        purpose: why the bodies are read (recorded in the access audit with every unwrap).
+    """
+
+    def __init__(self, engine: Engine, provider: KeyProvider, *, purpose: str) -> None:
+        if len(purpose.strip()) < 3:
+            raise AccessDenied(
+                "a purpose is required to read recorded bodies; say why, for example "
+                "--purpose 'incident 4411'"
+            )
+        self._engine = engine
+        self._provider = provider
+        self.purpose = purpose
+        self._cache: dict[str, bytes] = {}
+
+    def opening_key(self, run_id: str, key_id: str) -> bytes:
+        cached = self._cache.get(key_id)
+        if cached is not None:
+            return cached
+        row = self._fetch(run_id, key_id)
+        where = f"run {run_id} key {key_id}"
+        if row is None:
+            raise DataKeyMissing(f"{where}: no such data key in the key store")
+        _, kek_version, blob, destroyed_at = row
+        if blob is None:
+            raise DataKeyMissing(
+                f"{where}: the data key was destroyed at {destroyed_at} (crypto-shredded by "
+                "retention or a deletion request); its bodies cannot be read any more"
+            )
+        try:
+            secret = self._provider.unwrap(
+                WrappedKey(str(kek_version), bytes(blob)), aad=wrapping_aad(run_id, key_id)
+            )
+        except WrongKey as exc:
+            raise WrongKey(f"{where}: {exc}") from exc
+        except KeystoreError as exc:
+            raise type(exc)(f"{where}: {exc}") from exc
+        self._cache[key_id] = secret
+        return secret
+
+    def _fetch(self, run_id: str, key_id: str) -> Any:
+        try:
+            with self._engine.begin() as conn:
+                return conn.execute(
+                    _UNWRAP, {"run_id": run_id, "key_id": key_id, "purpose": self.purpose}
+                ).first()
+        except DBAPIError as exc:
+            code = getattr(exc.orig, "sqlstate", None)
+            if code == "42501":
+                raise AccessDenied(
+                    f"run {run_id} key {key_id}: this database role may not unwrap data keys; "
+                    "connect as a role granted blackbox_replayer"
+                ) from exc
+            if code == "22023":
+                raise AccessDenied(f"run {run_id} key {key_id}: {exc.orig}") from exc
+            raise KeystoreError(
+                f"run {run_id} key {key_id}: the key store failed: {exc.orig}"
+            ) from exc
+        except SQLAlchemyError as exc:
+            raise KeystoreError(f"run {run_id} key {key_id}: the key store failed: {exc}") from exc
