@@ -2,32 +2,32 @@
 
 from __future__ import annotations
 
-from schemas import BlackboxError
+from schemas import BlackboxError, KeyUnavailable, UndecodableMessage
 
 
 class KeystoreError(BlackboxError):
     """A key could not be created, found, unwrapped or used."""
 
 
-class KeyProviderError(KeystoreError):
+class KeyProviderError(KeystoreError, KeyUnavailable):
     """The key-encryption keys are missing or malformed (``BLACKBOX_KEK[_FILE]``)."""
 
 
-class UnknownKeyVersion(KeystoreError):
+class UnknownKeyVersion(KeystoreError, KeyUnavailable):
     """A data key is wrapped under a key-encryption key version this provider lacks."""
 
 
-class WrongKey(KeystoreError):
+class WrongKey(KeystoreError, KeyUnavailable):
     """A data key does not unwrap under the key-encryption key of its version."""
 
 
-class DataKeyMissing(KeystoreError):
+class DataKeyMissing(KeystoreError, KeyUnavailable):
     """No data key of that id exists for the run, or it was destroyed (crypto-shredded)."""
 
 
-class CiphertextCorrupt(KeystoreError):
+class CiphertextCorrupt(KeystoreError, UndecodableMessage):
     """A sealed payload does not authenticate: truncated, altered, or moved to another event."""
 
 
-class AccessDenied(KeystoreError):
+class AccessDenied(KeystoreError, KeyUnavailable):
     """The database refused: the role may not do this, or no purpose was given."""

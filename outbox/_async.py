@@ -74,6 +74,7 @@ class AsyncRecorder(RecorderBase[AsyncEngine]):
             run_id=run_id,
             classification=classification,
             retention_class=retention_class,
+            keys=self.keys,
         )
         run = AsyncRun(self, plan.core)
 
@@ -83,6 +84,8 @@ class AsyncRecorder(RecorderBase[AsyncEngine]):
                 await conn.execute(statement, params)
             except IntegrityError as exc:
                 raise plan.exists() from exc
+            if plan.store_key is not None:
+                await conn.execute(*plan.store_key)
             return await run.append_in(conn, plan.crossing, plan.event_id, first=plan.first)
 
         await self.transact(create, connection)

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import TextClause
 
+from keystore import AesGcmSealer, DataKeyStore
 from outbox import _boundaries as b
 from outbox._effects import (
     EffectOutcome,
@@ -216,6 +217,9 @@ class RecorderBase(Generic[E]):
             parent's recording).
         effects: what happens to side effects (live by default; refused or sandboxed
             in a fork).
+        keys: encrypts every run under its own data key, stored wrapped in the
+            run's transaction; bodies are then sealed with AES-256-GCM (unless a
+            ``pipeline`` is given, which then decides).
     """
 
     def __init__(
@@ -227,9 +231,13 @@ class RecorderBase(Generic[E]):
         clock: Callable[[], datetime] = utc_now,
         tools: ToolPolicy | None = None,
         effects: EffectPolicy | None = None,
+        keys: DataKeyStore | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings or Settings.from_env()
+        self.keys = keys
+        if pipeline is None and keys is not None:
+            pipeline = PayloadPipeline(sealer=AesGcmSealer())
         self._factory = new_factory(self.settings, pipeline, clock)
         self.tools: ToolPolicy = tools or LiveTools()
         self.effects: EffectPolicy = effects or LiveEffects()
@@ -256,6 +264,8 @@ class StartPlan:
     insert: tuple[TextClause, dict[str, Any]]
     event_id: str
     first: PreparedEvent
+    store_key: tuple[TextClause, dict[str, Any]] | None = None
+    """Stores the run's wrapped data key, in the transaction that creates the run."""
 
     def exists(self) -> RunNotActive:
         return RunNotActive(f"a run with id {self.core.run_id} exists already")
@@ -272,13 +282,16 @@ def plan_start(
     run_id: str | None,
     classification: str,
     retention_class: str,
+    keys: DataKeyStore | None = None,
 ) -> StartPlan:
-    """Identity, first event and run row of a new run; nothing is written yet.
+    """Identity, first event and run row of a new run (and its data key when ``keys``
+    is given); nothing is written yet.
 
     Raises:
         NotSerialisable: the snapshot's input is not JSON.
     """
     run_id = run_id or str(uuid.uuid4())
+    data_key, store_key = (None, None) if keys is None else keys.new_key(run_id, tenant_id)
     identity = RunIdentity(
         run_id=run_id,
         tenant_id=tenant_id,
@@ -287,6 +300,7 @@ def plan_start(
         subject_ids=tuple(subject_ids),
         classification=classification,
         retention_class=retention_class,
+        data_key=data_key,
     )
     core = RunCore(identity, factory)
     crossing = _start_crossing(snapshot)
@@ -294,7 +308,8 @@ def plan_start(
         identity, parent_run_id=snapshot.parent_run_id, code_version=snapshot.code_version
     )
     event_id = fresh_event_id()
-    return StartPlan(core, crossing, insert, event_id, core.prepare(crossing, event_id))
+    first = core.prepare(crossing, event_id)
+    return StartPlan(core, crossing, insert, event_id, first, store_key)
 
 
 def _start_crossing(snapshot: RunSnapshot) -> b.Crossing:

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -91,6 +92,7 @@ class Recorder(RecorderBase[Engine]):
             run_id=run_id,
             classification=classification,
             retention_class=retention_class,
+            keys=self.keys,
         )
         run = Run(self, plan.core)
 
@@ -100,6 +102,8 @@ class Recorder(RecorderBase[Engine]):
                 conn.execute(statement, params)
             except IntegrityError as exc:
                 raise plan.exists() from exc
+            if plan.store_key is not None:
+                conn.execute(*plan.store_key)
             run.append_in(conn, plan.crossing, plan.event_id, first=plan.first)
 
         self.transact(create, connection)
@@ -155,7 +159,14 @@ class Recorder(RecorderBase[Engine]):
         )
         if stored.status != "running":
             raise RunNotActive(f"run {run_id} is {stored.status}; only running runs resume")
-        core = RunCore(stored.identity, self._factory)
+        identity = stored.identity
+        if self.keys is not None:
+            # A new data key for this writer: the first one stays with the writer that
+            # died, and is never read back from the store by an agent.
+            data_key, store_key = self.keys.new_key(run_id, identity.tenant_id)
+            self.transact(lambda conn: conn.execute(*store_key), None)
+            identity = replace(identity, data_key=data_key)
+        core = RunCore(identity, self._factory)
         core.cursor = stored.cursor
         core.state = stored.state
         return Run(self, core)

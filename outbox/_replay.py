@@ -34,6 +34,7 @@ from schemas import (
     BlackboxError,
     Envelope,
     EventType,
+    KeyUnavailable,
     PayloadPipeline,
     UnknownSchemaVersion,
     digest,
@@ -438,6 +439,8 @@ class ReplayRun:
             # it was written by a newer release (or needs a migrator). Stop.
             self._unreadable = exc
             raise
+        except KeyUnavailable:
+            raise  # not the log's fault: without the key nothing can be said of the bytes
         except BlackboxError as exc:
             self._diverge(
                 DivergenceKind.TAMPERED_OUTPUT,

@@ -96,3 +96,44 @@ effects = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
+
+data_keys = Table(
+    "data_keys",
+    metadata,
+    Column("key_id", Text, primary_key=True),
+    Column("run_id", Text, nullable=False, index=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("kek_version", Text, nullable=False),
+    Column("wrapped", LargeBinary),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("destroyed_at", DateTime(timezone=True)),
+    Column("destroyed_reason", Text),
+    Index("data_keys_run", "run_id"),
+)
+
+access_audit = Table(
+    "access_audit",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("principal", Text, nullable=False),
+    Column("purpose", Text, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("key_id", Text),
+    Column("outcome", Text, nullable=False),
+    Index("access_audit_run", "run_id", "at"),
+)
+
+deletion_ledger = Table(
+    "deletion_ledger",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("action", Text, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("key_ids", ARRAY(Text), nullable=False, server_default="{}"),
+    Column("subject_id", Text),
+    Column("reason", Text, nullable=False),
+    Column("principal", Text, nullable=False),
+    Index("deletion_ledger_run", "run_id"),
+)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +23,7 @@ from outbox._errors import PayloadTooLarge
 from outbox._tracing import current_trace
 from schemas import (
     GENESIS_CHAIN_HASH,
+    DataKey,
     Envelope,
     EnvelopeCodec,
     PayloadContext,
@@ -49,6 +50,8 @@ class RunIdentity:
     subject_ids: tuple[str, ...] = ()
     classification: str = "internal"
     retention_class: str = "standard"
+    data_key: DataKey | None = field(default=None, repr=False, compare=False)
+    """The run's data key while this writer records it (encrypted runs only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +105,9 @@ class EventFactory:
             PayloadTooLarge: the body is over ``max_payload_bytes``.
         """
         sequence = cursor.sequence + 1
-        context = PayloadContext(identity.run_id, sequence, event_id, identity.tenant_id)
+        context = PayloadContext(
+            identity.run_id, sequence, event_id, identity.tenant_id, data_key=identity.data_key
+        )
         sealed = self._pipeline.pack(crossing.event_type, crossing.version, crossing.body, context)
         size = len(sealed.data)
         if size > self._settings.max_payload_bytes:

@@ -11,6 +11,12 @@ class BlackboxError(Exception):
     """Root of every error agent-blackbox raises on purpose."""
 
 
+class KeyUnavailable(BlackboxError):
+    """A sealed payload's key cannot be had: missing, destroyed, not unwrappable with
+    the key-encryption keys at hand, or withheld from this principal. The bytes may be
+    intact; nothing can be said about them without the key."""
+
+
 class NotSerialisable(BlackboxError, TypeError):
     """A value handed to the recorder cannot be written as canonical JSON."""
 

@@ -1,0 +1,216 @@
+"""Envelope encryption and access control against a real Postgres.
+
+Runs are recorded encrypted; then the test connects as each database role (login users
+granted blackbox_writer, blackbox_reader and blackbox_replayer) and proves what each may
+and may not reach.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ProgrammingError
+
+from keystore import (
+    SEALED_ENCODING,
+    AccessDenied,
+    AesGcmSealer,
+    AuditedKeys,
+    DataKeyMissing,
+    DataKeyStore,
+    LocalKeyProvider,
+    UnknownKeyVersion,
+    WrongKey,
+)
+from outbox import AgentRun, Recorder, RunSnapshot
+from replayer import replay_run
+from schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings
+
+pytestmark = pytest.mark.integration
+
+SECRET = "the-recorded-secret-7d1f"
+
+
+def _kek() -> bytes:
+    return os.urandom(32)
+
+
+def agent(run: AgentRun, input: Any) -> Any:
+    note = run.call("lookup", lambda ticket: {"note": f"{SECRET} for {ticket}"}, input["ticket"])
+    run.transition("answered", state={"note": note["note"]})
+    return {"reply": note["note"].upper()}
+
+
+def _record(engine: Engine, settings: Settings, provider: LocalKeyProvider) -> str:
+    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(provider))
+    snapshot = RunSnapshot(code_version="keys.1", input={"ticket": "T-1"})
+    run, _ = recorder.record(agent, snapshot, agent_id="keys")
+    return run.run_id
+
+
+def _envelopes(engine: Engine, run_id: str) -> list[Envelope]:
+    codec = EnvelopeCodec()
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY sequence"),
+            {"r": run_id},
+        ).scalars()
+        return [codec.decode(row) for row in rows]
+
+
+V1 = os.urandom(32)
+
+
+@pytest.fixture
+def provider() -> LocalKeyProvider:
+    return LocalKeyProvider({"v1": V1})
+
+
+@pytest.fixture
+def login(database_url: str, engine: Engine) -> Iterator[Any]:
+    """Engines for login users granted one of the roles; dropped afterwards."""
+    made: list[tuple[str, Engine]] = []
+
+    def connect(role: str) -> Engine:
+        user = f"u_{role.removeprefix('blackbox_')}_{uuid.uuid4().hex[:8]}"
+        with engine.begin() as conn:
+            conn.execute(text(f"CREATE ROLE {user} LOGIN IN ROLE {role}"))
+        url = make_url(database_url).set(username=user, password=None)
+        user_engine = create_engine(url)
+        made.append((user, user_engine))
+        return user_engine
+
+    yield connect
+    for user, user_engine in made:
+        user_engine.dispose()
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP ROLE IF EXISTS {user}"))
+
+
+def test_encrypted_run_stores_no_plaintext_body(
+    engine: Engine, settings: Settings, provider: LocalKeyProvider
+) -> None:
+    run_id = _record(engine, settings, provider)
+    events = _envelopes(engine, run_id)
+    assert {e.payload_encoding for e in events} == {SEALED_ENCODING}
+    assert len({e.key_id for e in events}) == 1
+    with engine.connect() as conn:
+        stored = b"".join(conn.execute(text("SELECT envelope FROM blackbox.outbox")).scalars())
+        keys = conn.execute(
+            text("SELECT kek_version, wrapped FROM blackbox.data_keys WHERE run_id = :r"),
+            {"r": run_id},
+        ).all()
+    assert SECRET.encode() not in stored
+    assert [(version, len(wrapped)) for version, wrapped in keys] == [("v1", 12 + 32 + 16)]
+
+
+def test_reader_cannot_obtain_a_body_or_a_key(
+    engine: Engine, settings: Settings, provider: LocalKeyProvider, login: Any
+) -> None:
+    run_id = _record(engine, settings, provider)
+    reader = login("blackbox_reader")
+    with reader.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM blackbox.runs")).scalar_one() == 1
+        assert conn.execute(text("SELECT count(*) FROM blackbox_views.runs")).scalar_one() == 0
+    for query in (
+        "SELECT envelope FROM blackbox.outbox",
+        "SELECT data FROM blackbox.blobs",
+        "SELECT wrapped FROM blackbox.data_keys",
+        "SELECT * FROM blackbox.access_audit",
+        f"SELECT * FROM blackbox.unwrap_data_key('{run_id}', 'dk', 'curious')",
+    ):
+        with reader.connect() as conn, pytest.raises(ProgrammingError, match="permission denied"):
+            conn.execute(text(query))
+    pipeline = PayloadPipeline(sealer=AesGcmSealer(AuditedKeys(reader, provider, purpose="peek")))
+    with pytest.raises(AccessDenied, match=f"run {run_id} key dk-"):
+        replay_run(_envelopes(engine, run_id), agent, pipeline=pipeline)
+
+
+def test_writer_records_but_reads_no_key_back(
+    settings: Settings, provider: LocalKeyProvider, login: Any
+) -> None:
+    writer = login("blackbox_writer")
+    run_id = _record(writer, settings, provider)
+    with writer.connect() as conn:
+        assert (
+            conn.execute(
+                text("SELECT last_sequence FROM blackbox.runs WHERE run_id = :r"), {"r": run_id}
+            ).scalar_one()
+            == 4
+        )
+        with pytest.raises(ProgrammingError, match="permission denied"):
+            conn.execute(text("SELECT wrapped FROM blackbox.data_keys"))
+
+
+def test_every_unwrap_is_audited_and_the_run_replays(
+    engine: Engine, settings: Settings, provider: LocalKeyProvider, login: Any
+) -> None:
+    run_id = _record(engine, settings, provider)
+    replayer = login("blackbox_replayer")
+    events = _envelopes(engine, run_id)
+    for attempt in range(2):
+        keys = AuditedKeys(replayer, provider, purpose=f"incident 4411 #{attempt}")
+        report = replay_run(events, agent, pipeline=PayloadPipeline(sealer=AesGcmSealer(keys)))
+        assert report.passed, report.divergence and report.divergence.describe()
+    with engine.connect() as conn:
+        audit = conn.execute(
+            text("SELECT principal, purpose, run_id, key_id, outcome FROM blackbox.access_audit")
+        ).all()
+    user = replayer.url.username
+    assert sorted(audit) == [
+        (user, f"incident 4411 #{i}", run_id, events[0].key_id, "granted") for i in range(2)
+    ]
+    with pytest.raises(AccessDenied, match="purpose"):
+        AuditedKeys(replayer, provider, purpose=" ")
+
+
+def test_key_errors_name_the_run_and_the_key(
+    engine: Engine, settings: Settings, provider: LocalKeyProvider, login: Any
+) -> None:
+    run_id = _record(engine, settings, provider)
+    replayer = login("blackbox_replayer")
+    body = _envelopes(engine, run_id)[1]
+    where = f"run {run_id} key {body.key_id}"
+
+    def open_with(keys_provider: LocalKeyProvider) -> None:
+        keys = AuditedKeys(replayer, keys_provider, purpose="errors test")
+        PayloadPipeline(sealer=AesGcmSealer(keys)).unpack(body)
+
+    with pytest.raises(WrongKey, match=where):
+        open_with(LocalKeyProvider({"v1": _kek()}))
+    with pytest.raises(UnknownKeyVersion, match=f"{where}.*KEK version v1 is not held"):
+        open_with(LocalKeyProvider({"v9": _kek()}))
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE blackbox.data_keys SET wrapped = NULL, destroyed_at = now()"))
+    with pytest.raises(DataKeyMissing, match=f"{where}.*destroyed"):
+        open_with(provider)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM blackbox.data_keys"))
+    with pytest.raises(DataKeyMissing, match=f"{where}: no such data key"):
+        open_with(provider)
+
+
+def test_rotation_rewraps_keys_and_leaves_events_alone(
+    engine: Engine, settings: Settings, provider: LocalKeyProvider, login: Any
+) -> None:
+    run_id = _record(engine, settings, provider)
+    before = _envelopes(engine, run_id)
+    v2 = _kek()
+    rotated = LocalKeyProvider({"v1": V1, "v2": v2}, current="v2")
+    assert DataKeyStore(rotated).rotate(engine) == 1
+    assert DataKeyStore(rotated).rotate(engine) == 0  # nothing left under v1
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT kek_version FROM blackbox.data_keys")).scalars().all() == [
+            "v2"
+        ]
+    assert _envelopes(engine, run_id) == before
+    only_v2 = LocalKeyProvider({"v2": v2})
+    keys = AuditedKeys(login("blackbox_replayer"), only_v2, purpose="after rotation")
+    report = replay_run(before, agent, pipeline=PayloadPipeline(sealer=AesGcmSealer(keys)))
+    assert report.passed, report.divergence and report.divergence.describe()
