@@ -129,15 +129,24 @@ class AuditedKeys:
     """
 
     def __init__(self, engine: Engine, provider: KeyProvider, *, purpose: str) -> None:
+        self.check_purpose(purpose)
+        self._engine = engine
+        self._provider = provider
+        self.purpose = purpose
+        self._cache: dict[str, bytes] = {}
+
+    @staticmethod
+    def check_purpose(purpose: str) -> None:
+        """Refuse an empty purpose (the database function refuses one too).
+
+        Raises:
+            AccessDenied: ``purpose`` has fewer than three characters.
+        """
         if len(purpose.strip()) < 3:
             raise AccessDenied(
                 "a purpose is required to read recorded bodies; say why, for example "
                 "--purpose 'incident 4411'"
             )
-        self._engine = engine
-        self._provider = provider
-        self.purpose = purpose
-        self._cache: dict[str, bytes] = {}
 
     def opening_key(self, run_id: str, key_id: str) -> bytes:
         cached = self._cache.get(key_id)

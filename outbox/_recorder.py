@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from keystore import DataKeyStore, LocalKeyProvider
 from outbox._boundaries import Crossing
 from outbox._core import (
     APPEND_ATTEMPTS,
@@ -55,10 +56,14 @@ class Recorder(RecorderBase[Engine]):
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Recorder:
-        """A recorder with its own engine for ``settings.database_url``."""
+        """A recorder with its own engine for ``settings.database_url``; runs are
+        encrypted when key-encryption keys are configured (``BLACKBOX_KEK_FILE`` or
+        ``BLACKBOX_KEK``)."""
         settings = settings or Settings.from_env()
         engine = create_engine(settings.database_url, pool_size=10, max_overflow=20)
-        return cls(engine, settings=settings)
+        provider = LocalKeyProvider.from_env()
+        keys = None if provider is None else DataKeyStore(provider)
+        return cls(engine, settings=settings, keys=keys)
 
     def start_run(
         self,

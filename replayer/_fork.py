@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine
 
+from keystore import DataKeyStore
 from outbox import (
     EffectPolicy,
     MemoryRecorder,
@@ -112,8 +113,10 @@ def fork_run(
     engine: Engine | None = None,
     settings: Settings | None = None,
     pipeline: PayloadPipeline | None = None,
+    keys: DataKeyStore | None = None,
 ) -> ForkResult:
-    """Record a fork of ``parent``: into Postgres with ``engine``, else in memory."""
+    """Record a fork of ``parent``: into Postgres with ``engine`` (encrypted under its own
+    data key with ``keys``), else in memory. ``pipeline`` opens the parent's bodies."""
     opener = pipeline or PayloadPipeline()
     events = list(parent)
     snapshot = forked_snapshot(parent_snapshot(events, opener), events[0].run_id, changes)
@@ -121,7 +124,9 @@ def fork_run(
     effect_policy: EffectPolicy = SandboxEffects() if effects == "sandbox" else RefuseEffects()
     recorder: Recorder | MemoryRecorder
     if engine is not None:
-        recorder = Recorder(engine, settings=settings, tools=tools, effects=effect_policy)
+        recorder = Recorder(
+            engine, settings=settings, tools=tools, effects=effect_policy, keys=keys
+        )
     else:
         recorder = MemoryRecorder(settings=settings, tools=tools, effects=effect_policy)
     entry = factory(snapshot, base_url=base_url, api_key=api_key)

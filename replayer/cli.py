@@ -8,6 +8,7 @@ import statistics
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain, groupby
 from pathlib import Path
@@ -20,11 +21,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import Engine, create_engine, text
 
+from replayer._access import opening_pipeline, recording_keys
 from replayer._driver import replay_run
 from replayer._registry import AgentRegistry, load_entry
 from replayer._report import ReplayReport
 from replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
-from schemas import BlackboxError, Envelope, Settings
+from schemas import BlackboxError, Envelope, PayloadPipeline, Settings
 
 T = TypeVar("T")
 
@@ -53,6 +55,12 @@ _RUNS = text(
     default=None,
     help="Read runs from an Avro archive instead of Kafka.",
 )
+@click.option(
+    "--purpose",
+    envvar="BLACKBOX_PURPOSE",
+    required=True,
+    help="Why recorded bodies are read; written to the access audit with every key unwrapped.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 def replay_command(
     run_id: str | None,
@@ -62,6 +70,7 @@ def replay_command(
     since: datetime | None,
     limit: int,
     archive: Path | None,
+    purpose: str,
     as_json: bool,
 ) -> None:
     """Replay RUN_ID (or --all) through the agent's own code, offline.
@@ -74,7 +83,8 @@ def replay_command(
         raise click.UsageError("give a RUN_ID or --all, not both")
     try:
         registry = AgentRegistry.from_env(load_entry(agent_path) if agent_path else None)
-        reports = _reports(run_id, archive, registry, agent_id, since, limit, console, every)
+        scope = _Scope(agent_id, since, limit, every, purpose)
+        reports = _reports(run_id, archive, registry, scope, console)
     except BlackboxError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(2)
@@ -88,29 +98,40 @@ def replay_command(
     sys.exit(0 if all(r.passed for r in reports) else 1)
 
 
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """Which runs a replay command covers, and why it reads them."""
+
+    agent_id: str | None
+    since: datetime | None
+    limit: int
+    every: bool
+    purpose: str
+
+
 def _reports(
     run_id: str | None,
     archive: Path | None,
     registry: AgentRegistry,
-    agent_id: str | None,
-    since: datetime | None,
-    limit: int,
+    scope: _Scope,
     console: Console,
-    every: bool,
 ) -> list[ReplayReport]:
-    if archive is not None:
-        runs = _archive_runs(archive, run_id)
-        return [_replay_events(events, registry) for events in _progress(runs, None, console)]
     settings = Settings.from_env()
     engine = create_engine(settings.database_url)
     try:
-        ids = [(run_id, None)] if run_id else _indexed_runs(engine, agent_id, since, limit)
+        pipeline = opening_pipeline(lambda: engine, purpose=scope.purpose)
+        if archive is not None:
+            runs = _progress(_archive_runs(archive, run_id), None, console)
+            return [_replay_events(events, registry, pipeline) for events in runs]
+        ids = [run_id] if run_id else _indexed_runs(engine, scope)
         blobs = PostgresBlobs(engine)
         reports = []
-        for rid, _ in _progress(iter(ids), len(ids) if every else None, console):
-            source = KafkaRunSource(settings, engine, str(rid))
+        for rid in _progress(iter(ids), len(ids) if scope.every else None, console):
+            source = KafkaRunSource(settings, engine, rid)
             entry = registry.resolve(source.agent_id)
-            reports.append(replay_run(source, entry, blobs=blobs, agent_id=source.agent_id))
+            reports.append(
+                replay_run(source, entry, pipeline=pipeline, blobs=blobs, agent_id=source.agent_id)
+            )
         return reports
     finally:
         engine.dispose()
@@ -122,18 +143,19 @@ def _archive_runs(path: Path, run_id: str | None) -> Iterator[Iterator[Envelope]
         yield events
 
 
-def _replay_events(events: Iterator[Envelope], registry: AgentRegistry) -> ReplayReport:
+def _replay_events(
+    events: Iterator[Envelope], registry: AgentRegistry, pipeline: PayloadPipeline
+) -> ReplayReport:
     first = next(events)
     agent = first.agent_id
-    return replay_run(chain([first], events), registry.resolve(agent), agent_id=agent)
+    entry = registry.resolve(agent)
+    return replay_run(chain([first], events), entry, pipeline=pipeline, agent_id=agent)
 
 
-def _indexed_runs(
-    engine: Engine, agent_id: str | None, since: datetime | None, limit: int
-) -> list[tuple[str, str]]:
+def _indexed_runs(engine: Engine, scope: _Scope) -> list[str]:
+    params = {"since": scope.since, "agent": scope.agent_id, "limit": scope.limit}
     with engine.connect() as conn:
-        rows = conn.execute(_RUNS, {"since": since, "agent": agent_id, "limit": limit}).all()
-    return [(r[0], r[1]) for r in rows]
+        return [str(r[0]) for r in conn.execute(_RUNS, params).all()]
 
 
 def _progress(items: Iterator[T], total: int | None, console: Console) -> Iterator[T]:
@@ -245,6 +267,12 @@ def _changes(pairs: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
 @click.option("--dry-run", is_flag=True, help="Record the fork in memory, not in the outbox.")
+@click.option(
+    "--purpose",
+    envvar="BLACKBOX_PURPOSE",
+    required=True,
+    help="Why recorded bodies are read; written to the access audit with every key unwrapped.",
+)
 @click.option("--json", "as_json", is_flag=True)
 def fork_command(
     run_id: str,
@@ -255,6 +283,7 @@ def fork_command(
     effects: str,
     archive: Path | None,
     dry_run: bool,
+    purpose: str,
     as_json: bool,
 ) -> None:
     """Re-execute RUN_ID as a new run from its input snapshot, with changes."""
@@ -266,6 +295,7 @@ def fork_command(
     try:
         factory = load_entry(factory_path)
         parent, engine = _parent_events(run_id, archive)
+        engine = engine or create_engine(Settings.from_env().database_url)
         result = fork_run(
             parent,
             factory,
@@ -273,8 +303,10 @@ def fork_command(
             base_url=base_url,
             api_key=os.environ.get(api_key_env, "not-set"),
             effects="sandbox" if effects == "sandbox" else "refuse",
-            engine=None if dry_run else engine or create_engine(Settings.from_env().database_url),
+            engine=None if dry_run else engine,
             settings=Settings.from_env(),
+            pipeline=opening_pipeline(lambda: engine, purpose=purpose),
+            keys=recording_keys(),
         )
     except BlackboxError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
@@ -304,9 +336,15 @@ def fork_command(
 @click.option("--base-url", required=True, help="OpenAI-compatible endpoint to re-send to.")
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True)
 @click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option(
+    "--purpose",
+    envvar="BLACKBOX_PURPOSE",
+    required=True,
+    help="Why recorded bodies are read; written to the access audit with every key unwrapped.",
+)
 @click.option("--json", "as_json", is_flag=True)
 def reexecute_command(
-    run_id: str, base_url: str, api_key_env: str, archive: Path | None, as_json: bool
+    run_id: str, base_url: str, api_key_env: str, archive: Path | None, purpose: str, as_json: bool
 ) -> None:
     """Re-send each recorded LLM request of RUN_ID and diff the answers per call."""
 
@@ -314,8 +352,11 @@ def reexecute_command(
 
     console = Console(stderr=True)
     try:
-        events, _ = _parent_events(run_id, archive)
-        diffs = reexecute(events, openai_sender(base_url, os.environ.get(api_key_env, "not-set")))
+        events, engine = _parent_events(run_id, archive)
+        opened = engine or create_engine(Settings.from_env().database_url)
+        pipeline = opening_pipeline(lambda: opened, purpose=purpose)
+        send = openai_sender(base_url, os.environ.get(api_key_env, "not-set"))
+        diffs = reexecute(events, send, pipeline=pipeline)
     except BlackboxError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(2)

@@ -62,6 +62,8 @@ def test_fork_calls_the_real_endpoint_with_the_changed_model(
         "--effects",
         "sandbox",
         "--dry-run",
+        "--purpose",
+        "try a larger model",
         "--json",
     ]
     result = CliRunner(env={"OPENAI_API_KEY": SECRET}).invoke(fork_command, arguments)
@@ -79,7 +81,8 @@ def test_reexecute_reports_each_call(
     triage_server: OpenAIServer, parent: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     archive, run_id = parent
-    arguments = [run_id, "--archive", str(archive), "--base-url", triage_server.base_url, "--json"]
+    arguments = [run_id, "--archive", str(archive), "--base-url", triage_server.base_url]
+    arguments += ["--purpose", "compare the model's answers today", "--json"]
     same = CliRunner().invoke(reexecute_command, arguments)
     assert same.exit_code == 0, same.output
     [call] = json.loads(same.stdout)["calls"]

@@ -57,6 +57,10 @@ def test_batch_replay_command_summarises_a_history(settings: Settings, engine: E
         "BLACKBOX_TOPIC": settings.topic,
         "BLACKBOX_AGENTS": "ticket-agent=examples.ticket_agent:replay_entry",
     }
+    refused = CliRunner(env=env).invoke(replay_command, ["--all"])
+    assert refused.exit_code == 2
+    assert "--purpose" in refused.output  # reading recorded bodies needs a stated reason
+    env["BLACKBOX_PURPOSE"] = "regression test of a new code version"
     result = CliRunner(env=env).invoke(replay_command, ["--all", "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)

@@ -1,0 +1,353 @@
+"""Redaction: secrets and personal data are replaced before the first durable write.
+
+A :class:`Redactor` walks a JSON value and returns a copy in which sensitive values are
+typed placeholders (``[redacted:email]``), with the names of the rules that fired.
+Digests are taken over the redacted value and replay runs the same redactor on the live
+inputs, so redaction is a pure function: no clock, no randomness, and nothing that
+depends on the order of a mapping's keys or of the configuration.
+
+Credentials (by key name, and the ``bearer_token`` and ``api_key`` shapes) are always
+redacted; no configuration turns them off.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, TypeAlias
+
+from schemas import BlackboxError
+
+PLACEHOLDER_PREFIX = "[redacted:"
+
+
+def placeholder(rule: str) -> str:
+    """The string that stands in for what ``rule`` removed, e.g. ``[redacted:email]``."""
+    return f"{PLACEHOLDER_PREFIX}{rule}]"
+
+
+CREDENTIAL = "credential"
+CREDENTIAL_KEYS = frozenset(
+    {
+        "authorization",
+        "proxy_authorization",
+        "api_key",
+        "apikey",
+        "x_api_key",
+        "api_token",
+        "auth_token",
+        "x_auth_token",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "session_token",
+        "client_secret",
+        "secret",
+        "secret_key",
+        "aws_secret_access_key",
+        "password",
+        "passwd",
+        "passphrase",
+        "private_key",
+        "cookie",
+        "set_cookie",
+        "openai_api_key",
+        "anthropic_api_key",
+    }
+)
+"""Mapping keys (normalised: lower case, ``-`` and spaces as ``_``) whose whole value is a
+credential. ``token`` alone is not one: LLM responses use it for text tokens."""
+
+
+class RedactionConfigError(BlackboxError, ValueError):
+    """A redaction configuration is unreadable, names an unknown detector or a bad path."""
+
+
+@dataclass(frozen=True, slots=True)
+class Detector:
+    """Finds sensitive substrings of strings.
+
+    ``pattern`` (no capturing groups) finds candidates; ``accepts``, when set, confirms a
+    candidate where a regex alone cannot (a Luhn check, a digit count).
+    """
+
+    pattern: str
+    accepts: Callable[[str], bool] | None = None
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for position, char in enumerate(reversed(digits)):
+        digit = ord(char) - 48
+        if position % 2:
+            digit = digit * 2 - 9 if digit > 4 else digit * 2
+        total += digit
+    return total % 10 == 0
+
+
+def _is_card(span: str) -> bool:
+    return _luhn(span.replace(" ", "").replace("-", ""))
+
+
+_GROUPS = re.compile(r"\d+")
+_DATES = ((4, 2, 2), (2, 2, 4))
+
+
+def _is_phone(span: str) -> bool:
+    groups = tuple(len(group) for group in _GROUPS.findall(span))
+    if not 7 <= sum(groups) <= 15:
+        return False
+    if span.startswith("+"):
+        return True
+    # National formats come in three or more groups of two or more digits. That leaves
+    # out plain numbers (ids, amounts), decimals, versions (1.2.3) and most IP addresses.
+    if len(groups) < 3 or min(groups) < 2 or groups[:3] in _DATES:
+        return False
+    is_ip = "." in span and len(groups) == 4 and max(groups) <= 3
+    return not is_ip
+
+
+_PLAIN_WORDS = re.compile(r"[A-Za-z]+(?:[-.][A-Za-z]+)*")
+
+
+def _is_token(span: str) -> bool:
+    # "Basic Authentication" is prose, "Basic dXNlcjpwYXNz" is a credential: a token has
+    # a digit or a symbol, or mixes cases the way a word does not.
+    token = span.split()[-1]
+    if not _PLAIN_WORDS.fullmatch(token):
+        return True
+    return not all(w.islower() or w.isupper() or w.istitle() for w in re.split(r"[-.]", token))
+
+
+_TOKEN_END = r"(?![A-Za-z0-9_-])"
+DETECTORS: Mapping[str, Detector] = MappingProxyType(
+    {
+        "bearer_token": Detector(
+            r"\b(?i:bearer|basic)\s+[A-Za-z0-9\-._~+/]{7,}[A-Za-z0-9\-_~+/]=*", _is_token
+        ),
+        "api_key": Detector(
+            r"\b(?:sk-(?:proj-)?[A-Za-z0-9_-]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
+            r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+            r"|xox[baprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})" + _TOKEN_END
+        ),
+        "email": Detector(
+            r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}"
+            r"(?![A-Za-z0-9-])"
+        ),
+        # A leading 0 is no card's and is how padded ids and fillers start.
+        "card_number": Detector(r"(?<![\w+.-])[1-9](?:[ -]?\d){12,18}(?!\w|-\d)", _is_card),
+        # Possessive digit runs: each group is a whole run, so matching stays linear.
+        "phone": Detector(
+            r"(?<![\w+.-])\+?(?:\(\d++\)|\d++)(?:[ .-]?(?:\(\d++\)|\d++))*(?![\w:])", _is_phone
+        ),
+    }
+)
+"""Every named detector, in the order they are tried at one position of a string."""
+
+DEFAULT_DETECTORS: tuple[str, ...] = tuple(DETECTORS)
+ALWAYS_ON: tuple[str, ...] = ("api_key", "bearer_token")
+"""Detectors applied whatever the configuration says."""
+
+# The shortest string any detector can match is an e-mail like "a@b.io".
+_MIN_LENGTH = 6
+_CARD_INTS = range(10**12, 10**19)
+_CREDENTIAL_PLACEHOLDER = placeholder(CREDENTIAL)
+_PATH_PLACEHOLDER = placeholder("path")
+
+_Live: TypeAlias = tuple[tuple[str, tuple[str, ...]], ...]
+"""Path rules still in play at a node: each rule's name and its segments left to match."""
+
+
+def _is_credential_key(key: object) -> bool:
+    return isinstance(key, str) and (
+        key.lower().replace("-", "_").replace(" ", "_") in CREDENTIAL_KEYS
+    )
+
+
+def _parse_path(path: object) -> tuple[str, ...]:
+    if not isinstance(path, str) or not path:
+        raise RedactionConfigError(f"redaction path {path!r} is not a non-empty string")
+    segments = tuple(path.split("."))
+    for segment in segments:
+        if not segment or segment != segment.strip() or ("*" in segment and segment != "*"):
+            raise RedactionConfigError(
+                f"malformed redaction path {path!r}: segment {segment!r}; write dotted keys "
+                "or list indexes, with '*' alone as a segment for any key or index"
+            )
+    return segments
+
+
+def _advance(live: _Live, key: object) -> tuple[_Live, list[str]]:
+    """The rules still in play below ``key``, and the names of those that end there."""
+    below = tuple((name, rest[1:]) for name, rest in live if rest[0] in ("*", key))
+    return tuple(rule for rule in below if rule[1]), [name for name, rest in below if not rest]
+
+
+@dataclass(frozen=True, slots=True)
+class Redacted:
+    """A redacted deep copy of a value, and the sorted names of the rules that fired."""
+
+    value: Any
+    fired: tuple[str, ...]
+
+
+class Redactor:
+    """Replaces credentials, detected substrings and configured paths with placeholders.
+
+    Args:
+        detectors: names from :data:`DETECTORS`; :data:`ALWAYS_ON` ones apply regardless.
+        paths: dotted paths from the root (``kwargs.customer.ssn``, ``messages.*.content``)
+            whose whole value is replaced; ``*`` matches any key or list index.
+
+    Raises:
+        RedactionConfigError: naming an unknown detector or a malformed path.
+    """
+
+    __slots__ = ("_alone", "_card_ints", "_detectors", "_paths", "_pattern")
+
+    def __init__(
+        self, *, detectors: Iterable[str] = DEFAULT_DETECTORS, paths: Iterable[str] = ()
+    ) -> None:
+        if isinstance(detectors, str) or isinstance(paths, str):
+            raise RedactionConfigError("detectors and paths are lists of strings, not a string")
+        chosen = set(ALWAYS_ON)
+        for name in detectors:
+            if name not in DETECTORS:
+                known = ", ".join(DETECTORS)
+                raise RedactionConfigError(f"unknown redaction detector {name!r}; known: {known}")
+            chosen.add(name)
+        # The declaration order, never the configured one, decides which detector wins.
+        self._detectors = tuple(name for name in DETECTORS if name in chosen)
+        self._paths: _Live = tuple(sorted((f"path:{p}", _parse_path(p)) for p in set(paths)))
+        self._pattern = re.compile(
+            "|".join(f"(?P<{name}>{DETECTORS[name].pattern})" for name in self._detectors)
+        )
+        self._alone = {name: re.compile(DETECTORS[name].pattern) for name in self._detectors}
+        self._card_ints = "card_number" in chosen
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Redactor:
+        """Build from ``{"detectors": [...], "paths": [...]}``; both keys are optional.
+
+        Raises:
+            RedactionConfigError: naming the unknown key, detector or malformed path.
+        """
+        if not isinstance(config, Mapping):
+            raise RedactionConfigError("redaction config must be an object with detectors, paths")
+        unknown = sorted(set(config) - {"detectors", "paths"})
+        if unknown:
+            raise RedactionConfigError(
+                f"unknown redaction config key {unknown[0]!r}; expected 'detectors' and 'paths'"
+            )
+        lists = {key: config.get(key, []) for key in ("detectors", "paths")}
+        for key, items in lists.items():
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise RedactionConfigError(f"redaction config {key!r} must be a list of strings")
+        detectors = lists["detectors"] if "detectors" in config else DEFAULT_DETECTORS
+        return cls(detectors=detectors, paths=lists["paths"])
+
+    @classmethod
+    def from_file(cls, path: Path) -> Redactor:
+        """Build from a JSON file holding what :meth:`from_config` takes.
+
+        Raises:
+            RedactionConfigError: saying which file, and what is wrong with it.
+        """
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise RedactionConfigError(
+                f"cannot read redaction config {path}: {exc.strerror or exc}; create it or "
+                "point the recorder at an existing file"
+            ) from exc
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RedactionConfigError(
+                f"redaction config {path} is not valid JSON ({exc}); it must hold "
+                '{"detectors": [...], "paths": [...]}'
+            ) from exc
+        try:
+            return cls.from_config(config)
+        except RedactionConfigError as exc:
+            raise RedactionConfigError(f"redaction config {path}: {exc}") from exc
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """Every rule name in force, sorted: what to record as the configuration used."""
+        return tuple(sorted((CREDENTIAL, *self._detectors, *(n for n, _ in self._paths))))
+
+    def redact(self, value: Any) -> Redacted:
+        """Return a redacted deep copy of ``value`` (tuples become lists); never mutates it."""
+        fired: set[str] = set()
+        return Redacted(self._walk(value, self._paths, fired), tuple(sorted(fired)))
+
+    def _walk(self, value: Any, live: _Live, fired: set[str]) -> Any:
+        if isinstance(value, str):
+            return self._scrub(value, fired) if len(value) >= _MIN_LENGTH else value
+        if isinstance(value, dict):
+            return self._mapping(value, live, fired)
+        if isinstance(value, list | tuple):
+            return self._sequence(value, live, fired)
+        # type() rather than isinstance: True is an int, and never a card number.
+        if type(value) is int and self._card_ints and value in _CARD_INTS and _luhn(str(value)):
+            fired.add("card_number")
+            return placeholder("card_number")
+        return value
+
+    def _child(self, key: object, item: Any, live: _Live, fired: set[str]) -> Any:
+        if live:
+            live, ended = _advance(live, key)
+            if ended:
+                fired.update(ended)
+                return _PATH_PLACEHOLDER
+        return self._walk(item, live, fired)
+
+    def _mapping(self, value: dict[Any, Any], live: _Live, fired: set[str]) -> dict[Any, Any]:
+        # A header as {"name": "Authorization", "value": "..."} hides its secret in "value".
+        secret_value = _is_credential_key(value.get("name")) and "value" in value
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if _is_credential_key(key) or (secret_value and key == "value"):
+                fired.add(CREDENTIAL)
+                out[key] = _CREDENTIAL_PLACEHOLDER
+            else:
+                out[key] = self._child(key, item, live, fired)
+        return out
+
+    def _sequence(self, value: list[Any] | tuple[Any, ...], live: _Live, fired: set[str]) -> Any:
+        out = [self._child(str(i), item, live, fired) for i, item in enumerate(value)]
+        # A header as ["Authorization", "..."] keeps its name and loses its value.
+        if len(value) == 2 and _is_credential_key(value[0]):
+            fired.add(CREDENTIAL)
+            out[1] = _CREDENTIAL_PLACEHOLDER
+        return out
+
+    def _scrub(self, text: str, fired: set[str]) -> str:
+        # Most strings hold nothing: one search, no copy. Otherwise substitute until a
+        # pass changes nothing, which makes redacting twice the same as redacting once.
+        # It ends: placeholders match no detector, so each pass leaves fewer candidates.
+        if self._pattern.search(text) is None:
+            return text
+        while True:
+            hits: list[str] = []
+            text = self._pattern.sub(lambda match: self._replace(match, hits), text)
+            if not hits:
+                return text
+            fired.update(hits)
+
+    def _replace(self, match: re.Match[str], hits: list[str]) -> str:
+        span = match.group()
+        first = match.lastgroup
+        # A candidate one detector rejects may be another's: a 14-digit national phone
+        # number is a card candidate first and fails the Luhn check.
+        for name in sorted(self._detectors, key=lambda n: n != first):
+            accepts = DETECTORS[name].accepts
+            if (name == first or self._alone[name].fullmatch(span)) and (
+                accepts is None or accepts(span)
+            ):
+                hits.append(name)
+                return placeholder(name)
+        return span
