@@ -10,11 +10,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import recorder, relay, replay, views
+from bench import recorder, relay, replay, sealing, views
 from bench._common import console
 
 BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "recorder": recorder.main,
+    "sealing": sealing.main,
     "relay": relay.main,
     "views": views.main,
     "replay": replay.main,

@@ -101,6 +101,9 @@ def drop_runs(engine: Engine, run_ids: Sequence[str]) -> None:
         conn.execute(
             text("DELETE FROM blackbox.runs WHERE run_id = ANY(:ids)"), {"ids": list(run_ids)}
         )
+        conn.execute(
+            text("DELETE FROM blackbox.data_keys WHERE run_id = ANY(:ids)"), {"ids": list(run_ids)}
+        )
 
 
 def delete_topics(settings: Settings, topics: Sequence[str]) -> None:

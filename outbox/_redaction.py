@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeAlias
@@ -32,32 +33,11 @@ def placeholder(rule: str) -> str:
 
 CREDENTIAL = "credential"
 CREDENTIAL_KEYS = frozenset(
-    {
-        "authorization",
-        "proxy_authorization",
-        "api_key",
-        "apikey",
-        "x_api_key",
-        "api_token",
-        "auth_token",
-        "x_auth_token",
-        "access_token",
-        "refresh_token",
-        "id_token",
-        "session_token",
-        "client_secret",
-        "secret",
-        "secret_key",
-        "aws_secret_access_key",
-        "password",
-        "passwd",
-        "passphrase",
-        "private_key",
-        "cookie",
-        "set_cookie",
-        "openai_api_key",
-        "anthropic_api_key",
-    }
+    {"authorization", "proxy_authorization", "cookie", "set_cookie"}
+    | {"api_key", "apikey", "x_api_key", "api_token", "openai_api_key", "anthropic_api_key"}
+    | {"access_token", "refresh_token", "id_token", "session_token", "auth_token", "x_auth_token"}
+    | {"secret", "secret_key", "client_secret", "aws_secret_access_key", "private_key"}
+    | {"password", "passwd", "passphrase"}
 )
 """Mapping keys (normalised: lower case, ``-`` and spaces as ``_``) whose whole value is a
 credential. ``token`` alone is not one: LLM responses use it for text tokens."""
@@ -123,7 +103,7 @@ def _is_token(span: str) -> bool:
     return not all(w.islower() or w.isupper() or w.istitle() for w in re.split(r"[-.]", token))
 
 
-_TOKEN_END = r"(?![A-Za-z0-9_-])"
+_KEY_END = r"(?![A-Za-z0-9_-])"
 DETECTORS: Mapping[str, Detector] = MappingProxyType(
     {
         "bearer_token": Detector(
@@ -132,7 +112,7 @@ DETECTORS: Mapping[str, Detector] = MappingProxyType(
         "api_key": Detector(
             r"\b(?:sk-(?:proj-)?[A-Za-z0-9_-]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
             r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-            r"|xox[baprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})" + _TOKEN_END
+            r"|xox[baprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})" + _KEY_END
         ),
         "email": Detector(
             r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}"
@@ -216,13 +196,14 @@ class Redactor:
             raise RedactionConfigError("detectors and paths are lists of strings, not a string")
         chosen = set(ALWAYS_ON)
         for name in detectors:
-            if name not in DETECTORS:
+            if not isinstance(name, str) or name not in DETECTORS:
                 known = ", ".join(DETECTORS)
                 raise RedactionConfigError(f"unknown redaction detector {name!r}; known: {known}")
             chosen.add(name)
         # The declaration order, never the configured one, decides which detector wins.
         self._detectors = tuple(name for name in DETECTORS if name in chosen)
-        self._paths: _Live = tuple(sorted((f"path:{p}", _parse_path(p)) for p in set(paths)))
+        parsed = {path: _parse_path(path) for path in paths}
+        self._paths: _Live = tuple(sorted((f"path:{p}", rest) for p, rest in parsed.items()))
         self._pattern = re.compile(
             "|".join(f"(?P<{name}>{DETECTORS[name].pattern})" for name in self._detectors)
         )
@@ -317,12 +298,19 @@ class Redactor:
                 out[key] = self._child(key, item, live, fired)
         return out
 
-    def _sequence(self, value: list[Any] | tuple[Any, ...], live: _Live, fired: set[str]) -> Any:
-        out = [self._child(str(i), item, live, fired) for i, item in enumerate(value)]
+    def _sequence(
+        self, value: list[Any] | tuple[Any, ...], live: _Live, fired: set[str]
+    ) -> list[Any]:
         # A header as ["Authorization", "..."] keeps its name and loses its value.
-        if len(value) == 2 and _is_credential_key(value[0]):
+        header = len(value) == 2 and _is_credential_key(value[0])
+        items = value[:1] if header else value
+        # Path segments are strings; the index is only turned into one when a path needs it.
+        out = [
+            self._child(str(i) if live else i, item, live, fired) for i, item in enumerate(items)
+        ]
+        if header:
             fired.add(CREDENTIAL)
-            out[1] = _CREDENTIAL_PLACEHOLDER
+            out.append(_CREDENTIAL_PLACEHOLDER)
         return out
 
     def _scrub(self, text: str, fired: set[str]) -> str:
@@ -331,12 +319,14 @@ class Redactor:
         # It ends: placeholders match no detector, so each pass leaves fewer candidates.
         if self._pattern.search(text) is None:
             return text
+        hits: list[str] = []
+        replace = partial(self._replace, hits=hits)
         while True:
-            hits: list[str] = []
-            text = self._pattern.sub(lambda match: self._replace(match, hits), text)
+            text = self._pattern.sub(replace, text)
             if not hits:
                 return text
             fired.update(hits)
+            hits.clear()
 
     def _replace(self, match: re.Match[str], hits: list[str]) -> str:
         span = match.group()
