@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Index,
@@ -41,6 +42,9 @@ runs_view = Table(
     Column("code_version", Text),
     Column("parent_run_id", Text),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Its data keys were destroyed: replay checks control flow from digests only.
+    Column("limited_replay", Boolean, nullable=False, server_default=text("false")),
+    Column("redacted_at", DateTime(timezone=True)),
     Index("ix_runs_tenant_agent", "tenant_id", "agent_id"),
 )
 """One row per run: status, counts and the run.started / run.finished facts."""

@@ -87,6 +87,8 @@ class RunDelta:
     parent_run_id: str | None = None
     finished_at: datetime | None = None
     status: str | None = None
+    redacted_at: datetime | None = None
+    """When the run's keys were destroyed (a ``run.redacted`` in this batch)."""
 
 
 def apply_batch(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
@@ -183,6 +185,7 @@ def _run_delta(envelopes: list[Envelope]) -> RunDelta:
     first = envelopes[0]
     started = _last_of_type(envelopes, EventType.RUN_STARTED)
     finished = _last_of_type(envelopes, EventType.RUN_FINISHED)
+    redacted = _last_of_type(envelopes, EventType.RUN_REDACTED)
     return RunDelta(
         run_id=first.run_id,
         tenant_id=first.tenant_id,
@@ -195,6 +198,7 @@ def _run_delta(envelopes: list[Envelope]) -> RunDelta:
         parent_run_id=started.attributes.get("parent_run_id") if started else None,
         finished_at=finished.recorded_at if finished else None,
         status=finished.attributes.get("status", FINISHED_WITHOUT_STATUS) if finished else None,
+        redacted_at=redacted.recorded_at if redacted else None,
     )
 
 
@@ -363,6 +367,8 @@ def _upsert_runs(conn: Connection, deltas: Sequence[RunDelta]) -> None:
                 "code_version": func.coalesce(old.code_version, new.code_version),
                 "parent_run_id": func.coalesce(old.parent_run_id, new.parent_run_id),
                 "finished_at": func.coalesce(new.finished_at, old.finished_at),
+                "redacted_at": func.coalesce(old.redacted_at, new.redacted_at),
+                "limited_replay": old.limited_replay | new.limited_replay,
                 "updated_at": func.now(),
             },
         )
@@ -382,4 +388,6 @@ def _run_columns(deltas: Sequence[RunDelta]) -> dict[str, list[Any]]:
         "code_version": [d.code_version for d in deltas],
         "parent_run_id": [d.parent_run_id for d in deltas],
         "finished_at": [d.finished_at for d in deltas],
+        "redacted_at": [d.redacted_at for d in deltas],
+        "limited_replay": [d.redacted_at is not None for d in deltas],
     }

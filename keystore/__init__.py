@@ -10,12 +10,19 @@ from keystore._errors import (
     AccessDenied,
     CiphertextCorrupt,
     DataKeyMissing,
+    KeyDestroyed,
     KeyProviderError,
     KeystoreError,
     UnknownKeyVersion,
     WrongKey,
 )
-from keystore._postgres import AuditedKeys, DataKeyStore, wrapping_aad
+from keystore._postgres import (
+    AuditedKeys,
+    DataKeyStore,
+    destroy_key_ids_txn,
+    destroy_keys_txn,
+    wrapping_aad,
+)
 from keystore._provider import KeyProvider, LocalKeyProvider, WrappedKey
 from keystore._sealer import SEALED_ENCODING, AesGcmSealer, OpeningKeys
 
@@ -27,6 +34,7 @@ __all__ = [
     "CiphertextCorrupt",
     "DataKeyMissing",
     "DataKeyStore",
+    "KeyDestroyed",
     "KeyProvider",
     "KeyProviderError",
     "KeystoreError",
@@ -35,5 +43,7 @@ __all__ = [
     "UnknownKeyVersion",
     "WrappedKey",
     "WrongKey",
+    "destroy_key_ids_txn",
+    "destroy_keys_txn",
     "wrapping_aad",
 ]

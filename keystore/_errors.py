@@ -31,3 +31,7 @@ class CiphertextCorrupt(KeystoreError, UndecodableMessage):
 
 class AccessDenied(KeystoreError, KeyUnavailable):
     """The database refused: the role may not do this, or no purpose was given."""
+
+
+class KeyDestroyed(DataKeyMissing):
+    """The data key was destroyed on purpose (retention or a deletion request)."""

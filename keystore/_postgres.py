@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from keystore._errors import AccessDenied, DataKeyMissing, KeystoreError, WrongKey
+from keystore._errors import AccessDenied, DataKeyMissing, KeyDestroyed, KeystoreError, WrongKey
 from keystore._provider import KEY_BYTES, KeyProvider, WrappedKey
 from schemas import DataKey
 
@@ -37,6 +37,15 @@ _DESTROY = text(
        SET wrapped = NULL, destroyed_at = now(), destroyed_reason = :reason
      WHERE run_id = ANY(:run_ids) AND wrapped IS NOT NULL
     RETURNING run_id, key_id
+    """
+)
+
+_DESTROY_IDS = text(
+    """
+    UPDATE blackbox.data_keys
+       SET wrapped = NULL, destroyed_at = now(), destroyed_reason = :reason
+     WHERE key_id = ANY(:key_ids) AND wrapped IS NOT NULL
+    RETURNING key_id
     """
 )
 
@@ -88,9 +97,8 @@ class DataKeyStore:
     def destroy_txn(
         self, conn: Connection, run_ids: Sequence[str], *, reason: str
     ) -> list[tuple[str, str]]:
-        """Crypto-shred every data key of ``run_ids``; returns the (run, key) pairs destroyed."""
-        rows = conn.execute(_DESTROY, {"run_ids": list(run_ids), "reason": reason}).all()
-        return [(str(run_id), str(key_id)) for run_id, key_id in rows]
+        """:func:`destroy_keys_txn` (kept here so the store has its whole life cycle)."""
+        return destroy_keys_txn(conn, run_ids, reason=reason)
 
     def rotate(self, engine: Engine, *, batch: int = 500) -> int:
         """Re-wrap every live data key not yet under the current KEK version; events are
@@ -116,6 +124,22 @@ class DataKeyStore:
                 return done
             done += len(rows)
             after = str(rows[-1][0])
+
+
+def destroy_keys_txn(
+    conn: Connection, run_ids: Sequence[str], *, reason: str
+) -> list[tuple[str, str]]:
+    """Crypto-shred every live data key of ``run_ids`` in the caller's transaction;
+    returns the (run, key) pairs destroyed. Needs no key-encryption key."""
+    rows = conn.execute(_DESTROY, {"run_ids": list(run_ids), "reason": reason}).all()
+    return [(str(run_id), str(key_id)) for run_id, key_id in rows]
+
+
+def destroy_key_ids_txn(conn: Connection, key_ids: Sequence[str], *, reason: str) -> list[str]:
+    """Crypto-shred the data keys ``key_ids`` that are still live (a restored backup
+    brought them back); returns those destroyed."""
+    rows = conn.execute(_DESTROY_IDS, {"key_ids": list(key_ids), "reason": reason}).scalars()
+    return [str(key_id) for key_id in rows]
 
 
 class AuditedKeys:
@@ -158,7 +182,7 @@ class AuditedKeys:
             raise DataKeyMissing(f"{where}: no such data key in the key store")
         _, kek_version, blob, destroyed_at = row
         if blob is None:
-            raise DataKeyMissing(
+            raise KeyDestroyed(
                 f"{where}: the data key was destroyed at {destroyed_at} (crypto-shredded by "
                 "retention or a deletion request); its bodies cannot be read any more"
             )

@@ -30,6 +30,7 @@ from outbox._errors import (
     RunNotActive,
 )
 from outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
+from outbox._lifecycle import append_redaction_txn
 from outbox._llm import completion_view
 from outbox._memory import MemoryRecorder
 from outbox._metrics import RelayMetrics
@@ -49,7 +50,10 @@ from outbox._replay import (
 from outbox._tables import (
     NOTIFY_CHANNEL,
     SCHEMA,
+    access_audit,
     blobs,
+    data_keys,
+    deletion_ledger,
     effects,
     outbox,
     relay_leases,
@@ -140,9 +144,13 @@ __all__ = [
     "SandboxEffects",
     "ToolNotRecorded",
     "ToolPolicy",
+    "access_audit",
+    "append_redaction_txn",
     "blobs",
     "capture_openai",
     "completion_view",
+    "data_keys",
+    "deletion_ledger",
     "effects",
     "ensure_topic",
     "migrate_write_side",

@@ -183,6 +183,8 @@ def recorded_output(event_type: str, body: Mapping[str, Any]) -> Any:
             }
         case EventType.STATE_TRANSITION:
             return {"state": loads("state_json")}
+        case EventType.RUN_REDACTED:
+            return {"key_ids": list(body["key_ids"])}
         case EventType.RUN_FINISHED:
             return {
                 "output": loads("output_json"),
@@ -277,3 +279,24 @@ def run_finished(
     if err:
         attributes["error"] = err["type"]
     return Crossing(EventType.RUN_FINISHED, body, finished_input(status), outputs, attributes)
+
+
+def run_redacted(
+    *, reason: str, key_ids: list[str], subject_id: str | None, retention_class: str | None
+) -> Crossing:
+    """The note that a run's data keys were destroyed (retention or a deletion request).
+
+    The subject id is not put in the unsealed attributes: the note is readable by anyone
+    who can read the topic.
+    """
+    body = {
+        "reason": reason,
+        "retention_class": retention_class,
+        "subject_id": subject_id,
+        "key_ids": sorted(key_ids),
+    }
+    inputs = {"reason": reason, "retention_class": retention_class, "subject_id": subject_id}
+    attributes = {"reason": reason, "keys_destroyed": str(len(key_ids))}
+    return Crossing(
+        EventType.RUN_REDACTED, body, inputs, {"key_ids": sorted(key_ids)}, attributes
+    )

@@ -17,3 +17,5 @@ class EventType(StrEnum):
     EFFECT_RECEIPT = "effect.receipt"
     STATE_TRANSITION = "state.transition"
     RUN_FINISHED = "run.finished"
+    RUN_REDACTED = "run.redacted"
+    """Not a boundary: appended after ``run.finished`` when the run's keys are destroyed."""

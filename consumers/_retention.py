@@ -1,0 +1,373 @@
+"""Retention and deletion: crypto-shredding, the deletion ledger, and its re-application.
+
+Bodies are deleted by destroying the run's data keys: every copy of a sealed body (the
+topic, a copy of the topic, a backup of the outbox or the blobs) becomes unreadable at
+once. Each destruction is written to the deletion ledger and announced by a
+``run.redacted`` event in the run's own log; after a restore, :func:`reapply_ledger`
+destroys again whatever an old backup brought back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from sqlalchemy import Connection, Engine, text
+
+from keystore import destroy_key_ids_txn, destroy_keys_txn
+from outbox import append_redaction_txn
+from schemas import BlackboxError, EnvelopeCodec, EventType, PayloadPipeline, Settings
+
+DEFAULT_CLASSES = {
+    "standard": {"bodies_days": 30, "metadata_days": 400},
+    "sensitive": {"bodies_days": 7, "metadata_days": 400},
+}
+
+
+class RetentionConfigError(BlackboxError):
+    """The retention classes are missing or malformed (``BLACKBOX_RETENTION_FILE``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionClass:
+    """How long the bodies and the metadata of a run of this class are kept."""
+
+    name: str
+    bodies: timedelta
+    metadata: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """The retention classes by name (a run names its class when it starts)."""
+
+    classes: Mapping[str, RetentionClass]
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> RetentionPolicy:
+        """``{class: {"bodies_days": N, "metadata_days": M}}``; metadata outlives bodies."""
+        classes = {}
+        for name, spec in raw.items():
+            try:
+                bodies, metadata = int(spec["bodies_days"]), int(spec["metadata_days"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise RetentionConfigError(
+                    f"retention class {name!r} needs integer bodies_days and metadata_days"
+                ) from exc
+            if not 0 < bodies <= metadata:
+                raise RetentionConfigError(
+                    f"retention class {name!r}: need 0 < bodies_days ({bodies}) <= "
+                    f"metadata_days ({metadata})"
+                )
+            classes[name] = RetentionClass(name, timedelta(days=bodies), timedelta(days=metadata))
+        return cls(classes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RetentionPolicy:
+        """The classes of the JSON file ``BLACKBOX_RETENTION_FILE``, or the defaults
+        (standard: bodies 30 days, metadata 400; sensitive: bodies 7 days)."""
+        import os
+
+        path = (os.environ if environ is None else environ).get("BLACKBOX_RETENTION_FILE")
+        if not path:
+            return cls.from_mapping(DEFAULT_CLASSES)
+        try:
+            return cls.from_mapping(json.loads(Path(path).read_text(encoding="utf-8")))
+        except OSError as exc:
+            raise RetentionConfigError(f"cannot read {path}: {exc.strerror}") from exc
+        except ValueError as exc:
+            raise RetentionConfigError(f"{path} is not JSON: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Redaction:
+    """One run whose bodies were destroyed, or could not be."""
+
+    run_id: str
+    reason: str
+    key_ids: tuple[str, ...]
+    subject_id: str | None = None
+    encrypted: bool = True
+    """False: the run was recorded without encryption; its bodies stay wherever they
+    were copied until that copy's own retention removes them."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionReport:
+    """What one retention pass (or one deletion request) did."""
+
+    redacted: tuple[Redaction, ...] = ()
+    metadata_deleted: tuple[str, ...] = ()
+    unknown_classes: tuple[str, ...] = field(default=())
+    """Retention classes runs name that the policy does not define: their runs are kept."""
+
+
+_LOCK_RUN = text("SELECT run_id, status FROM blackbox.runs WHERE run_id = :run_id FOR UPDATE")
+_LEDGER = text(
+    """
+    INSERT INTO blackbox.deletion_ledger (action, run_id, key_ids, subject_id, reason, principal)
+    VALUES (:action, :run_id, :key_ids, :subject_id, :reason, session_user)
+    """
+)
+_EXPIRED_BODIES = text(
+    """
+    SELECT r.run_id FROM blackbox.runs r
+     WHERE r.retention_class = :class AND r.status <> 'running' AND r.updated_at < :before
+       AND EXISTS (SELECT 1 FROM blackbox.data_keys k
+                    WHERE k.run_id = r.run_id AND k.wrapped IS NOT NULL)
+     ORDER BY r.updated_at LIMIT :limit
+    """
+)
+_EXPIRED_METADATA = text(
+    """
+    SELECT r.run_id FROM blackbox.runs r
+     WHERE r.retention_class = :class AND r.status <> 'running' AND r.updated_at < :before
+       AND NOT EXISTS (SELECT 1 FROM blackbox.data_keys k
+                        WHERE k.run_id = r.run_id AND k.wrapped IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM blackbox.outbox o WHERE o.run_id = r.run_id)
+     ORDER BY r.updated_at LIMIT :limit
+    """
+)
+_CLASSES = text("SELECT DISTINCT retention_class FROM blackbox.runs")
+_SUBJECT_RUNS = text(
+    "SELECT run_id FROM blackbox.runs WHERE :subject = ANY(subject_ids) ORDER BY created_at"
+)
+# Only runs whose keys are gone and whose events all left the outbox (run.redacted
+# included) lose their metadata; the ledger keeps what was destroyed.
+_DELETE_METADATA = [
+    text("DELETE FROM blackbox.effects WHERE run_id = ANY(:run_ids)"),
+    text("DELETE FROM blackbox.data_keys WHERE run_id = ANY(:run_ids) AND wrapped IS NULL"),
+    text("DELETE FROM blackbox.runs WHERE run_id = ANY(:run_ids)"),
+    text("DELETE FROM blackbox_views.events WHERE run_id = ANY(:run_ids)"),
+    text("DELETE FROM blackbox_views.runs WHERE run_id = ANY(:run_ids)"),
+]
+
+
+def shred_run_txn(
+    conn: Connection,
+    run_id: str,
+    *,
+    reason: str,
+    subject_id: str | None = None,
+    settings: Settings | None = None,
+) -> Redaction | None:
+    """Destroy the data keys of ``run_id``, write the ledger and append ``run.redacted``,
+    in the caller's transaction. None when the run has no live key left (already done).
+
+    A run still recording is refused: its writer holds the key in memory.
+    """
+    row = conn.execute(_LOCK_RUN, {"run_id": run_id}).first()
+    if row is None:
+        return None
+    if row.status == "running":
+        raise BlackboxError(f"run {run_id} is still running; redact it after it finishes")
+    destroyed = [key_id for _, key_id in destroy_keys_txn(conn, [run_id], reason=reason)]
+    if not destroyed:
+        encrypted = conn.execute(
+            text("SELECT count(*) FROM blackbox.data_keys WHERE run_id = :r"), {"r": run_id}
+        ).scalar_one()
+        if encrypted:
+            return None  # shredded before
+        _ledger(conn, "unencrypted", run_id, [], subject_id, reason)
+        return Redaction(run_id, reason, (), subject_id, encrypted=False)
+    _ledger(conn, "shred_keys", run_id, destroyed, subject_id, reason)
+    append_redaction_txn(
+        conn, run_id, reason=reason, key_ids=destroyed, subject_id=subject_id, settings=settings
+    )
+    return Redaction(run_id, reason, tuple(destroyed), subject_id)
+
+
+def _ledger(
+    conn: Connection,
+    action: str,
+    run_id: str,
+    key_ids: list[str],
+    subject_id: str | None,
+    reason: str,
+) -> None:
+    params = {"action": action, "run_id": run_id, "key_ids": key_ids, "subject_id": subject_id}
+    conn.execute(_LEDGER, {**params, "reason": reason})
+
+
+class RetentionJob:
+    """Applies the retention policy and deletion requests to one database.
+
+    Args:
+        engine: a connection as the schema owner (it destroys keys and deletes rows).
+        policy: the retention classes.
+        clock: the current time (tests move it).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        policy: RetentionPolicy | None = None,
+        settings: Settings | None = None,
+        clock: Any = None,
+        batch: int = 200,
+    ) -> None:
+        self._engine = engine
+        self.policy = policy or RetentionPolicy.from_env()
+        self._settings = settings or Settings.from_env()
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._batch = batch
+
+    def run_once(self) -> RetentionReport:
+        """Shred every run whose bodies expired, then delete expired metadata."""
+        now = self._clock()
+        with self._engine.connect() as conn:
+            named = [str(c) for c in conn.execute(_CLASSES).scalars()]
+        unknown = tuple(sorted(c for c in named if c not in self.policy.classes))
+        redacted: list[Redaction] = []
+        deleted: list[str] = []
+        for retention in self.policy.classes.values():
+            redacted += self._expire_bodies(retention, now - retention.bodies)
+            deleted += self._expire_metadata(retention, now - retention.metadata)
+        return RetentionReport(tuple(redacted), tuple(deleted), unknown)
+
+    def forget(self, subject_id: str) -> RetentionReport:
+        """Shred every run linked to ``subject_id`` (a deletion request)."""
+        with self._engine.connect() as conn:
+            run_ids = [str(r) for r in conn.execute(_SUBJECT_RUNS, {"subject": subject_id})]
+        redacted = []
+        for run_id in run_ids:
+            with self._engine.begin() as conn:
+                done = shred_run_txn(
+                    conn, run_id, reason="forget", subject_id=subject_id, settings=self._settings
+                )
+            if done is not None:
+                redacted.append(done)
+        return RetentionReport(tuple(redacted))
+
+    def _expire_bodies(self, retention: RetentionClass, before: datetime) -> list[Redaction]:
+        done: list[Redaction] = []
+        while True:
+            params = {"class": retention.name, "before": before, "limit": self._batch}
+            with self._engine.connect() as conn:
+                run_ids = [str(r) for r in conn.execute(_EXPIRED_BODIES, params).scalars()]
+            for run_id in run_ids:
+                with self._engine.begin() as conn:
+                    redaction = shred_run_txn(
+                        conn, run_id, reason="retention", settings=self._settings
+                    )
+                if redaction is not None:
+                    done.append(redaction)
+            if len(run_ids) < self._batch:
+                return done
+
+    def _expire_metadata(self, retention: RetentionClass, before: datetime) -> list[str]:
+        params = {"class": retention.name, "before": before, "limit": self._batch}
+        deleted: list[str] = []
+        while True:
+            with self._engine.begin() as conn:
+                run_ids = [str(r) for r in conn.execute(_EXPIRED_METADATA, params).scalars()]
+                for run_id in run_ids:
+                    _ledger(conn, "delete_metadata", run_id, [], None, "retention")
+                for statement in _DELETE_METADATA:
+                    conn.execute(statement, {"run_ids": run_ids})
+            deleted += run_ids
+            if len(run_ids) < self._batch:
+                return deleted
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """A destruction as the ``run.redacted`` events in the topic record it."""
+
+    run_id: str
+    key_ids: tuple[str, ...]
+    reason: str
+    subject_id: str | None
+
+
+def reapply_ledger(engine: Engine, entries: Iterable[LedgerEntry]) -> list[tuple[str, str]]:
+    """Destroy again every data key a restored backup brought back; returns the (run,
+    key) pairs destroyed now. Entries come from the topic (see ``ledger_entries``), which
+    outlives any database backup."""
+    again: list[tuple[str, str]] = []
+    with engine.begin() as conn:
+        for entry in entries:
+            destroyed = destroy_key_ids_txn(conn, entry.key_ids, reason=f"reapplied {entry.reason}")
+            if destroyed:
+                _ledger(conn, "reapply", entry.run_id, destroyed, entry.subject_id, entry.reason)
+                again += [(entry.run_id, key_id) for key_id in destroyed]
+    return again
+
+
+def ledger_entries(settings: Settings, *, timeout_s: float = 30.0) -> Iterator[LedgerEntry]:
+    """Every ``run.redacted`` in the event topic, read from the start of each partition
+    to its end as of now. The topic is the copy of the ledger a database restore cannot
+    roll back.
+
+    Raises:
+        BlackboxError: the broker cannot be reached or the topic does not exist.
+    """
+    codec, pipeline = EnvelopeCodec(), PayloadPipeline()
+    for message in _topic_messages(settings, timeout_s):
+        try:
+            envelope = codec.decode(message)
+        except BlackboxError:
+            continue  # the views consumer sends these to the dead-letter topic
+        if envelope.event_type != EventType.RUN_REDACTED:
+            continue
+        body = pipeline.unpack(envelope)
+        yield LedgerEntry(
+            envelope.run_id, tuple(body["key_ids"]), str(body["reason"]), body["subject_id"]
+        )
+
+
+def _topic_messages(settings: Settings, timeout_s: float) -> Iterator[bytes]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": f"blackbox-ledger-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        metadata = consumer.list_topics(settings.topic, timeout=timeout_s)
+        topic = metadata.topics.get(settings.topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise BlackboxError(
+                f"topic {settings.topic} does not exist on {settings.kafka_bootstrap}"
+            )
+        ends = {}
+        for partition in topic.partitions:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(settings.topic, partition), timeout=timeout_s
+            )
+            if high > low:
+                ends[partition] = high
+        consumer.assign([TopicPartition(settings.topic, p, OFFSET_BEGINNING) for p in sorted(ends)])
+        deadline = time.monotonic() + timeout_s
+        while ends:
+            message = consumer.poll(1.0)
+            if message is None:
+                if time.monotonic() > deadline:
+                    raise BlackboxError(f"reading {settings.topic} stalled; is the broker up?")
+                continue
+            deadline = time.monotonic() + timeout_s
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    ends.pop(message.partition() or 0, None)
+                    continue
+                raise BlackboxError(f"reading {settings.topic} failed: {error}")
+            value = message.value()
+            if value:
+                yield value
+            if (message.offset() or 0) + 1 >= ends.get(message.partition() or 0, 0):
+                ends.pop(message.partition(), None)
+    except KafkaException as exc:
+        raise BlackboxError(f"cannot read {settings.topic}: {exc}") from exc
+    finally:
+        consumer.close()
