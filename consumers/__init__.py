@@ -33,6 +33,18 @@ from consumers._kafka import (
 from consumers._metrics import ConsumerMetrics
 from consumers._migrate import migrate_views
 from consumers._offsets import OffsetsMoved, load_offsets
+from consumers._retention import (
+    LedgerEntry,
+    Redaction,
+    RetentionClass,
+    RetentionConfigError,
+    RetentionJob,
+    RetentionPolicy,
+    RetentionReport,
+    ledger_entries,
+    reapply_ledger,
+    shred_run_txn,
+)
 from consumers._runtime import ConsumerRuntime, Screen, ViewConsumer
 from consumers._tables import (
     VIEWS_SCHEMA,
@@ -57,10 +69,17 @@ __all__ = [
     "DeadLetterFailed",
     "Delivered",
     "KafkaUnavailable",
+    "LedgerEntry",
     "MigrationFailed",
     "OffsetsMoved",
     "Projection",
     "ProjectionFailed",
+    "Redaction",
+    "RetentionClass",
+    "RetentionConfigError",
+    "RetentionJob",
+    "RetentionPolicy",
+    "RetentionReport",
     "Screen",
     "ViewConsumer",
     "ViewStoreUnavailable",
@@ -70,8 +89,11 @@ __all__ = [
     "ensure_topics",
     "events_index",
     "integrity_violations",
+    "ledger_entries",
     "load_offsets",
     "migrate_views",
+    "reapply_ledger",
     "runs_view",
+    "shred_run_txn",
     "views_screen",
 ]

@@ -1,8 +1,9 @@
-"""``blackbox consume``: build the views from the event topic until stopped or idle."""
+"""``blackbox consume``, ``retention``, ``forget`` and ``ledger``: the read side's jobs."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import threading
 import time
@@ -12,9 +13,19 @@ from types import FrameType
 
 import click
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from sqlalchemy import create_engine
 
 from consumers._batch import BatchOutcome
 from consumers._migrate import migrate_views
+from consumers._retention import (
+    RetentionJob,
+    RetentionPolicy,
+    RetentionReport,
+    ledger_entries,
+    reapply_ledger,
+)
 from consumers._runtime import ViewConsumer
 from schemas import BlackboxError, Settings
 
@@ -92,3 +103,110 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _retention_job(settings: Settings) -> RetentionJob:
+    engine = create_engine(settings.database_url, pool_size=2)
+    return RetentionJob(engine, policy=RetentionPolicy.from_env(), settings=settings)
+
+
+def _print_redactions(report: RetentionReport, console: Console, *, title: str) -> None:
+    table = Table(title=title)
+    for name in ("run", "reason", "keys destroyed", "note"):
+        table.add_column(name)
+    for item in report.redacted:
+        note = "" if item.encrypted else "not encrypted: bodies stay until the topic expires them"
+        table.add_row(item.run_id, item.reason, str(len(item.key_ids)), note)
+    console.print(table)
+
+
+@click.group("retention")
+def retention_group() -> None:
+    """Apply the retention classes (BLACKBOX_RETENTION_FILE) to recorded runs."""
+
+
+@retention_group.command("run")
+@click.option(
+    "--every",
+    type=click.FloatRange(min=1),
+    default=None,
+    metavar="SECONDS",
+    help="Keep running, one pass every SECONDS, until SIGTERM/SIGINT (default: one pass).",
+)
+def retention_run(every: float | None) -> None:
+    """Crypto-shred runs whose bodies expired; delete metadata that expired."""
+    console = Console(stderr=True, log_path=False)
+    settings = Settings.from_env()
+    stop = threading.Event()
+    try:
+        job = _retention_job(settings)
+        with _stop_on_signals(stop):
+            while True:
+                report = job.run_once()
+                console.log(
+                    f"retention: {len(report.redacted)} runs shredded, "
+                    f"{len(report.metadata_deleted)} runs' metadata deleted"
+                    + (
+                        f"; unknown classes kept: {', '.join(report.unknown_classes)}"
+                        if report.unknown_classes
+                        else ""
+                    )
+                )
+                if report.redacted:
+                    _print_redactions(report, Console(), title="Runs shredded by retention")
+                if every is None or stop.wait(every):
+                    return
+    except BlackboxError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command("forget")
+@click.option("--subject", "subject_id", required=True, help="The data subject's id.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+def forget_command(subject_id: str, as_json: bool) -> None:
+    """Destroy the bodies of every run linked to a data subject, everywhere, for good."""
+    settings = Settings.from_env()
+    try:
+        report = _retention_job(settings).forget(subject_id)
+    except BlackboxError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        rows = [
+            {"run_id": r.run_id, "key_ids": list(r.key_ids), "encrypted": r.encrypted}
+            for r in report.redacted
+        ]
+        click.echo(json.dumps({"subject_id": subject_id, "runs": rows}, indent=2))
+        return
+    console = Console()
+    if not report.redacted:
+        console.print(f"no run of subject {escape(subject_id)} had bodies left to destroy")
+        return
+    _print_redactions(report, console, title=f"Runs of subject {escape(subject_id)}")
+    console.print(
+        f"{len(report.redacted)} runs redacted; each was announced by a run.redacted event "
+        "and written to the deletion ledger"
+    )
+
+
+@click.group("ledger")
+def ledger_group() -> None:
+    """The deletion ledger."""
+
+
+@ledger_group.command("reapply")
+def ledger_reapply() -> None:
+    """After restoring a database backup: destroy again every key the ledger in the
+    topic says was destroyed."""
+    console = Console(stderr=True, log_path=False)
+    settings = Settings.from_env()
+    try:
+        engine = create_engine(settings.database_url)
+        with console.status(f"reading run.redacted events from {settings.topic}"):
+            entries = list(ledger_entries(settings))
+        again = reapply_ledger(engine, entries)
+    except BlackboxError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"{len(entries)} ledger entries in {settings.topic}; {len(again)} data keys a restore "
+        "had brought back were destroyed again"
+    )

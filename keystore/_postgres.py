@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from keystore._errors import AccessDenied, DataKeyMissing, KeyDestroyed, KeystoreError, WrongKey
 from keystore._provider import KEY_BYTES, KeyProvider, WrappedKey
-from schemas import DataKey
+from schemas import DataKey, KeyedDigest
 
 _INSERT = text(
     """
@@ -63,6 +63,31 @@ _REWRAP = text(
 )
 
 
+_NEW_TENANT_KEY = text(
+    """
+    INSERT INTO blackbox.tenant_keys (tenant_id, kek_version, wrapped)
+    VALUES (:tenant_id, :kek_version, :wrapped) ON CONFLICT (tenant_id) DO NOTHING
+    """
+)
+_TENANT_KEY = text("SELECT kek_version, wrapped FROM blackbox.tenant_keys WHERE tenant_id = :t")
+_UNWRAP_TENANT = text("SELECT kek_version, wrapped FROM blackbox.unwrap_tenant_key(:t, :purpose)")
+
+
+_OLD_TENANT_KEYS = text(
+    "SELECT tenant_id, kek_version, wrapped FROM blackbox.tenant_keys "
+    "WHERE kek_version <> :version FOR UPDATE"
+)
+_REWRAP_TENANT = text(
+    "UPDATE blackbox.tenant_keys SET kek_version = :kek_version, wrapped = :wrapped "
+    "WHERE tenant_id = :t"
+)
+
+
+def tenant_aad(tenant_id: str) -> bytes:
+    """What a wrapped tenant digest key is bound to."""
+    return f"agent-blackbox digest key\x00{tenant_id}".encode()
+
+
 def wrapping_aad(run_id: str, key_id: str) -> bytes:
     """What a wrapped data key is bound to: it unwraps for its own run and id only."""
     return f"agent-blackbox data key\x00{run_id}\x00{key_id}".encode()
@@ -94,6 +119,18 @@ class DataKeyStore:
         }
         return key, (_INSERT, params)
 
+    def tenant_digest_txn(self, conn: Connection, tenant_id: str) -> KeyedDigest:
+        """The keyed digest of ``tenant_id``'s sensitive runs, its key created on first use
+        (concurrent writers agree: the first insert wins, everyone reads it back)."""
+        wrapped = self.provider.wrap(os.urandom(KEY_BYTES), aad=tenant_aad(tenant_id))
+        params = {"tenant_id": tenant_id, "kek_version": wrapped.kek_version}
+        conn.execute(_NEW_TENANT_KEY, {**params, "wrapped": wrapped.blob})
+        version, blob = conn.execute(_TENANT_KEY, {"t": tenant_id}).one()
+        secret = self.provider.unwrap(
+            WrappedKey(str(version), bytes(blob)), aad=tenant_aad(tenant_id)
+        )
+        return KeyedDigest(secret)
+
     def destroy_txn(
         self, conn: Connection, run_ids: Sequence[str], *, reason: str
     ) -> list[tuple[str, str]]:
@@ -101,9 +138,9 @@ class DataKeyStore:
         return destroy_keys_txn(conn, run_ids, reason=reason)
 
     def rotate(self, engine: Engine, *, batch: int = 500) -> int:
-        """Re-wrap every live data key not yet under the current KEK version; events are
-        not touched. Needs the owner role (it reads wrapped keys directly). Returns how
-        many keys were re-wrapped."""
+        """Re-wrap every live data key (and tenant digest key) not yet under the current
+        KEK version; events are not touched. Needs the owner role (it reads wrapped keys
+        directly). Returns how many keys were re-wrapped."""
         version, after, done = self.provider.current_version, "", 0
         while True:
             with engine.begin() as conn:
@@ -121,9 +158,22 @@ class DataKeyStore:
                         {"key_id": key_id, "kek_version": version, "wrapped": rewrapped.blob},
                     )
             if not rows:
-                return done
+                return done + self._rotate_tenant_keys(engine, version)
             done += len(rows)
             after = str(rows[-1][0])
+
+    def _rotate_tenant_keys(self, engine: Engine, version: str) -> int:
+        with engine.begin() as conn:
+            rows = conn.execute(_OLD_TENANT_KEYS, {"version": version}).all()
+            for tenant_id, kek_version, blob in rows:
+                aad = tenant_aad(str(tenant_id))
+                secret = self.provider.unwrap(WrappedKey(str(kek_version), bytes(blob)), aad=aad)
+                rewrapped = self.provider.wrap(secret, aad=aad, version=version)
+                conn.execute(
+                    _REWRAP_TENANT,
+                    {"t": tenant_id, "kek_version": version, "wrapped": rewrapped.blob},
+                )
+        return len(rows)
 
 
 def destroy_keys_txn(
@@ -158,6 +208,7 @@ class AuditedKeys:
         self._provider = provider
         self.purpose = purpose
         self._cache: dict[str, bytes] = {}
+        self._tenants: dict[str, KeyedDigest] = {}
 
     @staticmethod
     def check_purpose(purpose: str) -> None:
@@ -197,23 +248,45 @@ class AuditedKeys:
         self._cache[key_id] = secret
         return secret
 
+    def tenant_digest(self, tenant_id: str) -> KeyedDigest:
+        """The keyed digest of ``tenant_id``, its key unwrapped through the audited function.
+
+        Raises:
+            DataKeyMissing: the tenant has no digest key.
+        """
+        cached = self._tenants.get(tenant_id)
+        if cached is not None:
+            return cached
+        where = f"tenant {tenant_id} digest key"
+        row = self._call(_UNWRAP_TENANT, {"t": tenant_id, "purpose": self.purpose}, where)
+        if row is None:
+            raise DataKeyMissing(f"{where}: no such key in the key store")
+        try:
+            secret = self._provider.unwrap(
+                WrappedKey(str(row[0]), bytes(row[1])), aad=tenant_aad(tenant_id)
+            )
+        except KeystoreError as exc:
+            raise type(exc)(f"{where}: {exc}") from exc
+        self._tenants[tenant_id] = digest = KeyedDigest(secret)
+        return digest
+
     def _fetch(self, run_id: str, key_id: str) -> Any:
+        params = {"run_id": run_id, "key_id": key_id, "purpose": self.purpose}
+        return self._call(_UNWRAP, params, f"run {run_id} key {key_id}")
+
+    def _call(self, statement: TextClause, params: dict[str, Any], where: str) -> Any:
         try:
             with self._engine.begin() as conn:
-                return conn.execute(
-                    _UNWRAP, {"run_id": run_id, "key_id": key_id, "purpose": self.purpose}
-                ).first()
+                return conn.execute(statement, params).first()
         except DBAPIError as exc:
             code = getattr(exc.orig, "sqlstate", None)
             if code == "42501":
                 raise AccessDenied(
-                    f"run {run_id} key {key_id}: this database role may not unwrap data keys; "
-                    "connect as a role granted blackbox_replayer"
+                    f"{where}: this database role may not unwrap keys; connect as a role "
+                    "granted blackbox_replayer"
                 ) from exc
             if code == "22023":
-                raise AccessDenied(f"run {run_id} key {key_id}: {exc.orig}") from exc
-            raise KeystoreError(
-                f"run {run_id} key {key_id}: the key store failed: {exc.orig}"
-            ) from exc
+                raise AccessDenied(f"{where}: {exc.orig}") from exc
+            raise KeystoreError(f"{where}: the key store failed: {exc.orig}") from exc
         except SQLAlchemyError as exc:
-            raise KeystoreError(f"run {run_id} key {key_id}: the key store failed: {exc}") from exc
+            raise KeystoreError(f"{where}: the key store failed: {exc}") from exc

@@ -42,6 +42,7 @@ from outbox._relay import EVENT_ID_HEADER, Relay, RelayOptions
 from outbox._replay import (
     BlobReader,
     CallSite,
+    DigestKeys,
     Divergence,
     DivergenceKind,
     ReplayDivergence,
@@ -116,6 +117,7 @@ __all__ = [
     "CapturedOpenAI",
     "ConcurrentRunWriter",
     "DatabaseUnavailable",
+    "DigestKeys",
     "Divergence",
     "DivergenceKind",
     "EffectOutcome",

@@ -33,7 +33,7 @@ from outbox._writer import (
     append_txn_async,
     load_cursor_txn_async,
 )
-from schemas import Envelope, Settings
+from schemas import Digester, Envelope, Settings
 
 T = TypeVar("T")
 
@@ -75,6 +75,8 @@ class AsyncRecorder(RecorderBase[AsyncEngine]):
             classification=classification,
             retention_class=retention_class,
             keys=self.keys,
+            digest=await self._digest_for(tenant_id, classification),
+            scrub=self.scrub,
         )
         run = AsyncRun(self, plan.core)
 
@@ -90,6 +92,18 @@ class AsyncRecorder(RecorderBase[AsyncEngine]):
 
         await self.transact(create, connection)
         return run
+
+    async def _digest_for(self, tenant_id: str, classification: str) -> Digester:
+        known = self.cached_digest(tenant_id, classification)
+        if known is not None:
+            return known
+        assert self.keys is not None  # cached_digest raised otherwise
+        store = self.keys
+
+        async def fetch(conn: AsyncConnection) -> Digester:
+            return await conn.run_sync(lambda sync: store.tenant_digest_txn(sync, tenant_id))
+
+        return self.remember_digest(tenant_id, await self.transact(fetch, None))
 
     async def transact(
         self,
@@ -206,7 +220,7 @@ class AsyncRun:
         """Cause a side effect with intent before and receipt after; see ``Run.effect``."""
         intent = self.core.effect_intent(effect, arguments, key)
         await self._append(intent)  # committed before the external call, by design
-        receipt = ReceiptBuilder.of(intent)
+        receipt = ReceiptBuilder.of(intent, self.core.scrub)
         key = intent.body["idempotency_key"]
         policy = self._recorder.effects
         await self._observed(

@@ -297,6 +297,4 @@ def run_redacted(
     }
     inputs = {"reason": reason, "retention_class": retention_class, "subject_id": subject_id}
     attributes = {"reason": reason, "keys_destroyed": str(len(key_ids))}
-    return Crossing(
-        EventType.RUN_REDACTED, body, inputs, {"key_ids": sorted(key_ids)}, attributes
-    )
+    return Crossing(EventType.RUN_REDACTED, body, inputs, {"key_ids": sorted(key_ids)}, attributes)

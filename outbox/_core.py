@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import TextClause
 
-from keystore import AesGcmSealer, DataKeyStore
+from keystore import AesGcmSealer, DataKeyStore, KeystoreError
 from outbox import _boundaries as b
 from outbox._effects import (
     EffectOutcome,
@@ -28,6 +28,8 @@ from outbox._effects import (
 )
 from outbox._errors import ConcurrentRunWriter, EffectRejected, RunNotActive
 from outbox._llm import llm_call, llm_input
+from outbox._redaction import Redactor
+from outbox._scrub import RULES_ATTRIBUTE, Scrub
 from outbox._writer import (
     Cursor,
     EventFactory,
@@ -37,7 +39,7 @@ from outbox._writer import (
     new_event_id,
     shard_of,
 )
-from schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings, digest
+from schemas import Digester, Envelope, EnvelopeCodec, PayloadPipeline, Settings, digest
 
 APPEND_ATTEMPTS = 3
 
@@ -70,8 +72,11 @@ class RunSnapshot:
 class RunCore:
     """Identity, cursor and lifecycle of one run in record mode."""
 
-    def __init__(self, identity: RunIdentity, factory: EventFactory) -> None:
+    def __init__(
+        self, identity: RunIdentity, factory: EventFactory, scrub: Scrub | None = None
+    ) -> None:
         self.identity = identity
+        self.scrub = scrub or Scrub(None)
         self.cursor = Cursor()
         self.factory = factory
         self.state: str | None = None
@@ -120,18 +125,22 @@ class RunCore:
         """Check the arguments, then say how the tool's result or error becomes its
         ``tool.call`` crossing (carrying the input digest taken by the check)."""
         self.check_active()
-        input_digest = digest(b.tool_input(tool, args, kwargs), path=f"{tool}.arguments")
+        scrub, fired = self.scrub, set[str]()
+        args, kwargs = scrub.arguments(args, kwargs, fired)
+        inputs = b.tool_input(tool, args, kwargs)
+        input_digest = self.identity.digest(inputs, path=f"{tool}.arguments")
 
         def crossing(result: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
+            seen = set(fired)
             built = b.tool_call(
                 tool=tool,
                 args=args,
                 kwargs=kwargs,
-                result=result,
-                error=error,
+                result=scrub.value(result, seen),
+                error=scrub.error(error, seen),
                 latency_ms=latency_ms,
             )
-            return replace(built, input_digest=input_digest)
+            return scrub.mark(replace(built, input_digest=input_digest), seen)
 
         return crossing
 
@@ -139,7 +148,9 @@ class RunCore:
         """Check the request, then say how the response becomes its ``llm.call``."""
         self.check_active()
         chosen = model or str(request.get("model", "unknown"))
-        input_digest = digest(llm_input(provider, chosen, request), path="llm.request")
+        input_digest = self.identity.digest(
+            llm_input(provider, chosen, request), path="llm.request"
+        )
 
         def crossing(response: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
             built = llm_call(
@@ -178,13 +189,21 @@ class RunCore:
         # The default key is the intent's own position in the run: stable across a
         # crash and a recovery, unique across runs.
         idempotency_key = key or f"{self.run_id}:{self.cursor.sequence + 1}"
-        return b.effect_intent(effect=effect, idempotency_key=idempotency_key, arguments=arguments)
+        fired: set[str] = set()
+        arguments = self.scrub.value(dict(arguments), fired)
+        intent = b.effect_intent(
+            effect=effect, idempotency_key=idempotency_key, arguments=arguments
+        )
+        return self.scrub.mark(intent, fired)
 
     def transition(self, to_state: str, state: Any, reason: str | None) -> b.Crossing:
         self.check_active()
-        return b.state_transition(
+        fired: set[str] = set()
+        state = self.scrub.value(state, fired)
+        moved = b.state_transition(
             from_state=self.state, to_state=to_state, state=state, reason=reason
         )
+        return self.scrub.mark(moved, fired)
 
     def transitioned(self, crossing: b.Crossing) -> None:
         self.state = crossing.attributes["to_state"]
@@ -192,9 +211,12 @@ class RunCore:
 
     def finish(self, status: str, output: Any, error: BaseException | None) -> b.Crossing:
         self.check_active()
-        return b.run_finished(
+        fired: set[str] = set()
+        output, error = self.scrub.value(output, fired), self.scrub.error(error, fired)
+        finished = b.run_finished(
             status=status, output=output, error=error, final_state_digest=self.state_digest
         )
+        return self.scrub.mark(finished, fired)
 
 
 def utc_now() -> datetime:
@@ -220,6 +242,9 @@ class RecorderBase(Generic[E]):
         keys: encrypts every run under its own data key, stored wrapped in the
             run's transaction; bodies are then sealed with AES-256-GCM (unless a
             ``pipeline`` is given, which then decides).
+        redaction: the rules applied to every recorded value before it is written
+            (``BLACKBOX_REDACTION_FILE``, else every detector). Credentials are
+            removed whatever the rules say.
     """
 
     def __init__(
@@ -232,15 +257,38 @@ class RecorderBase(Generic[E]):
         tools: ToolPolicy | None = None,
         effects: EffectPolicy | None = None,
         keys: DataKeyStore | None = None,
+        redaction: Redactor | None = None,
     ) -> None:
         self.engine = engine
+        self.scrub = Scrub(redaction or Redactor.from_env())
         self.settings = settings or Settings.from_env()
         self.keys = keys
         if pipeline is None and keys is not None:
             pipeline = PayloadPipeline(sealer=AesGcmSealer())
         self._factory = new_factory(self.settings, pipeline, clock)
+        self._digests: dict[str, Digester] = {}
         self.tools: ToolPolicy = tools or LiveTools()
         self.effects: EffectPolicy = effects or LiveEffects()
+
+    def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:
+        """The digest of runs of ``classification``: SHA-256, or the tenant's keyed digest
+        once fetched; None when it must be fetched first (:meth:`remember_digest`).
+
+        Raises:
+            KeystoreError: the class takes keyed digests and this recorder has no keys.
+        """
+        if not self.settings.keyed_digests(classification):
+            return digest
+        if self.keys is None:
+            raise KeystoreError(
+                f"runs classified {classification!r} take keyed digests (HMAC under the "
+                "tenant's key); give the recorder a key store (set BLACKBOX_KEK_FILE)"
+            )
+        return self._digests.get(tenant_id)
+
+    def remember_digest(self, tenant_id: str, keyed: Digester) -> Digester:
+        self._digests[tenant_id] = keyed
+        return keyed
 
 
 def new_factory(
@@ -283,6 +331,8 @@ def plan_start(
     classification: str,
     retention_class: str,
     keys: DataKeyStore | None = None,
+    digest: Digester = digest,
+    scrub: Scrub | None = None,
 ) -> StartPlan:
     """Identity, first event and run row of a new run (and its data key when ``keys``
     is given); nothing is written yet.
@@ -301,9 +351,10 @@ def plan_start(
         classification=classification,
         retention_class=retention_class,
         data_key=data_key,
+        digest=digest,
     )
-    core = RunCore(identity, factory)
-    crossing = _start_crossing(snapshot)
+    core = RunCore(identity, factory, scrub)
+    crossing = _start_crossing(snapshot, core.scrub)
     insert = insert_run_plan(
         identity, parent_run_id=snapshot.parent_run_id, code_version=snapshot.code_version
     )
@@ -312,10 +363,11 @@ def plan_start(
     return StartPlan(core, crossing, insert, event_id, first, store_key)
 
 
-def _start_crossing(snapshot: RunSnapshot) -> b.Crossing:
-    return b.run_started(
+def _start_crossing(snapshot: RunSnapshot, scrub: Scrub) -> b.Crossing:
+    fired: set[str] = set()
+    started = b.run_started(
         code_version=snapshot.code_version,
-        input=snapshot.input,
+        input=scrub.value(snapshot.input, fired),
         prompt_templates=snapshot.prompt_templates,
         tool_schemas=snapshot.tool_schemas,
         model_ids=snapshot.model_ids,
@@ -324,20 +376,25 @@ def _start_crossing(snapshot: RunSnapshot) -> b.Crossing:
         parent_run_id=snapshot.parent_run_id,
         changes=snapshot.changes,
     )
+    rules = scrub.rules_text()
+    if rules is not None:
+        started = replace(started, attributes={**started.attributes, RULES_ATTRIBUTE: rules})
+    return scrub.mark(started, fired)
 
 
 class ReceiptBuilder:
     """Builds the receipt of an intent from what ``perform`` did, and keeps it."""
 
-    def __init__(self, effect: str, idempotency_key: str) -> None:
+    def __init__(self, effect: str, idempotency_key: str, scrub: Scrub | None = None) -> None:
         self.effect = effect
         self.idempotency_key = idempotency_key
+        self.scrub = scrub or Scrub(None)
         self.receipt = EffectReceipt(effect, idempotency_key, "unknown", None, None)
 
     @classmethod
-    def of(cls, intent: b.Crossing) -> ReceiptBuilder:
+    def of(cls, intent: b.Crossing, scrub: Scrub | None = None) -> ReceiptBuilder:
         """The builder for the receipt of ``intent``."""
-        return cls(intent.body["effect"], intent.body["idempotency_key"])
+        return cls(intent.body["effect"], intent.body["idempotency_key"], scrub)
 
     def crossing(self, value: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
         """The receipt crossing: confirmed, failed (rejected for sure) or unknown."""
@@ -352,15 +409,17 @@ class ReceiptBuilder:
         else:
             status, external_id, result = "unknown", None, None
         self.receipt = EffectReceipt(effect, key, status, external_id, result)
-        return b.effect_receipt(
+        fired: set[str] = set()
+        receipt = b.effect_receipt(
             effect=effect,
             idempotency_key=key,
             status=status,
             external_id=external_id,
-            result=result,
-            error=error,
+            result=self.scrub.value(result, fired),
+            error=self.scrub.error(error, fired),
             latency_ms=latency_ms,
         )
+        return self.scrub.mark(receipt, fired)
 
 
 def as_outcome(value: EffectOutcome | Mapping[str, Any] | None) -> EffectOutcome | None:

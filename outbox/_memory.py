@@ -10,8 +10,9 @@ from outbox._boundaries import Crossing
 from outbox._core import RecorderBase, RunSnapshot, plan_start, utc_now
 from outbox._effects import EffectPolicy, ToolPolicy
 from outbox._recorder import Joinable, Run
+from outbox._redaction import Redactor
 from outbox._writer import PreparedEvent
-from schemas import BlackboxError, Envelope, PayloadPipeline, Settings
+from schemas import BlackboxError, Envelope, PayloadPipeline, Settings, digest
 
 T = TypeVar("T")
 
@@ -35,6 +36,7 @@ class MemoryRecorder(RecorderBase[None]):
         sink: Callable[[Envelope], None] | None = None,
         tools: ToolPolicy | None = None,
         effects: EffectPolicy | None = None,
+        redaction: Redactor | None = None,
     ) -> None:
         super().__init__(
             None,
@@ -43,6 +45,7 @@ class MemoryRecorder(RecorderBase[None]):
             clock=clock,
             tools=tools,
             effects=effects,
+            redaction=redaction,
         )
         self.events: list[Envelope] = []
         self.blobs: dict[str, bytes] = {}
@@ -70,6 +73,8 @@ class MemoryRecorder(RecorderBase[None]):
             run_id=run_id,
             classification=classification,
             retention_class=retention_class,
+            digest=self.cached_digest(tenant_id, classification) or digest,
+            scrub=self.scrub,
         )
         run = Run(self, plan.core)
         self._store(run, plan.first)

@@ -37,7 +37,7 @@ from outbox._writer import (
     append_txn,
     load_cursor_txn,
 )
-from schemas import Envelope, Settings
+from schemas import Digester, Envelope, Settings
 
 T = TypeVar("T")
 Joinable = Connection | Session
@@ -98,6 +98,8 @@ class Recorder(RecorderBase[Engine]):
             classification=classification,
             retention_class=retention_class,
             keys=self.keys,
+            digest=self._digest_for(tenant_id, classification),
+            scrub=self.scrub,
         )
         run = Run(self, plan.core)
 
@@ -113,6 +115,15 @@ class Recorder(RecorderBase[Engine]):
 
         self.transact(create, connection)
         return run
+
+    def _digest_for(self, tenant_id: str, classification: str) -> Digester:
+        known = self.cached_digest(tenant_id, classification)
+        if known is not None:
+            return known
+        assert self.keys is not None  # cached_digest raised otherwise
+        store = self.keys
+        keyed = self.transact(lambda conn: store.tenant_digest_txn(conn, tenant_id), None)
+        return self.remember_digest(tenant_id, keyed)
 
     def record(
         self,
@@ -171,7 +182,7 @@ class Recorder(RecorderBase[Engine]):
             data_key, store_key = self.keys.new_key(run_id, identity.tenant_id)
             self.transact(lambda conn: conn.execute(*store_key), None)
             identity = replace(identity, data_key=data_key)
-        core = RunCore(identity, self._factory)
+        core = RunCore(identity, self._factory, self.scrub)
         core.cursor = stored.cursor
         core.state = stored.state
         return Run(self, core)
@@ -353,7 +364,7 @@ class Run:
         """
         intent = self.core.effect_intent(effect, arguments, key)
         self._append(intent)  # committed before the external call, by design
-        receipt = ReceiptBuilder.of(intent)
+        receipt = ReceiptBuilder.of(intent, self.core.scrub)
         key = intent.body["idempotency_key"]
         policy = self._recorder.effects
         self._observed(lambda: policy.perform(effect, key, arguments, perform), receipt.crossing)
@@ -374,7 +385,7 @@ class Run:
         """
         if pending.run_id != self.run_id:
             raise RunNotActive(f"effect {pending.idempotency_key} belongs to run {pending.run_id}")
-        receipt = ReceiptBuilder(pending.effect, pending.idempotency_key)
+        receipt = ReceiptBuilder(pending.effect, pending.idempotency_key, self.core.scrub)
 
         def ask() -> EffectOutcome | Mapping[str, Any]:
             found = lookup(pending.idempotency_key)

@@ -13,10 +13,11 @@ redacted; no configuration turns them off.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeAlias
@@ -52,11 +53,18 @@ class Detector:
     """Finds sensitive substrings of strings.
 
     ``pattern`` (no capturing groups) finds candidates; ``accepts``, when set, confirms a
-    candidate where a regex alone cannot (a Luhn check, a digit count).
+    candidate where a regex alone cannot (a Luhn check, a digit count). The rest only
+    saves time and must hold for every match: it begins with a character of the class
+    ``starts``, and holds one of ``hints`` (in the lower-cased string when ``folded``).
+    Looking for a substring costs a fraction of running the regex, and most strings hold
+    no hint at all.
     """
 
     pattern: str
+    starts: str
+    hints: tuple[str, ...]
     accepts: Callable[[str], bool] | None = None
+    folded: bool = False
 
 
 def _luhn(digits: str) -> bool:
@@ -74,21 +82,15 @@ def _is_card(span: str) -> bool:
 
 
 _GROUPS = re.compile(r"\d+")
-_DATES = ((4, 2, 2), (2, 2, 4))
 
 
 def _is_phone(span: str) -> bool:
     groups = tuple(len(group) for group in _GROUPS.findall(span))
     if not 7 <= sum(groups) <= 15:
         return False
-    if span.startswith("+"):
-        return True
-    # National formats come in three or more groups of two or more digits. That leaves
-    # out plain numbers (ids, amounts), decimals, versions (1.2.3) and most IP addresses.
-    if len(groups) < 3 or min(groups) < 2 or groups[:3] in _DATES:
-        return False
-    is_ip = "." in span and len(groups) == 4 and max(groups) <= 3
-    return not is_ip
+    # A national number has a trunk prefix 0, an area code in parentheses or the North
+    # American 3-3-4 shape; other digit groups ("10 20 30 40", 192.168.10.20) are data.
+    return span[0] in "+0(" or groups == (3, 3, 4)
 
 
 _PLAIN_WORDS = re.compile(r"[A-Za-z]+(?:[-.][A-Za-z]+)*")
@@ -103,26 +105,46 @@ def _is_token(span: str) -> bool:
     return not all(w.islower() or w.isupper() or w.istitle() for w in re.split(r"[-.]", token))
 
 
+_DIGITS = tuple("0123456789")
 _KEY_END = r"(?![A-Za-z0-9_-])"
+# National numbers: two or more groups of two or more digits, which leaves out plain
+# numbers, decimals and versions (3.11.4), and not starting with a date (2026-12-02).
+_NATIONAL = (
+    r"(?!\d{4}[ ./-]\d\d[ ./-]\d\d(?!\d)|\d\d[ ./-]\d\d[ ./-]\d{4}(?!\d))"
+    r"(?:\(\d\d++\)|\d\d++)(?:[ .-]?(?:\(\d\d++\)|\d\d++))+"
+)
 DETECTORS: Mapping[str, Detector] = MappingProxyType(
     {
         "bearer_token": Detector(
-            r"\b(?i:bearer|basic)\s+[A-Za-z0-9\-._~+/]{7,}[A-Za-z0-9\-_~+/]=*", _is_token
+            r"\b(?i:bearer|basic)\s+[A-Za-z0-9\-._~+/]{7,}[A-Za-z0-9\-_~+/]=*",
+            "Bb",
+            ("bearer", "basic"),
+            _is_token,
+            folded=True,
         ),
         "api_key": Detector(
             r"\b(?:sk-(?:proj-)?[A-Za-z0-9_-]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
             r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-            r"|xox[baprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})" + _KEY_END
+            r"|xox[baprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})" + _KEY_END,
+            "sAgx",
+            ("sk-", "AKIA", "ASIA", "_", "xox", "AIza"),
         ),
         "email": Detector(
-            r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}"
-            r"(?![A-Za-z0-9-])"
+            r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]++@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}"
+            r"(?![A-Za-z0-9-])",
+            r"A-Za-z0-9._%+\-",
+            ("@",),
         ),
         # A leading 0 is no card's and is how padded ids and fillers start.
-        "card_number": Detector(r"(?<![\w+.-])[1-9](?:[ -]?\d){12,18}(?!\w|-\d)", _is_card),
+        "card_number": Detector(
+            r"(?<![\w+.-])[1-9](?:[ -]?\d){12,18}(?!\w|-\d)", "1-9", _DIGITS, _is_card
+        ),
         # Possessive digit runs: each group is a whole run, so matching stays linear.
         "phone": Detector(
-            r"(?<![\w+.-])\+?(?:\(\d++\)|\d++)(?:[ .-]?(?:\(\d++\)|\d++))*(?![\w:])", _is_phone
+            rf"(?<![\w+.-])(?:\+\d++(?:[ .-]?(?:\(\d++\)|\d++))*|{_NATIONAL})(?![\w:])",
+            "0-9+(",
+            _DIGITS,
+            _is_phone,
         ),
     }
 )
@@ -143,9 +165,14 @@ _Live: TypeAlias = tuple[tuple[str, tuple[str, ...]], ...]
 
 
 def _is_credential_key(key: object) -> bool:
-    return isinstance(key, str) and (
-        key.lower().replace("-", "_").replace(" ", "_") in CREDENTIAL_KEYS
-    )
+    return isinstance(key, str) and _is_credential_name(key)
+
+
+# Memoised because the same few keys ("args", "kwargs", "role") come in every event, and
+# normalising costs more than the lookup. It is pure, so the cache changes no result.
+@lru_cache(maxsize=4096)
+def _is_credential_name(key: str) -> bool:
+    return key.lower().replace("-", "_").replace(" ", "_") in CREDENTIAL_KEYS
 
 
 def _parse_path(path: object) -> tuple[str, ...]:
@@ -187,7 +214,7 @@ class Redactor:
         RedactionConfigError: naming an unknown detector or a malformed path.
     """
 
-    __slots__ = ("_alone", "_card_ints", "_detectors", "_paths", "_pattern")
+    __slots__ = ("_card_ints", "_detectors", "_gates", "_paths", "_patterns")
 
     def __init__(
         self, *, detectors: Iterable[str] = DEFAULT_DETECTORS, paths: Iterable[str] = ()
@@ -204,11 +231,11 @@ class Redactor:
         self._detectors = tuple(name for name in DETECTORS if name in chosen)
         parsed = {path: _parse_path(path) for path in paths}
         self._paths: _Live = tuple(sorted((f"path:{p}", rest) for p, rest in parsed.items()))
-        self._pattern = re.compile(
-            "|".join(f"(?P<{name}>{DETECTORS[name].pattern})" for name in self._detectors)
-        )
-        self._alone = {name: re.compile(DETECTORS[name].pattern) for name in self._detectors}
+        self._gates = tuple((n, DETECTORS[n].hints, DETECTORS[n].folded) for n in self._detectors)
         self._card_ints = "card_number" in chosen
+        # One combined pattern per set of detectors a string's hints call for, compiled on
+        # first use: there are at most 2**5, and most strings need the same few.
+        self._patterns: dict[tuple[str, ...], re.Pattern[str]] = {}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Redactor:
@@ -260,6 +287,18 @@ class Redactor:
         """Every rule name in force, sorted: what to record as the configuration used."""
         return tuple(sorted((CREDENTIAL, *self._detectors, *(n for n, _ in self._paths))))
 
+    @property
+    def config(self) -> dict[str, list[str]]:
+        """What :meth:`from_config` takes to build this same redactor again."""
+        paths = sorted(name.removeprefix("path:") for name, _ in self._paths)
+        return {"detectors": list(self._detectors), "paths": paths}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Redactor:
+        """The rules of ``BLACKBOX_REDACTION_FILE``, or every detector by default."""
+        path = (os.environ if environ is None else environ).get("BLACKBOX_REDACTION_FILE")
+        return cls.from_file(Path(path)) if path else cls()
+
     def redact(self, value: Any) -> Redacted:
         """Return a redacted deep copy of ``value`` (tuples become lists); never mutates it."""
         fired: set[str] = set()
@@ -270,7 +309,7 @@ class Redactor:
             return self._scrub(value, fired) if len(value) >= _MIN_LENGTH else value
         if isinstance(value, dict):
             return self._mapping(value, live, fired)
-        if isinstance(value, list | tuple):
+        if isinstance(value, (list, tuple)):
             return self._sequence(value, live, fired)
         # type() rather than isinstance: True is an int, and never a card number.
         if type(value) is int and self._card_ints and value in _CARD_INTS and _luhn(str(value)):
@@ -314,30 +353,57 @@ class Redactor:
         return out
 
     def _scrub(self, text: str, fired: set[str]) -> str:
-        # Most strings hold nothing: one search, no copy. Otherwise substitute until a
-        # pass changes nothing, which makes redacting twice the same as redacting once.
+        # Most strings hold nothing: no regex runs, no copy is made. Otherwise substitute
+        # until a pass changes nothing, so redacting twice is the same as redacting once.
         # It ends: placeholders match no detector, so each pass leaves fewer candidates.
-        if self._pattern.search(text) is None:
+        pattern = self._pattern_for(text)
+        if pattern is None or pattern.search(text) is None:
             return text
         hits: list[str] = []
         replace = partial(self._replace, hits=hits)
         while True:
-            text = self._pattern.sub(replace, text)
+            # The first pattern still serves: a placeholder may hold a hint, never a match.
+            text = pattern.sub(replace, text)
             if not hits:
                 return text
             fired.update(hits)
             hits.clear()
 
+    def _pattern_for(self, text: str) -> re.Pattern[str] | None:
+        """The combined pattern of the detectors whose hints ``text`` holds, if any."""
+        lowered = text.lower()
+        names = []
+        for name, hints, folded in self._gates:
+            if _holds(lowered if folded else text, hints):
+                names.append(name)
+        if not names:
+            return None
+        key = tuple(names)
+        pattern = self._patterns.get(key)
+        if pattern is None:
+            pattern = self._patterns[key] = _combine(key)
+        return pattern
+
     def _replace(self, match: re.Match[str], hits: list[str]) -> str:
-        span = match.group()
-        first = match.lastgroup
-        # A candidate one detector rejects may be another's: a 14-digit national phone
-        # number is a card candidate first and fails the Luhn check.
-        for name in sorted(self._detectors, key=lambda n: n != first):
-            accepts = DETECTORS[name].accepts
-            if (name == first or self._alone[name].fullmatch(span)) and (
-                accepts is None or accepts(span)
-            ):
-                hits.append(name)
-                return placeholder(name)
-        return span
+        name = str(match.lastgroup)  # every alternative is a named group
+        accepts = DETECTORS[name].accepts
+        if accepts is not None and not accepts(match.group()):
+            return match.group()
+        hits.append(name)
+        return placeholder(name)
+
+
+def _combine(names: tuple[str, ...]) -> re.Pattern[str]:
+    # The leading class lets the engine pass over most positions at once, rather than
+    # trying every alternative (and its lookbehind) at each.
+    starts = "".join(DETECTORS[name].starts for name in names)
+    alternatives = "|".join(f"(?P<{name}>{DETECTORS[name].pattern})" for name in names)
+    return re.compile(f"(?=[{starts}])(?:{alternatives})")
+
+
+def _holds(text: str, hints: tuple[str, ...]) -> bool:
+    # A plain loop: any() over a generator costs more than the searches themselves.
+    for hint in hints:  # noqa: SIM110
+        if hint in text:
+            return True
+    return False

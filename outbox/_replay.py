@@ -29,9 +29,12 @@ from outbox import _boundaries as b
 from outbox._effects import EffectOutcome, EffectReceipt
 from outbox._errors import EffectRejected, RecordedError
 from outbox._llm import llm_input
+from outbox._scrub import Scrub
 from schemas import (
     GENESIS_CHAIN_HASH,
+    HMAC_PREFIX,
     BlackboxError,
+    Digester,
     Envelope,
     EventType,
     KeyUnavailable,
@@ -151,6 +154,14 @@ class ReplayDivergence(BlackboxError):
         super().__init__(divergence.describe())
 
 
+class DigestKeys(Protocol):
+    """Finds the keyed digest of a tenant whose sensitive runs are digested under a key."""
+
+    def tenant_digest(self, tenant_id: str) -> Digester:
+        """The tenant's keyed digest (unwrapping its key, audited)."""
+        ...
+
+
 class BlobReader(Protocol):
     """Reads a body stored out of line by its content address."""
 
@@ -175,6 +186,7 @@ class ReplayRun:
         *,
         pipeline: PayloadPipeline | None = None,
         blobs: BlobReader | None = None,
+        digests: DigestKeys | None = None,
     ) -> None:
         self._events: Iterator[Envelope] = iter(events)
         self._pipeline = pipeline or PayloadPipeline()
@@ -190,8 +202,13 @@ class ReplayRun:
         # An event no release of ours can read stops the replay for good, also when the
         # agent code catches the error: nothing after it can be checked.
         self._unreadable: UnknownSchemaVersion | None = None
+        self._digest = self._digest_of(self._peek(), digests)
         started, body, _ = self._take(EventType.RUN_STARTED, None)
         self._run_id = started.run_id
+        # The rules the run was recorded under: what the code hands over now is
+        # scrubbed the same way before its digest is compared.
+        self._scrub = Scrub.recorded_in(started.attributes)
+        self._seen: set[str] = set()  # which rules fire in replay is not checked
         self.snapshot_body = body
         """The recorded ``run.started`` body: the run's input snapshot."""
 
@@ -209,6 +226,7 @@ class ReplayRun:
 
     def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """The recorded result of tool ``tool``; ``fn`` is not called."""
+        args, kwargs = self._scrub.arguments(args, kwargs, self._seen)
         output = self._cross(EventType.TOOL_CALL, b.tool_input(tool, args, kwargs))
         _raise_recorded(output["error"])
         result: T = output["result"]
@@ -224,6 +242,7 @@ class ReplayRun:
     ) -> Mapping[str, Any]:
         """The recorded response to ``request``; ``send`` is not called."""
         chosen = model or str(request.get("model", "unknown"))
+        request = self._scrub.value(dict(request), self._seen)
         output = self._cross(EventType.LLM_CALL, llm_input(provider, chosen, request))
         _raise_recorded(output["error"])
         response: Mapping[str, Any] = output["response"]
@@ -263,6 +282,7 @@ class ReplayRun:
     ) -> EffectReceipt:
         """The recorded receipt of the effect; ``perform`` is never called."""
         idempotency_key = key or f"{self._run_id}:{self._sequence + 1}"
+        arguments = self._scrub.value(dict(arguments), self._seen)
         self._cross(EventType.EFFECT_INTENT, b.intent_input(effect, idempotency_key, arguments))
         output = self._cross(EventType.EFFECT_RECEIPT, b.receipt_input(effect, idempotency_key))
         status = output["status"]
@@ -281,7 +301,8 @@ class ReplayRun:
         """Check the transition against the recorded one, state included."""
         inputs = b.transition_input(self._state, to_state, reason)
         envelope, output = self._cross_event(EventType.STATE_TRANSITION, inputs)
-        actual = digest({"state": state}, path=f"{to_state}.state")
+        state = self._scrub.value(state, self._seen)
+        actual = self._digest({"state": state}, path=f"{to_state}.state")
         if actual != envelope.output_digest:
             self._diverge(
                 DivergenceKind.STATE_MISMATCH,
@@ -300,6 +321,8 @@ class ReplayRun:
         every recorded event was consumed."""
         self._check_readable()
         status = "succeeded" if error is None else "failed"
+        output = self._scrub.value(output, self._seen)
+        error = self._scrub.error(error, self._seen)
         upcoming = self._peek()
         if upcoming is not None and upcoming.event_type != EventType.RUN_FINISHED:
             self._diverge(
@@ -318,7 +341,7 @@ class ReplayRun:
                 actual=(EventType.RUN_FINISHED, self._state_digest),
                 detail="final state",
             )
-        actual = digest(
+        actual = self._digest(
             {
                 "output": output,
                 "error": b.error_info(error),
@@ -333,6 +356,9 @@ class ReplayRun:
                 actual=(EventType.RUN_FINISHED, actual),
             )
         extra = self._peek()
+        while extra is not None and extra.event_type == EventType.RUN_REDACTED:
+            self._take(EventType.RUN_REDACTED, None)  # a note after the end, chained
+            extra = self._peek()
         if extra is not None:
             self._diverge(
                 DivergenceKind.UNCONSUMED_EVENTS,
@@ -363,7 +389,7 @@ class ReplayRun:
         """The next event, checked in the order that names the most precise cause:
         sequence, type, input digest, body against output digest, chain hash."""
         self._check_readable()
-        actual = None if inputs is None else digest(inputs, path=_INPUT_PATHS[event_type])
+        actual = None if inputs is None else self._digest(inputs, path=_INPUT_PATHS[event_type])
         envelope = self._next()
         expected_seq = self._sequence + 1
         if envelope is None or (
@@ -451,7 +477,7 @@ class ReplayRun:
                 fatal=True,  # there is no recorded output to go on with
             )
         output = b.recorded_output(envelope.event_type, body)
-        actual = digest(output)
+        actual = self._digest(output)
         if actual != envelope.output_digest:
             self._diverge(
                 DivergenceKind.TAMPERED_OUTPUT,
@@ -460,6 +486,18 @@ class ReplayRun:
                 actual=(envelope.event_type, actual),
             )
         return body, output
+
+    @staticmethod
+    def _digest_of(first: Envelope | None, digests: DigestKeys | None) -> Digester:
+        """SHA-256, or the tenant's keyed digest when the run was recorded with one."""
+        if first is None or not first.output_digest.startswith(HMAC_PREFIX):
+            return digest
+        if digests is None:
+            raise KeyUnavailable(
+                f"run {first.run_id} of tenant {first.tenant_id} was digested under the "
+                "tenant's key; replay it with a key store (BLACKBOX_KEK_FILE) and a purpose"
+            )
+        return digests.tenant_digest(first.tenant_id)
 
     def _check_readable(self) -> None:
         if self._unreadable is not None:

@@ -118,7 +118,8 @@ access_audit = Table(
     Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("principal", Text, nullable=False),
     Column("purpose", Text, nullable=False),
-    Column("run_id", Text, nullable=False),
+    Column("run_id", Text),
+    Column("tenant_id", Text),
     Column("key_id", Text),
     Column("outcome", Text, nullable=False),
     Index("access_audit_run", "run_id", "at"),
@@ -136,4 +137,13 @@ deletion_ledger = Table(
     Column("reason", Text, nullable=False),
     Column("principal", Text, nullable=False),
     Index("deletion_ledger_run", "run_id"),
+)
+
+tenant_keys = Table(
+    "tenant_keys",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("kek_version", Text, nullable=False),
+    Column("wrapped", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

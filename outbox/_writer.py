@@ -24,6 +24,7 @@ from outbox._tracing import current_trace
 from schemas import (
     GENESIS_CHAIN_HASH,
     DataKey,
+    Digester,
     Envelope,
     EnvelopeCodec,
     PayloadContext,
@@ -52,6 +53,8 @@ class RunIdentity:
     retention_class: str = "standard"
     data_key: DataKey | None = field(default=None, repr=False, compare=False)
     """The run's data key while this writer records it (encrypted runs only)."""
+    digest: Digester = field(default=digest, repr=False, compare=False)
+    """How the run's input and output digests are taken (keyed for sensitive classes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +136,8 @@ class EventFactory:
             trace_id=trace.trace_id,
             span_id=trace.span_id,
             parent_span_id=trace.parent_span_id,
-            input_digest=crossing.input_digest or digest(crossing.input, path="input"),
-            output_digest=digest(crossing.output, path="output"),
+            input_digest=crossing.input_digest or identity.digest(crossing.input, path="input"),
+            output_digest=identity.digest(crossing.output, path="output"),
             chain_hash="",
             payload=payload,
             payload_ref=payload_ref,

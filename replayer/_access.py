@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
 from keystore import AesGcmSealer, AuditedKeys, DataKeyStore, LocalKeyProvider
+from outbox import DigestKeys
 from schemas import PayloadPipeline
 
 
-def opening_pipeline(engine: Callable[[], Engine], *, purpose: str) -> PayloadPipeline:
-    """The payload pipeline a replay, fork or re-execution reads bodies with.
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """How recorded runs are read: the payload pipeline, and the tenants' digest keys."""
+
+    pipeline: PayloadPipeline
+    digests: DigestKeys | None = None
+
+
+def opening(engine: Callable[[], Engine], *, purpose: str) -> Opening:
+    """The payload pipeline (and digest keys) a replay, fork or re-execution reads with.
 
     With key-encryption keys configured (``BLACKBOX_KEK_FILE`` or ``BLACKBOX_KEK``),
     sealed bodies open through data keys unwrapped by the audited database function,
@@ -29,8 +39,9 @@ def opening_pipeline(engine: Callable[[], Engine], *, purpose: str) -> PayloadPi
     provider = LocalKeyProvider.from_env()
     if provider is None:
         AuditedKeys.check_purpose(purpose)
-        return PayloadPipeline()
-    return PayloadPipeline(sealer=AesGcmSealer(AuditedKeys(engine(), provider, purpose=purpose)))
+        return Opening(PayloadPipeline())
+    keys = AuditedKeys(engine(), provider, purpose=purpose)
+    return Opening(PayloadPipeline(sealer=AesGcmSealer(keys)), keys)
 
 
 def recording_keys() -> DataKeyStore | None:

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from itertools import chain
 from typing import Any
 
-from outbox import AgentRun, BlobReader, ReplayDivergence, ReplayRun
+from keystore import KeyDestroyed
+from outbox import (
+    AgentRun,
+    BlobReader,
+    DigestKeys,
+    Divergence,
+    DivergenceKind,
+    ReplayDivergence,
+    ReplayRun,
+)
 from replayer._report import ReplayReport
 from schemas import Envelope, PayloadPipeline
 
@@ -20,14 +30,21 @@ def replay_run(
     pipeline: PayloadPipeline | None = None,
     blobs: BlobReader | None = None,
     agent_id: str | None = None,
+    digests: DigestKeys | None = None,
 ) -> ReplayReport:
     """Replay one recorded run through ``entry`` and report PASS or the first divergence.
 
     The agent's exceptions are part of what is replayed: a run recorded as failed passes
     when today's code fails the same way.
     """
+    stream = iter(events)
+    first = next(stream, None)
+    if first is None:
+        return ReplayReport("unknown", agent_id, 0, error="the run has no events")
     try:
-        run = ReplayRun(events, pipeline=pipeline, blobs=blobs)
+        run = ReplayRun(chain([first], stream), pipeline=pipeline, blobs=blobs, digests=digests)
+    except KeyDestroyed as exc:
+        return _limited(chain([first], stream), agent_id, blobs, str(exc))
     except ReplayDivergence as exc:
         return ReplayReport(
             exc.divergence.run_id, agent_id, 0, exc.divergence, divergences=exc.divergences
@@ -46,3 +63,34 @@ def replay_run(
             run.run_id, agent_id, run.consumed, exc.divergence, divergences=exc.divergences
         )
     return ReplayReport(run.run_id, agent_id, run.consumed)
+
+
+def _limited(
+    events: Iterable[Envelope], agent_id: str | None, blobs: BlobReader | None, why: str
+) -> ReplayReport:
+    """The replay of a run whose bodies were destroyed: its code cannot be driven (its
+    input is gone with them), so the recorded control flow is checked from what is
+    left, the sequences, event types, digests and hash chain."""
+    from replayer._verify import verify_run
+
+    verified = verify_run(events, blobs=blobs)
+    note = (
+        f"limited replay: {why}. Control flow was checked from digests and the hash chain "
+        "only; state and content cannot be checked and the agent's code was not driven."
+    )
+    divergence = None
+    if not verified.ok and verified.problem is not None:
+        kind = (
+            DivergenceKind.SEQUENCE_GAP
+            if verified.problem == "sequence_gap"
+            else DivergenceKind.BROKEN_CHAIN
+        )
+        divergence = Divergence(
+            kind=kind,
+            run_id=verified.run_id,
+            sequence=verified.sequence or 0,
+            expected_type=None,
+            actual_type=None,
+            detail=verified.detail,
+        )
+    return ReplayReport(verified.run_id, agent_id, verified.events, divergence, limited=note)

@@ -24,6 +24,8 @@ class ReplayReport:
     """A replay that could not run at all (an unknown agent, an unreadable source)."""
     divergences: tuple[Divergence, ...] = ()
     """The first divergence of each level found, in sequence order."""
+    limited: str | None = None
+    """Why only control flow could be checked (the run's bodies were destroyed)."""
 
     def __post_init__(self) -> None:
         if self.divergence is not None and not self.divergences:
@@ -43,6 +45,9 @@ class ReplayReport:
         """
         if self.error is not None:
             return dict.fromkeys(LEVEL_NAMES, "unchecked")
+        if self.limited is not None:
+            flow = "fail" if self.divergences else "pass"
+            return {"control_flow": flow, "state": "unavailable", "content": "unavailable"}
         failed = {d.level for d in self.divergences}
         completed = "control_flow" not in failed
         return {
@@ -50,12 +55,22 @@ class ReplayReport:
             for name in LEVEL_NAMES
         }
 
+    @property
+    def result(self) -> str:
+        """``PASS``, ``LIMITED`` (passed what could be checked), ``DIVERGED`` or ``ERROR``."""
+        if self.error:
+            return "ERROR"
+        if not self.passed:
+            return "DIVERGED"
+        return "LIMITED" if self.limited else "PASS"
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form, for ``--json``."""
         return {
             "run_id": self.run_id,
             "agent_id": self.agent_id,
-            "result": "PASS" if self.passed else ("ERROR" if self.error else "DIVERGED"),
+            "result": self.result,
+            "limited": self.limited,
             "events": self.events,
             "levels": self.levels,
             "divergence": None if self.divergence is None else self.divergence.to_dict(),

@@ -21,12 +21,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import Engine, create_engine, text
 
-from replayer._access import opening_pipeline, recording_keys
+from replayer._access import Opening, opening, recording_keys
 from replayer._driver import replay_run
 from replayer._registry import AgentRegistry, load_entry
 from replayer._report import ReplayReport
 from replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
-from schemas import BlackboxError, Envelope, PayloadPipeline, Settings
+from schemas import BlackboxError, Envelope, Settings
 
 T = TypeVar("T")
 
@@ -119,10 +119,10 @@ def _reports(
     settings = Settings.from_env()
     engine = create_engine(settings.database_url)
     try:
-        pipeline = opening_pipeline(lambda: engine, purpose=scope.purpose)
+        reading = opening(lambda: engine, purpose=scope.purpose)
         if archive is not None:
             runs = _progress(_archive_runs(archive, run_id), None, console)
-            return [_replay_events(events, registry, pipeline) for events in runs]
+            return [_replay_events(events, registry, reading) for events in runs]
         ids = [run_id] if run_id else _indexed_runs(engine, scope)
         blobs = PostgresBlobs(engine)
         reports = []
@@ -130,7 +130,14 @@ def _reports(
             source = KafkaRunSource(settings, engine, rid)
             entry = registry.resolve(source.agent_id)
             reports.append(
-                replay_run(source, entry, pipeline=pipeline, blobs=blobs, agent_id=source.agent_id)
+                replay_run(
+                    source,
+                    entry,
+                    pipeline=reading.pipeline,
+                    digests=reading.digests,
+                    blobs=blobs,
+                    agent_id=source.agent_id,
+                )
             )
         return reports
     finally:
@@ -144,12 +151,18 @@ def _archive_runs(path: Path, run_id: str | None) -> Iterator[Iterator[Envelope]
 
 
 def _replay_events(
-    events: Iterator[Envelope], registry: AgentRegistry, pipeline: PayloadPipeline
+    events: Iterator[Envelope], registry: AgentRegistry, reading: Opening
 ) -> ReplayReport:
     first = next(events)
     agent = first.agent_id
     entry = registry.resolve(agent)
-    return replay_run(chain([first], events), entry, pipeline=pipeline, agent_id=agent)
+    return replay_run(
+        chain([first], events),
+        entry,
+        pipeline=reading.pipeline,
+        digests=reading.digests,
+        agent_id=agent,
+    )
 
 
 def _indexed_runs(engine: Engine, scope: _Scope) -> list[str]:
@@ -173,6 +186,7 @@ def _summary(reports: list[ReplayReport]) -> dict[str, object]:
     return {
         "runs": len(reports),
         "passed": sum(r.passed for r in reports),
+        "limited": sum(r.limited is not None for r in reports),
         "pass_rate": (sum(r.passed for r in reports) / len(reports)) if reports else None,
         "errors": sum(r.error is not None for r in reports),
         "divergence_kinds": dict(Counter(str(r.divergence.kind) for r in diverged if r.divergence)),
@@ -187,8 +201,11 @@ def _summary(reports: list[ReplayReport]) -> dict[str, object]:
 
 def _print_report(report: ReplayReport, console: Console) -> None:
     levels = ", ".join(f"{name.replace('_', ' ')} {state}" for name, state in report.levels.items())
+    if report.limited:
+        console.print(f"[yellow]LIMITED[/] {escape(report.limited)}")
     if report.passed:
-        console.print(f"[green]PASS[/] run {report.run_id} ({report.events} events): {levels}")
+        label = "[yellow]LIMITED[/]" if report.limited else "[green]PASS[/]"
+        console.print(f"{label} run {report.run_id} ({report.events} events): {levels}")
         return
     console.print(f"[red]DIVERGED[/] run {report.run_id} after {report.events} events: {levels}")
     for divergence in report.divergences:
@@ -305,7 +322,7 @@ def fork_command(
             effects="sandbox" if effects == "sandbox" else "refuse",
             engine=None if dry_run else engine,
             settings=Settings.from_env(),
-            pipeline=opening_pipeline(lambda: engine, purpose=purpose),
+            pipeline=opening(lambda: engine, purpose=purpose).pipeline,
             keys=recording_keys(),
         )
     except BlackboxError as exc:
@@ -354,7 +371,7 @@ def reexecute_command(
     try:
         events, engine = _parent_events(run_id, archive)
         opened = engine or create_engine(Settings.from_env().database_url)
-        pipeline = opening_pipeline(lambda: opened, purpose=purpose)
+        pipeline = opening(lambda: opened, purpose=purpose).pipeline
         send = openai_sender(base_url, os.environ.get(api_key_env, "not-set"))
         diffs = reexecute(events, send, pipeline=pipeline)
     except BlackboxError as exc:

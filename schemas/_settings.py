@@ -28,6 +28,12 @@ class Settings:
     max_payload_bytes: int = 16 * 1024 * 1024
     consumer_group: str = "blackbox-views"
     schema_registry_url: str | None = None
+    keyed_digest_classes: str = "sensitive,restricted"
+    """Classifications whose digests are HMAC-SHA256 under the tenant's key (comma list)."""
+
+    def keyed_digests(self, classification: str) -> bool:
+        """Whether runs of ``classification`` take keyed digests."""
+        return classification in {c.strip() for c in self.keyed_digest_classes.split(",")}
 
     @property
     def dlq_topic(self) -> str:

@@ -1,4 +1,4 @@
-"""Data keys, the access audit, the deletion ledger, and the three database roles.
+"""Data keys, tenant digest keys, the access audit, the deletion ledger, and the roles.
 
 Revision ID: 0002
 Revises: 0001
@@ -45,13 +45,25 @@ def upgrade() -> None:
         schema=SCHEMA,
     )
     op.create_index("data_keys_run", "data_keys", ["run_id"], schema=SCHEMA)
+    # One digest key per tenant: the HMAC key of sensitive runs' input and output digests.
+    op.create_table(
+        "tenant_keys",
+        sa.Column("tenant_id", sa.Text, primary_key=True),
+        sa.Column("kek_version", sa.Text, nullable=False),
+        sa.Column("wrapped", sa.LargeBinary, nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        schema=SCHEMA,
+    )
     op.create_table(
         "access_audit",
         sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
         sa.Column("at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
         sa.Column("principal", sa.Text, nullable=False),
         sa.Column("purpose", sa.Text, nullable=False),
-        sa.Column("run_id", sa.Text, nullable=False),
+        sa.Column("run_id", sa.Text),
+        sa.Column("tenant_id", sa.Text),
         sa.Column("key_id", sa.Text),
         sa.Column("outcome", sa.Text, nullable=False),
         schema=SCHEMA,
@@ -131,6 +143,8 @@ def _roles() -> None:
     op.execute(f"GRANT SELECT, INSERT, UPDATE ON {SCHEMA}.runs TO {writer}")
     op.execute(f"GRANT INSERT ON {SCHEMA}.outbox, {SCHEMA}.blobs, {SCHEMA}.data_keys TO {writer}")
     op.execute(f"GRANT SELECT, INSERT, UPDATE ON {SCHEMA}.effects TO {writer}")
+    # Agents take keyed digests themselves, so they read their tenant's wrapped key.
+    op.execute(f"GRANT SELECT, INSERT ON {SCHEMA}.tenant_keys TO {writer}")
     for role in ("blackbox_reader", "blackbox_replayer"):
         op.execute(f"GRANT SELECT ON {SCHEMA}.runs TO {role}")
     op.execute(f"GRANT SELECT ON {SCHEMA}.blobs TO blackbox_replayer")
@@ -141,7 +155,8 @@ def _roles() -> None:
 
 def downgrade() -> None:
     op.execute(f"DROP FUNCTION IF EXISTS {SCHEMA}.unwrap_data_key(text, text, text)")
-    for table in ("deletion_ledger", "access_audit", "data_keys"):
+    op.execute(f"DROP FUNCTION IF EXISTS {SCHEMA}.unwrap_tenant_key(text, text)")
+    for table in ("deletion_ledger", "access_audit", "tenant_keys", "data_keys"):
         op.drop_table(table, schema=SCHEMA)
     for role in ROLES:
         op.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA {SCHEMA} FROM {role}")

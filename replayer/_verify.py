@@ -1,0 +1,389 @@
+"""Tamper evidence: prove a stored run is the run that was recorded.
+
+:func:`verify_run` walks a run's envelopes once, in order, holding only the previous
+event's sequence and chain hash, so a run of any length verifies in constant memory.
+It checks that sequences are contiguous from 1, that every chain hash is the one the
+chain computes (so a changed byte anywhere in an envelope or its inline payload is
+found at its own sequence), that out-of-line bodies hash to their ``payload_ref``,
+and, given a signed :class:`~schemas.Checkpoint`, that a known signer signed exactly
+this log's head. It needs no data key, never opens a payload, and never puts payload
+content in its report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from outbox import BlobReader
+from schemas import GENESIS_CHAIN_HASH, BlackboxError, Envelope, EventType, digest_bytes
+from schemas._checkpoint import Checkpoint, CheckpointVerifier, ForgedCheckpoint
+from schemas._display import safe_text
+
+
+class Problem(StrEnum):
+    """What is wrong with a stored run; :attr:`VerifyReport.sequence` says where."""
+
+    NO_EVENTS = "no_events"
+    """The stream held no event at all."""
+    WRONG_RUN = "wrong_run"
+    """An envelope of another run is in the stream."""
+    SEQUENCE_GAP = "sequence_gap"
+    """An event is missing, repeated or out of order (or its sequence was changed)."""
+    BROKEN_CHAIN = "broken_chain"
+    """An event's chain hash is not the one the chain computes: the event, its inline
+    payload or its chain hash was changed after it was written."""
+    MISSING_PAYLOAD = "missing_payload"
+    """An event has neither an inline payload nor a ``payload_ref``."""
+    PAYLOAD_MISMATCH = "payload_mismatch"
+    """A body stored out of line is missing, unreadable, or does not hash to its ref."""
+    UNFINISHED = "unfinished"
+    """No ``run.finished`` event; a failure only with ``require_finished``."""
+    CHECKPOINT_MISSING = "checkpoint_missing"
+    """No checkpoint was given though one was required."""
+    CHECKPOINT_MISMATCH = "checkpoint_mismatch"
+    """A genuine checkpoint signed another run, tenant, length or head than the log's."""
+    FORGED_CHECKPOINT = "forged_checkpoint"
+    """The checkpoint's signature does not verify under any known signer key."""
+
+
+class CheckpointStatus(StrEnum):
+    """What became of the checkpoint; a ``str``, so it compares equal to its value."""
+
+    VALID = "valid"
+    """Genuine, and it signed exactly this log's run, tenant, last sequence and head."""
+    MISSING = "missing"
+    """No checkpoint was given."""
+    FORGED = "forged"
+    """Its signature does not verify."""
+    MISMATCH = "mismatch"
+    """Genuine, but what it signed is not this log."""
+    NOT_CHECKED = "not checked"
+    """Genuine, but the log went wrong before the signed head could be compared."""
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """The result of verifying one run. ``detail`` names sequences, digests and ids,
+    never payload content, and is already safe to print (see :func:`schemas.safe_text`)."""
+
+    run_id: str
+    events: int
+    """Envelopes read; the walk stops at the first problem in the log."""
+    problem: Problem | None = None
+    """The first problem found, or None when the run verified."""
+    sequence: int | None = None
+    """The first sequence at which the log is not sound: the bad event's, or the
+    missing one's. None for problems of the run as a whole."""
+    detail: str = ""
+    checkpoint: CheckpointStatus = CheckpointStatus.MISSING
+    finished: bool = False
+    """Whether the sound part of the log holds a ``run.finished`` event."""
+    last_sequence: int = 0
+    """The last event verified sound (0 when none was)."""
+    chain_head: str | None = None
+    """The chain hash of event :attr:`last_sequence`: what a signer signs."""
+    unchecked_blobs: int = 0
+    """Events whose out-of-line body was not checked because no blob reader was given."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run verified: no problem found."""
+        return self.problem is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready values."""
+        return {
+            "run_id": self.run_id,
+            "ok": self.ok,
+            "events": self.events,
+            "problem": None if self.problem is None else str(self.problem),
+            "sequence": self.sequence,
+            "detail": self.detail,
+            "checkpoint": str(self.checkpoint),
+            "finished": self.finished,
+            "last_sequence": self.last_sequence,
+            "chain_head": self.chain_head,
+            "unchecked_blobs": self.unchecked_blobs,
+        }
+
+
+def verify_run(
+    events: Iterable[Envelope],
+    *,
+    run_id: str | None = None,
+    blobs: BlobReader | None = None,
+    checkpoint: Checkpoint | None = None,
+    verifier: CheckpointVerifier | None = None,
+    require_checkpoint: bool = False,
+    require_finished: bool = False,
+) -> VerifyReport:
+    """Verify one run's stored envelopes, streamed in sequence order.
+
+    1. The checkpoint's signature, when one is given (this needs no log).
+    2. Every event in order: it is of the run, its sequence is the previous one's
+       plus 1 (from 1), its chain hash is the one the chain computes, it has a body,
+       and (with ``blobs``) its out-of-line body hashes to its ``payload_ref``.
+       Against a genuine checkpoint: the first event's run and tenant are the
+       checkpoint's, event ``last_sequence`` carries the signed head, and only
+       ``run.redacted`` events (appended when keys are destroyed) follow it.
+       The walk stops at the first problem.
+    3. At the end: there were events, the log reaches the signed sequence, the
+       checkpoint is genuine, a checkpoint was given if required, and a
+       ``run.finished`` was seen if required. A run without ``run.finished`` (still
+       running, or its process died) is otherwise not a failure: ``finished`` says so.
+
+    Args:
+        events: the run's envelopes in sequence order; read once.
+        run_id: the run expected; defaults to the first event's.
+        blobs: reads out-of-line bodies; without it they are counted in
+            ``unchecked_blobs``. Its errors are reported as ``payload_mismatch``.
+        checkpoint: the run's signed checkpoint, if there is one.
+        verifier: the signers' public keys; required with ``checkpoint``.
+        require_checkpoint: report ``checkpoint_missing`` when none is given.
+        require_finished: report ``unfinished`` when no ``run.finished`` was seen.
+
+    Raises:
+        ValueError: a checkpoint was given without a verifier.
+    """
+    if checkpoint is not None and verifier is None:
+        raise ValueError("verifying a checkpoint needs verifier= with the signers' public keys")
+    walk = _Walk(run_id, blobs)
+    signed = None if checkpoint is None or verifier is None else _Signed(checkpoint, verifier)
+    for envelope in events:
+        found = walk.step(envelope)
+        if found is None and signed is not None:
+            found = signed.see(envelope, walk.run_id)
+        if found is not None:
+            return walk.report(*found, signed=signed, checkpoint=checkpoint)
+    return _finish(walk, signed, checkpoint, require_checkpoint, require_finished)
+
+
+_Found = tuple[Problem, int | None, str]
+
+
+def _finish(
+    walk: _Walk,
+    signed: _Signed | None,
+    checkpoint: Checkpoint | None,
+    require_checkpoint: bool,
+    require_finished: bool,
+) -> VerifyReport:
+    """Step 3 of :func:`verify_run`, on a log found sound event by event."""
+    found: _Found | None = None
+    if walk.events == 0:
+        found = (Problem.NO_EVENTS, None, "the stream holds no event of the run")
+    elif signed is not None:
+        found = signed.finish(walk.last_sequence)
+    elif require_checkpoint:
+        found = (Problem.CHECKPOINT_MISSING, None, "no signed checkpoint was given")
+    if found is None and require_finished and not walk.finished:
+        found = (
+            Problem.UNFINISHED,
+            None,
+            f"no run.finished event; the log ends at sequence {walk.last_sequence}",
+        )
+    if found is None:
+        return walk.report(None, None, "", signed=signed, checkpoint=checkpoint)
+    return walk.report(*found, signed=signed, checkpoint=checkpoint)
+
+
+class _Walk:
+    """The log's side of the check: the previous event's sequence and chain hash."""
+
+    __slots__ = (
+        "_blobs",
+        "_chain",
+        "events",
+        "finished",
+        "last_sequence",
+        "run_id",
+        "unchecked_blobs",
+    )
+
+    def __init__(self, run_id: str | None, blobs: BlobReader | None) -> None:
+        self.run_id = run_id
+        self._blobs = blobs
+        self._chain = GENESIS_CHAIN_HASH
+        self.events = 0
+        self.last_sequence = 0
+        self.finished = False
+        self.unchecked_blobs = 0
+
+    def step(self, envelope: Envelope) -> _Found | None:
+        """Check the next envelope; on success it becomes the previous one."""
+        self.events += 1
+        if self.run_id is None:
+            self.run_id = envelope.run_id
+        at = self.last_sequence + 1
+        found = (
+            self._run(envelope, at)
+            or self._sequence(envelope, at)
+            or self._chained(envelope, at)
+            or self._body(envelope, at)
+        )
+        if found is None:
+            self.last_sequence = at
+            self._chain = envelope.chain_hash
+            self.finished = self.finished or envelope.event_type == EventType.RUN_FINISHED
+        return found
+
+    def _run(self, envelope: Envelope, at: int) -> _Found | None:
+        if envelope.run_id == self.run_id:
+            return None
+        return (
+            Problem.WRONG_RUN,
+            at,
+            f"the envelope read where sequence {at} belongs is of run "
+            f"{_show(envelope.run_id)}, not {_show(self.run_id)}",
+        )
+
+    def _sequence(self, envelope: Envelope, at: int) -> _Found | None:
+        if type(envelope.sequence) is int and envelope.sequence == at:
+            return None
+        after = f"after sequence {at - 1}" if at > 1 else "first"
+        return (
+            Problem.SEQUENCE_GAP,
+            at,
+            f"expected sequence {at} {after}, read sequence {_show(envelope.sequence)}: "
+            "an event is missing, repeated or out of order",
+        )
+
+    def _chained(self, envelope: Envelope, at: int) -> _Found | None:
+        try:
+            expected = envelope.expected_chain_hash(self._chain)
+        except (BlackboxError, TypeError, ValueError, AttributeError) as exc:
+            return (
+                Problem.BROKEN_CHAIN,
+                at,
+                f"event {at} cannot be hashed ({_show(exc)}): a field was changed",
+            )
+        if envelope.chain_hash == expected:
+            return None
+        return (
+            Problem.BROKEN_CHAIN,
+            at,
+            f"event {at} ({_show(envelope.event_type)}) carries chain hash "
+            f"{_show(envelope.chain_hash)}, the chain computes {expected}: the event or "
+            "its payload was changed after it was written",
+        )
+
+    def _body(self, envelope: Envelope, at: int) -> _Found | None:
+        ref = envelope.payload_ref
+        if ref is None:
+            if envelope.payload is None:
+                return (Problem.MISSING_PAYLOAD, at, f"event {at} has no payload and no payload_ref")
+            return None
+        if self._blobs is None:
+            self.unchecked_blobs += 1
+            return None
+        try:
+            actual = digest_bytes(self._blobs.read(ref))
+        except Exception as exc:  # any reader's failure is a finding, never a crash
+            return (
+                Problem.PAYLOAD_MISMATCH,
+                at,
+                f"event {at}: blob {_show(ref)} cannot be read ({_show(exc)})",
+            )
+        if actual == ref:
+            return None
+        return (
+            Problem.PAYLOAD_MISMATCH,
+            at,
+            f"event {at}: blob {_show(ref)} holds bytes hashing to {actual}: it was changed",
+        )
+
+    def report(
+        self,
+        problem: Problem | None,
+        sequence: int | None,
+        detail: str,
+        *,
+        signed: _Signed | None,
+        checkpoint: Checkpoint | None,
+    ) -> VerifyReport:
+        run_id = self.run_id
+        if run_id is None:
+            run_id = "" if checkpoint is None else checkpoint.run_id
+        return VerifyReport(
+            run_id=run_id,
+            events=self.events,
+            problem=problem,
+            sequence=sequence,
+            detail=detail,
+            checkpoint=CheckpointStatus.MISSING if signed is None else signed.status,
+            finished=self.finished,
+            last_sequence=self.last_sequence,
+            chain_head=None if self.last_sequence == 0 else self._chain,
+            unchecked_blobs=self.unchecked_blobs,
+        )
+
+
+class _Signed:
+    """The checkpoint's side of the check, fed every event found sound."""
+
+    __slots__ = ("_checkpoint", "_forged", "status")
+
+    def __init__(self, checkpoint: Checkpoint, verifier: CheckpointVerifier) -> None:
+        self._checkpoint = checkpoint
+        self._forged: str | None = None
+        self.status = CheckpointStatus.NOT_CHECKED
+        try:
+            verifier.verify(checkpoint)
+        except ForgedCheckpoint as exc:
+            self._forged = safe_text(exc.reason, limit=300)
+            self.status = CheckpointStatus.FORGED
+
+    def see(self, envelope: Envelope, run_id: str | None) -> _Found | None:
+        """Compare a sound event with what was signed; a forged checkpoint signed
+        nothing, so it is compared with nothing."""
+        if self._forged is not None:
+            return None
+        signed = self._checkpoint
+        at = envelope.sequence
+        if at == 1 and (signed.run_id != run_id or signed.tenant_id != envelope.tenant_id):
+            return self._mismatch(
+                at,
+                f"the checkpoint signed run {_show(signed.run_id)} of tenant "
+                f"{_show(signed.tenant_id)}, the log is run {_show(run_id)} of tenant "
+                f"{_show(envelope.tenant_id)}",
+            )
+        if at == signed.last_sequence:
+            if envelope.chain_hash != signed.chain_head:
+                return self._mismatch(
+                    at,
+                    f"the checkpoint signed head {_show(signed.chain_head)} at sequence "
+                    f"{at}, the log has {envelope.chain_hash}: the log was rewritten",
+                )
+            self.status = CheckpointStatus.VALID
+        elif at > signed.last_sequence and envelope.event_type != EventType.RUN_REDACTED:
+            return self._mismatch(
+                at,
+                f"event {at} ({_show(envelope.event_type)}) follows the signed head at "
+                f"sequence {signed.last_sequence}; only run.redacted may",
+            )
+        return None
+
+    def finish(self, last_sequence: int) -> _Found | None:
+        """After the last event: the log reached the signed head, and the signature."""
+        if self._forged is not None:
+            return (Problem.FORGED_CHECKPOINT, None, self._forged)
+        signed = self._checkpoint
+        if last_sequence < signed.last_sequence:
+            return self._mismatch(
+                last_sequence + 1,
+                f"the log ends at sequence {last_sequence}, the checkpoint signed "
+                f"{signed.last_sequence} events: events were removed from the end",
+            )
+        return None
+
+    def _mismatch(self, at: int, detail: str) -> _Found:
+        self.status = CheckpointStatus.MISMATCH
+        return (Problem.CHECKPOINT_MISMATCH, at, detail)
+
+
+def _show(value: object) -> str:
+    """A value from the log (any field may have been tampered with) as safe, short text."""
+    return safe_text(value, limit=80)

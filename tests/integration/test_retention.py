@@ -1,0 +1,156 @@
+"""Retention and deletion on the real stack: crypto-shredding reaches every copy.
+
+Encrypted runs are recorded for two data subjects and relayed to Kafka; a copy of the
+topic is taken; then one subject is forgotten. Their bodies no longer open from the
+topic, from the copy taken before, or after an old backup of the key store is restored
+(the ledger in the topic is re-applied); the other subject's run still replays.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from consumers import RetentionJob, RetentionPolicy, ledger_entries, reapply_ledger
+from keystore import AesGcmSealer, AuditedKeys, DataKeyStore, KeyDestroyed, LocalKeyProvider
+from outbox import AgentRun, Recorder, Relay, RunSnapshot
+from replayer import replay_run
+from schemas import Envelope, EventType, PayloadPipeline, Settings
+from tests.integration._kafka import read_topic
+from tests.integration._views import build_views
+
+pytestmark = pytest.mark.integration
+
+PROVIDER = LocalKeyProvider({"v1": os.urandom(32)})
+POLICY = RetentionPolicy.from_mapping({"standard": {"bodies_days": 30, "metadata_days": 400}})
+
+
+def agent(run: AgentRun, input: Any) -> Any:
+    found = run.call("lookup", lambda who: {"address": f"{who} lives at 1 Main St"}, input["who"])
+    run.transition("found", state={"address": found["address"]})
+    return found["address"]
+
+
+def _record(engine: Engine, settings: Settings, who: str) -> str:
+    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER))
+    snapshot = RunSnapshot(code_version="retention.1", input={"who": who})
+    run, _ = recorder.record(agent, snapshot, agent_id="retention", subject_ids=(who,))
+    return run.run_id
+
+
+def _relay(engine: Engine, settings: Settings) -> None:
+    relay = Relay(engine, settings=settings)
+    try:
+        relay.drain(timeout=60)
+    finally:
+        relay.close()
+
+
+def _by_run(messages: list[tuple[int, int, Envelope]]) -> dict[str, list[Envelope]]:
+    runs: dict[str, list[Envelope]] = {}
+    for _, _, envelope in sorted(messages, key=lambda m: (m[0], m[1])):
+        runs.setdefault(envelope.run_id, []).append(envelope)
+    return runs
+
+
+def _pipeline(engine: Engine, purpose: str) -> PayloadPipeline:
+    return PayloadPipeline(sealer=AesGcmSealer(AuditedKeys(engine, PROVIDER, purpose=purpose)))
+
+
+def test_forget_destroys_a_subjects_bodies_everywhere(engine: Engine, settings: Settings) -> None:
+    alice = [_record(engine, settings, "alice") for _ in range(2)]
+    bob = _record(engine, settings, "bob")
+    _relay(engine, settings)
+    copy = _by_run(read_topic(settings.kafka_bootstrap, settings.topic, expect=12))
+    with engine.connect() as conn:
+        backup = conn.execute(text("SELECT * FROM blackbox.data_keys")).mappings().all()
+
+    report = RetentionJob(engine, policy=POLICY, settings=settings).forget("alice")
+    assert sorted(r.run_id for r in report.redacted) == sorted(alice)
+    assert all(len(r.key_ids) == 1 for r in report.redacted)
+    assert RetentionJob(engine, policy=POLICY, settings=settings).forget("alice").redacted == ()
+
+    _relay(engine, settings)
+    now = _by_run(read_topic(settings.kafka_bootstrap, settings.topic, expect=14))
+    for run_id in alice:
+        assert now[run_id][-1].event_type == EventType.RUN_REDACTED
+        for source in (now[run_id], copy[run_id]):  # the topic today, and the old copy
+            with pytest.raises(KeyDestroyed, match=f"run {run_id} key dk-"):
+                _pipeline(engine, "forget test").unpack(source[1])
+        limited = replay_run(now[run_id], agent, pipeline=_pipeline(engine, "limited"))
+        assert limited.result == "LIMITED", limited.to_dict()
+        assert limited.levels == {
+            "control_flow": "pass",
+            "state": "unavailable",
+            "content": "unavailable",
+        }
+        assert limited.limited is not None
+        assert "destroyed" in limited.limited
+    kept = replay_run(copy[bob], agent, pipeline=_pipeline(engine, "bob still replays"))
+    assert kept.result == "PASS", kept.divergence and kept.divergence.describe()
+
+    build_views(settings, engine, expect=14)
+    with engine.connect() as conn:
+        flags = dict(conn.execute(text("SELECT run_id, limited_replay FROM blackbox_views.runs")))
+        ledger = conn.execute(
+            text("SELECT action, run_id, subject_id FROM blackbox.deletion_ledger")
+        ).all()
+    assert flags == {alice[0]: True, alice[1]: True, bob: False}
+    assert sorted(ledger) == sorted(("shred_keys", run_id, "alice") for run_id in alice)
+
+    # An old backup of the key store comes back; the ledger in the topic wins.
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM blackbox.data_keys"))
+        for row in backup:
+            conn.execute(
+                text(
+                    "INSERT INTO blackbox.data_keys (key_id, run_id, tenant_id, kek_version, "
+                    "wrapped, created_at) VALUES (:key_id, :run_id, :tenant_id, :kek_version, "
+                    ":wrapped, :created_at)"
+                ),
+                dict(row),
+            )
+    entries = list(ledger_entries(settings))
+    assert sorted(e.run_id for e in entries) == sorted(alice)
+    again = reapply_ledger(engine, entries)
+    assert sorted(run_id for run_id, _ in again) == sorted(alice)
+    for run_id in alice:
+        with pytest.raises(KeyDestroyed):
+            _pipeline(engine, "after restore").unpack(copy[run_id][1])
+    assert replay_run(copy[bob], agent, pipeline=_pipeline(engine, "after restore")).passed
+
+
+def test_retention_shreds_expired_bodies_then_deletes_expired_metadata(
+    engine: Engine, settings: Settings
+) -> None:
+    run_id = _record(engine, settings, "carol")
+    start = datetime.now(UTC)
+
+    def job(days: int) -> RetentionJob:
+        at = start + timedelta(days=days)
+        return RetentionJob(engine, policy=POLICY, settings=settings, clock=lambda: at)
+
+    assert job(29).run_once().redacted == ()
+    shredded = job(31).run_once()
+    assert [(r.run_id, r.reason) for r in shredded.redacted] == [(run_id, "retention")]
+    assert job(31).run_once().metadata_deleted == ()  # metadata is kept far longer
+    _relay(engine, settings)  # run.redacted leaves the outbox before metadata can go
+    assert job(401).run_once().metadata_deleted == (run_id,)
+    with engine.connect() as conn:
+        left = conn.execute(
+            text("SELECT count(*) FROM blackbox.runs WHERE run_id = :r"), {"r": run_id}
+        ).scalar_one()
+        actions = (
+            conn.execute(
+                text("SELECT action FROM blackbox.deletion_ledger WHERE run_id = :r ORDER BY id"),
+                {"r": run_id},
+            )
+            .scalars()
+            .all()
+        )
+    assert left == 0
+    assert actions == ["shred_keys", "delete_metadata"]
