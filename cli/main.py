@@ -16,7 +16,7 @@ from rich.logging import RichHandler
 from sqlalchemy import create_engine
 
 from consumers import migrate_views
-from consumers.cli import consume_command
+from consumers.cli import consume_command, forget_command, ledger_group, retention_group
 from outbox import Relay, RelayOptions, migrate_write_side
 from replayer.cli import fork_command, reexecute_command, replay_command
 from schemas import BlackboxError, Settings
@@ -45,6 +45,9 @@ main.add_command(replay_command, "replay")
 main.add_command(fork_command, "fork")
 main.add_command(reexecute_command, "reexecute")
 main.add_command(schemas_group, "schemas")
+main.add_command(retention_group, "retention")
+main.add_command(forget_command, "forget")
+main.add_command(ledger_group, "ledger")
 
 
 @main.command()
