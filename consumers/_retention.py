@@ -236,7 +236,8 @@ class RetentionJob:
     def forget(self, subject_id: str) -> RetentionReport:
         """Shred every run linked to ``subject_id`` (a deletion request)."""
         with self._engine.connect() as conn:
-            run_ids = [str(r) for r in conn.execute(_SUBJECT_RUNS, {"subject": subject_id})]
+            rows = conn.execute(_SUBJECT_RUNS, {"subject": subject_id}).scalars()
+            run_ids = [str(r) for r in rows]
         redacted = []
         for run_id in run_ids:
             with self._engine.begin() as conn:

@@ -95,7 +95,8 @@ def test_forget_destroys_a_subjects_bodies_everywhere(engine: Engine, settings: 
 
     build_views(settings, engine, expect=14)
     with engine.connect() as conn:
-        flags = dict(conn.execute(text("SELECT run_id, limited_replay FROM blackbox_views.runs")))
+        rows = conn.execute(text("SELECT run_id, limited_replay FROM blackbox_views.runs"))
+        flags = {str(run_id): bool(flag) for run_id, flag in rows}
         ledger = conn.execute(
             text("SELECT action, run_id, subject_id FROM blackbox.deletion_ledger")
         ).all()
