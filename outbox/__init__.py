@@ -38,6 +38,14 @@ from outbox._migrate import migrate_write_side
 from outbox._protocol import AgentRun
 from outbox._recorder import Recorder, Run
 from outbox._recovery import PendingEffect
+from outbox._redaction import (
+    DEFAULT_DETECTORS,
+    DETECTORS,
+    Redacted,
+    RedactionConfigError,
+    Redactor,
+    placeholder,
+)
 from outbox._relay import EVENT_ID_HEADER, Relay, RelayOptions
 from outbox._replay import (
     BlobReader,
@@ -102,6 +110,8 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "DEFAULT_DETECTORS",
+    "DETECTORS",
     "EVENT_ID_HEADER",
     "NOTIFY_CHANNEL",
     "SCHEMA",
@@ -134,6 +144,9 @@ __all__ = [
     "RecordedStream",
     "RecordedTools",
     "Recorder",
+    "Redacted",
+    "RedactionConfigError",
+    "Redactor",
     "RefuseEffects",
     "Relay",
     "RelayMetrics",
@@ -157,6 +170,7 @@ __all__ = [
     "ensure_topic",
     "migrate_write_side",
     "outbox",
+    "placeholder",
     "producer_config",
     "relay_leases",
     "relay_members",

@@ -148,20 +148,22 @@ class RunCore:
         """Check the request, then say how the response becomes its ``llm.call``."""
         self.check_active()
         chosen = model or str(request.get("model", "unknown"))
-        input_digest = self.identity.digest(
-            llm_input(provider, chosen, request), path="llm.request"
-        )
+        scrub, fired = self.scrub, set[str]()
+        request = scrub.value(dict(request), fired)
+        inputs = llm_input(provider, chosen, request)
+        input_digest = self.identity.digest(inputs, path="llm.request")
 
         def crossing(response: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
+            seen = set(fired)
             built = llm_call(
                 provider=provider,
                 model=chosen,
                 request=request,
-                response=response,
-                error=error,
+                response=None if response is None else scrub.value(dict(response), seen),
+                error=scrub.error(error, seen),
                 latency_ms=latency_ms,
             )
-            return replace(built, input_digest=input_digest)
+            return scrub.mark(replace(built, input_digest=input_digest), seen)
 
         return crossing
 

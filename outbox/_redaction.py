@@ -125,9 +125,11 @@ DETECTORS: Mapping[str, Detector] = MappingProxyType(
         "api_key": Detector(
             r"\b(?:sk-(?:proj-)?[A-Za-z0-9_-]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
             r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-            r"|xox[baprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})" + _KEY_END,
-            "sAgx",
-            ("sk-", "AKIA", "ASIA", "_", "xox", "AIza"),
+            r"|xox[baprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}"
+            # JSON web tokens: three base64url parts, the first an encoded '{"'.
+            r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})" + _KEY_END,
+            "sAgxe",
+            ("sk-", "AKIA", "ASIA", "_", "xox", "AIza", "eyJ"),
         ),
         "email": Detector(
             r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]++@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}"

@@ -532,3 +532,10 @@ def test_from_file_errors_name_the_file_and_the_fix(tmp_path: Path) -> None:
     listed.write_text('["email"]')
     with pytest.raises(RedactionConfigError, match=r"listed\.json.*must be an object"):
         Redactor.from_file(listed)
+
+
+def test_a_bare_json_web_token_is_an_api_key_whatever_the_configuration() -> None:
+    token = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LXRva2Vu.Q29va2llU2lnbmF0dXJl"
+    redacted = Redactor(detectors=[], paths=[]).redact({"content": f"my token is {token}."})
+    assert redacted.value == {"content": "my token is [redacted:api_key]."}
+    assert redacted.fired == ("api_key",)
