@@ -16,9 +16,16 @@ from rich.logging import RichHandler
 from sqlalchemy import create_engine
 
 from consumers import migrate_views
-from consumers.cli import consume_command, forget_command, ledger_group, retention_group
+from consumers.cli import (
+    consume_command,
+    forget_command,
+    ledger_group,
+    retention_group,
+    sign_command,
+)
+from keystore.cli import keys_group
 from outbox import Relay, RelayOptions, migrate_write_side
-from replayer.cli import fork_command, reexecute_command, replay_command
+from replayer.cli import fork_command, reexecute_command, replay_command, verify_command
 from schemas import BlackboxError, Settings
 from schemas.cli import schemas_group
 from stack.cli import stack_group
@@ -48,6 +55,9 @@ main.add_command(schemas_group, "schemas")
 main.add_command(retention_group, "retention")
 main.add_command(forget_command, "forget")
 main.add_command(ledger_group, "ledger")
+main.add_command(verify_command, "verify")
+main.add_command(sign_command, "sign")
+main.add_command(keys_group, "keys")
 
 
 @main.command()

@@ -13,6 +13,7 @@ through the caller's connection and never commits.
 """
 
 from consumers._batch import BatchOutcome, Delivered, Projection
+from consumers._checkpoints import CheckpointConsumer, load_checkpoint, sign_batch
 from consumers._errors import (
     ConsumerError,
     DeadLetterFailed,
@@ -62,6 +63,7 @@ __all__ = [
     "DLQ_TOPIC",
     "VIEWS_SCHEMA",
     "BatchOutcome",
+    "CheckpointConsumer",
     "ClientConfig",
     "ConsumerError",
     "ConsumerMetrics",
@@ -90,10 +92,12 @@ __all__ = [
     "events_index",
     "integrity_violations",
     "ledger_entries",
+    "load_checkpoint",
     "load_offsets",
     "migrate_views",
     "reapply_ledger",
     "runs_view",
     "shred_run_txn",
+    "sign_batch",
     "views_screen",
 ]

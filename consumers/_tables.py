@@ -111,3 +111,26 @@ consumer_offsets = Table(
     PrimaryKeyConstraint("group_id", "topic", "partition"),
 )
 """The next Kafka offset each consumer group reads, committed with the view rows."""
+
+chain_heads = Table(
+    "chain_heads",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("last_sequence", BigInteger, nullable=False),
+    Column("chain_head", Text, nullable=False),
+    Column("broken_at", BigInteger),
+)
+"""The checkpoint signer's position in each run's hash chain."""
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("last_sequence", BigInteger, nullable=False),
+    Column("chain_head", Text, nullable=False),
+    Column("signer_key_id", Text, nullable=False),
+    Column("signature", Text, nullable=False),
+    Column("signed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+"""One signed chain head per finished run (Ed25519, base64)."""

@@ -18,6 +18,7 @@ from rich.table import Table
 from sqlalchemy import create_engine
 
 from consumers._batch import BatchOutcome
+from consumers._checkpoints import CheckpointConsumer
 from consumers._migrate import migrate_views
 from consumers._retention import (
     RetentionJob,
@@ -27,7 +28,7 @@ from consumers._retention import (
     reapply_ledger,
 )
 from consumers._runtime import ViewConsumer
-from schemas import BlackboxError, Settings
+from schemas import BlackboxError, CheckpointSigner, Settings
 
 _PROGRESS_EVERY_S = 2.0
 
@@ -209,4 +210,31 @@ def ledger_reapply() -> None:
     click.echo(
         f"{len(entries)} ledger entries in {settings.topic}; {len(again)} data keys a restore "
         "had brought back were destroyed again"
+    )
+
+
+@click.command("sign")
+@click.option(
+    "--until-idle",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Stop once no message arrived for this long (default: run until SIGTERM/SIGINT).",
+)
+def sign_command(until_idle: float | None) -> None:
+    """Sign each run's chain head when it ends (key: BLACKBOX_SIGNING_KEY_FILE)."""
+    console = Console(stderr=True, log_path=False)
+    settings = Settings.from_env()
+    stop = threading.Event()
+    try:
+        signer = CheckpointSigner.from_env()
+        migrate_views(settings.database_url)
+        console.log(f"signing chain heads of [bold]{settings.topic}[/] as {signer.key_id}")
+        with _stop_on_signals(stop), CheckpointConsumer(settings, signer) as consumer:
+            total = consumer.run(stop, until_idle, on_batch=_Progress(console))
+    except BlackboxError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"{total.messages:,} messages: {total.inserted:,} chained, {total.duplicates:,} "
+        f"repeats, {total.violations:,} chain breaks (those runs are not signed)"
     )

@@ -13,18 +13,23 @@ from replayer._sources import (
     read_archive,
     write_archive,
 )
+from replayer._verify import CheckpointStatus, Problem, VerifyReport, verify_run
 
 __all__ = [
     "LEVEL_NAMES",
     "AgentEntry",
     "AgentRegistry",
+    "CheckpointStatus",
     "KafkaRunSource",
     "PostgresBlobs",
+    "Problem",
     "ReplayReport",
     "SourceError",
     "UnknownAgent",
+    "VerifyReport",
     "load_entry",
     "read_archive",
     "replay_run",
+    "verify_run",
     "write_archive",
 ]

@@ -17,6 +17,7 @@ from outbox import (
     ReplayRun,
 )
 from replayer._report import ReplayReport
+from replayer._verify import verify_run
 from schemas import Envelope, PayloadPipeline
 
 AgentEntry = Callable[[AgentRun, Any], Any]
@@ -71,8 +72,6 @@ def _limited(
     """The replay of a run whose bodies were destroyed: its code cannot be driven (its
     input is gone with them), so the recorded control flow is checked from what is
     left, the sequences, event types, digests and hash chain."""
-    from replayer._verify import verify_run
-
     verified = verify_run(events, blobs=blobs)
     note = (
         f"limited replay: {why}. Control flow was checked from digests and the hash chain "

@@ -18,9 +18,17 @@ from enum import StrEnum
 from typing import Any
 
 from outbox import BlobReader
-from schemas import GENESIS_CHAIN_HASH, BlackboxError, Envelope, EventType, digest_bytes
-from schemas._checkpoint import Checkpoint, CheckpointVerifier, ForgedCheckpoint
-from schemas._display import safe_text
+from schemas import (
+    GENESIS_CHAIN_HASH,
+    BlackboxError,
+    Checkpoint,
+    CheckpointVerifier,
+    Envelope,
+    EventType,
+    ForgedCheckpoint,
+    digest_bytes,
+    safe_text,
+)
 
 
 class Problem(StrEnum):
@@ -158,7 +166,13 @@ def verify_run(
             found = signed.see(envelope, walk.run_id)
         if found is not None:
             return walk.report(*found, signed=signed, checkpoint=checkpoint)
-    return _finish(walk, signed, checkpoint, require_checkpoint, require_finished)
+    return _finish(
+        walk,
+        signed,
+        checkpoint=checkpoint,
+        require_checkpoint=require_checkpoint,
+        require_finished=require_finished,
+    )
 
 
 _Found = tuple[Problem, int | None, str]
@@ -167,6 +181,7 @@ _Found = tuple[Problem, int | None, str]
 def _finish(
     walk: _Walk,
     signed: _Signed | None,
+    *,
     checkpoint: Checkpoint | None,
     require_checkpoint: bool,
     require_finished: bool,
@@ -175,6 +190,8 @@ def _finish(
     found: _Found | None = None
     if walk.events == 0:
         found = (Problem.NO_EVENTS, None, "the stream holds no event of the run")
+        if signed is not None:
+            signed.see_nothing()
     elif signed is not None:
         found = signed.finish(walk.last_sequence)
     elif require_checkpoint:
@@ -274,7 +291,11 @@ class _Walk:
         ref = envelope.payload_ref
         if ref is None:
             if envelope.payload is None:
-                return (Problem.MISSING_PAYLOAD, at, f"event {at} has no payload and no payload_ref")
+                return (
+                    Problem.MISSING_PAYLOAD,
+                    at,
+                    f"event {at} has no payload and no payload_ref",
+                )
             return None
         if self._blobs is None:
             self.unchecked_blobs += 1
@@ -365,6 +386,11 @@ class _Signed:
                 f"sequence {signed.last_sequence}; only run.redacted may",
             )
         return None
+
+    def see_nothing(self) -> None:
+        """An empty log: a genuine checkpoint says it should not be."""
+        if self._forged is None:
+            self.status = CheckpointStatus.MISMATCH
 
     def finish(self, last_sequence: int) -> _Found | None:
         """After the last event: the log reached the signed head, and the signature."""

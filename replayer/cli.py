@@ -1,4 +1,4 @@
-"""``blackbox replay``: replay one run or a whole history through today's code."""
+"""``blackbox replay``, ``fork``, ``reexecute`` and ``verify``: the replayer's commands."""
 
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ from replayer._driver import replay_run
 from replayer._registry import AgentRegistry, load_entry
 from replayer._report import ReplayReport
 from replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
+from replayer._verify_cli import verify_command
 from schemas import BlackboxError, Envelope, Settings
+
+__all__ = ["fork_command", "reexecute_command", "replay_command", "verify_command"]
 
 T = TypeVar("T")
 

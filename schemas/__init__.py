@@ -15,6 +15,14 @@ from schemas._canonical import (
     digest,
     digest_bytes,
 )
+from schemas._checkpoint import (
+    Checkpoint,
+    CheckpointSigner,
+    CheckpointVerifier,
+    ForgedCheckpoint,
+    SigningKeyError,
+    key_fingerprint,
+)
 from schemas._codec import (
     CONFLUENT_MAGIC,
     SINGLE_OBJECT_MAGIC,
@@ -30,6 +38,7 @@ from schemas._compat import (
     check_registry,
     incompatibilities,
 )
+from schemas._display import safe_text
 from schemas._envelope import GENESIS_CHAIN_HASH, Envelope, next_chain_hash
 from schemas._errors import (
     BlackboxError,
@@ -76,6 +85,9 @@ __all__ = [
     "BodyCodec",
     "BodyEncodingError",
     "BodyReader",
+    "Checkpoint",
+    "CheckpointSigner",
+    "CheckpointVerifier",
     "CompatibilityProblem",
     "CompatibilityReport",
     "DataKey",
@@ -83,6 +95,7 @@ __all__ = [
     "Envelope",
     "EnvelopeCodec",
     "EventType",
+    "ForgedCheckpoint",
     "Incompatibility",
     "JsonValue",
     "KeyUnavailable",
@@ -100,6 +113,7 @@ __all__ = [
     "Sealed",
     "Sealer",
     "Settings",
+    "SigningKeyError",
     "Step",
     "UndecodableMessage",
     "UnknownSchemaVersion",
@@ -112,8 +126,10 @@ __all__ = [
     "digest",
     "digest_bytes",
     "incompatibilities",
+    "key_fingerprint",
     "llm_call_v1_to_v2",
     "llm_tool_call",
     "llm_usage",
     "next_chain_hash",
+    "safe_text",
 ]

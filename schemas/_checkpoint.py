@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
+    NoEncryption,
+    PrivateFormat,
     PublicFormat,
     load_pem_private_key,
     load_pem_public_key,
@@ -226,6 +228,10 @@ class CheckpointSigner:
     def public_key(self) -> Ed25519PublicKey:
         """The public half, for a :class:`CheckpointVerifier`."""
         return self._key.public_key()
+
+    def private_key_pem(self) -> bytes:
+        """The private key as unencrypted PKCS#8 PEM, to store where only the signer reads."""
+        return self._key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
 
     def public_key_pem(self) -> bytes:
         """The public key as PEM (SubjectPublicKeyInfo), to hand to verifiers."""

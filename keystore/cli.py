@@ -1,0 +1,76 @@
+"""``blackbox keys``: create key-encryption and signing keys, rotate data-key wrapping."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+from rich.console import Console
+from sqlalchemy import create_engine
+
+from keystore._errors import KeyProviderError
+from keystore._postgres import DataKeyStore
+from keystore._provider import LocalKeyProvider
+from schemas import BlackboxError, CheckpointSigner, Settings
+
+
+@click.group("keys")
+def keys_group() -> None:
+    """Key-encryption keys (BLACKBOX_KEK_FILE) and the checkpoint signing key."""
+
+
+@keys_group.command("init")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--version", "version", default="v1", show_default=True, help="KEK version name.")
+@click.option(
+    "--add", is_flag=True, help="Add a new current version to the existing key file PATH."
+)
+def keys_init(path: Path, version: str, add: bool) -> None:
+    """Write a key file with a fresh AES-256 KEK (owner-only permissions)."""
+    if path.exists() and not add:
+        raise click.ClickException(f"{path} exists; pass --add to add version {version} to it")
+    try:
+        LocalKeyProvider.write_file(path, version=version, add_to=path if add else None)
+    except (KeyProviderError, OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    Console().print(
+        f"KEK version {version} written to {path}; set BLACKBOX_KEK_FILE={path} for agents, "
+        "the relay-side jobs and the replayer, and keep a copy somewhere safe"
+    )
+
+
+@keys_group.command("signing")
+@click.argument("path", type=click.Path(path_type=Path))
+def keys_signing(path: Path) -> None:
+    """Write a fresh Ed25519 checkpoint signing key (PEM) and its public key beside it."""
+    if path.exists():
+        raise click.ClickException(f"{path} exists; choose another path")
+    signer = CheckpointSigner.generate()
+    private = signer.private_key_pem()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(private)
+    public = path.with_suffix(".pub.pem")
+    public.write_bytes(signer.public_key_pem())
+    Console().print(
+        f"signing key {signer.key_id}: {path} (for `blackbox sign` only; agents never get "
+        f"it), public key {public} (for `blackbox verify`: BLACKBOX_SIGNING_PUBLIC_KEYS)"
+    )
+
+
+@keys_group.command("rotate")
+def keys_rotate() -> None:
+    """Re-wrap every data key under the current KEK version of BLACKBOX_KEK_FILE."""
+    provider = LocalKeyProvider.from_env()
+    if provider is None:
+        raise click.ClickException("set BLACKBOX_KEK_FILE (holding the old and the new version)")
+    engine = create_engine(Settings.from_env().database_url)
+    try:
+        with Console(stderr=True).status(f"re-wrapping under {provider.current_version}"):
+            count = DataKeyStore(provider).rotate(engine)
+    except BlackboxError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        engine.dispose()
+    Console().print(f"{count} keys re-wrapped under KEK version {provider.current_version}")
