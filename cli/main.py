@@ -25,7 +25,13 @@ from consumers.cli import (
 )
 from keystore.cli import keys_group
 from outbox import Relay, RelayOptions, migrate_write_side
-from replayer.cli import fork_command, reexecute_command, replay_command, verify_command
+from replayer.cli import (
+    fork_command,
+    reexecute_command,
+    replay_command,
+    timeline_command,
+    verify_command,
+)
 from schemas import BlackboxError, Settings
 from schemas.cli import schemas_group
 from stack.cli import stack_group
@@ -56,6 +62,7 @@ main.add_command(retention_group, "retention")
 main.add_command(forget_command, "forget")
 main.add_command(ledger_group, "ledger")
 main.add_command(verify_command, "verify")
+main.add_command(timeline_command, "timeline")
 main.add_command(sign_command, "sign")
 main.add_command(keys_group, "keys")
 

@@ -13,7 +13,6 @@ from types import FrameType
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import create_engine
 
@@ -28,7 +27,7 @@ from consumers._retention import (
     reapply_ledger,
 )
 from consumers._runtime import ViewConsumer
-from schemas import BlackboxError, CheckpointSigner, Settings
+from schemas import BlackboxError, CheckpointSigner, Settings, safe_text
 
 _PROGRESS_EVERY_S = 2.0
 
@@ -180,9 +179,9 @@ def forget_command(subject_id: str, as_json: bool) -> None:
         return
     console = Console()
     if not report.redacted:
-        console.print(f"no run of subject {escape(subject_id)} had bodies left to destroy")
+        console.print(f"no run of subject {safe_text(subject_id)} had bodies left to destroy")
         return
-    _print_redactions(report, console, title=f"Runs of subject {escape(subject_id)}")
+    _print_redactions(report, console, title=f"Runs of subject {safe_text(subject_id)}")
     console.print(
         f"{len(report.redacted)} runs redacted; each was announced by a run.redacted event "
         "and written to the deletion ledger"

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, create_engine, text
 from consumers import ViewConsumer, migrate_views
 from examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
 from outbox import Recorder, Relay, migrate_write_side
-from schemas import Settings
+from schemas import Settings, safe_text
 from stack import LocalStack
 
 
@@ -204,14 +204,14 @@ def _show(
     for column in ("status", "runs", "events"):
         table.add_column(column, justify="right" if column != "status" else "left")
     for status, count, total in statuses:
-        table.add_row(str(status), str(count), str(total))
+        table.add_row(safe_text(status), str(count), str(total))
     console.print(table)
 
     table = Table(title="Events by boundary type")
     table.add_column("event type")
     table.add_column("events", justify="right")
     for event_type, count in types:
-        table.add_row(str(event_type), str(count))
+        table.add_row(safe_text(event_type), str(count))
     console.print(table)
 
     table = Table(title="Kafka partitions (key = run_id, murmur2)")
@@ -225,7 +225,7 @@ def _show(
     for column in ("run", "status", "events", "last seq", "code version", "ms"):
         table.add_column(column, no_wrap=True)
     for row in sample:
-        table.add_row(*(str(value) for value in row))
+        table.add_row(*(safe_text(value) for value in row))  # values from the log
     console.print(table)
 
     console.print(

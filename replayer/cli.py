@@ -16,7 +16,6 @@ from typing import TypeVar
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import Engine, create_engine, text
@@ -26,10 +25,17 @@ from replayer._driver import replay_run
 from replayer._registry import AgentRegistry, load_entry
 from replayer._report import ReplayReport
 from replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
+from replayer._timeline import timeline_command
 from replayer._verify_cli import verify_command
-from schemas import BlackboxError, Envelope, Settings
+from schemas import BlackboxError, Envelope, Settings, safe_text
 
-__all__ = ["fork_command", "reexecute_command", "replay_command", "verify_command"]
+__all__ = [
+    "fork_command",
+    "reexecute_command",
+    "replay_command",
+    "timeline_command",
+    "verify_command",
+]
 
 T = TypeVar("T")
 
@@ -89,7 +95,7 @@ def replay_command(
         scope = _Scope(agent_id, since, limit, every, purpose)
         reports = _reports(run_id, archive, registry, scope, console)
     except BlackboxError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        console.print(f"[red]error:[/] {safe_text(str(exc))}")
         sys.exit(2)
     if as_json:
         payload = _summary(reports) if every else reports[0].to_dict()
@@ -205,7 +211,7 @@ def _summary(reports: list[ReplayReport]) -> dict[str, object]:
 def _print_report(report: ReplayReport, console: Console) -> None:
     levels = ", ".join(f"{name.replace('_', ' ')} {state}" for name, state in report.levels.items())
     if report.limited:
-        console.print(f"[yellow]LIMITED[/] {escape(report.limited)}")
+        console.print(f"[yellow]LIMITED[/] {safe_text(report.limited)}")
     if report.passed:
         label = "[yellow]LIMITED[/]" if report.limited else "[green]PASS[/]"
         console.print(f"{label} run {report.run_id} ({report.events} events): {levels}")
@@ -223,7 +229,7 @@ def _print_report(report: ReplayReport, console: Console) -> None:
             "detail": divergence.detail or "",
         }
         for name, value in rows.items():
-            table.add_row(name, escape(value))
+            table.add_row(name, safe_text(value))
         console.print(table)
 
 
@@ -329,7 +335,7 @@ def fork_command(
             keys=recording_keys(),
         )
     except BlackboxError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        console.print(f"[red]error:[/] {safe_text(str(exc))}")
         sys.exit(2)
     summary = {
         "run_id": result.run_id,
@@ -345,8 +351,8 @@ def fork_command(
     else:
         Console().print(
             f"fork {result.run_id} of {result.parent_run_id}: {result.status}"
-            + (f" ({escape(result.error)})" if result.error else "")
-            + f"; changes {escape(json.dumps(dict(result.changes)))}"
+            + (f" ({safe_text(result.error)})" if result.error else "")
+            + f"; changes {safe_text(json.dumps(dict(result.changes)))}"
         )
     sys.exit(0 if result.status == "succeeded" else 1)
 
@@ -378,7 +384,7 @@ def reexecute_command(
         send = openai_sender(base_url, os.environ.get(api_key_env, "not-set"))
         diffs = reexecute(events, send, pipeline=pipeline)
     except BlackboxError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        console.print(f"[red]error:[/] {safe_text(str(exc))}")
         sys.exit(2)
     if as_json:
         rows = [
@@ -393,12 +399,12 @@ def reexecute_command(
         ]
         click.echo(json.dumps({"run_id": run_id, "calls": rows}, indent=2, default=str))
     else:
-        table = Table(title=f"LLM calls of {run_id}, re-sent to {escape(base_url)}")
+        table = Table(title=f"LLM calls of {run_id}, re-sent to {safe_text(base_url)}")
         for column in ("sequence", "model", "result", "changed"):
             table.add_column(column)
         for d in diffs:
             result = "same" if d.same else ("error" if d.error else "differs")
             detail = d.error or ", ".join(d.changed)
-            table.add_row(str(d.sequence), escape(d.model), result, escape(detail))
+            table.add_row(str(d.sequence), safe_text(d.model), result, safe_text(detail))
         Console().print(table)
     sys.exit(0 if all(d.same for d in diffs) else 1)

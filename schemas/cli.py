@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 from fastavro.schema import SchemaParseException
 from rich.console import Console
-from rich.markup import escape
 
 from schemas._compat import CompatibilityReport, check_registry
+from schemas._display import safe_text
 from schemas._migrations import MigratorRegistry, default_migrators
 from schemas._registry import AVSC_DIR, SchemaRegistry
 
@@ -44,7 +44,7 @@ def check_command(directory: Path) -> None:
         raise click.ClickException(f"cannot load the schemas of {directory}: {exc}") from exc
     console = Console(stderr=True)
     for problem in report.problems:
-        console.print(f"[red]incompatible:[/] {escape(problem.describe())}")
+        console.print(f"[red]incompatible:[/] {safe_text(problem.describe())}")
     summary = (
         f"{len(report.resolved)} version pairs checked by Avro resolution, "
         f"{len(report.migrated)} covered by migrators"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import sys
 import unicodedata
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -154,3 +155,28 @@ def test_every_hidden_code_point_is_escaped() -> None:
     out = safe_text("".join(hidden))
     assert not any(unicodedata.category(c) in HIDDEN for c in out)
     assert out.count("\\") == len(hidden)
+
+
+def test_a_timeline_of_a_hostile_run_prints_no_control_sequence() -> None:
+    import io
+
+    from rich.console import Console
+
+    from outbox import MemoryRecorder, RunSnapshot
+    from replayer._timeline import timeline_table
+    from schemas import PayloadPipeline
+
+    hostile = "\x1b]0;owned\x07\x1b[2J[bold red]boom[/]\u202ereversed\x9b31m"
+
+    def agent(run: Any, input: Any) -> Any:
+        return run.call("echo", lambda text: text, hostile)
+
+    recorder = MemoryRecorder()
+    run, _ = recorder.record(agent, RunSnapshot("t.1", hostile), agent_id="x")
+    out = io.StringIO()
+    table = timeline_table(run.run_id, recorder.events, pipeline=PayloadPipeline())
+    Console(file=out, force_terminal=True, color_system=None, width=400).print(table)
+    printed = out.getvalue()
+    for forbidden in ("\x1b]", "\x1b[2J", "\x07", "\u202e", "\x9b"):
+        assert forbidden not in printed
+    assert "[bold red]boom" in printed  # shown as text, not interpreted

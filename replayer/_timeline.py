@@ -1,0 +1,84 @@
+"""``blackbox timeline``: one run, event by event, safe to print whatever it holds."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import create_engine
+
+from replayer._access import opening
+from replayer._sources import KafkaRunSource, read_archive
+from schemas import BlackboxError, Envelope, PayloadPipeline, Settings, safe_text
+
+BODY_LIMIT = 160
+"""Characters of a body shown per event; a timeline is for reading, not for export."""
+
+
+def timeline_table(
+    run_id: str, events: Iterable[Envelope], *, pipeline: PayloadPipeline | None = None
+) -> Table:
+    """The run as a table: sequence, type, time, attributes and, with ``pipeline``, a
+    shortened body. Every value from the log passes :func:`schemas.safe_text`."""
+    table = Table(title=f"Run {safe_text(run_id)}")
+    for column in ("seq", "event", "recorded at", "attributes", *(("body",) if pipeline else ())):
+        table.add_column(column, overflow="fold")
+    for envelope in events:
+        attributes = ", ".join(f"{k}={v}" for k, v in sorted(envelope.attributes.items()))
+        row = [
+            str(envelope.sequence),
+            safe_text(envelope.event_type),
+            envelope.recorded_at.isoformat(timespec="milliseconds"),
+            safe_text(attributes, limit=BODY_LIMIT),
+        ]
+        if pipeline is not None:
+            row.append(_body(envelope, pipeline))
+        table.add_row(*row)
+    return table
+
+
+def _body(envelope: Envelope, pipeline: PayloadPipeline) -> str:
+    if envelope.payload is None:
+        return safe_text(f"(out of line: {envelope.payload_ref})")
+    try:
+        body = pipeline.unpack(envelope)
+    except BlackboxError as exc:
+        return safe_text(f"({type(exc).__name__}: {exc})", limit=BODY_LIMIT)
+    return safe_text(json.dumps(body, default=str, ensure_ascii=False), limit=BODY_LIMIT)
+
+
+@click.command("timeline")
+@click.argument("run_id")
+@click.option("--bodies", is_flag=True, help="Show each event's body (needs --purpose).")
+@click.option(
+    "--purpose",
+    envvar="BLACKBOX_PURPOSE",
+    default=None,
+    help="Why the bodies are read; written to the access audit with every key unwrapped.",
+)
+@click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
+def timeline_command(run_id: str, bodies: bool, purpose: str | None, archive: Path | None) -> None:
+    """Show RUN_ID event by event (metadata only, unless --bodies)."""
+    console = Console(stderr=True)
+    if bodies and not purpose:
+        raise click.UsageError("--bodies reads recorded content: give --purpose")
+    settings = Settings.from_env()
+    engine = create_engine(settings.database_url)
+    try:
+        events = (
+            list(read_archive(archive, run_id=run_id))
+            if archive is not None
+            else list(KafkaRunSource(settings, engine, run_id))
+        )
+        pipeline = opening(lambda: engine, purpose=purpose).pipeline if bodies and purpose else None
+        Console().print(timeline_table(run_id, events, pipeline=pipeline))
+    except BlackboxError as exc:
+        console.print(f"[red]error:[/] {safe_text(exc)}")
+        sys.exit(2)
+    finally:
+        engine.dispose()
