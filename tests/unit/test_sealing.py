@@ -1,0 +1,99 @@
+"""Envelope encryption without a database: sealing, opening, and each bad input's error."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+
+from keystore import (
+    SEALED_ENCODING,
+    AesGcmSealer,
+    CiphertextCorrupt,
+    KeystoreError,
+    LocalKeyProvider,
+    UnknownKeyVersion,
+    WrongKey,
+    wrapping_aad,
+)
+from outbox import MemoryRecorder, RunSnapshot
+from schemas import DataKey, Envelope, KeyUnavailable, PayloadContext, PayloadPipeline
+
+KEY = DataKey("dk-test", os.urandom(32))
+
+
+class OneKey:
+    """Opening keys that know one data key."""
+
+    def opening_key(self, run_id: str, key_id: str) -> bytes:
+        if key_id != KEY.key_id:
+            raise KeystoreError(f"run {run_id} key {key_id}: unknown")
+        return KEY.secret
+
+
+def _sealed_run() -> list[Envelope]:
+    """A run's events, their bodies sealed under :data:`KEY` as a recorder would."""
+    recorder = MemoryRecorder()
+    run = recorder.start_run(RunSnapshot("s.1", {"q": "secret question"}), agent_id="s")
+    run.call("lookup", lambda q: {"answer": "secret answer"}, "q")
+    run.finish(output="done")
+    plain, sealing = PayloadPipeline(), PayloadPipeline(sealer=AesGcmSealer())
+    sealed = []
+    for e in recorder.events[1:]:
+        context = PayloadContext(e.run_id, e.sequence, e.event_id, e.tenant_id, data_key=KEY)
+        out = sealing.pack(e.event_type, e.body_version, plain.unpack(e), context)
+        sealed.append(
+            replace(e, payload=out.data, key_id=out.key_id, payload_encoding=out.encoding)
+        )
+    return sealed
+
+
+def test_sealed_bodies_open_with_their_key_and_hold_no_plaintext() -> None:
+    events = _sealed_run()
+    assert {e.payload_encoding for e in events} == {SEALED_ENCODING}
+    assert all(b"secret answer" not in (e.payload or b"") for e in events)
+    body = PayloadPipeline(sealer=AesGcmSealer(OneKey())).unpack(events[0])
+    assert "secret answer" in body["result_json"]
+
+
+@pytest.mark.parametrize(
+    ("mangle", "complaint"),
+    [
+        (lambda e: replace(e, payload=(e.payload or b"")[:-1]), "does not authenticate"),
+        (lambda e: replace(e, payload=(e.payload or b"")[:10]), "truncated"),
+        (lambda e: replace(e, sequence=e.sequence + 1), "belongs to another event"),
+        (lambda e: replace(e, payload_encoding="avro+rot13"), "not one this release opens"),
+    ],
+    ids=["cut", "truncated", "moved", "unknown encoding"],
+)
+def test_a_bad_ciphertext_names_the_run_and_the_key(mangle: object, complaint: str) -> None:
+    envelope = mangle(_sealed_run()[0])  # type: ignore[operator]
+    with pytest.raises(CiphertextCorrupt, match=complaint) as caught:
+        PayloadPipeline(sealer=AesGcmSealer(OneKey())).unpack(envelope)
+    assert f"run {envelope.run_id}" in str(caught.value)
+    assert "key dk-test" in str(caught.value)
+
+
+def test_key_encryption_keys_refuse_the_wrong_key_and_unknown_versions() -> None:
+    aad = wrapping_aad("run-1", "dk-1")
+    wrapped = LocalKeyProvider({"v1": os.urandom(32)}).wrap(KEY.secret, aad=aad)
+    with pytest.raises(WrongKey, match="KEK version v1"):
+        LocalKeyProvider({"v1": os.urandom(32)}).unwrap(wrapped, aad=aad)
+    with pytest.raises(UnknownKeyVersion, match="v1 is not held"):
+        LocalKeyProvider({"v2": os.urandom(32)}).unwrap(wrapped, aad=aad)
+    assert isinstance(WrongKey("x"), KeyUnavailable)  # replay reports it, not tampering
+
+
+def test_a_key_file_round_trips_and_a_bad_one_says_what_to_fix(tmp_path: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "kek.json"
+    LocalKeyProvider.write_file(path, version="v1")
+    LocalKeyProvider.write_file(path, version="v2", add_to=path)
+    provider = LocalKeyProvider.from_file(path)
+    assert (provider.versions, provider.current_version) == (("v1", "v2"), "v2")
+    assert path.stat().st_mode & 0o077 == 0
+    path.write_text("{}", encoding="utf-8")
+    with pytest.raises(KeystoreError, match="is not a key file"):
+        LocalKeyProvider.from_file(path)
