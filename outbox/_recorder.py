@@ -134,6 +134,8 @@ class Recorder(RecorderBase[Engine]):
         tenant_id: str = "default",
         subject_ids: tuple[str, ...] = (),
         run_id: str | None = None,
+        classification: str = "internal",
+        retention_class: str = "standard",
     ) -> tuple[Run, T]:
         """Run ``entry(run, snapshot.input)`` as a recorded run; its return value is the
         run's recorded output, so a replay can check it.
@@ -142,7 +144,13 @@ class Recorder(RecorderBase[Engine]):
         Returns the finished run and the output.
         """
         run = self.start_run(
-            snapshot, agent_id=agent_id, tenant_id=tenant_id, subject_ids=subject_ids, run_id=run_id
+            snapshot,
+            agent_id=agent_id,
+            tenant_id=tenant_id,
+            subject_ids=subject_ids,
+            run_id=run_id,
+            classification=classification,
+            retention_class=retention_class,
         )
         return run, run.drive(entry, snapshot.input)
 

@@ -24,13 +24,14 @@ from keystore import (
     AuditedKeys,
     DataKeyMissing,
     DataKeyStore,
+    KeystoreError,
     LocalKeyProvider,
     UnknownKeyVersion,
     WrongKey,
 )
 from outbox import AgentRun, Recorder, RunSnapshot
 from replayer import replay_run
-from schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings
+from schemas import Envelope, EnvelopeCodec, KeyUnavailable, PayloadPipeline, Settings, digest
 
 pytestmark = pytest.mark.integration
 
@@ -214,3 +215,34 @@ def test_rotation_rewraps_keys_and_leaves_events_alone(
     keys = AuditedKeys(login("blackbox_replayer"), only_v2, purpose="after rotation")
     report = replay_run(before, agent, pipeline=PayloadPipeline(sealer=AesGcmSealer(keys)))
     assert report.passed, report.divergence and report.divergence.describe()
+
+
+def test_sensitive_runs_take_keyed_digests_and_replay_through_audited_tenant_keys(
+    engine: Engine, settings: Settings, provider: LocalKeyProvider, login: Any
+) -> None:
+    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(provider))
+    snapshot = RunSnapshot(code_version="keys.1", input={"ticket": "T-1"})
+    run, _ = recorder.record(agent, snapshot, agent_id="keys", classification="sensitive")
+    events = _envelopes(engine, run.run_id)
+    assert all(e.input_digest.startswith("hmac-sha256:") for e in events)
+    assert all(e.output_digest.startswith("hmac-sha256:") for e in events)
+    # A guess hashed without the tenant's key does not find the recorded digest.
+    assert digest({"result": {"note": f"{SECRET} for T-1"}, "error": None}) not in {
+        e.output_digest for e in events
+    }
+    replayer = login("blackbox_replayer")
+    keys = AuditedKeys(replayer, provider, purpose="sensitive replay")
+    opened = PayloadPipeline(sealer=AesGcmSealer(keys))
+    report = replay_run(events, agent, pipeline=opened, digests=keys)
+    assert report.passed, report.divergence and report.divergence.describe()
+    with pytest.raises(KeyUnavailable, match=f"run {run.run_id} of tenant default"):
+        replay_run(events, agent, pipeline=opened)
+    with engine.connect() as conn:
+        outcomes = conn.execute(
+            text("SELECT tenant_id, outcome FROM blackbox.access_audit WHERE key_id IS NULL")
+        ).all()
+    assert outcomes == [("default", "digest key")]
+    with pytest.raises(KeystoreError, match="take keyed digests"):
+        Recorder(engine, settings=settings).start_run(
+            snapshot, agent_id="keys", classification="sensitive"
+        )

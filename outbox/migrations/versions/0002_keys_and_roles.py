@@ -123,6 +123,26 @@ def _unwrap_function() -> None:
         """
     )
     op.execute(f"REVOKE ALL ON FUNCTION {SCHEMA}.unwrap_data_key(text, text, text) FROM PUBLIC")
+    op.execute(
+        f"""
+        CREATE FUNCTION {SCHEMA}.unwrap_tenant_key(p_tenant_id text, p_purpose text)
+        RETURNS TABLE (kek_version text, wrapped bytea)
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+        BEGIN
+            IF p_purpose IS NULL OR length(btrim(p_purpose)) < 3 THEN
+                RAISE EXCEPTION 'a purpose is required to unwrap digest keys'
+                    USING ERRCODE = '22023';
+            END IF;
+            INSERT INTO {SCHEMA}.access_audit (principal, purpose, tenant_id, outcome)
+            VALUES (session_user, p_purpose, p_tenant_id, 'digest key');
+            RAISE LOG 'blackbox unwrap: principal=% purpose=% tenant digest key=%',
+                session_user, p_purpose, p_tenant_id;
+            RETURN QUERY SELECT t.kek_version, t.wrapped FROM {SCHEMA}.tenant_keys t
+                          WHERE t.tenant_id = p_tenant_id;
+        END $$
+        """
+    )
+    op.execute(f"REVOKE ALL ON FUNCTION {SCHEMA}.unwrap_tenant_key(text, text) FROM PUBLIC")
 
 
 def _roles() -> None:
@@ -150,6 +170,9 @@ def _roles() -> None:
     op.execute(f"GRANT SELECT ON {SCHEMA}.blobs TO blackbox_replayer")
     op.execute(
         f"GRANT EXECUTE ON FUNCTION {SCHEMA}.unwrap_data_key(text, text, text) TO blackbox_replayer"
+    )
+    op.execute(
+        f"GRANT EXECUTE ON FUNCTION {SCHEMA}.unwrap_tenant_key(text, text) TO blackbox_replayer"
     )
 
 
