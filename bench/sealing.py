@@ -3,7 +3,8 @@
 Two recorders share one database in the same process: one plain, one encrypting every
 run under its own data key (AES-256-GCM, wrapped by a key-encryption key generated for
 the bench). Their calls are timed in alternating rounds, so both see the same machine.
-Figures: the time to seal one tool-call body next to packing it plain, and the recorder's
+Figures: the time to seal one tool-call body next to packing it plain, an output digest
+keyed (HMAC-SHA256, for sensitive classes) next to plain SHA-256, and the recorder's
 p50 and p99 per call with encryption off and on, with their ratio (target: at most 1.2).
 
     python -m bench.sealing [--events 2000] [--rounds 4]
@@ -21,7 +22,7 @@ from sqlalchemy import create_engine
 from bench._common import bench_settings, drop_runs, emit, percentile, progress, stage
 from keystore import AesGcmSealer, DataKeyStore, LocalKeyProvider
 from outbox import Recorder, RunSnapshot
-from schemas import DataKey, PayloadContext, PayloadPipeline
+from schemas import DataKey, Digester, KeyedDigest, PayloadContext, PayloadPipeline, digest
 
 BENCH = "sealing"
 RATIO_TARGET = 1.2
@@ -39,6 +40,15 @@ def pack_cost(pipeline: PayloadPipeline, key: DataKey | None, *, n: int = 20_000
     started = time.perf_counter()
     for i in range(n):
         pipeline.pack("tool.call", 1, BODY, PayloadContext("run", i + 1, "e", "t", data_key=key))
+    return (time.perf_counter() - started) / n * 1e6
+
+
+def digest_cost(take: Digester, *, n: int = 50_000) -> float:
+    """Microseconds to take the output digest of one tool call."""
+    output = {"result": {"note": "x" * 300, "id": 42}, "error": None}
+    started = time.perf_counter()
+    for _ in range(n):
+        take(output)
     return (time.perf_counter() - started) / n * 1e6
 
 
@@ -69,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     emit(BENCH, "pack_plain_us", pack_cost(PayloadPipeline(), None), unit="us")
     sealed = PayloadPipeline(sealer=AesGcmSealer())
     emit(BENCH, "pack_sealed_us", pack_cost(sealed, key), unit="us")
+    emit(BENCH, "digest_sha256_us", digest_cost(digest), unit="us")
+    emit(BENCH, "digest_hmac_us", digest_cost(KeyedDigest(os.urandom(32))), unit="us")
     settings = bench_settings(BENCH)
     engine = create_engine(settings.database_url, pool_size=4)
     plain = Recorder(engine, settings=settings)
