@@ -171,6 +171,8 @@ class Replayed:
     events: int
     seconds: float
     """From opening the archive to the finished report."""
+    cpu_seconds: float
+    """CPU time the process spent on it (one thread: at most ``seconds``)."""
     peak_rss_mb: float
     """The peak resident set of the process: the interpreter, the imports, the replay."""
     growth_mb: float
@@ -187,13 +189,14 @@ def replay_archive(path: Path) -> Replayed:
     Runs in the process of its own that :func:`replay_fresh` starts.
     """
     before = _peak_rss_mb()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     report = replay_run(read_archive(path), loop_agent, agent_id=BENCH)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     peak = _peak_rss_mb()
     return Replayed(
         events=report.events,
         seconds=seconds,
+        cpu_seconds=cpu,
         peak_rss_mb=peak,
         growth_mb=peak - before,
         passed=report.passed,
@@ -252,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         target=THROUGHPUT_TARGET,
         events=long.events,
     )
+    emit(BENCH, "events_per_cpu_s", long.events / long.cpu_seconds, unit="events/s")
     for result in (long, bounded):
         emit(
             BENCH,

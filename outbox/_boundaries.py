@@ -194,6 +194,26 @@ def recorded_output(event_type: str, body: Mapping[str, Any]) -> Any:
     return {}
 
 
+def recorded_output_json(event_type: str, body: Mapping[str, Any]) -> bytes | None:
+    """The canonical JSON of :func:`recorded_output`, composed from the JSON texts the
+    body already holds (they were written canonical), for the frequent kinds; None for
+    the others. Replay digests every output: this skips re-encoding the value. A body
+    whose JSON text was rewritten, even to an equal value, no longer matches."""
+    match event_type:
+        case EventType.TOOL_CALL:
+            error = body["error"]
+            text = body["result_json"] or "null"
+            head = "null" if error is None else canonical_text(error)
+            return f'{{"error":{head},"result":{text}}}'.encode()
+        case EventType.CLOCK_READ:
+            return f'{{"value_us":{int(body["value_us"])}}}'.encode()
+        case EventType.RANDOM_DRAW:
+            return f'{{"value":{body["value_json"] or "null"}}}'.encode()
+        case EventType.STATE_TRANSITION:
+            return f'{{"state":{body["state_json"] or "null"}}}'.encode()
+    return None
+
+
 def random_draw(*, kind: str, arguments: Mapping[str, Any], value: Any) -> Crossing:
     """A draw of randomness: a float, an integer range, a UUID."""
     inputs = random_input(kind, arguments)

@@ -160,6 +160,7 @@ ALWAYS_ON: tuple[str, ...] = ("api_key", "bearer_token")
 _MIN_LENGTH = 6
 _CARD_INTS = range(10**12, 10**19)
 _CREDENTIAL_PLACEHOLDER = placeholder(CREDENTIAL)
+_INERT_SCALARS = frozenset({bool, float, type(None)})
 _PATH_PLACEHOLDER = placeholder("path")
 
 _Live: TypeAlias = tuple[tuple[str, tuple[str, ...]], ...]
@@ -300,6 +301,27 @@ class Redactor:
         """The rules of ``BLACKBOX_REDACTION_FILE``, or every detector by default."""
         path = (os.environ if environ is None else environ).get("BLACKBOX_REDACTION_FILE")
         return cls.from_file(Path(path)) if path else cls()
+
+    def inert(self, value: Any) -> bool:
+        """Whether no rule can fire anywhere in ``value``, checked far faster than
+        :meth:`redact` runs: scalars, strings too short for any detector, and lists of
+        them, when no path rule is configured. Mappings always go through :meth:`redact`
+        (their keys may be credentials)."""
+        if self._paths:
+            return False
+        kind = type(value)
+        if kind is str:
+            return len(value) < _MIN_LENGTH  # shorter than any credential name, too
+        if kind is int:
+            return not (self._card_ints and value in _CARD_INTS)
+        if kind in _INERT_SCALARS:
+            return True
+        if kind is list or kind is tuple:
+            for item in value:  # noqa: SIM110 -- a loop: all() over a generator costs more
+                if not self.inert(item):
+                    return False
+            return True
+        return False
 
     def redact(self, value: Any) -> Redacted:
         """Return a redacted deep copy of ``value`` (tuples become lists); never mutates it."""

@@ -41,12 +41,14 @@ from schemas import (
     PayloadPipeline,
     UnknownSchemaVersion,
     digest,
+    digest_bytes,
 )
 
 T = TypeVar("T")
 # Where a bad input is named in errors, by event type (built once: replay digests
 # the input of every event).
 _INPUT_PATHS = {event_type: f"{event_type}.input" for event_type in EventType}
+_FINISHED = EventType.RUN_FINISHED
 # Frames of these packages are the recorder's own; the call site is the first other one.
 _OWN_MODULES = ("outbox.", "replayer.")
 
@@ -388,13 +390,16 @@ class ReplayRun:
     def _take(self, event_type: EventType, inputs: Any) -> tuple[Envelope, dict[str, Any], Any]:
         """The next event, checked in the order that names the most precise cause:
         sequence, type, input digest, body against output digest, chain hash."""
-        self._check_readable()
+        if self._unreadable is not None:
+            raise self._unreadable
         actual = None if inputs is None else self._digest(inputs, path=_INPUT_PATHS[event_type])
-        envelope = self._next()
+        envelope = self._peeked
+        if envelope is None:
+            envelope = next(self._events, None)
+        else:
+            self._peeked = None
         expected_seq = self._sequence + 1
-        if envelope is None or (
-            envelope.event_type == EventType.RUN_FINISHED and event_type != EventType.RUN_FINISHED
-        ):
+        if envelope is None or (envelope.event_type == _FINISHED and event_type != _FINISHED):
             self._diverge(
                 DivergenceKind.MISSING_EVENT,
                 expected_seq,
@@ -477,7 +482,11 @@ class ReplayRun:
                 fatal=True,  # there is no recorded output to go on with
             )
         output = b.recorded_output(envelope.event_type, body)
-        actual = self._digest(output)
+        material = b.recorded_output_json(envelope.event_type, body)
+        if material is not None and self._digest is digest:
+            actual = digest_bytes(material)
+        else:
+            actual = self._digest(output)
         if actual != envelope.output_digest:
             self._diverge(
                 DivergenceKind.TAMPERED_OUTPUT,

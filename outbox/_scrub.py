@@ -54,7 +54,7 @@ class Scrub:
 
     def value(self, value: Any, fired: set[str]) -> Any:
         """``value`` with every rule applied; the rules that fired are added to ``fired``."""
-        if self._redactor is None:
+        if self._redactor is None or self._redactor.inert(value):
             return value
         redacted = self._redactor.redact(value)
         fired.update(redacted.fired)
@@ -65,6 +65,8 @@ class Scrub:
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Positional and keyword arguments, scrubbed as one value (so ``api_key=`` and a
         path rule like ``kwargs.customer.email`` apply)."""
+        if not kwargs and (self._redactor is None or self._redactor.inert(args)):
+            return args, {}
         scrubbed = self.value({"args": list(args), "kwargs": dict(kwargs)}, fired)
         return tuple(scrubbed["args"]), scrubbed["kwargs"]
 

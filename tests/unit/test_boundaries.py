@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -139,3 +140,46 @@ def test_shard_of_is_stable_and_in_range() -> None:
 )
 def test_murmur2_matches_kafka(key: bytes, java_hash: int) -> None:
     assert murmur2(key) == java_hash & 0xFFFFFFFF
+
+
+def test_composed_output_json_is_the_canonical_json_of_the_recorded_output() -> None:
+    # Replay digests outputs from the body's own JSON texts; they must be exactly the
+    # canonical JSON of the value it hands back, for every kind it composes.
+    from pathlib import Path
+
+    from outbox import AgentRun, MemoryRecorder, RunSnapshot
+    from outbox._boundaries import recorded_output, recorded_output_json
+    from replayer import read_archive
+    from schemas import PayloadPipeline, canonical_json
+
+    def agent(run: AgentRun, input: Any) -> Any:
+        run.call("t", lambda: {"é": [1.5, 1e-07, None, "x\\u2028"], "n": -(10**20)})
+        with pytest.raises(RuntimeError):
+            run.call("fails", _raise)
+        run.random(), run.randint(1, 6), run.uuid(), run.now(), run.monotonic()
+        run.transition("s", state={"b": [True, 0.1], "a": "ü"})
+        return None
+
+    recorder = MemoryRecorder()
+    recorder.record(agent, RunSnapshot("c.1"), agent_id="c")
+    golden = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v1.avro"
+    events = [*recorder.events, *read_archive(golden)]
+    pipeline, composed = PayloadPipeline(), 0
+    for envelope in events:
+        body = pipeline.unpack(envelope)
+        material = recorded_output_json(envelope.event_type, body)
+        if material is not None:
+            composed += 1
+            expected = canonical_json(recorded_output(envelope.event_type, body))
+            assert material == expected, envelope.event_type
+    assert {e.event_type for e in recorder.events} >= {
+        "tool.call",
+        "random.draw",
+        "clock.read",
+        "state.transition",
+    }
+    assert composed >= 10
+
+
+def _raise() -> None:
+    raise RuntimeError("tool failed")

@@ -539,3 +539,22 @@ def test_a_bare_json_web_token_is_an_api_key_whatever_the_configuration() -> Non
     redacted = Redactor(detectors=[], paths=[]).redact({"content": f"my token is {token}."})
     assert redacted.value == {"content": "my token is [redacted:api_key]."}
     assert redacted.fired == ("api_key",)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [4, 2.5, None, True, "short", [1, "ab", None], (3, 4), "x" * 5],
+)
+def test_inert_values_are_the_ones_redaction_leaves_alone(value: Any) -> None:
+    redactor = Redactor()
+    assert redactor.inert(value)
+    assert redactor.redact(value).fired == ()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [4111111111111111, "a@b.io", {"k": 1}, ["cookie", "x"], [["a", "a@b.io"]]],
+)
+def test_values_a_rule_may_touch_are_not_inert(value: Any) -> None:
+    assert not Redactor().inert(value)
+    assert not Redactor(detectors=[], paths=["x"]).inert(1)
