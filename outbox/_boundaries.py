@@ -9,7 +9,7 @@ input of a boundary is exactly what the agent code decides, and nothing it recei
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,38 +160,7 @@ def recorded_output(event_type: str, body: Mapping[str, Any]) -> Any:
     It is exactly what record mode digested as the output, so its digest must equal
     the envelope's ``output_digest``; anything else means the body was altered.
     """
-
-    def loads(name: str) -> Any:
-        raw = body.get(name)
-        return None if raw is None else json.loads(raw)
-
-    match event_type:
-        case EventType.TOOL_CALL:
-            return {"result": loads("result_json"), "error": body["error"]}
-        case EventType.LLM_CALL:
-            return {"response": loads("raw_response_json"), "error": body["error"]}
-        case EventType.CLOCK_READ:
-            return {"value_us": body["value_us"]}
-        case EventType.RANDOM_DRAW:
-            return {"value": loads("value_json")}
-        case EventType.EFFECT_RECEIPT:
-            return {
-                "status": body["status"],
-                "external_id": body["external_id"],
-                "result": loads("result_json"),
-                "error": body["error"],
-            }
-        case EventType.STATE_TRANSITION:
-            return {"state": loads("state_json")}
-        case EventType.RUN_REDACTED:
-            return {"key_ids": list(body["key_ids"])}
-        case EventType.RUN_FINISHED:
-            return {
-                "output": loads("output_json"),
-                "error": body["error"],
-                "final_state_digest": body["final_state_digest"],
-            }
-    return {}
+    return recorded(event_type, body)[0]
 
 
 def recorded_output_json(event_type: str, body: Mapping[str, Any]) -> bytes | None:
@@ -199,19 +168,79 @@ def recorded_output_json(event_type: str, body: Mapping[str, Any]) -> bytes | No
     body already holds (they were written canonical), for the frequent kinds; None for
     the others. Replay digests every output: this skips re-encoding the value. A body
     whose JSON text was rewritten, even to an equal value, no longer matches."""
-    match event_type:
-        case EventType.TOOL_CALL:
-            error = body["error"]
-            text = body["result_json"] or "null"
-            head = "null" if error is None else canonical_text(error)
-            return f'{{"error":{head},"result":{text}}}'.encode()
-        case EventType.CLOCK_READ:
-            return f'{{"value_us":{int(body["value_us"])}}}'.encode()
-        case EventType.RANDOM_DRAW:
-            return f'{{"value":{body["value_json"] or "null"}}}'.encode()
-        case EventType.STATE_TRANSITION:
-            return f'{{"state":{body["state_json"] or "null"}}}'.encode()
-    return None
+    return recorded(event_type, body)[1]
+
+
+def recorded(event_type: str, body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
+    """:func:`recorded_output` and :func:`recorded_output_json` in one dispatch (replay
+    takes both for every event)."""
+    rebuild = _RECORDED.get(event_type)
+    return ({}, None) if rebuild is None else rebuild(body)
+
+
+def _loads(raw: str | None) -> Any:
+    return None if raw is None else json.loads(raw)
+
+
+def _tool_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
+    error, text = body["error"], body["result_json"]
+    head = "null" if error is None else canonical_text(error)
+    material = f'{{"error":{head},"result":{text or "null"}}}'.encode()
+    return {"result": _loads(text), "error": error}, material
+
+
+def _clock_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
+    value = body["value_us"]
+    return {"value_us": value}, f'{{"value_us":{int(value)}}}'.encode()
+
+
+def _random_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
+    text = body["value_json"]
+    return {"value": _loads(text)}, f'{{"value":{text or "null"}}}'.encode()
+
+
+def _state_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
+    text = body["state_json"]
+    return {"state": _loads(text)}, f'{{"state":{text or "null"}}}'.encode()
+
+
+def _llm_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
+    return {"response": _loads(body.get("raw_response_json")), "error": body["error"]}, None
+
+
+def _receipt_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
+    output = {
+        "status": body["status"],
+        "external_id": body["external_id"],
+        "result": _loads(body.get("result_json")),
+        "error": body["error"],
+    }
+    return output, None
+
+
+def _finished_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
+    output = {
+        "output": _loads(body.get("output_json")),
+        "error": body["error"],
+        "final_state_digest": body["final_state_digest"],
+    }
+    return output, None
+
+
+def _redacted_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
+    return {"key_ids": list(body["key_ids"])}, None
+
+
+_RECORDED: dict[str, Callable[[Mapping[str, Any]], tuple[Any, bytes | None]]] = {
+    EventType.TOOL_CALL: _tool_output,
+    EventType.LLM_CALL: _llm_output,
+    EventType.CLOCK_READ: _clock_output,
+    EventType.RANDOM_DRAW: _random_output,
+    EventType.EFFECT_RECEIPT: _receipt_output,
+    EventType.STATE_TRANSITION: _state_output,
+    EventType.RUN_REDACTED: _redacted_output,
+    EventType.RUN_FINISHED: _finished_output,
+}
 
 
 def random_draw(*, kind: str, arguments: Mapping[str, Any], value: Any) -> Crossing:

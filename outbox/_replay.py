@@ -481,8 +481,7 @@ class ReplayRun:
                 detail=f"the body does not open: {type(exc).__name__}",
                 fatal=True,  # there is no recorded output to go on with
             )
-        output = b.recorded_output(envelope.event_type, body)
-        material = b.recorded_output_json(envelope.event_type, body)
+        output, material = b.recorded(envelope.event_type, body)
         if material is not None and self._digest is digest:
             actual = digest_bytes(material)
         else:
