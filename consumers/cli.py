@@ -32,6 +32,15 @@ from schemas import BlackboxError, CheckpointSigner, Settings, safe_text
 _PROGRESS_EVERY_S = 2.0
 
 
+_until_idle = click.option(
+    "--until-idle",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Stop once no message arrived for this long (default: run until SIGTERM/SIGINT).",
+)
+
+
 class _Progress:
     """Prints a running total at most every couple of seconds."""
 
@@ -54,13 +63,7 @@ class _Progress:
 
 @click.command("consume")
 @click.option("--group", default=None, help="Consumer group (default: BLACKBOX_CONSUMER_GROUP).")
-@click.option(
-    "--until-idle",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    metavar="SECONDS",
-    help="Stop once no message arrived for this long (default: run until SIGTERM/SIGINT).",
-)
+@_until_idle
 def consume_command(group: str | None, until_idle: float | None) -> None:
     """Build the runs view and events index from the event topic."""
     console = Console(stderr=True, log_path=False)
@@ -213,13 +216,7 @@ def ledger_reapply() -> None:
 
 
 @click.command("sign")
-@click.option(
-    "--until-idle",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    metavar="SECONDS",
-    help="Stop once no message arrived for this long (default: run until SIGTERM/SIGINT).",
-)
+@_until_idle
 def sign_command(until_idle: float | None) -> None:
     """Sign each run's chain head when it ends (key: BLACKBOX_SIGNING_KEY_FILE)."""
     console = Console(stderr=True, log_path=False)

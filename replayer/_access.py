@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
+import click
 from sqlalchemy import Engine
 
 from keystore import AesGcmSealer, AuditedKeys, DataKeyStore, LocalKeyProvider
 from outbox import DigestKeys
 from schemas import PayloadPipeline
+
+FC = TypeVar("FC", bound=Callable[..., object])
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,17 @@ def opening(engine: Callable[[], Engine], *, purpose: str) -> Opening:
         return Opening(PayloadPipeline())
     keys = AuditedKeys(engine(), provider, purpose=purpose)
     return Opening(PayloadPipeline(sealer=AesGcmSealer(keys)), keys)
+
+
+def purpose_option(*, required: bool) -> Callable[[FC], FC]:
+    """The ``--purpose`` option (``BLACKBOX_PURPOSE``) of every command that reads bodies."""
+    # No explicit default: click then refuses a required option that is missing.
+    return click.option(
+        "--purpose",
+        envvar="BLACKBOX_PURPOSE",
+        required=required,
+        help="Why recorded bodies are read; written to the access audit with every key unwrapped.",
+    )
 
 
 def recording_keys() -> DataKeyStore | None:

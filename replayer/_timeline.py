@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine
 
-from replayer._access import opening
+from replayer._access import opening, purpose_option
 from replayer._sources import KafkaRunSource, read_archive
 from schemas import BlackboxError, Envelope, PayloadPipeline, Settings, safe_text
 
@@ -55,12 +55,7 @@ def _body(envelope: Envelope, pipeline: PayloadPipeline) -> str:
 @click.command("timeline")
 @click.argument("run_id")
 @click.option("--bodies", is_flag=True, help="Show each event's body (needs --purpose).")
-@click.option(
-    "--purpose",
-    envvar="BLACKBOX_PURPOSE",
-    default=None,
-    help="Why the bodies are read; written to the access audit with every key unwrapped.",
-)
+@purpose_option(required=False)
 @click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
 def timeline_command(run_id: str, bodies: bool, purpose: str | None, archive: Path | None) -> None:
     """Show RUN_ID event by event (metadata only, unless --bodies)."""

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import Engine, create_engine, text
 
-from replayer._access import Opening, opening, recording_keys
+from replayer._access import Opening, opening, purpose_option, recording_keys
 from replayer._driver import replay_run
 from replayer._registry import AgentRegistry, load_entry
 from replayer._report import ReplayReport
@@ -64,12 +64,7 @@ _RUNS = text(
     default=None,
     help="Read runs from an Avro archive instead of Kafka.",
 )
-@click.option(
-    "--purpose",
-    envvar="BLACKBOX_PURPOSE",
-    required=True,
-    help="Why recorded bodies are read; written to the access audit with every key unwrapped.",
-)
+@purpose_option(required=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 def replay_command(
     run_id: str | None,
@@ -293,12 +288,7 @@ def _changes(pairs: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
 @click.option("--dry-run", is_flag=True, help="Record the fork in memory, not in the outbox.")
-@click.option(
-    "--purpose",
-    envvar="BLACKBOX_PURPOSE",
-    required=True,
-    help="Why recorded bodies are read; written to the access audit with every key unwrapped.",
-)
+@purpose_option(required=True)
 @click.option("--json", "as_json", is_flag=True)
 def fork_command(
     run_id: str,
@@ -362,12 +352,7 @@ def fork_command(
 @click.option("--base-url", required=True, help="OpenAI-compatible endpoint to re-send to.")
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True)
 @click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
-@click.option(
-    "--purpose",
-    envvar="BLACKBOX_PURPOSE",
-    required=True,
-    help="Why recorded bodies are read; written to the access audit with every key unwrapped.",
-)
+@purpose_option(required=True)
 @click.option("--json", "as_json", is_flag=True)
 def reexecute_command(
     run_id: str, base_url: str, api_key_env: str, archive: Path | None, purpose: str, as_json: bool
