@@ -10,9 +10,10 @@ destroys again whatever an old backup brought back.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -73,8 +74,6 @@ class RetentionPolicy:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RetentionPolicy:
         """The classes of the JSON file ``BLACKBOX_RETENTION_FILE``, or the defaults
         (standard: bodies 30 days, metadata 400; sensitive: bodies 7 days)."""
-        import os
-
         path = (os.environ if environ is None else environ).get("BLACKBOX_RETENTION_FILE")
         if not path:
             return cls.from_mapping(DEFAULT_CLASSES)
@@ -211,7 +210,7 @@ class RetentionJob:
         *,
         policy: RetentionPolicy | None = None,
         settings: Settings | None = None,
-        clock: Any = None,
+        clock: Callable[[], datetime] | None = None,
         batch: int = 200,
     ) -> None:
         self._engine = engine

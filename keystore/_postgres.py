@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from keystore._errors import AccessDenied, DataKeyMissing, KeyDestroyed, KeystoreError, WrongKey
+from keystore._errors import AccessDenied, DataKeyMissing, KeyDestroyed, KeystoreError
 from keystore._provider import KEY_BYTES, KeyProvider, WrappedKey
 from schemas import DataKey, KeyedDigest
 
@@ -241,9 +241,7 @@ class AuditedKeys:
             secret = self._provider.unwrap(
                 WrappedKey(str(kek_version), bytes(blob)), aad=wrapping_aad(run_id, key_id)
             )
-        except WrongKey as exc:
-            raise WrongKey(f"{where}: {exc}") from exc
-        except KeystoreError as exc:
+        except KeystoreError as exc:  # the same kind of error, saying which run and key
             raise type(exc)(f"{where}: {exc}") from exc
         self._cache[key_id] = secret
         return secret

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from itertools import groupby
+from itertools import chain, groupby
 from pathlib import Path
 
 import click
@@ -124,18 +124,13 @@ def _verify(
             f"--require-checkpoint needs the signers' public keys: set {PUBLIC_KEYS_ENV}"
         )
     return verify_run(
-        _chain(first, events),
+        chain([first], events),
         run_id=first.run_id,
         blobs=PostgresBlobs(engine) if with_blobs else None,
         checkpoint=checkpoint,
         verifier=verifier if checkpoint is not None else None,
         require_checkpoint=require_checkpoint,
     )
-
-
-def _chain(first: Envelope, rest: Iterator[Envelope]) -> Iterator[Envelope]:
-    yield first
-    yield from rest
 
 
 def _print(reports: list[VerifyReport], console: Console) -> None:
