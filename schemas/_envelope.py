@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring as _q  # how json writes a str (not ASCII-only)
 from typing import Any
@@ -143,41 +143,97 @@ class Envelope:
         return record
 
     def _chain_json(self) -> str:
-        """``canonical_json(self.chain_record())`` written out, three times faster: replay
-        checks the chain of every event. Keys in sorted order, strings escaped as ``json``
-        escapes them; a unit test holds the two equal. Raises TypeError where a string
-        field holds something else."""
-        attributes = ",".join([f"{_q(k)}:{_q(v)}" for k, v in sorted(self.attributes.items())])
-        # The payload's digest is ours, hex: it needs no escaping.
-        payload = (
-            "null"
-            if self.payload is None
-            else f'"{DIGEST_PREFIX}{_sha256(self.payload).hexdigest()}"'
+        """``canonical_json(self.chain_record())`` written out, five times faster: replay
+        checks the chain of every event. Keys in sorted order, strings as ``json`` writes
+        them; unit tests hold the two equal. Raises TypeError where a string field holds
+        something else."""
+        attributes, subjects = self.attributes, self.subject_ids
+        key_id, parent, ref = self.key_id, self.parent_span_id, self.payload_ref
+        span, trace = self.span_id, self.trace_id
+        # Every string of the envelope in one (join raises TypeError on anything else).
+        # When its UTF-8 holds only bytes JSON writes as they are, no string needs
+        # escaping: each goes between quotes as it is, at a third of the cost of quoting
+        # each.
+        texts = "".join(
+            (
+                self.agent_id,
+                self.classification,
+                self.event_id,
+                self.event_type,
+                self.input_digest,
+                self.output_digest,
+                self.payload_encoding,
+                self.retention_class,
+                self.run_id,
+                self.tenant_id,
+                "" if key_id is None else key_id,
+                "" if parent is None else parent,
+                "" if ref is None else ref,
+                "" if span is None else span,
+                "" if trace is None else trace,
+                *subjects,
+                *attributes,
+                *attributes.values(),
+            )
         )
-        # The five optional strings, inlined: a helper call each costs more than _q.
-        key_id = "null" if self.key_id is None else _q(self.key_id)
-        parent = "null" if self.parent_span_id is None else _q(self.parent_span_id)
-        ref = "null" if self.payload_ref is None else _q(self.payload_ref)
-        span = "null" if self.span_id is None else _q(self.span_id)
-        trace = "null" if self.trace_id is None else _q(self.trace_id)
+        if not texts.encode("utf-8").translate(None, _VERBATIM):
+            if len(attributes) == 1:
+                [(name, value)] = attributes.items()
+                return self._written_chain_json(f'"{name}":"{value}"')
+            pairs = ",".join([f'"{k}":"{v}"' for k, v in sorted(attributes.items())])
+            return self._written_chain_json(pairs)
+        # Sorted by the keys as they are, as canonical JSON sorts them, then escaped.
+        pairs = ",".join([f"{_q(k)}:{_q(v)}" for k, v in sorted(attributes.items())])
+        return _escaped(self)._written_chain_json(pairs)
+
+    def _written_chain_json(self, pairs: str) -> str:
+        """The chain material with the attributes' JSON ``pairs``, each other string put
+        between quotes as it is."""
+        subjects = self.subject_ids
+        key_id, parent, ref = self.key_id, self.parent_span_id, self.payload_ref
+        span, trace = self.span_id, self.trace_id
+        names = '"' + '","'.join(subjects) + '"' if subjects else ""
+        # The payload's digest is ours, hex: it needs no escaping.
+        payload = self.payload
+        digest = "null" if payload is None else f'"{DIGEST_PREFIX}{_sha256(payload).hexdigest()}"'
+        key_id = "null" if key_id is None else f'"{key_id}"'
+        parent = "null" if parent is None else f'"{parent}"'
+        ref = "null" if ref is None else f'"{ref}"'
+        span = "null" if span is None else f'"{span}"'
+        trace = "null" if trace is None else f'"{trace}"'
         return (
-            f'{{"agent_id":{_q(self.agent_id)},"attributes":{{{attributes}}},'
-            f'"body_version":{self.body_version},"classification":{_q(self.classification)},'
-            f'"event_id":{_q(self.event_id)},"event_type":{_q(self.event_type)},'
-            f'"input_digest":{_q(self.input_digest)},"key_id":{key_id},'
-            f'"output_digest":{_q(self.output_digest)},'
-            f'"parent_span_id":{parent},"payload":{payload},'
-            f'"payload_encoding":{_q(self.payload_encoding)},'
+            f'{{"agent_id":"{self.agent_id}","attributes":{{{pairs}}},'
+            f'"body_version":{self.body_version},"classification":"{self.classification}",'
+            f'"event_id":"{self.event_id}","event_type":"{self.event_type}",'
+            f'"input_digest":"{self.input_digest}","key_id":{key_id},'
+            f'"output_digest":"{self.output_digest}","parent_span_id":{parent},'
+            f'"payload":{digest},"payload_encoding":"{self.payload_encoding}",'
             f'"payload_ref":{ref},"recorded_at":{(self.recorded_at - _EPOCH) // _MICROSECOND},'
-            f'"retention_class":{_q(self.retention_class)},"run_id":{_q(self.run_id)},'
-            f'"sequence":{self.sequence},"span_id":{span},'
-            f'"subject_ids":[{",".join(map(_q, self.subject_ids))}],'
-            f'"tenant_id":{_q(self.tenant_id)},"trace_id":{trace}}}'
+            f'"retention_class":"{self.retention_class}","run_id":"{self.run_id}",'
+            f'"sequence":{self.sequence},"span_id":{span},"subject_ids":[{names}],'
+            f'"tenant_id":"{self.tenant_id}","trace_id":{trace}}}'
         )
 
     def expected_chain_hash(self, previous: str) -> str:
         """The chain hash this envelope must carry, given the previous event's."""
         return _sha256(_fromhex(previous) + self.chain_material()).hexdigest()
+
+
+_VERBATIM = bytes(sorted(set(range(256)) - {ord('"'), ord("\\")} - set(range(0x20))))
+"""The bytes of UTF-8 that canonical JSON writes as they are: all but the quote, the
+backslash and the control characters (it writes non-ASCII unescaped)."""
+
+
+def _escaped(envelope: Envelope) -> Envelope:
+    """``envelope`` with each string field as JSON escapes it, without its quotes (the
+    attributes are left as they are)."""
+    changes: dict[str, Any] = {
+        name: _q(value)[1:-1]
+        for name, value in ((f.name, getattr(envelope, f.name)) for f in fields(Envelope))
+        if type(value) is str
+    }
+    changes["subject_ids"] = tuple(_q(s)[1:-1] for s in envelope.subject_ids)
+    return replace(envelope, **changes)
 
 
 _new = object.__new__

@@ -6,7 +6,7 @@ import io
 import json
 import struct
 import uuid
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +29,11 @@ from schemas import (
     digest,
     digest_bytes,
 )
+
+
+_STRING_FIELDS = [
+    f.name for f in fields(Envelope) if f.type in ("str", "str | None") and f.name != "chain_hash"
+]
 
 
 def _envelope(**changes: Any) -> Envelope:
@@ -220,6 +225,8 @@ def test_chain_hash_depends_on_the_previous_one() -> None:
         {"parent_span_id": "00f067aa0ba902b7", "key_id": "key-1", "payload_encoding": "aes"},
         {"subject_ids": ("a", "b\u00e9", 'quote"d'), "classification": "secret"},
         {"attributes": {"z": "last", "a": 'tab\tnew\nline "q" \\ \u2028', "\u00e9": "\x00"}},
+        {"attributes": {"a\x00": "1", "a!": "2", 'a"': "3", "a\\": "4"}},
+        *({name: 'a "quoted" value'} for name in _STRING_FIELDS),
         {"event_type": EventType.LLM_CALL, "sequence": 10**12, "body_version": 2},
         {"tenant_id": "日本", "agent_id": "a\x7fb", "retention_class": ""},
     ],
