@@ -205,6 +205,11 @@ class ReplayRun:
         # agent code catches the error: nothing after it can be checked.
         self._unreadable: UnknownSchemaVersion | None = None
         self._digest = self._digest_of(self._peek(), digests)
+        # Inputs that never change, digested once per run instead of once per call.
+        self._wall = self._input_digest(EventType.CLOCK_READ, b.clock_input("wall"))
+        self._monotonic = self._input_digest(EventType.CLOCK_READ, b.clock_input("monotonic"))
+        self._draw = self._input_digest(EventType.RANDOM_DRAW, b.random_input("random", {}))
+        self._uuid4 = self._input_digest(EventType.RANDOM_DRAW, b.random_input("uuid4", {}))
         started, body, _ = self._take(EventType.RUN_STARTED, None)
         self._run_id = started.run_id
         # The rules the run was recorded under: what the code hands over now is
@@ -252,18 +257,16 @@ class ReplayRun:
 
     def now(self) -> datetime:
         """The recorded wall-clock reading."""
-        value = self._cross(EventType.CLOCK_READ, b.clock_input("wall"))["value_us"]
+        value = self._take(EventType.CLOCK_READ, self._wall)[2]["value_us"]
         return datetime.fromtimestamp(value / 1e6, UTC)
 
     def monotonic(self) -> float:
         """The recorded monotonic-clock reading."""
-        return (
-            float(self._cross(EventType.CLOCK_READ, b.clock_input("monotonic"))["value_us"]) / 1e6
-        )
+        return float(self._take(EventType.CLOCK_READ, self._monotonic)[2]["value_us"]) / 1e6
 
     def random(self) -> float:
         """The recorded random float."""
-        return float(self._cross(EventType.RANDOM_DRAW, b.random_input("random", {}))["value"])
+        return float(self._take(EventType.RANDOM_DRAW, self._draw)[2]["value"])
 
     def randint(self, low: int, high: int) -> int:
         """The recorded random integer."""
@@ -272,7 +275,7 @@ class ReplayRun:
 
     def uuid(self) -> uuid.UUID:
         """The recorded random UUID."""
-        return uuid.UUID(self._cross(EventType.RANDOM_DRAW, b.random_input("uuid4", {}))["value"])
+        return uuid.UUID(self._take(EventType.RANDOM_DRAW, self._uuid4)[2]["value"])
 
     def effect(
         self,
@@ -380,19 +383,24 @@ class ReplayRun:
 
     # Taking events ----------------------------------------------------------------
 
+    def _input_digest(self, event_type: EventType, inputs: Any) -> str:
+        return self._digest(inputs, path=_INPUT_PATHS[event_type])
+
     def _cross(self, event_type: EventType, inputs: Any) -> Any:
-        return self._take(event_type, inputs)[2]
+        return self._take(event_type, self._digest(inputs, path=_INPUT_PATHS[event_type]))[2]
 
     def _cross_event(self, event_type: EventType, inputs: Any) -> tuple[Envelope, Any]:
-        envelope, _, output = self._take(event_type, inputs)
+        envelope, _, output = self._take(event_type, self._input_digest(event_type, inputs))
         return envelope, output
 
-    def _take(self, event_type: EventType, inputs: Any) -> tuple[Envelope, dict[str, Any], Any]:
+    def _take(
+        self, event_type: EventType, actual: str | None
+    ) -> tuple[Envelope, dict[str, Any], Any]:
         """The next event, checked in the order that names the most precise cause:
-        sequence, type, input digest, body against output digest, chain hash."""
+        sequence, type, input digest (``actual``, None to leave unchecked), body against
+        output digest, chain hash."""
         if self._unreadable is not None:
             raise self._unreadable
-        actual = None if inputs is None else self._digest(inputs, path=_INPUT_PATHS[event_type])
         envelope = self._peeked
         if envelope is None:
             envelope = next(self._events, None)

@@ -62,6 +62,8 @@ def canonical_text(value: Any, *, path: str = "$") -> str:
 
 def digest(value: Any, *, path: str = "$") -> str:
     """SHA-256 over the canonical JSON of ``value``, as ``sha256:<hex>``."""
+    if _C_ENCODER is not None and _plain(value):  # canonical_json's common case, inlined
+        return DIGEST_PREFIX + _sha256("".join(_C_ENCODER(value, 0)).encode("utf-8")).hexdigest()
     return digest_bytes(canonical_json(value, path=path))
 
 
@@ -94,7 +96,10 @@ Digester: TypeAlias = Callable[..., str]
 
 def digest_bytes(data: bytes) -> str:
     """SHA-256 over raw bytes, as ``sha256:<hex>``."""
-    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
+    return DIGEST_PREFIX + _sha256(data).hexdigest()
+
+
+_sha256 = hashlib.sha256
 
 
 _SCALARS = frozenset({str, int, bool, type(None)})

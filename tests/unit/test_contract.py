@@ -30,7 +30,6 @@ from schemas import (
     digest_bytes,
 )
 
-
 _STRING_FIELDS = [
     f.name for f in fields(Envelope) if f.type in ("str", "str | None") and f.name != "chain_hash"
 ]
