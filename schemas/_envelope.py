@@ -143,7 +143,7 @@ class Envelope:
         return record
 
     def _chain_json(self) -> str:
-        """``canonical_json(self.chain_record())`` written out, five times faster: replay
+        """``canonical_json(self.chain_record())`` written out, a third of its cost: replay
         checks the chain of every event. Keys in sorted order, strings as ``json`` writes
         them; unit tests hold the two equal. Raises TypeError where a string field holds
         something else."""
