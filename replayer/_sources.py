@@ -152,11 +152,15 @@ class KafkaRunSource:
                 "group.id": f"blackbox-replay-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
+                # The run's stretch is already written: a fetch that finds nothing new
+                # (past its end) need not wait long for more.
+                "fetch.wait.max.ms": 50,
             }
         )
         codec = EnvelopeCodec()
         key = self.run_id.encode("utf-8")
         last_sequence = 0
+        position = self.first
         deadline = time.monotonic() + self.timeout_s
         try:
             consumer.assign([TopicPartition(self.topic, self.partition, self.first)])
@@ -166,8 +170,10 @@ class KafkaRunSource:
                         f"run {self.run_id}: {self.topic}[{self.partition}] did not reach offset "
                         f"{self.last} within {self.timeout_s:.0f}s; is Kafka reachable?"
                     )
-                # Short polls: consume() waits for a full batch or its timeout.
-                for message in consumer.consume(500, 0.1):
+                # consume() returns once it holds the batch asked for, or at its timeout:
+                # ask for no more than the stretch still to read, so a short run does not
+                # wait out the timeout.
+                for message in consumer.consume(min(500, self.last - position + 1), 0.1):
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
@@ -178,7 +184,8 @@ class KafkaRunSource:
                         if envelope.sequence > last_sequence:
                             last_sequence = envelope.sequence
                             yield envelope
-                    if (message.offset() or 0) >= self.last:
+                    position = (message.offset() or 0) + 1
+                    if position > self.last:
                         return
         except KafkaException as exc:
             raise SourceError(f"cannot read {self.topic}: {exc.args[0]}") from exc
