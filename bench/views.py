@@ -5,6 +5,10 @@ topic first; then a ViewConsumer in a fresh group consumes them. The rate counts
 the commit of the first batch to the commit that puts the last event into the index,
 so the group join is left out (``startup_s`` is the time to the first commit).
 
+Then the index is used as replay uses it: ``run_read_ms`` is the time to read one run
+back from the topic through the index (the median and p95 of a sample of runs, each
+written interleaved with all the others, as concurrent writers leave them).
+
     python bench/views.py [--events 50000]
 """
 
@@ -19,7 +23,15 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, create_engine, func, select
 
 from bench import _synthetic
-from bench._common import bench_settings, delete_group, delete_topics, emit, progress, stage
+from bench._common import (
+    bench_settings,
+    delete_group,
+    delete_topics,
+    emit,
+    percentile,
+    progress,
+    stage,
+)
 from consumers import (
     ViewConsumer,
     consumer_offsets,
@@ -29,11 +41,13 @@ from consumers import (
     runs_view,
 )
 from outbox import ensure_topic
+from replayer import KafkaRunSource
 from schemas import Settings
 
 BENCH = "views"
 EVENTS_TARGET = 5_000.0
 DEADLINE_S = 300.0
+SAMPLE_RUNS = 20
 
 
 def build_views(settings: Settings, *, group_id: str, events: int) -> tuple[float, float]:
@@ -73,6 +87,18 @@ def indexed(engine: Engine, topic: str) -> int:
         return int(conn.execute(query).scalar_one())
 
 
+def read_runs(settings: Settings, engine: Engine, run_ids: Sequence[str]) -> list[float]:
+    """Read each run back through the events index; the milliseconds each took."""
+    took = []
+    for run_id in run_ids:
+        started = time.perf_counter()
+        source = KafkaRunSource(settings, engine, run_id)
+        if (read := sum(1 for _ in source)) != source.count:
+            raise RuntimeError(f"run {run_id}: read {read} events, the index holds {source.count}")
+        took.append((time.perf_counter() - started) * 1000)
+    return took
+
+
 def clean_views(engine: Engine, *, topic: str, group_id: str, run_ids: Sequence[str]) -> None:
     """Delete what the bench put into the views."""
     with engine.begin() as conn:
@@ -105,6 +131,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise RuntimeError(f"the events index holds {held} events, expected {len(rows)}")
         emit(BENCH, "events_per_s", rate, unit="events/s", target=EVENTS_TARGET)
         emit(BENCH, "startup_s", startup, unit="s")
+        sample = sorted({row.run_id for row in rows})[:SAMPLE_RUNS]
+        with stage(f"read {len(sample)} runs back through the events index"):
+            took = read_runs(settings, engine, sample)
+        for q in (50, 95):
+            emit(BENCH, "run_read_ms", percentile(took, q), unit="ms", percentile=q)
     finally:
         run_ids = sorted({row.run_id for row in rows})
         clean_views(engine, topic=settings.topic, group_id=group_id, run_ids=run_ids)
