@@ -217,5 +217,8 @@ class DeadLetterWriter:
             ) from exc
 
     def close(self) -> None:
-        """Deliver anything still queued (bounded by the timeout)."""
+        """Deliver anything still queued (bounded by the timeout), then shut the client
+        down (left to garbage collection, it goes on reconnecting after the broker is
+        gone)."""
         self._producer.flush(self._timeout_s)
+        self._producer.close()

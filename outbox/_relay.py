@@ -223,6 +223,9 @@ class Relay:
         self._shards = []
         self._producer.purge()
         self._producer.flush(0)
+        # Shut the client down now: left to garbage collection, its threads go on
+        # reconnecting (and logging) after the broker is gone.
+        self._producer.close()
 
     # Publishing -------------------------------------------------------------------
 
