@@ -1,8 +1,8 @@
 """Envelope encryption and access control against a real Postgres.
 
 Runs are recorded encrypted; then the test connects as each database role (login users
-granted blackbox_writer, blackbox_reader and blackbox_replayer) and proves what each may
-and may not reach.
+granted blackbox_writer, blackbox_reader, blackbox_replayer and blackbox_relay) and proves
+what each may and may not reach.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from keystore import (
     UnknownKeyVersion,
     WrongKey,
 )
-from outbox import AgentRun, Recorder, RunSnapshot
+from outbox import AgentRun, Recorder, Relay, RunSnapshot
 from replayer import replay_run
 from schemas import Envelope, EnvelopeCodec, KeyUnavailable, PayloadPipeline, Settings, digest
+from tests.integration._kafka import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -147,6 +148,33 @@ def test_writer_records_but_reads_no_key_back(
         )
         with pytest.raises(ProgrammingError, match="permission denied"):
             conn.execute(text("SELECT wrapped FROM blackbox.data_keys"))
+
+
+def test_relay_moves_the_outbox_and_reads_nothing_else(
+    engine: Engine, settings: Settings, provider: LocalKeyProvider, login: Any
+) -> None:
+    run_id = _record(engine, settings, provider)
+    recorded = _envelopes(engine, run_id)
+    as_relay = login("blackbox_relay")
+    relay = Relay(as_relay, settings=settings)
+    try:
+        assert relay.drain(timeout=60) == len(recorded)
+    finally:
+        relay.close()
+    published = read_topic(settings.kafka_bootstrap, settings.topic, expect=len(recorded))
+    assert [envelope for _, _, envelope in published] == recorded  # sealed, as recorded
+    assert _envelopes(engine, run_id) == []
+    for query in (
+        "SELECT * FROM blackbox.runs",
+        "SELECT data FROM blackbox.blobs",
+        "SELECT wrapped FROM blackbox.data_keys",
+        "SELECT wrapped FROM blackbox.tenant_keys",
+        "SELECT * FROM blackbox.access_audit",
+        "UPDATE blackbox.outbox SET envelope = ''::bytea",
+        f"SELECT * FROM blackbox.unwrap_data_key('{run_id}', 'dk', 'curious')",
+    ):
+        with as_relay.connect() as conn, pytest.raises(ProgrammingError, match="permission denied"):
+            conn.execute(text(query))
 
 
 def test_every_unwrap_is_audited_and_the_run_replays(
