@@ -66,6 +66,13 @@ def _envelopes(engine: Engine, run_id: str) -> list[Envelope]:
         return [codec.decode(row) for row in rows]
 
 
+def _denied(engine: Engine, *queries: str) -> None:
+    """Each query, run alone, is refused for want of a privilege."""
+    for query in queries:
+        with engine.connect() as conn, pytest.raises(ProgrammingError, match="permission denied"):
+            conn.execute(text(query))
+
+
 V1 = os.urandom(32)
 
 
@@ -120,15 +127,14 @@ def test_reader_cannot_obtain_a_body_or_a_key(
     with reader.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM blackbox.runs")).scalar_one() == 1
         assert conn.execute(text("SELECT count(*) FROM blackbox_views.runs")).scalar_one() == 0
-    for query in (
+    _denied(
+        reader,
         "SELECT envelope FROM blackbox.outbox",
         "SELECT data FROM blackbox.blobs",
         "SELECT wrapped FROM blackbox.data_keys",
         "SELECT * FROM blackbox.access_audit",
         f"SELECT * FROM blackbox.unwrap_data_key('{run_id}', 'dk', 'curious')",
-    ):
-        with reader.connect() as conn, pytest.raises(ProgrammingError, match="permission denied"):
-            conn.execute(text(query))
+    )
     pipeline = PayloadPipeline(sealer=AesGcmSealer(AuditedKeys(reader, provider, purpose="peek")))
     with pytest.raises(AccessDenied, match=f"run {run_id} key dk-"):
         replay_run(_envelopes(engine, run_id), agent, pipeline=pipeline)
@@ -164,7 +170,8 @@ def test_relay_moves_the_outbox_and_reads_nothing_else(
     published = read_topic(settings.kafka_bootstrap, settings.topic, expect=len(recorded))
     assert [envelope for _, _, envelope in published] == recorded  # sealed, as recorded
     assert _envelopes(engine, run_id) == []
-    for query in (
+    _denied(
+        as_relay,
         "SELECT * FROM blackbox.runs",
         "SELECT data FROM blackbox.blobs",
         "SELECT wrapped FROM blackbox.data_keys",
@@ -172,9 +179,7 @@ def test_relay_moves_the_outbox_and_reads_nothing_else(
         "SELECT * FROM blackbox.access_audit",
         "UPDATE blackbox.outbox SET envelope = ''::bytea",
         f"SELECT * FROM blackbox.unwrap_data_key('{run_id}', 'dk', 'curious')",
-    ):
-        with as_relay.connect() as conn, pytest.raises(ProgrammingError, match="permission denied"):
-            conn.execute(text(query))
+    )
 
 
 def test_every_unwrap_is_audited_and_the_run_replays(
