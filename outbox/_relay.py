@@ -137,6 +137,7 @@ class Relay:
         self._depth_at = -math.inf
         self._listener: psycopg.Connection[Any] | None = None
         self._topic_ready = False
+        self._closed = False
         self.idle = False
         """True while the relay waits for a notification (nothing left to publish)."""
         self.published = 0
@@ -212,7 +213,11 @@ class Relay:
 
     def close(self) -> None:
         """Release leases and stop listening; queued deliveries are abandoned (their rows
-        stay in the outbox for the next relay)."""
+        stay in the outbox for the next relay). Closing again does nothing; a closed
+        relay publishes no more."""
+        if self._closed:
+            return
+        self._closed = True
         self._close_listener()
         try:
             with self.engine.begin() as conn:

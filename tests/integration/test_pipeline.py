@@ -43,6 +43,7 @@ def test_recorded_runs_land_once_in_order_on_their_murmur2_partition(
     relay = Relay(engine, settings=settings)
     assert relay.drain(timeout=60) == total
     relay.close()
+    relay.close()  # again, as a finally after run() does: nothing happens
     assert _outbox_rows(engine) == 0
 
     messages = read_topic(settings.kafka_bootstrap, settings.topic, expect=total)
