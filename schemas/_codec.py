@@ -113,8 +113,6 @@ class BodyCodec:
 
     def __init__(self, registry: SchemaRegistry | None = None) -> None:
         self._registry = registry or default_registry()
-        # Parsed schemas by (event type, version) as decoded: replay decodes every body.
-        self._parsed: dict[tuple[str, int], Any] = {}
 
     @property
     def registry(self) -> SchemaRegistry:
@@ -143,10 +141,7 @@ class BodyCodec:
             UnknownSchemaVersion: no such schema.
             UndecodableMessage: the bytes are not a body of that schema.
         """
-        schema = self._parsed.get((event_type, version))
-        if schema is None:
-            schema = self._registry.get(event_type, version).parsed
-            self._parsed[event_type, version] = schema
+        schema = self._registry.get(event_type, version).parsed
         try:
             record = schemaless_reader(io.BytesIO(data), schema)
         except Exception as exc:  # fastavro raises many types on corrupt input

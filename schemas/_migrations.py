@@ -136,8 +136,6 @@ class BodyReader:
             UndecodableMessage: the bytes are not a body of the writer schema.
             MigrationFailed: a migrator raised on the body.
         """
-        if to is None and self._latest.get(event_type) == version:
-            return self._codec.decode(event_type, version, data)  # the common case, first
         target = self._target(event_type, version, to)
         if version == target:
             return self._codec.decode(event_type, version, data)
