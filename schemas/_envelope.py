@@ -228,9 +228,9 @@ def _escaped(envelope: Envelope) -> Envelope:
     """``envelope`` with each string field as JSON escapes it, without its quotes (the
     attributes are left as they are)."""
     changes: dict[str, Any] = {
-        name: _q(value)[1:-1]
-        for name, value in ((f.name, getattr(envelope, f.name)) for f in fields(Envelope))
-        if type(value) is str
+        f.name: _q(value)[1:-1]
+        for f in fields(Envelope)
+        if type(value := getattr(envelope, f.name)) is str
     }
     changes["subject_ids"] = tuple(_q(s)[1:-1] for s in envelope.subject_ids)
     return replace(envelope, **changes)
