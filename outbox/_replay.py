@@ -387,7 +387,7 @@ class ReplayRun:
         return self._digest(inputs, path=_INPUT_PATHS[event_type])
 
     def _cross(self, event_type: EventType, inputs: Any) -> Any:
-        return self._take(event_type, self._digest(inputs, path=_INPUT_PATHS[event_type]))[2]
+        return self._take(event_type, self._input_digest(event_type, inputs))[2]
 
     def _cross_event(self, event_type: EventType, inputs: Any) -> tuple[Envelope, Any]:
         envelope, _, output = self._take(event_type, self._input_digest(event_type, inputs))
