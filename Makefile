@@ -3,6 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The files of the folders mapped into the agent_blackbox package. The editable install
+# is strict (a tree of links in build/ that static tools can read), so a module added or
+# removed is picked up by installing again. The list is rewritten only when it changes.
+PARTS := blackbox schemas outbox consumers replayer keystore broker stack cli examples
+MANIFEST := $(VENV)/.package-files
+$(shell mkdir -p $(VENV) && find $(PARTS) -type f -not -path '*/__pycache__/*' 2>/dev/null | sort > $(MANIFEST).new && (cmp -s $(MANIFEST).new $(MANIFEST) || mv $(MANIFEST).new $(MANIFEST)); rm -f $(MANIFEST).new)
 
 .DEFAULT_GOAL := help
 .PHONY: help demo test lint bench up down status clean
@@ -10,11 +16,11 @@ STAMP := $(VENV)/.installed
 help: ## List the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(MANIFEST)
 	@echo "setting up $(VENV) (Python packages of the project and its tests)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --editable '.[dev]'
+	$(BIN)/python -m pip install --quiet --config-settings editable_mode=strict --editable '.[dev]'
 	@touch $@
 
 demo: $(STAMP) ## Set up, start the local stack, run the demo pipeline end to end
@@ -41,4 +47,4 @@ status: $(STAMP) ## Show what runs where
 	$(BIN)/blackbox stack status
 
 clean: ## Remove the virtualenv and the local stack's data (stop it first)
-	rm -rf $(VENV) .cache
+	rm -rf $(VENV) .cache build

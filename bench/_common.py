@@ -26,8 +26,8 @@ from rich.progress import (
 )
 from sqlalchemy import Engine, text
 
-from outbox import migrate_write_side
-from schemas import Settings
+from agent_blackbox.outbox import migrate_write_side
+from agent_blackbox.schemas import Settings
 
 PARTITIONS = 12
 

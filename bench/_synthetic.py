@@ -5,7 +5,7 @@ and the relay and view benches are not about the Recorder. So one run is recorde
 the Recorder (a mix of tool, LLM, clock, random and state events, as an agent writes
 them), read back from the outbox, and cloned: each clone gets its own run id, fresh
 event ids and a hash chain recomputed over its own envelopes, and is encoded with the
-same :class:`~schemas.EnvelopeCodec`. Payloads are plain Avro and not bound to a run,
+same :class:`~agent_blackbox.schemas.EnvelopeCodec`. Payloads are plain Avro and not bound to a run,
 so the template's bodies stay valid in every clone.
 """
 
@@ -19,9 +19,16 @@ from typing import Any
 from confluent_kafka import Producer
 from sqlalchemy import Engine, text
 
+from agent_blackbox.outbox import (
+    EVENT_ID_HEADER,
+    Recorder,
+    Run,
+    RunSnapshot,
+    producer_config,
+    shard_of,
+)
+from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, EnvelopeCodec, Settings
 from bench._common import drop_runs
-from outbox import EVENT_ID_HEADER, Recorder, Run, RunSnapshot, producer_config, shard_of
-from schemas import GENESIS_CHAIN_HASH, Envelope, EnvelopeCodec, Settings
 
 TEMPLATE_EVENTS = 50
 """Events per run, ``run.started`` and ``run.finished`` included."""

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from rich.progress import Progress, TaskID
 
+from agent_blackbox.outbox import Recorder, RunSnapshot
 from bench._common import bench_settings, drop_runs, emit, percentile, progress, stage
-from outbox import Recorder, RunSnapshot
 
 BENCH = "recorder"
 P50_TARGET_MS = 2.0

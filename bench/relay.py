@@ -21,6 +21,8 @@ from dataclasses import replace
 from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import Engine, create_engine, text
 
+from agent_blackbox.outbox import Relay, ensure_topic
+from agent_blackbox.schemas import Settings
 from bench import _synthetic
 from bench._common import (
     bench_settings,
@@ -31,8 +33,6 @@ from bench._common import (
     progress,
     stage,
 )
-from outbox import Relay, ensure_topic
-from schemas import Settings
 
 BENCH = "relay"
 RELAY_TARGET = 20_000.0

@@ -33,11 +33,11 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
+from agent_blackbox.replayer import read_archive, replay_run, write_archive
+from agent_blackbox.schemas import Envelope
+from agent_blackbox.stack import StackSettings
 from bench._common import console, emit, progress, stage
-from outbox import AgentRun, MemoryRecorder, RunSnapshot
-from replayer import read_archive, replay_run, write_archive
-from schemas import Envelope
-from stack import StackSettings
 
 BENCH = "replay"
 THROUGHPUT_TARGET = 30_000.0

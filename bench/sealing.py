@@ -19,10 +19,17 @@ from collections.abc import Sequence
 
 from sqlalchemy import create_engine
 
+from agent_blackbox.keystore import AesGcmSealer, DataKeyStore, LocalKeyProvider
+from agent_blackbox.outbox import Recorder, RunSnapshot
+from agent_blackbox.schemas import (
+    DataKey,
+    Digester,
+    KeyedDigest,
+    PayloadContext,
+    PayloadPipeline,
+    digest,
+)
 from bench._common import bench_settings, drop_runs, emit, percentile, progress, stage
-from keystore import AesGcmSealer, DataKeyStore, LocalKeyProvider
-from outbox import Recorder, RunSnapshot
-from schemas import DataKey, Digester, KeyedDigest, PayloadContext, PayloadPipeline, digest
 
 BENCH = "sealing"
 RATIO_TARGET = 1.2

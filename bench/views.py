@@ -22,6 +22,17 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, create_engine, func, select
 
+from agent_blackbox.consumers import (
+    ViewConsumer,
+    consumer_offsets,
+    events_index,
+    integrity_violations,
+    migrate_views,
+    runs_view,
+)
+from agent_blackbox.outbox import ensure_topic
+from agent_blackbox.replayer import KafkaRunSource
+from agent_blackbox.schemas import Settings
 from bench import _synthetic
 from bench._common import (
     bench_settings,
@@ -32,17 +43,6 @@ from bench._common import (
     progress,
     stage,
 )
-from consumers import (
-    ViewConsumer,
-    consumer_offsets,
-    events_index,
-    integrity_violations,
-    migrate_views,
-    runs_view,
-)
-from outbox import ensure_topic
-from replayer import KafkaRunSource
-from schemas import Settings
 
 BENCH = "views"
 EVENTS_TARGET = 5_000.0

@@ -1,5 +1,5 @@
 """The ``blackbox`` command line: one entry point composing every part's commands."""
 
-from cli.main import main
+from agent_blackbox.cli.main import main
 
 __all__ = ["main"]

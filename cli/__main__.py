@@ -1,3 +1,3 @@
-from cli.main import main
+from agent_blackbox.cli.main import main
 
 main()

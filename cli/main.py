@@ -15,26 +15,26 @@ from rich.console import Console
 from rich.logging import RichHandler
 from sqlalchemy import create_engine
 
-from consumers import migrate_views
-from consumers.cli import (
+from agent_blackbox.consumers import migrate_views
+from agent_blackbox.consumers.cli import (
     consume_command,
     forget_command,
     ledger_group,
     retention_group,
     sign_command,
 )
-from keystore.cli import keys_group
-from outbox import Relay, RelayOptions, migrate_write_side
-from replayer.cli import (
+from agent_blackbox.keystore.cli import keys_group
+from agent_blackbox.outbox import Relay, RelayOptions, migrate_write_side
+from agent_blackbox.replayer.cli import (
     fork_command,
     reexecute_command,
     replay_command,
     timeline_command,
     verify_command,
 )
-from schemas import BlackboxError, Settings
-from schemas.cli import schemas_group
-from stack.cli import stack_group
+from agent_blackbox.schemas import BlackboxError, Settings
+from agent_blackbox.schemas.cli import schemas_group
+from agent_blackbox.stack.cli import stack_group
 
 console = Console(stderr=True)
 
@@ -108,7 +108,7 @@ def relay(
 @click.option("--workers", default=4, show_default=True, help="Agents recording at once.")
 def demo(runs: int, workers: int) -> None:
     """Start the stack, record agent runs, relay them, build the views, show them."""
-    from examples.demo import run_demo
+    from agent_blackbox.examples.demo import run_demo
 
     _guarded(lambda: run_demo(runs=runs, workers=workers, console=console))
 

@@ -12,9 +12,9 @@ Other consumers (analytics, retention) reuse :class:`ConsumerRuntime` with their
 through the caller's connection and never commits.
 """
 
-from consumers._batch import BatchOutcome, Delivered, Projection
-from consumers._checkpoints import CheckpointConsumer, load_checkpoint, sign_batch
-from consumers._errors import (
+from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
+from agent_blackbox.consumers._checkpoints import CheckpointConsumer, load_checkpoint, sign_batch
+from agent_blackbox.consumers._errors import (
     ConsumerError,
     DeadLetterFailed,
     KafkaUnavailable,
@@ -23,7 +23,7 @@ from consumers._errors import (
     ViewsNotMigrated,
     ViewStoreUnavailable,
 )
-from consumers._kafka import (
+from agent_blackbox.consumers._kafka import (
     DLQ_OFFSET,
     DLQ_PARTITION,
     DLQ_REASON,
@@ -31,10 +31,10 @@ from consumers._kafka import (
     ClientConfig,
     ensure_topics,
 )
-from consumers._metrics import ConsumerMetrics
-from consumers._migrate import migrate_views
-from consumers._offsets import OffsetsMoved, load_offsets
-from consumers._retention import (
+from agent_blackbox.consumers._metrics import ConsumerMetrics
+from agent_blackbox.consumers._migrate import migrate_views
+from agent_blackbox.consumers._offsets import OffsetsMoved, load_offsets
+from agent_blackbox.consumers._retention import (
     LedgerEntry,
     Redaction,
     RetentionClass,
@@ -46,15 +46,15 @@ from consumers._retention import (
     reapply_ledger,
     shred_run_txn,
 )
-from consumers._runtime import ConsumerRuntime, Screen, ViewConsumer
-from consumers._tables import (
+from agent_blackbox.consumers._runtime import ConsumerRuntime, Screen, ViewConsumer
+from agent_blackbox.consumers._tables import (
     VIEWS_SCHEMA,
     consumer_offsets,
     events_index,
     integrity_violations,
     runs_view,
 )
-from consumers._views import apply_batch, views_screen
+from agent_blackbox.consumers._views import apply_batch, views_screen
 
 __all__ = [
     "DLQ_OFFSET",

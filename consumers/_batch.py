@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
-from schemas import Envelope
+from agent_blackbox.schemas import Envelope
 
 
 @dataclass(frozen=True, slots=True)

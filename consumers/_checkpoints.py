@@ -16,9 +16,15 @@ from functools import partial
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine, bindparam, text
 
-from consumers._batch import BatchOutcome, Delivered
-from consumers._runtime import ConsumerRuntime
-from schemas import GENESIS_CHAIN_HASH, Checkpoint, CheckpointSigner, EventType, Settings
+from agent_blackbox.consumers._batch import BatchOutcome, Delivered
+from agent_blackbox.consumers._runtime import ConsumerRuntime
+from agent_blackbox.schemas import (
+    GENESIS_CHAIN_HASH,
+    Checkpoint,
+    CheckpointSigner,
+    EventType,
+    Settings,
+)
 
 _HEADS = text(
     "SELECT run_id, last_sequence, chain_head, broken_at FROM blackbox_views.chain_heads "
@@ -113,7 +119,7 @@ def load_checkpoint(engine: Engine, run_id: str) -> Checkpoint | None:
 class CheckpointConsumer(ConsumerRuntime):
     """The consumer that signs chain heads, in its own consumer group.
 
-    Call :func:`consumers.migrate_views` once before starting it.
+    Call :func:`agent_blackbox.consumers.migrate_views` once before starting it.
     """
 
     def __init__(

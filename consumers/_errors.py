@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas import BlackboxError
+from agent_blackbox.schemas import BlackboxError
 
 
 class ConsumerError(BlackboxError):
@@ -15,7 +15,7 @@ class ViewsNotMigrated(ConsumerError):
     def __init__(self, detail: str) -> None:
         super().__init__(
             f"the view tables are not usable ({detail}); run `blackbox consume` once or "
-            "call consumers.migrate_views(database_url) before starting a consumer"
+            "call agent_blackbox.consumers.migrate_views(database_url) before starting a consumer"
         )
 
 

@@ -15,8 +15,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # the class confluent_kafka.admin re-exports
 
-from consumers._errors import DeadLetterFailed, KafkaUnavailable
-from schemas import Settings
+from agent_blackbox.consumers._errors import DeadLetterFailed, KafkaUnavailable
+from agent_blackbox.schemas import Settings
 
 log = logging.getLogger(__name__)
 

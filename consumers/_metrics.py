@@ -13,7 +13,7 @@ from weakref import WeakKeyDictionary
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from consumers._batch import BatchOutcome
+from agent_blackbox.consumers._batch import BatchOutcome
 
 _LABELS = ("consumer", "group", "topic")
 

@@ -10,7 +10,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from consumers._errors import MigrationFailed
+from agent_blackbox.consumers._errors import MigrationFailed
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 

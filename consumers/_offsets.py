@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, func, select, update
 from sqlalchemy.dialects import postgresql as pg
 
-from consumers._errors import ConsumerError
-from consumers._tables import consumer_offsets
+from agent_blackbox.consumers._errors import ConsumerError
+from agent_blackbox.consumers._tables import consumer_offsets
 
 TopicPartition = tuple[str, int]
 """``(topic, partition)``."""

@@ -22,9 +22,15 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from sqlalchemy import Connection, Engine, text
 
-from keystore import destroy_key_ids_txn, destroy_keys_txn
-from outbox import append_redaction_txn
-from schemas import BlackboxError, EnvelopeCodec, EventType, PayloadPipeline, Settings
+from agent_blackbox.keystore import destroy_key_ids_txn, destroy_keys_txn
+from agent_blackbox.outbox import append_redaction_txn
+from agent_blackbox.schemas import (
+    BlackboxError,
+    EnvelopeCodec,
+    EventType,
+    PayloadPipeline,
+    Settings,
+)
 
 DEFAULT_CLASSES = {
     "standard": {"bodies_days": 30, "metadata_days": 400},

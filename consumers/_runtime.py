@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
-from consumers._batch import BatchOutcome, Delivered, Projection
-from consumers._errors import (
+from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
+from agent_blackbox.consumers._errors import (
     ConsumerError,
     DeadLetterFailed,
     KafkaUnavailable,
@@ -32,17 +32,17 @@ from consumers._errors import (
     ViewsNotMigrated,
     ViewStoreUnavailable,
 )
-from consumers._kafka import ClientConfig, DeadLetterWriter, Poison, ensure_topics
-from consumers._metrics import ConsumerMetrics
-from consumers._offsets import (
+from agent_blackbox.consumers._kafka import ClientConfig, DeadLetterWriter, Poison, ensure_topics
+from agent_blackbox.consumers._metrics import ConsumerMetrics
+from agent_blackbox.consumers._offsets import (
     OffsetMove,
     OffsetsMoved,
     TopicPartition,
     advance_offsets,
     load_offsets,
 )
-from consumers._views import apply_batch, views_screen
-from schemas import BlackboxError, Envelope, EnvelopeCodec, Settings
+from agent_blackbox.consumers._views import apply_batch, views_screen
+from agent_blackbox.schemas import BlackboxError, Envelope, EnvelopeCodec, Settings
 
 log = logging.getLogger(__name__)
 
@@ -401,7 +401,7 @@ class ConsumerRuntime:
 class ViewConsumer(ConsumerRuntime):
     """The consumer that builds the runs view and the events index.
 
-    Call :func:`consumers.migrate_views` once before starting it.
+    Call :func:`agent_blackbox.consumers.migrate_views` once before starting it.
     """
 
     def __init__(

@@ -29,10 +29,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql import Select, column
 
-from consumers._batch import BatchOutcome, Delivered
-from consumers._errors import ProjectionFailed
-from consumers._tables import events_index, integrity_violations, runs_view
-from schemas import Envelope, EventType
+from agent_blackbox.consumers._batch import BatchOutcome, Delivered
+from agent_blackbox.consumers._errors import ProjectionFailed
+from agent_blackbox.consumers._tables import events_index, integrity_violations, runs_view
+from agent_blackbox.schemas import Envelope, EventType
 
 log = logging.getLogger(__name__)
 

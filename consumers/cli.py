@@ -16,18 +16,18 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine
 
-from consumers._batch import BatchOutcome
-from consumers._checkpoints import CheckpointConsumer
-from consumers._migrate import migrate_views
-from consumers._retention import (
+from agent_blackbox.consumers._batch import BatchOutcome
+from agent_blackbox.consumers._checkpoints import CheckpointConsumer
+from agent_blackbox.consumers._migrate import migrate_views
+from agent_blackbox.consumers._retention import (
     RetentionJob,
     RetentionPolicy,
     RetentionReport,
     ledger_entries,
     reapply_ledger,
 )
-from consumers._runtime import ViewConsumer
-from schemas import BlackboxError, CheckpointSigner, Settings, safe_text
+from agent_blackbox.consumers._runtime import ViewConsumer
+from agent_blackbox.schemas import BlackboxError, CheckpointSigner, Settings, safe_text
 
 _PROGRESS_EVERY_S = 2.0
 

@@ -13,11 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import Engine, create_engine, text
 
-from consumers import ViewConsumer, migrate_views
-from examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-from outbox import Recorder, Relay, migrate_write_side
-from schemas import Settings, safe_text
-from stack import LocalStack
+from agent_blackbox.consumers import ViewConsumer, migrate_views
+from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
+from agent_blackbox.outbox import Recorder, Relay, migrate_write_side
+from agent_blackbox.schemas import Settings, safe_text
+from agent_blackbox.stack import LocalStack
 
 
 def run_demo(*, runs: int, workers: int, console: Console) -> None:

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from outbox import AgentRun, EffectOutcome, RunSnapshot
-from schemas import BlackboxError, digest
+from agent_blackbox.outbox import AgentRun, EffectOutcome, RunSnapshot
+from agent_blackbox.schemas import BlackboxError, digest
 
 MODEL = "triage-small-1"
 CODE_VERSION = "ticket-agent/1.0.0"

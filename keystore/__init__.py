@@ -6,7 +6,7 @@ through the audited database function; destroying a run's keys makes its bodies
 unreadable everywhere they were copied (crypto-shredding).
 """
 
-from keystore._errors import (
+from agent_blackbox.keystore._errors import (
     AccessDenied,
     CiphertextCorrupt,
     DataKeyMissing,
@@ -16,15 +16,15 @@ from keystore._errors import (
     UnknownKeyVersion,
     WrongKey,
 )
-from keystore._postgres import (
+from agent_blackbox.keystore._postgres import (
     AuditedKeys,
     DataKeyStore,
     destroy_key_ids_txn,
     destroy_keys_txn,
     wrapping_aad,
 )
-from keystore._provider import KeyProvider, LocalKeyProvider, WrappedKey
-from keystore._sealer import SEALED_ENCODING, AesGcmSealer, OpeningKeys
+from agent_blackbox.keystore._provider import KeyProvider, LocalKeyProvider, WrappedKey
+from agent_blackbox.keystore._sealer import SEALED_ENCODING, AesGcmSealer, OpeningKeys
 
 __all__ = [
     "SEALED_ENCODING",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas import BlackboxError, KeyUnavailable, UndecodableMessage
+from agent_blackbox.schemas import BlackboxError, KeyUnavailable, UndecodableMessage
 
 
 class KeystoreError(BlackboxError):

@@ -15,9 +15,14 @@ from typing import Any
 from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from keystore._errors import AccessDenied, DataKeyMissing, KeyDestroyed, KeystoreError
-from keystore._provider import KEY_BYTES, KeyProvider, WrappedKey
-from schemas import DataKey, KeyedDigest
+from agent_blackbox.keystore._errors import (
+    AccessDenied,
+    DataKeyMissing,
+    KeyDestroyed,
+    KeystoreError,
+)
+from agent_blackbox.keystore._provider import KEY_BYTES, KeyProvider, WrappedKey
+from agent_blackbox.schemas import DataKey, KeyedDigest
 
 _INSERT = text(
     """

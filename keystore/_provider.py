@@ -20,7 +20,7 @@ from typing import Protocol
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from keystore._errors import KeyProviderError, UnknownKeyVersion, WrongKey
+from agent_blackbox.keystore._errors import KeyProviderError, UnknownKeyVersion, WrongKey
 
 KEY_BYTES = 32
 NONCE_BYTES = 12

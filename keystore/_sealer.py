@@ -13,8 +13,8 @@ from typing import Protocol
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from keystore._errors import CiphertextCorrupt, KeystoreError
-from schemas import PLAIN_ENCODING, PayloadContext, Sealed
+from agent_blackbox.keystore._errors import CiphertextCorrupt, KeystoreError
+from agent_blackbox.schemas import PLAIN_ENCODING, PayloadContext, Sealed
 
 SEALED_ENCODING = "avro+aes256gcm"
 _NONCE = 12
@@ -34,7 +34,7 @@ class OpeningKeys(Protocol):
 
 
 class AesGcmSealer:
-    """The :class:`~schemas.Sealer` of encrypted runs.
+    """The :class:`~agent_blackbox.schemas.Sealer` of encrypted runs.
 
     Args:
         keys: where opening finds data keys; recorders, which only seal, need none.

@@ -9,10 +9,10 @@ import click
 from rich.console import Console
 from sqlalchemy import create_engine
 
-from keystore._errors import KeyProviderError
-from keystore._postgres import DataKeyStore
-from keystore._provider import LocalKeyProvider
-from schemas import BlackboxError, CheckpointSigner, Settings
+from agent_blackbox.keystore._errors import KeyProviderError
+from agent_blackbox.keystore._postgres import DataKeyStore
+from agent_blackbox.keystore._provider import LocalKeyProvider
+from agent_blackbox.schemas import BlackboxError, CheckpointSigner, Settings
 
 
 @click.group("keys")

@@ -6,9 +6,9 @@ read side.
 
 from typing import TYPE_CHECKING
 
-from outbox._async import AsyncRecorder, AsyncRun
-from outbox._core import RunSnapshot
-from outbox._effects import (
+from agent_blackbox.outbox._async import AsyncRecorder, AsyncRun
+from agent_blackbox.outbox._core import RunSnapshot
+from agent_blackbox.outbox._effects import (
     EffectOutcome,
     EffectPolicy,
     EffectReceipt,
@@ -21,7 +21,7 @@ from outbox._effects import (
     ToolNotRecorded,
     ToolPolicy,
 )
-from outbox._errors import (
+from agent_blackbox.outbox._errors import (
     ConcurrentRunWriter,
     DatabaseUnavailable,
     EffectRejected,
@@ -29,16 +29,16 @@ from outbox._errors import (
     RecordedError,
     RunNotActive,
 )
-from outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
-from outbox._lifecycle import append_redaction_txn
-from outbox._llm import completion_view
-from outbox._memory import MemoryRecorder
-from outbox._metrics import RelayMetrics
-from outbox._migrate import migrate_write_side
-from outbox._protocol import AgentRun
-from outbox._recorder import Recorder, Run
-from outbox._recovery import PendingEffect
-from outbox._redaction import (
+from agent_blackbox.outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
+from agent_blackbox.outbox._lifecycle import append_redaction_txn
+from agent_blackbox.outbox._llm import completion_view
+from agent_blackbox.outbox._memory import MemoryRecorder
+from agent_blackbox.outbox._metrics import RelayMetrics
+from agent_blackbox.outbox._migrate import migrate_write_side
+from agent_blackbox.outbox._protocol import AgentRun
+from agent_blackbox.outbox._recorder import Recorder, Run
+from agent_blackbox.outbox._recovery import PendingEffect
+from agent_blackbox.outbox._redaction import (
     DEFAULT_DETECTORS,
     DETECTORS,
     Redacted,
@@ -46,8 +46,8 @@ from outbox._redaction import (
     Redactor,
     placeholder,
 )
-from outbox._relay import EVENT_ID_HEADER, Relay, RelayOptions
-from outbox._replay import (
+from agent_blackbox.outbox._relay import EVENT_ID_HEADER, Relay, RelayOptions
+from agent_blackbox.outbox._replay import (
     BlobReader,
     CallSite,
     DigestKeys,
@@ -56,7 +56,7 @@ from outbox._replay import (
     ReplayDivergence,
     ReplayRun,
 )
-from outbox._tables import (
+from agent_blackbox.outbox._tables import (
     NOTIFY_CHANNEL,
     SCHEMA,
     access_audit,
@@ -69,10 +69,10 @@ from outbox._tables import (
     relay_members,
     runs,
 )
-from outbox._writer import shard_of
+from agent_blackbox.outbox._writer import shard_of
 
 if TYPE_CHECKING:
-    from outbox._openai import (
+    from agent_blackbox.outbox._openai import (
         AsyncAgentRun,
         AsyncRecordedStream,
         CapturedAsyncOpenAI,
@@ -97,14 +97,15 @@ _OPENAI_NAMES = frozenset(
 
 def __getattr__(name: str) -> object:
     if name not in _OPENAI_NAMES:
-        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+        raise AttributeError(f"module agent_blackbox.outbox has no attribute {name!r}")
     try:
-        from outbox import _openai
+        from agent_blackbox.outbox import _openai
     except ModuleNotFoundError as exc:
         if exc.name != "openai":
             raise
         raise ImportError(
-            f"outbox.{name} needs the openai SDK: pip install 'agent-blackbox[openai]'"
+            f"agent_blackbox.outbox.{name} needs the openai SDK: "
+            "pip install 'agent-blackbox[openai]'"
         ) from exc
     return getattr(_openai, name)
 

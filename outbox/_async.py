@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from outbox._boundaries import Crossing
-from outbox._core import (
+from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox._core import (
     APPEND_ATTEMPTS,
     Outcome,
     ReceiptBuilder,
@@ -26,14 +26,14 @@ from outbox._core import (
     fresh_event_id,
     plan_start,
 )
-from outbox._effects import EffectReceipt
-from outbox._recorder import TRANSIENT_RETRIES, _since, _transient, _unavailable
-from outbox._writer import (
+from agent_blackbox.outbox._effects import EffectReceipt
+from agent_blackbox.outbox._recorder import TRANSIENT_RETRIES, _since, _transient, _unavailable
+from agent_blackbox.outbox._writer import (
     PreparedEvent,
     append_txn_async,
     load_cursor_txn_async,
 )
-from schemas import Digester, Envelope, Settings
+from agent_blackbox.schemas import Digester, Envelope, Settings
 
 T = TypeVar("T")
 
@@ -43,7 +43,8 @@ async def _resolve(value: Any) -> Any:
 
 
 class AsyncRecorder(RecorderBase[AsyncEngine]):
-    """Records runs of asyncio agents; the async twin of :class:`~outbox.Recorder`."""
+    """Records runs of asyncio agents; the async twin of
+    :class:`~agent_blackbox.outbox.Recorder`."""
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> AsyncRecorder:
@@ -128,7 +129,7 @@ class AsyncRecorder(RecorderBase[AsyncEngine]):
 
 
 class AsyncRun:
-    """One agent run in record mode for asyncio code; mirrors :class:`~outbox.Run`.
+    """One agent run in record mode for asyncio code; mirrors :class:`~agent_blackbox.outbox.Run`.
 
     Agent functions handed to it may be plain or ``async``.
     """

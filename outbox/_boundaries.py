@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas import EventType, canonical_text
+from agent_blackbox.schemas import EventType, canonical_text
 
 VERSION = 1
 """Body version every builder here writes."""

@@ -1,7 +1,7 @@
 """What a recording run knows and decides, shared by the sync and async APIs.
 
-The sync :class:`~outbox._recorder.Run` and the async
-:class:`~outbox._async.AsyncRun` differ only in how they call agent functions and
+The sync :class:`~agent_blackbox.outbox._recorder.Run` and the async
+:class:`~agent_blackbox.outbox._async.AsyncRun` differ only in how they call agent functions and
 talk to the database; everything else (crossings, cursor, lifecycle) lives here.
 """
 
@@ -16,9 +16,9 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import TextClause
 
-from keystore import AesGcmSealer, DataKeyStore, KeystoreError
-from outbox import _boundaries as b
-from outbox._effects import (
+from agent_blackbox.keystore import AesGcmSealer, DataKeyStore, KeystoreError
+from agent_blackbox.outbox import _boundaries as b
+from agent_blackbox.outbox._effects import (
     EffectOutcome,
     EffectPolicy,
     EffectReceipt,
@@ -26,11 +26,11 @@ from outbox._effects import (
     LiveTools,
     ToolPolicy,
 )
-from outbox._errors import ConcurrentRunWriter, EffectRejected, RunNotActive
-from outbox._llm import llm_call, llm_input
-from outbox._redaction import Redactor
-from outbox._scrub import RULES_ATTRIBUTE, Scrub
-from outbox._writer import (
+from agent_blackbox.outbox._errors import ConcurrentRunWriter, EffectRejected, RunNotActive
+from agent_blackbox.outbox._llm import llm_call, llm_input
+from agent_blackbox.outbox._redaction import Redactor
+from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
+from agent_blackbox.outbox._writer import (
     Cursor,
     EventFactory,
     PreparedEvent,
@@ -39,7 +39,14 @@ from outbox._writer import (
     new_event_id,
     shard_of,
 )
-from schemas import Digester, Envelope, EnvelopeCodec, PayloadPipeline, Settings, digest
+from agent_blackbox.schemas import (
+    Digester,
+    Envelope,
+    EnvelopeCodec,
+    PayloadPipeline,
+    Settings,
+    digest,
+)
 
 APPEND_ATTEMPTS = 3
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from outbox._boundaries import tool_input
-from outbox._errors import EffectRejected, RecordedError
-from schemas import BlackboxError, Envelope, EventType, PayloadPipeline, digest
+from agent_blackbox.outbox._boundaries import tool_input
+from agent_blackbox.outbox._errors import EffectRejected, RecordedError
+from agent_blackbox.schemas import BlackboxError, Envelope, EventType, PayloadPipeline, digest
 
 
 @dataclass(frozen=True, slots=True)

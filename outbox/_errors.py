@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas import BlackboxError
+from agent_blackbox.schemas import BlackboxError
 
 
 class DatabaseUnavailable(BlackboxError):

@@ -8,7 +8,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from schemas import BlackboxError, Settings
+from agent_blackbox.schemas import BlackboxError, Settings
 
 
 class BrokerUnavailable(BlackboxError):

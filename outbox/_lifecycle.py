@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from sqlalchemy import Connection
 
-from outbox import _boundaries as b
-from outbox._core import fresh_event_id, new_factory, utc_now
-from outbox._errors import RunNotActive
-from outbox._recovery import load_run_txn
-from outbox._writer import append_txn
-from schemas import Envelope, Settings
+from agent_blackbox.outbox import _boundaries as b
+from agent_blackbox.outbox._core import fresh_event_id, new_factory, utc_now
+from agent_blackbox.outbox._errors import RunNotActive
+from agent_blackbox.outbox._recovery import load_run_txn
+from agent_blackbox.outbox._writer import append_txn
+from agent_blackbox.schemas import Envelope, Settings
 
 
 def append_redaction_txn(

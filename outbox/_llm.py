@@ -1,7 +1,8 @@
 """The ``llm.call`` boundary for OpenAI-compatible chat completion JSON.
 
-Bodies are written at :data:`schemas.LLM_CALL_VERSION`; the usage and tool call shapes
-come from ``schemas`` so that v1 bodies migrated on read look like new ones.
+Bodies are written at :data:`agent_blackbox.schemas.LLM_CALL_VERSION`; the usage and
+tool call shapes come from ``schemas`` so that v1 bodies migrated on read look like new
+ones.
 """
 
 from __future__ import annotations
@@ -9,8 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from outbox._boundaries import Crossing, error_info
-from schemas import LLM_CALL_VERSION, EventType, canonical_text, llm_tool_call, llm_usage
+from agent_blackbox.outbox._boundaries import Crossing, error_info
+from agent_blackbox.schemas import (
+    LLM_CALL_VERSION,
+    EventType,
+    canonical_text,
+    llm_tool_call,
+    llm_usage,
+)
 
 # Request fields that are the conversation or the call itself, not sampling parameters.
 _NOT_PARAMS = frozenset(

@@ -6,19 +6,19 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from outbox._boundaries import Crossing
-from outbox._core import RecorderBase, RunSnapshot, plan_start, utc_now
-from outbox._effects import EffectPolicy, ToolPolicy
-from outbox._recorder import Joinable, Run
-from outbox._redaction import Redactor
-from outbox._writer import PreparedEvent
-from schemas import BlackboxError, Envelope, PayloadPipeline, Settings, digest
+from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox._core import RecorderBase, RunSnapshot, plan_start, utc_now
+from agent_blackbox.outbox._effects import EffectPolicy, ToolPolicy
+from agent_blackbox.outbox._recorder import Joinable, Run
+from agent_blackbox.outbox._redaction import Redactor
+from agent_blackbox.outbox._writer import PreparedEvent
+from agent_blackbox.schemas import BlackboxError, Envelope, PayloadPipeline, Settings, digest
 
 T = TypeVar("T")
 
 
 class MemoryRecorder(RecorderBase[None]):
-    """Records runs exactly as :class:`~outbox.Recorder` does, into a list.
+    """Records runs exactly as :class:`~agent_blackbox.outbox.Recorder` does, into a list.
 
     The envelopes are the same bytes-for-bytes format (digests, chain, sealing), so
     what it records replays, archives and verifies like a production run.
@@ -95,7 +95,8 @@ class MemoryRecorder(RecorderBase[None]):
         return self._store(run, run.core.prepare(crossing, event_id))
 
     def read(self, ref: str) -> bytes:
-        """The body stored out of line under ``ref`` (a :class:`~outbox.BlobReader`)."""
+        """The body stored out of line under ``ref`` (a
+        :class:`~agent_blackbox.outbox.BlobReader`)."""
         return self.blobs[ref]
 
     def _store(self, run: Run, event: PreparedEvent) -> Envelope:

@@ -9,7 +9,7 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from outbox._errors import DatabaseUnavailable
+from agent_blackbox.outbox._errors import DatabaseUnavailable
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

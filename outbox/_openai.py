@@ -11,7 +11,7 @@ What is recorded (provider ``"openai"``, the model of the request):
   dumped the way the SDK sends them); ``extra_headers``, ``extra_query`` and
   ``timeout`` are transport options and are left out, and so are the client's API key,
   its headers, its base URL and anything else that is not the body. A value that is
-  not JSON raises :class:`~schemas.NotSerialisable` before anything is sent;
+  not JSON raises :class:`~agent_blackbox.schemas.NotSerialisable` before anything is sent;
 - the response: the JSON body exactly as the server sent it. A streamed call
   (``stream=True``) is recorded as ``{"stream": [chunk, ...]}``, each chunk the JSON
   of one server-sent event as the SDK gives it back (``to_dict()``: the keys the
@@ -30,7 +30,7 @@ strict response validation), so they compare equal to what record mode handed ba
 recorded API error is raised again as the same ``openai`` exception class, rebuilt from
 the recorded status and body; only the classes listed here are rebuilt, chosen by the
 recorded name, and nothing from a payload is imported or executed. Any other recorded
-error is raised as :class:`~outbox.RecordedError`. The response's request id header
+error is raised as :class:`~agent_blackbox.outbox.RecordedError`. The response's request id header
 (``_request_id``) is not recorded and is ``None`` in replay.
 """
 
@@ -50,9 +50,9 @@ from openai._models import construct_type, validate_type  # how the SDK builds i
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
-from outbox._errors import RecordedError
-from outbox._protocol import AgentRun
-from schemas import NotSerialisable, canonical_text
+from agent_blackbox.outbox._errors import RecordedError
+from agent_blackbox.outbox._protocol import AgentRun
+from agent_blackbox.schemas import NotSerialisable, canonical_text
 
 PROVIDER = "openai"
 """The provider name every captured call is recorded under."""
@@ -81,8 +81,8 @@ _STATUS_ERRORS: dict[str, type[openai.APIStatusError]] = {
 
 
 class AsyncAgentRun(Protocol):
-    """The boundary an async capture needs: :class:`~outbox.AsyncRun` in record mode,
-    :class:`~outbox.ReplayRun` (whose ``llm`` answers at once) in replay."""
+    """The boundary an async capture needs: :class:`~agent_blackbox.outbox.AsyncRun` in record mode,
+    :class:`~agent_blackbox.outbox.ReplayRun` (whose ``llm`` answers at once) in replay."""
 
     def llm(
         self,

@@ -7,14 +7,14 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from outbox._effects import EffectOutcome, EffectReceipt
+from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
 
 T = TypeVar("T")
 
 
 class AgentRun(Protocol):
     """The boundaries of a run. Agent code takes one of these and calls nothing else
-    that reaches outside: in record mode the Recorder's :class:`~outbox.Run` provides
+    that reaches outside: in record mode the Recorder's :class:`~agent_blackbox.outbox.Run` provides
     it, in replay mode the replayer's run does, so the same code runs in both."""
 
     @property

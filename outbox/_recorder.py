@@ -18,9 +18,9 @@ from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from keystore import DataKeyStore, LocalKeyProvider
-from outbox._boundaries import Crossing
-from outbox._core import (
+from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
+from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox._core import (
     APPEND_ATTEMPTS,
     Outcome,
     ReceiptBuilder,
@@ -30,14 +30,14 @@ from outbox._core import (
     fresh_event_id,
     plan_start,
 )
-from outbox._effects import EffectOutcome, EffectPolicy, EffectReceipt, ToolPolicy
-from outbox._errors import DatabaseUnavailable, EffectRejected, RunNotActive
-from outbox._recovery import PendingEffect, load_run_txn, unresolved_effects_txn
-from outbox._writer import (
+from agent_blackbox.outbox._effects import EffectOutcome, EffectPolicy, EffectReceipt, ToolPolicy
+from agent_blackbox.outbox._errors import DatabaseUnavailable, EffectRejected, RunNotActive
+from agent_blackbox.outbox._recovery import PendingEffect, load_run_txn, unresolved_effects_txn
+from agent_blackbox.outbox._writer import (
     append_txn,
     load_cursor_txn,
 )
-from schemas import Digester, Envelope, Settings
+from agent_blackbox.schemas import Digester, Envelope, Settings
 
 T = TypeVar("T")
 Joinable = Connection | Session

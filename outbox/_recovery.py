@@ -7,8 +7,8 @@ from datetime import datetime
 
 from sqlalchemy import Connection, text
 
-from outbox._errors import RunNotActive
-from outbox._writer import Cursor, RunIdentity, shard_of
+from agent_blackbox.outbox._errors import RunNotActive
+from agent_blackbox.outbox._writer import Cursor, RunIdentity, shard_of
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
-from schemas import BlackboxError
+from agent_blackbox.schemas import BlackboxError
 
 PLACEHOLDER_PREFIX = "[redacted:"
 

@@ -25,10 +25,10 @@ from confluent_kafka import KafkaError, Message, Producer
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
-from outbox._metrics import RelayMetrics
-from outbox._tables import NOTIFY_CHANNEL
-from schemas import Settings
+from agent_blackbox.outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
+from agent_blackbox.outbox._metrics import RelayMetrics
+from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
+from agent_blackbox.schemas import Settings
 
 log = logging.getLogger("blackbox.relay")
 

@@ -25,12 +25,12 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from outbox import _boundaries as b
-from outbox._effects import EffectOutcome, EffectReceipt
-from outbox._errors import EffectRejected, RecordedError
-from outbox._llm import llm_input
-from outbox._scrub import Scrub
-from schemas import (
+from agent_blackbox.outbox import _boundaries as b
+from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
+from agent_blackbox.outbox._errors import EffectRejected, RecordedError
+from agent_blackbox.outbox._llm import llm_input
+from agent_blackbox.outbox._scrub import Scrub
+from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     HMAC_PREFIX,
     BlackboxError,
@@ -50,7 +50,7 @@ T = TypeVar("T")
 _INPUT_PATHS = {event_type: f"{event_type}.input" for event_type in EventType}
 _FINISHED = EventType.RUN_FINISHED
 # Frames of these packages are the recorder's own; the call site is the first other one.
-_OWN_MODULES = ("outbox.", "replayer.")
+_OWN_MODULES = ("agent_blackbox.outbox.", "agent_blackbox.replayer.")
 
 
 class DivergenceKind(StrEnum):
@@ -173,7 +173,7 @@ class BlobReader(Protocol):
 
 
 class ReplayRun:
-    """An :class:`~outbox.AgentRun` that answers from a recorded run.
+    """An :class:`~agent_blackbox.outbox.AgentRun` that answers from a recorded run.
 
     Args:
         events: the run's envelopes in sequence order, from sequence 1 (streamed; the

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from outbox._boundaries import Crossing, error_info
-from outbox._redaction import Redactor
-from schemas import canonical_text
+from agent_blackbox.outbox._boundaries import Crossing, error_info
+from agent_blackbox.outbox._redaction import Redactor
+from agent_blackbox.schemas import canonical_text
 
 RULES_ATTRIBUTE = "redaction"
 """On ``run.started``: the redaction rules the run was recorded under (canonical JSON)."""

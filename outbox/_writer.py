@@ -18,10 +18,10 @@ from typing import Any
 from sqlalchemy import Connection, TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from outbox._boundaries import Crossing
-from outbox._errors import PayloadTooLarge
-from outbox._tracing import current_trace
-from schemas import (
+from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox._errors import PayloadTooLarge
+from agent_blackbox.outbox._tracing import current_trace
+from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     DataKey,
     Digester,

@@ -3,17 +3,17 @@ first divergence. Reads runs from Kafka (through the events index), from Avro ar
 or from envelopes in memory; nothing external is ever called.
 """
 
-from replayer._driver import AgentEntry, replay_run
-from replayer._registry import AgentRegistry, UnknownAgent, load_entry
-from replayer._report import LEVEL_NAMES, ReplayReport
-from replayer._sources import (
+from agent_blackbox.replayer._driver import AgentEntry, replay_run
+from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_entry
+from agent_blackbox.replayer._report import LEVEL_NAMES, ReplayReport
+from agent_blackbox.replayer._sources import (
     KafkaRunSource,
     PostgresBlobs,
     SourceError,
     read_archive,
     write_archive,
 )
-from replayer._verify import CheckpointStatus, Problem, VerifyReport, verify_run
+from agent_blackbox.replayer._verify import CheckpointStatus, Problem, VerifyReport, verify_run
 
 __all__ = [
     "LEVEL_NAMES",

@@ -9,9 +9,9 @@ from typing import TypeVar
 import click
 from sqlalchemy import Engine
 
-from keystore import AesGcmSealer, AuditedKeys, DataKeyStore, LocalKeyProvider
-from outbox import DigestKeys
-from schemas import PayloadPipeline
+from agent_blackbox.keystore import AesGcmSealer, AuditedKeys, DataKeyStore, LocalKeyProvider
+from agent_blackbox.outbox import DigestKeys
+from agent_blackbox.schemas import PayloadPipeline
 
 FC = TypeVar("FC", bound=Callable[..., object])
 

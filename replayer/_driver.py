@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterable
 from itertools import chain
 from typing import Any
 
-from keystore import KeyDestroyed
-from outbox import (
+from agent_blackbox.keystore import KeyDestroyed
+from agent_blackbox.outbox import (
     AgentRun,
     BlobReader,
     DigestKeys,
@@ -16,9 +16,9 @@ from outbox import (
     ReplayDivergence,
     ReplayRun,
 )
-from replayer._report import ReplayReport
-from replayer._verify import verify_run
-from schemas import Envelope, PayloadPipeline
+from agent_blackbox.replayer._report import ReplayReport
+from agent_blackbox.replayer._verify import verify_run
+from agent_blackbox.schemas import Envelope, PayloadPipeline
 
 AgentEntry = Callable[[AgentRun, Any], Any]
 """An agent entry point: ``entry(run, input) -> output``, the same code as in production."""

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine
 
-from keystore import DataKeyStore
-from outbox import (
+from agent_blackbox.keystore import DataKeyStore
+from agent_blackbox.outbox import (
     EffectPolicy,
     MemoryRecorder,
     RecordedTools,
@@ -29,8 +29,8 @@ from outbox import (
     SandboxEffects,
     completion_view,
 )
-from replayer._driver import AgentEntry
-from schemas import BlackboxError, Envelope, EventType, PayloadPipeline, Settings
+from agent_blackbox.replayer._driver import AgentEntry
+from agent_blackbox.schemas import BlackboxError, Envelope, EventType, PayloadPipeline, Settings
 
 ForkFactory = Callable[..., AgentEntry]
 """``factory(snapshot, *, base_url=..., api_key=...) -> entry``: the agent, built as the

@@ -6,8 +6,8 @@ import importlib
 import os
 from collections.abc import Mapping
 
-from replayer._driver import AgentEntry
-from schemas import BlackboxError
+from agent_blackbox.replayer._driver import AgentEntry
+from agent_blackbox.schemas import BlackboxError
 
 
 class UnknownAgent(BlackboxError):

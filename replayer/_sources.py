@@ -19,7 +19,14 @@ from fastavro.read import SchemaResolutionError
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from schemas import ENVELOPE, BlackboxError, Envelope, EnvelopeCodec, Settings, default_registry
+from agent_blackbox.schemas import (
+    ENVELOPE,
+    BlackboxError,
+    Envelope,
+    EnvelopeCodec,
+    Settings,
+    default_registry,
+)
 
 
 class SourceError(BlackboxError):

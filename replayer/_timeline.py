@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine
 
-from replayer._access import opening, purpose_option
-from replayer._sources import KafkaRunSource, read_archive
-from schemas import BlackboxError, Envelope, PayloadPipeline, Settings, safe_text
+from agent_blackbox.replayer._access import opening, purpose_option
+from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
+from agent_blackbox.schemas import BlackboxError, Envelope, PayloadPipeline, Settings, safe_text
 
 BODY_LIMIT = 160
 """Characters of a body shown per event; a timeline is for reading, not for export."""
@@ -24,7 +24,7 @@ def timeline_table(
     run_id: str, events: Iterable[Envelope], *, pipeline: PayloadPipeline | None = None
 ) -> Table:
     """The run as a table: sequence, type, time, attributes and, with ``pipeline``, a
-    shortened body. Every value from the log passes :func:`schemas.safe_text`."""
+    shortened body. Every value from the log passes :func:`agent_blackbox.schemas.safe_text`."""
     table = Table(title=f"Run {safe_text(run_id)}")
     for column in ("seq", "event", "recorded at", "attributes", *(("body",) if pipeline else ())):
         table.add_column(column, overflow="fold")

@@ -5,7 +5,7 @@ event's sequence and chain hash, so a run of any length verifies in constant mem
 It checks that sequences are contiguous from 1, that every chain hash is the one the
 chain computes (so a changed byte anywhere in an envelope or its inline payload is
 found at its own sequence), that out-of-line bodies hash to their ``payload_ref``,
-and, given a signed :class:`~schemas.Checkpoint`, that a known signer signed exactly
+and, given a signed :class:`~agent_blackbox.schemas.Checkpoint`, that a known signer signed exactly
 this log's head. It needs no data key, never opens a payload, and never puts payload
 content in its report.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from outbox import BlobReader
-from schemas import (
+from agent_blackbox.outbox import BlobReader
+from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     BlackboxError,
     Checkpoint,
@@ -75,7 +75,8 @@ class CheckpointStatus(StrEnum):
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
     """The result of verifying one run. ``detail`` names sequences, digests and ids,
-    never payload content, and is already safe to print (see :func:`schemas.safe_text`)."""
+    never payload content, and is already safe to print (see
+    :func:`agent_blackbox.schemas.safe_text`)."""
 
     run_id: str
     events: int

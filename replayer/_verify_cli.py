@@ -15,10 +15,10 @@ from rich.progress import track
 from rich.table import Table
 from sqlalchemy import Engine, create_engine, text
 
-from consumers import load_checkpoint
-from replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
-from replayer._verify import VerifyReport, verify_run
-from schemas import (
+from agent_blackbox.consumers import load_checkpoint
+from agent_blackbox.replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
+from agent_blackbox.replayer._verify import VerifyReport, verify_run
+from agent_blackbox.schemas import (
     BlackboxError,
     Checkpoint,
     CheckpointSigner,

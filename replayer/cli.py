@@ -20,14 +20,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import Engine, create_engine, text
 
-from replayer._access import Opening, opening, purpose_option, recording_keys
-from replayer._driver import replay_run
-from replayer._registry import AgentRegistry, load_entry
-from replayer._report import ReplayReport
-from replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
-from replayer._timeline import timeline_command
-from replayer._verify_cli import verify_command
-from schemas import BlackboxError, Envelope, Settings, safe_text
+from agent_blackbox.replayer._access import Opening, opening, purpose_option, recording_keys
+from agent_blackbox.replayer._driver import replay_run
+from agent_blackbox.replayer._registry import AgentRegistry, load_entry
+from agent_blackbox.replayer._report import ReplayReport
+from agent_blackbox.replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
+from agent_blackbox.replayer._timeline import timeline_command
+from agent_blackbox.replayer._verify_cli import verify_command
+from agent_blackbox.schemas import BlackboxError, Envelope, Settings, safe_text
 
 __all__ = [
     "fork_command",
@@ -304,7 +304,7 @@ def fork_command(
 ) -> None:
     """Re-execute RUN_ID as a new run from its input snapshot, with changes."""
 
-    from replayer._fork import fork_run
+    from agent_blackbox.replayer._fork import fork_run
 
     console = Console(stderr=True)
     changes = _changes(pairs)
@@ -359,7 +359,7 @@ def reexecute_command(
 ) -> None:
     """Re-send each recorded LLM request of RUN_ID and diff the answers per call."""
 
-    from replayer._fork import openai_sender, reexecute
+    from agent_blackbox.replayer._fork import openai_sender, reexecute
 
     console = Console(stderr=True)
     try:

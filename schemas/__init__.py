@@ -4,7 +4,7 @@ schema migrators and compatibility checks.
 This package is a leaf: it imports none of ``outbox``, ``consumers`` or ``replayer``.
 """
 
-from schemas._canonical import (
+from agent_blackbox.schemas._canonical import (
     DIGEST_PREFIX,
     HMAC_PREFIX,
     Digester,
@@ -15,7 +15,7 @@ from schemas._canonical import (
     digest,
     digest_bytes,
 )
-from schemas._checkpoint import (
+from agent_blackbox.schemas._checkpoint import (
     Checkpoint,
     CheckpointSigner,
     CheckpointVerifier,
@@ -23,14 +23,14 @@ from schemas._checkpoint import (
     SigningKeyError,
     key_fingerprint,
 )
-from schemas._codec import (
+from agent_blackbox.schemas._codec import (
     CONFLUENT_MAGIC,
     SINGLE_OBJECT_MAGIC,
     BodyCodec,
     EnvelopeCodec,
     SchemaIdResolver,
 )
-from schemas._compat import (
+from agent_blackbox.schemas._compat import (
     CompatibilityProblem,
     CompatibilityReport,
     Incompatibility,
@@ -38,9 +38,9 @@ from schemas._compat import (
     check_registry,
     incompatibilities,
 )
-from schemas._display import safe_text
-from schemas._envelope import GENESIS_CHAIN_HASH, Envelope, next_chain_hash
-from schemas._errors import (
+from agent_blackbox.schemas._display import safe_text
+from agent_blackbox.schemas._envelope import GENESIS_CHAIN_HASH, Envelope, next_chain_hash
+from agent_blackbox.schemas._errors import (
     BlackboxError,
     BodyEncodingError,
     KeyUnavailable,
@@ -49,15 +49,20 @@ from schemas._errors import (
     UndecodableMessage,
     UnknownSchemaVersion,
 )
-from schemas._llm_call import LLM_CALL_VERSION, llm_call_v1_to_v2, llm_tool_call, llm_usage
-from schemas._migrations import (
+from agent_blackbox.schemas._llm_call import (
+    LLM_CALL_VERSION,
+    llm_call_v1_to_v2,
+    llm_tool_call,
+    llm_usage,
+)
+from agent_blackbox.schemas._migrations import (
     BodyReader,
     Migrator,
     MigratorRegistry,
     Step,
     default_migrators,
 )
-from schemas._payload import (
+from agent_blackbox.schemas._payload import (
     PLAIN_ENCODING,
     DataKey,
     PayloadContext,
@@ -66,9 +71,9 @@ from schemas._payload import (
     Sealed,
     Sealer,
 )
-from schemas._registry import ENVELOPE, SchemaEntry, SchemaRegistry, default_registry
-from schemas._settings import DEFAULT_DATABASE_URL, DEFAULT_KAFKA_BOOTSTRAP, Settings
-from schemas.event_types import EventType
+from agent_blackbox.schemas._registry import ENVELOPE, SchemaEntry, SchemaRegistry, default_registry
+from agent_blackbox.schemas._settings import DEFAULT_DATABASE_URL, DEFAULT_KAFKA_BOOTSTRAP, Settings
+from agent_blackbox.schemas.event_types import EventType
 
 __all__ = [
     "CONFLUENT_MAGIC",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, TypeAlias
 
-from schemas._errors import NotSerialisable
+from agent_blackbox.schemas._errors import NotSerialisable
 
 JsonValue: TypeAlias = (
     bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"] | None

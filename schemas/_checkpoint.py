@@ -36,8 +36,8 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 
-from schemas._canonical import canonical_json
-from schemas._errors import BlackboxError
+from agent_blackbox.schemas._canonical import canonical_json
+from agent_blackbox.schemas._errors import BlackboxError
 
 CHECKPOINT_PURPOSE = "agent-blackbox checkpoint v1"
 """Bound into every signed message, so the signature means "this is a checkpoint"."""
@@ -307,7 +307,7 @@ class CheckpointVerifier:
         """Return if ``checkpoint`` carries a genuine signature of a known signer.
 
         This checks the signature only; that the signed head is the log's head is
-        :func:`replayer.verify_run`'s job.
+        :func:`agent_blackbox.replayer.verify_run`'s job.
 
         Raises:
             ForgedCheckpoint: naming run and key id: the key id is unknown, the

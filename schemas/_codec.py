@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 from fastavro import schemaless_reader, schemaless_writer
 
-from schemas._envelope import Envelope
-from schemas._errors import BodyEncodingError, UndecodableMessage
-from schemas._registry import ENVELOPE, SchemaRegistry, default_registry
+from agent_blackbox.schemas._envelope import Envelope
+from agent_blackbox.schemas._errors import BodyEncodingError, UndecodableMessage
+from agent_blackbox.schemas._registry import ENVELOPE, SchemaRegistry, default_registry
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = 0

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from schemas._registry import SchemaRegistry
+from agent_blackbox.schemas._registry import SchemaRegistry
 
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 _PROMOTIONS = {

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring as _q  # how json writes a str (not ASCII-only)
 from typing import Any
 
-from schemas._canonical import DIGEST_PREFIX, canonical_json, digest_bytes
+from agent_blackbox.schemas._canonical import DIGEST_PREFIX, canonical_json, digest_bytes
 
 GENESIS_CHAIN_HASH = "0" * 64
 """The chain hash a run starts from, before its first event."""

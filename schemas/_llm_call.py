@@ -23,8 +23,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from schemas._canonical import canonical_text
-from schemas._errors import NotSerialisable
+from agent_blackbox.schemas._canonical import canonical_text
+from agent_blackbox.schemas._errors import NotSerialisable
 
 LLM_CALL_VERSION = 2
 """The ``llm.call`` body version the recorder writes."""

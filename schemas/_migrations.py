@@ -23,12 +23,12 @@ from typing import Any, Literal, NoReturn
 
 from fastavro import schemaless_reader
 
-from schemas._codec import BodyCodec
-from schemas._compat import incompatibilities
-from schemas._errors import MigrationFailed, UndecodableMessage, UnknownSchemaVersion
-from schemas._llm_call import llm_call_v1_to_v2
-from schemas._registry import SchemaRegistry
-from schemas.event_types import EventType
+from agent_blackbox.schemas._codec import BodyCodec
+from agent_blackbox.schemas._compat import incompatibilities
+from agent_blackbox.schemas._errors import MigrationFailed, UndecodableMessage, UnknownSchemaVersion
+from agent_blackbox.schemas._llm_call import llm_call_v1_to_v2
+from agent_blackbox.schemas._registry import SchemaRegistry
+from agent_blackbox.schemas.event_types import EventType
 
 Migrator = Callable[[Mapping[str, Any]], dict[str, Any]]
 """A pure function from a body of version N to the body of version N + 1.

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from schemas._canonical import canonical_json
-from schemas._codec import BodyCodec
-from schemas._envelope import Envelope
-from schemas._errors import UndecodableMessage
-from schemas._migrations import BodyReader
+from agent_blackbox.schemas._canonical import canonical_json
+from agent_blackbox.schemas._codec import BodyCodec
+from agent_blackbox.schemas._envelope import Envelope
+from agent_blackbox.schemas._errors import UndecodableMessage
+from agent_blackbox.schemas._migrations import BodyReader
 
 PLAIN_ENCODING = "avro"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
-from schemas._errors import UnknownSchemaVersion
+from agent_blackbox.schemas._errors import UnknownSchemaVersion
 
 AVSC_DIR = Path(__file__).parent / "avsc"
 ENVELOPE = "envelope"

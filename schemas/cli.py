@@ -9,10 +9,10 @@ import click
 from fastavro.schema import SchemaParseException
 from rich.console import Console
 
-from schemas._compat import CompatibilityReport, check_registry
-from schemas._display import safe_text
-from schemas._migrations import MigratorRegistry, default_migrators
-from schemas._registry import AVSC_DIR, SchemaRegistry
+from agent_blackbox.schemas._compat import CompatibilityReport, check_registry
+from agent_blackbox.schemas._display import safe_text
+from agent_blackbox.schemas._migrations import MigratorRegistry, default_migrators
+from agent_blackbox.schemas._registry import AVSC_DIR, SchemaRegistry
 
 
 @click.group("schemas")
@@ -58,7 +58,7 @@ def check_command(directory: Path) -> None:
 def check_directory(
     directory: Path = AVSC_DIR, migrators: MigratorRegistry | None = None
 ) -> CompatibilityReport:
-    """Check the schemas of ``directory`` (see :func:`schemas.check_registry`).
+    """Check the schemas of ``directory`` (see :func:`agent_blackbox.schemas.check_registry`).
 
     Raises:
         ValueError: a file is misnamed or not JSON.

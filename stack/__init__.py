@@ -5,7 +5,7 @@ Kafka runs from the official jars, fetched once with Maven. Everything (data, lo
 files, sockets) lives under one cache folder and a set of ports, so several stacks can run
 side by side::
 
-    from stack import LocalStack
+    from agent_blackbox.stack import LocalStack
 
     endpoints = LocalStack().up()  # idempotent
     print(endpoints.database_url, endpoints.kafka_bootstrap)
@@ -22,10 +22,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from stack._kafka import LocalKafka
-from stack._postgres import LocalPostgres
-from stack._process import MissingPrerequisiteError, ServiceError, ServiceStatus, StackError
-from stack._settings import StackPorts, StackSettings, redact_password
+from agent_blackbox.stack._kafka import LocalKafka
+from agent_blackbox.stack._postgres import LocalPostgres
+from agent_blackbox.stack._process import (
+    MissingPrerequisiteError,
+    ServiceError,
+    ServiceStatus,
+    StackError,
+)
+from agent_blackbox.stack._settings import StackPorts, StackSettings, redact_password
 
 __all__ = [
     "Endpoints",

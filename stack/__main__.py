@@ -1,6 +1,6 @@
 """``python -m stack up | down | status``."""
 
-from stack.cli import stack_group
+from agent_blackbox.stack.cli import stack_group
 
 if __name__ == "__main__":
     stack_group(prog_name="python -m stack")

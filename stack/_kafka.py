@@ -23,7 +23,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from rich.console import Console
 
-from stack._process import (
+from agent_blackbox.stack._process import (
     MissingPrerequisiteError,
     PidFile,
     PidService,
@@ -48,7 +48,7 @@ _MAIN_CLASS = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"
 _JVM_HEAP = ("-Xms256m", "-Xmx512m")
 _DOWNLOADED = re.compile(r"Downloaded from [^:]+: (\S+)")
-_client_log = logging.getLogger("stack.kafka.admin")
+_client_log = logging.getLogger("agent_blackbox.stack.kafka.admin")
 
 
 def new_cluster_id() -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from stack._process import (
+from agent_blackbox.stack._process import (
     MissingPrerequisiteError,
     PidFile,
     PidService,

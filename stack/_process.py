@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-from schemas import BlackboxError
+from agent_blackbox.schemas import BlackboxError
 
 POLL_INTERVAL = 0.05
 """Seconds between two checks of a condition inside a deadline loop."""

@@ -1,4 +1,4 @@
-"""``stack up | down | status``: the command-line face of :class:`stack.LocalStack`.
+"""``stack up | down | status``: the command-line face of :class:`agent_blackbox.stack.LocalStack`.
 
 The root ``blackbox`` command mounts :data:`stack_group`; ``python -m stack`` runs it alone.
 Progress goes to stderr, results (endpoints, the status table) to stdout.
@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stack import LocalStack, ServiceStatus, StackError, StackPorts
+from agent_blackbox.stack import LocalStack, ServiceStatus, StackError, StackPorts
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 

@@ -1,1 +1,2 @@
-"""Alembic environment of the read-side tables (driven by :func:`consumers.migrate_views`)."""
+"""Alembic environment of the read-side tables (driven by
+:func:`agent_blackbox.consumers.migrate_views`)."""

@@ -1,6 +1,6 @@
 """Alembic environment of the ``blackbox_views`` schema.
 
-Run programmatically by :func:`consumers.migrate_views`; there is no ``alembic.ini``.
+Run programmatically by :func:`agent_blackbox.consumers.migrate_views`; there is no ``alembic.ini``.
 The version table lives in ``blackbox_views.alembic_version_views`` so this history
 never mixes with the write side's own alembic environment.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool, text
 
-from consumers._tables import VIEWS_SCHEMA, metadata
+from agent_blackbox.consumers._tables import VIEWS_SCHEMA, metadata
 
 VERSION_TABLE = "alembic_version_views"
 
@@ -37,7 +37,9 @@ def _run(connection: Connection) -> None:
 def _run_online() -> None:
     url = context.config.get_main_option("sqlalchemy.url")
     if not url:
-        raise RuntimeError("sqlalchemy.url is not set; call consumers.migrate_views(url)")
+        raise RuntimeError(
+            "sqlalchemy.url is not set; call agent_blackbox.consumers.migrate_views(url)"
+        )
     engine = create_engine(url, poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:

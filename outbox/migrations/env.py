@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, text
 
-from outbox._tables import SCHEMA, metadata
+from agent_blackbox.outbox._tables import SCHEMA, metadata
 
 VERSION_TABLE = "alembic_version_outbox"
 

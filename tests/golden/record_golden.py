@@ -14,10 +14,16 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from examples.ticket_agent import KeywordModel, Notifier, TicketAgent, TicketStore, sample_tickets
-from outbox import Recorder, migrate_write_side
-from replayer import write_archive
-from schemas import EnvelopeCodec, Settings
+from agent_blackbox.examples.ticket_agent import (
+    KeywordModel,
+    Notifier,
+    TicketAgent,
+    TicketStore,
+    sample_tickets,
+)
+from agent_blackbox.outbox import Recorder, migrate_write_side
+from agent_blackbox.replayer import write_archive
+from agent_blackbox.schemas import EnvelopeCodec, Settings
 
 
 def main(target: Path) -> None:

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-from outbox import Recorder
+from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
+from agent_blackbox.outbox import Recorder
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from schemas import Envelope, EnvelopeCodec
+from agent_blackbox.schemas import Envelope, EnvelopeCodec
 
 
 def murmur2_partition(key: bytes, partitions: int) -> int:

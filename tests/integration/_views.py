@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, text
 
-from consumers import ViewConsumer
-from schemas import Settings
+from agent_blackbox.consumers import ViewConsumer
+from agent_blackbox.schemas import Settings
 from tests.integration._wait import eventually
 
 

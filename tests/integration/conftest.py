@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 
-from consumers import migrate_views
-from outbox import migrate_write_side
-from schemas import Settings
-from stack import LocalKafka, LocalStack, StackPorts
+from agent_blackbox.consumers import migrate_views
+from agent_blackbox.outbox import migrate_write_side
+from agent_blackbox.schemas import Settings
+from agent_blackbox.stack import LocalKafka, LocalStack, StackPorts
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_DB = "blackbox_test_template"

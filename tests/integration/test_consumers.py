@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, Message, Producer
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine, create_engine, func, select, text
 
-from consumers import (
+from agent_blackbox.consumers import (
     DLQ_OFFSET,
     DLQ_PARTITION,
     DLQ_REASON,
@@ -42,8 +42,8 @@ from consumers import (
     runs_view,
     views_screen,
 )
-from consumers.cli import consume_command
-from schemas import Envelope, EnvelopeCodec, EventType, Settings
+from agent_blackbox.consumers.cli import consume_command
+from agent_blackbox.schemas import Envelope, EnvelopeCodec, EventType, Settings
 
 pytestmark = pytest.mark.integration
 
@@ -533,7 +533,7 @@ def test_consume_command_finishes_cleanly_on_sigterm(
 ) -> None:
     run_id = new_run_id()
     ends = producer(encoded(run_events(run_id, 10, "succeeded")))
-    command = "from consumers.cli import consume_command; consume_command()"
+    command = "from agent_blackbox.consumers.cli import consume_command; consume_command()"
     process = subprocess.Popen(
         [sys.executable, "-c", command],
         env={**_cli_env(consumer_settings), "PYTHONPATH": os.getcwd()},

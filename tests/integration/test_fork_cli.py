@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-from outbox import MemoryRecorder
-from replayer import write_archive
-from replayer.cli import fork_command, reexecute_command
+from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
+from agent_blackbox.outbox import MemoryRecorder
+from agent_blackbox.replayer import write_archive
+from agent_blackbox.replayer.cli import fork_command, reexecute_command
 from tests.integration import _openai_server
 from tests.integration._openai_server import OpenAIServer, Reply
 
@@ -54,7 +54,7 @@ def test_fork_calls_the_real_endpoint_with_the_changed_model(
         "--archive",
         str(archive),
         "--agent",
-        "examples.ticket_agent:fork_entry",
+        "agent_blackbox.examples.ticket_agent:fork_entry",
         "--set",
         "model=triage-large-2",
         "--base-url",

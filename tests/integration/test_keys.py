@@ -17,7 +17,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 
-from keystore import (
+from agent_blackbox.keystore import (
     SEALED_ENCODING,
     AccessDenied,
     AesGcmSealer,
@@ -29,9 +29,16 @@ from keystore import (
     UnknownKeyVersion,
     WrongKey,
 )
-from outbox import AgentRun, Recorder, Relay, RunSnapshot
-from replayer import replay_run
-from schemas import Envelope, EnvelopeCodec, KeyUnavailable, PayloadPipeline, Settings, digest
+from agent_blackbox.outbox import AgentRun, Recorder, Relay, RunSnapshot
+from agent_blackbox.replayer import replay_run
+from agent_blackbox.schemas import (
+    Envelope,
+    EnvelopeCodec,
+    KeyUnavailable,
+    PayloadPipeline,
+    Settings,
+    digest,
+)
 from tests.integration._kafka import read_topic
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response
 
-from outbox import (
+from agent_blackbox.outbox import (
     AgentRun,
     AsyncRecorder,
     AsyncRun,
@@ -37,9 +37,9 @@ from outbox import (
     RunSnapshot,
     capture_openai,
 )
-from outbox._boundaries import Crossing
-from replayer import replay_run
-from schemas import Envelope, EnvelopeCodec, NotSerialisable, PayloadPipeline
+from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.replayer import replay_run
+from agent_blackbox.schemas import Envelope, EnvelopeCodec, NotSerialisable, PayloadPipeline
 from tests.integration._openai_server import REQUEST_ID, TOOL_ARGUMENTS, OpenAIServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -687,7 +687,7 @@ def test_a_strictly_validating_client_replays_validated_objects(
 
 def test_importing_outbox_does_not_import_the_sdk() -> None:
     code = (
-        "import sys, outbox; assert 'openai' not in sys.modules; "
+        "import sys; import agent_blackbox.outbox as outbox; assert 'openai' not in sys.modules; "
         "outbox.capture_openai; assert 'openai' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

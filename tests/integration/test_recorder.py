@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from outbox import (
+from agent_blackbox.outbox import (
     AsyncRecorder,
     EffectRejected,
     PayloadTooLarge,
@@ -17,7 +17,7 @@ from outbox import (
     RunNotActive,
     RunSnapshot,
 )
-from schemas import EnvelopeCodec, NotSerialisable, PayloadPipeline, Settings
+from agent_blackbox.schemas import EnvelopeCodec, NotSerialisable, PayloadPipeline, Settings
 
 pytestmark = pytest.mark.integration
 

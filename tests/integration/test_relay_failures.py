@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox import Recorder, Relay, RelayOptions
-from schemas import Settings
-from stack import LocalKafka
+from agent_blackbox.outbox import Recorder, Relay, RelayOptions
+from agent_blackbox.schemas import Settings
+from agent_blackbox.stack import LocalKafka
 from tests.integration._agents import RecordedRun, record_ticket_runs, ticket_ids
 from tests.integration._kafka import read_topic
 from tests.integration._views import build_views, view_runs

@@ -7,8 +7,8 @@ import threading
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox import Recorder, Relay, RelayOptions, RunSnapshot
-from schemas import Settings
+from agent_blackbox.outbox import Recorder, Relay, RelayOptions, RunSnapshot
+from agent_blackbox.schemas import Settings
 from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration

@@ -8,11 +8,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine
 
-from examples.ticket_agent import replay_entry
-from outbox import DivergenceKind, Recorder, Relay
-from replayer import KafkaRunSource, PostgresBlobs, replay_run
-from replayer.cli import replay_command
-from schemas import Settings
+from agent_blackbox.examples.ticket_agent import replay_entry
+from agent_blackbox.outbox import DivergenceKind, Recorder, Relay
+from agent_blackbox.replayer import KafkaRunSource, PostgresBlobs, replay_run
+from agent_blackbox.replayer.cli import replay_command
+from agent_blackbox.schemas import Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._views import build_views
 
@@ -55,7 +55,7 @@ def test_batch_replay_command_summarises_a_history(settings: Settings, engine: E
         "BLACKBOX_DATABASE_URL": settings.database_url,
         "BLACKBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "BLACKBOX_TOPIC": settings.topic,
-        "BLACKBOX_AGENTS": "ticket-agent=examples.ticket_agent:replay_entry",
+        "BLACKBOX_AGENTS": "ticket-agent=agent_blackbox.examples.ticket_agent:replay_entry",
     }
     refused = CliRunner(env=env).invoke(replay_command, ["--all"])
     assert refused.exit_code == 2

@@ -15,11 +15,17 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from consumers import RetentionJob, RetentionPolicy, ledger_entries, reapply_ledger
-from keystore import AesGcmSealer, AuditedKeys, DataKeyStore, KeyDestroyed, LocalKeyProvider
-from outbox import AgentRun, Recorder, Relay, RunSnapshot
-from replayer import replay_run
-from schemas import Envelope, EventType, PayloadPipeline, Settings
+from agent_blackbox.consumers import RetentionJob, RetentionPolicy, ledger_entries, reapply_ledger
+from agent_blackbox.keystore import (
+    AesGcmSealer,
+    AuditedKeys,
+    DataKeyStore,
+    KeyDestroyed,
+    LocalKeyProvider,
+)
+from agent_blackbox.outbox import AgentRun, Recorder, Relay, RunSnapshot
+from agent_blackbox.replayer import replay_run
+from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline, Settings
 from tests.integration._kafka import read_topic
 from tests.integration._views import build_views
 

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
-from consumers import CheckpointConsumer, load_checkpoint
-from outbox import Recorder, Relay
-from replayer import write_archive
-from replayer.cli import verify_command
-from schemas import CheckpointSigner, Settings
+from agent_blackbox.consumers import CheckpointConsumer, load_checkpoint
+from agent_blackbox.outbox import Recorder, Relay
+from agent_blackbox.replayer import write_archive
+from agent_blackbox.replayer.cli import verify_command
+from agent_blackbox.schemas import CheckpointSigner, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._kafka import read_topic
 from tests.integration._views import build_views

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from outbox import shard_of
-from outbox._boundaries import clock_read, tool_call
-from outbox._errors import PayloadTooLarge
-from outbox._llm import llm_call
-from outbox._writer import Cursor, EventFactory, RunIdentity
-from schemas import (
+from agent_blackbox.outbox import shard_of
+from agent_blackbox.outbox._boundaries import clock_read, tool_call
+from agent_blackbox.outbox._errors import PayloadTooLarge
+from agent_blackbox.outbox._llm import llm_call
+from agent_blackbox.outbox._writer import Cursor, EventFactory, RunIdentity
+from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     EnvelopeCodec,
     PayloadPipeline,
@@ -147,10 +147,10 @@ def test_composed_output_json_is_the_canonical_json_of_the_recorded_output() -> 
     # canonical JSON of the value it hands back, for every kind it composes.
     from pathlib import Path
 
-    from outbox import AgentRun, MemoryRecorder, RunSnapshot
-    from outbox._boundaries import recorded_output, recorded_output_json
-    from replayer import read_archive
-    from schemas import PayloadPipeline, canonical_json
+    from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
+    from agent_blackbox.outbox._boundaries import recorded_output, recorded_output_json
+    from agent_blackbox.replayer import read_archive
+    from agent_blackbox.schemas import PayloadPipeline, canonical_json
 
     def agent(run: AgentRun, input: Any) -> Any:
         run.call("t", lambda: {"é": [1.5, 1e-07, None, "x\\u2028"], "n": -(10**20)})

@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
-from schemas import BlackboxError, canonical_json
-from schemas._checkpoint import (
+from agent_blackbox.schemas import BlackboxError, canonical_json
+from agent_blackbox.schemas._checkpoint import (
     CHECKPOINT_PURPOSE,
     Checkpoint,
     CheckpointSigner,

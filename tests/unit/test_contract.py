@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastavro import schemaless_writer
 
-from schemas import (
+from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     BodyCodec,
     BodyEncodingError,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from schemas._display import ELLIPSIS, safe_text
+from agent_blackbox.schemas._display import ELLIPSIS, safe_text
 
 HIDDEN = {"Cc", "Cf", "Zl", "Zp", "Cs"}
 
@@ -162,9 +162,9 @@ def test_a_timeline_of_a_hostile_run_prints_no_control_sequence() -> None:
 
     from rich.console import Console
 
-    from outbox import MemoryRecorder, RunSnapshot
-    from replayer._timeline import timeline_table
-    from schemas import PayloadPipeline
+    from agent_blackbox.outbox import MemoryRecorder, RunSnapshot
+    from agent_blackbox.replayer._timeline import timeline_table
+    from agent_blackbox.schemas import PayloadPipeline
 
     hostile = "\x1b]0;owned\x07\x1b[2J[bold red]boom[/]\u202ereversed\x9b31m"
 

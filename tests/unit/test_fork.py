@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from examples.ticket_agent import (
+from agent_blackbox.examples.ticket_agent import (
     KeywordModel,
     Notifier,
     OfflineNotifier,
@@ -13,9 +13,9 @@ from examples.ticket_agent import (
     TicketAgent,
     sample_tickets,
 )
-from outbox import MemoryRecorder, RunSnapshot
-from replayer._fork import fork_run, reexecute
-from schemas import EventType, PayloadPipeline
+from agent_blackbox.outbox import MemoryRecorder, RunSnapshot
+from agent_blackbox.replayer._fork import fork_run, reexecute
+from agent_blackbox.schemas import EventType, PayloadPipeline
 
 
 class _CountingModel(KeywordModel):

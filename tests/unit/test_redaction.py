@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from outbox._redaction import (
+from agent_blackbox.outbox._redaction import (
     ALWAYS_ON,
     CREDENTIAL_KEYS,
     DEFAULT_DETECTORS,
@@ -25,7 +25,7 @@ from outbox._redaction import (
     _combine,
     placeholder,
 )
-from schemas import BlackboxError
+from agent_blackbox.schemas import BlackboxError
 
 EMAIL = placeholder("email")
 PHONE = placeholder("phone")

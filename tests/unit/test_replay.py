@@ -15,10 +15,16 @@ from typing import Any
 import pytest
 from fastavro import parse_schema, reader, writer
 
-from examples.ticket_agent import replay_entry
-from outbox import AgentRun, DivergenceKind, ReplayDivergence, ReplayRun
-from replayer import ReplayReport, SourceError, read_archive, replay_run, write_archive
-from schemas import BodyCodec, Envelope
+from agent_blackbox.examples.ticket_agent import replay_entry
+from agent_blackbox.outbox import AgentRun, DivergenceKind, ReplayDivergence, ReplayRun
+from agent_blackbox.replayer import (
+    ReplayReport,
+    SourceError,
+    read_archive,
+    replay_run,
+    write_archive,
+)
+from agent_blackbox.schemas import BodyCodec, Envelope
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v1.avro"
 AVSC = Path(__file__).resolve().parents[2] / "schemas" / "avsc"
@@ -218,9 +224,14 @@ def test_different_state_is_a_state_mismatch() -> None:
 
 
 def test_a_run_recorded_in_memory_replays_and_its_blobs_are_read() -> None:
-    from examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-    from outbox import MemoryRecorder
-    from schemas import Settings
+    from agent_blackbox.examples.ticket_agent import (
+        KeywordModel,
+        Notifier,
+        TicketAgent,
+        sample_tickets,
+    )
+    from agent_blackbox.outbox import MemoryRecorder
+    from agent_blackbox.schemas import Settings
 
     recorder = MemoryRecorder(settings=Settings(blob_threshold_bytes=200))
     agent = TicketAgent(sample_tickets(1), KeywordModel(), Notifier())

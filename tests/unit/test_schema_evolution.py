@@ -12,12 +12,18 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from examples.ticket_agent import KeywordModel, Notifier, TicketAgent, replay_entry, sample_tickets
-from outbox import AgentRun, DivergenceKind, MemoryRecorder
-from outbox._boundaries import recorded_output
-from outbox._llm import llm_call
-from replayer import read_archive, replay_run
-from schemas import (
+from agent_blackbox.examples.ticket_agent import (
+    KeywordModel,
+    Notifier,
+    TicketAgent,
+    replay_entry,
+    sample_tickets,
+)
+from agent_blackbox.outbox import AgentRun, DivergenceKind, MemoryRecorder
+from agent_blackbox.outbox._boundaries import recorded_output
+from agent_blackbox.outbox._llm import llm_call
+from agent_blackbox.replayer import read_archive, replay_run
+from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     BodyCodec,
     BodyReader,
@@ -35,7 +41,7 @@ from schemas import (
     incompatibilities,
     llm_call_v1_to_v2,
 )
-from schemas.cli import check_directory, schemas_group
+from agent_blackbox.schemas.cli import check_directory, schemas_group
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v1.avro"
 GOLDEN_EVENTS = list(read_archive(GOLDEN))
@@ -489,7 +495,7 @@ def test_schemas_check_reports_an_empty_or_unloadable_folder(tmp_path: Path) -> 
 
 
 def test_the_blackbox_cli_has_the_schemas_group() -> None:
-    from cli.main import main
+    from agent_blackbox.cli.main import main
 
     result = CliRunner().invoke(main, ["schemas", "check"])
     assert result.exit_code == 0, result.output

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from keystore import (
+from agent_blackbox.keystore import (
     SEALED_ENCODING,
     AesGcmSealer,
     CiphertextCorrupt,
@@ -17,8 +17,14 @@ from keystore import (
     WrongKey,
     wrapping_aad,
 )
-from outbox import MemoryRecorder, RunSnapshot
-from schemas import DataKey, Envelope, KeyUnavailable, PayloadContext, PayloadPipeline
+from agent_blackbox.outbox import MemoryRecorder, RunSnapshot
+from agent_blackbox.schemas import (
+    DataKey,
+    Envelope,
+    KeyUnavailable,
+    PayloadContext,
+    PayloadPipeline,
+)
 
 KEY = DataKey("dk-test", os.urandom(32))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from stack import (
+from agent_blackbox.stack import (
     LocalKafka,
     LocalPostgres,
     LocalStack,
@@ -23,11 +23,21 @@ from stack import (
     StackPorts,
     StackSettings,
 )
-from stack._kafka import downloaded_artifact, new_cluster_id, render_server_properties
-from stack._postgres import _untraversable, find_bin_dir, install_postgres, render_conf, render_hba
-from stack._process import PidFile, process_matches, tail_file, wait_for
-from stack._settings import default_cache_dir, redact_password
-from stack.cli import status_table
+from agent_blackbox.stack._kafka import (
+    downloaded_artifact,
+    new_cluster_id,
+    render_server_properties,
+)
+from agent_blackbox.stack._postgres import (
+    _untraversable,
+    find_bin_dir,
+    install_postgres,
+    render_conf,
+    render_hba,
+)
+from agent_blackbox.stack._process import PidFile, process_matches, tail_file, wait_for
+from agent_blackbox.stack._settings import default_cache_dir, redact_password
+from agent_blackbox.stack.cli import status_table
 
 QUIET = Console(quiet=True)
 
@@ -166,7 +176,7 @@ def test_the_newest_postgres_wins_unless_a_data_dir_asks_for_its_own(
     for major in ("13", "15", "9.6"):
         (tmp_path / major / "bin").mkdir(parents=True)
         (tmp_path / major / "bin" / "initdb").touch()
-    monkeypatch.setattr("stack._postgres._PG_LIB", tmp_path)
+    monkeypatch.setattr("agent_blackbox.stack._postgres._PG_LIB", tmp_path)
     assert find_bin_dir() == tmp_path / "15" / "bin"
     assert find_bin_dir("13") == tmp_path / "13" / "bin"
     assert find_bin_dir("16") is None
@@ -175,7 +185,7 @@ def test_the_newest_postgres_wins_unless_a_data_dir_asks_for_its_own(
 def test_without_postgres_an_ordinary_user_is_told_to_install_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("stack._postgres._PG_LIB", tmp_path)
+    monkeypatch.setattr("agent_blackbox.stack._postgres._PG_LIB", tmp_path)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(MissingPrerequisiteError, match="apt-get install postgresql"):
         install_postgres(QUIET)

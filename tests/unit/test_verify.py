@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from replayer import read_archive
-from replayer._verify import CheckpointStatus, Problem, VerifyReport, verify_run
-from schemas import (
+from agent_blackbox.replayer import read_archive
+from agent_blackbox.replayer._verify import CheckpointStatus, Problem, VerifyReport, verify_run
+from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     Envelope,
     EnvelopeCodec,
@@ -22,7 +22,7 @@ from schemas import (
     digest,
     digest_bytes,
 )
-from schemas._checkpoint import Checkpoint, CheckpointSigner, CheckpointVerifier
+from agent_blackbox.schemas._checkpoint import Checkpoint, CheckpointSigner, CheckpointVerifier
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v1.avro"
 RUN = "run-1"

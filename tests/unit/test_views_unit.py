@@ -9,9 +9,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from consumers import BatchOutcome, ConsumerMetrics, Delivered, ProjectionFailed, views_screen
-from consumers._kafka import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC, Poison
-from consumers._views import (
+from agent_blackbox.consumers import (
+    BatchOutcome,
+    ConsumerMetrics,
+    Delivered,
+    ProjectionFailed,
+    views_screen,
+)
+from agent_blackbox.consumers._kafka import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC, Poison
+from agent_blackbox.consumers._views import (
     DIGEST_MISMATCH,
     EVENT_ID_REUSED,
     StoredEvent,
@@ -19,7 +25,7 @@ from consumers._views import (
     classify_collisions,
     split_repeats,
 )
-from schemas import Envelope, EventType
+from agent_blackbox.schemas import Envelope, EventType
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 
