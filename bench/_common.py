@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -26,6 +25,7 @@ from rich.progress import (
 )
 from sqlalchemy import Engine, text
 
+from agent_blackbox.broker import new_admin
 from agent_blackbox.outbox import migrate_write_side
 from agent_blackbox.schemas import Settings
 
@@ -115,7 +115,7 @@ def drop_runs(engine: Engine, run_ids: Sequence[str]) -> None:
 
 def delete_topics(settings: Settings, topics: Sequence[str]) -> None:
     """Delete the bench's topics; a failure is reported, not raised."""
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = new_admin(settings.kafka_bootstrap)
     for topic, future in admin.delete_topics(list(topics), request_timeout=30).items():
         try:
             future.result()
@@ -125,7 +125,7 @@ def delete_topics(settings: Settings, topics: Sequence[str]) -> None:
 
 def delete_group(settings: Settings, group_id: str) -> None:
     """Delete the bench's consumer group; a failure is reported, not raised."""
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = new_admin(settings.kafka_bootstrap)
     for group, future in admin.delete_consumer_groups([group_id], request_timeout=30).items():
         try:
             future.result()

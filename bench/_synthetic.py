@@ -16,17 +16,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from confluent_kafka import Producer
 from sqlalchemy import Engine, text
 
-from agent_blackbox.outbox import (
-    EVENT_ID_HEADER,
-    Recorder,
-    Run,
-    RunSnapshot,
-    producer_config,
-    shard_of,
-)
+from agent_blackbox.broker import new_producer, producer_config
+from agent_blackbox.outbox import Recorder, Run, RunSnapshot, shard_of
+from agent_blackbox.outbox.relay import EVENT_ID_HEADER
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, EnvelopeCodec, Settings
 from bench._common import drop_runs
 
@@ -142,7 +136,7 @@ def produce(settings: Settings, topic: str, rows: Sequence[Row]) -> None:
     Raises:
         RuntimeError: deliveries were still outstanding after two minutes.
     """
-    producer = Producer(producer_config(settings))
+    producer = new_producer(settings, producer_config(settings))
     for row in rows:
         while True:
             try:

@@ -18,10 +18,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import Engine, create_engine, text
 
-from agent_blackbox.outbox import Relay, ensure_topic
+from agent_blackbox.broker import ensure_topics, watermarks
+from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
 from bench import _synthetic
 from bench._common import (
@@ -92,18 +92,7 @@ def relay_rate(engine: Engine, settings: Settings, expected: int) -> float:
 
 def messages_in(settings: Settings, topic: str) -> int:
     """How many messages ``topic`` holds, from its watermarks."""
-    consumer = Consumer(
-        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"bench-{topic}"}
-    )
-    try:
-        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-        total = 0
-        for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
-            total += high - low
-        return total
-    finally:
-        consumer.close()
+    return sum(high - low for low, high in watermarks(settings, topic, timeout_s=10).values())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -117,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         require_empty_outbox(engine)
         for each in (settings, plain):
-            ensure_topic(each, each.topic, partitions=each.partitions)
+            ensure_topics(each, {each.topic: each.partitions})
         with stage("record a template run and clone it"):
             template = _synthetic.record_template(engine, settings)
             rows = list(

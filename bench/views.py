@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, create_engine, func, select
 
+from agent_blackbox.broker import ensure_topics
 from agent_blackbox.consumers import (
     ViewConsumer,
     consumer_offsets,
@@ -30,7 +31,6 @@ from agent_blackbox.consumers import (
     migrate_views,
     runs_view,
 )
-from agent_blackbox.outbox import ensure_topic
 from agent_blackbox.replayer import KafkaRunSource
 from agent_blackbox.schemas import Settings
 from bench import _synthetic
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows: list[_synthetic.Row] = []
     try:
         migrate_views(settings.database_url)
-        ensure_topic(settings, settings.topic, partitions=settings.partitions)
+        ensure_topics(settings, {settings.topic: settings.partitions})
         with stage(f"record a template run, clone and produce {args.events} events"):
             template = _synthetic.record_template(engine, settings)
             rows = list(

@@ -24,7 +24,8 @@ from agent_blackbox.consumers.cli import (
     sign_command,
 )
 from agent_blackbox.keystore.cli import keys_group
-from agent_blackbox.outbox import Relay, RelayOptions, migrate_write_side
+from agent_blackbox.outbox import migrate_write_side
+from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.replayer.cli import (
     fork_command,
     reexecute_command,

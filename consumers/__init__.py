@@ -12,24 +12,22 @@ Other consumers (analytics, retention) reuse :class:`ConsumerRuntime` with their
 through the caller's connection and never commits.
 """
 
+from agent_blackbox.broker import KafkaUnavailable
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
 from agent_blackbox.consumers._checkpoints import CheckpointConsumer, load_checkpoint, sign_batch
-from agent_blackbox.consumers._errors import (
-    ConsumerError,
-    DeadLetterFailed,
-    KafkaUnavailable,
-    MigrationFailed,
-    ProjectionFailed,
-    ViewsNotMigrated,
-    ViewStoreUnavailable,
-)
-from agent_blackbox.consumers._kafka import (
+from agent_blackbox.consumers._dead_letters import (
     DLQ_OFFSET,
     DLQ_PARTITION,
     DLQ_REASON,
     DLQ_TOPIC,
-    ClientConfig,
-    ensure_topics,
+)
+from agent_blackbox.consumers._errors import (
+    ConsumerError,
+    DeadLetterFailed,
+    MigrationFailed,
+    ProjectionFailed,
+    ViewsNotMigrated,
+    ViewStoreUnavailable,
 )
 from agent_blackbox.consumers._metrics import ConsumerMetrics
 from agent_blackbox.consumers._migrate import migrate_views
@@ -64,7 +62,6 @@ __all__ = [
     "VIEWS_SCHEMA",
     "BatchOutcome",
     "CheckpointConsumer",
-    "ClientConfig",
     "ConsumerError",
     "ConsumerMetrics",
     "ConsumerRuntime",
@@ -88,7 +85,6 @@ __all__ = [
     "ViewsNotMigrated",
     "apply_batch",
     "consumer_offsets",
-    "ensure_topics",
     "events_index",
     "integrity_violations",
     "ledger_entries",

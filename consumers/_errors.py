@@ -40,7 +40,3 @@ class DeadLetterFailed(ConsumerError):
 
     Its offset was not committed; the consumer rewinds and tries again.
     """
-
-
-class KafkaUnavailable(ConsumerError):
-    """The broker is unreachable, a topic could not be created, or the client failed fatally."""

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from sqlalchemy import Connection, Engine, text
 
+from agent_blackbox.broker import read_ranges, watermarks
 from agent_blackbox.keystore import destroy_key_ids_txn, destroy_keys_txn
 from agent_blackbox.outbox import append_redaction_txn
 from agent_blackbox.schemas import (
@@ -331,49 +329,7 @@ def ledger_entries(settings: Settings, *, timeout_s: float = 30.0) -> Iterator[L
 
 
 def _topic_messages(settings: Settings, timeout_s: float) -> Iterator[bytes]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"blackbox-ledger-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    try:
-        metadata = consumer.list_topics(settings.topic, timeout=timeout_s)
-        topic = metadata.topics.get(settings.topic)
-        if topic is None or topic.error is not None or not topic.partitions:
-            raise BlackboxError(
-                f"topic {settings.topic} does not exist on {settings.kafka_bootstrap}"
-            )
-        ends = {}
-        for partition in topic.partitions:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(settings.topic, partition), timeout=timeout_s
-            )
-            if high > low:
-                ends[partition] = high
-        consumer.assign([TopicPartition(settings.topic, p, OFFSET_BEGINNING) for p in sorted(ends)])
-        deadline = time.monotonic() + timeout_s
-        while ends:
-            message = consumer.poll(1.0)
-            if message is None:
-                if time.monotonic() > deadline:
-                    raise BlackboxError(f"reading {settings.topic} stalled; is the broker up?")
-                continue
-            deadline = time.monotonic() + timeout_s
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    ends.pop(message.partition() or 0, None)
-                    continue
-                raise BlackboxError(f"reading {settings.topic} failed: {error}")
-            value = message.value()
-            if value:
-                yield value
-            if (message.offset() or 0) + 1 >= ends.get(message.partition() or 0, 0):
-                ends.pop(message.partition(), None)
-    except KafkaException as exc:
-        raise BlackboxError(f"cannot read {settings.topic}: {exc}") from exc
-    finally:
-        consumer.close()
+    ends = watermarks(settings, settings.topic, timeout_s=timeout_s)
+    for message in read_ranges(settings, settings.topic, ends, timeout_s=timeout_s):
+        if value := message.value():
+            yield value

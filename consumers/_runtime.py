@@ -23,16 +23,22 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
+from agent_blackbox.broker import (
+    ClientConfig,
+    KafkaUnavailable,
+    ensure_topics,
+    kafka_errors,
+    new_consumer,
+)
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
+from agent_blackbox.consumers._dead_letters import DeadLetterWriter, Poison
 from agent_blackbox.consumers._errors import (
     ConsumerError,
     DeadLetterFailed,
-    KafkaUnavailable,
     ProjectionFailed,
     ViewsNotMigrated,
     ViewStoreUnavailable,
 )
-from agent_blackbox.consumers._kafka import ClientConfig, DeadLetterWriter, Poison, ensure_topics
 from agent_blackbox.consumers._metrics import ConsumerMetrics
 from agent_blackbox.consumers._offsets import (
     OffsetMove,
@@ -116,17 +122,16 @@ class ConsumerRuntime:
         if self._closed:
             raise ConsumerError(f"consumer {self.name!r} is closed; create a new one")
         ensure_topics(self._settings, client_config=self._client_config)
-        try:
-            self._dead_letters = DeadLetterWriter(self._settings, client_config=self._client_config)
-            consumer = Consumer(self._consumer_config())
+        self._dead_letters = DeadLetterWriter(self._settings, client_config=self._client_config)
+        consumer = new_consumer(
+            self._settings, group_id=self.group_id, config=self._consumer_config()
+        )
+        with kafka_errors(
+            f"consumer {self.name!r} could not start", hint="check the Kafka settings"
+        ):
             consumer.subscribe(
                 [self._settings.topic], on_assign=self._on_assign, on_revoke=self._on_revoke
             )
-        except KafkaException as exc:
-            raise KafkaUnavailable(
-                f"consumer {self.name!r} could not start: {exc.args[0].str()}; check the "
-                "Kafka settings"
-            ) from exc
         self._consumer = consumer
 
     def close(self) -> None:
@@ -236,12 +241,8 @@ class ConsumerRuntime:
 
     def _consume(self, timeout: float) -> list[Message]:
         assert self._consumer is not None
-        try:
+        with kafka_errors(f"consumer {self.name!r} failed", hint="restart it"):
             return self._consumer.consume(num_messages=self._batch_size, timeout=timeout)
-        except KafkaException as exc:
-            raise KafkaUnavailable(
-                f"consumer {self.name!r} failed: {exc.args[0].str()}; restart it"
-            ) from exc
 
     def _sort(self, messages: Sequence[Message]) -> _Batch:
         batch = _Batch()
@@ -348,13 +349,9 @@ class ConsumerRuntime:
         assert self._consumer is not None
         stored = self._load(list(self._positions))
         for tp, offset in stored.items():
-            try:
+            rewind = f"consumer {self.name!r} could not rewind {tp[0]}[{tp[1]}]"
+            with kafka_errors(rewind, hint="restart it"):
                 self._consumer.seek(_kafka_partition(tp, offset))
-            except KafkaException as exc:
-                raise KafkaUnavailable(
-                    f"consumer {self.name!r} could not rewind {tp[0]}[{tp[1]}]: "
-                    f"{exc.args[0].str()}; restart it"
-                ) from exc
         self._positions.update(stored)
         self._unsynced.clear()
         log.info("consumer %s rewound to %s", self.name, _describe(stored))
@@ -388,11 +385,7 @@ class ConsumerRuntime:
 
     def _consumer_config(self) -> dict[str, str | int | float | bool]:
         return {
-            "bootstrap.servers": self._settings.kafka_bootstrap,
-            "group.id": self.group_id,
-            "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "range",
             **self._client_config,
         }

@@ -15,7 +15,8 @@ from sqlalchemy import Engine, create_engine, text
 
 from agent_blackbox.consumers import ViewConsumer, migrate_views
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-from agent_blackbox.outbox import Recorder, Relay, migrate_write_side
+from agent_blackbox.outbox import Recorder, migrate_write_side
+from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings, safe_text
 from agent_blackbox.stack import LocalStack
 

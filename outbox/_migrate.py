@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -20,6 +18,11 @@ def migrate_write_side(database: str | Engine) -> None:
     Raises:
         DatabaseUnavailable: the database cannot be reached or refused the change.
     """
+    # alembic is imported here, not with the module: an agent process imports the write
+    # side's package but never migrates, and alembic alone costs more than the Recorder.
+    from alembic import command
+    from alembic.config import Config
+
     engine = create_engine(database) if isinstance(database, str) else database
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

@@ -6,19 +6,17 @@ replays in bounded memory.
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from fastavro import parse_schema, reader, writer
 from fastavro.read import SchemaResolutionError
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
+from agent_blackbox.broker import KafkaUnavailable, read_ranges
 from agent_blackbox.schemas import (
     ENVELOPE,
     BlackboxError,
@@ -153,51 +151,24 @@ class KafkaRunSource:
         self.agent_id: str | None = agent_id
 
     def __iter__(self) -> Iterator[Envelope]:
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self._settings.kafka_bootstrap,
-                "group.id": f"blackbox-replay-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                # The run's stretch is already written: a fetch that finds nothing new
-                # (past its end) need not wait long for more.
-                "fetch.wait.max.ms": 50,
-            }
-        )
         codec = EnvelopeCodec()
         key = self.run_id.encode("utf-8")
         last_sequence = 0
-        position = self.first
-        deadline = time.monotonic() + self.timeout_s
+        stretch = {self.partition: (self.first, self.last + 1)}
+        messages = read_ranges(self._settings, self.topic, stretch, timeout_s=self.timeout_s)
         try:
-            consumer.assign([TopicPartition(self.topic, self.partition, self.first)])
-            while True:
-                if time.monotonic() > deadline:
-                    raise SourceError(
-                        f"run {self.run_id}: {self.topic}[{self.partition}] did not reach offset "
-                        f"{self.last} within {self.timeout_s:.0f}s; is Kafka reachable?"
-                    )
-                # consume() returns once it holds the batch asked for, or at its timeout:
-                # ask for no more than the stretch still to read, so a short run does not
-                # wait out the timeout.
-                for message in consumer.consume(min(500, self.last - position + 1), 0.1):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            return
-                        raise SourceError(f"reading {self.topic}[{self.partition}]: {error}")
-                    if message.key() == key:
-                        envelope = codec.decode(message.value() or b"")
-                        if envelope.sequence > last_sequence:
-                            last_sequence = envelope.sequence
-                            yield envelope
-                    position = (message.offset() or 0) + 1
-                    if position > self.last:
-                        return
-        except KafkaException as exc:
-            raise SourceError(f"cannot read {self.topic}: {exc.args[0]}") from exc
-        finally:
-            consumer.close()
+            for message in messages:
+                if message.key() != key:
+                    continue
+                envelope = codec.decode(message.value() or b"")
+                if envelope.sequence > last_sequence:
+                    last_sequence = envelope.sequence
+                    yield envelope
+        except KafkaUnavailable as exc:
+            raise SourceError(
+                f"run {self.run_id}: cannot read {self.topic}[{self.partition}] up to offset "
+                f"{self.last}: {exc}"
+            ) from exc
 
 
 class PostgresBlobs:

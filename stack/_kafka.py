@@ -19,10 +19,10 @@ import time
 from collections import deque
 from pathlib import Path
 
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from rich.console import Console
 
+from agent_blackbox.broker import broker_answers, new_admin
 from agent_blackbox.stack._process import (
     MissingPrerequisiteError,
     PidFile,
@@ -358,8 +358,8 @@ class LocalKafka(PidService):
                 )
             if not port_open(self._port):
                 return False
-            admin = admin or AdminClient({"bootstrap.servers": self.bootstrap}, logger=_client_log)
-            return _answers(admin)
+            admin = admin or new_admin(self.bootstrap, logger=_client_log)
+            return broker_answers(admin)
 
         if not wait_for(ready, timeout=self._start_timeout):
             raise ServiceError(
@@ -372,14 +372,6 @@ class LocalKafka(PidService):
         log, out = self.log_dir / "server.log", self.log_dir / "server.out"
         log_tail = tail_file(log, since=self._log_offset)
         return f"Last lines of {log}:\n{log_tail}\nLast lines of {out}:\n{tail_file(out)}"
-
-
-def _answers(admin: AdminClient) -> bool:
-    """Whether the broker serves metadata and has registered itself."""
-    try:
-        return bool(admin.list_topics(timeout=2.0).brokers)
-    except KafkaException:
-        return False
 
 
 def _java() -> str:

@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, Message, Producer
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine, create_engine, func, select, text
 
+from agent_blackbox.broker import ensure_topics
 from agent_blackbox.consumers import (
     DLQ_OFFSET,
     DLQ_PARTITION,
@@ -34,7 +35,6 @@ from agent_blackbox.consumers import (
     ViewConsumer,
     ViewStoreUnavailable,
     apply_batch,
-    ensure_topics,
     events_index,
     integrity_violations,
     load_offsets,

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from agent_blackbox.outbox import AgentRun, Recorder, Redactor, Relay, RunSnapshot
+from agent_blackbox.outbox import AgentRun, Recorder, Redactor, RunSnapshot
+from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
 from tests.integration._kafka import read_topic
 from tests.integration._views import build_views

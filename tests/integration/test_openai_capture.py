@@ -27,17 +27,19 @@ from agent_blackbox.outbox import (
     AgentRun,
     AsyncRecorder,
     AsyncRun,
-    CapturedAsyncOpenAI,
-    CapturedOpenAI,
     MemoryRecorder,
     RecordedError,
-    RecordedStream,
     ReplayRun,
     Run,
     RunSnapshot,
-    capture_openai,
 )
 from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox.integrations.openai import (
+    CapturedAsyncOpenAI,
+    CapturedOpenAI,
+    RecordedStream,
+    capture_openai,
+)
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, NotSerialisable, PayloadPipeline
 from tests.integration._openai_server import REQUEST_ID, TOOL_ARGUMENTS, OpenAIServer
@@ -685,9 +687,11 @@ def test_a_strictly_validating_client_replays_validated_objects(
         assert replay(responses_stream_agent, recorded.events, dead) == recorded.seen
 
 
-def test_importing_outbox_does_not_import_the_sdk() -> None:
+def test_only_the_integration_imports_the_sdk() -> None:
     code = (
-        "import sys; import agent_blackbox.outbox as outbox; assert 'openai' not in sys.modules; "
-        "outbox.capture_openai; assert 'openai' in sys.modules"
+        "import sys; import agent_blackbox.outbox, agent_blackbox.outbox.integrations; "
+        "assert 'openai' not in sys.modules; "
+        "from agent_blackbox.outbox.integrations.openai import capture_openai; "
+        "assert 'openai' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

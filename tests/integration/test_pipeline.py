@@ -7,7 +7,8 @@ from collections import defaultdict
 import pytest
 from sqlalchemy import Engine, text
 
-from agent_blackbox.outbox import Recorder, Relay, RelayOptions, RunSnapshot
+from agent_blackbox.outbox import Recorder, RunSnapshot
+from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, EventType, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._kafka import murmur2_partition, read_topic

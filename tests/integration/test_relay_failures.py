@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from agent_blackbox.outbox import Recorder, Relay, RelayOptions
+from agent_blackbox.outbox import Recorder
+from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.schemas import Settings
 from agent_blackbox.stack import LocalKafka
 from tests.integration._agents import RecordedRun, record_ticket_runs, ticket_ids

@@ -7,7 +7,8 @@ import threading
 import pytest
 from sqlalchemy import Engine, text
 
-from agent_blackbox.outbox import Recorder, Relay, RelayOptions, RunSnapshot
+from agent_blackbox.outbox import Recorder, RunSnapshot
+from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.schemas import Settings
 from tests.integration._wait import eventually
 

@@ -23,7 +23,8 @@ from agent_blackbox.keystore import (
     KeyDestroyed,
     LocalKeyProvider,
 )
-from agent_blackbox.outbox import AgentRun, Recorder, Relay, RunSnapshot
+from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
+from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline, Settings
 from tests.integration._kafka import read_topic

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
 from agent_blackbox.consumers import CheckpointConsumer, load_checkpoint
-from agent_blackbox.outbox import Recorder, Relay
+from agent_blackbox.outbox import Recorder
+from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import write_archive
 from agent_blackbox.replayer.cli import verify_command
 from agent_blackbox.schemas import CheckpointSigner, Settings

@@ -16,7 +16,13 @@ from agent_blackbox.consumers import (
     ProjectionFailed,
     views_screen,
 )
-from agent_blackbox.consumers._kafka import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC, Poison
+from agent_blackbox.consumers._dead_letters import (
+    DLQ_OFFSET,
+    DLQ_PARTITION,
+    DLQ_REASON,
+    DLQ_TOPIC,
+    Poison,
+)
 from agent_blackbox.consumers._views import (
     DIGEST_MISMATCH,
     EVENT_ID_REUSED,

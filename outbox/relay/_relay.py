@@ -21,13 +21,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from agent_blackbox.outbox._kafka import BrokerUnavailable, ensure_topic, producer_config
-from agent_blackbox.outbox._metrics import RelayMetrics
+from agent_blackbox.broker import KafkaUnavailable, ensure_topics, new_producer, producer_config
 from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
+from agent_blackbox.outbox.relay._metrics import RelayMetrics
 from agent_blackbox.schemas import Settings
 
 log = logging.getLogger("blackbox.relay")
@@ -128,7 +128,8 @@ class Relay:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.options = options or RelayOptions()
         self.metrics = metrics or RelayMetrics.create()
-        self._producer = Producer(
+        self._producer = new_producer(
+            self.settings,
             producer_config(self.settings, **(producer_overrides or {})),
             logger=logging.getLogger("blackbox.relay.librdkafka"),
         )
@@ -154,7 +155,7 @@ class Relay:
                 refused = self.failed_deliveries
                 try:
                     moved = self.drain_once(stop)
-                except (SQLAlchemyError, BrokerUnavailable) as exc:
+                except (SQLAlchemyError, KafkaUnavailable) as exc:
                     failures += 1
                     delay = min(0.2 * 2**failures, 5.0)
                     log.warning("%s; retrying in %.1fs", _first_line(exc), delay)
@@ -180,7 +181,7 @@ class Relay:
         if not self._shards:
             return 0
         if not self._topic_ready:
-            ensure_topic(self.settings, self.settings.topic, partitions=self.settings.partitions)
+            ensure_topics(self.settings, {self.settings.topic: self.settings.partitions})
             self._topic_ready = True
         started = time.perf_counter()
         with self.engine.connect() as conn:

@@ -54,6 +54,16 @@ from agent_blackbox.outbox._errors import RecordedError
 from agent_blackbox.outbox._protocol import AgentRun
 from agent_blackbox.schemas import NotSerialisable, canonical_text
 
+__all__ = [
+    "PROVIDER",
+    "AsyncAgentRun",
+    "AsyncRecordedStream",
+    "CapturedAsyncOpenAI",
+    "CapturedOpenAI",
+    "RecordedStream",
+    "capture_openai",
+]
+
 PROVIDER = "openai"
 """The provider name every captured call is recorded under."""
 

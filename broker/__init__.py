@@ -1,0 +1,34 @@
+"""The Kafka edge every part uses: clients built from :class:`~agent_blackbox.schemas.Settings`,
+topic creation, bounded reads of partitions, and one error type.
+
+Every ``confluent_kafka`` failure leaves this package as :class:`KafkaUnavailable`, naming
+what was being done and what to check. The relay, the consumers, the replayer's run
+source and the local stack build their clients here and nowhere else. An agent process
+never imports it.
+"""
+
+from agent_blackbox.broker._clients import (
+    ClientConfig,
+    broker_answers,
+    new_admin,
+    new_consumer,
+    new_producer,
+    producer_config,
+)
+from agent_blackbox.broker._errors import KafkaUnavailable, kafka_errors
+from agent_blackbox.broker._reader import read_ranges, watermarks
+from agent_blackbox.broker._topics import ensure_topics
+
+__all__ = [
+    "ClientConfig",
+    "KafkaUnavailable",
+    "broker_answers",
+    "ensure_topics",
+    "kafka_errors",
+    "new_admin",
+    "new_consumer",
+    "new_producer",
+    "producer_config",
+    "read_ranges",
+    "watermarks",
+]

@@ -1,0 +1,102 @@
+"""Producers, consumers and admin clients, configured in one place."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from agent_blackbox.broker._errors import kafka_errors
+from agent_blackbox.schemas import Settings
+
+ClientConfig = Mapping[str, str | int | float | bool]
+"""Extra librdkafka settings (security, tuning) merged into a client's configuration."""
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """The settings of a producer whose deliveries are the log (the relay's).
+
+    The choices are what the ordering guarantee rests on: the idempotent producer keeps
+    per-partition order across retries, ``acks=all`` makes an acknowledged event
+    durable, ``murmur2_random`` puts a run on the partition Java clients would, and an
+    unlimited message timeout means an outage only delays delivery, never fails it.
+    """
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "partitioner": "murmur2_random",
+        "max.in.flight.requests.per.connection": 5,
+        "message.timeout.ms": 0,
+        "linger.ms": 5,
+        "batch.num.messages": 10_000,
+        "queue.buffering.max.messages": 500_000,
+        "compression.type": "lz4",
+        "retry.backoff.ms": 100,
+        "retry.backoff.max.ms": 2_000,
+        "reconnect.backoff.max.ms": 2_000,
+        "socket.connection.setup.timeout.ms": 5_000,
+    }
+    config.update(overrides)
+    return config
+
+
+def new_producer(
+    settings: Settings, config: ClientConfig | None = None, *, logger: logging.Logger | None = None
+) -> Producer:
+    """A producer for ``settings.kafka_bootstrap`` with ``config`` on top.
+
+    Raises:
+        KafkaUnavailable: the configuration is refused.
+    """
+    merged = {"bootstrap.servers": settings.kafka_bootstrap, **(config or {})}
+    with kafka_errors("could not create a Kafka producer", hint="check the client settings"):
+        return Producer(merged, logger=logger) if logger else Producer(merged)
+
+
+def new_consumer(
+    settings: Settings,
+    *,
+    group_id: str,
+    config: ClientConfig | None = None,
+    logger: logging.Logger | None = None,
+) -> Consumer:
+    """A consumer in ``group_id`` that commits nothing by itself (offsets are stored
+    where the caller decides) and starts from the earliest offset.
+
+    Raises:
+        KafkaUnavailable: the configuration is refused.
+    """
+    merged = {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        **(config or {}),
+    }
+    with kafka_errors("could not create a Kafka consumer", hint="check the client settings"):
+        return Consumer(merged, logger=logger) if logger else Consumer(merged)
+
+
+def new_admin(
+    bootstrap: str, config: ClientConfig | None = None, *, logger: logging.Logger | None = None
+) -> AdminClient:
+    """An admin client for ``bootstrap``.
+
+    Raises:
+        KafkaUnavailable: the configuration is refused.
+    """
+    merged = {"bootstrap.servers": bootstrap, **(config or {})}
+    with kafka_errors("could not create a Kafka admin client", hint="check the client settings"):
+        return AdminClient(merged, logger=logger) if logger else AdminClient(merged)
+
+
+def broker_answers(admin: AdminClient, *, timeout_s: float = 2.0) -> bool:
+    """Whether a broker serves metadata and has registered itself."""
+    try:
+        return bool(admin.list_topics(timeout=timeout_s).brokers)
+    except KafkaException:
+        return False

@@ -1,0 +1,15 @@
+"""The outbox relay: publishes committed events to Kafka in order, then deletes them.
+
+Only the relay process imports this package; an agent's import of
+:mod:`agent_blackbox.outbox` never loads it (nor Kafka's client or the metrics library).
+
+Typical use::
+
+    relay = Relay(engine, settings=Settings.from_env())
+    relay.run(stop_event)  # until stop_event is set
+"""
+
+from agent_blackbox.outbox.relay._metrics import RelayMetrics
+from agent_blackbox.outbox.relay._relay import EVENT_ID_HEADER, Relay, RelayOptions
+
+__all__ = ["EVENT_ID_HEADER", "Relay", "RelayMetrics", "RelayOptions"]
