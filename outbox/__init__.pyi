@@ -1,7 +1,10 @@
 # The public surface of agent_blackbox.outbox. Names are loaded lazily (see __init__.py);
 # lazy_loader reads this stub, so every import here is relative and names one module.
 from ._async import AsyncRecorder as AsyncRecorder
+from ._async import AsyncRecorderBase as AsyncRecorderBase
 from ._async import AsyncRun as AsyncRun
+from ._core import RecorderConfig as RecorderConfig
+from ._core import RunOptions as RunOptions
 from ._core import RunSnapshot as RunSnapshot
 from ._effects import EffectOutcome as EffectOutcome
 from ._effects import EffectPolicy as EffectPolicy
@@ -9,10 +12,8 @@ from ._effects import EffectReceipt as EffectReceipt
 from ._effects import EffectRefused as EffectRefused
 from ._effects import LiveEffects as LiveEffects
 from ._effects import LiveTools as LiveTools
-from ._effects import RecordedTools as RecordedTools
 from ._effects import RefuseEffects as RefuseEffects
 from ._effects import SandboxEffects as SandboxEffects
-from ._effects import ToolNotRecorded as ToolNotRecorded
 from ._effects import ToolPolicy as ToolPolicy
 from ._errors import ConcurrentRunWriter as ConcurrentRunWriter
 from ._errors import DatabaseUnavailable as DatabaseUnavailable
@@ -22,11 +23,14 @@ from ._errors import RecordedError as RecordedError
 from ._errors import RunNotActive as RunNotActive
 from ._lifecycle import append_redaction_txn as append_redaction_txn
 from ._llm import completion_view as completion_view
+from ._memory import AsyncMemoryRecorder as AsyncMemoryRecorder
 from ._memory import MemoryRecorder as MemoryRecorder
 from ._migrate import migrate_write_side as migrate_write_side
+from ._postgres import PostgresBlobs as PostgresBlobs
 from ._protocol import AgentRun as AgentRun
 from ._recorder import Recorder as Recorder
 from ._recorder import Run as Run
+from ._recorder import SyncRecorder as SyncRecorder
 from ._recovery import PendingEffect as PendingEffect
 from ._redaction import DEFAULT_DETECTORS as DEFAULT_DETECTORS
 from ._redaction import DETECTORS as DETECTORS
@@ -34,13 +38,6 @@ from ._redaction import Redacted as Redacted
 from ._redaction import RedactionConfigError as RedactionConfigError
 from ._redaction import Redactor as Redactor
 from ._redaction import placeholder as placeholder
-from ._replay import BlobReader as BlobReader
-from ._replay import CallSite as CallSite
-from ._replay import DigestKeys as DigestKeys
-from ._replay import Divergence as Divergence
-from ._replay import DivergenceKind as DivergenceKind
-from ._replay import ReplayDivergence as ReplayDivergence
-from ._replay import ReplayRun as ReplayRun
 from ._tables import NOTIFY_CHANNEL as NOTIFY_CHANNEL
 from ._tables import SCHEMA as SCHEMA
 from ._tables import access_audit as access_audit

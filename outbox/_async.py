@@ -1,140 +1,172 @@
-"""The Recorder in record mode, for asyncio agents."""
+"""The Recorder in record mode, for asyncio agents: the async twin of ``_recorder.py``.
+
+The boundaries are the same step generators as the sync run's (``_steps.py``), driven
+with ``await``; the Postgres log runs the same plans, awaiting each statement. Agent
+functions handed to an :class:`AsyncRun` may be plain or ``async``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import random
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-
+from agent_blackbox.keystore import DataKeyStore
+from agent_blackbox.outbox import _steps as steps
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import (
-    APPEND_ATTEMPTS,
-    Outcome,
-    ReceiptBuilder,
     RecorderBase,
+    RecorderConfig,
     RunCore,
+    RunFields,
+    RunOptions,
     RunSnapshot,
-    fresh_event_id,
-    plan_start,
+    StartPlan,
+    keys_from_env,
 )
 from agent_blackbox.outbox._effects import EffectReceipt
-from agent_blackbox.outbox._recorder import TRANSIENT_RETRIES, _since, _transient, _unavailable
-from agent_blackbox.outbox._writer import (
-    PreparedEvent,
-    append_txn_async,
-    load_cursor_txn_async,
-)
-from agent_blackbox.schemas import Digester, Envelope, Settings
+from agent_blackbox.outbox._postgres import AsyncPostgresLog
+from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
+from agent_blackbox.outbox._writer import new_event_id
+from agent_blackbox.schemas import DataKey, Digester, Envelope, Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 T = TypeVar("T")
 
 
-async def _resolve(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
+class AsyncRunLog(Protocol):
+    """Where an async recorder's runs go; the async twin of
+    :class:`~agent_blackbox.outbox._recorder.RunLog`."""
+
+    async def create(self, start: StartPlan, connection: Any) -> Envelope:
+        """Create the run and append its ``run.started``."""
+        ...
+
+    async def append(
+        self, core: RunCore, crossing: Crossing, event_id: str, connection: Any
+    ) -> Envelope:
+        """Append the next event of the run of ``core``."""
+        ...
+
+    async def resume(
+        self, run_id: str, *, shards: int, keys: DataKeyStore | None
+    ) -> tuple[StoredRun, DataKey | None]:
+        """The stored run, and a new data key for the writer that carries it on."""
+        ...
+
+    async def unresolved_effects(self, *, run_id: str | None, limit: int) -> list[PendingEffect]:
+        """Effects whose intent committed but whose receipt is missing or unknown."""
+        ...
+
+    async def tenant_digest(self, keys: DataKeyStore, tenant_id: str) -> Digester:
+        """The keyed digest of ``tenant_id`` (fetched once per recorder)."""
+        ...
 
 
-class AsyncRecorder(RecorderBase[AsyncEngine]):
-    """Records runs of asyncio agents; the async twin of
-    :class:`~agent_blackbox.outbox.Recorder`."""
+class AsyncRecorderBase(RecorderBase):
+    """Records runs of asyncio agents into an event log; the API of
+    :class:`AsyncRecorder` and :class:`~agent_blackbox.outbox.AsyncMemoryRecorder`,
+    method for method that of the sync recorders."""
 
-    @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> AsyncRecorder:
-        """A recorder with its own async engine for ``settings.database_url``."""
-        settings = settings or Settings.from_env()
-        return cls(create_async_engine(settings.database_url, pool_size=10), settings=settings)
+    def __init__(self, log: AsyncRunLog, **config: Unpack[RecorderConfig]) -> None:
+        super().__init__(**config)
+        self._log = log
 
     async def start_run(
         self,
         snapshot: RunSnapshot,
+        options: RunOptions | None = None,
         *,
-        agent_id: str,
-        tenant_id: str = "default",
-        subject_ids: tuple[str, ...] = (),
-        run_id: str | None = None,
-        classification: str = "internal",
-        retention_class: str = "standard",
         connection: AsyncConnection | None = None,
+        **fields: Unpack[RunFields],
     ) -> AsyncRun:
-        """Create the run and record ``run.started``; see :meth:`Recorder.start_run`."""
-        plan = plan_start(
-            self._factory,
-            self.settings,
-            snapshot,
-            agent_id=agent_id,
-            tenant_id=tenant_id,
-            subject_ids=subject_ids,
-            run_id=run_id,
-            classification=classification,
-            retention_class=retention_class,
-            keys=self.keys,
-            digest=await self._digest_for(tenant_id, classification),
-            scrub=self.scrub,
-        )
-        run = AsyncRun(self, plan.core)
-
-        async def create(conn: AsyncConnection) -> Envelope:
-            statement, params = plan.insert
-            try:
-                await conn.execute(statement, params)
-            except IntegrityError as exc:
-                raise plan.exists() from exc
-            if plan.store_key is not None:
-                await conn.execute(*plan.store_key)
-            return await run.append_in(conn, plan.crossing, plan.event_id, first=plan.first)
-
-        await self.transact(create, connection)
+        """Create the run and record ``run.started``; see
+        :meth:`~agent_blackbox.outbox.Recorder.start_run`."""
+        chosen = RunOptions.of(options, fields)
+        start = self.plan(snapshot, chosen, await self._digest_for(chosen))
+        run = AsyncRun(self, start.core)
+        await self._log.create(start, connection)
         return run
 
-    async def _digest_for(self, tenant_id: str, classification: str) -> Digester:
-        known = self.cached_digest(tenant_id, classification)
+    async def record(
+        self,
+        entry: Callable[[AsyncRun, Any], Awaitable[T] | T],
+        snapshot: RunSnapshot,
+        options: RunOptions | None = None,
+        **fields: Unpack[RunFields],
+    ) -> tuple[AsyncRun, T]:
+        """Run ``entry(run, snapshot.input)`` (a coroutine function or a plain one) as a
+        recorded run; see :meth:`~agent_blackbox.outbox.Recorder.record`."""
+        run = await self.start_run(snapshot, options, **fields)
+        return run, await run.drive(entry, snapshot.input)
+
+    async def resume(self, run_id: str) -> AsyncRun:
+        """A writer for a run that is still ``running``; see
+        :meth:`~agent_blackbox.outbox.Recorder.resume`."""
+        stored, data_key = await self._log.resume(
+            run_id, shards=self.settings.outbox_shards, keys=self.keys
+        )
+        return AsyncRun(self, self.resumed(stored, data_key))
+
+    async def unresolved_effects(
+        self, *, run_id: str | None = None, limit: int = 1_000
+    ) -> list[PendingEffect]:
+        """Side effects left open by a crash; see
+        :meth:`~agent_blackbox.outbox.Recorder.unresolved_effects`."""
+        return await self._log.unresolved_effects(run_id=run_id, limit=limit)
+
+    async def append(
+        self, core: RunCore, crossing: Crossing, event_id: str, connection: Any
+    ) -> Envelope:
+        """Append one event of the run of ``core``, in its own transaction or the caller's."""
+        return await self._log.append(core, crossing, event_id, connection)
+
+    async def _digest_for(self, options: RunOptions) -> Digester:
+        known = self.cached_digest(options.tenant_id, options.classification)
         if known is not None:
             return known
         assert self.keys is not None  # cached_digest raised otherwise
-        store = self.keys
+        keyed = await self._log.tenant_digest(self.keys, options.tenant_id)
+        return self.remember_digest(options.tenant_id, keyed)
 
-        async def fetch(conn: AsyncConnection) -> Digester:
-            return await conn.run_sync(lambda sync: store.tenant_digest_txn(sync, tenant_id))
 
-        return self.remember_digest(tenant_id, await self.transact(fetch, None))
+class AsyncRecorder(AsyncRecorderBase):
+    """Records runs of asyncio agents into the Postgres outbox; the async twin of
+    :class:`~agent_blackbox.outbox.Recorder`.
 
-    async def transact(
-        self,
-        work: Callable[[AsyncConnection], Awaitable[T]],
-        connection: AsyncConnection | None,
-    ) -> T:
-        """Run ``work`` in the caller's transaction, or a new one with retries."""
-        try:
-            if connection is not None:
-                return await work(connection)
-            for attempt in range(TRANSIENT_RETRIES):
-                try:
-                    async with self.engine.begin() as conn:
-                        return await work(conn)
-                except DBAPIError as exc:
-                    if not _transient(exc) or attempt == TRANSIENT_RETRIES - 1:
-                        raise
-                    await asyncio.sleep(0.05 * 2**attempt)  # back off before retrying
-        except SQLAlchemyError as exc:
-            raise _unavailable(exc) from exc
-        raise AssertionError("unreachable")
+    Args:
+        engine: the write side's database, as an ``AsyncEngine``.
+        config: see :class:`~agent_blackbox.outbox._core.RecorderConfig`.
+    """
+
+    def __init__(self, engine: AsyncEngine, **config: Unpack[RecorderConfig]) -> None:
+        super().__init__(AsyncPostgresLog(engine), **config)
+        self.engine = engine
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> AsyncRecorder:
+        """A recorder with its own async engine for ``settings.database_url``; runs are
+        encrypted when key-encryption keys are configured, as with
+        :meth:`~agent_blackbox.outbox.Recorder.from_settings`."""
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        settings = settings or Settings.from_env()
+        engine = create_async_engine(settings.database_url, pool_size=10)
+        return cls(engine, settings=settings, keys=keys_from_env())
 
 
 class AsyncRun:
-    """One agent run in record mode for asyncio code; mirrors :class:`~agent_blackbox.outbox.Run`.
+    """One agent run in record mode for asyncio code; mirrors
+    :class:`~agent_blackbox.outbox.Run`, method for method."""
 
-    Agent functions handed to it may be plain or ``async``.
-    """
-
-    def __init__(self, recorder: AsyncRecorder, core: RunCore) -> None:
+    def __init__(self, recorder: AsyncRecorderBase, core: RunCore) -> None:
         self._recorder = recorder
         self.core = core
         self._lock = asyncio.Lock()
@@ -144,6 +176,11 @@ class AsyncRun:
     def run_id(self) -> str:
         """The id of this run."""
         return self.core.run_id
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the last event this writer appended."""
+        return self.core.cursor.sequence
 
     async def __aenter__(self) -> AsyncRun:
         return self
@@ -161,11 +198,23 @@ class AsyncRun:
         else:
             await self.finish(status="failed", error=exc)
 
+    async def drive(self, entry: Callable[[AsyncRun, Any], Awaitable[T] | T], input: Any) -> T:
+        """Run ``entry(self, input)`` (awaited when it is a coroutine) and finish the run
+        with its output or its error."""
+        try:
+            output = entry(self, input)
+            if inspect.isawaitable(output):
+                output = await output
+        except Exception as exc:
+            await self.finish(status="failed", error=exc)
+            raise
+        await self.finish(output=output)
+        return output
+
     async def call(self, tool: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Call tool ``fn`` (sync or async) and record ``tool.call``."""
-        outcome = self.core.tool_outcome(tool, args, kwargs)
         tools = self._recorder.tools
-        return await self._observed(lambda: tools.call(tool, args, kwargs, fn), outcome)
+        return await self._drive(steps.tool_call(self.core, tools, tool, fn, args, kwargs))
 
     async def llm(
         self,
@@ -176,39 +225,30 @@ class AsyncRun:
         model: str | None = None,
     ) -> Mapping[str, Any]:
         """Send ``request`` through ``send`` (sync or async) and record ``llm.call``."""
-        outcome = self.core.llm_outcome(provider, model, request)
-        response: Mapping[str, Any] = await self._observed(lambda: send(request), outcome)
+        response: Mapping[str, Any] = await self._drive(
+            steps.llm_call(self.core, send, request, provider, model)
+        )
         return response
 
     async def now(self) -> datetime:
         """The wall clock, UTC, recorded as ``clock.read``."""
-        crossing = self.core.wall_clock()
-        await self._append(crossing)
-        return datetime.fromtimestamp(crossing.body["value_us"] / 1e6, UTC)
+        return await self._drive(steps.now(self.core))
 
     async def monotonic(self) -> float:
         """A monotonic clock in seconds, recorded as ``clock.read``."""
-        crossing = self.core.monotonic_clock()
-        await self._append(crossing)
-        return float(crossing.body["value_us"]) / 1e6
+        return await self._drive(steps.monotonic(self.core))
 
     async def random(self) -> float:
         """A float in [0, 1), recorded as ``random.draw``."""
-        value = self._random.random()
-        await self._append(self.core.random_float(value))
-        return value
+        return await self._drive(steps.random_float(self.core, self._random))
 
     async def randint(self, low: int, high: int) -> int:
         """An integer in [low, high], recorded as ``random.draw``."""
-        value = self._random.randint(low, high)
-        await self._append(self.core.random_int(low, high, value))
-        return value
+        return await self._drive(steps.random_int(self.core, self._random, low, high))
 
     async def uuid(self) -> uuid.UUID:
         """A random UUID, recorded as ``random.draw``."""
-        value, crossing = self.core.random_uuid()
-        await self._append(crossing)
-        return value
+        return await self._drive(steps.random_uuid(self.core))
 
     async def effect(
         self,
@@ -219,15 +259,17 @@ class AsyncRun:
         key: str | None = None,
     ) -> EffectReceipt:
         """Cause a side effect with intent before and receipt after; see ``Run.effect``."""
-        intent = self.core.effect_intent(effect, arguments, key)
-        await self._append(intent)  # committed before the external call, by design
-        receipt = ReceiptBuilder.of(intent, self.core.scrub)
-        key = intent.body["idempotency_key"]
         policy = self._recorder.effects
-        await self._observed(
-            lambda: policy.perform(effect, key, arguments, perform), receipt.crossing
-        )
-        return receipt.receipt
+        return await self._drive(steps.effect(self.core, policy, effect, perform, arguments, key))
+
+    async def resolve_effect(
+        self,
+        pending: PendingEffect,
+        lookup: Callable[[str], Any],
+    ) -> EffectReceipt:
+        """Record the receipt of an effect left open by a crash; see
+        ``Run.resolve_effect`` (``lookup`` may be a coroutine function)."""
+        return await self._drive(steps.resolve_effect(self.core, pending, lookup))
 
     async def transition(
         self,
@@ -238,10 +280,7 @@ class AsyncRun:
         connection: AsyncConnection | None = None,
     ) -> Envelope:
         """Record ``state.transition``, optionally in the caller's transaction."""
-        crossing = self.core.transition(to_state, state, reason)
-        envelope = await self._append(crossing, connection)
-        self.core.transitioned(crossing)
-        return envelope
+        return await self._drive(steps.transition(self.core, to_state, state, reason, connection))
 
     async def finish(
         self,
@@ -252,45 +291,14 @@ class AsyncRun:
         connection: AsyncConnection | None = None,
     ) -> Envelope:
         """Record ``run.finished``; afterwards the run takes no more events."""
-        envelope = await self._append(self.core.finish(status, output, error), connection)
-        self.core.finished = True
-        return envelope
+        return await self._drive(steps.finish(self.core, status, output, error, connection))
 
-    async def _observed(self, perform: Callable[[], Any], outcome: Outcome) -> Any:
-        """Run ``perform`` (awaiting what it returns) and record what came of it."""
-        started = time.perf_counter()
-        try:
-            result = await _resolve(perform())
-        except Exception as exc:
-            await self._append(outcome(None, exc, _since(started)))
-            raise
-        await self._append(outcome(result, None, _since(started)))
-        return result
+    async def _drive(self, boundary: steps.Steps[T]) -> T:
+        return await steps.drive_async(boundary, self._append)
 
-    async def _append(
-        self, crossing: Crossing, connection: AsyncConnection | None = None
-    ) -> Envelope:
+    async def _append(self, step: steps.Append) -> Envelope:
         async with self._lock:
             self.core.check_active()
-            event_id = fresh_event_id()
-            return await self._recorder.transact(
-                lambda conn: self.append_in(conn, crossing, event_id), connection
+            return await self._recorder.append(
+                self.core, step.crossing, new_event_id(), step.connection
             )
-
-    async def append_in(
-        self,
-        conn: AsyncConnection,
-        crossing: Crossing,
-        event_id: str,
-        *,
-        first: PreparedEvent | None = None,
-    ) -> Envelope:
-        """Append ``crossing`` on ``conn``, re-reading the run when its guard fails."""
-        event = first or self.core.prepare(crossing, event_id)
-        for _ in range(APPEND_ATTEMPTS):
-            if await append_txn_async(conn, self.core.identity, event):
-                return self.core.advanced(event)
-            if self.core.stale(event, await load_cursor_txn_async(conn, self.run_id)):
-                return event.envelope
-            event = self.core.prepare(crossing, event_id)
-        raise self.core.conflict()

@@ -1,8 +1,9 @@
-"""What a recording run knows and decides, shared by the sync and async APIs.
+"""What a recording run knows and decides, whatever the mode of its driver.
 
-The sync :class:`~agent_blackbox.outbox._recorder.Run` and the async
-:class:`~agent_blackbox.outbox._async.AsyncRun` differ only in how they call agent functions and
-talk to the database; everything else (crossings, cursor, lifecycle) lives here.
+The sync :class:`~agent_blackbox.outbox.Run` and the async
+:class:`~agent_blackbox.outbox.AsyncRun` differ only in how they call agent functions and
+wait for their event log; the crossings (through the boundary contract), the cursor and
+the lifecycle of a run live here, and so does what every recorder is configured with.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from sqlalchemy import TextClause
-
-from agent_blackbox.keystore import AesGcmSealer, DataKeyStore, KeystoreError
+from agent_blackbox.keystore import AesGcmSealer, DataKeyStore, KeystoreError, LocalKeyProvider
 from agent_blackbox.outbox import _boundaries as b
 from agent_blackbox.outbox._effects import (
     EffectOutcome,
@@ -27,7 +26,8 @@ from agent_blackbox.outbox._effects import (
     ToolPolicy,
 )
 from agent_blackbox.outbox._errors import ConcurrentRunWriter, EffectRejected, RunNotActive
-from agent_blackbox.outbox._llm import llm_call, llm_input
+from agent_blackbox.outbox._llm import llm_call
+from agent_blackbox.outbox._recovery import StoredRun
 from agent_blackbox.outbox._redaction import Redactor
 from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
 from agent_blackbox.outbox._writer import (
@@ -35,11 +35,12 @@ from agent_blackbox.outbox._writer import (
     EventFactory,
     PreparedEvent,
     RunIdentity,
-    insert_run_plan,
     new_event_id,
     shard_of,
 )
+from agent_blackbox.outbox.contract import Ask, Contract, default_idempotency_key
 from agent_blackbox.schemas import (
+    DataKey,
     Digester,
     Envelope,
     EnvelopeCodec,
@@ -47,6 +48,9 @@ from agent_blackbox.schemas import (
     Settings,
     digest,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import TextClause
 
 APPEND_ATTEMPTS = 3
 
@@ -76,6 +80,51 @@ class RunSnapshot:
     """What a fork changed relative to its parent."""
 
 
+class RunFields(TypedDict, total=False):
+    """The fields of :class:`RunOptions`, as keywords of ``start_run`` and ``record``."""
+
+    agent_id: str
+    tenant_id: str
+    subject_ids: tuple[str, ...]
+    run_id: str | None
+    classification: str
+    retention_class: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Who a run belongs to and how it is kept: the identity every envelope repeats.
+
+    Every recorder's ``start_run`` and ``record`` take one of these, or its fields as
+    keywords (``agent_id=...``), or both (the keywords then replace the option's fields).
+    """
+
+    agent_id: str
+    tenant_id: str = "default"
+    subject_ids: tuple[str, ...] = ()
+    """The data subjects the run concerns; a deletion request for one shreds the run."""
+    run_id: str | None = None
+    """A run id of the caller's choosing (a fresh UUID when None)."""
+    classification: str = "internal"
+    """How sensitive the run is; some classes take keyed digests."""
+    retention_class: str = "standard"
+    """Which retention policy applies to the run's bodies and metadata."""
+
+    @classmethod
+    def of(cls, options: RunOptions | None, keywords: RunFields) -> RunOptions:
+        """``options`` with ``keywords`` applied, or the options ``keywords`` describe.
+
+        Raises:
+            TypeError: neither names the agent.
+        """
+        if options is not None:
+            return replace(options, **keywords) if keywords else options
+        if "agent_id" not in keywords:
+            raise TypeError("start_run needs the agent: pass agent_id=... or RunOptions(...)")
+        chosen = cls(**keywords)
+        return replace(chosen, subject_ids=tuple(chosen.subject_ids))
+
+
 class RunCore:
     """Identity, cursor and lifecycle of one run in record mode."""
 
@@ -83,7 +132,7 @@ class RunCore:
         self, identity: RunIdentity, factory: EventFactory, scrub: Scrub | None = None
     ) -> None:
         self.identity = identity
-        self.scrub = scrub or Scrub(None)
+        self.contract = Contract(scrub or Scrub(None), identity.digest)
         self.cursor = Cursor()
         self.factory = factory
         self.state: str | None = None
@@ -94,6 +143,11 @@ class RunCore:
     @property
     def run_id(self) -> str:
         return self.identity.run_id
+
+    @property
+    def scrub(self) -> Scrub:
+        """The redaction rules of this run."""
+        return self.contract.scrub
 
     def check_active(self) -> None:
         if self.finished:
@@ -125,20 +179,26 @@ class RunCore:
             "attempts; a run must have one writer at a time"
         )
 
-    # Crossings. Inputs are checked before the agent's function is called, so a value
-    # that cannot be recorded fails before any external call happens.
+    # Crossings. Inputs are built (and checked) by the contract before the agent's
+    # function is called, so a value that cannot be recorded fails before any external
+    # call happens.
+
+    def _asked(
+        self, crossing: b.Crossing, ask: Ask, fired: set[str] | frozenset[str]
+    ) -> b.Crossing:
+        """``crossing`` with the input digest its ask took and the rules that fired."""
+        return self.scrub.mark(replace(crossing, input_digest=ask.input_digest), set(fired))
 
     def tool_outcome(self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Outcome:
         """Check the arguments, then say how the tool's result or error becomes its
-        ``tool.call`` crossing (carrying the input digest taken by the check)."""
+        ``tool.call`` crossing."""
         self.check_active()
-        scrub, fired = self.scrub, set[str]()
-        args, kwargs = scrub.arguments(args, kwargs, fired)
-        inputs = b.tool_input(tool, args, kwargs)
-        input_digest = self.identity.digest(inputs, path=f"{tool}.arguments")
+        ask = self.contract.tool(tool, args, kwargs)
+        args, kwargs = ask.value
+        scrub = self.scrub
 
         def crossing(result: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
-            seen = set(fired)
+            seen = set(ask.fired)
             built = b.tool_call(
                 tool=tool,
                 args=args,
@@ -147,72 +207,76 @@ class RunCore:
                 error=scrub.error(error, seen),
                 latency_ms=latency_ms,
             )
-            return scrub.mark(replace(built, input_digest=input_digest), seen)
+            return self._asked(built, ask, seen)
 
         return crossing
 
     def llm_outcome(self, provider: str, model: str | None, request: Mapping[str, Any]) -> Outcome:
         """Check the request, then say how the response becomes its ``llm.call``."""
         self.check_active()
-        chosen = model or str(request.get("model", "unknown"))
-        scrub, fired = self.scrub, set[str]()
-        request = scrub.value(dict(request), fired)
-        inputs = llm_input(provider, chosen, request)
-        input_digest = self.identity.digest(inputs, path="llm.request")
+        ask = self.contract.llm(provider, model, request)
+        chosen, scrubbed = ask.input["model"], ask.value
+        scrub = self.scrub
 
         def crossing(response: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
-            seen = set(fired)
+            seen = set(ask.fired)
             built = llm_call(
                 provider=provider,
                 model=chosen,
-                request=request,
+                request=scrubbed,
                 response=None if response is None else scrub.value(dict(response), seen),
                 error=scrub.error(error, seen),
                 latency_ms=latency_ms,
             )
-            return scrub.mark(replace(built, input_digest=input_digest), seen)
+            return self._asked(built, ask, seen)
 
         return crossing
 
     def wall_clock(self) -> b.Crossing:
-        return b.clock_read(clock="wall", value_us=time.time_ns() // 1000)
+        read = b.clock_read(clock="wall", value_us=time.time_ns() // 1000)
+        return replace(read, input_digest=self.contract.clock("wall").input_digest)
 
     def monotonic_clock(self) -> b.Crossing:
-        return b.clock_read(clock="monotonic", value_us=time.monotonic_ns() // 1000)
+        read = b.clock_read(clock="monotonic", value_us=time.monotonic_ns() // 1000)
+        return replace(read, input_digest=self.contract.clock("monotonic").input_digest)
 
     def random_float(self, value: float) -> b.Crossing:
-        return b.random_draw(kind="random", arguments={}, value=value)
+        draw = b.random_draw(kind="random", arguments={}, value=value)
+        return replace(draw, input_digest=self.contract.random("random").input_digest)
 
     def random_int(self, low: int, high: int, value: int) -> b.Crossing:
-        return b.random_draw(kind="randint", arguments={"low": low, "high": high}, value=value)
+        bounds = {"low": low, "high": high}
+        draw = b.random_draw(kind="randint", arguments=bounds, value=value)
+        return replace(draw, input_digest=self.contract.random("randint", bounds).input_digest)
 
     def random_uuid(self) -> tuple[uuid.UUID, b.Crossing]:
         value = uuid.uuid4()
-        return value, b.random_draw(kind="uuid4", arguments={}, value=str(value))
+        draw = b.random_draw(kind="uuid4", arguments={}, value=str(value))
+        return value, replace(draw, input_digest=self.contract.random("uuid4").input_digest)
 
     def effect_intent(
         self, effect: str, arguments: Mapping[str, Any], key: str | None
     ) -> b.Crossing:
         self.check_active()
         self.effects += 1
-        # The default key is the intent's own position in the run: stable across a
-        # crash and a recovery, unique across runs.
-        idempotency_key = key or f"{self.run_id}:{self.cursor.sequence + 1}"
-        fired: set[str] = set()
-        arguments = self.scrub.value(dict(arguments), fired)
+        idempotency_key = key or default_idempotency_key(self.run_id, self.cursor.sequence + 1)
+        ask = self.contract.intent(effect, idempotency_key, arguments)
         intent = b.effect_intent(
-            effect=effect, idempotency_key=idempotency_key, arguments=arguments
+            effect=effect, idempotency_key=idempotency_key, arguments=ask.value
         )
-        return self.scrub.mark(intent, fired)
+        return self._asked(intent, ask, ask.fired)
+
+    def receipt(self, effect: str, idempotency_key: str) -> ReceiptBuilder:
+        """The builder of the receipt of an intent of this run."""
+        return ReceiptBuilder(effect, idempotency_key, self.contract)
 
     def transition(self, to_state: str, state: Any, reason: str | None) -> b.Crossing:
         self.check_active()
-        fired: set[str] = set()
-        state = self.scrub.value(state, fired)
+        ask = self.contract.transition(self.state, to_state, state, reason)
         moved = b.state_transition(
-            from_state=self.state, to_state=to_state, state=state, reason=reason
+            from_state=self.state, to_state=to_state, state=ask.value, reason=reason
         )
-        return self.scrub.mark(moved, fired)
+        return self._asked(moved, ask, ask.fired)
 
     def transitioned(self, crossing: b.Crossing) -> None:
         self.state = crossing.attributes["to_state"]
@@ -220,12 +284,14 @@ class RunCore:
 
     def finish(self, status: str, output: Any, error: BaseException | None) -> b.Crossing:
         self.check_active()
-        fired: set[str] = set()
-        output, error = self.scrub.value(output, fired), self.scrub.error(error, fired)
+        ending = self.contract.finish(status, output, error, self.state_digest)
         finished = b.run_finished(
-            status=status, output=output, error=error, final_state_digest=self.state_digest
+            status=status,
+            output=ending.output,
+            error=ending.error,
+            final_state_digest=self.state_digest,
         )
-        return self.scrub.mark(finished, fired)
+        return self._asked(finished, ending.ask, ending.fired)
 
 
 def utc_now() -> datetime:
@@ -233,14 +299,10 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-E = TypeVar("E")
+class RecorderConfig(TypedDict, total=False):
+    """What every recorder is configured with (keywords of each recorder's constructor).
 
-
-class RecorderBase(Generic[E]):
-    """What the sync and the async recorder share: engine, settings, event factory.
-
-    Args:
-        engine: the write side's database.
+    Keys:
         settings: shards, payload limits; read from the environment when omitted.
         pipeline: how bodies become payload bytes (plain Avro by default).
         clock: the source of ``recorded_at``.
@@ -256,28 +318,31 @@ class RecorderBase(Generic[E]):
             removed whatever the rules say.
     """
 
-    def __init__(
-        self,
-        engine: E,
-        *,
-        settings: Settings | None = None,
-        pipeline: PayloadPipeline | None = None,
-        clock: Callable[[], datetime] = utc_now,
-        tools: ToolPolicy | None = None,
-        effects: EffectPolicy | None = None,
-        keys: DataKeyStore | None = None,
-        redaction: Redactor | None = None,
-    ) -> None:
-        self.engine = engine
-        self.scrub = Scrub(redaction or Redactor.from_env())
-        self.settings = settings or Settings.from_env()
-        self.keys = keys
+    settings: Settings | None
+    pipeline: PayloadPipeline | None
+    clock: Callable[[], datetime]
+    tools: ToolPolicy | None
+    effects: EffectPolicy | None
+    keys: DataKeyStore | None
+    redaction: Redactor | None
+
+
+class RecorderBase:
+    """What every recorder shares, whatever its mode and its event log: configuration
+    (see :class:`RecorderConfig`), the event factory, the tenants' digests, planning new
+    runs and resumed ones."""
+
+    def __init__(self, **config: Unpack[RecorderConfig]) -> None:
+        self.scrub = Scrub(config.get("redaction") or Redactor.from_env())
+        self.settings = config.get("settings") or Settings.from_env()
+        self.keys = keys = config.get("keys")
+        pipeline = config.get("pipeline")
         if pipeline is None and keys is not None:
             pipeline = PayloadPipeline(sealer=AesGcmSealer())
-        self._factory = new_factory(self.settings, pipeline, clock)
+        self._factory = new_factory(self.settings, pipeline, config.get("clock", utc_now))
         self._digests: dict[str, Digester] = {}
-        self.tools: ToolPolicy = tools or LiveTools()
-        self.effects: EffectPolicy = effects or LiveEffects()
+        self.tools: ToolPolicy = config.get("tools") or LiveTools()
+        self.effects: EffectPolicy = config.get("effects") or LiveEffects()
 
     def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:
         """The digest of runs of ``classification``: SHA-256, or the tenant's keyed digest
@@ -299,6 +364,49 @@ class RecorderBase(Generic[E]):
         self._digests[tenant_id] = keyed
         return keyed
 
+    def plan(self, snapshot: RunSnapshot, options: RunOptions, run_digest: Digester) -> StartPlan:
+        """The new run of ``options`` (its data key when this recorder encrypts);
+        nothing is written yet.
+
+        Raises:
+            NotSerialisable: the snapshot's input is not JSON.
+        """
+        return plan_start(
+            self._factory,
+            self.settings,
+            snapshot,
+            options,
+            keys=self.keys,
+            digest=run_digest,
+            scrub=self.scrub,
+        )
+
+    def resumed(self, stored: StoredRun, data_key: DataKey | None) -> RunCore:
+        """The core of a writer that carries on recording ``stored`` (a crashed writer's
+        run), under ``data_key`` when this recorder encrypts.
+
+        Raises:
+            RunNotActive: the run has finished.
+        """
+        if stored.status != "running":
+            raise RunNotActive(
+                f"run {stored.identity.run_id} is {stored.status}; only running runs resume"
+            )
+        identity = stored.identity
+        if data_key is not None:
+            identity = replace(identity, data_key=data_key)
+        core = RunCore(identity, self._factory, self.scrub)
+        core.cursor = stored.cursor
+        core.state = stored.state
+        return core
+
+
+def keys_from_env() -> DataKeyStore | None:
+    """The data-key store of ``BLACKBOX_KEK_FILE`` / ``BLACKBOX_KEK``, when one is set:
+    recorders built from settings then seal every run."""
+    provider = LocalKeyProvider.from_env()
+    return None if provider is None else DataKeyStore(provider)
+
 
 def new_factory(
     settings: Settings, pipeline: PayloadPipeline | None, clock: Callable[[], datetime]
@@ -318,7 +426,9 @@ class StartPlan:
 
     core: RunCore
     crossing: b.Crossing
-    insert: tuple[TextClause, dict[str, Any]]
+    options: RunOptions
+    parent_run_id: str | None
+    code_version: str
     event_id: str
     first: PreparedEvent
     store_key: tuple[TextClause, dict[str, Any]] | None = None
@@ -332,44 +442,45 @@ def plan_start(
     factory: EventFactory,
     settings: Settings,
     snapshot: RunSnapshot,
+    options: RunOptions,
     *,
-    agent_id: str,
-    tenant_id: str,
-    subject_ids: tuple[str, ...],
-    run_id: str | None,
-    classification: str,
-    retention_class: str,
     keys: DataKeyStore | None = None,
     digest: Digester = digest,
     scrub: Scrub | None = None,
 ) -> StartPlan:
-    """Identity, first event and run row of a new run (and its data key when ``keys``
-    is given); nothing is written yet.
+    """Identity and first event of a new run (and its data key when ``keys`` is given);
+    nothing is written yet.
 
     Raises:
         NotSerialisable: the snapshot's input is not JSON.
     """
-    run_id = run_id or str(uuid.uuid4())
-    data_key, store_key = (None, None) if keys is None else keys.new_key(run_id, tenant_id)
+    run_id = options.run_id or str(uuid.uuid4())
+    data_key, store_key = (None, None) if keys is None else keys.new_key(run_id, options.tenant_id)
     identity = RunIdentity(
         run_id=run_id,
-        tenant_id=tenant_id,
-        agent_id=agent_id,
+        tenant_id=options.tenant_id,
+        agent_id=options.agent_id,
         shard=shard_of(run_id, settings.outbox_shards),
-        subject_ids=tuple(subject_ids),
-        classification=classification,
-        retention_class=retention_class,
+        subject_ids=tuple(options.subject_ids),
+        classification=options.classification,
+        retention_class=options.retention_class,
         data_key=data_key,
         digest=digest,
     )
     core = RunCore(identity, factory, scrub)
     crossing = _start_crossing(snapshot, core.scrub)
-    insert = insert_run_plan(
-        identity, parent_run_id=snapshot.parent_run_id, code_version=snapshot.code_version
-    )
-    event_id = fresh_event_id()
+    event_id = new_event_id()
     first = core.prepare(crossing, event_id)
-    return StartPlan(core, crossing, insert, event_id, first, store_key)
+    return StartPlan(
+        core,
+        crossing,
+        options,
+        snapshot.parent_run_id,
+        snapshot.code_version,
+        event_id,
+        first,
+        store_key,
+    )
 
 
 def _start_crossing(snapshot: RunSnapshot, scrub: Scrub) -> b.Crossing:
@@ -394,16 +505,11 @@ def _start_crossing(snapshot: RunSnapshot, scrub: Scrub) -> b.Crossing:
 class ReceiptBuilder:
     """Builds the receipt of an intent from what ``perform`` did, and keeps it."""
 
-    def __init__(self, effect: str, idempotency_key: str, scrub: Scrub | None = None) -> None:
+    def __init__(self, effect: str, idempotency_key: str, contract: Contract) -> None:
         self.effect = effect
         self.idempotency_key = idempotency_key
-        self.scrub = scrub or Scrub(None)
+        self.contract = contract
         self.receipt = EffectReceipt(effect, idempotency_key, "unknown", None, None)
-
-    @classmethod
-    def of(cls, intent: b.Crossing, scrub: Scrub | None = None) -> ReceiptBuilder:
-        """The builder for the receipt of ``intent``."""
-        return cls(intent.body["effect"], intent.body["idempotency_key"], scrub)
 
     def crossing(self, value: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
         """The receipt crossing: confirmed, failed (rejected for sure) or unknown."""
@@ -418,17 +524,18 @@ class ReceiptBuilder:
         else:
             status, external_id, result = "unknown", None, None
         self.receipt = EffectReceipt(effect, key, status, external_id, result)
-        fired: set[str] = set()
+        scrub, fired = self.contract.scrub, set[str]()
         receipt = b.effect_receipt(
             effect=effect,
             idempotency_key=key,
             status=status,
             external_id=external_id,
-            result=self.scrub.value(result, fired),
-            error=self.scrub.error(error, fired),
+            result=scrub.value(result, fired),
+            error=scrub.error(error, fired),
             latency_ms=latency_ms,
         )
-        return self.scrub.mark(receipt, fired)
+        ask = self.contract.receipt(effect, key)
+        return scrub.mark(replace(receipt, input_digest=ask.input_digest), fired)
 
 
 def as_outcome(value: EffectOutcome | Mapping[str, Any] | None) -> EffectOutcome | None:
@@ -436,7 +543,3 @@ def as_outcome(value: EffectOutcome | Mapping[str, Any] | None) -> EffectOutcome
     if value is None or isinstance(value, EffectOutcome):
         return value
     return EffectOutcome(external_id=value.get("external_id"), result=value.get("result"))
-
-
-def fresh_event_id() -> str:
-    return new_event_id()

@@ -1,20 +1,18 @@
-"""How a recording run reaches tools and effects: live, or sandboxed for re-execution.
+"""How a recording run reaches tools and effects: live, or kept from the world.
 
 Production runs use the live policies. A fork (a re-execution from a recorded input
-snapshot) answers tools from the parent's recording where it can and keeps effects
-away from the world: refused, or sent to a sandbox that only takes note.
+snapshot, see :mod:`agent_blackbox.replayer`) answers tools from the parent's recording
+where it can and keeps effects away from the world: refused, or sent to a sandbox that
+only takes note.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent_blackbox.outbox._boundaries import tool_input
-from agent_blackbox.outbox._errors import EffectRejected, RecordedError
-from agent_blackbox.schemas import BlackboxError, Envelope, EventType, PayloadPipeline, digest
+from agent_blackbox.outbox._errors import EffectRejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,45 +112,3 @@ class SandboxEffects:
     ) -> Any:
         self.sent.append({"effect": effect, "key": idempotency_key, "arguments": dict(arguments)})
         return EffectOutcome(external_id=f"sandbox:{idempotency_key}", result={"sandbox": True})
-
-
-class ToolNotRecorded(BlackboxError):
-    """A re-execution called a tool with arguments its parent run never used."""
-
-
-class RecordedTools:
-    """Answers tool calls from a parent run's recording, matched by input digest.
-
-    A call the parent never made goes to ``fallback`` (live tools, say) or, without
-    one, raises :class:`ToolNotRecorded`.
-    """
-
-    def __init__(
-        self,
-        parent: Iterable[Envelope],
-        *,
-        pipeline: PayloadPipeline | None = None,
-        fallback: ToolPolicy | None = None,
-    ) -> None:
-        opener = pipeline or PayloadPipeline()
-        self._answers: dict[str, dict[str, Any]] = {}
-        for envelope in parent:
-            if envelope.event_type == EventType.TOOL_CALL and envelope.payload is not None:
-                body = opener.unpack(envelope)
-                self._answers.setdefault(envelope.input_digest, body)
-        self._fallback = fallback
-
-    def call(
-        self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], fn: Callable[..., Any]
-    ) -> Any:
-        body = self._answers.get(digest(tool_input(tool, args, kwargs)))
-        if body is None:
-            if self._fallback is None:
-                raise ToolNotRecorded(
-                    f"tool {tool} was called with arguments the parent run never used; "
-                    "allow live tools for this re-execution to call it"
-                )
-            return self._fallback.call(tool, args, kwargs, fn)
-        if body["error"] is not None:
-            raise RecordedError(body["error"]["type"], body["error"]["message"])
-        return json.loads(body["result_json"])

@@ -10,10 +10,10 @@ from __future__ import annotations
 from sqlalchemy import Connection
 
 from agent_blackbox.outbox import _boundaries as b
-from agent_blackbox.outbox._core import fresh_event_id, new_factory, utc_now
+from agent_blackbox.outbox._core import new_factory, utc_now
 from agent_blackbox.outbox._errors import RunNotActive
-from agent_blackbox.outbox._recovery import load_run_txn
-from agent_blackbox.outbox._writer import append_txn
+from agent_blackbox.outbox._postgres import append_txn, load_run_txn
+from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.schemas import Envelope, Settings
 
 
@@ -43,7 +43,7 @@ def append_redaction_txn(
         retention_class=stored.identity.retention_class if reason == "retention" else None,
     )
     factory = new_factory(settings, None, utc_now)  # plain: no key is left to seal with
-    event = factory.prepare(stored.identity, stored.cursor, crossing, event_id=fresh_event_id())
+    event = factory.prepare(stored.identity, stored.cursor, crossing, event_id=new_event_id())
     if not append_txn(conn, stored.identity, event):
         raise RunNotActive(f"run {run_id} moved on while its redaction was appended")
     return event.envelope

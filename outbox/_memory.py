@@ -1,106 +1,208 @@
-"""A recorder that keeps events in memory: for agent unit tests and tools, no database."""
+"""Recorders that keep events in memory: for agent unit tests and tools, no database.
+
+The envelopes are the same bytes-for-bytes format as the Postgres recorders' (digests,
+chain, sealing), so what they record replays, archives and verifies like a production
+run; they keep the run rows and effects too, so ``resume`` and ``unresolved_effects``
+behave as they do against Postgres.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Unpack
 
+from agent_blackbox.keystore import DataKeyStore, KeystoreError
+from agent_blackbox.outbox._async import AsyncRecorderBase
 from agent_blackbox.outbox._boundaries import Crossing
-from agent_blackbox.outbox._core import RecorderBase, RunSnapshot, plan_start, utc_now
-from agent_blackbox.outbox._effects import EffectPolicy, ToolPolicy
-from agent_blackbox.outbox._recorder import Joinable, Run
-from agent_blackbox.outbox._redaction import Redactor
-from agent_blackbox.outbox._writer import PreparedEvent
-from agent_blackbox.schemas import BlackboxError, Envelope, PayloadPipeline, Settings, digest
-
-T = TypeVar("T")
+from agent_blackbox.outbox._core import RecorderConfig, RunCore, StartPlan
+from agent_blackbox.outbox._errors import RunNotActive
+from agent_blackbox.outbox._recorder import SyncRecorder
+from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
+from agent_blackbox.outbox._writer import Cursor, PreparedEvent, RunIdentity
+from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
 
 
-class MemoryRecorder(RecorderBase[None]):
-    """Records runs exactly as :class:`~agent_blackbox.outbox.Recorder` does, into a list.
+@dataclass(slots=True)
+class _RunRow:
+    identity: RunIdentity
+    cursor: Cursor
+    status: str = "running"
+    state: str | None = None
 
-    The envelopes are the same bytes-for-bytes format (digests, chain, sealing), so
-    what it records replays, archives and verifies like a production run.
+
+class MemoryLog:
+    """The event log of the memory recorders: envelopes in a list (or a sink of the
+    caller's), bodies stored out of line in a dict, runs and effects as the Postgres log
+    keeps them.
 
     Args:
         sink: receives every envelope as it is recorded (default: :attr:`events`).
     """
 
-    def __init__(
-        self,
-        *,
-        settings: Settings | None = None,
-        pipeline: PayloadPipeline | None = None,
-        clock: Callable[[], datetime] = utc_now,
-        sink: Callable[[Envelope], None] | None = None,
-        tools: ToolPolicy | None = None,
-        effects: EffectPolicy | None = None,
-        redaction: Redactor | None = None,
-    ) -> None:
-        super().__init__(
-            None,
-            settings=settings or Settings(),
-            pipeline=pipeline,
-            clock=clock,
-            tools=tools,
-            effects=effects,
-            redaction=redaction,
-        )
+    def __init__(self, sink: Callable[[Envelope], None] | None = None) -> None:
         self.events: list[Envelope] = []
         self.blobs: dict[str, bytes] = {}
         self._sink = sink or self.events.append
+        self._runs: dict[str, _RunRow] = {}
+        self._effects: dict[tuple[str, str], PendingEffect] = {}
 
-    def start_run(
-        self,
-        snapshot: RunSnapshot,
-        *,
-        agent_id: str,
-        tenant_id: str = "default",
-        subject_ids: tuple[str, ...] = (),
-        run_id: str | None = None,
-        classification: str = "internal",
-        retention_class: str = "standard",
-    ) -> Run:
-        """Start a run and record ``run.started``."""
-        plan = plan_start(
-            self._factory,
-            self.settings,
-            snapshot,
-            agent_id=agent_id,
-            tenant_id=tenant_id,
-            subject_ids=subject_ids,
-            run_id=run_id,
-            classification=classification,
-            retention_class=retention_class,
-            digest=self.cached_digest(tenant_id, classification) or digest,
-            scrub=self.scrub,
-        )
-        run = Run(self, plan.core)
-        self._store(run, plan.first)
-        return run
+    def create(self, start: StartPlan, connection: Any) -> Envelope:
+        _refuse_transaction(connection)
+        if start.core.run_id in self._runs:
+            raise start.exists()
+        self._runs[start.core.run_id] = _RunRow(start.core.identity, Cursor())
+        return self._store(start.core, start.first)
 
-    def record(
-        self, entry: Callable[[Run, Any], T], snapshot: RunSnapshot, *, agent_id: str
-    ) -> tuple[Run, T]:
-        """Run ``entry(run, snapshot.input)`` as a recorded run; see ``Recorder.record``."""
-        run = self.start_run(snapshot, agent_id=agent_id)
-        return run, run.drive(entry, snapshot.input)
+    def append(self, core: RunCore, crossing: Crossing, event_id: str, connection: Any) -> Envelope:
+        _refuse_transaction(connection)
+        return self._store(core, core.prepare(crossing, event_id))
 
-    def append(
-        self, run: Run, crossing: Crossing, event_id: str, connection: Joinable | None
-    ) -> Envelope:
-        if connection is not None:
-            raise BlackboxError("a MemoryRecorder has no database transaction to join")
-        return self._store(run, run.core.prepare(crossing, event_id))
+    def resume(
+        self, run_id: str, *, shards: int, keys: DataKeyStore | None
+    ) -> tuple[StoredRun, DataKey | None]:
+        row = self._runs.get(run_id)
+        if row is None:
+            raise RunNotActive(f"run {run_id} does not exist; nothing to resume")
+        identity = replace(row.identity, data_key=None)
+        return StoredRun(identity, row.cursor, row.status, row.state), None
+
+    def unresolved_effects(self, *, run_id: str | None, limit: int) -> list[PendingEffect]:
+        open_ = [
+            effect
+            for effect in self._effects.values()
+            if effect.status in ("pending", "unknown") and run_id in (None, effect.run_id)
+        ]
+        open_.sort(key=lambda e: (e.created_at, e.run_id, e.intent_sequence))
+        return open_[:limit]
+
+    def tenant_digest(self, keys: DataKeyStore, tenant_id: str) -> Digester:
+        raise KeystoreError("a memory recorder keeps no tenant keys; record keyed runs in Postgres")
 
     def read(self, ref: str) -> bytes:
-        """The body stored out of line under ``ref`` (a
-        :class:`~agent_blackbox.outbox.BlobReader`)."""
+        """The body stored out of line under ``ref`` (a blob reader of the replayer)."""
         return self.blobs[ref]
 
-    def _store(self, run: Run, event: PreparedEvent) -> Envelope:
+    def _store(self, core: RunCore, event: PreparedEvent) -> Envelope:
         if event.blob is not None:
             self.blobs[event.blob[0]] = event.blob[1]
         self._sink(event.envelope)
-        return run.core.advanced(event)
+        envelope = core.advanced(event)
+        self._note(envelope, event.status)
+        return envelope
+
+    def _note(self, envelope: Envelope, status: str | None) -> None:
+        """Keep the run row and the effects as the Postgres log's statements do."""
+        row = self._runs[envelope.run_id]
+        row.cursor = Cursor(envelope.sequence, envelope.chain_hash)
+        row.status = status or row.status
+        attributes = envelope.attributes
+        if envelope.event_type == "state.transition":
+            row.state = attributes["to_state"]
+        elif envelope.event_type == "effect.intent":
+            key = (envelope.run_id, attributes["idempotency_key"])
+            self._effects[key] = PendingEffect(
+                envelope.run_id,
+                attributes["idempotency_key"],
+                attributes["effect"],
+                envelope.sequence,
+                "pending",
+                envelope.recorded_at,
+            )
+        elif envelope.event_type == "effect.receipt":
+            key = (envelope.run_id, attributes["idempotency_key"])
+            if key in self._effects:
+                self._effects[key] = replace(self._effects[key], status=attributes["status"])
+
+
+class AsyncMemoryLog:
+    """:class:`MemoryLog` behind the async log's interface."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self._log = log
+
+    async def create(self, start: StartPlan, connection: Any) -> Envelope:
+        return self._log.create(start, connection)
+
+    async def append(
+        self, core: RunCore, crossing: Crossing, event_id: str, connection: Any
+    ) -> Envelope:
+        return self._log.append(core, crossing, event_id, connection)
+
+    async def resume(
+        self, run_id: str, *, shards: int, keys: DataKeyStore | None
+    ) -> tuple[StoredRun, DataKey | None]:
+        return self._log.resume(run_id, shards=shards, keys=keys)
+
+    async def unresolved_effects(self, *, run_id: str | None, limit: int) -> list[PendingEffect]:
+        return self._log.unresolved_effects(run_id=run_id, limit=limit)
+
+    async def tenant_digest(self, keys: DataKeyStore, tenant_id: str) -> Digester:
+        return self._log.tenant_digest(keys, tenant_id)
+
+
+def _refuse_transaction(connection: Any) -> None:
+    if connection is not None:
+        raise BlackboxError("a memory recorder has no database transaction to join")
+
+
+def _memory_config(config: RecorderConfig) -> RecorderConfig:
+    if config.get("keys") is not None:
+        raise KeystoreError(
+            "a memory recorder keeps no data keys; seal with a pipeline of your own, or "
+            "record encrypted runs with Recorder"
+        )
+    # Not the environment's settings: a test's recorder should not depend on it.
+    return {**config, "settings": config.get("settings") or Settings()}
+
+
+class _InMemory:
+    """What both memory recorders show of what they recorded."""
+
+    log: MemoryLog
+
+    @property
+    def events(self) -> list[Envelope]:
+        """Every envelope recorded (unless a sink took them)."""
+        return self.log.events
+
+    @property
+    def blobs(self) -> dict[str, bytes]:
+        """Bodies stored out of line, by content address."""
+        return self.log.blobs
+
+    def read(self, ref: str) -> bytes:
+        """The body stored out of line under ``ref`` (a blob reader of the replayer)."""
+        return self.log.read(ref)
+
+
+class MemoryRecorder(_InMemory, SyncRecorder):
+    """Records runs exactly as :class:`~agent_blackbox.outbox.Recorder` does, into a list.
+
+    Args:
+        sink: receives every envelope as it is recorded (default: :attr:`events`).
+        config: see :class:`~agent_blackbox.outbox._core.RecorderConfig` (no ``keys``;
+            settings default to :class:`~agent_blackbox.schemas.Settings`'s defaults).
+    """
+
+    def __init__(
+        self,
+        *,
+        sink: Callable[[Envelope], None] | None = None,
+        **config: Unpack[RecorderConfig],
+    ) -> None:
+        self.log = MemoryLog(sink)
+        super().__init__(self.log, **_memory_config(config))
+
+
+class AsyncMemoryRecorder(_InMemory, AsyncRecorderBase):
+    """The async twin of :class:`MemoryRecorder`, for asyncio agents' unit tests."""
+
+    def __init__(
+        self,
+        *,
+        sink: Callable[[Envelope], None] | None = None,
+        **config: Unpack[RecorderConfig],
+    ) -> None:
+        self.log = MemoryLog(sink)
+        super().__init__(AsyncMemoryLog(self.log), **_memory_config(config))

@@ -1,141 +1,115 @@
-"""The Recorder in record mode, for synchronous agents."""
+"""The Recorder in record mode, for synchronous agents.
+
+:class:`SyncRecorder` is the API (start, record, resume, recover); what it appends to is
+an event log, Postgres for :class:`Recorder` and a list for
+:class:`~agent_blackbox.outbox.MemoryRecorder`. :class:`Run` is the agent's door to the
+world; each of its boundaries is a step generator of ``_steps.py`` driven in sync code.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 
-from sqlalchemy import Connection, Engine, create_engine
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, create_engine
 
-from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
+from agent_blackbox.keystore import DataKeyStore
+from agent_blackbox.outbox import _steps as steps
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import (
-    APPEND_ATTEMPTS,
-    Outcome,
-    ReceiptBuilder,
     RecorderBase,
+    RecorderConfig,
     RunCore,
+    RunFields,
+    RunOptions,
     RunSnapshot,
-    fresh_event_id,
-    plan_start,
+    StartPlan,
+    keys_from_env,
 )
-from agent_blackbox.outbox._effects import EffectOutcome, EffectPolicy, EffectReceipt, ToolPolicy
-from agent_blackbox.outbox._errors import DatabaseUnavailable, EffectRejected, RunNotActive
-from agent_blackbox.outbox._recovery import PendingEffect, load_run_txn, unresolved_effects_txn
-from agent_blackbox.outbox._writer import (
-    append_txn,
-    load_cursor_txn,
-)
-from agent_blackbox.schemas import Digester, Envelope, Settings
+from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
+from agent_blackbox.outbox._postgres import PostgresLog
+from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
+from agent_blackbox.outbox._writer import new_event_id
+from agent_blackbox.schemas import DataKey, Digester, Envelope, Settings
+
+if TYPE_CHECKING:
+    from agent_blackbox.outbox._postgres import Joinable
 
 T = TypeVar("T")
-Joinable = Connection | Session
-TRANSIENT_RETRIES = 3
 
 
-class Recorder(RecorderBase[Engine]):
-    """Records agent runs into the Postgres outbox.
+class RunLog(Protocol):
+    """Where a sync recorder's runs go (Postgres, or memory), and where it finds them
+    again after a crash."""
 
-    Args:
-        engine: the write side's database.
-        settings: shards, payload limits; read from the environment when omitted.
-        pipeline: how bodies become payload bytes (plain Avro by default).
-        clock: the source of ``recorded_at``.
-    """
+    def create(self, start: StartPlan, connection: Any) -> Envelope:
+        """Create the run and append its ``run.started``."""
+        ...
 
-    @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> Recorder:
-        """A recorder with its own engine for ``settings.database_url``; runs are
-        encrypted when key-encryption keys are configured (``BLACKBOX_KEK_FILE`` or
-        ``BLACKBOX_KEK``)."""
-        settings = settings or Settings.from_env()
-        engine = create_engine(settings.database_url, pool_size=10, max_overflow=20)
-        provider = LocalKeyProvider.from_env()
-        keys = None if provider is None else DataKeyStore(provider)
-        return cls(engine, settings=settings, keys=keys)
+    def append(self, core: RunCore, crossing: Crossing, event_id: str, connection: Any) -> Envelope:
+        """Append the next event of the run of ``core``."""
+        ...
+
+    def resume(
+        self, run_id: str, *, shards: int, keys: DataKeyStore | None
+    ) -> tuple[StoredRun, DataKey | None]:
+        """The stored run, and a new data key for the writer that carries it on."""
+        ...
+
+    def unresolved_effects(self, *, run_id: str | None, limit: int) -> list[PendingEffect]:
+        """Effects whose intent committed but whose receipt is missing or unknown."""
+        ...
+
+    def tenant_digest(self, keys: DataKeyStore, tenant_id: str) -> Digester:
+        """The keyed digest of ``tenant_id`` (fetched once per recorder)."""
+        ...
+
+
+class SyncRecorder(RecorderBase):
+    """Records agent runs into an event log; the API of :class:`Recorder` and
+    :class:`~agent_blackbox.outbox.MemoryRecorder`."""
+
+    def __init__(self, log: RunLog, **config: Unpack[RecorderConfig]) -> None:
+        super().__init__(**config)
+        self._log = log
 
     def start_run(
         self,
         snapshot: RunSnapshot,
+        options: RunOptions | None = None,
         *,
-        agent_id: str,
-        tenant_id: str = "default",
-        subject_ids: tuple[str, ...] = (),
-        run_id: str | None = None,
-        classification: str = "internal",
-        retention_class: str = "standard",
         connection: Joinable | None = None,
+        **fields: Unpack[RunFields],
     ) -> Run:
         """Create the run and record ``run.started``, in one transaction.
 
-        With ``connection``, the run is created in the caller's transaction and exists
-        only if the caller commits.
+        ``options`` (or its fields as keywords: ``agent_id=...``) say who the run
+        belongs to. With ``connection``, the run is created in the caller's transaction
+        and exists only if the caller commits.
 
         Raises:
             NotSerialisable: the snapshot's input is not JSON.
             RunNotActive: a run with ``run_id`` exists already.
             DatabaseUnavailable: Postgres could not be reached.
         """
-        plan = plan_start(
-            self._factory,
-            self.settings,
-            snapshot,
-            agent_id=agent_id,
-            tenant_id=tenant_id,
-            subject_ids=subject_ids,
-            run_id=run_id,
-            classification=classification,
-            retention_class=retention_class,
-            keys=self.keys,
-            digest=self._digest_for(tenant_id, classification),
-            scrub=self.scrub,
-        )
-        run = Run(self, plan.core)
-
-        def create(conn: Connection) -> None:
-            statement, params = plan.insert
-            try:
-                conn.execute(statement, params)
-            except IntegrityError as exc:
-                raise plan.exists() from exc
-            if plan.store_key is not None:
-                conn.execute(*plan.store_key)
-            run.append_in(conn, plan.crossing, plan.event_id, first=plan.first)
-
-        self.transact(create, connection)
+        chosen = RunOptions.of(options, fields)
+        start = self.plan(snapshot, chosen, self._digest_for(chosen))
+        run = Run(self, start.core)
+        self._log.create(start, connection)
         return run
-
-    def _digest_for(self, tenant_id: str, classification: str) -> Digester:
-        known = self.cached_digest(tenant_id, classification)
-        if known is not None:
-            return known
-        assert self.keys is not None  # cached_digest raised otherwise
-        store = self.keys
-        keyed = self.transact(lambda conn: store.tenant_digest_txn(conn, tenant_id), None)
-        return self.remember_digest(tenant_id, keyed)
 
     def record(
         self,
         entry: Callable[[Run, Any], T],
         snapshot: RunSnapshot,
-        *,
-        agent_id: str,
-        tenant_id: str = "default",
-        subject_ids: tuple[str, ...] = (),
-        run_id: str | None = None,
-        classification: str = "internal",
-        retention_class: str = "standard",
+        options: RunOptions | None = None,
+        **fields: Unpack[RunFields],
     ) -> tuple[Run, T]:
         """Run ``entry(run, snapshot.input)`` as a recorded run; its return value is the
         run's recorded output, so a replay can check it.
@@ -143,22 +117,19 @@ class Recorder(RecorderBase[Engine]):
         An exception from ``entry`` is recorded as the run's failure and re-raised.
         Returns the finished run and the output.
         """
-        run = self.start_run(
-            snapshot,
-            agent_id=agent_id,
-            tenant_id=tenant_id,
-            subject_ids=subject_ids,
-            run_id=run_id,
-            classification=classification,
-            retention_class=retention_class,
-        )
+        run = self.start_run(snapshot, options, **fields)
         return run, run.drive(entry, snapshot.input)
 
-    def append(
-        self, run: Run, crossing: Crossing, event_id: str, connection: Joinable | None
-    ) -> Envelope:
-        """Append one event of ``run`` in its own transaction or the caller's."""
-        return self.transact(lambda conn: run.append_in(conn, crossing, event_id), connection)
+    def resume(self, run_id: str) -> Run:
+        """A writer for a run that is still ``running`` (its first writer died).
+
+        Raises:
+            RunNotActive: the run does not exist or has finished.
+        """
+        stored, data_key = self._log.resume(
+            run_id, shards=self.settings.outbox_shards, keys=self.keys
+        )
+        return Run(self, self.resumed(stored, data_key))
 
     def unresolved_effects(
         self, *, run_id: str | None = None, limit: int = 1_000
@@ -168,68 +139,42 @@ class Recorder(RecorderBase[Engine]):
         After a crash, resolve each with :meth:`Run.resolve_effect` on the run from
         :meth:`resume`, asking the external system; never by calling it again blindly.
         """
-        return self.transact(
-            lambda conn: unresolved_effects_txn(conn, run_id=run_id, limit=limit), None
-        )
+        return self._log.unresolved_effects(run_id=run_id, limit=limit)
 
-    def resume(self, run_id: str) -> Run:
-        """A writer for a run that is still ``running`` (its first writer died).
+    def append(self, core: RunCore, crossing: Crossing, event_id: str, connection: Any) -> Envelope:
+        """Append one event of the run of ``core``, in its own transaction or the caller's."""
+        return self._log.append(core, crossing, event_id, connection)
 
-        Raises:
-            RunNotActive: the run does not exist or has finished.
-        """
-        stored = self.transact(
-            lambda conn: load_run_txn(conn, run_id, shards=self.settings.outbox_shards), None
-        )
-        if stored.status != "running":
-            raise RunNotActive(f"run {run_id} is {stored.status}; only running runs resume")
-        identity = stored.identity
-        if self.keys is not None:
-            # A new data key for this writer: the first one stays with the writer that
-            # died, and is never read back from the store by an agent.
-            data_key, store_key = self.keys.new_key(run_id, identity.tenant_id)
-            self.transact(lambda conn: conn.execute(*store_key), None)
-            identity = replace(identity, data_key=data_key)
-        core = RunCore(identity, self._factory, self.scrub)
-        core.cursor = stored.cursor
-        core.state = stored.state
-        return Run(self, core)
-
-    def transact(self, work: Callable[[Connection], T], connection: Joinable | None) -> T:
-        """Run ``work`` in the caller's transaction, or in a new one with retries.
-
-        Only a transaction this recorder owns is retried: a connection that broke or a
-        serialisation failure gets a fresh attempt; a joined transaction belongs to the
-        caller, who decides.
-        """
-        if connection is not None:
-            conn = connection.connection() if isinstance(connection, Session) else connection
-            return _translated(lambda: work(conn))
-        for attempt in range(TRANSIENT_RETRIES):
-            try:
-                with self.engine.begin() as conn:
-                    return work(conn)
-            except DBAPIError as exc:
-                if not _transient(exc) or attempt == TRANSIENT_RETRIES - 1:
-                    raise _unavailable(exc) from exc
-                time.sleep(0.05 * 2**attempt)  # back off before a fresh attempt
-            except SQLAlchemyError as exc:
-                raise _unavailable(exc) from exc
-        raise AssertionError("unreachable")
+    def _digest_for(self, options: RunOptions) -> Digester:
+        known = self.cached_digest(options.tenant_id, options.classification)
+        if known is not None:
+            return known
+        assert self.keys is not None  # cached_digest raised otherwise
+        keyed = self._log.tenant_digest(self.keys, options.tenant_id)
+        return self.remember_digest(options.tenant_id, keyed)
 
 
-class EventLog(Protocol):
-    """Where a run's events go (the Postgres outbox, or memory), and the policies that
-    decide how its tools and effects are reached."""
+class Recorder(SyncRecorder):
+    """Records agent runs into the Postgres outbox.
 
-    tools: ToolPolicy
-    effects: EffectPolicy
+    Args:
+        engine: the write side's database.
+        config: see :class:`~agent_blackbox.outbox._core.RecorderConfig` (settings,
+            pipeline, clock, tools, effects, keys, redaction).
+    """
 
-    def append(
-        self, run: Run, crossing: Crossing, event_id: str, connection: Joinable | None
-    ) -> Envelope:
-        """Append the next event of ``run``."""
-        ...
+    def __init__(self, engine: Engine, **config: Unpack[RecorderConfig]) -> None:
+        super().__init__(PostgresLog(engine), **config)
+        self.engine = engine
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Recorder:
+        """A recorder with its own engine for ``settings.database_url``; runs are
+        encrypted when key-encryption keys are configured (``BLACKBOX_KEK_FILE`` or
+        ``BLACKBOX_KEK``)."""
+        settings = settings or Settings.from_env()
+        engine = create_engine(settings.database_url, pool_size=10, max_overflow=20)
+        return cls(engine, settings=settings, keys=keys_from_env())
 
 
 class Run:
@@ -240,7 +185,7 @@ class Run:
     are safe to call from several threads of that writer.
     """
 
-    def __init__(self, recorder: EventLog, core: RunCore) -> None:
+    def __init__(self, recorder: SyncRecorder, core: RunCore) -> None:
         self._recorder = recorder
         self.core = core
         self._lock = threading.RLock()
@@ -304,9 +249,8 @@ class Run:
         Raises:
             NotSerialisable: an argument or the result is not JSON.
         """
-        outcome = self.core.tool_outcome(tool, args, kwargs)
         tools = self._recorder.tools
-        result: T = self._observed(lambda: tools.call(tool, args, kwargs, fn), outcome)
+        result: T = self._drive(steps.tool_call(self.core, tools, tool, fn, args, kwargs))
         return result
 
     def llm(
@@ -322,38 +266,30 @@ class Run:
         ``send`` takes the raw request JSON and returns the raw response JSON of an
         OpenAI-compatible chat completion. Errors are recorded and re-raised.
         """
-        outcome = self.core.llm_outcome(provider, model, request)
-        return self._observed(lambda: send(request), outcome)
+        response: Mapping[str, Any] = self._drive(
+            steps.llm_call(self.core, send, request, provider, model)
+        )
+        return response
 
     def now(self) -> datetime:
         """The wall clock, UTC, recorded as ``clock.read``."""
-        crossing = self.core.wall_clock()
-        self._append(crossing)
-        return datetime.fromtimestamp(crossing.body["value_us"] / 1e6, UTC)
+        return self._drive(steps.now(self.core))
 
     def monotonic(self) -> float:
         """A monotonic clock in seconds, recorded as ``clock.read``."""
-        crossing = self.core.monotonic_clock()
-        self._append(crossing)
-        return float(crossing.body["value_us"]) / 1e6
+        return self._drive(steps.monotonic(self.core))
 
     def random(self) -> float:
         """A float in [0, 1), recorded as ``random.draw``."""
-        value = self._random.random()
-        self._append(self.core.random_float(value))
-        return value
+        return self._drive(steps.random_float(self.core, self._random))
 
     def randint(self, low: int, high: int) -> int:
         """An integer in [low, high], recorded as ``random.draw``."""
-        value = self._random.randint(low, high)
-        self._append(self.core.random_int(low, high, value))
-        return value
+        return self._drive(steps.random_int(self.core, self._random, low, high))
 
     def uuid(self) -> uuid.UUID:
         """A random UUID, recorded as ``random.draw``."""
-        value, crossing = self.core.random_uuid()
-        self._append(crossing)
-        return value
+        return self._drive(steps.random_uuid(self.core))
 
     def effect(
         self,
@@ -370,13 +306,8 @@ class Run:
         system. It raises :class:`EffectRejected` when the system refused for sure;
         any other exception leaves the receipt ``unknown`` and is re-raised.
         """
-        intent = self.core.effect_intent(effect, arguments, key)
-        self._append(intent)  # committed before the external call, by design
-        receipt = ReceiptBuilder.of(intent, self.core.scrub)
-        key = intent.body["idempotency_key"]
         policy = self._recorder.effects
-        self._observed(lambda: policy.perform(effect, key, arguments, perform), receipt.crossing)
-        return receipt.receipt
+        return self._drive(steps.effect(self.core, policy, effect, perform, arguments, key))
 
     def resolve_effect(
         self,
@@ -391,20 +322,7 @@ class Run:
         effect, and the agent may now decide to try again), or raises when it cannot
         tell (the receipt says ``unknown`` and the exception propagates).
         """
-        if pending.run_id != self.run_id:
-            raise RunNotActive(f"effect {pending.idempotency_key} belongs to run {pending.run_id}")
-        receipt = ReceiptBuilder(pending.effect, pending.idempotency_key, self.core.scrub)
-
-        def ask() -> EffectOutcome | Mapping[str, Any]:
-            found = lookup(pending.idempotency_key)
-            if found is None:
-                raise EffectRejected("the external system has no record of this effect")
-            return found
-
-        # A missing record is recorded as ``failed``; the caller reads it off the receipt.
-        with contextlib.suppress(EffectRejected):
-            self._observed(ask, receipt.crossing)
-        return receipt.receipt
+        return self._drive(steps.resolve_effect(self.core, pending, lookup))
 
     def transition(
         self,
@@ -416,10 +334,7 @@ class Run:
     ) -> Envelope:
         """Record ``state.transition``; with ``connection``, in the caller's transaction
         so the business state change and the event commit together."""
-        crossing = self.core.transition(to_state, state, reason)
-        envelope = self._append(crossing, connection)
-        self.core.transitioned(crossing)
-        return envelope
+        return self._drive(steps.transition(self.core, to_state, state, reason, connection))
 
     def finish(
         self,
@@ -430,66 +345,15 @@ class Run:
         connection: Joinable | None = None,
     ) -> Envelope:
         """Record ``run.finished``; afterwards the run takes no more events."""
-        envelope = self._append(self.core.finish(status, output, error), connection)
-        self.core.finished = True
-        return envelope
+        return self._drive(steps.finish(self.core, status, output, error, connection))
 
     # Appending --------------------------------------------------------------------
 
-    def _observed(self, perform: Callable[[], T], outcome: Outcome) -> T:
-        """Run ``perform`` and record what came of it, also when it raised."""
-        started = time.perf_counter()
-        try:
-            result = perform()
-        except Exception as exc:
-            self._append(outcome(None, exc, _since(started)))
-            raise
-        self._append(outcome(result, None, _since(started)))
-        return result
+    def _drive(self, boundary: steps.Steps[T]) -> T:
+        return steps.drive(boundary, self._append)
 
-    def _append(self, crossing: Crossing, connection: Joinable | None = None) -> Envelope:
+    def _append(self, step: steps.Append) -> Envelope:
         with self._lock:
             self.core.check_active()
-            event_id = fresh_event_id()
-            target = connection if connection is not None else self._joined
-            return self._recorder.append(self, crossing, event_id, target)
-
-    def append_in(
-        self, conn: Connection, crossing: Crossing, event_id: str, *, first: Any = None
-    ) -> Envelope:
-        """Append ``crossing`` on ``conn``, re-reading the run when its guard fails."""
-        event = first or self.core.prepare(crossing, event_id)
-        for _ in range(APPEND_ATTEMPTS):
-            if append_txn(conn, self.core.identity, event):
-                return self.core.advanced(event)
-            if self.core.stale(event, load_cursor_txn(conn, self.run_id)):
-                return event.envelope
-            event = self.core.prepare(crossing, event_id)
-        raise self.core.conflict()
-
-
-def _since(started: float) -> float:
-    return (time.perf_counter() - started) * 1000.0
-
-
-def _transient(exc: DBAPIError) -> bool:
-    if exc.connection_invalidated:
-        return True
-    code = getattr(exc.orig, "sqlstate", None)
-    # serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now
-    return code in {"40001", "40P01", "57P01", "57P02", "57P03"}
-
-
-def _unavailable(exc: SQLAlchemyError) -> DatabaseUnavailable:
-    return DatabaseUnavailable(
-        f"the outbox write failed: {exc.__class__.__name__}: {str(exc).splitlines()[0]}; "
-        "nothing was recorded for this event. Check that Postgres is reachable "
-        "(BLACKBOX_DATABASE_URL) and migrated (blackbox migrate)"
-    )
-
-
-def _translated(work: Callable[[], T]) -> T:
-    try:
-        return work()
-    except SQLAlchemyError as exc:
-        raise _unavailable(exc) from exc
+            target = step.connection if step.connection is not None else self._joined
+            return self._recorder.append(self.core, step.crossing, new_event_id(), target)

@@ -5,10 +5,18 @@ or from envelopes in memory; nothing external is ever called.
 
 from agent_blackbox.replayer._driver import AgentEntry, replay_run
 from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_entry
+from agent_blackbox.replayer._replay import (
+    BlobReader,
+    CallSite,
+    DigestKeys,
+    Divergence,
+    DivergenceKind,
+    ReplayDivergence,
+    ReplayRun,
+)
 from agent_blackbox.replayer._report import LEVEL_NAMES, ReplayReport
 from agent_blackbox.replayer._sources import (
     KafkaRunSource,
-    PostgresBlobs,
     SourceError,
     read_archive,
     write_archive,
@@ -19,11 +27,17 @@ __all__ = [
     "LEVEL_NAMES",
     "AgentEntry",
     "AgentRegistry",
+    "BlobReader",
+    "CallSite",
     "CheckpointStatus",
+    "DigestKeys",
+    "Divergence",
+    "DivergenceKind",
     "KafkaRunSource",
-    "PostgresBlobs",
     "Problem",
+    "ReplayDivergence",
     "ReplayReport",
+    "ReplayRun",
     "SourceError",
     "UnknownAgent",
     "VerifyReport",

@@ -10,7 +10,7 @@ import click
 from sqlalchemy import Engine
 
 from agent_blackbox.keystore import AesGcmSealer, AuditedKeys, DataKeyStore, LocalKeyProvider
-from agent_blackbox.outbox import DigestKeys
+from agent_blackbox.replayer._replay import DigestKeys
 from agent_blackbox.schemas import PayloadPipeline
 
 FC = TypeVar("FC", bound=Callable[..., object])

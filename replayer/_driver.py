@@ -7,8 +7,8 @@ from itertools import chain
 from typing import Any
 
 from agent_blackbox.keystore import KeyDestroyed
-from agent_blackbox.outbox import (
-    AgentRun,
+from agent_blackbox.outbox import AgentRun
+from agent_blackbox.replayer._replay import (
     BlobReader,
     DigestKeys,
     Divergence,

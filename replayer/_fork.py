@@ -22,15 +22,25 @@ from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import (
     EffectPolicy,
     MemoryRecorder,
-    RecordedTools,
+    RecordedError,
     Recorder,
     RefuseEffects,
     RunSnapshot,
     SandboxEffects,
+    ToolPolicy,
     completion_view,
 )
+from agent_blackbox.outbox.contract import Contract, Scrub
 from agent_blackbox.replayer._driver import AgentEntry
-from agent_blackbox.schemas import BlackboxError, Envelope, EventType, PayloadPipeline, Settings
+from agent_blackbox.replayer._replay import DigestKeys, run_digest
+from agent_blackbox.schemas import (
+    BlackboxError,
+    Envelope,
+    EventType,
+    PayloadPipeline,
+    Settings,
+    digest,
+)
 
 ForkFactory = Callable[..., AgentEntry]
 """``factory(snapshot, *, base_url=..., api_key=...) -> entry``: the agent, built as the
@@ -41,6 +51,57 @@ IGNORED_FIELDS = ("id", "created", "system_fingerprint")
 
 class ForkError(BlackboxError):
     """A fork or re-execution could not start."""
+
+
+class ToolNotRecorded(BlackboxError):
+    """A re-execution called a tool with arguments its parent run never used."""
+
+
+class RecordedTools:
+    """Answers tool calls from a parent run's recording, matched by input digest.
+
+    The digest of each call is built by the boundary contract, under the redaction rules
+    and the digest the parent was recorded with, so a call the parent made matches
+    however its arguments were scrubbed. A call the parent never made goes to
+    ``fallback`` (live tools, say) or, without one, raises :class:`ToolNotRecorded`.
+    """
+
+    def __init__(
+        self,
+        parent: Iterable[Envelope],
+        *,
+        pipeline: PayloadPipeline | None = None,
+        fallback: ToolPolicy | None = None,
+        digests: DigestKeys | None = None,
+    ) -> None:
+        opener = pipeline or PayloadPipeline()
+        self._answers: dict[str, dict[str, Any]] = {}
+        envelopes = list(parent)
+        self._contract = Contract(Scrub(None), digest)
+        if envelopes:
+            self._contract = Contract(
+                Scrub.recorded_in(envelopes[0].attributes), run_digest(envelopes[0], digests)
+            )
+        for envelope in envelopes:
+            if envelope.event_type == EventType.TOOL_CALL and envelope.payload is not None:
+                body = opener.unpack(envelope)
+                self._answers.setdefault(envelope.input_digest, body)
+        self._fallback = fallback
+
+    def call(
+        self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], fn: Callable[..., Any]
+    ) -> Any:
+        body = self._answers.get(self._contract.tool(tool, args, kwargs).input_digest)
+        if body is None:
+            if self._fallback is None:
+                raise ToolNotRecorded(
+                    f"tool {tool} was called with arguments the parent run never used; "
+                    "allow live tools for this re-execution to call it"
+                )
+            return self._fallback.call(tool, args, kwargs, fn)
+        if body["error"] is not None:
+            raise RecordedError(body["error"]["type"], body["error"]["message"])
+        return json.loads(body["result_json"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +175,15 @@ def fork_run(
     settings: Settings | None = None,
     pipeline: PayloadPipeline | None = None,
     keys: DataKeyStore | None = None,
+    digests: DigestKeys | None = None,
 ) -> ForkResult:
     """Record a fork of ``parent``: into Postgres with ``engine`` (encrypted under its own
-    data key with ``keys``), else in memory. ``pipeline`` opens the parent's bodies."""
+    data key with ``keys``), else in memory. ``pipeline`` opens the parent's bodies,
+    ``digests`` gives its tenant's keyed digest when it was recorded with one."""
     opener = pipeline or PayloadPipeline()
     events = list(parent)
     snapshot = forked_snapshot(parent_snapshot(events, opener), events[0].run_id, changes)
-    tools = RecordedTools(events, pipeline=opener)
+    tools = RecordedTools(events, pipeline=opener, digests=digests)
     effect_policy: EffectPolicy = SandboxEffects() if effects == "sandbox" else RefuseEffects()
     recorder: Recorder | MemoryRecorder
     if engine is not None:

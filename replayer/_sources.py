@@ -169,19 +169,3 @@ class KafkaRunSource:
                 f"run {self.run_id}: cannot read {self.topic}[{self.partition}] up to offset "
                 f"{self.last}: {exc}"
             ) from exc
-
-
-class PostgresBlobs:
-    """Reads bodies stored out of line from the write side's blob table."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    def read(self, ref: str) -> bytes:
-        with self._engine.connect() as conn:
-            data = conn.execute(
-                text("SELECT data FROM blackbox.blobs WHERE digest = :d"), {"d": ref}
-            ).scalar()
-        if data is None:
-            raise SourceError(f"blob {ref} is not in blackbox.blobs")
-        return bytes(data)

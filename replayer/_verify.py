@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from agent_blackbox.outbox import BlobReader
+from agent_blackbox.replayer._replay import BlobReader
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     BlackboxError,

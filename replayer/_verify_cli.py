@@ -16,7 +16,8 @@ from rich.table import Table
 from sqlalchemy import Engine, create_engine, text
 
 from agent_blackbox.consumers import load_checkpoint
-from agent_blackbox.replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
+from agent_blackbox.outbox import PostgresBlobs
+from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
 from agent_blackbox.replayer._verify import VerifyReport, verify_run
 from agent_blackbox.schemas import (
     BlackboxError,

@@ -20,11 +20,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import Engine, create_engine, text
 
+from agent_blackbox.outbox import PostgresBlobs
 from agent_blackbox.replayer._access import Opening, opening, purpose_option, recording_keys
 from agent_blackbox.replayer._driver import replay_run
 from agent_blackbox.replayer._registry import AgentRegistry, load_entry
 from agent_blackbox.replayer._report import ReplayReport
-from agent_blackbox.replayer._sources import KafkaRunSource, PostgresBlobs, read_archive
+from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
 from agent_blackbox.replayer._timeline import timeline_command
 from agent_blackbox.replayer._verify_cli import verify_command
 from agent_blackbox.schemas import BlackboxError, Envelope, Settings, safe_text
@@ -312,6 +313,7 @@ def fork_command(
         factory = load_entry(factory_path)
         parent, engine = _parent_events(run_id, archive)
         engine = engine or create_engine(Settings.from_env().database_url)
+        reading = opening(lambda: engine, purpose=purpose)
         result = fork_run(
             parent,
             factory,
@@ -321,7 +323,8 @@ def fork_command(
             effects="sandbox" if effects == "sandbox" else "refuse",
             engine=None if dry_run else engine,
             settings=Settings.from_env(),
-            pipeline=opening(lambda: engine, purpose=purpose).pipeline,
+            pipeline=reading.pipeline,
+            digests=reading.digests,
             keys=recording_keys(),
         )
     except BlackboxError as exc:

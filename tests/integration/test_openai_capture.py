@@ -29,7 +29,6 @@ from agent_blackbox.outbox import (
     AsyncRun,
     MemoryRecorder,
     RecordedError,
-    ReplayRun,
     Run,
     RunSnapshot,
 )
@@ -40,7 +39,7 @@ from agent_blackbox.outbox.integrations.openai import (
     RecordedStream,
     capture_openai,
 )
-from agent_blackbox.replayer import replay_run
+from agent_blackbox.replayer import ReplayRun, replay_run
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, NotSerialisable, PayloadPipeline
 from tests.integration._openai_server import REQUEST_ID, TOOL_ARGUMENTS, OpenAIServer
 

@@ -9,9 +9,9 @@ from click.testing import CliRunner
 from sqlalchemy import Engine
 
 from agent_blackbox.examples.ticket_agent import replay_entry
-from agent_blackbox.outbox import DivergenceKind, Recorder
+from agent_blackbox.outbox import PostgresBlobs, Recorder
 from agent_blackbox.outbox.relay import Relay
-from agent_blackbox.replayer import KafkaRunSource, PostgresBlobs, replay_run
+from agent_blackbox.replayer import DivergenceKind, KafkaRunSource, replay_run
 from agent_blackbox.replayer.cli import replay_command
 from agent_blackbox.schemas import Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids

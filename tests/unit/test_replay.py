@@ -16,9 +16,12 @@ import pytest
 from fastavro import parse_schema, reader, writer
 
 from agent_blackbox.examples.ticket_agent import replay_entry
-from agent_blackbox.outbox import AgentRun, DivergenceKind, ReplayDivergence, ReplayRun
+from agent_blackbox.outbox import AgentRun
 from agent_blackbox.replayer import (
+    DivergenceKind,
+    ReplayDivergence,
     ReplayReport,
+    ReplayRun,
     SourceError,
     read_archive,
     replay_run,

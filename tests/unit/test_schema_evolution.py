@@ -19,10 +19,10 @@ from agent_blackbox.examples.ticket_agent import (
     replay_entry,
     sample_tickets,
 )
-from agent_blackbox.outbox import AgentRun, DivergenceKind, MemoryRecorder
+from agent_blackbox.outbox import AgentRun, MemoryRecorder
 from agent_blackbox.outbox._boundaries import recorded_output
 from agent_blackbox.outbox._llm import llm_call
-from agent_blackbox.replayer import read_archive, replay_run
+from agent_blackbox.replayer import DivergenceKind, read_archive, replay_run
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     BodyCodec,

@@ -1,4 +1,4 @@
-"""The Recorder in replay mode: the same agent code, driven from a recorded run.
+"""Replay mode: the same agent code, driven from a recorded run.
 
 Nothing is called: every boundary takes the next recorded event, checks that the code
 asks for the same kind of thing with the same input (by digest), checks the recorded
@@ -25,11 +25,14 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from agent_blackbox.outbox import _boundaries as b
-from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
-from agent_blackbox.outbox._errors import EffectRejected, RecordedError
-from agent_blackbox.outbox._llm import llm_input
-from agent_blackbox.outbox._scrub import Scrub
+from agent_blackbox.outbox import EffectOutcome, EffectReceipt, EffectRejected, RecordedError
+from agent_blackbox.outbox.contract import (
+    Ask,
+    Contract,
+    Scrub,
+    default_idempotency_key,
+    recorded,
+)
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     HMAC_PREFIX,
@@ -45,9 +48,6 @@ from agent_blackbox.schemas import (
 )
 
 T = TypeVar("T")
-# Where a bad input is named in errors, by event type (built once: replay digests
-# the input of every event).
-_INPUT_PATHS = {event_type: f"{event_type}.input" for event_type in EventType}
 _FINISHED = EventType.RUN_FINISHED
 # Frames of these packages are the recorder's own; the call site is the first other one.
 _OWN_MODULES = ("agent_blackbox.outbox.", "agent_blackbox.replayer.")
@@ -172,8 +172,29 @@ class BlobReader(Protocol):
         ...
 
 
+def run_digest(first: Envelope | None, digests: DigestKeys | None) -> Digester:
+    """The digest a run was recorded with, judged by its first envelope: SHA-256, or the
+    tenant's keyed digest.
+
+    Raises:
+        KeyUnavailable: the run is keyed and no ``digests`` were given.
+    """
+    if first is None or not first.output_digest.startswith(HMAC_PREFIX):
+        return digest
+    if digests is None:
+        raise KeyUnavailable(
+            f"run {first.run_id} of tenant {first.tenant_id} was digested under the "
+            "tenant's key; replay it with a key store (BLACKBOX_KEK_FILE) and a purpose"
+        )
+    return digests.tenant_digest(first.tenant_id)
+
+
 class ReplayRun:
     """An :class:`~agent_blackbox.outbox.AgentRun` that answers from a recorded run.
+
+    Every input it compares is built by the same boundary contract as record mode's
+    (:mod:`agent_blackbox.outbox.contract`), under the redaction rules the run was
+    recorded with.
 
     Args:
         events: the run's envelopes in sequence order, from sequence 1 (streamed; the
@@ -204,18 +225,12 @@ class ReplayRun:
         # An event no release of ours can read stops the replay for good, also when the
         # agent code catches the error: nothing after it can be checked.
         self._unreadable: UnknownSchemaVersion | None = None
-        self._digest = self._digest_of(self._peek(), digests)
-        # Inputs that never change, digested once per run instead of once per call.
-        self._wall = self._input_digest(EventType.CLOCK_READ, b.clock_input("wall"))
-        self._monotonic = self._input_digest(EventType.CLOCK_READ, b.clock_input("monotonic"))
-        self._draw = self._input_digest(EventType.RANDOM_DRAW, b.random_input("random", {}))
-        self._uuid4 = self._input_digest(EventType.RANDOM_DRAW, b.random_input("uuid4", {}))
+        self._digest = run_digest(self._peek(), digests)
         started, body, _ = self._take(EventType.RUN_STARTED, None)
         self._run_id = started.run_id
         # The rules the run was recorded under: what the code hands over now is
         # scrubbed the same way before its digest is compared.
-        self._scrub = Scrub.recorded_in(started.attributes)
-        self._seen: set[str] = set()  # which rules fire in replay is not checked
+        self._contract = Contract(Scrub.recorded_in(started.attributes), self._digest)
         self.snapshot_body = body
         """The recorded ``run.started`` body: the run's input snapshot."""
 
@@ -233,8 +248,7 @@ class ReplayRun:
 
     def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """The recorded result of tool ``tool``; ``fn`` is not called."""
-        args, kwargs = self._scrub.arguments(args, kwargs, self._seen)
-        output = self._cross(EventType.TOOL_CALL, b.tool_input(tool, args, kwargs))
+        output = self._cross(self._contract.tool(tool, args, kwargs))
         _raise_recorded(output["error"])
         result: T = output["result"]
         return result
@@ -248,34 +262,32 @@ class ReplayRun:
         model: str | None = None,
     ) -> Mapping[str, Any]:
         """The recorded response to ``request``; ``send`` is not called."""
-        chosen = model or str(request.get("model", "unknown"))
-        request = self._scrub.value(dict(request), self._seen)
-        output = self._cross(EventType.LLM_CALL, llm_input(provider, chosen, request))
+        output = self._cross(self._contract.llm(provider, model, request))
         _raise_recorded(output["error"])
         response: Mapping[str, Any] = output["response"]
         return response
 
     def now(self) -> datetime:
         """The recorded wall-clock reading."""
-        value = self._take(EventType.CLOCK_READ, self._wall)[2]["value_us"]
+        value = self._cross(self._contract.clock("wall"))["value_us"]
         return datetime.fromtimestamp(value / 1e6, UTC)
 
     def monotonic(self) -> float:
         """The recorded monotonic-clock reading."""
-        return float(self._take(EventType.CLOCK_READ, self._monotonic)[2]["value_us"]) / 1e6
+        return float(self._cross(self._contract.clock("monotonic"))["value_us"]) / 1e6
 
     def random(self) -> float:
         """The recorded random float."""
-        return float(self._take(EventType.RANDOM_DRAW, self._draw)[2]["value"])
+        return float(self._cross(self._contract.random("random"))["value"])
 
     def randint(self, low: int, high: int) -> int:
         """The recorded random integer."""
-        inputs = b.random_input("randint", {"low": low, "high": high})
-        return int(self._cross(EventType.RANDOM_DRAW, inputs)["value"])
+        bounds = {"low": low, "high": high}
+        return int(self._cross(self._contract.random("randint", bounds))["value"])
 
     def uuid(self) -> uuid.UUID:
         """The recorded random UUID."""
-        return uuid.UUID(self._take(EventType.RANDOM_DRAW, self._uuid4)[2]["value"])
+        return uuid.UUID(self._cross(self._contract.random("uuid4"))["value"])
 
     def effect(
         self,
@@ -286,10 +298,9 @@ class ReplayRun:
         key: str | None = None,
     ) -> EffectReceipt:
         """The recorded receipt of the effect; ``perform`` is never called."""
-        idempotency_key = key or f"{self._run_id}:{self._sequence + 1}"
-        arguments = self._scrub.value(dict(arguments), self._seen)
-        self._cross(EventType.EFFECT_INTENT, b.intent_input(effect, idempotency_key, arguments))
-        output = self._cross(EventType.EFFECT_RECEIPT, b.receipt_input(effect, idempotency_key))
+        idempotency_key = key or default_idempotency_key(self._run_id, self._sequence + 1)
+        self._cross(self._contract.intent(effect, idempotency_key, arguments))
+        output = self._cross(self._contract.receipt(effect, idempotency_key))
         status = output["status"]
         if status == "failed":
             raise EffectRejected(
@@ -304,10 +315,9 @@ class ReplayRun:
 
     def transition(self, to_state: str, *, state: Any, reason: str | None = None) -> Any:
         """Check the transition against the recorded one, state included."""
-        inputs = b.transition_input(self._state, to_state, reason)
-        envelope, output = self._cross_event(EventType.STATE_TRANSITION, inputs)
-        state = self._scrub.value(state, self._seen)
-        actual = self._digest({"state": state}, path=f"{to_state}.state")
+        ask = self._contract.transition(self._state, to_state, state, reason)
+        envelope, _, output = self._take(EventType.STATE_TRANSITION, ask.input_digest)
+        actual = self._contract.state_digest(ask, to_state)
         if actual != envelope.output_digest:
             self._diverge(
                 DivergenceKind.STATE_MISMATCH,
@@ -325,9 +335,7 @@ class ReplayRun:
         """Check the recorded ``run.finished`` against how the code ended, then that
         every recorded event was consumed."""
         self._check_readable()
-        status = "succeeded" if error is None else "failed"
-        output = self._scrub.value(output, self._seen)
-        error = self._scrub.error(error, self._seen)
+        ending = self._contract.ending(output, error, self._state_digest)
         upcoming = self._peek()
         if upcoming is not None and upcoming.event_type != EventType.RUN_FINISHED:
             self._diverge(
@@ -337,22 +345,16 @@ class ReplayRun:
                 actual=(EventType.RUN_FINISHED, None),
                 detail="the code ended before consuming every recorded event",
             )
-        envelope, recorded = self._cross_event(EventType.RUN_FINISHED, b.finished_input(status))
-        if recorded["final_state_digest"] != self._state_digest:
+        envelope, _, recorded_end = self._take(EventType.RUN_FINISHED, ending.ask.input_digest)
+        if recorded_end["final_state_digest"] != self._state_digest:
             self._diverge(
                 DivergenceKind.STATE_MISMATCH,
                 envelope.sequence,
-                expected=(envelope.event_type, recorded["final_state_digest"]),
+                expected=(envelope.event_type, recorded_end["final_state_digest"]),
                 actual=(EventType.RUN_FINISHED, self._state_digest),
                 detail="final state",
             )
-        actual = self._digest(
-            {
-                "output": output,
-                "error": b.error_info(error),
-                "final_state_digest": self._state_digest,
-            }
-        )
+        actual = self._contract.output_digest(ending)
         if actual != envelope.output_digest:
             self._diverge(
                 DivergenceKind.OUTPUT_MISMATCH,
@@ -383,15 +385,9 @@ class ReplayRun:
 
     # Taking events ----------------------------------------------------------------
 
-    def _input_digest(self, event_type: EventType, inputs: Any) -> str:
-        return self._digest(inputs, path=_INPUT_PATHS[event_type])
-
-    def _cross(self, event_type: EventType, inputs: Any) -> Any:
-        return self._take(event_type, self._input_digest(event_type, inputs))[2]
-
-    def _cross_event(self, event_type: EventType, inputs: Any) -> tuple[Envelope, Any]:
-        envelope, _, output = self._take(event_type, self._input_digest(event_type, inputs))
-        return envelope, output
+    def _cross(self, ask: Ask) -> Any:
+        """The recorded output of the next event, which must be what ``ask`` asks for."""
+        return self._take(ask.event_type, ask.input_digest)[2]
 
     def _take(
         self, event_type: EventType, actual: str | None
@@ -489,7 +485,7 @@ class ReplayRun:
                 detail=f"the body does not open: {type(exc).__name__}",
                 fatal=True,  # there is no recorded output to go on with
             )
-        output, material = b.recorded(envelope.event_type, body)
+        output, material = recorded(envelope.event_type, body)
         if material is not None and self._digest is digest:
             actual = digest_bytes(material)
         else:
@@ -502,18 +498,6 @@ class ReplayRun:
                 actual=(envelope.event_type, actual),
             )
         return body, output
-
-    @staticmethod
-    def _digest_of(first: Envelope | None, digests: DigestKeys | None) -> Digester:
-        """SHA-256, or the tenant's keyed digest when the run was recorded with one."""
-        if first is None or not first.output_digest.startswith(HMAC_PREFIX):
-            return digest
-        if digests is None:
-            raise KeyUnavailable(
-                f"run {first.run_id} of tenant {first.tenant_id} was digested under the "
-                "tenant's key; replay it with a key store (BLACKBOX_KEK_FILE) and a purpose"
-            )
-        return digests.tenant_digest(first.tenant_id)
 
     def _check_readable(self) -> None:
         if self._unreadable is not None:

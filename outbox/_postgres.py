@@ -1,0 +1,450 @@
+"""The event log in Postgres: the run row, the outbox, blobs and effects, written in the
+caller's transaction or in the log's own, for the sync and the async recorder alike.
+
+What to execute is written once, as plans: generators that yield statements and receive
+their results (the ``_txn`` functions and the recorders drive the same plans). A plan
+never commits; that is what lets an agent's own state change and its events commit
+together. Each append is one statement that advances the run row (sequence and chain
+head, guarded by the sequence the writer expects) and inserts the outbox row only when
+the guard held.
+
+The sync driver (:class:`PostgresLog`) executes a plan on a ``Connection``, the async one
+(:class:`AsyncPostgresLog`) awaits each statement on an ``AsyncConnection``; both retry a
+transaction they own on a lost connection or a serialisation failure, with the same
+policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+from sqlalchemy import Connection, Engine, TextClause, text
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+
+from agent_blackbox.keystore import DataKeyStore
+from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox._core import APPEND_ATTEMPTS, RunCore, StartPlan
+from agent_blackbox.outbox._errors import DatabaseUnavailable, RunNotActive
+from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
+from agent_blackbox.outbox._writer import Cursor, PreparedEvent, RunIdentity, shard_of
+from agent_blackbox.schemas import GENESIS_CHAIN_HASH, DataKey, Digester, Envelope
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+    from sqlalchemy.orm import Session
+
+    Joinable: TypeAlias = Connection | Session
+    """A transaction of the caller's that events may join."""
+
+T = TypeVar("T")
+Statement = tuple[TextClause, dict[str, Any]]
+Plan = Generator[Statement, Any, T]
+"""Statements to execute in order; each receives its result, the plan returns a value."""
+
+TRANSIENT_RETRIES = 3
+# serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now
+_TRANSIENT_STATES = {"40001", "40P01", "57P01", "57P02", "57P03"}
+
+_INSERT_RUN = text(
+    """
+    INSERT INTO blackbox.runs
+        (run_id, tenant_id, agent_id, subject_ids, chain_head, parent_run_id, code_version,
+         classification, retention_class)
+    VALUES
+        (:run_id, :tenant_id, :agent_id, :subject_ids, :chain_head, :parent_run_id, :code_version,
+         :classification, :retention_class)
+    """
+)
+
+_APPEND = text(
+    """
+    WITH advanced AS (
+        UPDATE blackbox.runs
+           SET last_sequence = :sequence,
+               chain_head = :chain_hash,
+               status = COALESCE(:status, status),
+               state = COALESCE(:state, state),
+               updated_at = now()
+         WHERE run_id = :run_id AND last_sequence = :previous
+     RETURNING run_id
+    )
+    INSERT INTO blackbox.outbox (shard, run_id, sequence, event_id, envelope)
+    SELECT :shard, run_id, :sequence, CAST(:event_id AS uuid), :envelope FROM advanced
+    """
+)
+
+_INSERT_BLOB = text(
+    """
+    INSERT INTO blackbox.blobs (digest, data, size) VALUES (:digest, :data, :size)
+    ON CONFLICT (digest) DO NOTHING
+    """
+)
+
+_INTENT = text(
+    """
+    INSERT INTO blackbox.effects (run_id, idempotency_key, effect, intent_sequence)
+    VALUES (:run_id, :idempotency_key, :effect, :sequence)
+    """
+)
+
+_RECEIPT = text(
+    """
+    UPDATE blackbox.effects
+       SET status = :status, external_id = :external_id, updated_at = now()
+     WHERE run_id = :run_id AND idempotency_key = :idempotency_key
+    """
+)
+
+_LOAD_CURSOR = text("SELECT last_sequence, chain_head FROM blackbox.runs WHERE run_id = :run_id")
+
+_UNRESOLVED = text(
+    """
+    SELECT run_id, idempotency_key, effect, intent_sequence, status, created_at
+      FROM blackbox.effects
+     WHERE status IN ('pending', 'unknown')
+       AND (CAST(:run_id AS text) IS NULL OR run_id = :run_id)
+     ORDER BY created_at, run_id, intent_sequence
+     LIMIT :limit
+    """
+)
+
+_RUN = text(
+    """
+    SELECT tenant_id, agent_id, subject_ids, classification, retention_class,
+           last_sequence, chain_head, status, state
+      FROM blackbox.runs WHERE run_id = :run_id
+    """
+)
+
+_BLOB = text("SELECT data FROM blackbox.blobs WHERE digest = :digest")
+
+
+# Plans ------------------------------------------------------------------------------
+
+
+def create_plan(start: StartPlan) -> Plan[Envelope]:
+    """Create the run row (sequence 0, genesis chain head), store its data key, append
+    ``run.started``."""
+    identity = start.core.identity
+    try:
+        yield (
+            _INSERT_RUN,
+            {
+                "run_id": identity.run_id,
+                "tenant_id": identity.tenant_id,
+                "agent_id": identity.agent_id,
+                "subject_ids": list(identity.subject_ids),
+                "chain_head": GENESIS_CHAIN_HASH,
+                "parent_run_id": start.parent_run_id,
+                "code_version": start.code_version,
+                "classification": identity.classification,
+                "retention_class": identity.retention_class,
+            },
+        )
+    except IntegrityError as exc:
+        raise start.exists() from exc
+    if start.store_key is not None:
+        yield start.store_key
+    first = start.first
+    return (yield from append_plan(start.core, start.crossing, start.event_id, first=first))
+
+
+def append_plan(
+    core: RunCore, crossing: Crossing, event_id: str, *, first: PreparedEvent | None = None
+) -> Plan[Envelope]:
+    """Append ``crossing`` as the run's next event, re-reading the run when its guard
+    fails (a retried transaction whose first attempt committed finds itself there)."""
+    event = first or core.prepare(crossing, event_id)
+    for _ in range(APPEND_ATTEMPTS):
+        if (yield from _guarded_append(core.identity, event)):
+            return core.advanced(event)
+        row = (yield _LOAD_CURSOR, {"run_id": core.run_id}).first()
+        committed = None if row is None else Cursor(int(row[0]), str(row[1]))
+        if core.stale(event, committed):
+            return event.envelope
+        event = core.prepare(crossing, event_id)
+    raise core.conflict()
+
+
+def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
+    """The statements of one append; False when the run moved on (nothing was written
+    but an out-of-line body, which is content-addressed)."""
+    envelope = event.envelope
+    if event.blob is not None:
+        ref, data = event.blob
+        yield _INSERT_BLOB, {"digest": ref, "data": data, "size": len(data)}
+    is_transition = envelope.event_type == "state.transition"
+    appended = yield (
+        _APPEND,
+        {
+            "run_id": identity.run_id,
+            "shard": identity.shard,
+            "sequence": envelope.sequence,
+            "previous": envelope.sequence - 1,
+            "chain_hash": envelope.chain_hash,
+            "status": event.status,
+            "state": envelope.attributes.get("to_state") if is_transition else None,
+            "event_id": envelope.event_id,
+            "envelope": event.encoded,
+        },
+    )
+    if appended.rowcount != 1:
+        return False
+    attributes = envelope.attributes
+    keys = {"run_id": envelope.run_id, "idempotency_key": attributes.get("idempotency_key")}
+    if envelope.event_type == "effect.intent":
+        yield _INTENT, {**keys, "effect": attributes["effect"], "sequence": envelope.sequence}
+    elif envelope.event_type == "effect.receipt":
+        status = {"status": attributes["status"], "external_id": attributes.get("external_id")}
+        yield _RECEIPT, {**keys, **status}
+    return True
+
+
+def stored_run_plan(run_id: str, *, shards: int) -> Plan[StoredRun]:
+    """The stored identity, cursor, status and state of ``run_id``.
+
+    Raises:
+        RunNotActive: no such run.
+    """
+    row = (yield _RUN, {"run_id": run_id}).first()
+    if row is None:
+        raise RunNotActive(f"run {run_id} does not exist; nothing to resume")
+    identity = RunIdentity(
+        run_id=run_id,
+        tenant_id=row.tenant_id,
+        agent_id=row.agent_id,
+        shard=shard_of(run_id, shards),
+        subject_ids=tuple(row.subject_ids),
+        classification=row.classification,
+        retention_class=row.retention_class,
+    )
+    cursor = Cursor(int(row.last_sequence), row.chain_head)
+    return StoredRun(identity, cursor, row.status, row.state)
+
+
+def resume_plan(
+    run_id: str, *, shards: int, keys: DataKeyStore | None
+) -> Plan[tuple[StoredRun, DataKey | None]]:
+    """The stored run, and (for a running run, when ``keys`` encrypt) a new data key for
+    the writer that carries it on, stored in the same transaction. The first writer's key
+    stays with the writer that died: an agent never reads a key back from the store."""
+    stored = yield from stored_run_plan(run_id, shards=shards)
+    if keys is None or stored.status != "running":
+        return stored, None
+    data_key, store_key = keys.new_key(run_id, stored.identity.tenant_id)
+    yield store_key
+    return stored, data_key
+
+
+def unresolved_plan(*, run_id: str | None, limit: int) -> Plan[list[PendingEffect]]:
+    """Effects still waiting for a receipt, oldest first."""
+    rows = (yield _UNRESOLVED, {"run_id": run_id, "limit": limit}).all()
+    return [PendingEffect(*row) for row in rows]
+
+
+# Driving plans ----------------------------------------------------------------------
+
+
+def execute(conn: Connection, plan: Plan[T]) -> T:
+    """Run ``plan`` on ``conn``; an integrity error goes back into the plan, which decides
+    what it means."""
+    reply: Any = None
+    failed: IntegrityError | None = None
+    while True:
+        try:
+            statement = plan.send(reply) if failed is None else plan.throw(failed)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        failed = None
+        try:
+            reply = conn.execute(*statement)
+        except IntegrityError as exc:
+            failed = exc
+
+
+async def execute_async(conn: AsyncConnection, plan: Plan[T]) -> T:
+    """:func:`execute` on an async connection."""
+    reply: Any = None
+    failed: IntegrityError | None = None
+    while True:
+        try:
+            statement = plan.send(reply) if failed is None else plan.throw(failed)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        failed = None
+        try:
+            reply = await conn.execute(*statement)
+        except IntegrityError as exc:
+            failed = exc
+
+
+def load_run_txn(conn: Connection, run_id: str, *, shards: int) -> StoredRun:
+    """The stored identity and cursor of ``run_id``, in the caller's transaction.
+
+    Raises:
+        RunNotActive: no such run.
+    """
+    return execute(conn, stored_run_plan(run_id, shards=shards))
+
+
+def append_txn(conn: Connection, identity: RunIdentity, event: PreparedEvent) -> bool:
+    """Append ``event`` in the caller's transaction; False when the run moved on."""
+    return execute(conn, _guarded_append(identity, event))
+
+
+def read_blob_txn(conn: Connection, ref: str) -> bytes | None:
+    """The body stored out of line under ``ref``, or None."""
+    data = conn.execute(_BLOB, {"digest": ref}).scalar()
+    return None if data is None else bytes(data)
+
+
+# The logs ---------------------------------------------------------------------------
+
+
+def retry_delay(exc: DBAPIError, attempt: int) -> float:
+    """How long to wait before the next attempt of a transaction that failed with
+    ``exc``.
+
+    Raises:
+        DatabaseUnavailable: the failure is not transient, or that was the last attempt.
+    """
+    code = getattr(exc.orig, "sqlstate", None)
+    transient = exc.connection_invalidated or code in _TRANSIENT_STATES
+    if not transient or attempt == TRANSIENT_RETRIES - 1:
+        raise unavailable(exc) from exc
+    return 0.05 * 2.0**attempt
+
+
+def unavailable(exc: SQLAlchemyError) -> DatabaseUnavailable:
+    """What the agent is told when its event could not be written."""
+    return DatabaseUnavailable(
+        f"the outbox write failed: {exc.__class__.__name__}: {str(exc).splitlines()[0]}; "
+        "nothing was recorded for this event. Check that Postgres is reachable "
+        "(BLACKBOX_DATABASE_URL) and migrated (blackbox migrate)"
+    )
+
+
+class PostgresLog:
+    """The sync recorder's event log: plans executed in the caller's transaction or in
+    one of the log's own, retried when transient."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def transact(self, plan: Callable[[], Plan[T]], connection: Joinable | None = None) -> T:
+        """Execute a fresh ``plan()`` in the caller's transaction, or in a new one with
+        retries (a joined transaction belongs to the caller, who decides)."""
+        try:
+            if connection is not None:
+                joined = (
+                    connection if isinstance(connection, Connection) else connection.connection()
+                )
+                return execute(joined, plan())
+            for attempt in range(TRANSIENT_RETRIES):
+                try:
+                    with self.engine.begin() as conn:
+                        return execute(conn, plan())
+                except DBAPIError as exc:
+                    time.sleep(retry_delay(exc, attempt))  # back off before a fresh attempt
+        except SQLAlchemyError as exc:
+            raise unavailable(exc) from exc
+        raise AssertionError("unreachable")
+
+    def create(self, start: StartPlan, connection: Joinable | None) -> Envelope:
+        return self.transact(lambda: create_plan(start), connection)
+
+    def append(
+        self, core: RunCore, crossing: Crossing, event_id: str, connection: Joinable | None
+    ) -> Envelope:
+        return self.transact(lambda: append_plan(core, crossing, event_id), connection)
+
+    def resume(
+        self, run_id: str, *, shards: int, keys: DataKeyStore | None
+    ) -> tuple[StoredRun, DataKey | None]:
+        return self.transact(lambda: resume_plan(run_id, shards=shards, keys=keys))
+
+    def unresolved_effects(self, *, run_id: str | None, limit: int) -> list[PendingEffect]:
+        return self.transact(lambda: unresolved_plan(run_id=run_id, limit=limit))
+
+    def tenant_digest(self, keys: DataKeyStore, tenant_id: str) -> Digester:
+        try:
+            with self.engine.begin() as conn:
+                return keys.tenant_digest_txn(conn, tenant_id)
+        except SQLAlchemyError as exc:
+            raise unavailable(exc) from exc
+
+
+class AsyncPostgresLog:
+    """:class:`PostgresLog` for asyncio: the same plans, each statement awaited."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def transact(
+        self, plan: Callable[[], Plan[T]], connection: AsyncConnection | None = None
+    ) -> T:
+        """See :meth:`PostgresLog.transact`."""
+        try:
+            if connection is not None:
+                return await execute_async(connection, plan())
+            for attempt in range(TRANSIENT_RETRIES):
+                try:
+                    async with self.engine.begin() as conn:
+                        return await execute_async(conn, plan())
+                except DBAPIError as exc:
+                    await asyncio.sleep(retry_delay(exc, attempt))
+        except SQLAlchemyError as exc:
+            raise unavailable(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def create(self, start: StartPlan, connection: AsyncConnection | None) -> Envelope:
+        return await self.transact(lambda: create_plan(start), connection)
+
+    async def append(
+        self, core: RunCore, crossing: Crossing, event_id: str, connection: AsyncConnection | None
+    ) -> Envelope:
+        return await self.transact(lambda: append_plan(core, crossing, event_id), connection)
+
+    async def resume(
+        self, run_id: str, *, shards: int, keys: DataKeyStore | None
+    ) -> tuple[StoredRun, DataKey | None]:
+        return await self.transact(lambda: resume_plan(run_id, shards=shards, keys=keys))
+
+    async def unresolved_effects(self, *, run_id: str | None, limit: int) -> list[PendingEffect]:
+        return await self.transact(lambda: unresolved_plan(run_id=run_id, limit=limit))
+
+    async def tenant_digest(self, keys: DataKeyStore, tenant_id: str) -> Digester:
+        def fetch(conn: Connection) -> Digester:
+            return keys.tenant_digest_txn(conn, tenant_id)
+
+        try:
+            async with self.engine.begin() as conn:
+                return await conn.run_sync(fetch)
+        except SQLAlchemyError as exc:
+            raise unavailable(exc) from exc
+
+
+class PostgresBlobs:
+    """Reads bodies stored out of line (``blackbox.blobs``) by their content address: the
+    blob reader of a replay or a verification of runs from this database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def read(self, ref: str) -> bytes:
+        """The bytes stored under ``ref``.
+
+        Raises:
+            DatabaseUnavailable: the blob is not there, or the database failed.
+        """
+        try:
+            with self._engine.connect() as conn:
+                data = read_blob_txn(conn, ref)
+        except SQLAlchemyError as exc:
+            raise DatabaseUnavailable(f"cannot read blob {ref}: {exc}") from exc
+        if data is None:
+            raise DatabaseUnavailable(f"blob {ref} is not in blackbox.blobs")
+        return data

@@ -1,0 +1,263 @@
+"""Every boundary of a recording run, written once for the sync and the async run.
+
+Each boundary is a generator of steps: :class:`Call` asks the driver to call an agent
+function (awaiting what it returns, for an async run) and to send back what came of it
+as a :class:`Done`; :class:`Append` asks it to append a crossing to the run's event log
+and to send back the envelope. The generator's return value is what the boundary
+returns. :func:`drive` and :func:`drive_async` are the two drivers, and the only code
+that differs between the modes.
+
+This is the shape of a sans-IO core: the order of what happens at a boundary (check the
+input, call, record what came of it, also when it raised) cannot drift between the sync
+and the async API, because there is one copy of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox._core import Outcome, RunCore
+from agent_blackbox.outbox._effects import EffectOutcome, EffectPolicy, EffectReceipt, ToolPolicy
+from agent_blackbox.outbox._errors import EffectRejected, RunNotActive
+from agent_blackbox.outbox._recovery import PendingEffect
+from agent_blackbox.schemas import Envelope
+
+if TYPE_CHECKING:
+    from random import Random
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Call ``perform`` (and await its result, in async code); send back a :class:`Done`."""
+
+    perform: Callable[[], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Append ``crossing`` to the run's event log (in ``connection``, the caller's
+    transaction, when given); send back the envelope."""
+
+    crossing: Crossing
+    connection: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """What came of a :class:`Call`: its value or its exception, and how long it took."""
+
+    value: Any
+    error: Exception | None
+    latency_ms: float
+
+    def result(self) -> Any:
+        """The value, or the exception raised again."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+Steps = Generator[Call | Append, Any, T]
+
+
+# The boundaries -----------------------------------------------------------------------
+
+
+def observed(perform: Callable[[], Any], outcome: Outcome) -> Steps[Any]:
+    """Call ``perform`` and record what came of it, also when it raised."""
+    done: Done = yield Call(perform)
+    yield Append(outcome(done.value, done.error, done.latency_ms))
+    return done.result()
+
+
+def tool_call(
+    core: RunCore,
+    tools: ToolPolicy,
+    tool: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> Steps[Any]:
+    """``tool.call``: the arguments are checked before ``fn`` runs."""
+    outcome = core.tool_outcome(tool, args, kwargs)
+    return (yield from observed(lambda: tools.call(tool, args, kwargs, fn), outcome))
+
+
+def llm_call(
+    core: RunCore,
+    send: Callable[[Mapping[str, Any]], Any],
+    request: Mapping[str, Any],
+    provider: str,
+    model: str | None,
+) -> Steps[Any]:
+    """``llm.call``: the request is checked before it is sent."""
+    outcome = core.llm_outcome(provider, model, request)
+    return (yield from observed(lambda: send(request), outcome))
+
+
+def now(core: RunCore) -> Steps[datetime]:
+    """The wall clock, UTC."""
+    crossing = core.wall_clock()
+    yield Append(crossing)
+    return datetime.fromtimestamp(crossing.body["value_us"] / 1e6, UTC)
+
+
+def monotonic(core: RunCore) -> Steps[float]:
+    """A monotonic clock in seconds."""
+    crossing = core.monotonic_clock()
+    yield Append(crossing)
+    return float(crossing.body["value_us"]) / 1e6
+
+
+def random_float(core: RunCore, source: Random) -> Steps[float]:
+    """A float in [0, 1)."""
+    value = source.random()
+    yield Append(core.random_float(value))
+    return value
+
+
+def random_int(core: RunCore, source: Random, low: int, high: int) -> Steps[int]:
+    """An integer in [low, high]."""
+    value = source.randint(low, high)
+    yield Append(core.random_int(low, high, value))
+    return value
+
+
+def random_uuid(core: RunCore) -> Steps[uuid.UUID]:
+    """A random UUID."""
+    value, crossing = core.random_uuid()
+    yield Append(crossing)
+    return value
+
+
+def effect(
+    core: RunCore,
+    policy: EffectPolicy,
+    name: str,
+    perform: Callable[[str], Any],
+    arguments: Mapping[str, Any],
+    key: str | None,
+) -> Steps[EffectReceipt]:
+    """``effect.intent`` commits, then ``perform(key)``, then ``effect.receipt``."""
+    intent = core.effect_intent(name, arguments, key)
+    yield Append(intent)  # committed before the external call, by design
+    idempotency_key = intent.body["idempotency_key"]
+    receipt = core.receipt(name, idempotency_key)
+
+    def call() -> Any:
+        return policy.perform(name, idempotency_key, arguments, perform)
+
+    yield from observed(call, receipt.crossing)
+    return receipt.receipt
+
+
+def resolve_effect(
+    core: RunCore,
+    pending: PendingEffect,
+    lookup: Callable[[str], Any],
+) -> Steps[EffectReceipt]:
+    """The receipt of an effect a crash left open, from what ``lookup`` finds out."""
+    if pending.run_id != core.run_id:
+        raise RunNotActive(f"effect {pending.idempotency_key} belongs to run {pending.run_id}")
+    receipt = core.receipt(pending.effect, pending.idempotency_key)
+
+    def ask() -> Any:
+        found = lookup(pending.idempotency_key)
+        if inspect.isawaitable(found):
+            return _confirmed_later(found)
+        return _confirmed(found)
+
+    # A missing record is recorded as ``failed``; the caller reads it off the receipt.
+    with contextlib.suppress(EffectRejected):
+        yield from observed(ask, receipt.crossing)
+    return receipt.receipt
+
+
+def _confirmed(
+    found: EffectOutcome | Mapping[str, Any] | None,
+) -> EffectOutcome | Mapping[str, Any]:
+    if found is None:
+        raise EffectRejected("the external system has no record of this effect")
+    return found
+
+
+async def _confirmed_later(found: Awaitable[Any]) -> Any:
+    return _confirmed(await found)
+
+
+def transition(
+    core: RunCore, to_state: str, state: Any, reason: str | None, connection: Any
+) -> Steps[Envelope]:
+    """``state.transition``, in the caller's transaction when ``connection`` is given."""
+    crossing = core.transition(to_state, state, reason)
+    envelope: Envelope = yield Append(crossing, connection)
+    core.transitioned(crossing)
+    return envelope
+
+
+def finish(
+    core: RunCore, status: str, output: Any, error: BaseException | None, connection: Any
+) -> Steps[Envelope]:
+    """``run.finished``; afterwards the run takes no more events."""
+    envelope: Envelope = yield Append(core.finish(status, output, error), connection)
+    core.finished = True
+    return envelope
+
+
+# The drivers --------------------------------------------------------------------------
+
+
+def drive(steps: Steps[T], append: Callable[[Append], Envelope]) -> T:
+    """Run ``steps`` in sync code."""
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        reply = append(step) if isinstance(step, Append) else _call(step.perform)
+
+
+async def drive_async(steps: Steps[T], append: Callable[[Append], Awaitable[Envelope]]) -> T:
+    """Run ``steps`` in async code: agent functions may be plain or ``async``."""
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        reply = await append(step) if isinstance(step, Append) else await _call_async(step.perform)
+
+
+def _call(perform: Callable[[], Any]) -> Done:
+    started = time.perf_counter()
+    try:
+        value = perform()
+    except Exception as exc:
+        return Done(None, exc, _since(started))
+    return Done(value, None, _since(started))
+
+
+async def _call_async(perform: Callable[[], Any]) -> Done:
+    started = time.perf_counter()
+    try:
+        value = perform()
+        if inspect.isawaitable(value):
+            value = await value
+    except Exception as exc:
+        return Done(None, exc, _since(started))
+    return Done(value, None, _since(started))
+
+
+def _since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0

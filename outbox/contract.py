@@ -1,0 +1,204 @@
+"""The record/replay boundary contract: what a crossing asks, as both modes see it.
+
+Record mode (the Recorder's runs) and replay mode (the replayer's runs) build here
+everything the agent's own code decides at a boundary: the input of each crossing (a
+tool's arguments, an LLM request, an effect's key and arguments, a transition), and the
+outputs that are the code's rather than the world's (the state a transition sets, how a
+run ends). Each is scrubbed with the run's redaction rules, then digested with the run's
+digest. Replay compares those digests with the recorded ones, so any difference in how
+the two modes build them would be a false divergence: there is one builder per boundary
+kind, and both modes call it.
+
+What the world answers (a tool's result, a model's response, a clock reading) is the
+recorder's business alone; replay reads it back with :func:`recorded`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent_blackbox.outbox import _boundaries as b
+from agent_blackbox.outbox._boundaries import error_info, recorded
+from agent_blackbox.outbox._llm import llm_input
+from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
+from agent_blackbox.schemas import Digester, EventType
+
+__all__ = [
+    "RULES_ATTRIBUTE",
+    "Ask",
+    "Contract",
+    "Ending",
+    "Scrub",
+    "default_idempotency_key",
+    "error_info",
+    "recorded",
+]
+
+_NOTHING_FIRED: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One crossing as the agent's code asks for it.
+
+    ``input`` is the JSON the input digest is taken over (already scrubbed); ``value`` is
+    what the crossing's body repeats of it (a tool's scrubbed arguments, the scrubbed
+    request of an LLM call, an effect's scrubbed arguments); ``fired`` names the
+    redaction rules that replaced something on the way.
+    """
+
+    event_type: EventType
+    input: Any
+    input_digest: str
+    value: Any = None
+    fired: frozenset[str] = _NOTHING_FIRED
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How the agent's code ended a run: its output and error as recorded (scrubbed), and
+    the JSON the ``run.finished`` output digest is taken over."""
+
+    ask: Ask
+    output: Any
+    error: BaseException | None
+    recorded_output: dict[str, Any]
+    fired: frozenset[str]
+
+
+def default_idempotency_key(run_id: str, sequence: int) -> str:
+    """The key of an effect whose code names none: the intent's own position in the run,
+    stable across a crash and a recovery, unique across runs."""
+    return f"{run_id}:{sequence}"
+
+
+class Contract:
+    """The boundary builders of one run.
+
+    Args:
+        scrub: the run's redaction rules (in replay, the rules it was recorded under).
+        digest: the run's digest (SHA-256, or the tenant's keyed digest).
+    """
+
+    def __init__(self, scrub: Scrub, digest: Digester) -> None:
+        self.scrub = scrub
+        self.digest = digest
+        # Inputs that never change are digested once per run, not once per call.
+        self._fixed: dict[tuple[str, str], Ask] = {}
+
+    def _ask(
+        self, event_type: EventType, inputs: Any, *, path: str, value: Any = None, fired: set[str]
+    ) -> Ask:
+        digest = self.digest(inputs, path=path)
+        return Ask(event_type, inputs, digest, value, frozenset(fired) if fired else _NOTHING_FIRED)
+
+    def _fixed_ask(self, event_type: EventType, key: str, inputs: Any) -> Ask:
+        known = self._fixed.get((event_type, key))
+        if known is None:
+            known = self._ask(event_type, inputs, path=f"{event_type}.input", fired=set())
+            self._fixed[(event_type, key)] = known
+        return known
+
+    # Inputs ------------------------------------------------------------------------
+
+    def tool(self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Ask:
+        """A tool call; ``value`` is the scrubbed ``(args, kwargs)``.
+
+        Raises:
+            NotSerialisable: an argument is not JSON (before the tool is called).
+        """
+        fired: set[str] = set()
+        args, kwargs = self.scrub.arguments(args, kwargs, fired)
+        inputs = b.tool_input(tool, args, kwargs)
+        return self._ask(
+            EventType.TOOL_CALL, inputs, path=f"{tool}.arguments", value=(args, kwargs), fired=fired
+        )
+
+    def llm(self, provider: str, model: str | None, request: Mapping[str, Any]) -> Ask:
+        """An LLM call; ``value`` is the scrubbed request. The model is the one named,
+        else the request's own, else ``unknown``."""
+        chosen = model or str(request.get("model", "unknown"))
+        fired: set[str] = set()
+        scrubbed = self.scrub.value(dict(request), fired)
+        inputs = llm_input(provider, chosen, scrubbed)
+        return self._ask(
+            EventType.LLM_CALL, inputs, path="llm.request", value=scrubbed, fired=fired
+        )
+
+    def clock(self, clock: str) -> Ask:
+        """A read of the ``wall`` or ``monotonic`` clock."""
+        return self._fixed_ask(EventType.CLOCK_READ, clock, b.clock_input(clock))
+
+    def random(self, kind: str, arguments: Mapping[str, Any] | None = None) -> Ask:
+        """A random draw (``random``, ``randint`` with its bounds, ``uuid4``)."""
+        if not arguments:
+            return self._fixed_ask(EventType.RANDOM_DRAW, kind, b.random_input(kind, {}))
+        inputs = b.random_input(kind, arguments)
+        return self._ask(EventType.RANDOM_DRAW, inputs, path=f"{kind}.arguments", fired=set())
+
+    def intent(self, effect: str, idempotency_key: str, arguments: Mapping[str, Any]) -> Ask:
+        """The intent of a side effect; ``value`` is the scrubbed arguments."""
+        fired: set[str] = set()
+        scrubbed = self.scrub.value(dict(arguments), fired)
+        inputs = b.intent_input(effect, idempotency_key, scrubbed)
+        return self._ask(
+            EventType.EFFECT_INTENT, inputs, path=f"{effect}.arguments", value=scrubbed, fired=fired
+        )
+
+    def receipt(self, effect: str, idempotency_key: str) -> Ask:
+        """The receipt of a side effect."""
+        inputs = b.receipt_input(effect, idempotency_key)
+        return self._ask(EventType.EFFECT_RECEIPT, inputs, path=f"{effect}.receipt", fired=set())
+
+    def transition(
+        self, from_state: str | None, to_state: str, state: Any, reason: str | None
+    ) -> Ask:
+        """A state transition; ``value`` is the scrubbed state, whose digest (over
+        ``{"state": ...}``) is the recorded output digest."""
+        fired: set[str] = set()
+        scrubbed = self.scrub.value(state, fired)
+        inputs = b.transition_input(from_state, to_state, reason)
+        return self._ask(
+            EventType.STATE_TRANSITION,
+            inputs,
+            path=f"{to_state}.transition",
+            value=scrubbed,
+            fired=fired,
+        )
+
+    def state_digest(self, ask: Ask, to_state: str) -> str:
+        """The output digest of a transition: over the state it set."""
+        return self.digest({"state": ask.value}, path=f"{to_state}.state")
+
+    def ending(
+        self, output: Any, error: BaseException | None, final_state_digest: str | None
+    ) -> Ending:
+        """How the code ended the run: ``succeeded`` with ``output``, or ``failed`` with
+        ``error``, after the last state it set."""
+        status = "succeeded" if error is None else "failed"
+        return self.finish(status, output, error, final_state_digest)
+
+    def finish(
+        self,
+        status: str,
+        output: Any,
+        error: BaseException | None,
+        final_state_digest: str | None,
+    ) -> Ending:
+        """The end of a run with ``status``; see :meth:`ending`."""
+        fired: set[str] = set()
+        output = self.scrub.value(output, fired)
+        error = self.scrub.error(error, fired)
+        ask = self._fixed_ask(EventType.RUN_FINISHED, status, b.finished_input(status))
+        recorded_output = {
+            "output": output,
+            "error": error_info(error),
+            "final_state_digest": final_state_digest,
+        }
+        return Ending(ask, output, error, recorded_output, frozenset(fired))
+
+    def output_digest(self, ending: Ending) -> str:
+        """The digest ``run.finished`` records over how the run ended."""
+        return self.digest(ending.recorded_output, path="output")
