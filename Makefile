@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml $(MANIFEST)
 	@echo "setting up $(VENV) (Python packages of the project and its tests)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --config-settings editable_mode=strict --editable '.[dev]'
+	@# The strict editable install warns that it links build/; that is the point of it.
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet --config-settings editable_mode=strict --editable '.[dev]'
 	@touch $@
 
 demo: $(STAMP) ## Set up, start the local stack, run the demo pipeline end to end

@@ -21,6 +21,7 @@ from dataclasses import replace
 from sqlalchemy import Engine, create_engine, text
 
 from agent_blackbox.broker import ensure_topics, watermarks
+from agent_blackbox.outbox import pending_events_txn
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
 from bench import _synthetic
@@ -43,7 +44,7 @@ _COPY = "COPY blackbox.outbox (shard, run_id, sequence, event_id, envelope) FROM
 def require_empty_outbox(engine: Engine) -> None:
     """Refuse to run where the relay would publish (and delete) someone else's events."""
     with engine.connect() as conn:
-        waiting = conn.execute(text("SELECT count(*) FROM blackbox.outbox")).scalar_one()
+        waiting = pending_events_txn(conn)
     if waiting:
         raise RuntimeError(
             f"the outbox holds {waiting} rows; the bench's relay would publish them to its "

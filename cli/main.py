@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from sqlalchemy import create_engine
 
-from agent_blackbox.consumers import migrate_views
+from agent_blackbox.consumers import ViewRunIndex, migrate_views
 from agent_blackbox.consumers.cli import (
     consume_command,
     forget_command,
@@ -26,6 +26,7 @@ from agent_blackbox.consumers.cli import (
 from agent_blackbox.keystore.cli import keys_group
 from agent_blackbox.outbox import migrate_write_side
 from agent_blackbox.outbox.relay import Relay, RelayOptions
+from agent_blackbox.replayer import ReadSide
 from agent_blackbox.replayer.cli import (
     fork_command,
     reexecute_command,
@@ -42,8 +43,11 @@ console = Console(stderr=True)
 
 @click.group()
 @click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
-def main(verbose: bool) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """agent-blackbox: a flight recorder for AI agents."""
+    # The composition root: the replayer reads runs through the read side's run index.
+    ctx.obj = ReadSide(run_index=ViewRunIndex)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(message)s",

@@ -44,7 +44,14 @@ from agent_blackbox.consumers._retention import (
     reapply_ledger,
     shred_run_txn,
 )
+from agent_blackbox.consumers._run_index import IndexedRun, ViewRunIndex
 from agent_blackbox.consumers._runtime import ConsumerRuntime, Screen, ViewConsumer
+from agent_blackbox.consumers._summary import (
+    RunRow,
+    ViewsSummary,
+    indexed_events_txn,
+    views_summary_txn,
+)
 from agent_blackbox.consumers._tables import (
     VIEWS_SCHEMA,
     consumer_offsets,
@@ -67,6 +74,7 @@ __all__ = [
     "ConsumerRuntime",
     "DeadLetterFailed",
     "Delivered",
+    "IndexedRun",
     "KafkaUnavailable",
     "LedgerEntry",
     "MigrationFailed",
@@ -79,13 +87,17 @@ __all__ = [
     "RetentionJob",
     "RetentionPolicy",
     "RetentionReport",
+    "RunRow",
     "Screen",
     "ViewConsumer",
+    "ViewRunIndex",
     "ViewStoreUnavailable",
     "ViewsNotMigrated",
+    "ViewsSummary",
     "apply_batch",
     "consumer_offsets",
     "events_index",
+    "indexed_events_txn",
     "integrity_violations",
     "ledger_entries",
     "load_checkpoint",
@@ -96,4 +108,5 @@ __all__ = [
     "shred_run_txn",
     "sign_batch",
     "views_screen",
+    "views_summary_txn",
 ]

@@ -17,11 +17,26 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
 from agent_blackbox.broker import read_ranges, watermarks
-from agent_blackbox.keystore import destroy_key_ids_txn, destroy_keys_txn
-from agent_blackbox.outbox import append_redaction_txn
+from agent_blackbox.consumers._views import delete_run_views_txn
+from agent_blackbox.keystore import (
+    destroy_key_ids_txn,
+    destroy_keys_txn,
+    forget_destroyed_keys_txn,
+    has_keys_txn,
+)
+from agent_blackbox.outbox.lifecycle import (
+    append_redaction_txn,
+    delete_run_metadata_txn,
+    lock_run_txn,
+    retention_classes_txn,
+    runs_due_for_deletion_txn,
+    runs_due_for_shredding_txn,
+    runs_of_subject_txn,
+    write_ledger_txn,
+)
 from agent_blackbox.schemas import (
     BlackboxError,
     EnvelopeCodec,
@@ -112,47 +127,6 @@ class RetentionReport:
     """Retention classes runs name that the policy does not define: their runs are kept."""
 
 
-_LOCK_RUN = text("SELECT run_id, status FROM blackbox.runs WHERE run_id = :run_id FOR UPDATE")
-_LEDGER = text(
-    """
-    INSERT INTO blackbox.deletion_ledger (action, run_id, key_ids, subject_id, reason, principal)
-    VALUES (:action, :run_id, :key_ids, :subject_id, :reason, session_user)
-    """
-)
-_EXPIRED_BODIES = text(
-    """
-    SELECT r.run_id FROM blackbox.runs r
-     WHERE r.retention_class = :class AND r.status <> 'running' AND r.updated_at < :before
-       AND EXISTS (SELECT 1 FROM blackbox.data_keys k
-                    WHERE k.run_id = r.run_id AND k.wrapped IS NOT NULL)
-     ORDER BY r.updated_at LIMIT :limit
-    """
-)
-_EXPIRED_METADATA = text(
-    """
-    SELECT r.run_id FROM blackbox.runs r
-     WHERE r.retention_class = :class AND r.status <> 'running' AND r.updated_at < :before
-       AND NOT EXISTS (SELECT 1 FROM blackbox.data_keys k
-                        WHERE k.run_id = r.run_id AND k.wrapped IS NOT NULL)
-       AND NOT EXISTS (SELECT 1 FROM blackbox.outbox o WHERE o.run_id = r.run_id)
-     ORDER BY r.updated_at LIMIT :limit
-    """
-)
-_CLASSES = text("SELECT DISTINCT retention_class FROM blackbox.runs")
-_SUBJECT_RUNS = text(
-    "SELECT run_id FROM blackbox.runs WHERE :subject = ANY(subject_ids) ORDER BY created_at"
-)
-# Only runs whose keys are gone and whose events all left the outbox (run.redacted
-# included) lose their metadata; the ledger keeps what was destroyed.
-_DELETE_METADATA = [
-    text("DELETE FROM blackbox.effects WHERE run_id = ANY(:run_ids)"),
-    text("DELETE FROM blackbox.data_keys WHERE run_id = ANY(:run_ids) AND wrapped IS NULL"),
-    text("DELETE FROM blackbox.runs WHERE run_id = ANY(:run_ids)"),
-    text("DELETE FROM blackbox_views.events WHERE run_id = ANY(:run_ids)"),
-    text("DELETE FROM blackbox_views.runs WHERE run_id = ANY(:run_ids)"),
-]
-
-
 def shred_run_txn(
     conn: Connection,
     run_id: str,
@@ -166,17 +140,14 @@ def shred_run_txn(
 
     A run still recording is refused: its writer holds the key in memory.
     """
-    row = conn.execute(_LOCK_RUN, {"run_id": run_id}).first()
-    if row is None:
+    status = lock_run_txn(conn, run_id)
+    if status is None:
         return None
-    if row.status == "running":
+    if status == "running":
         raise BlackboxError(f"run {run_id} is still running; redact it after it finishes")
     destroyed = [key_id for _, key_id in destroy_keys_txn(conn, [run_id], reason=reason)]
     if not destroyed:
-        encrypted = conn.execute(
-            text("SELECT count(*) FROM blackbox.data_keys WHERE run_id = :r"), {"r": run_id}
-        ).scalar_one()
-        if encrypted:
+        if has_keys_txn(conn, run_id):
             return None  # shredded before
         _ledger(conn, "unencrypted", run_id, [], subject_id, reason)
         return Redaction(run_id, reason, (), subject_id, encrypted=False)
@@ -195,8 +166,14 @@ def _ledger(
     subject_id: str | None,
     reason: str,
 ) -> None:
-    params = {"action": action, "run_id": run_id, "key_ids": key_ids, "subject_id": subject_id}
-    conn.execute(_LEDGER, {**params, "reason": reason})
+    write_ledger_txn(
+        conn,
+        action=action,
+        run_id=run_id,
+        key_ids=key_ids,
+        subject_id=subject_id,
+        reason=reason,
+    )
 
 
 class RetentionJob:
@@ -227,7 +204,7 @@ class RetentionJob:
         """Shred every run whose bodies expired, then delete expired metadata."""
         now = self._clock()
         with self._engine.connect() as conn:
-            named = [str(c) for c in conn.execute(_CLASSES).scalars()]
+            named = retention_classes_txn(conn)
         unknown = tuple(sorted(c for c in named if c not in self.policy.classes))
         redacted: list[Redaction] = []
         deleted: list[str] = []
@@ -239,8 +216,7 @@ class RetentionJob:
     def forget(self, subject_id: str) -> RetentionReport:
         """Shred every run linked to ``subject_id`` (a deletion request)."""
         with self._engine.connect() as conn:
-            rows = conn.execute(_SUBJECT_RUNS, {"subject": subject_id}).scalars()
-            run_ids = [str(r) for r in rows]
+            run_ids = runs_of_subject_txn(conn, subject_id)
         redacted = []
         for run_id in run_ids:
             with self._engine.begin() as conn:
@@ -254,9 +230,10 @@ class RetentionJob:
     def _expire_bodies(self, retention: RetentionClass, before: datetime) -> list[Redaction]:
         done: list[Redaction] = []
         while True:
-            params = {"class": retention.name, "before": before, "limit": self._batch}
             with self._engine.connect() as conn:
-                run_ids = [str(r) for r in conn.execute(_EXPIRED_BODIES, params).scalars()]
+                run_ids = runs_due_for_shredding_txn(
+                    conn, retention.name, before=before, limit=self._batch
+                )
             for run_id in run_ids:
                 with self._engine.begin() as conn:
                     redaction = shred_run_txn(
@@ -268,15 +245,17 @@ class RetentionJob:
                 return done
 
     def _expire_metadata(self, retention: RetentionClass, before: datetime) -> list[str]:
-        params = {"class": retention.name, "before": before, "limit": self._batch}
         deleted: list[str] = []
         while True:
             with self._engine.begin() as conn:
-                run_ids = [str(r) for r in conn.execute(_EXPIRED_METADATA, params).scalars()]
+                run_ids = runs_due_for_deletion_txn(
+                    conn, retention.name, before=before, limit=self._batch
+                )
                 for run_id in run_ids:
                     _ledger(conn, "delete_metadata", run_id, [], None, "retention")
-                for statement in _DELETE_METADATA:
-                    conn.execute(statement, {"run_ids": run_ids})
+                delete_run_metadata_txn(conn, run_ids)
+                forget_destroyed_keys_txn(conn, run_ids)
+                delete_run_views_txn(conn, run_ids)
             deleted += run_ids
             if len(run_ids) < self._batch:
                 return deleted

@@ -391,3 +391,9 @@ def _run_columns(deltas: Sequence[RunDelta]) -> dict[str, list[Any]]:
         "redacted_at": [d.redacted_at for d in deltas],
         "limited_replay": [d.redacted_at is not None for d in deltas],
     }
+
+
+def delete_run_views_txn(conn: Connection, run_ids: Sequence[str]) -> None:
+    """Delete what the views hold of ``run_ids`` (runs whose metadata expired)."""
+    conn.execute(events_index.delete().where(events_index.c.run_id.in_(list(run_ids))))
+    conn.execute(runs_view.delete().where(runs_view.c.run_id.in_(list(run_ids))))

@@ -11,11 +11,17 @@ from dataclasses import replace
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine
 
-from agent_blackbox.consumers import ViewConsumer, migrate_views
+from agent_blackbox.consumers import (
+    RunRow,
+    ViewConsumer,
+    indexed_events_txn,
+    migrate_views,
+    views_summary_txn,
+)
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-from agent_blackbox.outbox import Recorder, migrate_write_side
+from agent_blackbox.outbox import Recorder, migrate_write_side, pending_events_txn
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings, safe_text
 from agent_blackbox.stack import LocalStack
@@ -36,9 +42,7 @@ def run_demo(*, runs: int, workers: int, console: Console) -> None:
     try:
         timings: dict[str, float] = {}
         run_ids = _record(engine, settings, runs, workers, console, timings)
-        events = _count(
-            engine, "SELECT count(*) FROM blackbox.outbox WHERE run_id = ANY(:ids)", run_ids
-        )
+        events = _count(engine, lambda conn: pending_events_txn(conn, run_ids))
         _relay(engine, settings, console, timings)
         _build_views(engine, settings, run_ids, events, console, timings)
         _show(engine, run_ids, events, timings, console)
@@ -86,14 +90,14 @@ def _record(
 
 
 def _relay(engine: Engine, settings: Settings, console: Console, timings: dict[str, float]) -> None:
-    waiting = _count(engine, "SELECT count(*) FROM blackbox.outbox", [])
+    waiting = _count(engine, pending_events_txn)
     relay = Relay(engine, settings=settings)
     started = time.perf_counter()
     with _progress(console) as progress:
         task = progress.add_task("relaying outbox → Kafka", total=waiting)
         _in_background(
             relay.run,
-            done=lambda: _count(engine, "SELECT count(*) FROM blackbox.outbox", []) == 0,
+            done=lambda: _count(engine, pending_events_txn) == 0,
             tick=lambda: progress.update(task, completed=relay.published),
         )
         progress.update(task, completed=relay.published)
@@ -109,16 +113,19 @@ def _build_views(
     timings: dict[str, float],
 ) -> None:
     consumer = ViewConsumer(settings, engine=engine)
-    landed = "SELECT count(*) FROM blackbox_views.events WHERE run_id = ANY(:ids)"
+
+    def landed(conn: Connection) -> int:
+        return indexed_events_txn(conn, run_ids)
+
     started = time.perf_counter()
     with _progress(console) as progress, consumer:
         task = progress.add_task("building views", total=events)
         _in_background(
             lambda stop: consumer.run(stop),
-            done=lambda: _count(engine, landed, run_ids) >= events,
-            tick=lambda: progress.update(task, completed=_count(engine, landed, run_ids)),
+            done=lambda: _count(engine, landed) >= events,
+            tick=lambda: progress.update(task, completed=_count(engine, landed)),
         )
-        progress.update(task, completed=_count(engine, landed, run_ids))
+        progress.update(task, completed=_count(engine, landed))
     timings["views"] = time.perf_counter() - started
 
 
@@ -152,10 +159,9 @@ def _in_background(
     tick()
 
 
-def _count(engine: Engine, sql: str, ids: Sequence[str]) -> int:
+def _count(engine: Engine, count: Callable[[Connection], int]) -> int:
     with engine.connect() as conn:
-        params = {"ids": list(ids)} if ":ids" in sql else {}
-        return int(conn.execute(text(sql), params).scalar_one())
+        return count(conn)
 
 
 def _show(
@@ -165,74 +171,49 @@ def _show(
     timings: dict[str, float],
     console: Console,
 ) -> None:
-    ids = {"ids": list(run_ids)}
     with engine.connect() as conn:
-        statuses = conn.execute(
-            text(
-                "SELECT status, count(*), sum(event_count) FROM blackbox_views.runs "
-                "WHERE run_id = ANY(:ids) GROUP BY status ORDER BY status"
-            ),
-            ids,
-        ).all()
-        types = conn.execute(
-            text(
-                "SELECT event_type, count(*) FROM blackbox_views.events "
-                "WHERE run_id = ANY(:ids) GROUP BY event_type ORDER BY count(*) DESC, event_type"
-            ),
-            ids,
-        ).all()
-        partitions = conn.execute(
-            text(
-                "SELECT partition, count(DISTINCT run_id), count(*) FROM blackbox_views.events "
-                "WHERE run_id = ANY(:ids) GROUP BY partition ORDER BY partition"
-            ),
-            ids,
-        ).all()
-        sample = conn.execute(
-            text(
-                "SELECT left(run_id, 8), status, event_count, last_sequence, code_version, "
-                "round(extract(epoch FROM finished_at - started_at) * 1000) "
-                "FROM blackbox_views.runs "
-                "WHERE run_id = ANY(:ids) ORDER BY started_at LIMIT 5"
-            ),
-            ids,
-        ).all()
-        violations = conn.execute(
-            text("SELECT count(*) FROM blackbox_views.integrity_violations")
-        ).scalar_one()
+        summary = views_summary_txn(conn, run_ids)
 
     table = Table(title="Runs in the views", show_lines=False)
     for column in ("status", "runs", "events"):
         table.add_column(column, justify="right" if column != "status" else "left")
-    for status, count, total in statuses:
+    for status, count, total in summary.statuses:
         table.add_row(safe_text(status), str(count), str(total))
     console.print(table)
 
     table = Table(title="Events by boundary type")
     table.add_column("event type")
     table.add_column("events", justify="right")
-    for event_type, count in types:
+    for event_type, count in summary.event_types:
         table.add_row(safe_text(event_type), str(count))
     console.print(table)
 
     table = Table(title="Kafka partitions (key = run_id, murmur2)")
     for column in ("partition", "runs", "events"):
         table.add_column(column, justify="right")
-    for partition, runs, count in partitions:
+    for partition, runs, count in summary.partitions:
         table.add_row(str(partition), str(runs), str(count))
     console.print(table)
 
     table = Table(title="First runs")
     for column in ("run", "status", "events", "last seq", "code version", "ms"):
         table.add_column(column, no_wrap=True)
-    for row in sample:
-        table.add_row(*(safe_text(value) for value in row))  # values from the log
+    for run in summary.first_runs:
+        took = _took_ms(run)
+        row = (run.run_id[:8], run.status, run.event_count, run.last_sequence, run.code_version)
+        table.add_row(*(safe_text(value) for value in (*row, took)))  # values from the log
     console.print(table)
 
     console.print(
         f"[bold]{len(run_ids)}[/] runs, [bold]{events}[/] events recorded, relayed and "
-        f"indexed; integrity violations: [bold]{violations}[/]"
+        f"indexed; integrity violations: [bold]{summary.violations}[/]"
     )
     # Wall times of the stages, connection and group-join time included; bench/ measures
     # throughput properly.
     console.print("  ".join(f"{step} {seconds:.1f}s" for step, seconds in timings.items()))
+
+
+def _took_ms(run: RunRow) -> int | None:
+    if run.started_at is None or run.finished_at is None:
+        return None
+    return round((run.finished_at - run.started_at).total_seconds() * 1000)

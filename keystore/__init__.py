@@ -21,6 +21,8 @@ from agent_blackbox.keystore._postgres import (
     DataKeyStore,
     destroy_key_ids_txn,
     destroy_keys_txn,
+    forget_destroyed_keys_txn,
+    has_keys_txn,
     wrapping_aad,
 )
 from agent_blackbox.keystore._provider import KeyProvider, LocalKeyProvider, WrappedKey
@@ -45,5 +47,7 @@ __all__ = [
     "WrongKey",
     "destroy_key_ids_txn",
     "destroy_keys_txn",
+    "forget_destroyed_keys_txn",
+    "has_keys_txn",
     "wrapping_aad",
 ]

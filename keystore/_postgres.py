@@ -197,6 +197,23 @@ def destroy_key_ids_txn(conn: Connection, key_ids: Sequence[str], *, reason: str
     return [str(key_id) for key_id in rows]
 
 
+_HAS_KEYS = text("SELECT EXISTS (SELECT 1 FROM blackbox.data_keys WHERE run_id = :run_id)")
+_FORGET_DESTROYED = text(
+    "DELETE FROM blackbox.data_keys WHERE run_id = ANY(:run_ids) AND wrapped IS NULL"
+)
+
+
+def has_keys_txn(conn: Connection, run_id: str) -> bool:
+    """Whether ``run_id`` was ever encrypted (it has data keys, live or destroyed)."""
+    return bool(conn.execute(_HAS_KEYS, {"run_id": run_id}).scalar_one())
+
+
+def forget_destroyed_keys_txn(conn: Connection, run_ids: Sequence[str]) -> None:
+    """Delete the rows of destroyed keys of ``run_ids``, whose metadata is deleted (the
+    deletion ledger keeps what was destroyed)."""
+    conn.execute(_FORGET_DESTROYED, {"run_ids": list(run_ids)})
+
+
 class AuditedKeys:
     """Opening keys for a replayer: each data key is unwrapped once, through the audited
     database function, for the purpose given.

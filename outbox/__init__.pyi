@@ -21,12 +21,12 @@ from ._errors import EffectRejected as EffectRejected
 from ._errors import PayloadTooLarge as PayloadTooLarge
 from ._errors import RecordedError as RecordedError
 from ._errors import RunNotActive as RunNotActive
-from ._lifecycle import append_redaction_txn as append_redaction_txn
 from ._llm import completion_view as completion_view
 from ._memory import AsyncMemoryRecorder as AsyncMemoryRecorder
 from ._memory import MemoryRecorder as MemoryRecorder
 from ._migrate import migrate_write_side as migrate_write_side
 from ._postgres import PostgresBlobs as PostgresBlobs
+from ._postgres import pending_events_txn as pending_events_txn
 from ._protocol import AgentRun as AgentRun
 from ._recorder import Recorder as Recorder
 from ._recorder import Run as Run

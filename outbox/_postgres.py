@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Engine, TextClause, text
@@ -120,6 +120,10 @@ _RUN = text(
 )
 
 _BLOB = text("SELECT data FROM blackbox.blobs WHERE digest = :digest")
+_PENDING = text(
+    "SELECT count(*) FROM blackbox.outbox "
+    "WHERE CAST(:run_ids AS text[]) IS NULL OR run_id = ANY(:run_ids)"
+)
 
 
 # Plans ------------------------------------------------------------------------------
@@ -293,6 +297,12 @@ def load_run_txn(conn: Connection, run_id: str, *, shards: int) -> StoredRun:
 def append_txn(conn: Connection, identity: RunIdentity, event: PreparedEvent) -> bool:
     """Append ``event`` in the caller's transaction; False when the run moved on."""
     return execute(conn, _guarded_append(identity, event))
+
+
+def pending_events_txn(conn: Connection, run_ids: Sequence[str] | None = None) -> int:
+    """How many events wait in the outbox for the relay (of ``run_ids``, or of every run)."""
+    params = {"run_ids": None if run_ids is None else list(run_ids)}
+    return int(conn.execute(_PENDING, params).scalar_one())
 
 
 def read_blob_txn(conn: Connection, ref: str) -> bytes | None:

@@ -1,9 +1,11 @@
 """Offline replay: re-drive an agent's own code from a recorded run, report PASS or the
-first divergence. Reads runs from Kafka (through the events index), from Avro archives,
-or from envelopes in memory; nothing external is ever called.
+first divergence. Reads runs from Kafka (located through a :class:`RunIndex`, which the
+read side implements), from Avro archives, or from envelopes in memory; nothing external
+is ever called. Replay mode itself (:class:`ReplayRun`) lives here, beside its reports.
 """
 
 from agent_blackbox.replayer._driver import AgentEntry, replay_run
+from agent_blackbox.replayer._index import ReadSide, RunIndex, RunLocation
 from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_entry
 from agent_blackbox.replayer._replay import (
     BlobReader,
@@ -35,9 +37,12 @@ __all__ = [
     "DivergenceKind",
     "KafkaRunSource",
     "Problem",
+    "ReadSide",
     "ReplayDivergence",
     "ReplayReport",
     "ReplayRun",
+    "RunIndex",
+    "RunLocation",
     "SourceError",
     "UnknownAgent",
     "VerifyReport",

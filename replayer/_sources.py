@@ -1,4 +1,5 @@
-"""Where recorded runs are read from: memory, an Avro archive, or Kafka.
+"""Where recorded runs are read from: memory, an Avro archive, or Kafka (through a run
+index).
 
 Every source streams: a run is yielded event by event, so a run of a million events
 replays in bounded memory.
@@ -13,10 +14,9 @@ from typing import Any
 
 from fastavro import parse_schema, reader, writer
 from fastavro.read import SchemaResolutionError
-from sqlalchemy import Engine, text
-from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.broker import KafkaUnavailable, read_ranges
+from agent_blackbox.replayer._index import RunIndex
 from agent_blackbox.schemas import (
     ENVELOPE,
     BlackboxError,
@@ -109,46 +109,33 @@ def _as_written(parsed: Any) -> Any:
     return {key: value for key, value in parsed.items() if not key.startswith("__")}
 
 
-_LOCATE = text(
-    """
-    SELECT topic, "partition", min("offset"), max("offset"), count(*), min(agent_id)
-      FROM blackbox_views.events e JOIN blackbox_views.runs r USING (run_id)
-     WHERE run_id = :run_id
-     GROUP BY topic, "partition"
-    """
-)
-
-
 class KafkaRunSource:
-    """A run read back from the event topic, located through the events index.
+    """A run read back from the event topic, located through a run index.
 
     The index says which partition holds the run and between which offsets, so only
     that stretch of one partition is read, never the whole topic. Duplicates left by a
     relay crash are skipped (the first copy of each sequence wins).
+
+    Raises:
+        SourceError: the index does not know the run.
     """
 
     def __init__(
-        self, settings: Settings, engine: Engine, run_id: str, *, timeout_s: float = 60.0
+        self, settings: Settings, index: RunIndex, run_id: str, *, timeout_s: float = 60.0
     ) -> None:
         self._settings = settings
         self.timeout_s = timeout_s
         self.run_id = run_id
-        try:
-            with engine.connect() as conn:
-                rows = conn.execute(_LOCATE, {"run_id": run_id}).all()
-        except SQLAlchemyError as exc:
-            raise SourceError(f"cannot read the events index: {exc}") from exc
-        if not rows:
+        location = index.locate(run_id)
+        if location is None:
             raise SourceError(
                 f"run {run_id} is not in the events index; is the view consumer running "
                 "(blackbox consume) and is the run id right?"
             )
-        if len(rows) > 1:
-            raise SourceError(f"run {run_id} is indexed on {len(rows)} partitions; expected one")
-        topic, partition, first, last, count, agent_id = rows[0]
-        self.topic, self.partition = str(topic), int(partition)
-        self.first, self.last, self.count = int(first), int(last), int(count)
-        self.agent_id: str | None = agent_id
+        self.topic, self.partition = location.topic, location.partition
+        self.first, self.last = location.first_offset, location.last_offset
+        self.count = location.events
+        self.agent_id: str | None = location.agent_id
 
     def __iter__(self) -> Iterator[Envelope]:
         codec = EnvelopeCodec()

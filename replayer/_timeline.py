@@ -13,6 +13,7 @@ from rich.table import Table
 from sqlalchemy import create_engine
 
 from agent_blackbox.replayer._access import opening, purpose_option
+from agent_blackbox.replayer._index import read_side
 from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
 from agent_blackbox.schemas import BlackboxError, Envelope, PayloadPipeline, Settings, safe_text
 
@@ -68,7 +69,7 @@ def timeline_command(run_id: str, bodies: bool, purpose: str | None, archive: Pa
         events = (
             list(read_archive(archive, run_id=run_id))
             if archive is not None
-            else list(KafkaRunSource(settings, engine, run_id))
+            else list(KafkaRunSource(settings, read_side().run_index(engine), run_id))
         )
         pipeline = opening(lambda: engine, purpose=purpose).pipeline if bodies and purpose else None
         Console().print(timeline_table(run_id, events, pipeline=pipeline))

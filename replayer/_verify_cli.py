@@ -13,10 +13,10 @@ import click
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine
 
-from agent_blackbox.consumers import load_checkpoint
 from agent_blackbox.outbox import PostgresBlobs
+from agent_blackbox.replayer._index import RunIndex, read_side
 from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
 from agent_blackbox.replayer._verify import VerifyReport, verify_run
 from agent_blackbox.schemas import (
@@ -30,7 +30,6 @@ from agent_blackbox.schemas import (
 )
 
 PUBLIC_KEYS_ENV = "BLACKBOX_SIGNING_PUBLIC_KEYS"
-_ALL_RUNS = text("SELECT run_id FROM blackbox_views.runs ORDER BY started_at, run_id")
 
 
 def checkpoint_verifier() -> CheckpointVerifier | None:
@@ -71,9 +70,10 @@ def verify_command(
         settings = Settings.from_env()
         engine = create_engine(settings.database_url)
         try:
-            runs = _runs(settings, engine, archive, run_id)
+            index = read_side().run_index(engine)
+            runs = _runs(settings, index, archive, run_id)
             reports = [
-                _verify(events, engine, verifier, require_checkpoint, archive is None)
+                _verify(events, engine, index, verifier, require_checkpoint, archive is None)
                 for events in (track(runs, "verifying", console=console) if every else runs)
             ]
         finally:
@@ -92,24 +92,21 @@ def verify_command(
 
 
 def _runs(
-    settings: Settings, engine: Engine, archive: Path | None, run_id: str | None
+    settings: Settings, index: RunIndex, archive: Path | None, run_id: str | None
 ) -> Iterator[Iterator[Envelope]]:
     if archive is not None:
         for _, events in groupby(read_archive(archive, run_id=run_id), key=lambda e: e.run_id):
             yield events
         return
-    if run_id is not None:
-        ids = [run_id]
-    else:
-        with engine.connect() as conn:
-            ids = [str(r) for r in conn.execute(_ALL_RUNS).scalars()]
+    ids = [run_id] if run_id is not None else index.runs(finished_only=False)
     for rid in ids:
-        yield iter(KafkaRunSource(settings, engine, rid))
+        yield iter(KafkaRunSource(settings, index, rid))
 
 
 def _verify(
     events: Iterator[Envelope],
     engine: Engine,
+    index: RunIndex,
     verifier: CheckpointVerifier | None,
     require_checkpoint: bool,
     with_blobs: bool,
@@ -119,7 +116,7 @@ def _verify(
         return verify_run(iter(()))
     checkpoint: Checkpoint | None = None
     if verifier is not None:
-        checkpoint = load_checkpoint(engine, first.run_id)
+        checkpoint = index.checkpoint(first.run_id)
     elif require_checkpoint:
         raise BlackboxError(
             f"--require-checkpoint needs the signers' public keys: set {PUBLIC_KEYS_ENV}"

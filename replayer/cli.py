@@ -18,11 +18,12 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine
 
 from agent_blackbox.outbox import PostgresBlobs
 from agent_blackbox.replayer._access import Opening, opening, purpose_option, recording_keys
 from agent_blackbox.replayer._driver import replay_run
+from agent_blackbox.replayer._index import RunIndex, read_side
 from agent_blackbox.replayer._registry import AgentRegistry, load_entry
 from agent_blackbox.replayer._report import ReplayReport
 from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
@@ -39,17 +40,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-_RUNS = text(
-    """
-    SELECT run_id, agent_id FROM blackbox_views.runs
-     WHERE status <> 'running'
-       AND (CAST(:since AS timestamptz) IS NULL OR started_at >= :since)
-       AND (CAST(:agent AS text) IS NULL OR agent_id = :agent)
-     ORDER BY started_at, run_id
-     LIMIT :limit
-    """
-)
 
 
 @click.command("replay")
@@ -128,11 +118,12 @@ def _reports(
         if archive is not None:
             runs = _progress(_archive_runs(archive, run_id), None, console)
             return [_replay_events(events, registry, reading) for events in runs]
-        ids = [run_id] if run_id else _indexed_runs(engine, scope)
+        index = read_side().run_index(engine)
+        ids = [run_id] if run_id else _indexed_runs(index, scope)
         blobs = PostgresBlobs(engine)
         reports = []
         for rid in _progress(iter(ids), len(ids) if scope.every else None, console):
-            source = KafkaRunSource(settings, engine, rid)
+            source = KafkaRunSource(settings, index, rid)
             entry = registry.resolve(source.agent_id)
             reports.append(
                 replay_run(
@@ -170,10 +161,10 @@ def _replay_events(
     )
 
 
-def _indexed_runs(engine: Engine, scope: _Scope) -> list[str]:
-    params = {"since": scope.since, "agent": scope.agent_id, "limit": scope.limit}
-    with engine.connect() as conn:
-        return [str(r[0]) for r in conn.execute(_RUNS, params).all()]
+def _indexed_runs(index: RunIndex, scope: _Scope) -> list[str]:
+    return index.runs(
+        finished_only=True, since=scope.since, agent_id=scope.agent_id, limit=scope.limit
+    )
 
 
 def _progress(items: Iterator[T], total: int | None, console: Console) -> Iterator[T]:
@@ -255,7 +246,7 @@ def _parent_events(run_id: str, archive: Path | None) -> tuple[list[Envelope], E
         return events, None
     settings = Settings.from_env()
     engine = create_engine(settings.database_url)
-    return list(KafkaRunSource(settings, engine, run_id)), engine
+    return list(KafkaRunSource(settings, read_side().run_index(engine), run_id)), engine
 
 
 def _changes(pairs: tuple[str, ...]) -> dict[str, str]:

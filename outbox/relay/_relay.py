@@ -26,6 +26,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.broker import KafkaUnavailable, ensure_topics, new_producer, producer_config
+from agent_blackbox.outbox._postgres import pending_events_txn
 from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
 from agent_blackbox.schemas import Settings
@@ -78,7 +79,6 @@ _DELETE = text(
        AND shard = ANY(ARRAY(SELECT shard FROM blackbox.relay_leases WHERE owner = :me))
     """
 )
-_DEPTH = text("SELECT count(*) FROM blackbox.outbox")
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,7 +368,7 @@ class Relay:
             return
         self._depth_at = now
         with self.engine.connect() as conn:
-            self.metrics.outbox_depth.set(conn.execute(_DEPTH).scalar_one())
+            self.metrics.outbox_depth.set(pending_events_txn(conn))
 
 
 def _first_line(exc: BaseException) -> str:

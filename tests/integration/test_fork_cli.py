@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from agent_blackbox.cli import main
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
 from agent_blackbox.outbox import MemoryRecorder
 from agent_blackbox.replayer import write_archive
-from agent_blackbox.replayer.cli import fork_command, reexecute_command
 from tests.integration import _openai_server
 from tests.integration._openai_server import OpenAIServer, Reply
 
@@ -66,7 +66,7 @@ def test_fork_calls_the_real_endpoint_with_the_changed_model(
         "try a larger model",
         "--json",
     ]
-    result = CliRunner(env={"OPENAI_API_KEY": SECRET}).invoke(fork_command, arguments)
+    result = CliRunner(env={"OPENAI_API_KEY": SECRET}).invoke(main, ["fork", *arguments])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["parent_run_id"] == run_id
@@ -83,7 +83,7 @@ def test_reexecute_reports_each_call(
     archive, run_id = parent
     arguments = [run_id, "--archive", str(archive), "--base-url", triage_server.base_url]
     arguments += ["--purpose", "compare the model's answers today", "--json"]
-    same = CliRunner().invoke(reexecute_command, arguments)
+    same = CliRunner().invoke(main, ["reexecute", *arguments])
     assert same.exit_code == 0, same.output
     [call] = json.loads(same.stdout)["calls"]
     assert (call["sequence"], call["same"]) == (4, True)
@@ -94,7 +94,7 @@ def test_reexecute_reports_each_call(
         return Reply(HTTPStatus.OK, reply)
 
     monkeypatch.setattr(_openai_server, "answer", terse)
-    differs = CliRunner().invoke(reexecute_command, arguments)
+    differs = CliRunner().invoke(main, ["reexecute", *arguments])
     assert differs.exit_code == 1
     [call] = json.loads(differs.stdout)["calls"]
     assert call["changed"] == {"finish_reason": {"recorded": ["stop"], "now": ["length"]}}

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
+from agent_blackbox.cli import main
 from agent_blackbox.consumers import CheckpointConsumer, load_checkpoint
 from agent_blackbox.outbox import Recorder
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import write_archive
-from agent_blackbox.replayer.cli import verify_command
 from agent_blackbox.schemas import CheckpointSigner, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._kafka import read_topic
@@ -67,7 +67,7 @@ def test_verify_checks_runs_from_kafka_against_their_signed_heads(
         "BLACKBOX_SIGNING_KEY_FILE": str(key_file),
         "BLACKBOX_SIGNING_KEY_ID": "signer-1",
     }
-    clean = CliRunner(env=env).invoke(verify_command, ["--all", "--require-checkpoint", "--json"])
+    clean = CliRunner(env=env).invoke(main, ["verify", "--all", "--require-checkpoint", "--json"])
     assert clean.exit_code == 0, clean.output
     reports = json.loads(clean.stdout)
     assert [(r["ok"], r["checkpoint"]) for r in reports] == [(True, "valid")] * 3
@@ -87,7 +87,7 @@ def test_verify_checks_runs_from_kafka_against_their_signed_heads(
     archive = tmp_path / "tampered.avro"
     write_archive(archive, events)
     found = CliRunner(env=env).invoke(
-        verify_command, [run_ids[0], "--archive", str(archive), "--json"]
+        main, ["verify", run_ids[0], "--archive", str(archive), "--json"]
     )
     assert found.exit_code == 1
     [report] = json.loads(found.stdout)
@@ -106,7 +106,7 @@ def test_verify_checks_runs_from_kafka_against_their_signed_heads(
             ),
             {"s": forged.to_record()["signature"], "h": "0" * 64, "r": run_ids[1]},
         )
-    refused = CliRunner(env=env).invoke(verify_command, [run_ids[1], "--json"])
+    refused = CliRunner(env=env).invoke(main, ["verify", run_ids[1], "--json"])
     assert refused.exit_code == 1
     [report] = json.loads(refused.stdout)
     assert (report["problem"], report["checkpoint"]) == ("forged_checkpoint", "forged")

@@ -1,0 +1,163 @@
+"""What jobs do to runs after they ended: retention and deletion, through the write side.
+
+``run.redacted`` says the run's data keys were destroyed. It goes through the outbox
+like every event, continues the run's hash chain (so the note itself is tamper-evident)
+and reaches every consumer of the run's partition after the run's own events.
+
+The retention job of the read side finds the runs that are due, locks them, writes the
+deletion ledger and deletes expired metadata only through these functions: the write
+side owns the schema ``blackbox``. Every function takes the caller's connection and
+never commits. The queries of runs due for shredding read which runs still have live
+data keys (the key store's table) in the same statement, so that a page of due runs
+shrinks as they are shredded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import Connection, text
+
+from agent_blackbox.outbox import _boundaries as b
+from agent_blackbox.outbox._core import new_factory, utc_now
+from agent_blackbox.outbox._errors import RunNotActive
+from agent_blackbox.outbox._postgres import append_txn, load_run_txn
+from agent_blackbox.outbox._writer import new_event_id
+from agent_blackbox.schemas import Envelope, Settings
+
+__all__ = [
+    "append_redaction_txn",
+    "delete_run_metadata_txn",
+    "lock_run_txn",
+    "retention_classes_txn",
+    "runs_due_for_deletion_txn",
+    "runs_due_for_shredding_txn",
+    "runs_of_subject_txn",
+    "write_ledger_txn",
+]
+
+
+def append_redaction_txn(
+    conn: Connection,
+    run_id: str,
+    *,
+    reason: str,
+    key_ids: list[str],
+    subject_id: str | None = None,
+    settings: Settings | None = None,
+) -> Envelope:
+    """Append ``run.redacted`` to ``run_id`` in the caller's transaction; never commits.
+
+    The caller holds the run row locked (``SELECT ... FOR UPDATE``) so no writer moves
+    the run meanwhile.
+
+    Raises:
+        RunNotActive: the run does not exist, or it moved on under this transaction.
+    """
+    settings = settings or Settings.from_env()
+    stored = load_run_txn(conn, run_id, shards=settings.outbox_shards)
+    crossing = b.run_redacted(
+        reason=reason,
+        key_ids=key_ids,
+        subject_id=subject_id,
+        retention_class=stored.identity.retention_class if reason == "retention" else None,
+    )
+    factory = new_factory(settings, None, utc_now)  # plain: no key is left to seal with
+    event = factory.prepare(stored.identity, stored.cursor, crossing, event_id=new_event_id())
+    if not append_txn(conn, stored.identity, event):
+        raise RunNotActive(f"run {run_id} moved on while its redaction was appended")
+    return event.envelope
+
+
+_LOCK_RUN = text("SELECT status FROM blackbox.runs WHERE run_id = :run_id FOR UPDATE")
+_LEDGER = text(
+    """
+    INSERT INTO blackbox.deletion_ledger (action, run_id, key_ids, subject_id, reason, principal)
+    VALUES (:action, :run_id, :key_ids, :subject_id, :reason, session_user)
+    """
+)
+_DUE_FOR_SHREDDING = text(
+    """
+    SELECT r.run_id FROM blackbox.runs r
+     WHERE r.retention_class = :class AND r.status <> 'running' AND r.updated_at < :before
+       AND EXISTS (SELECT 1 FROM blackbox.data_keys k
+                    WHERE k.run_id = r.run_id AND k.wrapped IS NOT NULL)
+     ORDER BY r.updated_at LIMIT :limit
+    """
+)
+_DUE_FOR_DELETION = text(
+    """
+    SELECT r.run_id FROM blackbox.runs r
+     WHERE r.retention_class = :class AND r.status <> 'running' AND r.updated_at < :before
+       AND NOT EXISTS (SELECT 1 FROM blackbox.data_keys k
+                        WHERE k.run_id = r.run_id AND k.wrapped IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM blackbox.outbox o WHERE o.run_id = r.run_id)
+     ORDER BY r.updated_at LIMIT :limit
+    """
+)
+_CLASSES = text("SELECT DISTINCT retention_class FROM blackbox.runs")
+_SUBJECT_RUNS = text(
+    "SELECT run_id FROM blackbox.runs WHERE :subject = ANY(subject_ids) ORDER BY created_at"
+)
+# Only runs whose keys are gone and whose events all left the outbox (run.redacted
+# included) lose their metadata; the ledger keeps what was destroyed.
+_DELETE_METADATA = [
+    text("DELETE FROM blackbox.effects WHERE run_id = ANY(:run_ids)"),
+    text("DELETE FROM blackbox.runs WHERE run_id = ANY(:run_ids)"),
+]
+
+
+def lock_run_txn(conn: Connection, run_id: str) -> str | None:
+    """Lock the run row of ``run_id`` until the caller's transaction ends (no writer moves
+    the run meanwhile); its status, or None when there is no such run."""
+    status = conn.execute(_LOCK_RUN, {"run_id": run_id}).scalar()
+    return None if status is None else str(status)
+
+
+def write_ledger_txn(
+    conn: Connection,
+    *,
+    action: str,
+    run_id: str,
+    key_ids: Sequence[str],
+    subject_id: str | None,
+    reason: str,
+) -> None:
+    """Write one entry of the deletion ledger, as the session's database user."""
+    params = {"action": action, "run_id": run_id, "key_ids": list(key_ids)}
+    conn.execute(_LEDGER, {**params, "subject_id": subject_id, "reason": reason})
+
+
+def retention_classes_txn(conn: Connection) -> list[str]:
+    """The retention classes that recorded runs name."""
+    return [str(c) for c in conn.execute(_CLASSES).scalars()]
+
+
+def runs_of_subject_txn(conn: Connection, subject_id: str) -> list[str]:
+    """The runs linked to data subject ``subject_id``, oldest first."""
+    return [str(r) for r in conn.execute(_SUBJECT_RUNS, {"subject": subject_id}).scalars()]
+
+
+def runs_due_for_shredding_txn(
+    conn: Connection, retention_class: str, *, before: datetime, limit: int
+) -> list[str]:
+    """Ended runs of ``retention_class``, last moved before ``before``, that still have a
+    live data key: their bodies expired."""
+    params = {"class": retention_class, "before": before, "limit": limit}
+    return [str(r) for r in conn.execute(_DUE_FOR_SHREDDING, params).scalars()]
+
+
+def runs_due_for_deletion_txn(
+    conn: Connection, retention_class: str, *, before: datetime, limit: int
+) -> list[str]:
+    """Ended runs of ``retention_class``, last moved before ``before``, with no live key
+    and nothing left in the outbox: their metadata expired."""
+    params = {"class": retention_class, "before": before, "limit": limit}
+    return [str(r) for r in conn.execute(_DUE_FOR_DELETION, params).scalars()]
+
+
+def delete_run_metadata_txn(conn: Connection, run_ids: Sequence[str]) -> None:
+    """Delete the run rows and effects of ``run_ids`` (their keys are the key store's)."""
+    for statement in _DELETE_METADATA:
+        conn.execute(statement, {"run_ids": list(run_ids)})

@@ -1,0 +1,96 @@
+"""The run index: how the replayer finds recorded runs without knowing where they are kept.
+
+The read side implements it (:class:`~agent_blackbox.consumers.ViewRunIndex`, over its
+events index) and the ``blackbox`` command wires it in; the replayer itself never reads
+the read side's tables. Anything with these methods is a run index: a test's dict, an
+index of another store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+import click
+from sqlalchemy import Engine
+
+from agent_blackbox.schemas import BlackboxError, Checkpoint
+
+
+class RunLocation(Protocol):
+    """Where a run's events are: one partition of one topic, between two offsets."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def agent_id(self) -> str | None: ...
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def first_offset(self) -> int: ...
+
+    @property
+    def last_offset(self) -> int: ...
+
+    @property
+    def events(self) -> int: ...
+
+
+class RunIndex(Protocol):
+    """What the read side knows of recorded runs."""
+
+    def locate(self, run_id: str) -> RunLocation | None:
+        """Where ``run_id`` is in the topic; None when it is not indexed.
+
+        Raises:
+            BlackboxError: the index cannot be read, or the run is spread over more
+                than one partition.
+        """
+        ...
+
+    def runs(
+        self,
+        *,
+        finished_only: bool,
+        since: datetime | None = None,
+        agent_id: str | None = None,
+        limit: int = 100_000,
+    ) -> list[str]:
+        """The ids of indexed runs, oldest first."""
+        ...
+
+    def checkpoint(self, run_id: str) -> Checkpoint | None:
+        """The signed checkpoint of ``run_id``, when one was signed."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSide:
+    """How the replayer's commands reach the read side: a run index over a database.
+    The ``blackbox`` command puts one in its click context."""
+
+    run_index: Callable[[Engine], RunIndex]
+
+
+def read_side() -> ReadSide:
+    """The read side the running ``blackbox`` command was wired with.
+
+    Raises:
+        BlackboxError: the command runs outside the ``blackbox`` group.
+    """
+    context = click.get_current_context(silent=True)
+    found = None if context is None else context.find_object(ReadSide)
+    if found is None:
+        raise BlackboxError(
+            "this command reads runs through the read side's run index; run it as a "
+            "`blackbox` subcommand (or invoke it with obj=ReadSide(...))"
+        )
+    return found
