@@ -10,10 +10,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import recorder, relay, replay, sealing, views
+from bench import imports, recorder, relay, replay, sealing, views
 from bench._common import console
 
 BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
+    "imports": imports.main,
     "recorder": recorder.main,
     "sealing": sealing.main,
     "relay": relay.main,

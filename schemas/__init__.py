@@ -1,7 +1,7 @@
 """The contract both sides share: envelope, Avro schemas and codecs, canonical JSON,
 schema migrators and compatibility checks.
 
-This package is a leaf: it imports none of ``outbox``, ``consumers`` or ``replayer``.
+This package is a leaf: it imports no other part of agent_blackbox.
 """
 
 from agent_blackbox.schemas._canonical import (

@@ -1,0 +1,153 @@
+"""The parts and what they may import: the architecture, checked on the source.
+
+Every module of a part is read (not imported) and each ``agent_blackbox.<part>`` it
+names, at any depth (inside functions and ``TYPE_CHECKING`` blocks too), is an edge of
+the graph of parts. The graph must be the one the architecture allows and have no
+cycle; an agent's import of the write side must load none of the pipeline's machinery.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = {
+    "schemas": "schemas",
+    "keystore": "keystore",
+    "broker": "broker",
+    "outbox": "outbox",
+    "consumers": "consumers",
+    "replayer": "replayer",
+    "stack": "stack",
+    "cli": "cli",
+    "examples": "examples",
+}
+ALLOWED = {
+    "schemas": set(),
+    "keystore": {"schemas"},
+    "broker": {"schemas"},
+    # The write side: the relay (outbox.relay) publishes through the broker layer.
+    "outbox": {"schemas", "keystore", "broker"},
+    "consumers": {"schemas", "keystore", "broker", "outbox"},
+    "replayer": {"schemas", "keystore", "broker", "outbox"},
+    "stack": {"schemas", "broker"},
+    "examples": {"schemas", "outbox", "consumers", "stack"},
+    "cli": set(PARTS) - {"cli"},
+}
+# What an agent process carries: none of the pipeline's machinery.
+FORBIDDEN_IN_AGENTS = ("confluent_kafka", "alembic", "prometheus_client", "rich")
+
+
+def _imported_parts(path: Path) -> Iterator[tuple[str, int]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "agent_blackbox" and len(parts) > 1 and parts[1] in PARTS:
+                yield parts[1], node.lineno
+
+
+def _graph() -> dict[str, dict[str, str]]:
+    """Part → imported part → one place that imports it."""
+    graph: dict[str, dict[str, str]] = {part: {} for part in PARTS}
+    for part, folder in PARTS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for imported, line in _imported_parts(path):
+                if imported != part:
+                    where = f"{path.relative_to(ROOT)}:{line}"
+                    graph[part].setdefault(imported, where)
+    return graph
+
+
+def test_parts_import_only_what_the_architecture_allows() -> None:
+    graph = _graph()
+    wrong = {
+        f"{part} -> {imported} ({where})"
+        for part, edges in graph.items()
+        for imported, where in edges.items()
+        if imported not in ALLOWED[part]
+    }
+    assert not wrong
+
+
+def test_the_graph_of_parts_has_no_cycle() -> None:
+    graph = {part: set(edges) for part, edges in _graph().items()}
+    done: set[str] = set()
+
+    def visit(part: str, path: tuple[str, ...]) -> None:
+        assert part not in path, f"import cycle: {' -> '.join((*path, part))}"
+        if part in done:
+            return
+        for imported in sorted(graph[part]):
+            visit(imported, (*path, part))
+        done.add(part)
+
+    for part in sorted(graph):
+        visit(part, ())
+
+
+def test_the_write_side_imports_neither_the_read_side_nor_the_replayer() -> None:
+    edges = _graph()["outbox"]
+    assert "consumers" not in edges
+    assert "replayer" not in edges
+
+
+def test_the_checker_sees_an_import_it_must_refuse(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from agent_blackbox.consumers import ViewConsumer\n"
+        "def f():\n"
+        "    import agent_blackbox.replayer._replay\n",
+        encoding="utf-8",
+    )
+    assert sorted(_imported_parts(module)) == [("consumers", 3), ("replayer", 5)]
+
+
+def _loaded_after(code: str) -> list[str]:
+    report = f"print(','.join(m for m in {FORBIDDEN_IN_AGENTS!r} if m in sys.modules))"
+    probe = f"import sys\n{code}\n{report}"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    return [m for m in done.stdout.strip().split(",") if m]
+
+
+def test_importing_the_write_side_loads_no_pipeline_machinery() -> None:
+    assert _loaded_after("import agent_blackbox.outbox") == []
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_using_every_public_name_loads_no_pipeline_machinery() -> None:
+    """Every name of the write side's surface, and a run recorded with the sync and the
+    async memory recorder: still no Kafka client, alembic, metrics library or rich."""
+    agent = (
+        "import asyncio\n"
+        "import agent_blackbox.outbox as o\n"
+        "for name in o.__all__:\n"
+        "    getattr(o, name)\n"
+        "snapshot = o.RunSnapshot(code_version='probe', input={'n': 1})\n"
+        "def entry(run, value):\n"
+        "    return run.call('double', lambda n: 2 * n, value['n'])\n"
+        "o.MemoryRecorder().record(entry, snapshot, agent_id='probe')\n"
+        "async def entry_async(run, value):\n"
+        "    return await run.call('double', lambda n: 2 * n, value['n'])\n"
+        "asyncio.run(o.AsyncMemoryRecorder().record(entry_async, snapshot, agent_id='probe'))\n"
+    )
+    assert _loaded_after(agent) == []
+    assert sorted(_loaded_after("import agent_blackbox.outbox.relay")) == [
+        "confluent_kafka",
+        "prometheus_client",
+    ]
