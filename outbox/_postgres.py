@@ -29,6 +29,7 @@ from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import APPEND_ATTEMPTS, RunCore, StartPlan
 from agent_blackbox.outbox._errors import DatabaseUnavailable, RunNotActive
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
+from agent_blackbox.outbox._steps import Stepper
 from agent_blackbox.outbox._writer import Cursor, PreparedEvent, RunIdentity, shard_of
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, DataKey, Digester, Envelope
 
@@ -255,34 +256,24 @@ def unresolved_plan(*, run_id: str | None, limit: int) -> Plan[list[PendingEffec
 def execute(conn: Connection, plan: Plan[T]) -> T:
     """Run ``plan`` on ``conn``; an integrity error goes back into the plan, which decides
     what it means."""
-    reply: Any = None
-    failed: IntegrityError | None = None
-    while True:
+    walk = Stepper(plan)
+    while (statement := walk.next()) is not None:
         try:
-            statement = plan.send(reply) if failed is None else plan.throw(failed)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        failed = None
-        try:
-            reply = conn.execute(*statement)
+            walk.reply(conn.execute(*statement))
         except IntegrityError as exc:
-            failed = exc
+            walk.fail(exc)
+    return walk.result()
 
 
 async def execute_async(conn: AsyncConnection, plan: Plan[T]) -> T:
     """:func:`execute` on an async connection."""
-    reply: Any = None
-    failed: IntegrityError | None = None
-    while True:
+    walk = Stepper(plan)
+    while (statement := walk.next()) is not None:
         try:
-            statement = plan.send(reply) if failed is None else plan.throw(failed)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        failed = None
-        try:
-            reply = await conn.execute(*statement)
+            walk.reply(await conn.execute(*statement))
         except IntegrityError as exc:
-            failed = exc
+            walk.fail(exc)
+    return walk.result()
 
 
 def load_run_txn(conn: Connection, run_id: str, *, shards: int) -> StoredRun:

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import Outcome, RunCore
@@ -217,26 +217,58 @@ def finish(
 # The drivers --------------------------------------------------------------------------
 
 
+S = TypeVar("S")
+
+
+class Stepper(Generic[S, T]):
+    """Walks a generator of steps: :meth:`next` gives the step to do (None once the
+    generator returned); :meth:`reply` sends back what the step gave, :meth:`fail` an
+    exception for the generator to handle; :meth:`result` is what the generator
+    returned. Every driver (sync, async, of boundaries and of SQL plans) is a loop
+    around one of these."""
+
+    def __init__(self, steps: Generator[S, Any, T]) -> None:
+        self._steps = steps
+        self._reply: Any = None
+        self._failed: BaseException | None = None
+        self._value: T | None = None
+
+    def next(self) -> S | None:
+        failed, self._failed = self._failed, None
+        try:
+            if failed is not None:
+                return self._steps.throw(failed)
+            return self._steps.send(self._reply)
+        except StopIteration as done:
+            self._value = done.value
+            return None
+
+    def reply(self, value: Any) -> None:
+        self._reply = value
+
+    def fail(self, exc: BaseException) -> None:
+        self._failed = exc
+
+    def result(self) -> T:
+        return cast(T, self._value)
+
+
 def drive(steps: Steps[T], append: Callable[[Append], Envelope]) -> T:
     """Run ``steps`` in sync code."""
-    reply: Any = None
-    while True:
-        try:
-            step = steps.send(reply)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        reply = append(step) if isinstance(step, Append) else _call(step.perform)
+    walk = Stepper(steps)
+    while (step := walk.next()) is not None:
+        walk.reply(append(step) if isinstance(step, Append) else _call(step.perform))
+    return walk.result()
 
 
 async def drive_async(steps: Steps[T], append: Callable[[Append], Awaitable[Envelope]]) -> T:
     """Run ``steps`` in async code: agent functions may be plain or ``async``."""
-    reply: Any = None
-    while True:
-        try:
-            step = steps.send(reply)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        reply = await append(step) if isinstance(step, Append) else await _call_async(step.perform)
+    walk = Stepper(steps)
+    while (step := walk.next()) is not None:
+        walk.reply(
+            await append(step) if isinstance(step, Append) else await _call_async(step.perform)
+        )
+    return walk.result()
 
 
 def _call(perform: Callable[[], Any]) -> Done:
