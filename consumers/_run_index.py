@@ -64,7 +64,7 @@ class ViewRunIndex:
             with self._engine.connect() as conn:
                 rows = conn.execute(_LOCATE, {"run_id": run_id}).all()
         except SQLAlchemyError as exc:
-            raise ViewStoreUnavailable(f"cannot read the events index: {exc}") from exc
+            raise _unreadable("the events index", exc) from exc
         if not rows:
             return None
         if len(rows) > 1:
@@ -97,8 +97,16 @@ class ViewRunIndex:
             with self._engine.connect() as conn:
                 return [str(r) for r in conn.execute(_RUNS, params).scalars()]
         except SQLAlchemyError as exc:
-            raise ViewStoreUnavailable(f"cannot read the runs view: {exc}") from exc
+            raise _unreadable("the runs view", exc) from exc
 
     def checkpoint(self, run_id: str) -> Checkpoint | None:
         """The signed checkpoint of ``run_id``, if the signer has signed one."""
         return load_checkpoint(self._engine, run_id)
+
+
+def _unreadable(what: str, exc: SQLAlchemyError) -> ViewStoreUnavailable:
+    cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    return ViewStoreUnavailable(
+        f"cannot read {what}: {cause}. Check that Postgres runs (blackbox stack status) and "
+        "BLACKBOX_DATABASE_URL points at it, and that the views were built (blackbox consume)"
+    )

@@ -15,9 +15,11 @@ from ._effects import LiveTools as LiveTools
 from ._effects import RefuseEffects as RefuseEffects
 from ._effects import SandboxEffects as SandboxEffects
 from ._effects import ToolPolicy as ToolPolicy
+from ._errors import BlackboxError as BlackboxError
 from ._errors import ConcurrentRunWriter as ConcurrentRunWriter
 from ._errors import DatabaseUnavailable as DatabaseUnavailable
 from ._errors import EffectRejected as EffectRejected
+from ._errors import NotSerialisable as NotSerialisable
 from ._errors import PayloadTooLarge as PayloadTooLarge
 from ._errors import RecordedError as RecordedError
 from ._errors import RunNotActive as RunNotActive

@@ -116,13 +116,21 @@ class RunOptions:
 
         Raises:
             TypeError: neither names the agent.
+            ValueError: a field is empty or of the wrong kind.
         """
         if options is not None:
             return replace(options, **keywords) if keywords else options
         if "agent_id" not in keywords:
-            raise TypeError("start_run needs the agent: pass agent_id=... or RunOptions(...)")
-        chosen = cls(**keywords)
-        return replace(chosen, subject_ids=tuple(chosen.subject_ids))
+            raise TypeError("a run needs its agent: pass agent_id=... or RunOptions(...)")
+        return cls(**keywords)
+
+    def __post_init__(self) -> None:
+        for name in ("agent_id", "tenant_id", "classification", "retention_class"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"RunOptions.{name} must be a non-empty string")
+        if isinstance(self.subject_ids, str):
+            raise ValueError("RunOptions.subject_ids is a tuple of ids, not one string")
+        object.__setattr__(self, "subject_ids", tuple(self.subject_ids))
 
 
 class RunCore:

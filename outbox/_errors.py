@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from agent_blackbox.schemas import BlackboxError
+from agent_blackbox.schemas import BlackboxError, NotSerialisable
+
+__all__ = [
+    "BlackboxError",
+    "ConcurrentRunWriter",
+    "DatabaseUnavailable",
+    "EffectRejected",
+    "NotSerialisable",
+    "PayloadTooLarge",
+    "RecordedError",
+    "RunNotActive",
+]
 
 
 class DatabaseUnavailable(BlackboxError):

@@ -64,7 +64,7 @@ def verify_command(
     """
     console = Console(stderr=True)
     if every == (run_id is not None):
-        raise click.UsageError("give a RUN_ID or --all, not both")
+        raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
     try:
         verifier = checkpoint_verifier()
         settings = Settings.from_env()

@@ -75,7 +75,7 @@ def replay_command(
     """
     console = Console(stderr=True)
     if every == (run_id is not None):
-        raise click.UsageError("give a RUN_ID or --all, not both")
+        raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
     try:
         registry = AgentRegistry.from_env(load_entry(agent_path) if agent_path else None)
         scope = _Scope(agent_id, since, limit, every, purpose)
