@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent_blackbox.outbox import _boundaries as b
 from agent_blackbox.outbox._boundaries import error_info, recorded
@@ -39,9 +39,9 @@ __all__ = [
 _NOTHING_FIRED: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class Ask:
-    """One crossing as the agent's code asks for it.
+class Ask(NamedTuple):
+    """One crossing as the agent's code asks for it (a named tuple: replay builds one for
+    every event it checks, and a tuple is the cheapest immutable value to build).
 
     ``input`` is the JSON the input digest is taken over (already scrubbed); ``value`` is
     what the crossing's body repeats of it (a tool's scrubbed arguments, the scrubbed
@@ -86,7 +86,9 @@ class Contract:
         self.scrub = scrub
         self.digest = digest
         # Inputs that never change are digested once per run, not once per call.
-        self._fixed: dict[tuple[str, str], Ask] = {}
+        self._clocks: dict[str, Ask] = {}
+        self._draws: dict[str, Ask] = {}
+        self._endings: dict[str, Ask] = {}
 
     def _ask(
         self, event_type: EventType, inputs: Any, *, path: str, value: Any = None, fired: set[str]
@@ -94,12 +96,11 @@ class Contract:
         digest = self.digest(inputs, path=path)
         return Ask(event_type, inputs, digest, value, frozenset(fired) if fired else _NOTHING_FIRED)
 
-    def _fixed_ask(self, event_type: EventType, key: str, inputs: Any) -> Ask:
-        known = self._fixed.get((event_type, key))
-        if known is None:
-            known = self._ask(event_type, inputs, path=f"{event_type}.input", fired=set())
-            self._fixed[(event_type, key)] = known
-        return known
+    def _fixed_ask(
+        self, known: dict[str, Ask], key: str, event_type: EventType, inputs: Any
+    ) -> Ask:
+        ask = known[key] = self._ask(event_type, inputs, path=f"{event_type}.input", fired=set())
+        return ask
 
     # Inputs ------------------------------------------------------------------------
 
@@ -129,12 +130,19 @@ class Contract:
 
     def clock(self, clock: str) -> Ask:
         """A read of the ``wall`` or ``monotonic`` clock."""
-        return self._fixed_ask(EventType.CLOCK_READ, clock, b.clock_input(clock))
+        known = self._clocks.get(clock)
+        if known is not None:
+            return known
+        return self._fixed_ask(self._clocks, clock, EventType.CLOCK_READ, b.clock_input(clock))
 
     def random(self, kind: str, arguments: Mapping[str, Any] | None = None) -> Ask:
         """A random draw (``random``, ``randint`` with its bounds, ``uuid4``)."""
         if not arguments:
-            return self._fixed_ask(EventType.RANDOM_DRAW, kind, b.random_input(kind, {}))
+            known = self._draws.get(kind)
+            if known is not None:
+                return known
+            inputs = b.random_input(kind, {})
+            return self._fixed_ask(self._draws, kind, EventType.RANDOM_DRAW, inputs)
         inputs = b.random_input(kind, arguments)
         return self._ask(EventType.RANDOM_DRAW, inputs, path=f"{kind}.arguments", fired=set())
 
@@ -191,7 +199,9 @@ class Contract:
         fired: set[str] = set()
         output = self.scrub.value(output, fired)
         error = self.scrub.error(error, fired)
-        ask = self._fixed_ask(EventType.RUN_FINISHED, status, b.finished_input(status))
+        ask = self._endings.get(status) or self._fixed_ask(
+            self._endings, status, EventType.RUN_FINISHED, b.finished_input(status)
+        )
         recorded_output = {
             "output": output,
             "error": error_info(error),
