@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, func, select
 
-from agent_blackbox.consumers import ViewConsumer
+from agent_blackbox.consumers import ViewConsumer, events_index, runs_view
 from agent_blackbox.schemas import Settings
 from tests.integration._wait import eventually
 
@@ -14,9 +14,7 @@ def build_views(settings: Settings, engine: Engine, *, expect: int, timeout: flo
 
     def indexed() -> int:
         with engine.connect() as conn:
-            return int(
-                conn.execute(text("SELECT count(*) FROM blackbox_views.events")).scalar_one()
-            )
+            return int(conn.execute(select(func.count()).select_from(events_index)).scalar_one())
 
     with ViewConsumer(settings, engine=engine) as consumer:
 
@@ -31,10 +29,6 @@ def build_views(settings: Settings, engine: Engine, *, expect: int, timeout: flo
 def view_runs(engine: Engine) -> dict[str, tuple[str, int, int, str | None]]:
     """run_id → (status, event_count, last_sequence, code_version) from the runs view."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT run_id, status, event_count, last_sequence, code_version "
-                "FROM blackbox_views.runs"
-            )
-        ).all()
+        columns = ("run_id", "status", "event_count", "last_sequence", "code_version")
+        rows = conn.execute(select(*(runs_view.c[name] for name in columns))).all()
     return {r[0]: (r[1], int(r[2]), int(r[3]), r[4]) for r in rows}

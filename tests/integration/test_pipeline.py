@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, select, text
 
+from agent_blackbox.consumers import events_index
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, EventType, Settings
@@ -66,9 +67,8 @@ def test_recorded_runs_land_once_in_order_on_their_murmur2_partition(
         r.run_id: ("succeeded", r.events, r.events, r.code_version) for r in recorded
     }
     with engine.connect() as conn:
-        indexed = conn.execute(
-            text('SELECT run_id, sequence, "partition", "offset" FROM blackbox_views.events')
-        ).all()
+        columns = ("run_id", "sequence", "partition", "offset")
+        indexed = conn.execute(select(*(events_index.c[name] for name in columns))).all()
     where = {(e.run_id, e.sequence): (p, o) for p, o, e in messages}
     assert {(r, s): (p, o) for r, s, p, o in indexed} == where
 

@@ -13,8 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, func, select, text
 
+from agent_blackbox.consumers import integrity_violations
 from agent_blackbox.outbox import Recorder
 from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.schemas import Settings
@@ -113,8 +114,8 @@ def test_relay_killed_mid_drain_loses_nothing_and_keeps_order(
         r.run_id: ("succeeded", r.events, r.events, r.code_version) for r in recorded
     }
     with engine.connect() as conn:
-        violations = "SELECT count(*) FROM blackbox_views.integrity_violations"
-        assert conn.execute(text(violations)).scalar_one() == 0
+        violations = select(func.count()).select_from(integrity_violations)
+        assert conn.execute(violations).scalar_one() == 0
     print(f"duplicates in the topic after SIGKILL: {duplicates}")
 
 

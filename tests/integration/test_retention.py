@@ -13,9 +13,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, select, text
 
-from agent_blackbox.consumers import RetentionJob, RetentionPolicy, ledger_entries, reapply_ledger
+from agent_blackbox.consumers import (
+    RetentionJob,
+    RetentionPolicy,
+    ledger_entries,
+    reapply_ledger,
+    runs_view,
+)
 from agent_blackbox.keystore import (
     AesGcmSealer,
     AuditedKeys,
@@ -102,7 +108,7 @@ def test_forget_destroys_a_subjects_bodies_everywhere(engine: Engine, settings: 
 
     build_views(settings, engine, expect=14)
     with engine.connect() as conn:
-        rows = conn.execute(text("SELECT run_id, limited_replay FROM blackbox_views.runs"))
+        rows = conn.execute(select(runs_view.c.run_id, runs_view.c.limited_replay))
         flags = {str(run_id): bool(flag) for run_id, flag in rows}
         ledger = conn.execute(
             text("SELECT action, run_id, subject_id FROM blackbox.deletion_ledger")
