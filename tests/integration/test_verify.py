@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
 from agent_blackbox.cli import main
-from agent_blackbox.consumers import CheckpointConsumer, load_checkpoint
+from agent_blackbox.consumers import CheckpointConsumer, ViewRunIndex, load_checkpoint
 from agent_blackbox.outbox import Recorder
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import write_archive
@@ -40,13 +40,12 @@ def _signed_runs(settings: Settings, engine: Engine, signer: CheckpointSigner) -
     relay.drain(timeout=60)
     relay.close()
     build_views(settings, engine, expect=sum(r.events for r in recorded))
+    index = ViewRunIndex(engine)
     with CheckpointConsumer(settings, signer, engine=engine) as consumer:
 
         def signed() -> bool:
             consumer.poll_once(0.5)
-            with engine.connect() as conn:
-                count = conn.execute(text("SELECT count(*) FROM blackbox_views.checkpoints"))
-                return int(count.scalar_one()) == len(recorded)
+            return all(index.checkpoint(r.run_id) is not None for r in recorded)
 
         eventually(signed, timeout=60, what="a checkpoint for every run")
     return [r.run_id for r in recorded]
