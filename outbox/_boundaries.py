@@ -322,7 +322,12 @@ def state_transition(
     attributes = {"to_state": to_state}
     if from_state is not None:
         attributes["from_state"] = from_state
-    return Crossing(EventType.STATE_TRANSITION, body, inputs, {"state": state}, attributes)
+    return Crossing(EventType.STATE_TRANSITION, body, inputs, state_output(state), attributes)
+
+
+def state_output(state: Any) -> dict[str, Any]:
+    """The digested output of a state transition: the state the code set."""
+    return {"state": state}
 
 
 def run_finished(
@@ -336,11 +341,18 @@ def run_finished(
         "error": err,
         "final_state_digest": final_state_digest,
     }
-    outputs = {"output": output, "error": err, "final_state_digest": final_state_digest}
+    outputs = finished_output(output, err, final_state_digest)
     attributes = {"status": status}
     if err:
         attributes["error"] = err["type"]
     return Crossing(EventType.RUN_FINISHED, body, finished_input(status), outputs, attributes)
+
+
+def finished_output(
+    output: Any, error: Mapping[str, str] | None, final_state_digest: str | None
+) -> dict[str, Any]:
+    """The digested output of the end of a run: how the code ended it, after which state."""
+    return {"output": output, "error": error, "final_state_digest": final_state_digest}
 
 
 def run_redacted(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Engine, TextClause, text
@@ -335,19 +335,19 @@ class PostgresLog:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def transact(self, plan: Callable[[], Plan[T]], connection: Joinable | None = None) -> T:
-        """Execute a fresh ``plan()`` in the caller's transaction, or in a new one with
-        retries (a joined transaction belongs to the caller, who decides)."""
+    def transact(self, work: Callable[[Connection], T], connection: Joinable | None = None) -> T:
+        """Run ``work`` in the caller's transaction, or in a new one with retries (a joined
+        transaction belongs to the caller, who decides)."""
         try:
             if connection is not None:
                 joined = (
                     connection if isinstance(connection, Connection) else connection.connection()
                 )
-                return execute(joined, plan())
+                return work(joined)
             for attempt in range(TRANSIENT_RETRIES):
                 try:
                     with self.engine.begin() as conn:
-                        return execute(conn, plan())
+                        return work(conn)
                 except DBAPIError as exc:
                     time.sleep(retry_delay(exc, attempt))  # back off before a fresh attempt
         except SQLAlchemyError as exc:
@@ -355,27 +355,29 @@ class PostgresLog:
         raise AssertionError("unreachable")
 
     def create(self, start: StartPlan, connection: Joinable | None) -> Envelope:
-        return self.transact(lambda: create_plan(start), connection)
+        return self.transact(lambda conn: execute(conn, create_plan(start)), connection)
 
     def append(
         self, core: RunCore, crossing: Crossing, event_id: str, connection: Joinable | None
     ) -> Envelope:
-        return self.transact(lambda: append_plan(core, crossing, event_id), connection)
+        return self.transact(
+            lambda conn: execute(conn, append_plan(core, crossing, event_id)), connection
+        )
 
     def resume(
         self, run_id: str, *, shards: int, keys: DataKeyStore | None
     ) -> tuple[StoredRun, DataKey | None]:
-        return self.transact(lambda: resume_plan(run_id, shards=shards, keys=keys))
+        return self.transact(
+            lambda conn: execute(conn, resume_plan(run_id, shards=shards, keys=keys))
+        )
 
     def unresolved_effects(self, *, run_id: str | None, limit: int) -> list[PendingEffect]:
-        return self.transact(lambda: unresolved_plan(run_id=run_id, limit=limit))
+        return self.transact(
+            lambda conn: execute(conn, unresolved_plan(run_id=run_id, limit=limit))
+        )
 
     def tenant_digest(self, keys: DataKeyStore, tenant_id: str) -> Digester:
-        try:
-            with self.engine.begin() as conn:
-                return keys.tenant_digest_txn(conn, tenant_id)
-        except SQLAlchemyError as exc:
-            raise unavailable(exc) from exc
+        return self.transact(lambda conn: keys.tenant_digest_txn(conn, tenant_id))
 
 
 class AsyncPostgresLog:
@@ -385,16 +387,18 @@ class AsyncPostgresLog:
         self.engine = engine
 
     async def transact(
-        self, plan: Callable[[], Plan[T]], connection: AsyncConnection | None = None
+        self,
+        work: Callable[[AsyncConnection], Awaitable[T]],
+        connection: AsyncConnection | None = None,
     ) -> T:
         """See :meth:`PostgresLog.transact`."""
         try:
             if connection is not None:
-                return await execute_async(connection, plan())
+                return await work(connection)
             for attempt in range(TRANSIENT_RETRIES):
                 try:
                     async with self.engine.begin() as conn:
-                        return await execute_async(conn, plan())
+                        return await work(conn)
                 except DBAPIError as exc:
                     await asyncio.sleep(retry_delay(exc, attempt))
         except SQLAlchemyError as exc:
@@ -402,30 +406,31 @@ class AsyncPostgresLog:
         raise AssertionError("unreachable")
 
     async def create(self, start: StartPlan, connection: AsyncConnection | None) -> Envelope:
-        return await self.transact(lambda: create_plan(start), connection)
+        return await self.transact(lambda conn: execute_async(conn, create_plan(start)), connection)
 
     async def append(
         self, core: RunCore, crossing: Crossing, event_id: str, connection: AsyncConnection | None
     ) -> Envelope:
-        return await self.transact(lambda: append_plan(core, crossing, event_id), connection)
+        return await self.transact(
+            lambda conn: execute_async(conn, append_plan(core, crossing, event_id)), connection
+        )
 
     async def resume(
         self, run_id: str, *, shards: int, keys: DataKeyStore | None
     ) -> tuple[StoredRun, DataKey | None]:
-        return await self.transact(lambda: resume_plan(run_id, shards=shards, keys=keys))
+        return await self.transact(
+            lambda conn: execute_async(conn, resume_plan(run_id, shards=shards, keys=keys))
+        )
 
     async def unresolved_effects(self, *, run_id: str | None, limit: int) -> list[PendingEffect]:
-        return await self.transact(lambda: unresolved_plan(run_id=run_id, limit=limit))
+        return await self.transact(
+            lambda conn: execute_async(conn, unresolved_plan(run_id=run_id, limit=limit))
+        )
 
     async def tenant_digest(self, keys: DataKeyStore, tenant_id: str) -> Digester:
-        def fetch(conn: Connection) -> Digester:
-            return keys.tenant_digest_txn(conn, tenant_id)
-
-        try:
-            async with self.engine.begin() as conn:
-                return await conn.run_sync(fetch)
-        except SQLAlchemyError as exc:
-            raise unavailable(exc) from exc
+        return await self.transact(
+            lambda conn: conn.run_sync(lambda sync: keys.tenant_digest_txn(sync, tenant_id))
+        )
 
 
 class PostgresBlobs:

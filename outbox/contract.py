@@ -99,6 +99,8 @@ class Contract:
     def _fixed_ask(
         self, known: dict[str, Ask], key: str, event_type: EventType, inputs: Any
     ) -> Ask:
+        """Digest ``inputs`` once and keep the ask under ``key`` (callers look there first,
+        building ``inputs`` only when it is missing)."""
         ask = known[key] = self._ask(event_type, inputs, path=f"{event_type}.input", fired=set())
         return ask
 
@@ -130,19 +132,16 @@ class Contract:
 
     def clock(self, clock: str) -> Ask:
         """A read of the ``wall`` or ``monotonic`` clock."""
-        known = self._clocks.get(clock)
-        if known is not None:
-            return known
-        return self._fixed_ask(self._clocks, clock, EventType.CLOCK_READ, b.clock_input(clock))
+        return self._clocks.get(clock) or self._fixed_ask(
+            self._clocks, clock, EventType.CLOCK_READ, b.clock_input(clock)
+        )
 
     def random(self, kind: str, arguments: Mapping[str, Any] | None = None) -> Ask:
         """A random draw (``random``, ``randint`` with its bounds, ``uuid4``)."""
         if not arguments:
-            known = self._draws.get(kind)
-            if known is not None:
-                return known
-            inputs = b.random_input(kind, {})
-            return self._fixed_ask(self._draws, kind, EventType.RANDOM_DRAW, inputs)
+            return self._draws.get(kind) or self._fixed_ask(
+                self._draws, kind, EventType.RANDOM_DRAW, b.random_input(kind, {})
+            )
         inputs = b.random_input(kind, arguments)
         return self._ask(EventType.RANDOM_DRAW, inputs, path=f"{kind}.arguments", fired=set())
 
@@ -178,7 +177,7 @@ class Contract:
 
     def state_digest(self, ask: Ask, to_state: str) -> str:
         """The output digest of a transition: over the state it set."""
-        return self.digest({"state": ask.value}, path=f"{to_state}.state")
+        return self.digest(b.state_output(ask.value), path=f"{to_state}.state")
 
     def ending(
         self, output: Any, error: BaseException | None, final_state_digest: str | None
@@ -202,11 +201,7 @@ class Contract:
         ask = self._endings.get(status) or self._fixed_ask(
             self._endings, status, EventType.RUN_FINISHED, b.finished_input(status)
         )
-        recorded_output = {
-            "output": output,
-            "error": error_info(error),
-            "final_state_digest": final_state_digest,
-        }
+        recorded_output = b.finished_output(output, error_info(error), final_state_digest)
         return Ending(ask, output, error, recorded_output, frozenset(fired))
 
     def output_digest(self, ending: Ending) -> str:

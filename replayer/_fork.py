@@ -39,7 +39,6 @@ from agent_blackbox.schemas import (
     EventType,
     PayloadPipeline,
     Settings,
-    digest,
 )
 
 ForkFactory = Callable[..., AgentEntry]
@@ -77,11 +76,9 @@ class RecordedTools:
         opener = pipeline or PayloadPipeline()
         self._answers: dict[str, dict[str, Any]] = {}
         envelopes = list(parent)
-        self._contract = Contract(Scrub(None), digest)
-        if envelopes:
-            self._contract = Contract(
-                Scrub.recorded_in(envelopes[0].attributes), run_digest(envelopes[0], digests)
-            )
+        first = envelopes[0] if envelopes else None
+        scrub = Scrub(None) if first is None else Scrub.recorded_in(first.attributes)
+        self._contract = Contract(scrub, run_digest(first, digests))
         for envelope in envelopes:
             if envelope.event_type == EventType.TOOL_CALL and envelope.payload is not None:
                 body = opener.unpack(envelope)

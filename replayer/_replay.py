@@ -503,12 +503,6 @@ class ReplayRun:
         if self._unreadable is not None:
             raise self._unreadable
 
-    def _next(self) -> Envelope | None:
-        if self._peeked is not None:
-            envelope, self._peeked = self._peeked, None
-            return envelope
-        return next(self._events, None)
-
     def _peek(self) -> Envelope | None:
         if self._peeked is None:
             self._peeked = next(self._events, None)
