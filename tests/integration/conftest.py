@@ -25,7 +25,9 @@ from agent_blackbox.schemas import Settings
 from agent_blackbox.stack import LocalKafka, LocalStack, StackPorts
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE_DB = "blackbox_test_template"
+# Several checkouts may share one set of services (BLACKBOX_DATABASE_URL): each names its
+# own template database so that no suite drops another's.
+TEMPLATE_DB = os.environ.get("BLACKBOX_TEST_TEMPLATE_DB", "blackbox_test_template")
 
 
 def _cache_dir() -> Path:
