@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from itertools import chain
 from typing import Any
 
-from agent_blackbox.keystore import KeyDestroyed
+from agent_blackbox.keystore import DataKeyMissing, KeyDestroyed
 from agent_blackbox.outbox import AgentRun
 from agent_blackbox.replayer._replay import (
     BlobReader,
@@ -15,10 +15,20 @@ from agent_blackbox.replayer._replay import (
     DivergenceKind,
     ReplayDivergence,
     ReplayRun,
+    ReplaySetupError,
 )
 from agent_blackbox.replayer._report import ReplayReport
 from agent_blackbox.replayer._verify import verify_run
-from agent_blackbox.schemas import Envelope, PayloadPipeline
+from agent_blackbox.schemas import (
+    Envelope,
+    KeyUnavailable,
+    PayloadPipeline,
+    UnknownSchemaVersion,
+)
+
+_SETUP_ERRORS = (ReplaySetupError, KeyUnavailable, UnknownSchemaVersion, DataKeyMissing)
+"""What stops a replay that is not the code's fault: reported as an error, never as a
+divergence."""
 
 AgentEntry = Callable[[AgentRun, Any], Any]
 """An agent entry point: ``entry(run, input) -> output``, the same code as in production."""
@@ -36,7 +46,9 @@ def replay_run(
     """Replay one recorded run through ``entry`` and report PASS or the first divergence.
 
     The agent's exceptions are part of what is replayed: a run recorded as failed passes
-    when today's code fails the same way.
+    when today's code fails the same way. A problem of the replay's own setup (a missing
+    key or blob reader, an event this release cannot read) is the report's ``error``,
+    with the exception's message, even when the agent's code caught it.
     """
     stream = iter(events)
     first = next(stream, None)
@@ -46,6 +58,8 @@ def replay_run(
         run = ReplayRun(chain([first], stream), pipeline=pipeline, blobs=blobs, digests=digests)
     except KeyDestroyed as exc:
         return _limited(chain([first], stream), agent_id, blobs, str(exc))
+    except _SETUP_ERRORS as exc:
+        return _setup_failed(first.run_id, agent_id, 0, exc)
     except ReplayDivergence as exc:
         return ReplayReport(
             exc.divergence.run_id, agent_id, 0, exc.divergence, divergences=exc.divergences
@@ -53,17 +67,35 @@ def replay_run(
     try:
         try:
             output = entry(run, run.input)
-        except ReplayDivergence:
+        except (ReplayDivergence, *_SETUP_ERRORS):
             raise
         except Exception as exc:  # the agent failed; was that what was recorded?
+            _setup_first(run)
             run.finish(error=exc)
         else:
+            _setup_first(run)
             run.finish(output=output)
+    except _SETUP_ERRORS as exc:
+        return _setup_failed(run.run_id, agent_id, run.consumed, run.setup_error or exc)
     except ReplayDivergence as exc:
+        if run.setup_error is not None:
+            return _setup_failed(run.run_id, agent_id, run.consumed, run.setup_error)
         return ReplayReport(
             run.run_id, agent_id, run.consumed, exc.divergence, divergences=exc.divergences
         )
     return ReplayReport(run.run_id, agent_id, run.consumed)
+
+
+def _setup_first(run: ReplayRun) -> None:
+    """Raise the setup error the agent's code caught and went past, if any."""
+    if run.setup_error is not None:
+        raise run.setup_error
+
+
+def _setup_failed(
+    run_id: str, agent_id: str | None, consumed: int, exc: BaseException
+) -> ReplayReport:
+    return ReplayReport(run_id, agent_id, consumed, error=f"{type(exc).__name__}: {exc}")
 
 
 def _limited(

@@ -156,6 +156,12 @@ class ReplayDivergence(BlackboxError):
         super().__init__(divergence.describe())
 
 
+class ReplaySetupError(BlackboxError):
+    """Replay could not check the run, through no fault of the agent's code: a body
+    stored out of line without a blob reader, a sealed run without its key, an event
+    this release cannot read. Never a divergence; the replay reports it as an error."""
+
+
 class DigestKeys(Protocol):
     """Finds the keyed digest of a tenant whose sensitive runs are digested under a key."""
 
@@ -225,6 +231,8 @@ class ReplayRun:
         # An event no release of ours can read stops the replay for good, also when the
         # agent code catches the error: nothing after it can be checked.
         self._unreadable: UnknownSchemaVersion | None = None
+        self.setup_error: BlackboxError | None = None
+        """Why the replay could not go on, kept also when the agent's code caught it."""
         self._digest = run_digest(self._peek(), digests)
         started, body, _ = self._take(EventType.RUN_STARTED, None)
         self._run_id = started.run_id
@@ -452,9 +460,12 @@ class ReplayRun:
         data = None
         if envelope.payload_ref is not None:
             if self._blobs is None:
-                raise BlackboxError(
-                    f"run {envelope.run_id} sequence {envelope.sequence}: the body is stored "
-                    f"out of line ({envelope.payload_ref}) and no blob reader was given"
+                raise self._setup(
+                    ReplaySetupError(
+                        f"run {envelope.run_id} sequence {envelope.sequence}: the body is "
+                        f"stored out of line ({envelope.payload_ref}) and no blob reader was "
+                        "given; pass blobs= (PostgresBlobs on the write side's engine)"
+                    )
                 )
             data = self._blobs.read(envelope.payload_ref)
         try:
@@ -473,10 +484,19 @@ class ReplayRun:
             # An intact envelope of a version this release cannot read is not tampering:
             # it was written by a newer release (or needs a migrator). Stop.
             self._unreadable = exc
-            raise
-        except KeyUnavailable:
-            raise  # not the log's fault: without the key nothing can be said of the bytes
+            raise self._setup(exc) from None
+        except KeyUnavailable as exc:
+            # Not the log's fault: without the key nothing can be said of the bytes.
+            raise self._setup(exc) from None
         except BlackboxError as exc:
+            if envelope.key_id is not None and not self._pipeline.seals:
+                raise self._setup(
+                    ReplaySetupError(
+                        f"run {envelope.run_id} is encrypted (sequence {envelope.sequence} "
+                        f"is sealed under data key {envelope.key_id}) and the replay has no "
+                        "key store; set BLACKBOX_KEK_FILE (or BLACKBOX_KEK) and a purpose"
+                    )
+                ) from None
             self._diverge(
                 DivergenceKind.TAMPERED_OUTPUT,
                 envelope.sequence,
@@ -498,6 +518,12 @@ class ReplayRun:
                 actual=(envelope.event_type, actual),
             )
         return body, output
+
+    def _setup(self, exc: BlackboxError) -> BlackboxError:
+        """Keep ``exc`` as the reason the replay stops, and give it back to raise."""
+        if self.setup_error is None:
+            self.setup_error = exc
+        return exc
 
     def _check_readable(self) -> None:
         if self._unreadable is not None:

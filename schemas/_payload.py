@@ -105,6 +105,11 @@ class PayloadPipeline:
         # Reading migrates: old body versions come out at the newest (or asked) version.
         self._reader = reader or BodyReader(self._bodies)
 
+    @property
+    def seals(self) -> bool:
+        """Whether this pipeline can seal and open sealed payloads (has a key provider)."""
+        return not self._plaintext
+
     def pack(
         self, event_type: str, version: int, body: Mapping[str, Any], context: PayloadContext
     ) -> Sealed:

@@ -314,9 +314,13 @@ def test_unknown_version_is_a_clear_error_from_codec_and_pipeline() -> None:
 
 
 def test_unknown_version_stops_the_replay_instead_of_calling_it_tampering() -> None:
-    with pytest.raises(UnknownSchemaVersion) as stopped:
-        replay_run(_claiming(9, GOLDEN_RUNS[0]), replay_entry)
-    _names_type_and_version(stopped.value)
+    report = replay_run(_claiming(9, GOLDEN_RUNS[0]), replay_entry)
+    assert report.result == "ERROR"
+    assert report.divergence is None
+    assert report.error is not None
+    assert report.error.startswith("UnknownSchemaVersion: ")
+    for part in ("'llm.call' version 9", "known versions: 1, 2", "upgrade agent-blackbox"):
+        assert part in report.error
 
 
 def test_unknown_version_stops_the_replay_even_when_the_agent_catches_it() -> None:
@@ -326,8 +330,10 @@ def test_unknown_version_stops_the_replay_even_when_the_agent_catches_it() -> No
         except Exception:
             return None  # agent code that swallows every error must not hide it
 
-    with pytest.raises(UnknownSchemaVersion):
-        replay_run(_claiming(9, GOLDEN_RUNS[0]), forgiving)
+    report = replay_run(_claiming(9, GOLDEN_RUNS[0]), forgiving)
+    assert report.result == "ERROR"
+    assert report.error is not None
+    assert "version 9" in report.error
 
 
 def test_a_forged_body_version_is_a_broken_chain() -> None:
