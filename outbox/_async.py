@@ -201,6 +201,7 @@ class AsyncRun:
     async def drive(self, entry: Callable[[AsyncRun, Any], Awaitable[T] | T], input: Any) -> T:
         """Run ``entry(self, input)`` (awaited when it is a coroutine) and finish the run
         with its output or its error."""
+        self.core.placement.root()
         try:
             output = entry(self, input)
             if inspect.isawaitable(output):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_blackbox.outbox._placement import Place
 from agent_blackbox.schemas import EventType, canonical_text
 
 VERSION = 1
@@ -33,6 +34,8 @@ class Crossing:
     version: int = VERSION
     input_digest: str | None = None
     """The digest of :attr:`input`, when it was already taken (by the pre-call check)."""
+    place: Place | None = None
+    """Where the crossing began among the run's concurrent work (see ``_placement``)."""
 
 
 def error_info(exc: BaseException | None) -> dict[str, str] | None:
@@ -176,6 +179,25 @@ def recorded(event_type: str, body: Mapping[str, Any]) -> tuple[Any, bytes | Non
     takes both for every event)."""
     rebuild = _RECORDED.get(event_type)
     return ({}, None) if rebuild is None else rebuild(body)
+
+
+def recorded_input(event_type: str, body: Mapping[str, Any]) -> Any:
+    """The input a boundary was asked for, rebuilt from its recorded body in the shape
+    its input digest was taken over; None for kinds whose input says nothing more than
+    their type (so a report can show which paths of the input changed)."""
+    if event_type == EventType.TOOL_CALL:
+        return _loads(body["arguments_json"])
+    if event_type == EventType.LLM_CALL:
+        request = _loads(body.get("raw_request_json"))
+        return {"provider": body["provider"], "model": body["model"], "request": request}
+    if event_type == EventType.EFFECT_INTENT:
+        arguments = _loads(body["arguments_json"])
+        return intent_input(body["effect"], body["idempotency_key"], arguments)
+    if event_type == EventType.RANDOM_DRAW:
+        return random_input(body["kind"], _loads(body["arguments_json"]) or {})
+    if event_type == EventType.STATE_TRANSITION:
+        return transition_input(body["from_state"], body["to_state"], body["reason"])
+    return None
 
 
 def _loads(raw: str | None) -> Any:

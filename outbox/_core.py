@@ -27,6 +27,7 @@ from agent_blackbox.outbox._effects import (
 )
 from agent_blackbox.outbox._errors import ConcurrentRunWriter, EffectRejected, RunNotActive
 from agent_blackbox.outbox._llm import llm_call
+from agent_blackbox.outbox._placement import Place, Placement
 from agent_blackbox.outbox._recovery import StoredRun
 from agent_blackbox.outbox._redaction import Redactor
 from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
@@ -147,6 +148,7 @@ class RunCore:
         self.state_digest: str | None = None
         self.finished = False
         self.effects = 0
+        self.placement = Placement()
 
     @property
     def run_id(self) -> str:
@@ -263,11 +265,13 @@ class RunCore:
         return value, replace(draw, input_digest=self.contract.random("uuid4").input_digest)
 
     def effect_intent(
-        self, effect: str, arguments: Mapping[str, Any], key: str | None
+        self, effect: str, arguments: Mapping[str, Any], key: str | None, place: Place
     ) -> b.Crossing:
         self.check_active()
         self.effects += 1
-        idempotency_key = key or default_idempotency_key(self.run_id, self.cursor.sequence + 1)
+        # The intent's start number: its sequence when effects run one at a time (keys
+        # stay what they always were), and unique among concurrent ones.
+        idempotency_key = key or default_idempotency_key(self.run_id, place.started)
         ask = self.contract.intent(effect, idempotency_key, arguments)
         intent = b.effect_intent(
             effect=effect, idempotency_key=idempotency_key, arguments=ask.value
@@ -405,6 +409,7 @@ class RecorderBase:
             identity = replace(identity, data_key=data_key)
         core = RunCore(identity, self._factory, self.scrub)
         core.cursor = stored.cursor
+        core.placement = Placement(stored.cursor.sequence + 1)
         core.state = stored.state
         return core
 
@@ -476,7 +481,7 @@ def plan_start(
         digest=digest,
     )
     core = RunCore(identity, factory, scrub)
-    crossing = _start_crossing(snapshot, core.scrub)
+    crossing = replace(_start_crossing(snapshot, core.scrub), place=core.placement.opening())
     event_id = new_event_id()
     first = core.prepare(crossing, event_id)
     return StartPlan(

@@ -220,6 +220,7 @@ class Run:
 
     def drive(self, entry: Callable[[Run, Any], T], input: Any) -> T:
         """Run ``entry(self, input)`` and finish the run with its output or its error."""
+        self.core.placement.root()
         try:
             output = entry(self, input)
         except Exception as exc:

@@ -23,7 +23,7 @@ import inspect
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -31,6 +31,7 @@ from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import Outcome, RunCore
 from agent_blackbox.outbox._effects import EffectOutcome, EffectPolicy, EffectReceipt, ToolPolicy
 from agent_blackbox.outbox._errors import EffectRejected, RunNotActive
+from agent_blackbox.outbox._placement import Place
 from agent_blackbox.outbox._recovery import PendingEffect
 from agent_blackbox.schemas import Envelope
 
@@ -77,11 +78,15 @@ Steps = Generator[Call | Append, Any, T]
 # The boundaries -----------------------------------------------------------------------
 
 
-def observed(perform: Callable[[], Any], outcome: Outcome) -> Steps[Any]:
+def observed(perform: Callable[[], Any], outcome: Outcome, place: Place) -> Steps[Any]:
     """Call ``perform`` and record what came of it, also when it raised."""
     done: Done = yield Call(perform)
-    yield Append(outcome(done.value, done.error, done.latency_ms))
+    yield Append(replace(outcome(done.value, done.error, done.latency_ms), place=place))
     return done.result()
+
+
+def _placed(crossing: Crossing, place: Place) -> Crossing:
+    return replace(crossing, place=place)
 
 
 def tool_call(
@@ -93,8 +98,9 @@ def tool_call(
     kwargs: Mapping[str, Any],
 ) -> Steps[Any]:
     """``tool.call``: the arguments are checked before ``fn`` runs."""
-    outcome = core.tool_outcome(tool, args, kwargs)
-    return (yield from observed(lambda: tools.call(tool, args, kwargs, fn), outcome))
+    outcome = core.tool_outcome(tool, args, kwargs)  # checked before a start is taken
+    place = core.placement.begin()
+    return (yield from observed(lambda: tools.call(tool, args, kwargs, fn), outcome, place))
 
 
 def llm_call(
@@ -106,41 +112,42 @@ def llm_call(
 ) -> Steps[Any]:
     """``llm.call``: the request is checked before it is sent."""
     outcome = core.llm_outcome(provider, model, request)
-    return (yield from observed(lambda: send(request), outcome))
+    place = core.placement.begin()
+    return (yield from observed(lambda: send(request), outcome, place))
 
 
 def now(core: RunCore) -> Steps[datetime]:
     """The wall clock, UTC."""
     crossing = core.wall_clock()
-    yield Append(crossing)
+    yield Append(_placed(crossing, core.placement.begin()))
     return datetime.fromtimestamp(crossing.body["value_us"] / 1e6, UTC)
 
 
 def monotonic(core: RunCore) -> Steps[float]:
     """A monotonic clock in seconds."""
     crossing = core.monotonic_clock()
-    yield Append(crossing)
+    yield Append(_placed(crossing, core.placement.begin()))
     return float(crossing.body["value_us"]) / 1e6
 
 
 def random_float(core: RunCore, source: Random) -> Steps[float]:
     """A float in [0, 1)."""
     value = source.random()
-    yield Append(core.random_float(value))
+    yield Append(_placed(core.random_float(value), core.placement.begin()))
     return value
 
 
 def random_int(core: RunCore, source: Random, low: int, high: int) -> Steps[int]:
     """An integer in [low, high]."""
     value = source.randint(low, high)
-    yield Append(core.random_int(low, high, value))
+    yield Append(_placed(core.random_int(low, high, value), core.placement.begin()))
     return value
 
 
 def random_uuid(core: RunCore) -> Steps[uuid.UUID]:
     """A random UUID."""
     value, crossing = core.random_uuid()
-    yield Append(crossing)
+    yield Append(_placed(crossing, core.placement.begin()))
     return value
 
 
@@ -153,15 +160,16 @@ def effect(
     key: str | None,
 ) -> Steps[EffectReceipt]:
     """``effect.intent`` commits, then ``perform(key)``, then ``effect.receipt``."""
-    intent = core.effect_intent(name, arguments, key)
-    yield Append(intent)  # committed before the external call, by design
+    place = core.placement.begin()
+    intent = core.effect_intent(name, arguments, key, place)
+    yield Append(_placed(intent, place))  # committed before the external call, by design
     idempotency_key = intent.body["idempotency_key"]
     receipt = core.receipt(name, idempotency_key)
 
     def call() -> Any:
         return policy.perform(name, idempotency_key, arguments, perform)
 
-    yield from observed(call, receipt.crossing)
+    yield from observed(call, receipt.crossing, core.placement.begin())
     return receipt.receipt
 
 
@@ -174,6 +182,7 @@ def resolve_effect(
     if pending.run_id != core.run_id:
         raise RunNotActive(f"effect {pending.idempotency_key} belongs to run {pending.run_id}")
     receipt = core.receipt(pending.effect, pending.idempotency_key)
+    place = core.placement.begin()
 
     def ask() -> Any:
         found = lookup(pending.idempotency_key)
@@ -183,7 +192,7 @@ def resolve_effect(
 
     # A missing record is recorded as ``failed``; the caller reads it off the receipt.
     with contextlib.suppress(EffectRejected):
-        yield from observed(ask, receipt.crossing)
+        yield from observed(ask, receipt.crossing, place)
     return receipt.receipt
 
 
@@ -204,7 +213,7 @@ def transition(
 ) -> Steps[Envelope]:
     """``state.transition``, in the caller's transaction when ``connection`` is given."""
     crossing = core.transition(to_state, state, reason)
-    envelope: Envelope = yield Append(crossing, connection)
+    envelope: Envelope = yield Append(_placed(crossing, core.placement.begin()), connection)
     core.transitioned(crossing)
     return envelope
 
@@ -213,7 +222,8 @@ def finish(
     core: RunCore, status: str, output: Any, error: BaseException | None, connection: Any
 ) -> Steps[Envelope]:
     """``run.finished``; afterwards the run takes no more events."""
-    envelope: Envelope = yield Append(core.finish(status, output, error), connection)
+    crossing = _placed(core.finish(status, output, error), core.placement.begin())
+    envelope: Envelope = yield Append(crossing, connection)
     core.finished = True
     return envelope
 

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._errors import PayloadTooLarge
+from agent_blackbox.outbox._placement import placed_attributes
 from agent_blackbox.outbox._tracing import current_trace
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
@@ -137,7 +138,7 @@ class EventFactory:
             key_id=sealed.key_id,
             classification=identity.classification,
             retention_class=identity.retention_class,
-            attributes=crossing.attributes,
+            attributes=placed_attributes(crossing.attributes, crossing.place, sequence),
         )
         envelope = _with_chain_hash(unchained, cursor.chain_head)
         status = (

@@ -20,20 +20,35 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from agent_blackbox.outbox import _boundaries as b
-from agent_blackbox.outbox._boundaries import error_info, recorded
+from agent_blackbox.outbox._boundaries import error_info, recorded, recorded_input
 from agent_blackbox.outbox._llm import llm_input
+from agent_blackbox.outbox._placement import (
+    BRANCH,
+    STARTED,
+    Place,
+    Placement,
+    branch_of,
+    started_of,
+)
 from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
 from agent_blackbox.schemas import Digester, EventType
 
 __all__ = [
+    "BRANCH",
     "RULES_ATTRIBUTE",
+    "STARTED",
     "Ask",
     "Contract",
     "Ending",
+    "Place",
+    "Placement",
     "Scrub",
+    "branch_of",
     "default_idempotency_key",
     "error_info",
     "recorded",
+    "recorded_input",
+    "started_of",
 ]
 
 _NOTHING_FIRED: frozenset[str] = frozenset()

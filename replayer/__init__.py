@@ -4,17 +4,25 @@ read side implements), from Avro archives, or from envelopes in memory; nothing 
 is ever called. Replay mode itself (:class:`ReplayRun`) lives here, beside its reports.
 """
 
-from agent_blackbox.replayer._driver import AgentEntry, replay_run
+from agent_blackbox.replayer._driver import (
+    AgentEntry,
+    is_async_entry,
+    replay_run,
+    replay_run_async,
+)
 from agent_blackbox.replayer._index import ReadSide, RunIndex, RunLocation
 from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_entry
 from agent_blackbox.replayer._replay import (
+    AsyncReplayRun,
     BlobReader,
     CallSite,
+    Change,
     DigestKeys,
     Divergence,
     DivergenceKind,
     ReplayDivergence,
     ReplayRun,
+    ReplaySetupError,
 )
 from agent_blackbox.replayer._report import LEVEL_NAMES, ReplayReport
 from agent_blackbox.replayer._sources import (
@@ -29,8 +37,10 @@ __all__ = [
     "LEVEL_NAMES",
     "AgentEntry",
     "AgentRegistry",
+    "AsyncReplayRun",
     "BlobReader",
     "CallSite",
+    "Change",
     "CheckpointStatus",
     "DigestKeys",
     "Divergence",
@@ -41,14 +51,17 @@ __all__ = [
     "ReplayDivergence",
     "ReplayReport",
     "ReplayRun",
+    "ReplaySetupError",
     "RunIndex",
     "RunLocation",
     "SourceError",
     "UnknownAgent",
     "VerifyReport",
+    "is_async_entry",
     "load_entry",
     "read_archive",
     "replay_run",
+    "replay_run_async",
     "verify_run",
     "write_archive",
 ]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 from agent_blackbox.keystore import DataKeyMissing, KeyDestroyed
 from agent_blackbox.outbox import AgentRun
 from agent_blackbox.replayer._replay import (
+    AsyncReplayRun,
     BlobReader,
     DigestKeys,
     Divergence,
@@ -31,7 +35,8 @@ _SETUP_ERRORS = (ReplaySetupError, KeyUnavailable, UnknownSchemaVersion, DataKey
 divergence."""
 
 AgentEntry = Callable[[AgentRun, Any], Any]
-"""An agent entry point: ``entry(run, input) -> output``, the same code as in production."""
+"""An agent entry point: ``entry(run, input) -> output``, the same code as in production
+(or ``async def entry(run, input)``, which replay drives with an async run)."""
 
 
 def replay_run(
@@ -42,20 +47,86 @@ def replay_run(
     blobs: BlobReader | None = None,
     agent_id: str | None = None,
     digests: DigestKeys | None = None,
+    stall_timeout: float = 10.0,
+    reveal_values: bool = False,
 ) -> ReplayReport:
     """Replay one recorded run through ``entry`` and report PASS or the first divergence.
+
+    ``entry`` may be a plain function (it gets a :class:`ReplayRun`) or a coroutine
+    function (it gets an :class:`AsyncReplayRun` and runs in an event loop of its own;
+    inside a running loop, use :func:`replay_run_async`).
 
     The agent's exceptions are part of what is replayed: a run recorded as failed passes
     when today's code fails the same way. A problem of the replay's own setup (a missing
     key or blob reader, an event this release cannot read) is the report's ``error``,
     with the exception's message, even when the agent's code caught it.
+    ``stall_timeout`` and ``reveal_values``: see :class:`ReplayRun`.
     """
+    opened = _opened(
+        events, entry, agent_id, pipeline, blobs, digests, stall_timeout, reveal_values
+    )
+    if isinstance(opened, ReplayReport):
+        return opened
+    if is_async_entry(entry):
+        return _in_own_loop(_driven_async(opened, entry, agent_id))
+    return _concluded(opened, agent_id, *_driven(opened, entry))
+
+
+async def replay_run_async(
+    events: Iterable[Envelope],
+    entry: AgentEntry,
+    *,
+    pipeline: PayloadPipeline | None = None,
+    blobs: BlobReader | None = None,
+    agent_id: str | None = None,
+    digests: DigestKeys | None = None,
+    stall_timeout: float = 10.0,
+    reveal_values: bool = False,
+) -> ReplayReport:
+    """:func:`replay_run` from async code: a coroutine entry runs in the caller's loop."""
+    opened = _opened(
+        events, entry, agent_id, pipeline, blobs, digests, stall_timeout, reveal_values
+    )
+    if isinstance(opened, ReplayReport):
+        return opened
+    if is_async_entry(entry):
+        return await _driven_async(opened, entry, agent_id)
+    return _concluded(opened, agent_id, *_driven(opened, entry))
+
+
+def is_async_entry(entry: Callable[..., Any]) -> bool:
+    """Whether ``entry`` is a coroutine function (also behind decorators and partials,
+    or as a callable object's ``__call__``)."""
+    target = inspect.unwrap(entry)
+    method = type(target).__call__  # a function's own is a method-wrapper: not a coroutine
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(method)
+
+
+def _opened(
+    events: Iterable[Envelope],
+    entry: AgentEntry,
+    agent_id: str | None,
+    pipeline: PayloadPipeline | None,
+    blobs: BlobReader | None,
+    digests: DigestKeys | None,
+    stall_timeout: float,
+    reveal_values: bool,
+) -> ReplayRun | ReplayReport:
+    """The replay run of ``events``, or the report of why none could start."""
     stream = iter(events)
     first = next(stream, None)
     if first is None:
         return ReplayReport("unknown", agent_id, 0, error="the run has no events")
     try:
-        run = ReplayRun(chain([first], stream), pipeline=pipeline, blobs=blobs, digests=digests)
+        return ReplayRun(
+            chain([first], stream),
+            pipeline=pipeline,
+            blobs=blobs,
+            digests=digests,
+            entry=entry,
+            stall_timeout=stall_timeout,
+            reveal_values=reveal_values,
+        )
     except KeyDestroyed as exc:
         return _limited(chain([first], stream), agent_id, blobs, str(exc))
     except _SETUP_ERRORS as exc:
@@ -64,17 +135,44 @@ def replay_run(
         return ReplayReport(
             exc.divergence.run_id, agent_id, 0, exc.divergence, divergences=exc.divergences
         )
+
+
+def _driven(run: ReplayRun, entry: AgentEntry) -> tuple[Any, BaseException | None]:
+    """What the agent's code returned, or what it raised."""
+    run.drives_here()
     try:
-        try:
-            output = entry(run, run.input)
-        except (ReplayDivergence, *_SETUP_ERRORS):
-            raise
-        except Exception as exc:  # the agent failed; was that what was recorded?
-            _setup_first(run)
-            run.finish(error=exc)
-        else:
-            _setup_first(run)
-            run.finish(output=output)
+        output = entry(run, run.input)
+    except Exception as exc:
+        return None, exc
+    if inspect.isawaitable(output):
+        _close(output)
+        return None, ReplaySetupError(
+            f"the entry {getattr(entry, '__qualname__', entry)!r} returned an awaitable but "
+            "is not a coroutine function; declare it `async def` so that replay drives it "
+            "with an async run"
+        )
+    return output, None
+
+
+async def _driven_async(run: ReplayRun, entry: AgentEntry, agent_id: str | None) -> ReplayReport:
+    coroutine_entry = cast(Callable[[AsyncReplayRun, Any], Awaitable[Any]], entry)
+    run.drives_here()
+    try:
+        output, error = await coroutine_entry(AsyncReplayRun(run), run.input), None
+    except Exception as exc:
+        output, error = None, exc
+    return _concluded(run, agent_id, output, error)
+
+
+def _concluded(
+    run: ReplayRun, agent_id: str | None, output: Any, error: BaseException | None
+) -> ReplayReport:
+    """Check how the code ended against the recorded end, and report."""
+    try:
+        if isinstance(error, (ReplayDivergence, *_SETUP_ERRORS)):
+            raise error
+        _setup_first(run)
+        run.finish(output=output, error=error)  # the agent failed: was that recorded?
     except _SETUP_ERRORS as exc:
         return _setup_failed(run.run_id, agent_id, run.consumed, run.setup_error or exc)
     except ReplayDivergence as exc:
@@ -84,6 +182,23 @@ def replay_run(
             run.run_id, agent_id, run.consumed, exc.divergence, divergences=exc.divergences
         )
     return ReplayReport(run.run_id, agent_id, run.consumed)
+
+
+def _in_own_loop(work: Coroutine[Any, Any, ReplayReport]) -> ReplayReport:
+    """Run ``work`` in a new event loop: here, or in a thread of its own when this
+    thread already runs one."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with ThreadPoolExecutor(1, thread_name_prefix="blackbox-replay") as pool:
+        return pool.submit(asyncio.run, work).result()
+
+
+def _close(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()
 
 
 def _setup_first(run: ReplayRun) -> None:

@@ -16,22 +16,35 @@ control flow is still checked to the end; ``finish`` then raises naming the firs
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import sys
+import threading
+import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from agent_blackbox.outbox import EffectOutcome, EffectReceipt, EffectRejected, RecordedError
 from agent_blackbox.outbox.contract import (
+    BRANCH,
+    STARTED,
     Ask,
     Contract,
+    Place,
+    Placement,
     Scrub,
+    branch_of,
     default_idempotency_key,
     recorded,
+    recorded_input,
+    started_of,
 )
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
@@ -43,14 +56,31 @@ from agent_blackbox.schemas import (
     KeyUnavailable,
     PayloadPipeline,
     UnknownSchemaVersion,
+    canonical_text,
     digest,
     digest_bytes,
 )
 
 T = TypeVar("T")
 _FINISHED = EventType.RUN_FINISHED
-# Frames of these packages are the recorder's own; the call site is the first other one.
-_OWN_MODULES = ("agent_blackbox.outbox.", "agent_blackbox.replayer.")
+# Frames of these modules are never the agent's: the call site is the innermost other one.
+_NOT_AGENT = (
+    "agent_blackbox.",
+    "asyncio",
+    "concurrent.",
+    "threading",
+    "contextlib",
+    "functools",
+    "click.",
+    "runpy",
+)
+_EXAMPLES = "agent_blackbox.examples."
+_OPENING = Place(1)
+"""The place of ``run.started``."""
+_SEQUENTIAL = Place(0)
+"""The place of a call while the log shows no concurrent work: the run's own branch."""
+_ENDING = Place(0)
+"""The place of ``run.finished``, taken by the driver in whatever thread it runs."""
 
 
 class DivergenceKind(StrEnum):
@@ -74,6 +104,10 @@ class DivergenceKind(StrEnum):
     """An envelope's chain hash does not follow from the one before it."""
     SEQUENCE_GAP = "sequence_gap"
     """Sequences are not contiguous from 1: an event is missing or out of order."""
+    CONCURRENCY_MISMATCH = "concurrency_mismatch"
+    """The code started a different set of concurrent children than was recorded: an
+    event others wait behind (results go back in recorded completion order) was never
+    asked for."""
 
 
 LEVELS = {
@@ -82,6 +116,7 @@ LEVELS = {
     DivergenceKind.MISSING_EVENT: "control_flow",
     DivergenceKind.UNCONSUMED_EVENTS: "control_flow",
     DivergenceKind.SEQUENCE_GAP: "control_flow",
+    DivergenceKind.CONCURRENCY_MISMATCH: "control_flow",
     DivergenceKind.STATE_MISMATCH: "state",
     DivergenceKind.OUTPUT_MISMATCH: "content",
     DivergenceKind.TAMPERED_OUTPUT: "content",
@@ -103,6 +138,21 @@ class CallSite:
 
 
 @dataclass(frozen=True, slots=True)
+class Change:
+    """One path where the code's input differs from the recorded one; the values only
+    when the replay was asked to reveal them."""
+
+    path: str
+    expected: Any = None
+    actual: Any = None
+
+    def describe(self, revealed: bool) -> str:
+        if not revealed:
+            return self.path
+        return f"{self.path} (expected {self.expected!r}, got {self.actual!r})"
+
+
+@dataclass(frozen=True, slots=True)
 class Divergence:
     """The first point where replay and record disagree. Carries digests, never bodies."""
 
@@ -115,6 +165,14 @@ class Divergence:
     actual_digest: str | None = None
     call_site: CallSite | None = None
     detail: str = ""
+    expected_name: str | None = None
+    """What the recorded boundary names: its tool, model, effect, clock, draw or state."""
+    actual_name: str | None = None
+    """What the code's call names, of the same kinds."""
+    changes: tuple[Change, ...] = ()
+    """For an argument mismatch, the input paths that differ (when the body was readable)."""
+    revealed: bool = False
+    """Whether :attr:`changes` carry values (an explicit choice of the replay's caller)."""
 
     @property
     def level(self) -> str:
@@ -126,6 +184,7 @@ class Divergence:
         values = asdict(self)
         values["kind"] = str(self.kind)
         values["level"] = self.level
+        values["changes"] = [asdict(c) if self.revealed else {"path": c.path} for c in self.changes]
         return values
 
     def describe(self) -> str:
@@ -134,11 +193,22 @@ class Divergence:
         digests = ""
         if self.expected_digest or self.actual_digest:
             digests = f"; expected {self.expected_digest}, got {self.actual_digest}"
+        expected = _boundary(self.expected_type, self.expected_name) or "no event"
+        actual = _boundary(self.actual_type, self.actual_name) or "no call"
+        changed = ""
+        if self.changes:
+            changed = "; changed: " + ", ".join(c.describe(self.revealed) for c in self.changes)
         return (
             f"{self.kind} at sequence {self.sequence} of run {self.run_id}: expected "
-            f"{self.expected_type or 'no event'}, got {self.actual_type or 'no call'}"
-            f"{where}{digests}{'; ' + self.detail if self.detail else ''}"
+            f"{expected}, got {actual}{where}{changed}{digests}"
+            f"{'; ' + self.detail if self.detail else ''}"
         )
+
+
+def _boundary(event_type: str | None, name: str | None) -> str | None:
+    if event_type is None:
+        return None
+    return f"{event_type} {name}" if name else event_type
 
 
 class ReplayDivergence(BlackboxError):
@@ -202,11 +272,29 @@ class ReplayRun:
     (:mod:`agent_blackbox.outbox.contract`), under the redaction rules the run was
     recorded with.
 
+    Concurrent work replays. Each call is matched to the next recorded event of its
+    branch (the asyncio task or thread it runs in, numbered as record mode numbers them:
+    see :class:`~agent_blackbox.outbox.contract.Placement`), so a task that starts its
+    children in another order, or another set of children, diverges. Threads of a pool
+    pick up work in no repeatable order: a call from the sync run whose branch has not
+    recorded it takes the next event of another branch that asks the same thing.
+    Results are handed back in the recorded completion order: a call whose event
+    completed later waits until every earlier one was handed back. If the code never
+    asks for an event others wait behind (it left out a child), the replay reports
+    ``concurrency_mismatch`` after ``stall_timeout`` seconds.
+
     Args:
         events: the run's envelopes in sequence order, from sequence 1 (streamed; the
             run may be longer than memory).
         pipeline: opens payloads (the sealing adapter for encrypted runs).
         blobs: reads bodies stored out of line.
+        digests: the tenants' keyed digests, for runs digested under a key.
+        entry: the agent's entry point; a divergence found after it returned (a
+            different output, events left over) names it as the call site.
+        stall_timeout: how long a call waits for its turn before the replay decides the
+            code will never ask for the event before it.
+        reveal_values: a divergence in a boundary's arguments lists the changed values
+            (not only their paths). Off by default: reports carry digests and paths.
     """
 
     def __init__(
@@ -216,16 +304,42 @@ class ReplayRun:
         pipeline: PayloadPipeline | None = None,
         blobs: BlobReader | None = None,
         digests: DigestKeys | None = None,
+        entry: Callable[..., Any] | None = None,
+        stall_timeout: float = 10.0,
+        reveal_values: bool = False,
     ) -> None:
         self._events: Iterator[Envelope] = iter(events)
         self._pipeline = pipeline or PayloadPipeline()
         self._blobs = blobs
-        self._peeked: Envelope | None = None
-        self._sequence = 0
+        self._own: deque[Envelope] = deque()
+        self._lanes: dict[int, deque[Envelope]] = {0: self._own}
+        """Events read from the log and not yet asked for, by branch, in sequence order
+        (``_own`` is branch 0's: the run's own)."""
+        self._finished: Envelope | None = None
+        """``run.finished``, once read (the driver takes it, from whatever thread)."""
+        self._finished_read = False
+        """Whether the log was read up to ``run.finished`` (or its end)."""
+        self._read = 0
+        self._released = 0
+        """The last sequence handed back to the code: results go back in this order."""
         self._chain = GENESIS_CHAIN_HASH
+        self._placement = Placement()
+        self._bound: dict[int, tuple[int, int]] = {}
+        """For threads: the recorded branch each follows, and the last sequence it took."""
+        self._concurrent = False
+        """Whether an event read so far ran concurrently with others."""
+        self._lock = threading.RLock()
+        self._turn = threading.Condition(self._lock)
+        """Waits for a turn; ``with self._lock`` holds it (cheaper than the condition's own)."""
+        self._waiting: dict[int, asyncio.Future[None]] = {}
+        self._fatal: ReplayDivergence | None = None
         self._state: str | None = None
         self._state_digest: str | None = None
         self.consumed = 0
+        self.stall_timeout = stall_timeout
+        self._reveal = reveal_values
+        self._entry_site = _entry_site(entry)
+        self._ending = False
         self._found: dict[str, Divergence] = {}
         """The first state and content divergence, by level; replay went on past them."""
         # An event no release of ours can read stops the replay for good, also when the
@@ -233,8 +347,11 @@ class ReplayRun:
         self._unreadable: UnknownSchemaVersion | None = None
         self.setup_error: BlackboxError | None = None
         """Why the replay could not go on, kept also when the agent's code caught it."""
-        self._digest = run_digest(self._peek(), digests)
-        started, body, _ = self._take(EventType.RUN_STARTED, None)
+        self._run_id = "unknown"
+        with self._lock:
+            first = self._head(0)
+        self._digest = run_digest(first, digests)
+        started, body, _ = self._take(EventType.RUN_STARTED, None, place=_OPENING)
         self._run_id = started.run_id
         # The rules the run was recorded under: what the code hands over now is
         # scrubbed the same way before its digest is compared.
@@ -252,12 +369,23 @@ class ReplayRun:
         """The recorded input of the run."""
         return json.loads(self.snapshot_body["input_json"])
 
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the last recorded event handed back."""
+        return self._released
+
+    def drives_here(self) -> None:
+        """The current task or thread drives the agent's entry: it is the run's own
+        branch, as it was in record mode (see ``Placement.root``)."""
+        self._placement.root()
+
     # Boundaries -----------------------------------------------------------------
 
     def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """The recorded result of tool ``tool``; ``fn`` is not called."""
         output = self._cross(self._contract.tool(tool, args, kwargs))
-        _raise_recorded(output["error"])
+        if output["error"] is not None:
+            _raise_recorded(output["error"])
         result: T = output["result"]
         return result
 
@@ -270,19 +398,17 @@ class ReplayRun:
         model: str | None = None,
     ) -> Mapping[str, Any]:
         """The recorded response to ``request``; ``send`` is not called."""
-        output = self._cross(self._contract.llm(provider, model, request))
-        _raise_recorded(output["error"])
-        response: Mapping[str, Any] = output["response"]
-        return response
+        return _llm_answer(self._cross(self._contract.llm(provider, model, request)))
 
     def now(self) -> datetime:
         """The recorded wall-clock reading."""
-        value = self._cross(self._contract.clock("wall"))["value_us"]
-        return datetime.fromtimestamp(value / 1e6, UTC)
+        return datetime.fromtimestamp(
+            self._cross(self._contract.clock("wall"))["value_us"] / 1e6, UTC
+        )
 
     def monotonic(self) -> float:
         """The recorded monotonic-clock reading."""
-        return float(self._cross(self._contract.clock("monotonic"))["value_us"]) / 1e6
+        return _seconds(self._cross(self._contract.clock("monotonic")))
 
     def random(self) -> float:
         """The recorded random float."""
@@ -306,60 +432,65 @@ class ReplayRun:
         key: str | None = None,
     ) -> EffectReceipt:
         """The recorded receipt of the effect; ``perform`` is never called."""
-        idempotency_key = key or default_idempotency_key(self._run_id, self._sequence + 1)
-        self._cross(self._contract.intent(effect, idempotency_key, arguments))
-        output = self._cross(self._contract.receipt(effect, idempotency_key))
-        status = output["status"]
-        if status == "failed":
-            raise EffectRejected(
-                (output["error"] or {}).get("message", "rejected"),
-                external_id=output["external_id"],
-            )
-        if status == "unknown":
-            _raise_recorded(output["error"])
-        return EffectReceipt(
-            effect, idempotency_key, status, output["external_id"], output["result"]
-        )
+        place = self._placement.begin()
+        intent = self._intent(effect, arguments, key, place)
+        self._take(intent.event_type, intent.input_digest, intent, place=place)
+        key = intent.input["idempotency_key"]
+        return _receipt_answer(effect, key, self._cross(self._contract.receipt(effect, key)))
 
-    def transition(self, to_state: str, *, state: Any, reason: str | None = None) -> Any:
-        """Check the transition against the recorded one, state included."""
+    def transition(
+        self,
+        to_state: str,
+        *,
+        state: Any,
+        reason: str | None = None,
+        connection: Any = None,
+    ) -> Any:
+        """Check the transition against the recorded one, state included.
+
+        ``connection`` is accepted and never touched: in replay, the agent's business
+        writes are its own concern (see the README on skipping them)."""
         ask = self._contract.transition(self._state, to_state, state, reason)
-        envelope, _, output = self._take(EventType.STATE_TRANSITION, ask.input_digest)
-        actual = self._contract.state_digest(ask, to_state)
-        if actual != envelope.output_digest:
-            self._diverge(
-                DivergenceKind.STATE_MISMATCH,
-                envelope.sequence,
-                expected=(envelope.event_type, envelope.output_digest),
-                actual=(EventType.STATE_TRANSITION, actual),
-            )
-        self._state = to_state
-        self._state_digest = digest(output["state"])
+        self._transitioned(ask, to_state, self._take(ask.event_type, ask.input_digest, ask))
         return None
+
+    @contextmanager
+    def joined(self, connection: Any) -> Iterator[ReplayRun]:
+        """Record mode appends inside the caller's transaction; replay writes nothing."""
+        yield self
 
     # The end of the run -------------------------------------------------------------
 
-    def finish(self, *, output: Any = None, error: BaseException | None = None) -> None:
+    def finish(
+        self, *, output: Any = None, error: BaseException | None = None, connection: Any = None
+    ) -> None:
         """Check the recorded ``run.finished`` against how the code ended, then that
         every recorded event was consumed."""
         self._check_readable()
+        if self._fatal is not None:
+            raise self._fatal  # the agent's code caught it; the run diverged all the same
         ending = self._contract.ending(output, error, self._state_digest)
-        upcoming = self._peek()
-        if upcoming is not None and upcoming.event_type != EventType.RUN_FINISHED:
-            self._diverge(
-                DivergenceKind.UNCONSUMED_EVENTS,
-                upcoming.sequence,
-                expected=(upcoming.event_type, upcoming.input_digest),
-                actual=(EventType.RUN_FINISHED, None),
-                detail="the code ended before consuming every recorded event",
+        self._ending = True
+        with self._lock:
+            self._head(-1)  # reads up to run.finished
+            left = self._left()
+            if left is not None:
+                self._diverge(
+                    DivergenceKind.UNCONSUMED_EVENTS,
+                    left.sequence,
+                    expected=_named(left),
+                    actual=(EventType.RUN_FINISHED, None, None),
+                    detail="the code ended before consuming every recorded event",
+                )
+            envelope, _, recorded_end = self._take_locked(
+                EventType.RUN_FINISHED, ending.ask.input_digest, ending.ask, _ENDING, True
             )
-        envelope, _, recorded_end = self._take(EventType.RUN_FINISHED, ending.ask.input_digest)
         if recorded_end["final_state_digest"] != self._state_digest:
             self._diverge(
                 DivergenceKind.STATE_MISMATCH,
                 envelope.sequence,
-                expected=(envelope.event_type, recorded_end["final_state_digest"]),
-                actual=(EventType.RUN_FINISHED, self._state_digest),
+                expected=(envelope.event_type, recorded_end["final_state_digest"], None),
+                actual=(EventType.RUN_FINISHED, self._state_digest, None),
                 detail="final state",
             )
         actual = self._contract.output_digest(ending)
@@ -367,21 +498,10 @@ class ReplayRun:
             self._diverge(
                 DivergenceKind.OUTPUT_MISMATCH,
                 envelope.sequence,
-                expected=(envelope.event_type, envelope.output_digest),
-                actual=(EventType.RUN_FINISHED, actual),
+                expected=(envelope.event_type, envelope.output_digest, None),
+                actual=(EventType.RUN_FINISHED, actual, None),
             )
-        extra = self._peek()
-        while extra is not None and extra.event_type == EventType.RUN_REDACTED:
-            self._take(EventType.RUN_REDACTED, None)  # a note after the end, chained
-            extra = self._peek()
-        if extra is not None:
-            self._diverge(
-                DivergenceKind.UNCONSUMED_EVENTS,
-                extra.sequence,
-                expected=(extra.event_type, extra.input_digest),
-                actual=(None, None),
-                detail="events recorded after run.finished",
-            )
+        self._after_end()
         if self._found:
             found = self.divergences
             raise ReplayDivergence(found[0], found)
@@ -391,70 +511,333 @@ class ReplayRun:
         """The state and content divergences found so far, the first of each level."""
         return tuple(sorted(self._found.values(), key=lambda d: d.sequence))
 
+    # What each boundary builds and hands back --------------------------------------
+
+    def _intent(
+        self, effect: str, arguments: Mapping[str, Any], key: str | None, place: Place
+    ) -> Ask:
+        """The intent the code asks for. Without a key of its own, record mode keyed it
+        by the intent's start number: the next recorded event of the branch says which."""
+        if key is None:
+            with self._lock:
+                head = self._head(place.branch)
+            started = self._released + 1
+            if head is not None and head.event_type == EventType.EFFECT_INTENT:
+                started = started_of(head.attributes, head.sequence)
+            key = default_idempotency_key(self._run_id, started)
+        return self._contract.intent(effect, key, arguments)
+
+    def _transitioned(
+        self, ask: Ask, to_state: str, taken: tuple[Envelope, dict[str, Any], Any]
+    ) -> None:
+        envelope, _, output = taken
+        actual = self._contract.state_digest(ask, to_state)
+        if actual != envelope.output_digest:
+            self._diverge(
+                DivergenceKind.STATE_MISMATCH,
+                envelope.sequence,
+                expected=(envelope.event_type, envelope.output_digest, to_state),
+                actual=(EventType.STATE_TRANSITION, actual, to_state),
+            )
+        self._state = to_state
+        self._state_digest = digest(output["state"])
+
+    def _after_end(self) -> None:
+        """Notes of redaction may follow the end (chained); anything else may not."""
+        with self._lock:
+            while True:
+                extra = next(self._events, None)
+                if extra is None:
+                    return
+                self._admit(extra, after_end=True)
+                if extra.event_type != EventType.RUN_REDACTED:
+                    self._diverge(
+                        DivergenceKind.UNCONSUMED_EVENTS,
+                        extra.sequence,
+                        expected=_named(extra),
+                        actual=(None, None, None),
+                        detail="events recorded after run.finished",
+                    )
+                self._open(extra)
+                self._release(extra)
+
     # Taking events ----------------------------------------------------------------
 
     def _cross(self, ask: Ask) -> Any:
-        """The recorded output of the next event, which must be what ``ask`` asks for."""
-        return self._take(ask.event_type, ask.input_digest)[2]
+        """The recorded output of the event ``ask`` asks for."""
+        return self._take(ask.event_type, ask.input_digest, ask)[2]
+
+    async def _cross_async(self, ask: Ask) -> Any:
+        """:meth:`_cross` for a coroutine: waits for its turn without blocking the loop."""
+        return (await self._take_async(ask))[2]
+
+    async def _take_async(
+        self, ask: Ask, place: Place | None = None
+    ) -> tuple[Envelope, dict[str, Any], Any]:
+        """:meth:`_take` for a coroutine: tasks start in a repeatable order, so every
+        call must find its event in its own branch."""
+        if place is None:
+            place = self._placement.begin()
+        with self._lock:
+            envelope = self._claim(ask.event_type, ask.input_digest, ask, place, True)
+            body, output = self._open(envelope)
+            waiting = None
+            if envelope.sequence != self._released + 1:
+                waiting = asyncio.get_running_loop().create_future()
+                self._waiting[envelope.sequence] = waiting
+        if waiting is not None:
+            try:
+                await asyncio.wait_for(waiting, self.stall_timeout)
+            except TimeoutError:
+                with self._lock:
+                    self._stalled(envelope)
+        with self._lock:
+            if self._fatal is not None:
+                raise self._fatal
+            self._release(envelope)
+        return envelope, body, output
 
     def _take(
-        self, event_type: EventType, actual: str | None
+        self,
+        event_type: EventType,
+        actual: str | None,
+        ask: Ask | None = None,
+        *,
+        place: Place | None = None,
     ) -> tuple[Envelope, dict[str, Any], Any]:
-        """The next event, checked in the order that names the most precise cause:
-        sequence, type, input digest (``actual``, None to leave unchecked), body against
-        output digest, chain hash."""
+        with self._lock:
+            if place is None:
+                # Most runs cross one boundary at a time: until the log shows concurrent
+                # work, every call is the run's own branch's (see ``_claim``).
+                place = self._placement.begin() if self._concurrent else _SEQUENTIAL
+            envelope = self._claim(event_type, actual, ask, place, False)
+            body, output = self._open(envelope)
+            if envelope.sequence != self._released + 1:
+                self._await_turn(envelope)
+            self._release(envelope)
+            return envelope, body, output
+
+    def _take_locked(
+        self,
+        event_type: EventType,
+        actual: str | None,
+        ask: Ask | None,
+        place: Place,
+        strict: bool,
+    ) -> tuple[Envelope, dict[str, Any], Any]:
+        """The event the code asks for, checked in the order that names the most precise
+        cause: sequence, type, input digest (``actual``, None to leave unchecked), body
+        against output digest, then (when its turn comes) the chain hash."""
+        envelope = self._claim(event_type, actual, ask, place, strict)
+        body, output = self._open(envelope)
+        if envelope.sequence != self._released + 1:
+            self._await_turn(envelope)
+        self._release(envelope)
+        return envelope, body, output
+
+    def _claim(
+        self,
+        event_type: EventType,
+        actual: str | None,
+        ask: Ask | None,
+        place: Place,
+        strict: bool,
+    ) -> Envelope:
+        """The recorded event the call of ``place`` stands for, checked against what it
+        asks, and taken out of the events read ahead (held: ``self._lock``)."""
         if self._unreadable is not None:
             raise self._unreadable
-        envelope = self._peeked
-        if envelope is None:
-            envelope = next(self._events, None)
+        if self._fatal is not None:
+            raise self._fatal
+        if place is _ENDING:
+            self._head(-1)
+            envelope = self._finished
+            lane = None
         else:
-            self._peeked = None
-        expected_seq = self._sequence + 1
+            if place is _SEQUENTIAL:
+                lane = self._own
+                envelope = lane[0] if lane else self._head(0)
+                if self._concurrent:  # reading ahead found concurrent work: place the call
+                    place = self._placement.begin()
+                    envelope = self._head(place.branch)
+                    lane = self._lanes.get(place.branch)
+            else:
+                envelope = self._head(place.branch)
+                lane = self._lanes.get(place.branch)
+            if (
+                not strict
+                and place.branch
+                and self._concurrent
+                and (found := self._threaded(place.branch, event_type, actual)) is not None
+            ):
+                envelope, lane = found
         if envelope is None or (envelope.event_type == _FINISHED and event_type != _FINISHED):
+            where = f" of branch {place.branch}" if place.branch else ""
             self._diverge(
                 DivergenceKind.MISSING_EVENT,
-                expected_seq,
-                expected=(None, None),
-                actual=(event_type, actual),
-                detail="the recorded run has no more boundary events",
+                self._released + 1,
+                expected=(None, None, None),
+                actual=_asked(event_type, actual, ask),
+                detail=f"the recorded run has no more boundary events{where}",
             )
         assert envelope is not None
-        if envelope.sequence != expected_seq:
-            self._diverge(
-                DivergenceKind.SEQUENCE_GAP,
-                expected_seq,
-                expected=(None, None),
-                actual=(envelope.event_type, None),
-                detail=f"the log holds sequence {envelope.sequence} where {expected_seq} belongs",
-            )
         if envelope.event_type != event_type:
             self._diverge(
                 DivergenceKind.TYPE_MISMATCH,
                 envelope.sequence,
-                expected=(envelope.event_type, envelope.input_digest),
-                actual=(event_type, actual),
+                expected=_named(envelope),
+                actual=_asked(event_type, actual, ask),
             )
         if actual is not None and actual != envelope.input_digest:
             self._diverge(
                 DivergenceKind.ARGUMENT_MISMATCH,
                 envelope.sequence,
-                expected=(envelope.event_type, envelope.input_digest),
-                actual=(event_type, actual),
+                expected=_named(envelope),
+                actual=_asked(event_type, actual, ask),
+                changes=self._changes(envelope, ask),
             )
-        body, output = self._open(envelope)
+        if lane is None:
+            self._finished = None
+        elif lane[0] is envelope:
+            lane.popleft()
+        else:
+            del lane[next(i for i, e in enumerate(lane) if e is envelope)]
+        return envelope
+
+    def _head(self, branch: int) -> Envelope | None:
+        """The next recorded event of ``branch`` not yet asked for, reading ahead for it
+        up to ``run.finished``; None when the branch has no more (-1: just read up to
+        ``run.finished``)."""
+        lane = self._lanes.get(branch)
+        if lane:
+            return lane[0]
+        while not lane:
+            if self._finished_read:
+                return None
+            envelope = next(self._events, None)
+            if envelope is None:
+                self._finished_read = True
+                return None
+            self._admit(envelope)
+            lane = self._lanes.get(branch)
+        return lane[0]
+
+    def _admit(self, envelope: Envelope, *, after_end: bool = False) -> None:
+        """Take an event read from the log into the events read ahead."""
+        expected = self._read + 1
+        if envelope.sequence != expected:
+            self._diverge(
+                DivergenceKind.SEQUENCE_GAP,
+                expected,
+                expected=(None, None, None),
+                actual=(envelope.event_type, None, None),
+                detail=f"the log holds sequence {envelope.sequence} where {expected} belongs",
+            )
+        self._read = envelope.sequence
+        if after_end:
+            return
+        if envelope.event_type == _FINISHED:
+            self._finished = envelope
+            self._finished_read = True
+            return
+        attributes = envelope.attributes
+        if STARTED not in attributes and BRANCH not in attributes:
+            self._own.append(envelope)  # one boundary at a time, as most runs go
+            return
+        self._concurrent = True
+        branch = branch_of(attributes)
+        lane = self._lanes.get(branch)
+        if lane is None:
+            lane = self._lanes[branch] = deque()
+        lane.append(envelope)
+
+    def _threaded(
+        self, branch: int, event_type: EventType, actual: str | None
+    ) -> tuple[Envelope, deque[Envelope]] | None:
+        """The event a call from a thread of the sync run stands for.
+
+        Threads of a pool take up work in no repeatable order, so a thread's recorded
+        branch says little: a thread follows the recorded branch where it last found its
+        call (the next event there, if it answers), else takes the earliest event of any
+        thread's branch that asks the same thing, and follows that branch from there.
+        Work whose first call asks exactly what other work asks (a draw, a clock) may be
+        matched to either; start such work with a call that tells it apart.
+        """
+        self._head(-1)  # the whole run is read: any branch may hold the call
+        bound = self._bound.get(branch)
+        if bound is not None:
+            lane = self._lanes[bound[0]]
+            following = next((e for e in lane if e.sequence > bound[1]), None)
+            if following is not None and _answers(following, event_type, actual):
+                self._bound[branch] = (bound[0], following.sequence)
+                return following, lane
+        best: tuple[Envelope, int] | None = None
+        for key, lane in self._lanes.items():
+            if key == 0:
+                continue  # the run's own branch is not a pool thread's
+            first = next((e for e in lane if _answers(e, event_type, actual)), None)
+            if first is not None and (best is None or first.sequence < best[0].sequence):
+                best = (first, key)
+        if best is None:
+            return None
+        self._bound[branch] = (best[1], best[0].sequence)
+        return best[0], self._lanes[best[1]]
+
+    def _left(self) -> Envelope | None:
+        """The earliest recorded boundary event nobody asked for."""
+        heads = [lane[0] for lane in self._lanes.values() if lane]
+        return min(heads, key=lambda e: e.sequence, default=None)
+
+    def _await_turn(self, envelope: Envelope) -> None:
+        """Block this thread until every event recorded before ``envelope`` was handed
+        back (held: ``self._lock``)."""
+        deadline = time.monotonic() + self.stall_timeout
+        while envelope.sequence != self._released + 1:
+            if self._fatal is not None:
+                raise self._fatal
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._stalled(envelope)
+            self._turn.wait(remaining)
+
+    def _release(self, envelope: Envelope) -> None:
+        """Hand ``envelope`` back (its turn has come): check its chain link, then wake
+        whoever waits for the next one."""
         expected_chain = envelope.expected_chain_hash(self._chain)
         if envelope.chain_hash != expected_chain:
             self._diverge(
                 DivergenceKind.BROKEN_CHAIN,
                 envelope.sequence,
-                expected=(envelope.event_type, expected_chain),
-                actual=(envelope.event_type, envelope.chain_hash),
+                expected=(envelope.event_type, expected_chain, None),
+                actual=(envelope.event_type, envelope.chain_hash, None),
             )
-        self._sequence = envelope.sequence
         self._chain = envelope.chain_hash
+        self._released = envelope.sequence
         self.consumed += 1
-        return envelope, body, output
+        if self._concurrent:
+            self._turn.notify_all()
+            waiting = self._waiting.pop(self._released + 1, None)
+            if waiting is not None:
+                waiting.get_loop().call_soon_threadsafe(_wake, waiting, None)
+
+    def _stalled(self, waiting: Envelope) -> NoReturn:
+        """A call waited ``stall_timeout`` for an event the code never asked for."""
+        sequence = self._released + 1
+        missing = self._left()
+        self._diverge(
+            DivergenceKind.CONCURRENCY_MISMATCH,
+            sequence,
+            expected=_named(missing) if missing is not None else (None, None, None),
+            actual=(None, None, None),
+            detail=(
+                f"the code never asked for sequence {sequence} "
+                f"({_branch_label(missing)}) while sequence {waiting.sequence} waited "
+                f"{self.stall_timeout:g}s for it: it started a different set of "
+                "concurrent children than was recorded"
+            ),
+            fatal=True,
+        )
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _open(self, envelope: Envelope) -> tuple[dict[str, Any], Any]:
         data = None
@@ -471,16 +854,17 @@ class ReplayRun:
         try:
             body = self._pipeline.unpack(envelope, data)
         except UnknownSchemaVersion as exc:
-            expected_chain = envelope.expected_chain_hash(self._chain)
-            if envelope.chain_hash != expected_chain:
-                self._diverge(
-                    DivergenceKind.BROKEN_CHAIN,
-                    envelope.sequence,
-                    expected=(envelope.event_type, expected_chain),
-                    actual=(envelope.event_type, envelope.chain_hash),
-                    detail=f"the altered envelope names body version {envelope.body_version}",
-                    fatal=True,
-                )
+            if envelope.sequence == self._released + 1:
+                expected_chain = envelope.expected_chain_hash(self._chain)
+                if envelope.chain_hash != expected_chain:
+                    self._diverge(
+                        DivergenceKind.BROKEN_CHAIN,
+                        envelope.sequence,
+                        expected=(envelope.event_type, expected_chain, None),
+                        actual=(envelope.event_type, envelope.chain_hash, None),
+                        detail=f"the altered envelope names body version {envelope.body_version}",
+                        fatal=True,
+                    )
             # An intact envelope of a version this release cannot read is not tampering:
             # it was written by a newer release (or needs a migrator). Stop.
             self._unreadable = exc
@@ -500,8 +884,8 @@ class ReplayRun:
             self._diverge(
                 DivergenceKind.TAMPERED_OUTPUT,
                 envelope.sequence,
-                expected=(envelope.event_type, envelope.output_digest),
-                actual=(envelope.event_type, None),
+                expected=(envelope.event_type, envelope.output_digest, None),
+                actual=(envelope.event_type, None, None),
                 detail=f"the body does not open: {type(exc).__name__}",
                 fatal=True,  # there is no recorded output to go on with
             )
@@ -514,10 +898,32 @@ class ReplayRun:
             self._diverge(
                 DivergenceKind.TAMPERED_OUTPUT,
                 envelope.sequence,
-                expected=(envelope.event_type, envelope.output_digest),
-                actual=(envelope.event_type, actual),
+                expected=(envelope.event_type, envelope.output_digest, None),
+                actual=(envelope.event_type, actual, None),
             )
         return body, output
+
+    def _changes(self, envelope: Envelope, ask: Ask | None) -> tuple[Change, ...]:
+        """What differs between the recorded input of ``envelope`` and ``ask``'s, path by
+        path (values only when revealing them); nothing when the body cannot be read."""
+        if ask is None:
+            return ()
+        try:
+            data = None
+            if envelope.payload_ref is not None:
+                if self._blobs is None:
+                    return ()
+                data = self._blobs.read(envelope.payload_ref)
+            before = recorded_input(envelope.event_type, self._pipeline.unpack(envelope, data))
+        except BlackboxError:
+            return ()
+        if before is None:
+            return ()
+        after = json.loads(canonical_text(ask.input))
+        return tuple(
+            Change(path, old, new) if self._reveal else Change(path)
+            for path, old, new in _differences(before, after, "")
+        )
 
     def _setup(self, exc: BlackboxError) -> BlackboxError:
         """Keep ``exc`` as the reason the replay stops, and give it back to raise."""
@@ -529,38 +935,192 @@ class ReplayRun:
         if self._unreadable is not None:
             raise self._unreadable
 
-    def _peek(self) -> Envelope | None:
-        if self._peeked is None:
-            self._peeked = next(self._events, None)
-        return self._peeked
-
     def _diverge(
         self,
         kind: DivergenceKind,
         sequence: int,
         *,
-        expected: tuple[str | None, str | None],
-        actual: tuple[str | None, str | None],
+        expected: tuple[str | None, str | None, str | None],
+        actual: tuple[str | None, str | None, str | None],
         detail: str = "",
         fatal: bool = False,
+        changes: tuple[Change, ...] = (),
     ) -> None:
         """Raise a control-flow (or ``fatal``) divergence; note the first state or
-        content one of its level and return, so the replay goes on."""
+        content one of its level and return, so the replay goes on.
+
+        ``expected`` and ``actual`` are (event type, digest, boundary name)."""
         divergence = Divergence(
             kind=kind,
-            run_id=getattr(self, "_run_id", None) or "unknown",
+            run_id=self._run_id,
             sequence=sequence,
             expected_type=expected[0],
             actual_type=actual[0],
             expected_digest=expected[1],
             actual_digest=actual[1],
-            call_site=_call_site(),
+            # Past the entry's return, the stack is the caller's: the entry is the site.
+            call_site=(self._ending and self._entry_site) or _call_site() or self._entry_site,
             detail=detail,
+            expected_name=expected[2],
+            actual_name=actual[2],
+            changes=changes,
+            revealed=self._reveal,
         )
         if fatal or divergence.level == "control_flow":
             found = tuple(sorted([*self._found.values(), divergence], key=lambda d: d.sequence))
-            raise ReplayDivergence(found[0], found)
-        self._found.setdefault(divergence.level, divergence)
+            self._fatal = ReplayDivergence(found[0], found)
+            self._wake_all()
+            raise self._fatal
+        known = self._found.get(divergence.level)
+        if known is None or divergence.sequence < known.sequence:
+            self._found[divergence.level] = divergence
+
+    def _wake_all(self) -> None:
+        """A fatal divergence: every call waiting for its turn raises it too."""
+        if not self._concurrent:
+            return
+        with self._lock:
+            self._turn.notify_all()
+        for waiting in self._waiting.values():
+            waiting.get_loop().call_soon_threadsafe(_wake, waiting, self._fatal)
+        self._waiting.clear()
+
+
+class AsyncReplayRun:
+    """The asyncio twin of :class:`ReplayRun` (what an ``async`` agent entry gets in
+    replay): the same checks, with boundaries to ``await``; concurrent tasks wait for
+    their turn without blocking the loop."""
+
+    def __init__(self, replay: ReplayRun) -> None:
+        self.replay = replay
+
+    @property
+    def run_id(self) -> str:
+        """The id of the recorded run."""
+        return self.replay.run_id
+
+    @property
+    def input(self) -> Any:
+        """The recorded input of the run."""
+        return self.replay.input
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the last recorded event handed back."""
+        return self.replay.last_sequence
+
+    async def call(self, tool: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """The recorded result of tool ``tool``; ``fn`` is not called."""
+        replay = self.replay
+        return _tool_answer(await replay._cross_async(replay._contract.tool(tool, args, kwargs)))
+
+    async def llm(
+        self,
+        send: Callable[[Mapping[str, Any]], Any],
+        request: Mapping[str, Any],
+        *,
+        provider: str,
+        model: str | None = None,
+    ) -> Mapping[str, Any]:
+        """The recorded response to ``request``; ``send`` is not called."""
+        replay = self.replay
+        return _llm_answer(
+            await replay._cross_async(replay._contract.llm(provider, model, request))
+        )
+
+    async def now(self) -> datetime:
+        """The recorded wall-clock reading."""
+        return _wall(await self.replay._cross_async(self.replay._contract.clock("wall")))
+
+    async def monotonic(self) -> float:
+        """The recorded monotonic-clock reading."""
+        return _seconds(await self.replay._cross_async(self.replay._contract.clock("monotonic")))
+
+    async def random(self) -> float:
+        """The recorded random float."""
+        drawn = await self.replay._cross_async(self.replay._contract.random("random"))
+        return float(drawn["value"])
+
+    async def randint(self, low: int, high: int) -> int:
+        """The recorded random integer."""
+        ask = self.replay._contract.random("randint", {"low": low, "high": high})
+        return int((await self.replay._cross_async(ask))["value"])
+
+    async def uuid(self) -> uuid.UUID:
+        """The recorded random UUID."""
+        drawn = await self.replay._cross_async(self.replay._contract.random("uuid4"))
+        return uuid.UUID(drawn["value"])
+
+    async def effect(
+        self,
+        effect: str,
+        perform: Callable[[str], Any],
+        *,
+        arguments: Mapping[str, Any],
+        key: str | None = None,
+    ) -> EffectReceipt:
+        """The recorded receipt of the effect; ``perform`` is never called."""
+        replay = self.replay
+        place = replay._placement.begin()
+        intent = replay._intent(effect, arguments, key, place)
+        await replay._take_async(intent, place)
+        key = intent.input["idempotency_key"]
+        receipt = await replay._cross_async(replay._contract.receipt(effect, key))
+        return _receipt_answer(effect, key, receipt)
+
+    async def transition(
+        self,
+        to_state: str,
+        *,
+        state: Any,
+        reason: str | None = None,
+        connection: Any = None,
+    ) -> Any:
+        """Check the transition against the recorded one; ``connection`` is not touched."""
+        replay = self.replay
+        ask = replay._contract.transition(replay._state, to_state, state, reason)
+        replay._transitioned(ask, to_state, await replay._take_async(ask))
+        return None
+
+    async def finish(
+        self, *, output: Any = None, error: BaseException | None = None, connection: Any = None
+    ) -> None:
+        """See :meth:`ReplayRun.finish`."""
+        self.replay.finish(output=output, error=error)
+
+
+# Answers ----------------------------------------------------------------------------
+
+
+def _tool_answer(output: Any) -> Any:
+    _raise_recorded(output["error"])
+    return output["result"]
+
+
+def _llm_answer(output: Any) -> Mapping[str, Any]:
+    _raise_recorded(output["error"])
+    response: Mapping[str, Any] = output["response"]
+    return response
+
+
+def _wall(output: Any) -> datetime:
+    return datetime.fromtimestamp(output["value_us"] / 1e6, UTC)
+
+
+def _seconds(output: Any) -> float:
+    return float(output["value_us"]) / 1e6
+
+
+def _receipt_answer(effect: str, key: str, output: Any) -> EffectReceipt:
+    status = output["status"]
+    if status == "failed":
+        raise EffectRejected(
+            (output["error"] or {}).get("message", "rejected"),
+            external_id=output["external_id"],
+        )
+    if status == "unknown":
+        _raise_recorded(output["error"])
+    return EffectReceipt(effect, key, status, output["external_id"], output["result"])
 
 
 def _raise_recorded(error: Mapping[str, str] | None) -> None:
@@ -568,12 +1128,100 @@ def _raise_recorded(error: Mapping[str, str] | None) -> None:
         raise RecordedError(error["type"], error["message"])
 
 
+def _wake(waiting: asyncio.Future[None], error: BaseException | None) -> None:
+    if waiting.done():
+        return
+    if error is None:
+        waiting.set_result(None)
+    else:
+        waiting.set_exception(error)
+
+
+# What divergences say ---------------------------------------------------------------
+
+
+def _answers(envelope: Envelope | None, event_type: str, actual: str | None) -> bool:
+    return (
+        envelope is not None
+        and envelope.event_type == event_type
+        and (actual is None or actual == envelope.input_digest)
+    )
+
+
+_NAME_ATTRIBUTE = {
+    EventType.TOOL_CALL: "tool",
+    EventType.LLM_CALL: "model",
+    EventType.EFFECT_INTENT: "effect",
+    EventType.EFFECT_RECEIPT: "effect",
+    EventType.CLOCK_READ: "clock",
+    EventType.RANDOM_DRAW: "kind",
+    EventType.STATE_TRANSITION: "to_state",
+}
+"""The attribute (recorded) or input field (asked) that names a boundary of each kind."""
+
+
+def _named(envelope: Envelope) -> tuple[str | None, str | None, str | None]:
+    field = _NAME_ATTRIBUTE.get(envelope.event_type)  # type: ignore[call-overload]
+    name = envelope.attributes.get(field) if field else None
+    return envelope.event_type, envelope.input_digest, name
+
+
+def _asked(
+    event_type: str, actual: str | None, ask: Ask | None
+) -> tuple[str | None, str | None, str | None]:
+    field = _NAME_ATTRIBUTE.get(event_type)  # type: ignore[call-overload]
+    name = None
+    if field and ask is not None and isinstance(ask.input, Mapping):
+        value = ask.input.get(field)
+        name = None if value is None else str(value)
+    return event_type, actual, name
+
+
+def _branch_label(envelope: Envelope | None) -> str:
+    if envelope is None:
+        return "not read"
+    return (
+        f"branch {branch_of(envelope.attributes)}, "
+        f"started {started_of(envelope.attributes, envelope.sequence)}"
+    )
+
+
+def _differences(before: Any, after: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
+    """The leaf paths where two JSON values differ (``kwargs.amount``, ``args[0]``)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        for key in sorted(set(before) | set(after)):
+            inner = f"{path}.{key}" if path else str(key)
+            if key not in before:
+                yield inner, None, after[key]
+            elif key not in after:
+                yield inner, before[key], None
+            else:
+                yield from _differences(before[key], after[key], inner)
+    elif isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        for index, (old, new) in enumerate(zip(before, after, strict=True)):
+            yield from _differences(old, new, f"{path}[{index}]")
+    elif before != after or type(before) is not type(after):
+        yield path or "(the whole input)", before, after
+
+
 def _call_site() -> CallSite | None:
-    """The first frame outside the recorder: the agent code that crossed the boundary."""
+    """The innermost frame of the agent's code on the stack: the one that crossed the
+    boundary. The project's own frames (but its examples'), and the event loop's,
+    threads' and the CLI framework's, are never it."""
     frame = sys._getframe(1)
     while frame is not None:
         module = str(frame.f_globals.get("__name__", ""))
-        if not module.startswith(_OWN_MODULES):
+        if not module.startswith(_NOT_AGENT) or module.startswith(_EXAMPLES):
             return CallSite(frame.f_code.co_name, frame.f_code.co_filename, frame.f_lineno)
         frame = frame.f_back  # type: ignore[assignment]
     return None
+
+
+def _entry_site(entry: Callable[..., Any] | None) -> CallSite | None:
+    """Where the agent's entry point is defined: the call site of what is found after it
+    returned (its output, events it left)."""
+    target = inspect.unwrap(entry) if entry is not None else None
+    code = getattr(target, "__code__", None) or getattr(type(target).__call__, "__code__", None)
+    if code is None:
+        return None
+    return CallSite(code.co_name, code.co_filename, code.co_firstlineno)

@@ -35,7 +35,6 @@ from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import (
     Envelope,
     EnvelopeCodec,
-    KeyUnavailable,
     PayloadPipeline,
     Settings,
     digest,
@@ -144,8 +143,12 @@ def test_reader_cannot_obtain_a_body_or_a_key(
         f"SELECT * FROM blackbox.unwrap_data_key('{run_id}', 'dk', 'curious')",
     )
     pipeline = PayloadPipeline(sealer=AesGcmSealer(AuditedKeys(reader, provider, purpose="peek")))
-    with pytest.raises(AccessDenied, match=f"run {run_id} key dk-"):
-        replay_run(_envelopes(engine, run_id), agent, pipeline=pipeline)
+    # Access refused is the replay's error, never a divergence, and names run and key.
+    report = replay_run(_envelopes(engine, run_id), agent, pipeline=pipeline)
+    assert report.result == "ERROR"
+    assert report.error is not None
+    assert report.error.startswith("AccessDenied: ")
+    assert f"run {run_id} key dk-" in report.error
 
 
 def test_writer_records_but_reads_no_key_back(
@@ -276,8 +279,10 @@ def test_sensitive_runs_take_keyed_digests_and_replay_through_audited_tenant_key
     opened = PayloadPipeline(sealer=AesGcmSealer(keys))
     report = replay_run(events, agent, pipeline=opened, digests=keys)
     assert report.passed, report.divergence and report.divergence.describe()
-    with pytest.raises(KeyUnavailable, match=f"run {run.run_id} of tenant default"):
-        replay_run(events, agent, pipeline=opened)
+    unkeyed = replay_run(events, agent, pipeline=opened)
+    assert unkeyed.result == "ERROR"
+    assert unkeyed.error is not None
+    assert f"run {run.run_id} of tenant default" in unkeyed.error
     with engine.connect() as conn:
         outcomes = conn.execute(
             text("SELECT tenant_id, outcome FROM blackbox.access_audit WHERE key_id IS NULL")
