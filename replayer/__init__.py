@@ -5,7 +5,18 @@ is ever called. Replay mode itself (:class:`ReplayRun`) lives here, beside its r
 """
 
 from agent_blackbox.replayer._driver import AgentEntry, replay_run
+from agent_blackbox.replayer._fork import (
+    ForkError,
+    ForkResult,
+    RecordedTools,
+    ToolMode,
+    ToolNotRecorded,
+    fork_replay_entry,
+    fork_run,
+)
+from agent_blackbox.replayer._fork_diff import ForkDiff, fork_diff
 from agent_blackbox.replayer._index import ReadSide, RunIndex, RunLocation
+from agent_blackbox.replayer._reexecute import CallDiff, reexecute
 from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_entry
 from agent_blackbox.replayer._replay import (
     BlobReader,
@@ -30,24 +41,35 @@ __all__ = [
     "AgentEntry",
     "AgentRegistry",
     "BlobReader",
+    "CallDiff",
     "CallSite",
     "CheckpointStatus",
     "DigestKeys",
     "Divergence",
     "DivergenceKind",
+    "ForkDiff",
+    "ForkError",
+    "ForkResult",
     "KafkaRunSource",
     "Problem",
     "ReadSide",
+    "RecordedTools",
     "ReplayDivergence",
     "ReplayReport",
     "ReplayRun",
     "RunIndex",
     "RunLocation",
     "SourceError",
+    "ToolMode",
+    "ToolNotRecorded",
     "UnknownAgent",
     "VerifyReport",
+    "fork_diff",
+    "fork_replay_entry",
+    "fork_run",
     "load_entry",
     "read_archive",
+    "reexecute",
     "replay_run",
     "verify_run",
     "write_archive",
