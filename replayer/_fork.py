@@ -140,7 +140,7 @@ class RecordedTools:
                 "fork answers tools from the parent's recording only; fork again with "
                 "--tools live or --tools recorded-then-live to call it"
             )
-            self._note(ToolUse(tool, ask.input, "unrecorded", error=message))
+            self._note(ToolUse(tool, ask.input, "unrecorded", error=f"ToolNotRecorded: {message}"))
             self.unrecorded = self.unrecorded or message
             raise ToolNotRecorded(message)
         try:

@@ -191,12 +191,23 @@ def _print_pairs(
 def _tool_cell(call: Mapping[str, Any] | None) -> str:
     if call is None:
         return "-"
-    text = f"{call['tool']} {_cell(call['arguments'])}"
+    text = f"{call['tool']}({_arguments(call['arguments'])})"
     if call.get("error"):
         text += f" raised {call['error']}"
     if call.get("source"):
         text += f" ({call['source']})"
     return safe_text(text)
+
+
+def _arguments(recorded: Any) -> str:
+    """A tool call's arguments as the call wrote them: ``"Paris", unit="C"``."""
+    if not isinstance(recorded, Mapping):
+        return _cell(recorded)
+    args = [json.dumps(a, default=str) for a in recorded.get("args") or []]
+    kwargs = [
+        f"{k}={json.dumps(v, default=str)}" for k, v in (recorded.get("kwargs") or {}).items()
+    ]
+    return _clip(", ".join(args + kwargs))
 
 
 def _llm_cell(call: Mapping[str, Any] | None) -> str:
