@@ -114,9 +114,11 @@ class RecordedTools:
             for envelope in envelopes
             if envelope.event_type == EventType.TOOL_CALL and envelope.payload is not None
         ]
-        self._answers: dict[str, dict[str, Any]] = {}
+        # The same call may have been answered differently over the run (a status
+        # polled until done): its answers are given back in the order recorded.
+        self._answers: dict[str, list[dict[str, Any]]] = {}
         for input_digest, body in self._recorded:
-            self._answers.setdefault(input_digest, body)
+            self._answers.setdefault(input_digest, []).append(body)
         self._fallback = fallback
         self._mode = mode
         self._next = 0
@@ -153,7 +155,11 @@ class RecordedTools:
 
     def _answer(self, input_digest: str) -> dict[str, Any] | None:
         if self._mode == "recorded":
-            return self._answers.get(input_digest)
+            answers = self._answers.get(input_digest)
+            if not answers:
+                return None
+            # Past the last recorded answer, the call keeps its last answer.
+            return answers.pop(0) if len(answers) > 1 else answers[0]
         if self._mode == "live" or self._next >= len(self._recorded):
             return None
         recorded_digest, body = self._recorded[self._next]
@@ -270,7 +276,9 @@ def forked_snapshot(
 ) -> RunSnapshot:
     """``parent`` with ``changes`` applied: ``model`` replaces the model ids, ``flag.X``
     sets flag X, ``code_version`` names the code that runs now; every change (these and
-    any other, such as ``prompt``) is recorded for the agent and for the reader."""
+    any other, such as ``prompt``) is recorded for the agent and for the reader. A fork
+    of a fork keeps its parent's changes, with these on top, so the agent sees what its
+    parent saw and what changed since."""
     flags = dict(parent.flags)
     model_ids = parent.model_ids
     code_version = parent.code_version
@@ -287,7 +295,7 @@ def forked_snapshot(
         model_ids=model_ids,
         flags=flags,
         parent_run_id=parent_run_id,
-        changes=dict(changes),
+        changes={**parent.changes, **changes},
     )
 
 

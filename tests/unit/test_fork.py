@@ -440,3 +440,48 @@ def test_an_endpoint_failure_is_reported_per_call() -> None:
     assert not diff.same
     assert diff.error == "ConnectionError: refused"
     assert diff.to_dict()["fields"] == {}
+
+
+def test_a_call_answered_differently_over_the_run_gets_its_answers_in_order() -> None:
+    """A status polled until done: the fork must see it done, not pending for ever."""
+    answers = iter(["pending", "pending", "done"])
+
+    def poll(run: Any, input: Any) -> int:
+        polls = 1
+        while run.call("status", lambda job: next(answers), "job-1") != "done":
+            polls += 1
+            if polls > 10:
+                raise RuntimeError("still pending after 10 polls")
+        return polls
+
+    parent = MemoryRecorder()
+    parent.record(poll, RunSnapshot(code_version="p/1", input={}), agent_id="poller")
+
+    def factory(snapshot: RunSnapshot, *, base_url: str, api_key: str) -> Any:
+        return poll
+
+    result = fork_run(parent.events, factory, changes={}, base_url="x", api_key="k")
+    assert (result.status, result.output) == ("succeeded", 3)
+    assert [u.result for u in result.tool_calls] == ["pending", "pending", "done"]
+
+
+def test_a_fork_of_a_fork_keeps_its_parents_changes() -> None:
+    first = _ticket_fork()
+
+    def factory(snapshot: RunSnapshot, *, base_url: str, api_key: str) -> Any:
+        return TicketAgent.from_snapshot(
+            snapshot, tickets=OfflineTickets(), model=KeywordModel(), notifier=OfflineNotifier()
+        ).run
+
+    second = fork_run(
+        first.events,
+        factory,
+        changes={"model": "bigger-3"},
+        base_url="x",
+        api_key="k",
+        effects="sandbox",
+    )
+    started = _body(second.events[0])
+    assert started["parent_run_id"] == first.run_id
+    assert started["changes"] == {"model": "bigger-3", "prompt": "Be terse."}
+    assert started["model_ids"] == ["bigger-3"]
