@@ -3,7 +3,10 @@
 A fork is a new run (its own run id, ``parent_run_id`` set, the list of changes in its
 ``run.started``) driven by the agent's code in record mode from the parent's input
 snapshot, with the model called for real. Tools are answered from the parent's
-recording where the call is the same; effects are refused or sent to a sandbox.
+recording, live, or from the recording until the fork's calls differ from the parent's
+(:data:`ToolMode`); effects are refused or sent to a sandbox. What the fork did is kept
+beside its events, for the comparison with its parent (``_fork_diff.py``), and
+:func:`fork_replay_entry` replays a fork through the factory that built it.
 
 Re-execution (``_reexecute.py``) re-sends each recorded raw LLM request and compares
 what comes back, call by call.

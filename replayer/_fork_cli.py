@@ -74,9 +74,18 @@ def _changes(pairs: tuple[str, ...]) -> dict[str, str]:
     "live from the first that differs.",
 )
 @click.option(
-    "--effects", type=click.Choice(["refuse", "sandbox"]), default="refuse", show_default=True
+    "--effects",
+    type=click.Choice(["refuse", "sandbox"]),
+    default="refuse",
+    show_default=True,
+    help="refuse: every effect fails; sandbox: confirmed and written down, never sent.",
 )
-@click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option(
+    "--archive",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="Read the parent from an Avro archive instead of Kafka.",
+)
 @click.option("--dry-run", is_flag=True, help="Record the fork in memory, not in the outbox.")
 @purpose_option(required=True)
 @click.option("--json", "as_json", is_flag=True, help="The fork and its diff as JSON on stdout.")
@@ -232,8 +241,18 @@ def _clip(text: str, limit: int = 60) -> str:
 @click.command("reexecute")
 @click.argument("run_id")
 @click.option("--base-url", required=True, help="OpenAI-compatible endpoint to re-send to.")
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True)
-@click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option(
+    "--api-key-env",
+    default="OPENAI_API_KEY",
+    show_default=True,
+    help="Environment variable holding the endpoint's key (never recorded).",
+)
+@click.option(
+    "--archive",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="Read the run from an Avro archive instead of Kafka.",
+)
 @purpose_option(required=True)
 @click.option(
     "--json", "as_json", is_flag=True, help="Per-call structured diffs as JSON on stdout."
