@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from openai import OpenAI
+from sqlalchemy import Engine
 
 from agent_blackbox.cli import main
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-from agent_blackbox.outbox import MemoryRecorder
-from agent_blackbox.replayer import fork_run, read_archive, write_archive
+from agent_blackbox.outbox import MemoryRecorder, pending_events_txn
+from agent_blackbox.replayer import fork_diff, fork_run, read_archive, write_archive
+from agent_blackbox.schemas import Settings
 from tests.integration import _fork_agents, _openai_server
 from tests.integration._openai_server import OpenAIServer, Reply
 
@@ -308,3 +310,31 @@ def test_the_example_agent_forks_with_live_tools(
     [ticket] = json.loads(result.stdout)["diff"]["tool_calls"]
     # Read live from the ticket system, and the same ticket the parent read.
     assert (ticket["fork"]["source"], ticket["same"]) == ("live", True)
+
+
+def test_a_fork_with_live_tools_is_recorded_in_the_outbox(
+    weather_server: OpenAIServer, tmp_path: Path, engine: Engine, settings: Settings
+) -> None:
+    _weather_parent(weather_server, tmp_path)
+    parent = list(read_archive(tmp_path / "weather.avro"))
+    fork = fork_run(
+        parent,
+        _fork_agents.fork_entry,
+        changes={"model": "weather-large"},
+        base_url=weather_server.base_url,
+        api_key="k",
+        tools="recorded-then-live",
+        engine=engine,
+        settings=settings,
+    )
+    assert (fork.status, fork.events) == ("succeeded", [])
+    assert _fork_agents.LIVE_CALLS == ["Oslo"]
+    with engine.connect() as conn:
+        # run.started, the two LLM calls, the tool call, run.finished
+        assert pending_events_txn(conn, [fork.run_id]) == 5
+    diff = fork_diff(parent, fork)
+    assert [c.path for c in diff.output_changes] == [
+        "$.answer",
+        "$.weather[0].city",
+        "$.weather[0].temp_c",
+    ]
