@@ -174,22 +174,36 @@ class TicketAgent:
         return {"ticket_id": ticket_id, **triage, "received_at": received_at.isoformat()}
 
 
+SAMPLE_TEXTS = (
+    "Our billing page charges twice",
+    "Service is down for all users, urgent",
+    "Cannot reset my account password",
+    "Please add dark mode as a feature",
+    "Outage in the EU region since 10:00",
+)
+
+
+def _sample_ticket(index: int) -> dict[str, str]:
+    return {
+        "text": SAMPLE_TEXTS[index % len(SAMPLE_TEXTS)],
+        "owner": f"owner{index % 7}@example.test",
+    }
+
+
 def sample_tickets(count: int) -> TicketStore:
     """A deterministic set of tickets for demos and tests."""
-    texts = (
-        "Our billing page charges twice",
-        "Service is down for all users, urgent",
-        "Cannot reset my account password",
-        "Please add dark mode as a feature",
-        "Outage in the EU region since 10:00",
-    )
-    store = TicketStore()
-    for index in range(count):
-        store.tickets[f"T-{index:05d}"] = {
-            "text": texts[index % len(texts)],
-            "owner": f"owner{index % 7}@example.test",
-        }
-    return store
+    return TicketStore({f"T-{index:05d}": _sample_ticket(index) for index in range(count)})
+
+
+class SampleTickets(TicketStore):
+    """The ticket system of the demo: every ticket :func:`sample_tickets` makes, however
+    many, built when it is read (what a fork with live tools reads)."""
+
+    def read(self, ticket_id: str) -> dict[str, str]:
+        number = ticket_id.removeprefix("T-")
+        if not number.isdigit():
+            raise KeyError(ticket_id)
+        return _sample_ticket(int(number))
 
 
 class ExternalCallRefused(BlackboxError):
@@ -225,10 +239,11 @@ def replay_entry(run: AgentRun, input: Any) -> dict[str, Any]:
 
 def fork_entry(snapshot: RunSnapshot, *, base_url: str, api_key: str) -> Callable[..., Any]:
     """The agent's entry point for a fork: the model from the (changed) snapshot, called
-    for real at ``base_url``; tools and effects are governed by the fork's policies."""
+    for real at ``base_url``; tools and effects are governed by the fork's policies (the
+    ticket system is read only when the fork's tools are live)."""
     agent = TicketAgent.from_snapshot(
         snapshot,
-        tickets=OfflineTickets(),
+        tickets=SampleTickets(),
         model=ChatEndpoint(base_url, api_key),
         notifier=OfflineNotifier(),
     )

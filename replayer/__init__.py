@@ -10,7 +10,18 @@ from agent_blackbox.replayer._driver import (
     replay_run,
     replay_run_async,
 )
+from agent_blackbox.replayer._fork import (
+    ForkError,
+    ForkResult,
+    RecordedTools,
+    ToolMode,
+    ToolNotRecorded,
+    fork_replay_entry,
+    fork_run,
+)
+from agent_blackbox.replayer._fork_diff import ForkDiff, fork_diff
 from agent_blackbox.replayer._index import ReadSide, RunIndex, RunLocation
+from agent_blackbox.replayer._reexecute import CallDiff, reexecute
 from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_entry
 from agent_blackbox.replayer._replay import (
     AsyncReplayRun,
@@ -39,15 +50,20 @@ __all__ = [
     "AgentRegistry",
     "AsyncReplayRun",
     "BlobReader",
+    "CallDiff",
     "CallSite",
     "Change",
     "CheckpointStatus",
     "DigestKeys",
     "Divergence",
     "DivergenceKind",
+    "ForkDiff",
+    "ForkError",
+    "ForkResult",
     "KafkaRunSource",
     "Problem",
     "ReadSide",
+    "RecordedTools",
     "ReplayDivergence",
     "ReplayReport",
     "ReplayRun",
@@ -55,11 +71,17 @@ __all__ = [
     "RunIndex",
     "RunLocation",
     "SourceError",
+    "ToolMode",
+    "ToolNotRecorded",
     "UnknownAgent",
     "VerifyReport",
+    "fork_diff",
+    "fork_replay_entry",
+    "fork_run",
     "is_async_entry",
     "load_entry",
     "read_archive",
+    "reexecute",
     "replay_run",
     "replay_run_async",
     "verify_run",

@@ -3,36 +3,42 @@
 A fork is a new run (its own run id, ``parent_run_id`` set, the list of changes in its
 ``run.started``) driven by the agent's code in record mode from the parent's input
 snapshot, with the model called for real. Tools are answered from the parent's
-recording where the call is the same; effects are refused or sent to a sandbox.
+recording, live, or from the recording until the fork's calls differ from the parent's
+(:data:`ToolMode`); effects are refused or sent to a sandbox. What the fork did is kept
+beside its events, for the comparison with its parent (``_fork_diff.py``), and
+:func:`fork_replay_entry` replays a fork through the factory that built it.
 
-Re-execution re-sends each recorded raw LLM request as it was and compares what comes
-back, call by call.
+Re-execution (``_reexecute.py``) re-sends each recorded raw LLM request and compares
+what comes back, call by call.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sqlalchemy import Engine
 
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import (
+    AgentRun,
     EffectPolicy,
+    LiveTools,
     MemoryRecorder,
     RecordedError,
     Recorder,
     RefuseEffects,
+    Run,
     RunSnapshot,
     SandboxEffects,
     ToolPolicy,
-    completion_view,
 )
 from agent_blackbox.outbox.contract import Contract, Scrub
 from agent_blackbox.replayer._driver import AgentEntry
-from agent_blackbox.replayer._replay import DigestKeys, run_digest
+from agent_blackbox.replayer._replay import DigestKeys, ReplaySetupError, run_digest
 from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
@@ -45,24 +51,49 @@ ForkFactory = Callable[..., AgentEntry]
 """``factory(snapshot, *, base_url=..., api_key=...) -> entry``: the agent, built as the
 changed snapshot describes it, with a real model client."""
 
-IGNORED_FIELDS = ("id", "created", "system_fingerprint")
-
 
 class ForkError(BlackboxError):
     """A fork or re-execution could not start."""
 
 
 class ToolNotRecorded(BlackboxError):
-    """A re-execution called a tool with arguments its parent run never used."""
+    """A fork called a tool with arguments its parent run never used, and its tools are
+    answered from the parent's recording only."""
+
+
+ToolMode = Literal["recorded", "live", "recorded-then-live"]
+"""How a fork's tool calls are answered: ``recorded`` from the parent's recording only,
+``live`` by calling the tools, ``recorded-then-live`` from the recording while the fork's
+tool calls are the parent's, one for one in order, and live from the first that differs."""
+
+TOOL_MODES: tuple[ToolMode, ...] = ("recorded", "live", "recorded-then-live")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """One tool call of a fork, as its tool policy answered it."""
+
+    tool: str
+    arguments: Any
+    """The call's input as the parent's ``tool.call`` bodies hold it (scrubbed under the
+    parent's redaction rules), so the two compare like with like."""
+    source: Literal["recorded", "live", "unrecorded"]
+    result: Any = None
+    error: str | None = None
+    """``"Type: message"`` when the call raised."""
 
 
 class RecordedTools:
-    """Answers tool calls from a parent run's recording, matched by input digest.
+    """Answers a fork's tool calls from its parent's recording, live, or both.
 
-    The digest of each call is built by the boundary contract, under the redaction rules
-    and the digest the parent was recorded with, so a call the parent made matches
-    however its arguments were scrubbed. A call the parent never made goes to
-    ``fallback`` (live tools, say) or, without one, raises :class:`ToolNotRecorded`.
+    A call is matched to the parent's by input digest, built by the boundary contract
+    under the redaction rules and the digest the parent was recorded with, so a call the
+    parent made matches however its arguments were scrubbed. In mode ``recorded`` a call
+    the parent never made goes to ``fallback`` (live tools, say) or, without one, raises
+    :class:`ToolNotRecorded`; in mode ``live`` every call goes to ``fallback``; in mode
+    ``recorded-then-live`` the fork's calls are matched to the parent's in order and,
+    from the first that differs, go to ``fallback``. What each call was answered with is
+    kept in :attr:`uses`. Safe to call from several threads of one run.
     """
 
     def __init__(
@@ -72,33 +103,132 @@ class RecordedTools:
         pipeline: PayloadPipeline | None = None,
         fallback: ToolPolicy | None = None,
         digests: DigestKeys | None = None,
+        mode: ToolMode = "recorded",
     ) -> None:
+        if mode != "recorded" and fallback is None:
+            raise ForkError(f"tools {mode!r} need a live fallback (LiveTools(), say)")
         opener = pipeline or PayloadPipeline()
-        self._answers: dict[str, dict[str, Any]] = {}
         envelopes = list(parent)
         first = envelopes[0] if envelopes else None
         scrub = Scrub(None) if first is None else Scrub.recorded_in(first.attributes)
         self._contract = Contract(scrub, run_digest(first, digests))
-        for envelope in envelopes:
-            if envelope.event_type == EventType.TOOL_CALL and envelope.payload is not None:
-                body = opener.unpack(envelope)
-                self._answers.setdefault(envelope.input_digest, body)
+        self._recorded = [
+            (envelope.input_digest, opener.unpack(envelope))
+            for envelope in envelopes
+            if envelope.event_type == EventType.TOOL_CALL and envelope.payload is not None
+        ]
+        # The same call may have been answered differently over the run (a status
+        # polled until done): its answers are given back in the order recorded.
+        self._answers: dict[str, list[dict[str, Any]]] = {}
+        for input_digest, body in self._recorded:
+            self._answers.setdefault(input_digest, []).append(body)
         self._fallback = fallback
+        self._mode = mode
+        self._next = 0
+        self._lock = threading.Lock()
+        self.uses: list[ToolUse] = []
+        """Every call the fork made, in the order it was made."""
+        self.unrecorded: str | None = None
+        """Why the first call the recording could not answer was refused, if one was."""
 
     def call(
         self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], fn: Callable[..., Any]
     ) -> Any:
-        body = self._answers.get(self._contract.tool(tool, args, kwargs).input_digest)
-        if body is None:
-            if self._fallback is None:
-                raise ToolNotRecorded(
-                    f"tool {tool} was called with arguments the parent run never used; "
-                    "allow live tools for this re-execution to call it"
-                )
-            return self._fallback.call(tool, args, kwargs, fn)
-        if body["error"] is not None:
-            raise RecordedError(body["error"]["type"], body["error"]["message"])
-        return json.loads(body["result_json"])
+        ask = self._contract.tool(tool, args, kwargs)
+        with self._lock:
+            body = self._answer(ask.input_digest)
+        if body is not None:
+            return self._replayed(tool, ask.input, body)
+        if self._fallback is None:
+            message = (
+                f"tool {tool} was called with arguments the parent run never used, and this "
+                "fork answers tools from the parent's recording only; fork again with "
+                "--tools live or --tools recorded-then-live to call it"
+            )
+            self._note(ToolUse(tool, ask.input, "unrecorded", error=f"ToolNotRecorded: {message}"))
+            self.unrecorded = self.unrecorded or message
+            raise ToolNotRecorded(message)
+        try:
+            result = self._fallback.call(tool, args, kwargs, fn)
+        except Exception as exc:
+            self._note(ToolUse(tool, ask.input, "live", error=_error_text(exc)))
+            raise
+        self._note(ToolUse(tool, ask.input, "live", self._contract.scrub.value(result, set())))
+        return result
+
+    def _answer(self, input_digest: str) -> dict[str, Any] | None:
+        if self._mode == "recorded":
+            answers = self._answers.get(input_digest)
+            if not answers:
+                return None
+            # Past the last recorded answer, the call keeps its last answer.
+            return answers.pop(0) if len(answers) > 1 else answers[0]
+        if self._mode == "live" or self._next >= len(self._recorded):
+            return None
+        recorded_digest, body = self._recorded[self._next]
+        if recorded_digest != input_digest:
+            self._next = len(self._recorded)  # past the first difference, all live
+            return None
+        self._next += 1
+        return body
+
+    def _replayed(self, tool: str, arguments: Any, body: Mapping[str, Any]) -> Any:
+        error = body["error"]
+        if error is not None:
+            self._note(
+                ToolUse(tool, arguments, "recorded", error=f"{error['type']}: {error['message']}")
+            )
+            raise RecordedError(error["type"], error["message"])
+        result = json.loads(body["result_json"])
+        self._note(ToolUse(tool, arguments, "recorded", result))
+        return result
+
+    def _note(self, use: ToolUse) -> None:
+        with self._lock:
+            self.uses.append(use)
+
+
+@dataclass(frozen=True, slots=True)
+class LlmUse:
+    """One LLM call of a fork: the model it named, and what came back."""
+
+    model: str
+    response: Mapping[str, Any] | None
+    """The provider's raw JSON (a recorded stream folds through ``completion_view``)."""
+    error: str | None = None
+
+
+class _ObservedRun:
+    """The fork's run as the agent's code sees it: every boundary is the recorder's,
+    and the LLM calls are also noted for the comparison with the parent."""
+
+    def __init__(self, run: Run, calls: list[LlmUse]) -> None:
+        self._run = run
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._run, name)
+
+    def llm(
+        self,
+        send: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+        request: Mapping[str, Any],
+        *,
+        provider: str,
+        model: str | None = None,
+    ) -> Mapping[str, Any]:
+        named = model or str(request.get("model", "unknown"))
+        try:
+            response = self._run.llm(send, request, provider=provider, model=model)
+        except Exception as exc:
+            self._calls.append(LlmUse(named, None, _error_text(exc)))
+            raise
+        self._calls.append(LlmUse(named, response))
+        return response
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +244,16 @@ class ForkResult:
     sandboxed_effects: Sequence[Mapping[str, Any]] = ()
     events: Sequence[Envelope] = ()
     """The fork's envelopes when it was recorded in memory (a dry run)."""
+    tools: ToolMode = "recorded"
+    tool_calls: Sequence[ToolUse] = ()
+    llm_calls: Sequence[LlmUse] = ()
+    unrecorded_tool: str | None = None
+    """Set when the fork stopped at a tool call its parent never made (mode
+    ``recorded``): the fork could not run as asked, whatever its status says."""
 
 
-def parent_snapshot(events: Sequence[Envelope], pipeline: PayloadPipeline) -> RunSnapshot:
-    """The input snapshot recorded in a run's ``run.started``."""
-    if not events or events[0].event_type != EventType.RUN_STARTED:
-        raise ForkError("the parent run does not start with run.started; it cannot be forked")
-    body = pipeline.unpack(events[0])
+def snapshot_of(body: Mapping[str, Any]) -> RunSnapshot:
+    """The input snapshot a ``run.started`` body records, changes included."""
     return RunSnapshot(
         code_version=body["code_version"],
         input=json.loads(body["input_json"]),
@@ -134,12 +267,21 @@ def parent_snapshot(events: Sequence[Envelope], pipeline: PayloadPipeline) -> Ru
     )
 
 
+def parent_snapshot(events: Sequence[Envelope], pipeline: PayloadPipeline) -> RunSnapshot:
+    """The input snapshot recorded in a run's ``run.started``."""
+    if not events or events[0].event_type != EventType.RUN_STARTED:
+        raise ForkError("the parent run does not start with run.started; it cannot be forked")
+    return snapshot_of(pipeline.unpack(events[0]))
+
+
 def forked_snapshot(
     parent: RunSnapshot, parent_run_id: str, changes: Mapping[str, str]
 ) -> RunSnapshot:
     """``parent`` with ``changes`` applied: ``model`` replaces the model ids, ``flag.X``
     sets flag X, ``code_version`` names the code that runs now; every change (these and
-    any other, such as ``prompt``) is recorded for the agent and for the reader."""
+    any other, such as ``prompt``) is recorded for the agent and for the reader. A fork
+    of a fork keeps its parent's changes, with these on top, so the agent sees what its
+    parent saw and what changed since."""
     flags = dict(parent.flags)
     model_ids = parent.model_ids
     code_version = parent.code_version
@@ -156,7 +298,7 @@ def forked_snapshot(
         model_ids=model_ids,
         flags=flags,
         parent_run_id=parent_run_id,
-        changes=dict(changes),
+        changes={**parent.changes, **changes},
     )
 
 
@@ -167,6 +309,7 @@ def fork_run(
     changes: Mapping[str, str],
     base_url: str,
     api_key: str,
+    tools: ToolMode = "recorded",
     effects: Literal["refuse", "sandbox"] = "refuse",
     engine: Engine | None = None,
     settings: Settings | None = None,
@@ -176,124 +319,94 @@ def fork_run(
 ) -> ForkResult:
     """Record a fork of ``parent``: into Postgres with ``engine`` (encrypted under its own
     data key with ``keys``), else in memory. ``pipeline`` opens the parent's bodies,
-    ``digests`` gives its tenant's keyed digest when it was recorded with one."""
+    ``digests`` gives its tenant's keyed digest when it was recorded with one.
+
+    ``tools`` says how the fork's tool calls are answered (see :data:`ToolMode`);
+    effects are refused, or confirmed by a sandbox that only writes them down, never
+    sent. The result lists the fork's tool and LLM calls, for :func:`fork_diff`.
+
+    Raises:
+        ForkError: the parent cannot be forked (no ``run.started``), or ``tools`` is not
+            one of :data:`TOOL_MODES`.
+    """
+    if tools not in TOOL_MODES:
+        raise ForkError(f"tools {tools!r} is not one of {', '.join(TOOL_MODES)}")
     opener = pipeline or PayloadPipeline()
     events = list(parent)
     snapshot = forked_snapshot(parent_snapshot(events, opener), events[0].run_id, changes)
-    tools = RecordedTools(events, pipeline=opener, digests=digests)
+    live = None if tools == "recorded" else LiveTools()
+    policy = RecordedTools(events, pipeline=opener, digests=digests, fallback=live, mode=tools)
     effect_policy: EffectPolicy = SandboxEffects() if effects == "sandbox" else RefuseEffects()
     recorder: Recorder | MemoryRecorder
     if engine is not None:
         recorder = Recorder(
-            engine, settings=settings, tools=tools, effects=effect_policy, keys=keys
+            engine, settings=settings, tools=policy, effects=effect_policy, keys=keys
         )
     else:
-        recorder = MemoryRecorder(settings=settings, tools=tools, effects=effect_policy)
+        recorder = MemoryRecorder(settings=settings, tools=policy, effects=effect_policy)
     entry = factory(snapshot, base_url=base_url, api_key=api_key)
     run = recorder.start_run(snapshot, agent_id=events[0].agent_id, tenant_id=events[0].tenant_id)
+    llm_calls: list[LlmUse] = []
     status, output, error = "succeeded", None, None
     try:
-        output = run.drive(entry, snapshot.input)
+        output = run.drive(
+            lambda own, given: entry(_ObservedRun(own, llm_calls), given), snapshot.input
+        )
     except Exception as exc:  # recorded as the fork's failure by drive()
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        status, error = "failed", _error_text(exc)
     sandboxed = effect_policy.sent if isinstance(effect_policy, SandboxEffects) else []
-    memory = recorder.events if isinstance(recorder, MemoryRecorder) else []
     return ForkResult(
-        run.run_id, events[0].run_id, dict(changes), status, output, error, sandboxed, memory
+        run.run_id,
+        events[0].run_id,
+        dict(changes),
+        status,
+        output,
+        error,
+        sandboxed,
+        recorder.events if isinstance(recorder, MemoryRecorder) else [],
+        tools,
+        list(policy.uses),
+        llm_calls,
+        policy.unrecorded,
     )
 
 
-@dataclass(frozen=True, slots=True)
-class CallDiff:
-    """One re-sent LLM request: what changed in the answer."""
-
-    sequence: int
-    model: str
-    changed: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
-    """Field → (recorded, now), for text, finish_reason, tool_calls and usage."""
-    error: str | None = None
-
-    @property
-    def same(self) -> bool:
-        return not self.changed and self.error is None
+REPLAY_BASE_URL = "http://replay.invalid/v1"
+"""The endpoint a fork's factory is given in replay: a name that never resolves, since
+replay calls nothing (the factory may build its client; the client is never used)."""
 
 
-def reexecute(
-    events: Iterable[Envelope],
-    send: Callable[[Mapping[str, Any]], Mapping[str, Any]],
-    *,
-    pipeline: PayloadPipeline | None = None,
-) -> list[CallDiff]:
-    """Re-send every recorded raw LLM request through ``send`` and diff the answers,
-    ignoring ids, creation times and system fingerprints."""
-    opener = pipeline or PayloadPipeline()
-    diffs = []
-    for envelope in events:
-        if envelope.event_type != EventType.LLM_CALL:
-            continue
-        body = opener.unpack(envelope)
-        request = json.loads(body["raw_request_json"])
-        recorded = json.loads(body["raw_response_json"] or "null") or {}
-        try:
-            fresh = dict(send(request))
-        except Exception as exc:  # the endpoint's failure is part of the comparison
-            diffs.append(
-                CallDiff(envelope.sequence, body["model"], error=f"{type(exc).__name__}: {exc}")
+def fork_replay_entry(factory: ForkFactory, *, runs: AgentEntry | None = None) -> AgentEntry:
+    """The entry point that replays forks as they were recorded.
+
+    A fork's agent was built by ``factory`` from the fork's snapshot, its changes (a
+    model, a prompt, a flag) included; in replay the same factory builds it again from
+    the snapshot the fork's ``run.started`` recorded, so the code sees the same changes.
+    It is given :data:`REPLAY_BASE_URL` and no key: replay calls no model. Runs that are
+    not forks replay through ``runs``, or through ``factory`` from their own snapshot
+    when ``runs`` is None.
+
+    Register the result as the agent's replay entry (``BLACKBOX_AGENTS`` or ``--agent``
+    naming a module attribute that holds it).
+    """
+
+    def entry(run: AgentRun, input: Any) -> Any:
+        body = getattr(run, "snapshot_body", None)
+        if body is None:
+            raise ReplaySetupError(
+                "fork_replay_entry replays recorded runs only: it was given a run that "
+                "has no recorded snapshot (use the agent's own entry to record)"
             )
-            continue
-        before, after = _comparable(completion_view(recorded)), _comparable(completion_view(fresh))
-        changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
-        diffs.append(CallDiff(envelope.sequence, body["model"], changed))
-    return diffs
-
-
-def _comparable(response: Mapping[str, Any]) -> dict[str, Any]:
-    choices = response.get("choices") or []
-    return {
-        "text": [(c.get("message") or {}).get("content") for c in choices],
-        "finish_reason": [c.get("finish_reason") for c in choices],
-        "tool_calls": [_tool_calls(c) for c in choices],
-        "usage": {
-            k: v
-            for k, v in (response.get("usage") or {}).items()
-            if k in ("prompt_tokens", "completion_tokens", "total_tokens")
-        },
-    }
-
-
-def _tool_calls(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
-    calls = (choice.get("message") or {}).get("tool_calls") or []
-    out = []
-    for call in calls:
-        function = call.get("function") or {}
-        arguments = function.get("arguments")
+        snapshot = snapshot_of(body)
+        if snapshot.parent_run_id is None and runs is not None:
+            return runs(run, input)
         try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError:
-            parsed = arguments  # compared as text when it is not JSON
-        out.append({"type": call.get("type"), "name": function.get("name"), "arguments": parsed})
-    return out
+            built = factory(snapshot, base_url=REPLAY_BASE_URL, api_key="replay-calls-no-model")
+        except Exception as exc:
+            raise ReplaySetupError(
+                f"the fork factory could not build the agent of run {run.run_id}: "
+                f"{_error_text(exc)}"
+            ) from exc
+        return built(run, input)
 
-
-def openai_sender(base_url: str, api_key: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
-    """Sends a raw chat-completion request with the official SDK (``openai`` extra)."""
-    try:
-        from openai import OpenAI
-    except ImportError as exc:
-        raise ForkError(
-            "re-execution needs the openai SDK: pip install 'agent-blackbox[openai]'"
-        ) from exc
-    client = OpenAI(base_url=base_url, api_key=api_key)
-
-    def send(request: Mapping[str, Any]) -> dict[str, Any]:
-        # Re-send as recorded, to the API it was recorded from; a streamed call is asked
-        # for whole, since only the folded answer is compared.
-        arguments = {k: v for k, v in request.items() if k != "stream"}
-        if "messages" in arguments:
-            response: Any = client.chat.completions.create(**arguments)
-        else:
-            response = client.responses.create(**arguments)
-        body: dict[str, Any] = response.model_dump(mode="json", exclude_unset=True)
-        return body
-
-    return send
+    return entry
