@@ -222,13 +222,16 @@ class _Output:
         self._tally = tally
         self._error: str | None = None
         self._out = Console()
-        self._err = Console(stderr=True)
+        self._err = Console(stderr=True, soft_wrap=True)
 
     def run(self, report: ReplayReport) -> None:
         self._tally.add(report)
+        single = self._tally.filters is None
         if self._json:
             click.echo(json.dumps(run_line(report), default=str))
-        elif self._tally.filters is None:
+            if single and report.error is not None:
+                self._err.print(f"[red]ERROR[/] run {report.run_id}: {safe_text(report.error)}")
+        elif single:
             _print_report(report, self._out, self._err)
 
     def fail(self, error: str) -> None:
