@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from agent_blackbox.cli import main
 from agent_blackbox.consumers import ViewRunIndex
@@ -19,6 +21,7 @@ from agent_blackbox.examples.ticket_agent import (
     replay_entry,
     sample_tickets,
 )
+from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import PostgresBlobs, Recorder
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import DivergenceKind, KafkaRunSource, replay_run
@@ -135,3 +138,40 @@ def test_forks_are_left_out_of_a_batch_unless_asked_for(settings: Settings, engi
     assert with_forks.exit_code == 0, with_forks.output
     replayed = [line["run_id"] for line in _lines(with_forks)[:-1]]
     assert sorted(replayed) == sorted([*parents, fork.run_id])
+
+
+def test_key_problems_are_errors_naming_the_run_never_divergences(
+    settings: Settings, engine: Engine
+) -> None:
+    kek = os.urandom(32)
+    provider = LocalKeyProvider({"v1": kek})
+    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(provider))
+    [run] = record_ticket_runs(recorder, ticket_ids(1), workers=1)
+    relay = Relay(engine, settings=settings)
+    relay.drain(timeout=60)
+    relay.close()
+    build_views(settings, engine, expect=run.events)
+    env = {**_cli_env(settings), "BLACKBOX_PURPOSE": "key problems test"}
+
+    sealed = CliRunner(env=env).invoke(main, ["replay", run.run_id, "--json"])
+    assert sealed.exit_code == 2, sealed.output
+    [line, _] = _lines(sealed)
+    assert line["result"] == "ERROR"
+    assert line["error"].startswith("ReplaySetupError: ")
+    assert f"run {run.run_id} is encrypted" in line["error"]
+    assert line["divergence"] is None
+
+    env["BLACKBOX_KEK"] = f"v1:{base64.b64encode(kek).decode()}"
+    opened = CliRunner(env=env).invoke(main, ["replay", run.run_id])
+    assert opened.exit_code == 0, opened.output
+
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM blackbox.data_keys"))
+    missing = CliRunner(env=env).invoke(main, ["replay", "--all", "--json"])
+    assert missing.exit_code == 2, missing.output
+    [line, summary] = _lines(missing)
+    assert line["error"].startswith(f"DataKeyMissing: run {run.run_id} key ")
+    assert summary["failing_run_ids"] == [run.run_id]
+    text_summary = CliRunner(env=env).invoke(main, ["replay", "--all"])
+    assert text_summary.exit_code == 2
+    assert "0/1 runs passed" in text_summary.stdout
