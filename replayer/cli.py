@@ -115,6 +115,8 @@ def replay_command(
             out.run(report)
     except BlackboxError as exc:
         out.fail(str(exc))
+    except KeyboardInterrupt:
+        out.fail(f"interrupted after {out.replayed} runs; the summary covers those")
     sys.exit(out.finish())
 
 
@@ -233,6 +235,10 @@ class _Output:
                 self._err.print(f"[red]ERROR[/] run {report.run_id}: {safe_text(report.error)}")
         elif single:
             _print_report(report, self._out, self._err)
+
+    @property
+    def replayed(self) -> int:
+        return self._tally.runs
 
     def fail(self, error: str) -> None:
         """The command could not run (or go on): say why, exit 2 unless a run diverged."""

@@ -36,6 +36,17 @@ def mutant_entry(run: AgentRun, input: Any) -> Any:
     return replay_entry(run, {"ticket_id": input["ticket_id"].lower()})
 
 
+_CALLS: list[str] = []
+
+
+def interrupting_entry(run: AgentRun, input: Any) -> Any:
+    """Replays the first run it is given; Ctrl-C arrives during the second."""
+    _CALLS.append(run.run_id)
+    if len(_CALLS) > 1:
+        raise KeyboardInterrupt
+    return replay_entry(run, input)
+
+
 # -- the recorded runs --------------------------------------------------------------
 
 
@@ -290,6 +301,18 @@ def test_setup_problems_of_one_run_exit_2_with_the_message(cli: Any, runs: dict[
     missing = cli("no-such-run")
     assert missing.exit_code == 2
     assert "run no-such-run is not in archive" in missing.stderr
+
+
+def test_an_interrupted_batch_still_ends_with_its_summary(cli: Any, runs: dict[str, Any]) -> None:
+    _CALLS.clear()
+    entry = "tests.unit.test_replay_cli:interrupting_entry"
+    args = ("--all", "--agent-id", "ticket-agent", "--include-forks", "--agent", entry, "--json")
+    result = cli(*args, BLACKBOX_AGENTS=None)
+    lines = _lines(result)
+    _validate(lines)
+    assert [line["run_id"] for line in lines[:-1]] == [runs["pass"]]
+    assert lines[-1]["error"] == "interrupted after 1 runs; the summary covers those"
+    assert result.exit_code == lines[-1]["exit_code"] == 2
 
 
 def test_filters_need_all(cli: Any, runs: dict[str, Any]) -> None:
