@@ -293,7 +293,8 @@ def _print_summary(summary: dict[str, Any], reasons: dict[str, str], console: Co
         f"{summary['passed']}/{summary['runs']} runs passed"
         + (f" ({float(rate):.1%})" if isinstance(rate, float) else "")
         + f": {summary['diverged']} diverged, {summary['errors']} errors, "
-        f"{summary['skipped']} skipped ({safe_text(str(summary['filters']))})"
+        f"{summary['skipped']} skipped ({safe_text(str(summary['filters']))})",
+        soft_wrap=True,
     )
     kinds = summary["divergence_kinds"]
     if kinds:
