@@ -6,7 +6,12 @@ is ever called. Replay mode itself (:class:`ReplayRun`) lives here, beside its r
 
 from agent_blackbox.replayer._driver import AgentEntry, replay_run
 from agent_blackbox.replayer._index import ReadSide, RunIndex, RunLocation
-from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_entry
+from agent_blackbox.replayer._registry import (
+    AgentRegistry,
+    MissingEntryPoint,
+    UnknownAgent,
+    load_entry,
+)
 from agent_blackbox.replayer._replay import (
     BlobReader,
     CallSite,
@@ -36,6 +41,7 @@ __all__ = [
     "Divergence",
     "DivergenceKind",
     "KafkaRunSource",
+    "MissingEntryPoint",
     "Problem",
     "ReadSide",
     "ReplayDivergence",
