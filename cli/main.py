@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from types import FrameType
 
@@ -18,10 +20,13 @@ from sqlalchemy import create_engine
 from agent_blackbox.consumers import ViewRunIndex, migrate_views
 from agent_blackbox.consumers.cli import (
     consume_command,
+    could_not_run,
     forget_command,
+    idle_notice,
     ledger_group,
     retention_group,
     sign_command,
+    until_idle_option,
 )
 from agent_blackbox.keystore.cli import keys_group
 from agent_blackbox.outbox import migrate_write_side
@@ -90,22 +95,107 @@ def migrate() -> None:
 @click.option("--batch-size", default=5_000, show_default=True, help="Rows per batch.")
 @click.option("--lease-ttl", default=10.0, show_default=True, help="Shard lease seconds.")
 @click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics here.")
+@until_idle_option
 def relay(
-    relay_id: str | None, batch_size: int, lease_ttl: float, metrics_port: int | None
+    relay_id: str | None,
+    batch_size: int,
+    lease_ttl: float,
+    metrics_port: int | None,
+    until_idle: float | None,
 ) -> None:
-    """Publish the outbox to Kafka until SIGTERM or Ctrl-C."""
+    """Publish the outbox to Kafka until SIGTERM or Ctrl-C.
+
+    With --until-idle S it drains and exits: it stops once its shards stayed empty for S
+    seconds (exit 0). A relay that cannot publish (database or Kafka away) is not idle:
+    it retries, and gives up after S more seconds (at least 10) with exit 2.
+    """
+    log = Console(stderr=True, log_path=False)
     settings = Settings.from_env()
-    engine = create_engine(settings.database_url, pool_size=4)
-    options = replace(RelayOptions(), batch_size=batch_size, lease_ttl_s=lease_ttl)
-    worker = Relay(engine, settings=settings, owner=relay_id, options=options)
-    if metrics_port is not None:
-        start_http_server(metrics_port, addr="127.0.0.1", registry=worker.metrics.registry)
-    stop = _stop_on_signals()
-    console.print(
-        f"relay {worker.owner}: outbox → {settings.kafka_bootstrap} topic {settings.topic}"
-    )
-    _guarded(lambda: worker.run(stop))
-    console.print(f"relay {worker.owner} stopped after publishing {worker.published} events")
+    stop = threading.Event()
+    started = time.monotonic()
+    try:
+        engine = create_engine(settings.database_url, pool_size=4)
+        options = replace(RelayOptions(), batch_size=batch_size, lease_ttl_s=lease_ttl)
+        worker = Relay(engine, settings=settings, owner=relay_id, options=options)
+        if metrics_port is not None:
+            start_http_server(metrics_port, addr="127.0.0.1", registry=worker.metrics.registry)
+        log.log(f"relay {worker.owner}: outbox → {settings.kafka_bootstrap} topic {settings.topic}")
+        with _stop_on_signals(stop), _RelayWatch(worker, stop, until_idle, log) as watch:
+            worker.run(stop)
+    except BlackboxError as exc:
+        could_not_run(log, exc)
+    if watch.idle:
+        idle_notice(log, watch.idle)
+    elapsed = time.monotonic() - started
+    click.echo(f"{worker.published:,} events published in {elapsed:.1f} s")
+    if watch.stuck:
+        could_not_run(
+            log,
+            BlackboxError(
+                f"the outbox could not be drained: nothing was published for "
+                f"{watch.stuck:.0f} s and the relay never found its shards empty (see the "
+                "warnings above: is the database or Kafka reachable?)"
+            ),
+        )
+
+
+class _RelayWatch:
+    """Beside a running relay: prints progress every few seconds and, with a limit, stops
+    it once nothing was published for that long and the relay waits for work (its last
+    look at its shards found them empty).
+
+    A relay that published nothing and is not waiting for work is busy with a batch or
+    retrying (database or Kafka away, deliveries refused). It gets as long again (at
+    least ``_STUCK_GRACE_S``); then it is stopped as ``stuck``: the outbox could not be
+    drained, which the command reports as an error.
+    """
+
+    _TICK_S = 0.1
+    _PROGRESS_EVERY_S = 2.0
+    _STUCK_GRACE_S = 10.0
+
+    def __init__(
+        self, worker: Relay, stop: threading.Event, limit: float | None, log: Console
+    ) -> None:
+        self._worker, self._stop, self._limit, self._log = worker, stop, limit, log
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="relay-watch", daemon=True)
+        self.idle: float | None = None
+        """The limit, once it stopped an idle relay."""
+        self.stuck: float | None = None
+        """Seconds without progress, once it stopped a relay that could not drain."""
+
+    def __enter__(self) -> _RelayWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        seen = printed = self._worker.published
+        last_change = last_print = time.monotonic()
+        while not self._done.wait(self._TICK_S) and not self._stop.is_set():
+            now, published = time.monotonic(), self._worker.published
+            if published != seen:
+                seen, last_change = published, now
+            if now - last_print >= self._PROGRESS_EVERY_S and published != printed:
+                rate = (published - printed) / (now - last_print)
+                self._log.log(f"{published:,} events published ({rate:,.0f} events/s)")
+                printed, last_print = published, now
+            if self._limit is not None:
+                self._judge(now - last_change, self._limit)
+
+    def _judge(self, quiet: float, limit: float) -> None:
+        if quiet < limit:
+            return
+        if self._worker.idle:
+            self.idle = limit
+            self._stop.set()
+        elif quiet >= limit + max(limit, self._STUCK_GRACE_S):
+            self.stuck = quiet
+            self._stop.set()
 
 
 @main.command()
@@ -118,21 +208,25 @@ def demo(runs: int, workers: int) -> None:
     _guarded(lambda: run_demo(runs=runs, workers=workers, console=console))
 
 
-def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """Set ``stop`` on SIGTERM/SIGINT (in-flight work finishes first); the handlers that
+    were there before come back afterwards."""
 
     def handle(signum: int, frame: FrameType | None) -> None:
         console.print(f"received {signal.Signals(signum).name}: finishing in-flight work")
         stop.set()
 
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
-    return stop
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _guarded(work: Callable[[], object]) -> None:
     try:
         work()
     except BlackboxError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise SystemExit(1) from exc
+        could_not_run(console, exc)

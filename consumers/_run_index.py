@@ -28,6 +28,7 @@ _RUNS = text(
      WHERE (NOT :finished_only OR status <> 'running')
        AND (CAST(:since AS timestamptz) IS NULL OR started_at >= :since)
        AND (CAST(:agent AS text) IS NULL OR agent_id = :agent)
+       AND (:include_forks OR parent_run_id IS NULL)
      ORDER BY started_at, run_id
      LIMIT :limit
     """
@@ -81,8 +82,10 @@ class ViewRunIndex:
         since: datetime | None = None,
         agent_id: str | None = None,
         limit: int = 100_000,
+        include_forks: bool = True,
     ) -> list[str]:
-        """The ids of indexed runs (finished ones only, when asked), oldest first.
+        """The ids of indexed runs (finished ones only, when asked; forks too unless
+        ``include_forks`` is False), oldest first.
 
         Raises:
             ViewStoreUnavailable: the runs view cannot be read.
@@ -92,6 +95,7 @@ class ViewRunIndex:
             "since": since,
             "agent": agent_id,
             "limit": limit,
+            "include_forks": include_forks,
         }
         try:
             with self._engine.connect() as conn:

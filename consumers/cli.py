@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -32,13 +34,28 @@ from agent_blackbox.schemas import BlackboxError, CheckpointSigner, Settings, sa
 _PROGRESS_EVERY_S = 2.0
 
 
-_until_idle = click.option(
+until_idle_option = click.option(
     "--until-idle",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     metavar="SECONDS",
-    help="Stop once no message arrived for this long (default: run until SIGTERM/SIGINT).",
+    help="Drain and exit: stop once nothing came to do for SECONDS (default: run until "
+    "SIGTERM/SIGINT). Exit 0 when stopped, 2 when the work could not run.",
 )
+"""``--until-idle`` of every long-running worker (``consume``, ``sign``, ``relay``): the
+same meaning, the same output (progress on stderr, one summary line on stdout) and the
+same exit statuses for all."""
+
+
+def idle_notice(console: Console, seconds: float) -> None:
+    """What a worker says when ``--until-idle`` stops it."""
+    console.log(f"idle for {seconds:g} s: stopping")
+
+
+def could_not_run(console: Console, exc: BlackboxError) -> NoReturn:
+    """Say why a worker could not run, and exit 2."""
+    console.print(f"[red]error:[/] {safe_text(str(exc))}", soft_wrap=True)
+    sys.exit(2)
 
 
 class _Progress:
@@ -63,7 +80,7 @@ class _Progress:
 
 @click.command("consume")
 @click.option("--group", default=None, help="Consumer group (default: BLACKBOX_CONSUMER_GROUP).")
-@_until_idle
+@until_idle_option
 def consume_command(group: str | None, until_idle: float | None) -> None:
     """Build the runs view and events index from the event topic."""
     console = Console(stderr=True, log_path=False)
@@ -80,7 +97,9 @@ def consume_command(group: str | None, until_idle: float | None) -> None:
         with _stop_on_signals(stop), ViewConsumer(settings) as consumer:
             total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
-        raise click.ClickException(str(exc)) from exc
+        could_not_run(console, exc)
+    if until_idle is not None and not stop.is_set():
+        idle_notice(console, until_idle)
     elapsed = time.monotonic() - started
     click.echo(f"{_summary(total)} in {elapsed:.1f} s")
 
@@ -216,7 +235,7 @@ def ledger_reapply() -> None:
 
 
 @click.command("sign")
-@_until_idle
+@until_idle_option
 def sign_command(until_idle: float | None) -> None:
     """Sign each run's chain head when it ends (key: BLACKBOX_SIGNING_KEY_FILE)."""
     console = Console(stderr=True, log_path=False)
@@ -229,7 +248,9 @@ def sign_command(until_idle: float | None) -> None:
         with _stop_on_signals(stop), CheckpointConsumer(settings, signer) as consumer:
             total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
-        raise click.ClickException(str(exc)) from exc
+        could_not_run(console, exc)
+    if until_idle is not None and not stop.is_set():
+        idle_notice(console, until_idle)
     click.echo(
         f"{total.messages:,} messages: {total.inserted:,} chained, {total.duplicates:,} "
         f"repeats, {total.violations:,} chain breaks (those runs are not signed)"

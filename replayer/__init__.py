@@ -22,7 +22,12 @@ from agent_blackbox.replayer._fork import (
 from agent_blackbox.replayer._fork_diff import ForkDiff, fork_diff
 from agent_blackbox.replayer._index import ReadSide, RunIndex, RunLocation
 from agent_blackbox.replayer._reexecute import CallDiff, reexecute
-from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_entry
+from agent_blackbox.replayer._registry import (
+    AgentRegistry,
+    MissingEntryPoint,
+    UnknownAgent,
+    load_entry,
+)
 from agent_blackbox.replayer._replay import (
     AsyncReplayRun,
     BlobReader,
@@ -61,6 +66,7 @@ __all__ = [
     "ForkError",
     "ForkResult",
     "KafkaRunSource",
+    "MissingEntryPoint",
     "Problem",
     "ReadSide",
     "RecordedTools",

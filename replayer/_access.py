@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -9,11 +10,21 @@ from typing import TypeVar
 import click
 from sqlalchemy import Engine
 
-from agent_blackbox.keystore import AesGcmSealer, AuditedKeys, DataKeyStore, LocalKeyProvider
+from agent_blackbox.keystore import (
+    AccessDenied,
+    AesGcmSealer,
+    AuditedKeys,
+    DataKeyStore,
+    LocalKeyProvider,
+)
 from agent_blackbox.replayer._replay import DigestKeys
 from agent_blackbox.schemas import PayloadPipeline
 
 FC = TypeVar("FC", bound=Callable[..., object])
+
+PURPOSE_MIN_CHARS = 3
+PURPOSE_MAX_CHARS = 500
+_EXAMPLE = "for example --purpose 'incident 4411: refund loop'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,25 +48,64 @@ def opening(engine: Callable[[], Engine], *, purpose: str) -> Opening:
             of recorded content has a stated reason.
 
     Raises:
-        AccessDenied: ``purpose`` is empty.
+        AccessDenied: ``purpose`` is not a usable reason (see :func:`purpose_problem`).
         KeyProviderError: the configured keys cannot be read.
     """
+    if (problem := purpose_problem(purpose)) is not None:
+        raise AccessDenied(problem)
     provider = LocalKeyProvider.from_env()
     if provider is None:
-        AuditedKeys.check_purpose(purpose)
         return Opening(PayloadPipeline())
     keys = AuditedKeys(engine(), provider, purpose=purpose)
     return Opening(PayloadPipeline(sealer=AesGcmSealer(keys)), keys)
 
 
+def purpose_problem(purpose: str) -> str | None:
+    """What is wrong with ``purpose`` as the reason written to the access audit, or None.
+
+    A purpose is one line of plain text of 3 to 500 characters: the audit shows it to
+    people, so control characters (line breaks, escape sequences, bidirectional
+    overrides) are refused rather than stored.
+    """
+    stripped = purpose.strip()
+    if not stripped:
+        return f"the purpose is empty; say why the recorded bodies are read, {_EXAMPLE}"
+    if len(stripped) < PURPOSE_MIN_CHARS:
+        return (
+            f"the purpose {stripped!r} is too short ({len(stripped)} characters, at least "
+            f"{PURPOSE_MIN_CHARS}); say why the recorded bodies are read, {_EXAMPLE}"
+        )
+    if len(purpose) > PURPOSE_MAX_CHARS:
+        return (
+            f"the purpose is too long ({len(purpose)} characters, at most "
+            f"{PURPOSE_MAX_CHARS}); give a short reason and a ticket number"
+        )
+    for position, char in enumerate(purpose, start=1):
+        if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+            return (
+                f"the purpose contains a control character (U+{ord(char):04X} at character "
+                f"{position}); write it as one line of plain text"
+            )
+    return None
+
+
+def _check_purpose(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and (problem := purpose_problem(value)) is not None:
+        raise click.BadParameter(problem)
+    return value
+
+
 def purpose_option(*, required: bool) -> Callable[[FC], FC]:
-    """The ``--purpose`` option (``BLACKBOX_PURPOSE``) of every command that reads bodies."""
+    """The ``--purpose`` option (``BLACKBOX_PURPOSE``) of every command that reads bodies;
+    a purpose :func:`purpose_problem` finds fault with is a usage error (exit 2)."""
     # No explicit default: click then refuses a required option that is missing.
     return click.option(
         "--purpose",
         envvar="BLACKBOX_PURPOSE",
         required=required,
-        help="Why recorded bodies are read; written to the access audit with every key unwrapped.",
+        callback=_check_purpose,
+        help="Why recorded bodies are read (one line, 3-500 characters); written to the "
+        "access audit with every key unwrapped.",
     )
 
 

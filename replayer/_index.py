@@ -63,8 +63,18 @@ class RunIndex(Protocol):
         since: datetime | None = None,
         agent_id: str | None = None,
         limit: int = 100_000,
+        include_forks: bool = True,
     ) -> list[str]:
-        """The ids of indexed runs, oldest first."""
+        """The ids of indexed runs, oldest first.
+
+        Args:
+            finished_only: leave out runs that are still running.
+            since: only runs started at or after this time.
+            agent_id: only runs of this agent.
+            limit: at most this many ids.
+            include_forks: with False, leave out forks (runs whose ``run.started``
+                names a ``parent_run_id``).
+        """
         ...
 
     def checkpoint(self, run_id: str) -> Checkpoint | None:

@@ -11,27 +11,46 @@ from agent_blackbox.schemas import BlackboxError
 
 
 class UnknownAgent(BlackboxError):
-    """No entry point is known for an agent."""
+    """An agent's entry point cannot be used: malformed, not importable, not callable."""
+
+
+class MissingEntryPoint(UnknownAgent):
+    """No entry point is configured for an agent (``--agent`` nor ``BLACKBOX_AGENTS``).
+
+    A batch replay skips that agent's runs and goes on; a single replay stops.
+    """
 
 
 def load_entry(path: str) -> AgentEntry:
     """Import ``module:function``.
 
     Raises:
-        UnknownAgent: the path is malformed, or the module or function is missing.
+        UnknownAgent: the path is malformed, the module cannot be imported (whatever it
+            raised while importing is named, with its message), or the function is
+            missing or not callable.
     """
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
-        raise UnknownAgent(f"{path!r} is not an import path of the form module:function")
+        raise UnknownAgent(
+            f"{path!r} is not an entry point: give module:function, for example "
+            "agent_blackbox.examples.ticket_agent:replay_entry"
+        )
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # the agent's module ran its own code: anything can fail
         raise UnknownAgent(
-            f"cannot import {module_name!r} for agent entry {path!r}: {exc}"
+            f"cannot import {module_name!r} for entry point {path!r}: {type(exc).__name__}: {exc}"
         ) from exc
     entry = getattr(module, attribute, None)
+    if entry is None:
+        raise UnknownAgent(
+            f"module {module_name!r} has no {attribute!r}; check the function name in {path!r}"
+        )
     if not callable(entry):
-        raise UnknownAgent(f"{module_name} has no callable {attribute!r}")
+        raise UnknownAgent(
+            f"{path!r} is a {type(entry).__name__}, not a function; an entry point is called "
+            "as entry(run, input)"
+        )
     return entry  # type: ignore[no-any-return]
 
 
@@ -45,17 +64,24 @@ class AgentRegistry:
     def __init__(self, default: AgentEntry | None = None) -> None:
         self._entries: dict[str, AgentEntry] = {}
         self._paths: dict[str, str] = {}
+        self._broken: dict[str, UnknownAgent] = {}
         self.default = default
 
     @classmethod
     def from_env(
         cls, default: AgentEntry | None = None, environ: Mapping[str, str] | None = None
     ) -> AgentRegistry:
+        """A registry of the entry points ``BLACKBOX_AGENTS`` names (imported when first
+        needed), with ``default`` for every other agent.
+
+        Raises:
+            UnknownAgent: a ``BLACKBOX_AGENTS`` entry is not ``name=module:function``.
+        """
         registry = cls(default)
         spec = (os.environ if environ is None else environ).get("BLACKBOX_AGENTS", "")
         for pair in filter(None, (p.strip() for p in spec.split(","))):
             name, _, path = pair.partition("=")
-            if not path:
+            if not name.strip() or not path.strip():
                 raise UnknownAgent(f"BLACKBOX_AGENTS entry {pair!r} is not name=module:function")
             registry._paths[name.strip()] = path.strip()
         return registry
@@ -67,17 +93,25 @@ class AgentRegistry:
         """The entry point of ``agent_id``.
 
         Raises:
-            UnknownAgent: none is registered and no default was given.
+            MissingEntryPoint: none is registered and no default was given.
+            UnknownAgent: the configured entry point cannot be imported (the failure
+                is kept, so later runs of that agent fail at once with the same message).
         """
         if agent_id is not None:
             if agent_id in self._entries:
                 return self._entries[agent_id]
+            if agent_id in self._broken:
+                raise self._broken[agent_id]
             if agent_id in self._paths:
-                self._entries[agent_id] = load_entry(self._paths[agent_id])
+                try:
+                    self._entries[agent_id] = load_entry(self._paths[agent_id])
+                except UnknownAgent as exc:
+                    self._broken[agent_id] = exc
+                    raise
                 return self._entries[agent_id]
         if self.default is not None:
             return self.default
-        raise UnknownAgent(
+        raise MissingEntryPoint(
             f"no entry point for agent {agent_id!r}: pass --agent module:function or set "
             "BLACKBOX_AGENTS=name=module:function"
         )

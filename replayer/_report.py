@@ -21,11 +21,15 @@ class ReplayReport:
     divergence: Divergence | None = None
     """The first divergence found."""
     error: str | None = None
-    """A replay that could not run at all (an unknown agent, an unreadable source)."""
+    """Why replay could not run, as ``ExceptionName: message``: a setup or access problem
+    (an agent that does not import, an unreadable source, a missing key), never a
+    divergence of the code."""
     divergences: tuple[Divergence, ...] = ()
     """The first divergence of each level found, in sequence order."""
     limited: str | None = None
     """Why only control flow could be checked (the run's bodies were destroyed)."""
+    skipped: str | None = None
+    """Why a batch replay left the run out (no entry point for its agent)."""
 
     def __post_init__(self) -> None:
         if self.divergence is not None and not self.divergences:
@@ -33,7 +37,8 @@ class ReplayReport:
 
     @property
     def passed(self) -> bool:
-        return self.divergence is None and self.error is None
+        """Every level that could be checked matched (``PASS`` or ``LIMITED``)."""
+        return self.divergence is None and self.error is None and self.skipped is None
 
     @property
     def levels(self) -> dict[str, str]:
@@ -43,7 +48,7 @@ class ReplayReport:
         one; a level without a divergence of its own then counts as unchecked, since
         the rest of the run was never compared.
         """
-        if self.error is not None:
+        if self.error is not None or self.skipped is not None:
             return dict.fromkeys(LEVEL_NAMES, "unchecked")
         if self.limited is not None:
             flow = "fail" if self.divergences else "pass"
@@ -57,9 +62,12 @@ class ReplayReport:
 
     @property
     def result(self) -> str:
-        """``PASS``, ``LIMITED`` (passed what could be checked), ``DIVERGED`` or ``ERROR``."""
+        """``PASS``, ``LIMITED`` (passed what could be checked), ``DIVERGED``, ``ERROR``
+        (replay could not run: a setup or access problem) or ``SKIPPED``."""
         if self.error:
             return "ERROR"
+        if self.skipped:
+            return "SKIPPED"
         if not self.passed:
             return "DIVERGED"
         return "LIMITED" if self.limited else "PASS"
@@ -76,4 +84,5 @@ class ReplayReport:
             "divergence": None if self.divergence is None else self.divergence.to_dict(),
             "divergences": [d.to_dict() for d in self.divergences],
             "error": self.error,
+            "skipped": self.skipped,
         }

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
+from functools import partial
 from itertools import chain, groupby
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -20,13 +18,21 @@ from rich.table import Table
 from sqlalchemy import create_engine
 
 from agent_blackbox.outbox import PostgresBlobs
-from agent_blackbox.replayer._access import Opening, opening, purpose_option
-from agent_blackbox.replayer._driver import replay_run
+from agent_blackbox.replayer._access import opening, purpose_option
+from agent_blackbox.replayer._batch import (
+    DEFAULT_LIMIT,
+    BatchReplayer,
+    OpenedRun,
+    RunFilter,
+    Tally,
+    nothing_matched,
+    run_line,
+)
 from agent_blackbox.replayer._fork_cli import fork_command, reexecute_command
 from agent_blackbox.replayer._index import RunIndex, read_side
 from agent_blackbox.replayer._registry import AgentRegistry, load_entry
 from agent_blackbox.replayer._report import ReplayReport
-from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
+from agent_blackbox.replayer._sources import KafkaRunSource, SourceError, read_archive
 from agent_blackbox.replayer._timeline import timeline_command
 from agent_blackbox.replayer._verify_cli import verify_command
 from agent_blackbox.schemas import BlackboxError, Envelope, Settings, safe_text
@@ -48,15 +54,31 @@ T = TypeVar("T")
 @click.option("--agent", "agent_path", default=None, help="Entry point module:function.")
 @click.option("--agent-id", default=None, help="With --all: only runs of this agent.")
 @click.option("--since", type=click.DateTime(), default=None, help="With --all: started after.")
-@click.option("--limit", default=100_000, show_default=True, help="With --all: at most N runs.")
+@click.option(
+    "--limit",
+    default=DEFAULT_LIMIT,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="With --all: at most N runs.",
+)
+@click.option(
+    "--include-forks",
+    is_flag=True,
+    help="With --all: replay forks too (runs re-executed from a parent; left out by default).",
+)
 @click.option(
     "--archive",
-    type=click.Path(exists=True, path_type=Path),
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
     help="Read runs from an Avro archive instead of Kafka.",
 )
 @purpose_option(required=True)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="JSON lines on stdout: one per run, then a summary (docs/replay-json.md).",
+)
 def replay_command(
     run_id: str | None,
     every: bool,
@@ -64,107 +86,124 @@ def replay_command(
     agent_id: str | None,
     since: datetime | None,
     limit: int,
+    include_forks: bool,
     archive: Path | None,
     purpose: str,
     as_json: bool,
 ) -> None:
     """Replay RUN_ID (or --all) through the agent's own code, offline.
 
-    Exit status: 0 when every run passes, 1 when one diverged, 2 when replay could not
-    run. Entry points come from --agent or BLACKBOX_AGENTS (name=module:function,...).
+    Entry points come from --agent or BLACKBOX_AGENTS (name=module:function,...). With
+    --all, runs of an agent without an entry point are SKIPPED and the batch goes on.
+
+    \b
+    Exit status:
+      0  every run passed (PASS or LIMITED)
+      1  a run diverged (a finding; also when other runs were errors or skipped)
+      2  replay could not run: bad options or entry point, nothing matched, or no
+         divergence but a run was an ERROR (setup or access problem) or SKIPPED
     """
-    console = Console(stderr=True)
     if every == (run_id is not None):
         raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
+    if not every and (agent_id or since or include_forks or limit != DEFAULT_LIMIT):
+        raise click.UsageError("--agent-id, --since, --limit and --include-forks need --all")
+    scope = RunFilter(agent_id, since, limit, include_forks) if every else None
+    out = _Output(as_json, Tally(filters=scope.describe() if scope else None))
     try:
         registry = AgentRegistry.from_env(load_entry(agent_path) if agent_path else None)
-        scope = _Scope(agent_id, since, limit, every, purpose)
-        reports = _reports(run_id, archive, registry, scope, console)
+        for report in _reports(run_id, scope, archive, registry, purpose):
+            out.run(report)
     except BlackboxError as exc:
-        console.print(f"[red]error:[/] {safe_text(str(exc))}")
-        sys.exit(2)
-    if as_json:
-        payload = _summary(reports) if every else reports[0].to_dict()
-        click.echo(json.dumps(payload, indent=2))
-    elif every:
-        _print_summary(reports, Console())
-    else:
-        _print_report(reports[0], Console())
-    sys.exit(0 if all(r.passed for r in reports) else 1)
-
-
-@dataclass(frozen=True, slots=True)
-class _Scope:
-    """Which runs a replay command covers, and why it reads them."""
-
-    agent_id: str | None
-    since: datetime | None
-    limit: int
-    every: bool
-    purpose: str
+        out.fail(str(exc))
+    except KeyboardInterrupt:
+        out.fail(f"interrupted after {out.replayed} runs; the summary covers those")
+    sys.exit(out.finish())
 
 
 def _reports(
     run_id: str | None,
+    scope: RunFilter | None,
     archive: Path | None,
     registry: AgentRegistry,
-    scope: _Scope,
-    console: Console,
-) -> list[ReplayReport]:
+    purpose: str,
+) -> Iterator[ReplayReport]:
+    """Each run's report as it is replayed.
+
+    Raises:
+        BlackboxError: the batch could not start (no run matched, the index or the
+            keys cannot be read); a problem of one run is that run's report instead.
+    """
     settings = Settings.from_env()
     engine = create_engine(settings.database_url)
+    console = Console(stderr=True)
     try:
-        reading = opening(lambda: engine, purpose=scope.purpose)
+        reading = opening(lambda: engine, purpose=purpose)
         if archive is not None:
-            runs = _progress(_archive_runs(archive, run_id), None, console)
-            return [_replay_events(events, registry, reading) for events in runs]
+            replayer = BatchReplayer(registry, reading, skip_unknown=scope is not None)
+            runs = _archive_runs(archive, run_id, scope)
+            for rid, opened in _progress(runs, None, console):
+                yield replayer.replay(rid, opened)
+            return
+        replayer = BatchReplayer(
+            registry, reading, PostgresBlobs(engine), skip_unknown=scope is not None
+        )
         index = read_side().run_index(engine)
-        ids = [run_id] if run_id else _indexed_runs(index, scope)
-        blobs = PostgresBlobs(engine)
-        reports = []
-        for rid in _progress(iter(ids), len(ids) if scope.every else None, console):
-            source = KafkaRunSource(settings, index, rid)
-            entry = registry.resolve(source.agent_id)
-            reports.append(
-                replay_run(
-                    source,
-                    entry,
-                    pipeline=reading.pipeline,
-                    digests=reading.digests,
-                    blobs=blobs,
-                    agent_id=source.agent_id,
-                )
-            )
-        return reports
+        ids = [run_id] if run_id is not None else _indexed_runs(index, scope)
+        for rid in _progress(iter(ids), len(ids) if scope else None, console):
+            yield replayer.replay(rid, partial(_kafka_run, settings, index, rid))
     finally:
         engine.dispose()
 
 
-def _archive_runs(path: Path, run_id: str | None) -> Iterator[Iterator[Envelope]]:
-    # Archives hold runs one after another; each run streams, however long it is.
-    for _, events in groupby(read_archive(path, run_id=run_id), key=lambda e: e.run_id):
-        yield events
+def _kafka_run(settings: Settings, index: RunIndex, run_id: str) -> OpenedRun:
+    source = KafkaRunSource(settings, index, run_id)
+    return source, source.agent_id
 
 
-def _replay_events(
-    events: Iterator[Envelope], registry: AgentRegistry, reading: Opening
-) -> ReplayReport:
-    first = next(events)
-    agent = first.agent_id
-    entry = registry.resolve(agent)
-    return replay_run(
-        chain([first], events),
-        entry,
-        pipeline=reading.pipeline,
-        digests=reading.digests,
-        agent_id=agent,
+def _indexed_runs(index: RunIndex, scope: RunFilter | None) -> list[str]:
+    scope = scope or RunFilter()
+    ids = index.runs(
+        finished_only=True,
+        since=scope.since,
+        agent_id=scope.agent_id,
+        limit=scope.limit,
+        include_forks=scope.include_forks,
     )
+    if not ids:
+        raise nothing_matched(
+            "the run index",
+            scope,
+            "Check the filters, and that the view consumer has caught up (blackbox consume).",
+        )
+    return ids
 
 
-def _indexed_runs(index: RunIndex, scope: _Scope) -> list[str]:
-    return index.runs(
-        finished_only=True, since=scope.since, agent_id=scope.agent_id, limit=scope.limit
-    )
+def _archive_runs(
+    path: Path, run_id: str | None, scope: RunFilter | None
+) -> Iterator[tuple[str, Callable[[], OpenedRun]]]:
+    """The runs of an archive the command covers, one after another, each streamed."""
+    found = False
+    for rid, group in groupby(read_archive(path, run_id=run_id), key=lambda e: e.run_id):
+        events = iter(group)  # streamed: the first envelope is read here, the rest by replay
+        first = next(events)
+        if scope is not None and not scope.admits(first):
+            continue
+        found = True
+        yield rid, partial(_opened, chain([first], events), first.agent_id)
+    if found:
+        return
+    if scope is not None:
+        raise nothing_matched(f"archive {path}", scope, "Check the filters and the archive.")
+    # A single run the archive does not hold is that run's error, like a run not indexed.
+    yield run_id or "", partial(_not_in_archive, path, run_id or "")
+
+
+def _opened(events: Iterable[Envelope], agent_id: str | None) -> OpenedRun:
+    return events, agent_id
+
+
+def _not_in_archive(path: Path, run_id: str) -> OpenedRun:
+    raise SourceError(f"run {run_id} is not in archive {path}; check the run id")
 
 
 def _progress(items: Iterator[T], total: int | None, console: Console) -> Iterator[T]:
@@ -176,34 +215,58 @@ def _progress(items: Iterator[T], total: int | None, console: Console) -> Iterat
             progress.advance(task)
 
 
-def _summary(reports: list[ReplayReport]) -> dict[str, object]:
-    diverged = [r for r in reports if r.divergence is not None]
-    positions = [r.divergence.sequence for r in diverged if r.divergence]
-    return {
-        "runs": len(reports),
-        "passed": sum(r.passed for r in reports),
-        "limited": sum(r.limited is not None for r in reports),
-        "pass_rate": (sum(r.passed for r in reports) / len(reports)) if reports else None,
-        "errors": sum(r.error is not None for r in reports),
-        "divergence_kinds": dict(Counter(str(r.divergence.kind) for r in diverged if r.divergence)),
-        "first_divergence_sequence": {
-            "min": min(positions, default=None),
-            "median": statistics.median(positions) if positions else None,
-            "max": max(positions, default=None),
-        },
-        "results": [r.to_dict() for r in reports],
-    }
+class _Output:
+    """Writes each run's result as it comes, then the summary: JSON lines on stdout, or
+    text (results on stdout, errors on stderr)."""
+
+    def __init__(self, as_json: bool, tally: Tally) -> None:
+        self._json = as_json
+        self._tally = tally
+        self._error: str | None = None
+        self._out = Console()
+        self._err = Console(stderr=True, soft_wrap=True)
+
+    def run(self, report: ReplayReport) -> None:
+        self._tally.add(report)
+        single = self._tally.filters is None
+        if self._json:
+            click.echo(json.dumps(run_line(report), default=str))
+            if single and report.error is not None:
+                self._err.print(f"[red]ERROR[/] run {report.run_id}: {safe_text(report.error)}")
+        elif single:
+            _print_report(report, self._out, self._err)
+
+    @property
+    def replayed(self) -> int:
+        return self._tally.runs
+
+    def fail(self, error: str) -> None:
+        """The command could not run (or go on): say why, exit 2 unless a run diverged."""
+        self._error = error
+        self._err.print(f"[red]error:[/] {safe_text(error)}")
+
+    def finish(self) -> int:
+        """Write the summary; the exit status."""
+        line = self._tally.line(error=self._error)
+        if self._json:
+            click.echo(json.dumps(line, default=str))
+        elif self._tally.filters is not None and self._tally.runs:
+            _print_summary(line, self._tally.reasons, self._out)
+        return int(line["exit_code"])
 
 
-def _print_report(report: ReplayReport, console: Console) -> None:
+def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
+    if report.error is not None:
+        err.print(f"[red]ERROR[/] run {report.run_id}: {safe_text(report.error)}")
+        return
     levels = ", ".join(f"{name.replace('_', ' ')} {state}" for name, state in report.levels.items())
     if report.limited:
-        console.print(f"[yellow]LIMITED[/] {safe_text(report.limited)}")
+        out.print(f"[yellow]LIMITED[/] {safe_text(report.limited)}")
     if report.passed:
         label = "[yellow]LIMITED[/]" if report.limited else "[green]PASS[/]"
-        console.print(f"{label} run {report.run_id} ({report.events} events): {levels}")
+        out.print(f"{label} run {report.run_id} ({report.events} events): {levels}")
         return
-    console.print(f"[red]DIVERGED[/] run {report.run_id} after {report.events} events: {levels}")
+    out.print(f"[red]DIVERGED[/] run {report.run_id} after {report.events} events: {levels}")
     for divergence in report.divergences:
         table = Table(show_header=False, box=None)
         rows = {
@@ -217,22 +280,38 @@ def _print_report(report: ReplayReport, console: Console) -> None:
         }
         for name, value in rows.items():
             table.add_row(name, safe_text(value))
-        console.print(table)
+        out.print(table)
 
 
-def _print_summary(reports: list[ReplayReport], console: Console) -> None:
-    summary = _summary(reports)
+_LISTED = 50
+"""Failing runs listed by name in the text summary (--json lists them all)."""
+
+
+def _print_summary(summary: dict[str, Any], reasons: dict[str, str], console: Console) -> None:
     rate = summary["pass_rate"]
     console.print(
         f"{summary['passed']}/{summary['runs']} runs passed"
         + (f" ({float(rate):.1%})" if isinstance(rate, float) else "")
+        + f": {summary['diverged']} diverged, {summary['errors']} errors, "
+        f"{summary['skipped']} skipped ({safe_text(str(summary['filters']))})",
+        soft_wrap=True,
     )
     kinds = summary["divergence_kinds"]
-    if isinstance(kinds, dict) and kinds:
+    if kinds:
         table = Table(title="First divergences")
         for column in ("kind", "runs"):
             table.add_column(column)
-        for kind, count in sorted(kinds.items()):
+        for kind, count in kinds.items():
             table.add_row(kind, str(count))
         console.print(table)
         console.print(f"first divergence at sequence: {summary['first_divergence_sequence']}")
+    listed = [*summary["failing_run_ids"], *summary["skipped_run_ids"]]
+    if listed:
+        table = Table(title="Runs that did not pass")
+        for column in ("run", "why"):
+            table.add_column(column, overflow="fold")
+        for rid in listed[:_LISTED]:
+            table.add_row(safe_text(rid), safe_text(reasons.get(rid, "")))
+        console.print(table)
+        if len(listed) > _LISTED:
+            console.print(f"... and {len(listed) - _LISTED} more (--json lists them all)")

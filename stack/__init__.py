@@ -98,6 +98,7 @@ class LocalStack:
         Raises:
             StackError: a service could not be installed, started or reached.
         """
+        before = self.status()
         database_url = self._settings.external_database_url
         if database_url is None:
             database_url = self.postgres.start()
@@ -110,6 +111,8 @@ class LocalStack:
             bootstrap = self.kafka.start()
         else:
             self._console.print(f"kafka: external ({bootstrap}), not started")
+        if all(entry.state != "stopped" for entry in before):
+            self._console.print(f"nothing to start: {_states(before)}")
         return Endpoints(database_url=database_url, kafka_bootstrap=bootstrap)
 
     def down(self) -> None:
@@ -118,10 +121,19 @@ class LocalStack:
         Raises:
             StackError: a service did not stop.
         """
-        if self._settings.external_kafka_bootstrap is None:
+        before = self.status()
+        bootstrap = self._settings.external_kafka_bootstrap
+        if bootstrap is None:
             self.kafka.stop()
-        if self._settings.external_database_url is None:
+        else:
+            self._console.print(f"kafka: external ({bootstrap}), left alone")
+        database_url = self._settings.external_database_url
+        if database_url is None:
             self.postgres.stop()
+        else:
+            self._console.print(f"postgres: external ({redact_password(database_url)}), left alone")
+        if all(entry.state != "running" for entry in before):
+            self._console.print(f"nothing to stop: {_states(before)}")
 
     def status(self) -> list[ServiceStatus]:
         """One entry per service: running, stopped, or external."""
@@ -135,3 +147,8 @@ class LocalStack:
             if bootstrap is None
             else ServiceStatus("kafka", "external", None, bootstrap, None),
         ]
+
+
+def _states(statuses: list[ServiceStatus]) -> str:
+    words = {"running": "already running", "stopped": "not running", "external": "external"}
+    return ", ".join(f"{entry.name} {words[entry.state]}" for entry in statuses)

@@ -7,16 +7,19 @@ Progress goes to stderr, results (endpoints, the status table) to stdout.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from agent_blackbox.stack import LocalStack, ServiceStatus, StackError, StackPorts
+from agent_blackbox.stack._settings import DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
@@ -48,11 +51,37 @@ def _stack_options(command: _Command) -> _Command:
 def _open_stack(
     cache_dir: Path | None, postgres_port: int, kafka_port: int, controller_port: int
 ) -> LocalStack:
+    """The stack the options name. Explicit ports or ``--cache-dir`` ask for the local
+    services there, so the variables pointing at external ones are set aside (and the
+    command says so)."""
     try:
         ports = StackPorts(postgres=postgres_port, kafka=kafka_port, controller=controller_port)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    return LocalStack(cache_dir, ports, console=_err)
+    environ: Mapping[str, str] = os.environ
+    given = _explicit_options()
+    overridden = [name for name in _EXTERNAL if environ.get(name)]
+    if given and overridden:
+        _err.print(
+            f"{' and '.join(given)} given: ignoring {' and '.join(overridden)}; "
+            "managing the local services"
+        )
+        environ = {k: v for k, v in environ.items() if k not in _EXTERNAL}
+    return LocalStack(cache_dir, ports, console=_err, environ=environ)
+
+
+_EXTERNAL = (DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV)
+_LOCAL_OPTIONS = ("cache_dir", "postgres_port", "kafka_port", "controller_port")
+
+
+def _explicit_options() -> list[str]:
+    """The stack options given on the command line, as they are spelled there."""
+    context = click.get_current_context()
+    return [
+        "--" + name.replace("_", "-")
+        for name in _LOCAL_OPTIONS
+        if context.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    ]
 
 
 @click.group(name="stack")
@@ -63,7 +92,11 @@ def stack_group() -> None:
 @stack_group.command()
 @_stack_options
 def up(cache_dir: Path | None, postgres_port: int, kafka_port: int, controller_port: int) -> None:
-    """Start PostgreSQL and Kafka (a no-op for what already runs)."""
+    """Start PostgreSQL and Kafka (a no-op for what already runs, and it says so).
+
+    BLACKBOX_DATABASE_URL / BLACKBOX_KAFKA_BOOTSTRAP mark a service as external (not
+    started), unless --cache-dir or a port is given: those ask for the local services.
+    """
     stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port)
     try:
         endpoints = stack.up()
@@ -80,7 +113,11 @@ def up(cache_dir: Path | None, postgres_port: int, kafka_port: int, controller_p
 @stack_group.command()
 @_stack_options
 def down(cache_dir: Path | None, postgres_port: int, kafka_port: int, controller_port: int) -> None:
-    """Stop PostgreSQL and Kafka; their data is kept."""
+    """Stop PostgreSQL and Kafka; their data is kept (says so when nothing runs).
+
+    External services (BLACKBOX_DATABASE_URL / BLACKBOX_KAFKA_BOOTSTRAP) are left alone,
+    unless --cache-dir or a port is given: those name the local services to stop.
+    """
     stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port)
     try:
         stack.down()

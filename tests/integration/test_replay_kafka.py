@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+from dataclasses import replace
+from typing import Any
 
 import pytest
-from click.testing import CliRunner
-from sqlalchemy import Engine
+from click.testing import CliRunner, Result
+from sqlalchemy import Engine, text
 
 from agent_blackbox.cli import main
 from agent_blackbox.consumers import ViewRunIndex
-from agent_blackbox.examples.ticket_agent import replay_entry
+from agent_blackbox.examples.ticket_agent import (
+    KeywordModel,
+    Notifier,
+    TicketAgent,
+    replay_entry,
+    sample_tickets,
+)
+from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import PostgresBlobs, Recorder
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import DivergenceKind, KafkaRunSource, replay_run
@@ -51,29 +62,116 @@ def test_runs_fetched_back_from_kafka_replay_offline(settings: Settings, engine:
     )
 
 
-def test_batch_replay_command_summarises_a_history(settings: Settings, engine: Engine) -> None:
-    run_ids = _publish(settings, engine, 4)
-    env = {
+def _cli_env(settings: Settings) -> dict[str, str | None]:
+    return {
         "BLACKBOX_DATABASE_URL": settings.database_url,
         "BLACKBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "BLACKBOX_TOPIC": settings.topic,
         "BLACKBOX_AGENTS": "ticket-agent=agent_blackbox.examples.ticket_agent:replay_entry",
+        "BLACKBOX_PURPOSE": None,
+        "BLACKBOX_KEK": None,
+        "BLACKBOX_KEK_FILE": None,
     }
+
+
+def _lines(result: Result) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_batch_replay_command_summarises_a_history(settings: Settings, engine: Engine) -> None:
+    run_ids = _publish(settings, engine, 4)
+    env = _cli_env(settings)
     refused = CliRunner(env=env).invoke(main, ["replay", "--all"])
     assert refused.exit_code == 2
     assert "--purpose" in refused.output  # reading recorded bodies needs a stated reason
     env["BLACKBOX_PURPOSE"] = "regression test of a new code version"
     result = CliRunner(env=env).invoke(main, ["replay", "--all", "--json"])
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout)
+    lines = _lines(result)
+    assert sorted(line["run_id"] for line in lines[:-1]) == sorted(run_ids)
+    summary = lines[-1]
+    assert summary["type"] == "summary"
     assert summary["runs"] == len(run_ids)
     assert summary["pass_rate"] == 1.0
     assert summary["divergence_kinds"] == {}
+    assert summary["failing_run_ids"] == []
 
     single = CliRunner(env=env).invoke(main, ["replay", run_ids[0]])
     assert single.exit_code == 0
     assert "PASS" in single.stdout
 
-    unknown = CliRunner(env=env).invoke(main, ["replay", "no-such-run"])
+    unknown = CliRunner(env=env).invoke(main, ["replay", "no-such-run", "--json"])
     assert unknown.exit_code == 2
     assert "not in the events index" in unknown.stderr
+    [line, summary] = _lines(unknown)
+    assert (line["run_id"], line["result"]) == ("no-such-run", "ERROR")
+    assert summary["failing_run_ids"] == ["no-such-run"]
+
+    nothing = CliRunner(env=env).invoke(main, ["replay", "--all", "--agent-id", "nobody"])
+    assert nothing.exit_code == 2
+    assert "nothing matched in the run index" in nothing.stderr
+    assert "of agent 'nobody'" in nothing.stderr
+
+
+def test_forks_are_left_out_of_a_batch_unless_asked_for(settings: Settings, engine: Engine) -> None:
+    parents = _publish(settings, engine, 2)
+    agent = TicketAgent(sample_tickets(10), KeywordModel(), Notifier())
+    snapshot = replace(agent.snapshot("T-00001"), parent_run_id=parents[0], changes={"m": "x"})
+    fork, _ = Recorder(engine, settings=settings).record(
+        agent.run, snapshot, agent_id="ticket-agent"
+    )
+    relay = Relay(engine, settings=settings)
+    relay.drain(timeout=60)
+    relay.close()
+    build_views(settings, engine, expect=2 * 11 + fork.last_sequence)
+
+    index = ViewRunIndex(engine)
+    assert sorted(index.runs(finished_only=True, include_forks=False)) == sorted(parents)
+    assert fork.run_id in index.runs(finished_only=True)  # the default keeps them
+
+    env = {**_cli_env(settings), "BLACKBOX_PURPOSE": "fork filtering test"}
+    without = CliRunner(env=env).invoke(main, ["replay", "--all", "--json"])
+    assert without.exit_code == 0, without.output
+    assert sorted(line["run_id"] for line in _lines(without)[:-1]) == sorted(parents)
+    assert _lines(without)[-1]["filters"] == "finished runs, forks excluded"
+    with_forks = CliRunner(env=env).invoke(main, ["replay", "--all", "--include-forks", "--json"])
+    assert with_forks.exit_code == 0, with_forks.output
+    replayed = [line["run_id"] for line in _lines(with_forks)[:-1]]
+    assert sorted(replayed) == sorted([*parents, fork.run_id])
+
+
+def test_key_problems_are_errors_naming_the_run_never_divergences(
+    settings: Settings, engine: Engine
+) -> None:
+    kek = os.urandom(32)
+    provider = LocalKeyProvider({"v1": kek})
+    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(provider))
+    [run] = record_ticket_runs(recorder, ticket_ids(1), workers=1)
+    relay = Relay(engine, settings=settings)
+    relay.drain(timeout=60)
+    relay.close()
+    build_views(settings, engine, expect=run.events)
+    env = {**_cli_env(settings), "BLACKBOX_PURPOSE": "key problems test"}
+
+    sealed = CliRunner(env=env).invoke(main, ["replay", run.run_id, "--json"])
+    assert sealed.exit_code == 2, sealed.output
+    [line, _] = _lines(sealed)
+    assert line["result"] == "ERROR"
+    assert line["error"].startswith("ReplaySetupError: ")
+    assert f"run {run.run_id} is encrypted" in line["error"]
+    assert line["divergence"] is None
+
+    env["BLACKBOX_KEK"] = f"v1:{base64.b64encode(kek).decode()}"
+    opened = CliRunner(env=env).invoke(main, ["replay", run.run_id])
+    assert opened.exit_code == 0, opened.output
+
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM blackbox.data_keys"))
+    missing = CliRunner(env=env).invoke(main, ["replay", "--all", "--json"])
+    assert missing.exit_code == 2, missing.output
+    [line, summary] = _lines(missing)
+    assert line["error"].startswith(f"DataKeyMissing: run {run.run_id} key ")
+    assert summary["failing_run_ids"] == [run.run_id]
+    text_summary = CliRunner(env=env).invoke(main, ["replay", "--all"])
+    assert text_summary.exit_code == 2
+    assert "0/1 runs passed" in text_summary.stdout

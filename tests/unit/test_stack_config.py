@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 from rich.console import Console
 
 from agent_blackbox.stack import (
@@ -316,3 +317,55 @@ def test_the_status_table_says_external_with_the_address(tmp_path: Path) -> None
     console = Console(record=True, width=200)
     console.print(status_table([ServiceStatus("kafka", "external", None, "broker:9092", None)]))
     assert "external: broker:9092" in console.export_text()
+
+
+# -- the commands: explicit options beat the environment; doing nothing is said ----
+
+EXTERNAL_ENV = {
+    "BLACKBOX_DATABASE_URL": "postgresql+psycopg://me:pw@db.invalid:5432/x",
+    "BLACKBOX_KAFKA_BOOTSTRAP": "broker.invalid:9092",
+}
+
+
+def _stack_cli(*args: str, env: dict[str, str | None]) -> Result:
+    from agent_blackbox.cli import main
+
+    return CliRunner(env=env).invoke(main, ["stack", *args])
+
+
+def test_down_with_nothing_running_says_so(tmp_path: Path) -> None:
+    env: dict[str, str | None] = {k: None for k in EXTERNAL_ENV}
+    result = _stack_cli("down", "--cache-dir", str(tmp_path), env=env)
+    assert result.exit_code == 0, result.output
+    assert "nothing to stop: postgres not running, kafka not running" in result.stderr
+    assert "ignoring" not in result.stderr  # nothing was set aside
+
+
+def test_explicit_options_set_the_external_variables_aside(tmp_path: Path) -> None:
+    env: dict[str, str | None] = {**EXTERNAL_ENV}
+    down = _stack_cli("down", "--cache-dir", str(tmp_path), env=env)
+    assert down.exit_code == 0, down.output
+    assert (
+        "--cache-dir given: ignoring BLACKBOX_DATABASE_URL and BLACKBOX_KAFKA_BOOTSTRAP"
+        in down.stderr
+    )
+    assert "nothing to stop: postgres not running, kafka not running" in down.stderr
+    status = _stack_cli("status", "--cache-dir", str(tmp_path), "--postgres-port", "25442", env=env)
+    assert status.exit_code == 0, status.output
+    assert "--cache-dir and --postgres-port given" in status.stderr
+    assert "external" not in status.stdout
+    assert "stopped" in status.stdout
+
+
+def test_without_explicit_options_the_variables_still_mean_external(tmp_path: Path) -> None:
+    env: dict[str, str | None] = {**EXTERNAL_ENV, "BLACKBOX_CACHE_DIR": str(tmp_path)}
+    up = _stack_cli("up", env=env)  # starts nothing: both are external
+    assert up.exit_code == 0, up.output
+    assert "nothing to start: postgres external, kafka external" in up.stderr
+    assert "broker.invalid:9092" in up.stdout
+    down = _stack_cli("down", env=env)
+    assert down.exit_code == 0, down.output
+    assert "kafka: external (broker.invalid:9092), left alone" in down.stderr
+    assert "postgres: external (postgresql+psycopg://me:***@db.invalid:5432/x)" in down.stderr
+    assert "nothing to stop" in down.stderr
+    assert not (tmp_path / "postgres").exists()
