@@ -29,6 +29,7 @@ from agent_blackbox.outbox._errors import ConcurrentRunWriter, EffectRejected, R
 from agent_blackbox.outbox._llm import llm_call
 from agent_blackbox.outbox._recovery import StoredRun
 from agent_blackbox.outbox._redaction import Redactor
+from agent_blackbox.outbox._sandbox import NondeterminismMode, mode_from, watch_recording
 from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
 from agent_blackbox.outbox._writer import (
     Cursor,
@@ -147,6 +148,8 @@ class RunCore:
         self.state_digest: str | None = None
         self.finished = False
         self.effects = 0
+        self.unwatch: Callable[[], None] | None = None
+        """Stops watching the agent's code for unrecorded nondeterminism."""
 
     @property
     def run_id(self) -> str:
@@ -292,6 +295,8 @@ class RunCore:
 
     def finish(self, status: str, output: Any, error: BaseException | None) -> b.Crossing:
         self.check_active()
+        if self.unwatch is not None:
+            self.unwatch()
         ending = self.contract.finish(status, output, error, self.state_digest)
         finished = b.run_finished(
             status=status,
@@ -324,6 +329,11 @@ class RecorderConfig(TypedDict, total=False):
         redaction: the rules applied to every recorded value before it is written
             (``BLACKBOX_REDACTION_FILE``, else every detector). Credentials are
             removed whatever the rules say.
+        nondeterminism: ``off``, ``warn`` or ``fail``: what to do, from a run's start
+            to its end, when the code that started it (its package) reads the clock,
+            random, UUIDs or the environment directly (``NondeterminismWarning``, or
+            ``UnrecordedNondeterminism`` raised at the read); default from
+            ``BLACKBOX_RECORD_NONDETERMINISM``, else ``off``.
     """
 
     settings: Settings | None
@@ -333,6 +343,7 @@ class RecorderConfig(TypedDict, total=False):
     effects: EffectPolicy | None
     keys: DataKeyStore | None
     redaction: Redactor | None
+    nondeterminism: NondeterminismMode | None
 
 
 class RecorderBase:
@@ -351,6 +362,7 @@ class RecorderBase:
         self._digests: dict[str, Digester] = {}
         self.tools: ToolPolicy = config.get("tools") or LiveTools()
         self.effects: EffectPolicy = config.get("effects") or LiveEffects()
+        self.nondeterminism = mode_from(config.get("nondeterminism"))
 
     def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:
         """The digest of runs of ``classification``: SHA-256, or the tenant's keyed digest
@@ -379,7 +391,7 @@ class RecorderBase:
         Raises:
             NotSerialisable: the snapshot's input is not JSON.
         """
-        return plan_start(
+        start = plan_start(
             self._factory,
             self.settings,
             snapshot,
@@ -388,6 +400,8 @@ class RecorderBase:
             digest=run_digest,
             scrub=self.scrub,
         )
+        start.core.unwatch = watch_recording(self.nondeterminism)
+        return start
 
     def resumed(self, stored: StoredRun, data_key: DataKey | None) -> RunCore:
         """The core of a writer that carries on recording ``stored`` (a crashed writer's
@@ -406,6 +420,7 @@ class RecorderBase:
         core = RunCore(identity, self._factory, self.scrub)
         core.cursor = stored.cursor
         core.state = stored.state
+        core.unwatch = watch_recording(self.nondeterminism)
         return core
 
 

@@ -17,6 +17,7 @@ from agent_blackbox.replayer._replay import (
     ReplayRun,
 )
 from agent_blackbox.replayer._report import LEVEL_NAMES, ReplayReport
+from agent_blackbox.replayer._sandbox import Nondeterminism, NondeterminismPolicy
 from agent_blackbox.replayer._sources import (
     KafkaRunSource,
     SourceError,
@@ -36,6 +37,8 @@ __all__ = [
     "Divergence",
     "DivergenceKind",
     "KafkaRunSource",
+    "Nondeterminism",
+    "NondeterminismPolicy",
     "Problem",
     "ReadSide",
     "ReplayDivergence",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from itertools import chain
 from typing import Any
 
 from agent_blackbox.keystore import DataKeyMissing, KeyDestroyed
-from agent_blackbox.outbox import AgentRun
+from agent_blackbox.outbox import AgentRun, NondeterminismGuard
 from agent_blackbox.replayer._replay import (
     BlobReader,
     DigestKeys,
@@ -18,6 +19,12 @@ from agent_blackbox.replayer._replay import (
     ReplaySetupError,
 )
 from agent_blackbox.replayer._report import ReplayReport
+from agent_blackbox.replayer._sandbox import (
+    NondeterminismPolicy,
+    check_policy,
+    found,
+    modules_of,
+)
 from agent_blackbox.replayer._verify import verify_run
 from agent_blackbox.schemas import (
     Envelope,
@@ -35,6 +42,37 @@ AgentEntry = Callable[[AgentRun, Any], Any]
 
 
 def replay_run(
+    events: Iterable[Envelope],
+    entry: AgentEntry,
+    *,
+    pipeline: PayloadPipeline | None = None,
+    blobs: BlobReader | None = None,
+    agent_id: str | None = None,
+    digests: DigestKeys | None = None,
+    nondeterminism: NondeterminismPolicy = "warn",
+    agent_modules: Iterable[str] = (),
+) -> ReplayReport:
+    """Replay one recorded run through ``entry`` and report PASS or the first divergence
+    (see :func:`_replay`).
+
+    Direct reads of the wall clock, ``random``, UUIDs, the OS's randomness and the
+    environment by the agent's own modules (the package of ``entry``'s module, and the
+    modules or packages named in ``agent_modules``) are the report's
+    ``nondeterminism``, each with its call site: warnings with
+    ``nondeterminism="warn"``, a failed run with ``"fail"``.
+
+    Raises:
+        ValueError: ``nondeterminism`` is neither ``warn`` nor ``fail``.
+    """
+    fails = check_policy(nondeterminism) == "fail"
+    with NondeterminismGuard(modules_of(entry, agent_modules)) as guard:
+        report = _replay(
+            events, entry, pipeline=pipeline, blobs=blobs, agent_id=agent_id, digests=digests
+        )
+    return replace(report, nondeterminism=found(guard), nondeterminism_fails=fails)
+
+
+def _replay(
     events: Iterable[Envelope],
     entry: AgentEntry,
     *,

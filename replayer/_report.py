@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_blackbox.replayer._replay import Divergence
+from agent_blackbox.replayer._sandbox import Nondeterminism
 
 LEVEL_NAMES = ("control_flow", "state", "content")
 
@@ -26,6 +27,11 @@ class ReplayReport:
     """The first divergence of each level found, in sequence order."""
     limited: str | None = None
     """Why only control flow could be checked (the run's bodies were destroyed)."""
+    nondeterminism: tuple[Nondeterminism, ...] = ()
+    """Direct reads of the clock, randomness or the environment by the agent's code
+    (``unrecorded_nondeterminism``), each call site once."""
+    nondeterminism_fails: bool = False
+    """Whether those reads fail the run (``fail``) or are warnings (``warn``)."""
 
     def __post_init__(self) -> None:
         if self.divergence is not None and not self.divergences:
@@ -33,7 +39,8 @@ class ReplayReport:
 
     @property
     def passed(self) -> bool:
-        return self.divergence is None and self.error is None
+        failing = self.nondeterminism_fails and bool(self.nondeterminism)
+        return self.divergence is None and self.error is None and not failing
 
     @property
     def levels(self) -> dict[str, str]:
@@ -57,11 +64,15 @@ class ReplayReport:
 
     @property
     def result(self) -> str:
-        """``PASS``, ``LIMITED`` (passed what could be checked), ``DIVERGED`` or ``ERROR``."""
+        """``PASS``, ``LIMITED`` (passed what could be checked), ``DIVERGED``,
+        ``NONDETERMINISTIC`` (no divergence, but unrecorded reads that fail the run) or
+        ``ERROR``."""
         if self.error:
             return "ERROR"
-        if not self.passed:
+        if self.divergence is not None:
             return "DIVERGED"
+        if not self.passed:
+            return "NONDETERMINISTIC"
         return "LIMITED" if self.limited else "PASS"
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,4 +87,6 @@ class ReplayReport:
             "divergence": None if self.divergence is None else self.divergence.to_dict(),
             "divergences": [d.to_dict() for d in self.divergences],
             "error": self.error,
+            "nondeterminism": [n.to_dict() for n in self.nondeterminism],
+            "nondeterminism_policy": "fail" if self.nondeterminism_fails else "warn",
         }

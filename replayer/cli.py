@@ -26,6 +26,7 @@ from agent_blackbox.replayer._driver import replay_run
 from agent_blackbox.replayer._index import RunIndex, read_side
 from agent_blackbox.replayer._registry import AgentRegistry, load_entry
 from agent_blackbox.replayer._report import ReplayReport
+from agent_blackbox.replayer._sandbox import POLICIES, NondeterminismPolicy
 from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
 from agent_blackbox.replayer._timeline import timeline_command
 from agent_blackbox.replayer._verify_cli import verify_command
@@ -57,6 +58,21 @@ T = TypeVar("T")
 )
 @purpose_option(required=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@click.option(
+    "--nondeterminism",
+    type=click.Choice(POLICIES),
+    default="warn",
+    show_default=True,
+    help="Direct reads of the clock, random, UUIDs or the environment by the agent's "
+    "code: a warning in the report, or a failed run.",
+)
+@click.option(
+    "--agent-module",
+    "agent_modules",
+    multiple=True,
+    help="A module or package of the agent's own, besides the entry point's package "
+    "(repeatable): its direct reads are reported too.",
+)
 def replay_command(
     run_id: str | None,
     every: bool,
@@ -67,6 +83,8 @@ def replay_command(
     archive: Path | None,
     purpose: str,
     as_json: bool,
+    nondeterminism: NondeterminismPolicy,
+    agent_modules: tuple[str, ...],
 ) -> None:
     """Replay RUN_ID (or --all) through the agent's own code, offline.
 
@@ -78,7 +96,7 @@ def replay_command(
         raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
     try:
         registry = AgentRegistry.from_env(load_entry(agent_path) if agent_path else None)
-        scope = _Scope(agent_id, since, limit, every, purpose)
+        scope = _Scope(agent_id, since, limit, every, purpose, nondeterminism, agent_modules)
         reports = _reports(run_id, archive, registry, scope, console)
     except BlackboxError as exc:
         console.print(f"[red]error:[/] {safe_text(str(exc))}")
@@ -102,6 +120,8 @@ class _Scope:
     limit: int
     every: bool
     purpose: str
+    nondeterminism: NondeterminismPolicy = "warn"
+    agent_modules: tuple[str, ...] = ()
 
 
 def _reports(
@@ -117,7 +137,7 @@ def _reports(
         reading = opening(lambda: engine, purpose=scope.purpose)
         if archive is not None:
             runs = _progress(_archive_runs(archive, run_id), None, console)
-            return [_replay_events(events, registry, reading) for events in runs]
+            return [_replay_events(events, registry, reading, scope) for events in runs]
         index = read_side().run_index(engine)
         ids = [run_id] if run_id else _indexed_runs(index, scope)
         blobs = PostgresBlobs(engine)
@@ -133,6 +153,8 @@ def _reports(
                     digests=reading.digests,
                     blobs=blobs,
                     agent_id=source.agent_id,
+                    nondeterminism=scope.nondeterminism,
+                    agent_modules=scope.agent_modules,
                 )
             )
         return reports
@@ -147,7 +169,7 @@ def _archive_runs(path: Path, run_id: str | None) -> Iterator[Iterator[Envelope]
 
 
 def _replay_events(
-    events: Iterator[Envelope], registry: AgentRegistry, reading: Opening
+    events: Iterator[Envelope], registry: AgentRegistry, reading: Opening, scope: _Scope
 ) -> ReplayReport:
     first = next(events)
     agent = first.agent_id
@@ -158,6 +180,8 @@ def _replay_events(
         pipeline=reading.pipeline,
         digests=reading.digests,
         agent_id=agent,
+        nondeterminism=scope.nondeterminism,
+        agent_modules=scope.agent_modules,
     )
 
 
