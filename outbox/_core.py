@@ -355,6 +355,7 @@ class RecorderBase:
         self.scrub = Scrub(config.get("redaction") or Redactor.from_env())
         self.settings = config.get("settings") or Settings.from_env()
         self.keys = keys = config.get("keys")
+        self.scrub.check_key_store(present=keys is not None)
         pipeline = config.get("pipeline")
         if pipeline is None and keys is not None:
             pipeline = PayloadPipeline(sealer=AesGcmSealer())
@@ -371,7 +372,8 @@ class RecorderBase:
         Raises:
             KeystoreError: the class takes keyed digests and this recorder has no keys.
         """
-        if not self.settings.keyed_digests(classification):
+        # Pseudonyms are keyed by the tenant's key: their runs take keyed digests too.
+        if not self.settings.keyed_digests(classification) and not self.scrub.pseudonymous:
             return digest
         if self.keys is None:
             raise KeystoreError(
