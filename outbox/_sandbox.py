@@ -20,8 +20,10 @@ outside the agent are not affected. Everything is restored when the last guard e
 also on error. Guards may overlap and be entered from several threads; the wrappers stay
 correct for threads the agent starts while a guard is entered.
 
-Calls through a name bound after the guard exits, or through a module imported under
-another name, are not seen; neither are reads of ``os.environb`` or ``time.monotonic``.
+Not seen: functions the agent keeps elsewhere than in a module global (a default
+argument, a class attribute), the ``datetime`` names of an agent module first imported
+while a guard is entered, ``time.monotonic``/``perf_counter`` (they measure durations)
+and ``os.getenvb``. Reads of ``os.environb`` count as ``os.environ``.
 """
 
 from __future__ import annotations
