@@ -4,6 +4,7 @@ and (opt-in) while recording; library calls are not; the guard restores everythi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import os
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from agent_blackbox.outbox import (
+    AsyncMemoryRecorder,
     MemoryRecorder,
     NondeterminismGuard,
     NondeterminismWarning,
@@ -98,6 +100,14 @@ def failing_agent(run, value):
 
 def record(recorder, entry, snapshot):
     return recorder.record(entry, snapshot, agent_id="sbx")
+
+
+async def async_agent(run, value):
+    return {"late": time.time() > 0}  # mark:async
+
+
+async def record_async(recorder, snapshot):
+    return await recorder.record(async_agent, snapshot, agent_id="sbx")
 """
 
 LIBRARY_SOURCE = """
@@ -313,6 +323,13 @@ def test_recording_in_warn_mode_warns_at_the_agents_line(agent: ModuleType) -> N
     assert output == {"late": True, "year": True}
     assert [(Path(w.filename), w.lineno) for w in caught] == [(Path(agent.__file__), _line("time"))]
     assert _patched_state() == before  # the watch ended with the run
+
+
+def test_an_async_recorder_watches_too(agent: ModuleType) -> None:
+    recorder = AsyncMemoryRecorder(nondeterminism="warn")
+    with pytest.warns(NondeterminismWarning) as caught:
+        asyncio.run(agent.record_async(recorder, RunSnapshot("sbx.1", {})))
+    assert [w.lineno for w in caught] == [_line("async")]
 
 
 def test_recording_in_fail_mode_raises_at_the_read(
