@@ -40,6 +40,12 @@ from ._redaction import Redacted as Redacted
 from ._redaction import RedactionConfigError as RedactionConfigError
 from ._redaction import Redactor as Redactor
 from ._redaction import placeholder as placeholder
+from ._sandbox import NondeterminismGuard as NondeterminismGuard
+from ._sandbox import NondeterminismMode as NondeterminismMode
+from ._sandbox import NondeterminismWarning as NondeterminismWarning
+from ._sandbox import NondeterministicRead as NondeterministicRead
+from ._sandbox import UnrecordedNondeterminism as UnrecordedNondeterminism
+from ._sandbox import agent_package as agent_package
 from ._tables import NOTIFY_CHANNEL as NOTIFY_CHANNEL
 from ._tables import SCHEMA as SCHEMA
 from ._tables import access_audit as access_audit

@@ -30,6 +30,7 @@ from agent_blackbox.outbox._llm import llm_call
 from agent_blackbox.outbox._placement import Place, Placement
 from agent_blackbox.outbox._recovery import StoredRun
 from agent_blackbox.outbox._redaction import Redactor
+from agent_blackbox.outbox._sandbox import NondeterminismMode, mode_from, watch_recording
 from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
 from agent_blackbox.outbox._writer import (
     Cursor,
@@ -149,6 +150,8 @@ class RunCore:
         self.finished = False
         self.effects = 0
         self.placement = Placement()
+        self.unwatch: Callable[[], None] | None = None
+        """Stops watching the agent's code for unrecorded nondeterminism."""
 
     @property
     def run_id(self) -> str:
@@ -296,6 +299,8 @@ class RunCore:
 
     def finish(self, status: str, output: Any, error: BaseException | None) -> b.Crossing:
         self.check_active()
+        if self.unwatch is not None:
+            self.unwatch()
         ending = self.contract.finish(status, output, error, self.state_digest)
         finished = b.run_finished(
             status=status,
@@ -328,6 +333,11 @@ class RecorderConfig(TypedDict, total=False):
         redaction: the rules applied to every recorded value before it is written
             (``BLACKBOX_REDACTION_FILE``, else every detector). Credentials are
             removed whatever the rules say.
+        nondeterminism: ``off``, ``warn`` or ``fail``: what to do, from a run's start
+            to its end, when the code that started it (its package) reads the clock,
+            random, UUIDs or the environment directly (``NondeterminismWarning``, or
+            ``UnrecordedNondeterminism`` raised at the read); default from
+            ``BLACKBOX_RECORD_NONDETERMINISM``, else ``off``.
     """
 
     settings: Settings | None
@@ -337,6 +347,7 @@ class RecorderConfig(TypedDict, total=False):
     effects: EffectPolicy | None
     keys: DataKeyStore | None
     redaction: Redactor | None
+    nondeterminism: NondeterminismMode | None
 
 
 class RecorderBase:
@@ -348,6 +359,7 @@ class RecorderBase:
         self.scrub = Scrub(config.get("redaction") or Redactor.from_env())
         self.settings = config.get("settings") or Settings.from_env()
         self.keys = keys = config.get("keys")
+        self.scrub.check_key_store(present=keys is not None)
         pipeline = config.get("pipeline")
         if pipeline is None and keys is not None:
             pipeline = PayloadPipeline(sealer=AesGcmSealer())
@@ -355,6 +367,7 @@ class RecorderBase:
         self._digests: dict[str, Digester] = {}
         self.tools: ToolPolicy = config.get("tools") or LiveTools()
         self.effects: EffectPolicy = config.get("effects") or LiveEffects()
+        self.nondeterminism = mode_from(config.get("nondeterminism"))
 
     def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:
         """The digest of runs of ``classification``: SHA-256, or the tenant's keyed digest
@@ -363,7 +376,8 @@ class RecorderBase:
         Raises:
             KeystoreError: the class takes keyed digests and this recorder has no keys.
         """
-        if not self.settings.keyed_digests(classification):
+        # Pseudonyms are keyed by the tenant's key: their runs take keyed digests too.
+        if not self.settings.keyed_digests(classification) and not self.scrub.pseudonymous:
             return digest
         if self.keys is None:
             raise KeystoreError(
@@ -383,7 +397,7 @@ class RecorderBase:
         Raises:
             NotSerialisable: the snapshot's input is not JSON.
         """
-        return plan_start(
+        start = plan_start(
             self._factory,
             self.settings,
             snapshot,
@@ -392,6 +406,8 @@ class RecorderBase:
             digest=run_digest,
             scrub=self.scrub,
         )
+        start.core.unwatch = watch_recording(self.nondeterminism)
+        return start
 
     def resumed(self, stored: StoredRun, data_key: DataKey | None) -> RunCore:
         """The core of a writer that carries on recording ``stored`` (a crashed writer's
@@ -411,6 +427,7 @@ class RecorderBase:
         core.cursor = stored.cursor
         core.placement = Placement(stored.cursor.sequence + 1)
         core.state = stored.state
+        core.unwatch = watch_recording(self.nondeterminism)
         return core
 
 

@@ -8,10 +8,19 @@ depends on the order of a mapping's keys or of the configuration.
 
 Credentials (by key name, and the ``bearer_token`` and ``api_key`` shapes) are always
 redacted; no configuration turns them off.
+
+Pseudonyms (opt-in per rule, for e-mails, phone numbers, card numbers and path rules)
+replace a value by a stable, keyed placeholder (``[email:9f3a1c04be7d]``): the same value
+gives the same placeholder in every run of a tenant, so code that compares redacted values
+for equality behaves in replay as it did when recorded. The tag is an HMAC under a key
+derived from the tenant's key in the key store: an unkeyed hash of an e-mail address
+would be a dictionary attack away from the address, so pseudonyms need a key store.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -22,7 +31,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
-from agent_blackbox.schemas import BlackboxError
+from agent_blackbox.schemas import BlackboxError, canonical_text
 
 PLACEHOLDER_PREFIX = "[redacted:"
 
@@ -30,6 +39,20 @@ PLACEHOLDER_PREFIX = "[redacted:"
 def placeholder(rule: str) -> str:
     """The string that stands in for what ``rule`` removed, e.g. ``[redacted:email]``."""
     return f"{PLACEHOLDER_PREFIX}{rule}]"
+
+
+PSEUDONYMOUS = ("card_number", "email", "path", "phone")
+"""The rules that may replace values by pseudonyms; never credentials."""
+PSEUDONYM_HEX = 12
+"""Hex digits of a pseudonym's tag: 48 bits, so distinct values of one tenant collide
+with odds near one in a million only past some 24,000 of them."""
+
+
+def pseudonym(rule: str, value: str, key: bytes) -> str:
+    """The stable placeholder of ``value`` found by ``rule``, keyed by ``key`` (the
+    tenant's pseudonym key), e.g. ``[email:9f3a1c04be7d]``."""
+    mac = hmac.new(key, f"{rule}\x00{value}".encode(), hashlib.sha256)
+    return f"[{rule}:{mac.hexdigest()[:PSEUDONYM_HEX]}]"
 
 
 CREDENTIAL = "credential"
@@ -212,18 +235,28 @@ class Redactor:
         detectors: names from :data:`DETECTORS`; :data:`ALWAYS_ON` ones apply regardless.
         paths: dotted paths from the root (``kwargs.customer.ssn``, ``messages.*.content``)
             whose whole value is replaced; ``*`` matches any key or list index.
+        pseudonyms: rules (of :data:`PSEUDONYMOUS` in force; ``path`` for every path
+            rule) whose values become keyed pseudonyms instead of ``[redacted:...]``.
+            Such a redactor redacts only once given the tenant's key (:meth:`keyed`).
 
     Raises:
-        RedactionConfigError: naming an unknown detector or a malformed path.
+        RedactionConfigError: naming an unknown detector, a malformed path, or a
+            pseudonym rule that is not in force or may not have pseudonyms.
     """
 
-    __slots__ = ("_card_ints", "_detectors", "_gates", "_paths", "_patterns")
+    __slots__ = ("_card_ints", "_detectors", "_gates", "_key", "_paths", "_patterns", "_pseudonyms")
 
     def __init__(
-        self, *, detectors: Iterable[str] = DEFAULT_DETECTORS, paths: Iterable[str] = ()
+        self,
+        *,
+        detectors: Iterable[str] = DEFAULT_DETECTORS,
+        paths: Iterable[str] = (),
+        pseudonyms: Iterable[str] = (),
     ) -> None:
-        if isinstance(detectors, str) or isinstance(paths, str):
-            raise RedactionConfigError("detectors and paths are lists of strings, not a string")
+        if any(isinstance(names, str) for names in (detectors, paths, pseudonyms)):
+            raise RedactionConfigError(
+                "detectors, paths and pseudonyms are lists of strings, not a string"
+            )
         chosen = set(ALWAYS_ON)
         for name in detectors:
             if not isinstance(name, str) or name not in DETECTORS:
@@ -236,6 +269,8 @@ class Redactor:
         self._paths: _Live = tuple(sorted((f"path:{p}", rest) for p, rest in parsed.items()))
         self._gates = tuple((n, DETECTORS[n].hints, DETECTORS[n].folded) for n in self._detectors)
         self._card_ints = "card_number" in chosen
+        self._pseudonyms = _pseudonym_rules(pseudonyms, chosen, bool(parsed))
+        self._key: bytes | None = None
         # One combined pattern per set of detectors a string's hints call for, compiled on
         # first use: there are at most 2**5, and most strings need the same few.
         self._patterns: dict[tuple[str, ...], re.Pattern[str]] = {}
@@ -249,17 +284,18 @@ class Redactor:
         """
         if not isinstance(config, Mapping):
             raise RedactionConfigError("redaction config must be an object with detectors, paths")
-        unknown = sorted(set(config) - {"detectors", "paths"})
+        unknown = sorted(set(config) - {"detectors", "paths", "pseudonyms"})
         if unknown:
             raise RedactionConfigError(
-                f"unknown redaction config key {unknown[0]!r}; expected 'detectors' and 'paths'"
+                f"unknown redaction config key {unknown[0]!r}; expected 'detectors', 'paths' "
+                "and 'pseudonyms'"
             )
-        lists = {key: config.get(key, []) for key in ("detectors", "paths")}
+        lists = {key: config.get(key, []) for key in ("detectors", "paths", "pseudonyms")}
         for key, items in lists.items():
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
                 raise RedactionConfigError(f"redaction config {key!r} must be a list of strings")
         detectors = lists["detectors"] if "detectors" in config else DEFAULT_DETECTORS
-        return cls(detectors=detectors, paths=lists["paths"])
+        return cls(detectors=detectors, paths=lists["paths"], pseudonyms=lists["pseudonyms"])
 
     @classmethod
     def from_file(cls, path: Path) -> Redactor:
@@ -292,9 +328,31 @@ class Redactor:
 
     @property
     def config(self) -> dict[str, list[str]]:
-        """What :meth:`from_config` takes to build this same redactor again."""
+        """What :meth:`from_config` takes to build this same redactor again (the key
+        aside; ``pseudonyms`` only when there are any, so rules without them read as
+        they always did)."""
         paths = sorted(name.removeprefix("path:") for name, _ in self._paths)
-        return {"detectors": list(self._detectors), "paths": paths}
+        config = {"detectors": list(self._detectors), "paths": paths}
+        if self._pseudonyms:
+            config["pseudonyms"] = sorted(self._pseudonyms)
+        return config
+
+    @property
+    def pseudonymous(self) -> bool:
+        """Whether some rule gives pseudonyms (and the redactor then needs a key)."""
+        return bool(self._pseudonyms)
+
+    def keyed(self, key: bytes) -> Redactor:
+        """This redactor, its pseudonyms keyed by ``key`` (the tenant's pseudonym key).
+
+        Raises:
+            ValueError: the key is shorter than 32 bytes.
+        """
+        if len(key) < 32:
+            raise ValueError("a pseudonym key needs at least 32 bytes")
+        copy = Redactor.from_config(self.config)
+        copy._key = key
+        return copy
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Redactor:
@@ -338,7 +396,7 @@ class Redactor:
         # type() rather than isinstance: True is an int, and never a card number.
         if type(value) is int and self._card_ints and value in _CARD_INTS and _luhn(str(value)):
             fired.add("card_number")
-            return placeholder("card_number")
+            return self._stand_in("card_number", str(value))
         return value
 
     def _child(self, key: object, item: Any, live: _Live, fired: set[str]) -> Any:
@@ -346,6 +404,8 @@ class Redactor:
             live, ended = _advance(live, key)
             if ended:
                 fired.update(ended)
+                if "path" in self._pseudonyms:
+                    return self._stand_in("path", canonical_text(item))
                 return _PATH_PLACEHOLDER
         return self._walk(item, live, fired)
 
@@ -414,7 +474,36 @@ class Redactor:
         if accepts is not None and not accepts(match.group()):
             return match.group()
         hits.append(name)
-        return placeholder(name)
+        return self._stand_in(name, match.group())
+
+    def _stand_in(self, rule: str, value: str) -> str:
+        """The placeholder of ``value``: typed, or the keyed pseudonym."""
+        if rule not in self._pseudonyms:
+            return placeholder(rule)
+        if self._key is None:
+            raise RedactionConfigError(
+                f"the redaction rules give pseudonyms for {rule!r}, and pseudonyms are keyed "
+                "by the tenant's key: record with a key store (BLACKBOX_KEK_FILE) so the "
+                "recorder can key them (an unkeyed hash of a value such as an e-mail "
+                "address is a dictionary attack away from the value)"
+            )
+        return pseudonym(rule, value, self._key)
+
+
+def _pseudonym_rules(names: Iterable[str], detectors: set[str], paths: bool) -> frozenset[str]:
+    chosen = frozenset(names)
+    for name in sorted(chosen):
+        if name not in PSEUDONYMOUS:
+            raise RedactionConfigError(
+                f"pseudonyms for {name!r} are not offered; choose among "
+                f"{', '.join(PSEUDONYMOUS)} (credentials are always removed outright)"
+            )
+        if (name == "path" and not paths) or (name != "path" and name not in detectors):
+            what = "no path rule is configured" if name == "path" else "its detector is off"
+            raise RedactionConfigError(
+                f"pseudonyms for {name!r} are asked for, but {what}; turn it on or drop it"
+            )
+    return chosen
 
 
 def _combine(names: tuple[str, ...]) -> re.Pattern[str]:

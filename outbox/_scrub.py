@@ -14,13 +14,16 @@ from dataclasses import replace
 from typing import Any
 
 from agent_blackbox.outbox._boundaries import Crossing, error_info
-from agent_blackbox.outbox._redaction import Redactor
-from agent_blackbox.schemas import canonical_text
+from agent_blackbox.outbox._redaction import RedactionConfigError, Redactor
+from agent_blackbox.schemas import HMAC_PREFIX, Digester, canonical_text
 
 RULES_ATTRIBUTE = "redaction"
 """On ``run.started``: the redaction rules the run was recorded under (canonical JSON)."""
 FIRED_ATTRIBUTE = "redacted"
 """On any event: the rules that replaced something in it, comma-separated."""
+PSEUDONYM_KEY_LABEL = ["agent-blackbox pseudonym key", 1]
+"""What the tenant's keyed digest is taken of to derive its pseudonym key: the key is
+that HMAC, so it is the tenant's own, stable, and tells nothing of the digest key."""
 
 
 class _ScrubbedError(Exception):
@@ -47,6 +50,43 @@ class Scrub:
         """The scrubbing a run was recorded with, from its ``run.started`` attributes."""
         raw = attributes.get(RULES_ATTRIBUTE)
         return cls(None if raw is None else Redactor.from_config(json.loads(raw)))
+
+    @property
+    def pseudonymous(self) -> bool:
+        """Whether the rules give pseudonyms, which need the tenant's key."""
+        return self._redactor is not None and self._redactor.pseudonymous
+
+    def check_key_store(self, *, present: bool) -> None:
+        """Refuse rules that give pseudonyms to a recorder without a key store.
+
+        Raises:
+            RedactionConfigError: saying why pseudonyms need one.
+        """
+        if self.pseudonymous and not present:
+            raise RedactionConfigError(
+                "the redaction rules ask for pseudonyms, which are keyed by each tenant's "
+                "key: give the recorder a key store (set BLACKBOX_KEK_FILE) or drop "
+                "'pseudonyms' from the rules. An unkeyed hash would not do: the hash of an "
+                "e-mail address is a dictionary attack away from the address."
+            )
+
+    def keyed(self, digest: Digester) -> Scrub:
+        """These rules for one run whose digest is ``digest``: with pseudonyms, keyed by
+        the key derived from the tenant's keyed digest; otherwise unchanged.
+
+        Raises:
+            RedactionConfigError: the rules give pseudonyms and the run's digest is not
+                keyed by its tenant.
+        """
+        if self._redactor is None or not self._redactor.pseudonymous:
+            return self
+        derived = digest(PSEUDONYM_KEY_LABEL)
+        if not derived.startswith(HMAC_PREFIX):
+            raise RedactionConfigError(
+                "the redaction rules ask for pseudonyms, and this run has no tenant key "
+                "(its digests are plain SHA-256); pseudonyms need the key store"
+            )
+        return Scrub(self._redactor.keyed(bytes.fromhex(derived.removeprefix(HMAC_PREFIX))))
 
     def rules_text(self) -> str | None:
         """The rules as ``run.started`` records them."""

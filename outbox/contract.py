@@ -94,11 +94,15 @@ class Contract:
 
     Args:
         scrub: the run's redaction rules (in replay, the rules it was recorded under).
-        digest: the run's digest (SHA-256, or the tenant's keyed digest).
+        digest: the run's digest (SHA-256, or the tenant's keyed digest, which also
+            keys the rules' pseudonyms).
+
+    Raises:
+        RedactionConfigError: the rules give pseudonyms and ``digest`` is not keyed.
     """
 
     def __init__(self, scrub: Scrub, digest: Digester) -> None:
-        self.scrub = scrub
+        self.scrub = scrub.keyed(digest)  # pseudonyms take the run's tenant key
         self.digest = digest
         # Inputs that never change are digested once per run, not once per call.
         self._clocks: dict[str, Ask] = {}

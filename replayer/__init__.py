@@ -41,6 +41,7 @@ from agent_blackbox.replayer._replay import (
     ReplaySetupError,
 )
 from agent_blackbox.replayer._report import LEVEL_NAMES, ReplayReport
+from agent_blackbox.replayer._sandbox import Nondeterminism, NondeterminismPolicy
 from agent_blackbox.replayer._sources import (
     KafkaRunSource,
     SourceError,
@@ -67,6 +68,8 @@ __all__ = [
     "ForkResult",
     "KafkaRunSource",
     "MissingEntryPoint",
+    "Nondeterminism",
+    "NondeterminismPolicy",
     "Problem",
     "ReadSide",
     "RecordedTools",

@@ -23,6 +23,7 @@ from agent_blackbox.replayer._driver import replay_run
 from agent_blackbox.replayer._registry import AgentRegistry, MissingEntryPoint
 from agent_blackbox.replayer._replay import BlobReader
 from agent_blackbox.replayer._report import ReplayReport
+from agent_blackbox.replayer._sandbox import NondeterminismPolicy
 from agent_blackbox.schemas import BlackboxError, Envelope
 
 DEFAULT_LIMIT = 100_000
@@ -103,6 +104,19 @@ class _Watched:
             raise
 
 
+_FAILING = ("DIVERGED", "NONDETERMINISTIC", "ERROR")
+"""Results listed among the failing runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replaying:
+    """How each run is replayed (see :func:`~agent_blackbox.replayer.replay_run`)."""
+
+    nondeterminism: NondeterminismPolicy = "warn"
+    agent_modules: tuple[str, ...] = ()
+    reveal_values: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class BatchReplayer:
     """Replays runs one by one, turning every setup or access problem into the run's
@@ -114,12 +128,14 @@ class BatchReplayer:
         blobs: reads bodies stored out of line (None: such runs are errors).
         skip_unknown: a batch skips runs of agents without an entry point; a single
             replay reports them as errors.
+        how: the replay's options.
     """
 
     registry: AgentRegistry
     reading: Opening
     blobs: BlobReader | None = None
     skip_unknown: bool = True
+    how: Replaying = Replaying()
 
     def replay(self, run_id: str, source: Callable[[], OpenedRun]) -> ReplayReport:
         """Replay one run; never raises for a problem of the run's own.
@@ -150,6 +166,9 @@ class BatchReplayer:
                 digests=self.reading.digests,
                 blobs=self.blobs,
                 agent_id=agent,
+                nondeterminism=self.how.nondeterminism,
+                agent_modules=self.how.agent_modules,
+                reveal_values=self.how.reveal_values,
             )
         except BlackboxError as exc:
             report = ReplayReport(run_id, agent, 0, error=failure(exc))
@@ -181,8 +200,10 @@ class Tally:
             self.kinds[str(report.divergence.kind)] += 1
             self.positions.append(report.divergence.sequence)
             self.reasons[report.run_id] = report.divergence.describe()
-        if report.result in ("DIVERGED", "ERROR"):
+        if report.result in _FAILING:
             self.failing.append(report.run_id)
+        if report.result == "NONDETERMINISTIC":
+            self.reasons[report.run_id] = "; ".join(n.describe() for n in report.nondeterminism)
         if report.error is not None:
             self.reasons[report.run_id] = report.error
         if report.skipped is not None:
@@ -198,10 +219,10 @@ class Tally:
         return self.results["PASS"] + self.results["LIMITED"]
 
     def exit_code(self, *, error: str | None = None) -> int:
-        """1 when a run diverged (a finding, whatever else happened); else 2 when the
-        command could not run, nothing was replayed, or a run was an error or skipped;
-        else 0."""
-        if self.results["DIVERGED"]:
+        """1 when a run diverged or read nondeterminism that fails it (a finding, whatever
+        else happened); else 2 when the command could not run, nothing was replayed, or a
+        run was an error or skipped; else 0."""
+        if self.results["DIVERGED"] or self.results["NONDETERMINISTIC"]:
             return EXIT_DIVERGED
         if error is not None or self.runs == 0 or self.results["ERROR"] or self.skipped:
             return EXIT_NOT_RUN
@@ -216,6 +237,7 @@ class Tally:
             "passed": self.passed,
             "limited": self.results["LIMITED"],
             "diverged": self.results["DIVERGED"],
+            "nondeterministic": self.results["NONDETERMINISTIC"],
             "errors": self.results["ERROR"],
             "skipped": self.results["SKIPPED"],
             "pass_rate": self.passed / runs if runs else None,

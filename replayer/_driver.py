@@ -6,11 +6,12 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from itertools import chain
 from typing import Any, cast
 
 from agent_blackbox.keystore import DataKeyMissing, KeyDestroyed
-from agent_blackbox.outbox import AgentRun
+from agent_blackbox.outbox import AgentRun, NondeterminismGuard
 from agent_blackbox.replayer._replay import (
     AsyncReplayRun,
     BlobReader,
@@ -22,6 +23,12 @@ from agent_blackbox.replayer._replay import (
     ReplaySetupError,
 )
 from agent_blackbox.replayer._report import ReplayReport
+from agent_blackbox.replayer._sandbox import (
+    NondeterminismPolicy,
+    check_policy,
+    found,
+    modules_of,
+)
 from agent_blackbox.replayer._verify import verify_run
 from agent_blackbox.schemas import (
     Envelope,
@@ -49,6 +56,8 @@ def replay_run(
     digests: DigestKeys | None = None,
     stall_timeout: float = 10.0,
     reveal_values: bool = False,
+    nondeterminism: NondeterminismPolicy = "warn",
+    agent_modules: Iterable[str] = (),
 ) -> ReplayReport:
     """Replay one recorded run through ``entry`` and report PASS or the first divergence.
 
@@ -61,15 +70,28 @@ def replay_run(
     key or blob reader, an event this release cannot read) is the report's ``error``,
     with the exception's message, even when the agent's code caught it.
     ``stall_timeout`` and ``reveal_values``: see :class:`ReplayRun`.
+
+    Direct reads of the wall clock, ``random``, UUIDs, the OS's randomness and the
+    environment by the agent's own modules (the package of ``entry``'s module, and the
+    modules or packages named in ``agent_modules``) are the report's
+    ``nondeterminism``, each with its call site: warnings with
+    ``nondeterminism="warn"``, a failed run with ``"fail"``.
+
+    Raises:
+        ValueError: ``nondeterminism`` is neither ``warn`` nor ``fail``.
     """
-    opened = _opened(
-        events, entry, agent_id, pipeline, blobs, digests, stall_timeout, reveal_values
-    )
-    if isinstance(opened, ReplayReport):
-        return opened
-    if is_async_entry(entry):
-        return _in_own_loop(_driven_async(opened, entry, agent_id))
-    return _concluded(opened, agent_id, *_driven(opened, entry))
+    fails = check_policy(nondeterminism) == "fail"
+    with NondeterminismGuard(modules_of(entry, agent_modules)) as guard:
+        opened = _opened(
+            events, entry, agent_id, pipeline, blobs, digests, stall_timeout, reveal_values
+        )
+        if isinstance(opened, ReplayReport):
+            report = opened
+        elif is_async_entry(entry):
+            report = _in_own_loop(_driven_async(opened, entry, agent_id))
+        else:
+            report = _concluded(opened, agent_id, *_driven(opened, entry))
+    return replace(report, nondeterminism=found(guard), nondeterminism_fails=fails)
 
 
 async def replay_run_async(
@@ -82,16 +104,22 @@ async def replay_run_async(
     digests: DigestKeys | None = None,
     stall_timeout: float = 10.0,
     reveal_values: bool = False,
+    nondeterminism: NondeterminismPolicy = "warn",
+    agent_modules: Iterable[str] = (),
 ) -> ReplayReport:
     """:func:`replay_run` from async code: a coroutine entry runs in the caller's loop."""
-    opened = _opened(
-        events, entry, agent_id, pipeline, blobs, digests, stall_timeout, reveal_values
-    )
-    if isinstance(opened, ReplayReport):
-        return opened
-    if is_async_entry(entry):
-        return await _driven_async(opened, entry, agent_id)
-    return _concluded(opened, agent_id, *_driven(opened, entry))
+    fails = check_policy(nondeterminism) == "fail"
+    with NondeterminismGuard(modules_of(entry, agent_modules)) as guard:
+        opened = _opened(
+            events, entry, agent_id, pipeline, blobs, digests, stall_timeout, reveal_values
+        )
+        if isinstance(opened, ReplayReport):
+            report = opened
+        elif is_async_entry(entry):
+            report = await _driven_async(opened, entry, agent_id)
+        else:
+            report = _concluded(opened, agent_id, *_driven(opened, entry))
+    return replace(report, nondeterminism=found(guard), nondeterminism_fails=fails)
 
 
 def is_async_entry(entry: Callable[..., Any]) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_blackbox.replayer._replay import Divergence
+from agent_blackbox.replayer._sandbox import Nondeterminism
 
 LEVEL_NAMES = ("control_flow", "state", "content")
 
@@ -30,6 +31,11 @@ class ReplayReport:
     """Why only control flow could be checked (the run's bodies were destroyed)."""
     skipped: str | None = None
     """Why a batch replay left the run out (no entry point for its agent)."""
+    nondeterminism: tuple[Nondeterminism, ...] = ()
+    """Direct reads of the clock, randomness or the environment by the agent's code
+    (``unrecorded_nondeterminism``), each call site once."""
+    nondeterminism_fails: bool = False
+    """Whether those reads fail the run (``fail``) or are warnings (``warn``)."""
 
     def __post_init__(self) -> None:
         if self.divergence is not None and not self.divergences:
@@ -37,8 +43,12 @@ class ReplayReport:
 
     @property
     def passed(self) -> bool:
-        """Every level that could be checked matched (``PASS`` or ``LIMITED``)."""
-        return self.divergence is None and self.error is None and self.skipped is None
+        """Every level that could be checked matched (``PASS`` or ``LIMITED``), and no
+        unrecorded read fails the run."""
+        failing = self.nondeterminism_fails and bool(self.nondeterminism)
+        return (
+            self.divergence is None and self.error is None and self.skipped is None and not failing
+        )
 
     @property
     def levels(self) -> dict[str, str]:
@@ -62,14 +72,17 @@ class ReplayReport:
 
     @property
     def result(self) -> str:
-        """``PASS``, ``LIMITED`` (passed what could be checked), ``DIVERGED``, ``ERROR``
-        (replay could not run: a setup or access problem) or ``SKIPPED``."""
+        """``PASS``, ``LIMITED`` (passed what could be checked), ``DIVERGED``,
+        ``NONDETERMINISTIC`` (no divergence, but unrecorded reads that fail the run),
+        ``ERROR`` (replay could not run: a setup or access problem) or ``SKIPPED``."""
         if self.error:
             return "ERROR"
         if self.skipped:
             return "SKIPPED"
-        if not self.passed:
+        if self.divergence is not None:
             return "DIVERGED"
+        if not self.passed:
+            return "NONDETERMINISTIC"
         return "LIMITED" if self.limited else "PASS"
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,4 +98,6 @@ class ReplayReport:
             "divergences": [d.to_dict() for d in self.divergences],
             "error": self.error,
             "skipped": self.skipped,
+            "nondeterminism": [n.to_dict() for n in self.nondeterminism],
+            "nondeterminism_policy": "fail" if self.nondeterminism_fails else "warn",
         }

@@ -23,6 +23,7 @@ from agent_blackbox.replayer._batch import (
     DEFAULT_LIMIT,
     BatchReplayer,
     OpenedRun,
+    Replaying,
     RunFilter,
     Tally,
     nothing_matched,
@@ -32,6 +33,7 @@ from agent_blackbox.replayer._fork_cli import fork_command, reexecute_command
 from agent_blackbox.replayer._index import RunIndex, read_side
 from agent_blackbox.replayer._registry import AgentRegistry, load_entry
 from agent_blackbox.replayer._report import ReplayReport
+from agent_blackbox.replayer._sandbox import POLICIES, NondeterminismPolicy
 from agent_blackbox.replayer._sources import KafkaRunSource, SourceError, read_archive
 from agent_blackbox.replayer._timeline import timeline_command
 from agent_blackbox.replayer._verify_cli import verify_command
@@ -79,6 +81,27 @@ T = TypeVar("T")
     is_flag=True,
     help="JSON lines on stdout: one per run, then a summary (docs/replay-json.md).",
 )
+@click.option(
+    "--nondeterminism",
+    type=click.Choice(POLICIES),
+    default="warn",
+    show_default=True,
+    help="Direct reads of the clock, random, UUIDs or the environment by the agent's "
+    "code: a warning in the report, or a failed run.",
+)
+@click.option(
+    "--agent-module",
+    "agent_modules",
+    multiple=True,
+    help="A module or package of the agent's own, besides the entry point's package "
+    "(repeatable): its direct reads are reported too.",
+)
+@click.option(
+    "--show-values",
+    is_flag=True,
+    help="An argument mismatch lists the changed values, not only their paths (they may "
+    "be personal data: the purpose is audited).",
+)
 def replay_command(
     run_id: str | None,
     every: bool,
@@ -90,6 +113,9 @@ def replay_command(
     archive: Path | None,
     purpose: str,
     as_json: bool,
+    nondeterminism: NondeterminismPolicy,
+    agent_modules: tuple[str, ...],
+    show_values: bool,
 ) -> None:
     """Replay RUN_ID (or --all) through the agent's own code, offline.
 
@@ -111,7 +137,8 @@ def replay_command(
     out = _Output(as_json, Tally(filters=scope.describe() if scope else None))
     try:
         registry = AgentRegistry.from_env(load_entry(agent_path) if agent_path else None)
-        for report in _reports(run_id, scope, archive, registry, purpose):
+        how = Replaying(nondeterminism, agent_modules, show_values)
+        for report in _reports(run_id, scope, archive, registry, purpose, how):
             out.run(report)
     except BlackboxError as exc:
         out.fail(str(exc))
@@ -126,6 +153,7 @@ def _reports(
     archive: Path | None,
     registry: AgentRegistry,
     purpose: str,
+    how: Replaying,
 ) -> Iterator[ReplayReport]:
     """Each run's report as it is replayed.
 
@@ -139,13 +167,13 @@ def _reports(
     try:
         reading = opening(lambda: engine, purpose=purpose)
         if archive is not None:
-            replayer = BatchReplayer(registry, reading, skip_unknown=scope is not None)
+            replayer = BatchReplayer(registry, reading, skip_unknown=scope is not None, how=how)
             runs = _archive_runs(archive, run_id, scope)
             for rid, opened in _progress(runs, None, console):
                 yield replayer.replay(rid, opened)
             return
         replayer = BatchReplayer(
-            registry, reading, PostgresBlobs(engine), skip_unknown=scope is not None
+            registry, reading, PostgresBlobs(engine), skip_unknown=scope is not None, how=how
         )
         index = read_side().run_index(engine)
         ids = [run_id] if run_id is not None else _indexed_runs(index, scope)
@@ -262,9 +290,18 @@ def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
     levels = ", ".join(f"{name.replace('_', ' ')} {state}" for name, state in report.levels.items())
     if report.limited:
         out.print(f"[yellow]LIMITED[/] {safe_text(report.limited)}")
+    for finding in report.nondeterminism:
+        label = "[red]NONDETERMINISTIC[/]" if report.nondeterminism_fails else "[yellow]warning[/]"
+        err.print(f"{label} {safe_text(finding.describe())}")
     if report.passed:
         label = "[yellow]LIMITED[/]" if report.limited else "[green]PASS[/]"
         out.print(f"{label} run {report.run_id} ({report.events} events): {levels}")
+        return
+    if report.divergence is None:
+        out.print(
+            f"[red]NONDETERMINISTIC[/] run {report.run_id}: the agent's code read the clock, "
+            "randomness or the environment directly (--nondeterminism fail)"
+        )
         return
     out.print(f"[red]DIVERGED[/] run {report.run_id} after {report.events} events: {levels}")
     for divergence in report.divergences:
@@ -273,14 +310,24 @@ def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
             "kind": str(divergence.kind),
             "level": divergence.level,
             "sequence": str(divergence.sequence),
-            "expected": f"{divergence.expected_type or '-'} {divergence.expected_digest or ''}",
-            "actual": f"{divergence.actual_type or '-'} {divergence.actual_digest or ''}",
+            "expected": _side(
+                divergence.expected_type, divergence.expected_name, divergence.expected_digest
+            ),
+            "actual": _side(
+                divergence.actual_type, divergence.actual_name, divergence.actual_digest
+            ),
             "call site": str(divergence.call_site or "(unknown)"),
             "detail": divergence.detail or "",
         }
+        if divergence.changes:
+            rows["changed"] = ", ".join(c.describe(divergence.revealed) for c in divergence.changes)
         for name, value in rows.items():
             table.add_row(name, safe_text(value))
         out.print(table)
+
+
+def _side(event_type: str | None, name: str | None, digest: str | None) -> str:
+    return " ".join(part for part in (event_type or "-", name, digest) if part)
 
 
 _LISTED = 50
