@@ -51,7 +51,8 @@ def test_replay_reports_direct_clock_reads_and_fails_on_request(
     arguments = ["replay", "--all", "--archive", str(archive), "--agent", f"{MODULE}:agent"]
     warned = CliRunner(env=env).invoke(main, [*arguments, "--json"])
     assert warned.exit_code == 0, warned.output
-    [result] = json.loads(warned.stdout)["results"]
+    result, summary = [json.loads(line) for line in warned.stdout.splitlines()]
+    assert summary["type"] == "summary"
     assert result["result"] == "PASS"
     [found] = result["nondeterminism"]
     assert found["kind"] == "unrecorded_nondeterminism"
@@ -59,6 +60,9 @@ def test_replay_reports_direct_clock_reads_and_fails_on_request(
     assert (found["call_site"]["function"], found["call_site"]["line"]) == ("agent", LINE)
     failed = CliRunner(env=env).invoke(main, [*arguments, "--json", "--nondeterminism", "fail"])
     assert failed.exit_code == 1, failed.output
-    assert json.loads(failed.stdout)["results"][0]["result"] == "NONDETERMINISTIC"
+    run_line, summary = [json.loads(line) for line in failed.stdout.splitlines()]
+    assert run_line["result"] == "NONDETERMINISTIC"
+    assert summary["nondeterministic"] == 1
+    assert summary["exit_code"] == 1
     refused = CliRunner(env=env).invoke(main, [*arguments, "--nondeterminism", "loud"])
     assert refused.exit_code == 2
