@@ -80,7 +80,10 @@ Steps = Generator[Call | Append, Any, T]
 def observed(perform: Callable[[], Any], outcome: Outcome) -> Steps[Any]:
     """Call ``perform`` and record what came of it, also when it raised."""
     done: Done = yield Call(perform)
-    yield Append(outcome(done.value, done.error, done.latency_ms))
+    crossing = outcome(done.value, done.error, done.latency_ms)
+    yield Append(crossing)
+    if crossing.raises is not None:  # the result could not be recorded: said so, and raised
+        raise crossing.raises
     return done.result()
 
 

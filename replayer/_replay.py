@@ -25,7 +25,14 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from agent_blackbox.outbox import EffectOutcome, EffectReceipt, EffectRejected, RecordedError
+from agent_blackbox.outbox import (
+    EffectOutcome,
+    EffectReceipt,
+    EffectRejected,
+    ValueNotRestorable,
+    rebuild_error,
+    recorded_value,
+)
 from agent_blackbox.outbox.contract import (
     Ask,
     Contract,
@@ -249,16 +256,18 @@ class ReplayRun:
 
     @property
     def input(self) -> Any:
-        """The recorded input of the run."""
-        return json.loads(self.snapshot_body["input_json"])
+        """The recorded input of the run, with its types."""
+        body = self.snapshot_body
+        return self._typed(json.loads(body["input_json"]), body.get("input_codec"))
 
     # Boundaries -----------------------------------------------------------------
 
     def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """The recorded result of tool ``tool``; ``fn`` is not called."""
-        output = self._cross(self._contract.tool(tool, args, kwargs))
+        """The recorded result of tool ``tool``, with its type; ``fn`` is not called."""
+        ask = self._contract.tool(tool, args, kwargs)
+        _, body, output = self._take(ask.event_type, ask.input_digest)
         _raise_recorded(output["error"])
-        result: T = output["result"]
+        result: T = self._typed(output["result"], body.get("result_codec"))
         return result
 
     def llm(
@@ -308,18 +317,18 @@ class ReplayRun:
         """The recorded receipt of the effect; ``perform`` is never called."""
         idempotency_key = key or default_idempotency_key(self._run_id, self._sequence + 1)
         self._cross(self._contract.intent(effect, idempotency_key, arguments))
-        output = self._cross(self._contract.receipt(effect, idempotency_key))
+        receipt = self._contract.receipt(effect, idempotency_key)
+        _, body, output = self._take(receipt.event_type, receipt.input_digest)
         status = output["status"]
         if status == "failed":
             raise EffectRejected(
                 (output["error"] or {}).get("message", "rejected"),
                 external_id=output["external_id"],
             )
-        if status == "unknown":
+        if status == "unknown" or output["error"] is not None:  # or a result not recorded
             _raise_recorded(output["error"])
-        return EffectReceipt(
-            effect, idempotency_key, status, output["external_id"], output["result"]
-        )
+        result = self._typed(output["result"], body.get("result_codec"))
+        return EffectReceipt(effect, idempotency_key, status, output["external_id"], result)
 
     def transition(self, to_state: str, *, state: Any, reason: str | None = None) -> Any:
         """Check the transition against the recorded one, state included."""
@@ -362,7 +371,7 @@ class ReplayRun:
                 actual=(EventType.RUN_FINISHED, self._state_digest),
                 detail="final state",
             )
-        actual = self._contract.output_digest(ending)
+        actual = self._contract.output_digest(ending, version=envelope.body_version)
         if actual != envelope.output_digest:
             self._diverge(
                 DivergenceKind.OUTPUT_MISMATCH,
@@ -519,6 +528,16 @@ class ReplayRun:
             )
         return body, output
 
+    def _typed(self, value: Any, codec: str | None) -> Any:
+        """A recorded value with its type again (plain JSON, recorded without a codec,
+        is its own value)."""
+        if codec is None:
+            return value
+        try:
+            return recorded_value(value, codec)
+        except ValueNotRestorable as exc:  # this process lacks a class: not the code's fault
+            raise self._setup(ReplaySetupError(f"run {self._run_id}: {exc}")) from exc
+
     def _setup(self, exc: BlackboxError) -> BlackboxError:
         """Keep ``exc`` as the reason the replay stops, and give it back to raise."""
         if self.setup_error is None:
@@ -565,7 +584,7 @@ class ReplayRun:
 
 def _raise_recorded(error: Mapping[str, str] | None) -> None:
     if error is not None:
-        raise RecordedError(error["type"], error["message"])
+        raise rebuild_error(error)
 
 
 def _call_site() -> CallSite | None:
