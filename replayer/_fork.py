@@ -22,13 +22,14 @@ from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import (
     EffectPolicy,
     MemoryRecorder,
-    RecordedError,
     Recorder,
     RefuseEffects,
     RunSnapshot,
     SandboxEffects,
     ToolPolicy,
     completion_view,
+    rebuild_error,
+    recorded_value,
 )
 from agent_blackbox.outbox.contract import Contract, Scrub
 from agent_blackbox.replayer._driver import AgentEntry
@@ -97,8 +98,13 @@ class RecordedTools:
                 )
             return self._fallback.call(tool, args, kwargs, fn)
         if body["error"] is not None:
-            raise RecordedError(body["error"]["type"], body["error"]["message"])
-        return json.loads(body["result_json"])
+            raise rebuild_error({k: v for k, v in body["error"].items() if v is not None})
+        return _typed(json.loads(body["result_json"]), body.get("result_codec"))
+
+
+def _typed(value: Any, codec: str | None) -> Any:
+    """A value the parent recorded, with its type again."""
+    return value if codec is None else recorded_value(value, codec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +129,7 @@ def parent_snapshot(events: Sequence[Envelope], pipeline: PayloadPipeline) -> Ru
     body = pipeline.unpack(events[0])
     return RunSnapshot(
         code_version=body["code_version"],
-        input=json.loads(body["input_json"]),
+        input=_typed(json.loads(body["input_json"]), body.get("input_codec")),
         prompt_templates={t["id"]: t["digest"] for t in body["prompt_templates"]},
         tool_schemas={t["name"]: t["version"] for t in body["tool_schemas"]},
         model_ids=tuple(body["model_ids"]),
