@@ -242,6 +242,10 @@ class RunCore:
                 error=scrub.error(error, seen),
                 latency_ms=latency_ms,
             )
+            if error is not None:
+                # The error carries what llm.call recorded of it (v2: type and message),
+                # so a run that ends on it records the same error in replay as here.
+                error.__dict__.setdefault("recorded_error", built.body["error"])
             return self._asked(built, ask, seen)
 
         return crossing

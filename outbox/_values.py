@@ -62,10 +62,9 @@ _CLASS = "$class"
 TAGGED = "tagged"
 """The codec a body names (``input_codec``, ``result_codec``) for a value in this encoding."""
 _HOW = (
-    "record JSON values, tuples, sets, frozensets, dataclasses, enums, named tuples, "
-    "datetime/date/time/timedelta, Decimal, UUID, bytes or pydantic models (classes "
-    "defined at module level), or register a converter for the class with "
-    "agent_blackbox.outbox.register_converter"
+    "Record JSON values, tuples, sets, dataclasses, enums, named tuples, datetimes, "
+    "Decimal, UUID, bytes or pydantic models of classes defined at module level, or "
+    "register a converter for the class (agent_blackbox.outbox.register_converter)."
 )
 _SCALAR_TAGS = frozenset(
     {"float", "bytes", "datetime", "date", "time", "timedelta", "decimal", "uuid", "enum"}
@@ -245,7 +244,7 @@ class _Encoder:
             fields = {name: getattr(value, name) for name in type(value).model_fields}
             fields.update(value.model_extra or {})
             return self._object("pydantic", cls, fields, path)
-        raise NotSerialisable(path, f"a {cls.__qualname__} would not come back the same; {_HOW}")
+        raise NotSerialisable(path, f"a {cls.__qualname__} would not come back the same", _HOW)
 
     def _object(self, tag: str, cls: type[Any], fields: Mapping[str, Any], path: str) -> Any:
         encoded = {name: self.encode(item, f"{path}.{name}") for name, item in fields.items()}
@@ -258,7 +257,8 @@ def _importable(cls: type[Any], path: str) -> str:
         raise NotSerialisable(
             path,
             f"class {name} is not reachable by its module and name, so replay could not "
-            f"give it back; define it at module level, or {_HOW}",
+            "give it back",
+            _HOW,
         )
     return name
 
@@ -506,3 +506,11 @@ def _recorded_error(info: Mapping[str, str]) -> RecordedError:
         namespace = {"__qualname__": qualname, "__module__": module or RecordedError.__module__}
         cls = _RECORDED_CLASSES[(module, qualname)] = type(name, (RecordedError,), namespace)
     return cls(qualname, info["message"], module=module)
+
+
+# The recorder's own refusal comes back whole (its message is built from three parts).
+DEFAULT_CONVERTERS.register(
+    NotSerialisable,
+    to_recorded=lambda exc: [exc.path, exc.reason, exc.advice],
+    from_recorded=lambda args: NotSerialisable(*args),
+)

@@ -249,12 +249,13 @@ def test_a_tool_result_that_cannot_be_recorded_is_a_recorded_error_raised_to_the
     assert body["error"]["type"] == "NotSerialisable"
     message = str(caught[0])
     assert "fetch_profile.result.rows[0]" in message
-    assert "module level" in message
+    assert "defined at module level" in message
     assert "register_converter" in message
     report = _replay(events, agent)
     assert report.passed, report
     assert type(caught[1]) is NotSerialisable
     assert str(caught[1]) == message
+    assert (caught[1].path, caught[1].reason) == (caught[0].path, caught[0].reason)
 
 
 def test_an_unrecordable_result_that_ends_the_run_replays() -> None:
@@ -272,7 +273,7 @@ def test_values_that_would_change_type_are_refused_with_a_path_and_a_way_out() -
 
     with pytest.raises(NotSerialisable, match=r"r\.x\[1\]: a object would not come back"):
         encode_value({"x": [1, object()]}, path="r")
-    with pytest.raises(NotSerialisable, match="define it at module level"):
+    with pytest.raises(NotSerialisable, match="not reachable by its module and name"):
         encode_value(dataclasses.make_dataclass("Made", ["a"])(1), path="r")
     with pytest.raises(NotSerialisable, match="register a converter"):
         encode_value(Local(), path="r")
@@ -456,3 +457,16 @@ def test_a_fork_gets_the_parent_input_and_tool_results_with_their_types() -> Non
     assert answer == Point(3, 4)
     with pytest.raises(FraudServiceDown):
         tools.call("score", (), {}, lambda: None)
+
+
+def test_a_run_that_ends_on_an_llm_client_exception_replays() -> None:
+    def send(request: Any) -> Any:
+        raise ValueError("upstream said no", 503)
+
+    def agent(run: AgentRun, _: Any) -> None:
+        run.llm(send, {"model": "m", "messages": []}, provider="test")
+
+    _, events = _record(agent)
+    assert PayloadPipeline().unpack(events[-1])["status"] == "failed"
+    report = _replay(events, agent)
+    assert report.passed, report
