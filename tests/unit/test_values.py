@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pydantic
@@ -29,9 +30,9 @@ from agent_blackbox.outbox import (
     rebuild_error,
     register_converter,
 )
-from agent_blackbox.replayer import ReplayReport, replay_run
+from agent_blackbox.replayer import ReplayReport, read_archive, replay_run
 from agent_blackbox.replayer._fork import RecordedTools, parent_snapshot
-from agent_blackbox.schemas import Envelope, PayloadPipeline
+from agent_blackbox.schemas import BodyReader, Envelope, MigratorRegistry, PayloadPipeline
 
 
 class Colour(enum.Enum):
@@ -470,3 +471,18 @@ def test_a_run_that_ends_on_an_llm_client_exception_replays() -> None:
     assert PayloadPipeline().unpack(events[-1])["status"] == "failed"
     report = _replay(events, agent)
     assert report.passed, report
+
+
+def test_v1_bodies_migrate_to_what_avro_resolution_reads() -> None:
+    golden = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v1.avro"
+    migrated, resolved = BodyReader(), BodyReader(migrators=MigratorRegistry())
+    kinds = {"run.started", "tool.call", "effect.receipt", "run.finished"}
+    seen = set()
+    for envelope in read_archive(golden):
+        if envelope.event_type in kinds and envelope.payload is not None:
+            assert envelope.body_version == 1
+            args = (envelope.event_type, 1, envelope.payload)
+            assert migrated.read(*args) == resolved.read(*args)
+            assert migrated.path(envelope.event_type, 1, 2)[0].kind == "migrate"
+            seen.add(envelope.event_type)
+    assert seen == kinds
