@@ -230,7 +230,7 @@ class _Encoder:
         cls = type(value)
         if isinstance(value, Enum):
             return {TAG: "enum", _CLASS: _importable(cls, path), "name": value.name}
-        if dataclasses.is_dataclass(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
             return self._object("dataclass", cls, fields, path)
         if isinstance(value, tuple) and hasattr(cls, "_fields"):
@@ -504,7 +504,8 @@ def _recorded_error(info: Mapping[str, str]) -> RecordedError:
     if cls is None:
         name = qualname.rsplit(".", 1)[-1]
         namespace = {"__qualname__": qualname, "__module__": module or RecordedError.__module__}
-        cls = _RECORDED_CLASSES[(module, qualname)] = type(name, (RecordedError,), namespace)
+        made = type(name, (RecordedError,), namespace)
+        cls = _RECORDED_CLASSES.setdefault((module, qualname), made)  # one, across threads
     return cls(qualname, info["message"], module=module)
 
 

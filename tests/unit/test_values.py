@@ -278,6 +278,8 @@ def test_values_that_would_change_type_are_refused_with_a_path_and_a_way_out() -
         encode_value(dataclasses.make_dataclass("Made", ["a"])(1), path="r")
     with pytest.raises(NotSerialisable, match="register a converter"):
         encode_value(Local(), path="r")
+    with pytest.raises(NotSerialisable, match="a type would not come back"):
+        encode_value(Refund, path="r")  # a class is not a value
 
 
 def test_plain_json_is_its_own_encoding() -> None:
