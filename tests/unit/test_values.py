@@ -3,16 +3,18 @@ refused at record time; exceptions come back as their own class."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import enum
+import json
 import math
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pydantic
 import pytest
@@ -20,6 +22,8 @@ import pytest
 from agent_blackbox.outbox import (
     DEFAULT_CONVERTERS,
     AgentRun,
+    AsyncMemoryRecorder,
+    AsyncRun,
     EffectOutcome,
     MemoryRecorder,
     NotSerialisable,
@@ -488,3 +492,49 @@ def test_v1_bodies_migrate_to_what_avro_resolution_reads() -> None:
             assert migrated.path(envelope.event_type, 1, 2)[0].kind == "migrate"
             seen.add(envelope.event_type)
     assert seen == kinds
+
+
+def test_an_effect_result_that_cannot_be_recorded_is_said_so_and_replays() -> None:
+    caught: list[NotSerialisable] = []
+
+    def agent(run: AgentRun, _: Any) -> str:
+        try:
+            run.effect(
+                "charge",
+                lambda key: EffectOutcome(external_id="ch-9", result=object()),
+                arguments={"cents": 1},
+            )
+        except NotSerialisable as exc:
+            caught.append(exc)
+            return "charged, result unknown"
+        return "not raised"
+
+    _, events = _record(agent)
+    [receipt] = [e for e in events if e.event_type == "effect.receipt"]
+    body = PayloadPipeline().unpack(receipt)
+    assert (body["status"], body["external_id"]) == ("confirmed", "ch-9")
+    assert body["error"]["kind"] == "unserialisable_result"
+    assert "charge.result" in str(caught[0])
+    assert _replay(events, agent).passed
+    assert str(caught[1]) == str(caught[0])
+
+
+def test_the_async_recorder_records_typed_results_and_refuses_the_same_way() -> None:
+    async def agent(run: AsyncRun, _: Any) -> str:
+        assert await run.call("lookup", lambda: (1, 2)) == (1, 2)
+        try:
+            await run.call("fetch", object)
+        except NotSerialisable:
+            return "refused"
+        return "not raised"
+
+    recorder = AsyncMemoryRecorder()
+    recorded: tuple[AsyncRun, str] = asyncio.run(
+        # Any: mypy cannot pick T out of record's ``Awaitable[T] | T`` for a coroutine.
+        recorder.record(cast(Any, agent), RunSnapshot(code_version="t"), agent_id="values")
+    )
+    assert recorded[1] == "refused"
+    bodies = [PayloadPipeline().unpack(e) for e in recorder.events if e.event_type == "tool.call"]
+    assert json.loads(bodies[0]["result_json"]) == {"$type": "tuple", "items": [1, 2]}
+    assert bodies[0]["result_codec"] == "tagged"
+    assert bodies[1]["error"]["kind"] == "unserialisable_result"
