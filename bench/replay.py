@@ -43,7 +43,7 @@ BENCH = "replay"
 THROUGHPUT_TARGET = 30_000.0
 PEAK_TARGET_MB = 300.0
 SHORT_TARGET_S = 1.0
-CODE_VERSION = "bench-loop-agent.3"
+CODE_VERSION = "bench-loop-agent.4"
 """Recorded in ``run.started`` and part of the archive's file name: change it whenever
 :func:`loop_agent` or the archive format changes, so a cached archive of the old code
 (or the old format) is not replayed."""

@@ -57,4 +57,14 @@ from ._tables import outbox as outbox
 from ._tables import relay_leases as relay_leases
 from ._tables import relay_members as relay_members
 from ._tables import runs as runs
+from ._values import DEFAULT_CONVERTERS as DEFAULT_CONVERTERS
+from ._values import Converter as Converter
+from ._values import Converters as Converters
+from ._values import ValueNotRestorable as ValueNotRestorable
+from ._values import decode_value as decode_value
+from ._values import describe_error as describe_error
+from ._values import encode_value as encode_value
+from ._values import rebuild_error as rebuild_error
+from ._values import recorded_value as recorded_value
+from ._values import register_converter as register_converter
 from ._writer import shard_of as shard_of

@@ -14,10 +14,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_blackbox.outbox._placement import Place
+from agent_blackbox.outbox._values import TAGGED, describe_error
 from agent_blackbox.schemas import EventType, canonical_text
 
 VERSION = 1
-"""Body version every builder here writes."""
+"""Body version the builders here write, unless they name another."""
+TYPED_VERSION = 2
+"""Body version of ``run.started``, ``tool.call``, ``effect.receipt`` and ``run.finished``:
+errors carry their module and arguments, and values are written in the tagged encoding
+of :mod:`agent_blackbox.outbox._values` (marked by the body's ``*_codec`` field)."""
+UNSERIALISABLE_RESULT = "unserialisable_result"
+"""The ``kind`` of the error recorded for a result that cannot be recorded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,17 +43,45 @@ class Crossing:
     """The digest of :attr:`input`, when it was already taken (by the pre-call check)."""
     place: Place | None = None
     """Where the crossing began among the run's concurrent work (see ``_placement``)."""
+    raises: BaseException | None = field(default=None, compare=False)
+    """Raised to the agent once the crossing is appended (a result that could not be
+    recorded is recorded as an error, and the agent gets that error)."""
 
 
 def error_info(exc: BaseException | None) -> dict[str, str] | None:
-    """The recorded form of an exception: its type name and message."""
+    """The recorded form of an exception: ``type`` (its qualname), ``message``, and,
+    when known, ``module``, ``args_json`` (its typed arguments) and ``kind`` (why the
+    recorder made the error, e.g. ``unserialisable_result``). Keys without a value are
+    left out, so an error read from an old body has the shape it was recorded with."""
     if exc is None:
         return None
     # In replay, a recorded error travels as such and must be recorded the same way.
     recorded = getattr(exc, "recorded_error", None)
     if isinstance(recorded, dict):
-        return {"type": str(recorded["type"]), "message": str(recorded["message"])}
-    return {"type": type(exc).__qualname__, "message": str(exc)}
+        return {str(k): str(v) for k, v in recorded.items() if v is not None}
+    return describe_error(exc)
+
+
+def plain_error(info: Mapping[str, str] | None) -> dict[str, str] | None:
+    """An error as version 1 bodies (and ``llm.call`` v2) record it: type and message."""
+    return None if info is None else {"type": info["type"], "message": info["message"]}
+
+
+def _present(info: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A recorded error without its empty fields (a v1 body read at v2 has them as null)."""
+    if info is None:
+        return None
+    return {k: v for k, v in info.items() if v is not None}
+
+
+def unserialisable(exc: BaseException) -> BaseException:
+    """``exc`` (the refusal of a result that cannot be recorded, naming its path) marked
+    as the error the recorder records in the result's place, of kind
+    ``unserialisable_result``; the agent gets it too, so a replay raises it again."""
+    info = describe_error(exc)
+    info["kind"] = UNSERIALISABLE_RESULT
+    exc.recorded_error = info  # type: ignore[attr-defined]
+    return exc
 
 
 def run_started(
@@ -61,7 +96,7 @@ def run_started(
     parent_run_id: str | None,
     changes: Mapping[str, str],
 ) -> Crossing:
-    """The input snapshot that opens a run."""
+    """The input snapshot that opens a run; ``input`` in the tagged encoding."""
     snapshot = {
         "code_version": code_version,
         "input": input,
@@ -83,11 +118,12 @@ def run_started(
         "permissions": list(permissions),
         "parent_run_id": parent_run_id,
         "changes": dict(changes),
+        "input_codec": TAGGED,
     }
     attributes = {"code_version": code_version}
     if parent_run_id is not None:
         attributes["parent_run_id"] = parent_run_id
-    return Crossing(EventType.RUN_STARTED, body, snapshot, {}, attributes)
+    return Crossing(EventType.RUN_STARTED, body, snapshot, {}, attributes, TYPED_VERSION)
 
 
 def tool_input(tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,20 +140,22 @@ def tool_call(
     error: BaseException | None,
     latency_ms: float,
 ) -> Crossing:
-    """A finished tool call, successful or not."""
+    """A finished tool call, successful or not; ``result`` in the tagged encoding."""
     inputs = tool_input(tool, args, kwargs)
     err = error_info(error)
     body = {
         "tool": tool,
         "arguments_json": canonical_text(inputs, path=f"{tool}.arguments"),
         "result_json": None if error else canonical_text(result, path=f"{tool}.result"),
+        "result_codec": TAGGED,
         "error": err,
         "latency_ms": latency_ms,
     }
     attributes = {"tool": tool, "latency_ms": f"{latency_ms:.3f}"}
     if err:
         attributes["error"] = err["type"]
-    return Crossing(EventType.TOOL_CALL, body, inputs, {"result": result, "error": err}, attributes)
+    outputs = {"result": None if error else result, "error": err}
+    return Crossing(EventType.TOOL_CALL, body, inputs, outputs, attributes, TYPED_VERSION)
 
 
 def clock_read(*, clock: str, value_us: int) -> Crossing:
@@ -218,7 +256,7 @@ _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # t
 
 
 def _tool_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
-    error, text = body["error"], body["result_json"]
+    error, text = _present(body["error"]), body["result_json"]
     head = "null" if error is None else canonical_text(error)
     material = f'{{"error":{head},"result":{text or "null"}}}'.encode()
     return {"result": _loads(text), "error": error}, material
@@ -240,7 +278,10 @@ def _state_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
 
 
 def _llm_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
-    return {"response": _loads(body.get("raw_response_json")), "error": body["error"]}, None
+    return {
+        "response": _loads(body.get("raw_response_json")),
+        "error": _present(body["error"]),
+    }, None
 
 
 def _receipt_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
@@ -248,7 +289,7 @@ def _receipt_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
         "status": body["status"],
         "external_id": body["external_id"],
         "result": _loads(body.get("result_json")),
-        "error": body["error"],
+        "error": _present(body["error"]),
     }
     return output, None
 
@@ -256,7 +297,7 @@ def _receipt_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
 def _finished_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
     output = {
         "output": _loads(body.get("output_json")),
-        "error": body["error"],
+        "error": _present(body["error"]),
         "final_state_digest": body["final_state_digest"],
     }
     return output, None
@@ -311,7 +352,7 @@ def effect_receipt(
     error: BaseException | None,
     latency_ms: float,
 ) -> Crossing:
-    """What the external system answered for an intent."""
+    """What the external system answered for an intent; ``result`` in the tagged encoding."""
     err = error_info(error)
     body = {
         "effect": effect,
@@ -319,6 +360,7 @@ def effect_receipt(
         "status": status,
         "external_id": external_id,
         "result_json": None if result is None else canonical_text(result, path=f"{effect}.result"),
+        "result_codec": TAGGED,
         "error": err,
         "latency_ms": latency_ms,
     }
@@ -327,7 +369,7 @@ def effect_receipt(
     if external_id is not None:
         attributes["external_id"] = external_id
     inputs = receipt_input(effect, idempotency_key)
-    return Crossing(EventType.EFFECT_RECEIPT, body, inputs, outputs, attributes)
+    return Crossing(EventType.EFFECT_RECEIPT, body, inputs, outputs, attributes, TYPED_VERSION)
 
 
 def state_transition(
@@ -367,7 +409,9 @@ def run_finished(
     attributes = {"status": status}
     if err:
         attributes["error"] = err["type"]
-    return Crossing(EventType.RUN_FINISHED, body, finished_input(status), outputs, attributes)
+    return Crossing(
+        EventType.RUN_FINISHED, body, finished_input(status), outputs, attributes, TYPED_VERSION
+    )
 
 
 def finished_output(

@@ -25,7 +25,12 @@ from agent_blackbox.outbox._effects import (
     LiveTools,
     ToolPolicy,
 )
-from agent_blackbox.outbox._errors import ConcurrentRunWriter, EffectRejected, RunNotActive
+from agent_blackbox.outbox._errors import (
+    ConcurrentRunWriter,
+    EffectRejected,
+    NotSerialisable,
+    RunNotActive,
+)
 from agent_blackbox.outbox._llm import llm_call
 from agent_blackbox.outbox._placement import Place, Placement
 from agent_blackbox.outbox._recovery import StoredRun
@@ -212,15 +217,16 @@ class RunCore:
 
         def crossing(result: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
             seen = set(ask.fired)
+            result, refused = recordable(scrub, result, error, seen, path=f"{tool}.result")
             built = b.tool_call(
                 tool=tool,
                 args=args,
                 kwargs=kwargs,
-                result=scrub.value(result, seen),
-                error=scrub.error(error, seen),
+                result=result,
+                error=scrub.error(refused or error, seen),
                 latency_ms=latency_ms,
             )
-            return self._asked(built, ask, seen)
+            return replace(self._asked(built, ask, seen), raises=refused)
 
         return crossing
 
@@ -241,6 +247,10 @@ class RunCore:
                 error=scrub.error(error, seen),
                 latency_ms=latency_ms,
             )
+            if error is not None:
+                # The error carries what llm.call recorded of it (v2: type and message),
+                # so a run that ends on it records the same error in replay as here.
+                error.__dict__.setdefault("recorded_error", built.body["error"])
             return self._asked(built, ask, seen)
 
         return crossing
@@ -309,6 +319,19 @@ class RunCore:
             final_state_digest=self.state_digest,
         )
         return self._asked(finished, ending.ask, ending.fired)
+
+
+def recordable(
+    scrub: Scrub, result: Any, error: BaseException | None, fired: set[str], *, path: str
+) -> tuple[Any, BaseException | None]:
+    """A result in its recorded form (tagged, scrubbed), or, when it cannot be recorded,
+    None and the refusal to record as the crossing's error and raise to the agent."""
+    if error is not None or result is None:
+        return None, None
+    try:
+        return scrub.encoded(result, fired, path=path), None
+    except NotSerialisable as exc:
+        return None, b.unserialisable(exc)
 
 
 def utc_now() -> datetime:
@@ -517,7 +540,7 @@ def _start_crossing(snapshot: RunSnapshot, scrub: Scrub) -> b.Crossing:
     fired: set[str] = set()
     started = b.run_started(
         code_version=snapshot.code_version,
-        input=scrub.value(snapshot.input, fired),
+        input=scrub.encoded(snapshot.input, fired, path="input"),
         prompt_templates=snapshot.prompt_templates,
         tool_schemas=snapshot.tool_schemas,
         model_ids=snapshot.model_ids,
@@ -555,17 +578,19 @@ class ReceiptBuilder:
             status, external_id, result = "unknown", None, None
         self.receipt = EffectReceipt(effect, key, status, external_id, result)
         scrub, fired = self.contract.scrub, set[str]()
+        recorded, refused = recordable(scrub, result, error, fired, path=f"{effect}.result")
         receipt = b.effect_receipt(
             effect=effect,
             idempotency_key=key,
             status=status,
             external_id=external_id,
-            result=scrub.value(result, fired),
-            error=scrub.error(error, fired),
+            result=recorded,
+            error=scrub.error(refused or error, fired),
             latency_ms=latency_ms,
         )
         ask = self.contract.receipt(effect, key)
-        return scrub.mark(replace(receipt, input_digest=ask.input_digest), fired)
+        receipt = replace(receipt, input_digest=ask.input_digest, raises=refused)
+        return scrub.mark(receipt, fired)
 
 
 def as_outcome(value: EffectOutcome | Mapping[str, Any] | None) -> EffectOutcome | None:

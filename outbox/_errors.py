@@ -53,14 +53,19 @@ class EffectRejected(BlackboxError):
 
 
 class RecordedError(BlackboxError):
-    """In replay, the exception a boundary raised when it was recorded.
+    """In replay, the exception a boundary raised when it was recorded, when its own class
+    cannot be raised again (not imported in this process, or recorded without its
+    arguments). Replay raises a subclass named like the recorded class, so the type name
+    shows in tracebacks; ``except RecordedError`` catches them all.
 
-    ``type_name`` and ``message`` are what was recorded; the original class is not
-    re-created, since nothing from a payload is ever imported or executed.
+    ``type_name``, ``module`` and ``message`` are what was recorded.
     """
 
-    def __init__(self, type_name: str, message: str) -> None:
+    def __init__(self, type_name: str, message: str, *, module: str | None = None) -> None:
         self.type_name = type_name
+        self.module = module
         self.message = message
-        self.recorded_error = {"type": type_name, "message": message}
+        self.recorded_error: dict[str, str] = {"type": type_name, "message": message}
+        if module is not None:
+            self.recorded_error["module"] = module
         super().__init__(f"{type_name}: {message}")

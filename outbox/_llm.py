@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agent_blackbox.outbox._boundaries import Crossing, error_info
+from agent_blackbox.outbox._boundaries import Crossing, error_info, plain_error
 from agent_blackbox.schemas import (
     LLM_CALL_VERSION,
     EventType,
@@ -40,7 +40,7 @@ def llm_call(
     latency_ms: float,
 ) -> Crossing:
     """A finished LLM call; ``response`` is the provider's raw JSON."""
-    err = error_info(error)
+    err = plain_error(error_info(error))  # llm.call v2 records type and message only
     params = {k: v for k, v in request.items() if k not in _NOT_PARAMS}
     reply = completion_view(response or {})
     choices = [_choice(c) for c in reply.get("choices") or []]

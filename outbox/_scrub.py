@@ -15,6 +15,7 @@ from typing import Any
 
 from agent_blackbox.outbox._boundaries import Crossing, error_info
 from agent_blackbox.outbox._redaction import RedactionConfigError, Redactor
+from agent_blackbox.outbox._values import encode_value, restore_tags
 from agent_blackbox.schemas import HMAC_PREFIX, Digester, canonical_text
 
 RULES_ATTRIBUTE = "redaction"
@@ -100,6 +101,17 @@ class Scrub:
         fired.update(redacted.fired)
         return redacted.value
 
+    def encoded(self, value: Any, fired: set[str], *, path: str) -> Any:
+        """``value`` in the tagged encoding that keeps its type, then scrubbed (the tags
+        and typed scalars kept: redaction applies to strings).
+
+        Raises:
+            NotSerialisable: ``value`` would not come back with its type (names ``path``).
+        """
+        encoded = encode_value(value, path=path)
+        scrubbed = self.value(encoded, fired)
+        return encoded if scrubbed is encoded else restore_tags(encoded, scrubbed)
+
     def arguments(
         self, args: tuple[Any, ...], kwargs: Mapping[str, Any], fired: set[str]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -111,14 +123,17 @@ class Scrub:
         return tuple(scrubbed["args"]), scrubbed["kwargs"]
 
     def error(self, error: BaseException | None, fired: set[str]) -> BaseException | None:
-        """``error`` as it is recorded: its message scrubbed."""
+        """``error`` as it is recorded: its message and arguments scrubbed."""
         info = error_info(error)
         if error is None or info is None or self._redactor is None:
             return error
-        message = self.value(info["message"], fired)
-        if message == info["message"]:
+        scrubbed = {**info, "message": self.value(info["message"], fired)}
+        if "args_json" in info:
+            args = json.loads(info["args_json"])
+            scrubbed["args_json"] = canonical_text(restore_tags(args, self.value(args, fired)))
+        if scrubbed == info:
             return error
-        return _ScrubbedError({"type": info["type"], "message": message})
+        return _ScrubbedError(scrubbed)
 
     @staticmethod
     def mark(crossing: Crossing, fired: set[str]) -> Crossing:

@@ -81,7 +81,10 @@ Steps = Generator[Call | Append, Any, T]
 def observed(perform: Callable[[], Any], outcome: Outcome, place: Place) -> Steps[Any]:
     """Call ``perform`` and record what came of it, also when it raised."""
     done: Done = yield Call(perform)
-    yield Append(replace(outcome(done.value, done.error, done.latency_ms), place=place))
+    crossing = outcome(done.value, done.error, done.latency_ms)
+    yield Append(replace(crossing, place=place))
+    if crossing.raises is not None:  # the result could not be recorded: said so, and raised
+        raise crossing.raises
     return done.result()
 
 

@@ -223,6 +223,10 @@ class Contract:
         recorded_output = b.finished_output(output, error_info(error), final_state_digest)
         return Ending(ask, output, error, recorded_output, frozenset(fired))
 
-    def output_digest(self, ending: Ending) -> str:
-        """The digest ``run.finished`` records over how the run ended."""
-        return self.digest(ending.recorded_output, path="output")
+    def output_digest(self, ending: Ending, *, version: int = b.TYPED_VERSION) -> str:
+        """The digest ``run.finished`` records over how the run ended, in the shape of
+        body ``version`` (version 1 recorded an error as its type and message alone)."""
+        output = ending.recorded_output
+        if version < b.TYPED_VERSION and output["error"] is not None:
+            output = {**output, "error": b.plain_error(output["error"])}
+        return self.digest(output, path="output")

@@ -28,13 +28,14 @@ from agent_blackbox.outbox import (
     EffectPolicy,
     LiveTools,
     MemoryRecorder,
-    RecordedError,
     Recorder,
     RefuseEffects,
     Run,
     RunSnapshot,
     SandboxEffects,
     ToolPolicy,
+    rebuild_error,
+    recorded_value,
 )
 from agent_blackbox.outbox.contract import Contract, Scrub
 from agent_blackbox.replayer._driver import AgentEntry
@@ -178,10 +179,10 @@ class RecordedTools:
             self._note(
                 ToolUse(tool, arguments, "recorded", error=f"{error['type']}: {error['message']}")
             )
-            raise RecordedError(error["type"], error["message"])
+            raise rebuild_error({k: v for k, v in error.items() if v is not None})
         result = json.loads(body["result_json"])
         self._note(ToolUse(tool, arguments, "recorded", result))
-        return result
+        return _typed(result, body.get("result_codec"))
 
     def _note(self, use: ToolUse) -> None:
         with self._lock:
@@ -256,7 +257,7 @@ def snapshot_of(body: Mapping[str, Any]) -> RunSnapshot:
     """The input snapshot a ``run.started`` body records, changes included."""
     return RunSnapshot(
         code_version=body["code_version"],
-        input=json.loads(body["input_json"]),
+        input=_typed(json.loads(body["input_json"]), body.get("input_codec")),
         prompt_templates={t["id"]: t["digest"] for t in body["prompt_templates"]},
         tool_schemas={t["name"]: t["version"] for t in body["tool_schemas"]},
         model_ids=tuple(body["model_ids"]),
@@ -410,3 +411,8 @@ def fork_replay_entry(factory: ForkFactory, *, runs: AgentEntry | None = None) -
         return built(run, input)
 
     return entry
+
+
+def _typed(value: Any, codec: str | None) -> Any:
+    """A value the parent recorded, with its type again."""
+    return value if codec is None else recorded_value(value, codec)

@@ -31,7 +31,14 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from agent_blackbox.outbox import EffectOutcome, EffectReceipt, EffectRejected, RecordedError
+from agent_blackbox.outbox import (
+    EffectOutcome,
+    EffectReceipt,
+    EffectRejected,
+    ValueNotRestorable,
+    rebuild_error,
+    recorded_value,
+)
 from agent_blackbox.outbox.contract import (
     BRANCH,
     STARTED,
@@ -366,8 +373,9 @@ class ReplayRun:
 
     @property
     def input(self) -> Any:
-        """The recorded input of the run."""
-        return json.loads(self.snapshot_body["input_json"])
+        """The recorded input of the run, with its types."""
+        body = self.snapshot_body
+        return self._typed(json.loads(body["input_json"]), body.get("input_codec"))
 
     @property
     def last_sequence(self) -> int:
@@ -382,11 +390,10 @@ class ReplayRun:
     # Boundaries -----------------------------------------------------------------
 
     def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """The recorded result of tool ``tool``; ``fn`` is not called."""
-        output = self._cross(self._contract.tool(tool, args, kwargs))
-        if output["error"] is not None:
-            _raise_recorded(output["error"])
-        result: T = output["result"]
+        """The recorded result of tool ``tool``, with its type; ``fn`` is not called."""
+        ask = self._contract.tool(tool, args, kwargs)
+        _, body, output = self._take(ask.event_type, ask.input_digest, ask)
+        result: T = self._tool_result(body, output)
         return result
 
     def llm(
@@ -436,7 +443,9 @@ class ReplayRun:
         intent = self._intent(effect, arguments, key, place)
         self._take(intent.event_type, intent.input_digest, intent, place=place)
         key = intent.input["idempotency_key"]
-        return _receipt_answer(effect, key, self._cross(self._contract.receipt(effect, key)))
+        receipt = self._contract.receipt(effect, key)
+        _, body, output = self._take(receipt.event_type, receipt.input_digest, receipt)
+        return self._receipt(effect, key, body, output)
 
     def transition(
         self,
@@ -493,7 +502,7 @@ class ReplayRun:
                 actual=(EventType.RUN_FINISHED, self._state_digest, None),
                 detail="final state",
             )
-        actual = self._contract.output_digest(ending)
+        actual = self._contract.output_digest(ending, version=envelope.body_version)
         if actual != envelope.output_digest:
             self._diverge(
                 DivergenceKind.OUTPUT_MISMATCH,
@@ -512,6 +521,35 @@ class ReplayRun:
         return tuple(sorted(self._found.values(), key=lambda d: d.sequence))
 
     # What each boundary builds and hands back --------------------------------------
+
+    def _tool_result(self, body: Mapping[str, Any], output: Any) -> Any:
+        if output["error"] is not None:
+            _raise_recorded(output["error"])
+        return self._typed(output["result"], body.get("result_codec"))
+
+    def _receipt(
+        self, effect: str, key: str, body: Mapping[str, Any], output: Any
+    ) -> EffectReceipt:
+        status = output["status"]
+        if status == "failed":
+            raise EffectRejected(
+                (output["error"] or {}).get("message", "rejected"),
+                external_id=output["external_id"],
+            )
+        if status == "unknown" or output["error"] is not None:  # or a result not recorded
+            _raise_recorded(output["error"])
+        result = self._typed(output["result"], body.get("result_codec"))
+        return EffectReceipt(effect, key, status, output["external_id"], result)
+
+    def _typed(self, value: Any, codec: str | None) -> Any:
+        """A recorded value with its type again (plain JSON, recorded without a codec,
+        is its own value)."""
+        if codec is None:
+            return value
+        try:
+            return recorded_value(value, codec)
+        except ValueNotRestorable as exc:  # this process lacks a class: not the code's fault
+            raise self._setup(ReplaySetupError(f"run {self._run_id}: {exc}")) from exc
 
     def _intent(
         self, effect: str, arguments: Mapping[str, Any], key: str | None, place: Place
@@ -1010,9 +1048,10 @@ class AsyncReplayRun:
         return self.replay.last_sequence
 
     async def call(self, tool: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """The recorded result of tool ``tool``; ``fn`` is not called."""
+        """The recorded result of tool ``tool``, with its type; ``fn`` is not called."""
         replay = self.replay
-        return _tool_answer(await replay._cross_async(replay._contract.tool(tool, args, kwargs)))
+        _, body, output = await replay._take_async(replay._contract.tool(tool, args, kwargs))
+        return replay._tool_result(body, output)
 
     async def llm(
         self,
@@ -1065,8 +1104,8 @@ class AsyncReplayRun:
         intent = replay._intent(effect, arguments, key, place)
         await replay._take_async(intent, place)
         key = intent.input["idempotency_key"]
-        receipt = await replay._cross_async(replay._contract.receipt(effect, key))
-        return _receipt_answer(effect, key, receipt)
+        _, body, output = await replay._take_async(replay._contract.receipt(effect, key))
+        return replay._receipt(effect, key, body, output)
 
     async def transition(
         self,
@@ -1092,11 +1131,6 @@ class AsyncReplayRun:
 # Answers ----------------------------------------------------------------------------
 
 
-def _tool_answer(output: Any) -> Any:
-    _raise_recorded(output["error"])
-    return output["result"]
-
-
 def _llm_answer(output: Any) -> Mapping[str, Any]:
     _raise_recorded(output["error"])
     response: Mapping[str, Any] = output["response"]
@@ -1111,21 +1145,9 @@ def _seconds(output: Any) -> float:
     return float(output["value_us"]) / 1e6
 
 
-def _receipt_answer(effect: str, key: str, output: Any) -> EffectReceipt:
-    status = output["status"]
-    if status == "failed":
-        raise EffectRejected(
-            (output["error"] or {}).get("message", "rejected"),
-            external_id=output["external_id"],
-        )
-    if status == "unknown":
-        _raise_recorded(output["error"])
-    return EffectReceipt(effect, key, status, output["external_id"], output["result"])
-
-
 def _raise_recorded(error: Mapping[str, str] | None) -> None:
     if error is not None:
-        raise RecordedError(error["type"], error["message"])
+        raise rebuild_error(error)
 
 
 def _wake(waiting: asyncio.Future[None], error: BaseException | None) -> None:

@@ -20,12 +20,17 @@ class KeyUnavailable(BlackboxError):
 class NotSerialisable(BlackboxError, TypeError):
     """A value handed to the recorder cannot be written as canonical JSON."""
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, advice: str | None = None) -> None:
         self.path = path
         self.reason = reason
+        self.advice = advice
         super().__init__(
-            f"{path}: {reason}. Convert it to JSON types (str, int, float, bool, None, "
-            "list, dict with str keys) before it crosses a recorded boundary."
+            f"{path}: {reason}. "
+            + (
+                advice
+                or "Convert it to JSON types (str, int, float, bool, None, list, dict with "
+                "str keys) before it crosses a recorded boundary."
+            )
         )
 
 

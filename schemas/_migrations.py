@@ -28,6 +28,12 @@ from agent_blackbox.schemas._compat import incompatibilities
 from agent_blackbox.schemas._errors import MigrationFailed, UndecodableMessage, UnknownSchemaVersion
 from agent_blackbox.schemas._llm_call import llm_call_v1_to_v2
 from agent_blackbox.schemas._registry import SchemaRegistry
+from agent_blackbox.schemas._typed_bodies import (
+    effect_receipt_v1_to_v2,
+    run_finished_v1_to_v2,
+    run_started_v1_to_v2,
+    tool_call_v1_to_v2,
+)
 from agent_blackbox.schemas.event_types import EventType
 
 Migrator = Callable[[Mapping[str, Any]], dict[str, Any]]
@@ -81,6 +87,10 @@ def default_migrators() -> MigratorRegistry:
     """A new registry holding the migrators shipped with agent-blackbox."""
     migrators = MigratorRegistry()
     migrators.add(EventType.LLM_CALL, 1, llm_call_v1_to_v2)
+    migrators.add(EventType.RUN_STARTED, 1, run_started_v1_to_v2)
+    migrators.add(EventType.TOOL_CALL, 1, tool_call_v1_to_v2)
+    migrators.add(EventType.EFFECT_RECEIPT, 1, effect_receipt_v1_to_v2)
+    migrators.add(EventType.RUN_FINISHED, 1, run_finished_v1_to_v2)
     return migrators
 
 

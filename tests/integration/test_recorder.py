@@ -55,7 +55,7 @@ def test_bad_argument_is_refused_before_the_tool_runs(
     assert _events(engine, run.run_id) == [(1, "run.started"), (2, "tool.call")]
 
 
-def test_unserialisable_result_and_oversized_body_write_nothing(
+def test_unserialisable_result_is_a_recorded_error_and_oversized_body_writes_nothing(
     engine: Engine, settings: Settings
 ) -> None:
     small = Settings(
@@ -63,18 +63,30 @@ def test_unserialisable_result_and_oversized_body_write_nothing(
     )
     recorder = Recorder(engine, settings=small)
     run = recorder.start_run(RunSnapshot(code_version="v1"), agent_id="a")
-    with pytest.raises(NotSerialisable, match=r"lookup\.result"):
+    with pytest.raises(NotSerialisable, match=r"lookup\.result\.when"):
         run.call("lookup", lambda: {"when": object()})
+    # The tool ran: its call is recorded, as an error of kind unserialisable_result.
+    assert _events(engine, run.run_id) == [(1, "run.started"), (2, "tool.call")]
     with pytest.raises(PayloadTooLarge, match="over the limit of 10000"):
         run.call("lookup", lambda: "x" * 20_000)
     run.call("lookup", lambda: "y" * 5_000)  # over the blob threshold: stored out of line
-    assert _events(engine, run.run_id) == [(1, "run.started"), (2, "tool.call")]
-    with engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM blackbox.blobs")).scalar_one() == 1
+    assert _events(engine, run.run_id) == [(1, "run.started"), (2, "tool.call"), (3, "tool.call")]
     codec = EnvelopeCodec()
     with engine.connect() as conn:
         row = conn.execute(
             text("SELECT envelope FROM blackbox.outbox WHERE sequence = 2 AND run_id = :r"),
+            {"r": run.run_id},
+        ).scalar_one()
+        first = codec.decode(row)
+        stored = None  # the refusal's body may be over the blob threshold too
+        if first.payload_ref is not None:
+            stored = conn.execute(
+                text("SELECT data FROM blackbox.blobs WHERE digest = :d"), {"d": first.payload_ref}
+            ).scalar_one()
+        refused = PayloadPipeline().unpack(first, None if stored is None else bytes(stored))
+        assert refused["error"]["kind"] == "unserialisable_result"
+        row = conn.execute(
+            text("SELECT envelope FROM blackbox.outbox WHERE sequence = 3 AND run_id = :r"),
             {"r": run.run_id},
         ).scalar_one()
         envelope = codec.decode(row)
@@ -83,6 +95,11 @@ def test_unserialisable_result_and_oversized_body_write_nothing(
         blob = conn.execute(
             text("SELECT data FROM blackbox.blobs WHERE digest = :d"), {"d": envelope.payload_ref}
         ).scalar_one()
+        # The oversized body left no blob behind: every blob is a recorded event's.
+        referenced = {e.payload_ref for e in (first, envelope) if e.payload_ref is not None}
+        assert conn.execute(text("SELECT count(*) FROM blackbox.blobs")).scalar_one() == len(
+            referenced
+        )
     body = PayloadPipeline().unpack(envelope, bytes(blob))
     assert body["result_json"] == '"' + "y" * 5_000 + '"'
 

@@ -60,11 +60,17 @@ def test_latency_is_recorded_but_not_digested() -> None:
     assert fast.body["latency_ms"] != slow.body["latency_ms"]
 
 
-def test_tool_error_is_recorded_by_type_and_message() -> None:
+def test_tool_error_is_recorded_by_class_message_and_arguments() -> None:
     crossing = tool_call(
         tool="t", args=(), kwargs={}, result=None, error=KeyError("T-9"), latency_ms=1.0
     )
-    assert crossing.body["error"] == {"type": "KeyError", "message": "'T-9'"}
+    assert crossing.body["error"] == {
+        "type": "KeyError",
+        "message": "'T-9'",
+        "module": "builtins",
+        "args_json": '["T-9"]',
+    }
+    assert crossing.version == 2
     assert crossing.attributes["error"] == "KeyError"
 
 

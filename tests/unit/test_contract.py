@@ -283,7 +283,9 @@ def test_body_that_does_not_fit_its_schema_names_the_field() -> None:
 
 
 def test_unknown_schema_version_names_type_and_version() -> None:
-    with pytest.raises(UnknownSchemaVersion, match=r"'tool\.call' version 7 \(known versions: 1\)"):
+    with pytest.raises(
+        UnknownSchemaVersion, match=r"'tool\.call' version 7 \(known versions: 1, 2\)"
+    ):
         BodyCodec().encode("tool.call", 7, {})
     with pytest.raises(UnknownSchemaVersion, match="not known at all"):
         BodyCodec().decode("no.such.type", 1, b"")

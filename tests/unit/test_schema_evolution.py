@@ -159,7 +159,13 @@ def test_a_failing_migrator_names_its_step(people: tuple[BodyCodec, BodyReader])
 
 def test_a_step_has_one_migrator() -> None:
     migrators = default_migrators()
-    assert migrators.steps() == (("llm.call", 1),)
+    assert migrators.steps() == (
+        ("effect.receipt", 1),
+        ("llm.call", 1),
+        ("run.finished", 1),
+        ("run.started", 1),
+        ("tool.call", 1),
+    )
     with pytest.raises(ValueError, match="already has a migrator"):
         migrators.add("llm.call", 1, llm_call_v1_to_v2)
 
