@@ -218,7 +218,16 @@ def _state_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
 
 
 def _llm_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
-    return {"response": _loads(body.get("raw_response_json")), "error": body["error"]}, None
+    text = body.get("raw_response_json")
+    truncated = body.get("body_truncated")
+    if text is None and truncated is not None:
+        text = truncated["reduced_response_json"]  # replay checks it cannot, and says so
+    error = body["error"]
+    if error is not None:
+        # Bodies before v3 had no optional error fields: read as v3 they come back null,
+        # and what was recorded (and digested) left them out.
+        error = {k: v for k, v in error.items() if v is not None}
+    return {"response": _loads(text), "error": error}, None
 
 
 def _receipt_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
