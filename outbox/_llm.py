@@ -202,9 +202,15 @@ def _text_only(chunk: Any) -> bool:
         isinstance(c, Mapping)
         and not c.get("finish_reason")
         and isinstance(c.get("delta"), Mapping)
-        and set(k for k, v in c["delta"].items() if v) <= {"content", "role"}
+        and _text_keys(c["delta"])
         for c in choices
     )
+
+
+def _text_keys(delta: Mapping[str, Any]) -> bool:
+    """Whether a delta carries text and nothing else (a role may come with it)."""
+    keys = {k for k, v in delta.items() if v}
+    return "content" in keys and keys <= {"content", "role"}
 
 
 def _utf8_size(text: str) -> int:

@@ -81,9 +81,27 @@ def replay_run(
         if run.setup_error is not None:
             return _setup_failed(run.run_id, agent_id, run.consumed, run.setup_error)
         return ReplayReport(
-            run.run_id, agent_id, run.consumed, exc.divergence, divergences=exc.divergences
+            run.run_id,
+            agent_id,
+            run.consumed,
+            exc.divergence,
+            divergences=exc.divergences,
+            **_limitations(run),
         )
-    return ReplayReport(run.run_id, agent_id, run.consumed)
+    return ReplayReport(run.run_id, agent_id, run.consumed, **_limitations(run))
+
+
+def _limitations(run: ReplayRun) -> dict[str, Any]:
+    """The report's ``limited`` and ``notes`` for the events ``run`` checked in part."""
+    if not run.limitations:
+        return {}
+    count = len(run.limitations)
+    limited = (
+        f"{count} LLM call{'s' if count > 1 else ''} recorded truncated over the blob "
+        "ceiling: control flow and state were checked, those responses were not; "
+        + "; ".join(run.limitations)
+    )
+    return {"limited": limited, "notes": tuple(run.limitations)}
 
 
 def _setup_first(run: ReplayRun) -> None:

@@ -232,6 +232,9 @@ def reexecute(
         if envelope.event_type != EventType.LLM_CALL:
             continue
         body = opener.unpack(envelope)
+        if body["raw_request_json"] is None or _reduced(body):
+            diffs.append(CallDiff(envelope.sequence, body["model"], error=_NOT_KEPT))
+            continue
         request = json.loads(body["raw_request_json"])
         recorded = json.loads(body["raw_response_json"] or "null") or {}
         try:
@@ -245,6 +248,16 @@ def reexecute(
         changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
         diffs.append(CallDiff(envelope.sequence, body["model"], changed))
     return diffs
+
+
+_NOT_KEPT = (
+    "recorded truncated over the blob ceiling: the whole request or response was not kept, "
+    "so the call was not re-sent"
+)
+
+
+def _reduced(body: Mapping[str, Any]) -> bool:
+    return body.get("body_truncated") is not None and body["raw_response_json"] is None
 
 
 def _comparable(response: Mapping[str, Any]) -> dict[str, Any]:

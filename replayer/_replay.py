@@ -49,6 +49,7 @@ from agent_blackbox.schemas import (
 
 T = TypeVar("T")
 _FINISHED = EventType.RUN_FINISHED
+_LLM = EventType.LLM_CALL
 # Frames of these packages are the recorder's own; the call site is the first other one.
 _OWN_MODULES = ("agent_blackbox.outbox.", "agent_blackbox.replayer.")
 
@@ -233,6 +234,9 @@ class ReplayRun:
         self._unreadable: UnknownSchemaVersion | None = None
         self.setup_error: BlackboxError | None = None
         """Why the replay could not go on, kept also when the agent's code caught it."""
+        self.limitations: list[str] = []
+        """Events checked only in part: LLM calls recorded truncated over the ceiling,
+        whose reduced response was handed back unchecked."""
         self._digest = run_digest(self._peek(), digests)
         started, body, _ = self._take(EventType.RUN_STARTED, None)
         self._run_id = started.run_id
@@ -506,6 +510,9 @@ class ReplayRun:
                 fatal=True,  # there is no recorded output to go on with
             )
         output, material = recorded(envelope.event_type, body)
+        if envelope.event_type == _LLM and _reduced(body):
+            self.limitations.append(_reduced_note(envelope, body["body_truncated"]))
+            return body, output  # the whole response is gone: its digest cannot be checked
         if material is not None and self._digest is digest:
             actual = digest_bytes(material)
         else:
@@ -561,6 +568,25 @@ class ReplayRun:
             found = tuple(sorted([*self._found.values(), divergence], key=lambda d: d.sequence))
             raise ReplayDivergence(found[0], found)
         self._found.setdefault(divergence.level, divergence)
+
+
+def _reduced(body: Mapping[str, Any]) -> bool:
+    """Whether an ``llm.call`` body was recorded truncated without its response."""
+    truncated = body.get("body_truncated")
+    return (
+        truncated is not None
+        and body["raw_response_json"] is None
+        and truncated["response_sha256"] is not None
+    )
+
+
+def _reduced_note(envelope: Envelope, truncated: Mapping[str, Any]) -> str:
+    return (
+        f"sequence {envelope.sequence} ({envelope.event_type}) was recorded truncated "
+        f"(body {truncated['body_bytes']} bytes, over the ceiling of "
+        f"{truncated['ceiling_bytes']}): its response was handed back reduced (long texts "
+        "cut short) and not checked against its output digest"
+    )
 
 
 def _raise_recorded(error: Mapping[str, str] | None) -> None:

@@ -25,7 +25,11 @@ class ReplayReport:
     divergences: tuple[Divergence, ...] = ()
     """The first divergence of each level found, in sequence order."""
     limited: str | None = None
-    """Why only control flow could be checked (the run's bodies were destroyed)."""
+    """Why not everything could be checked: the run's bodies were destroyed (only control
+    flow was checked), or some bodies were recorded truncated (see :attr:`notes`)."""
+    notes: tuple[str, ...] = ()
+    """One line per event checked only in part (an LLM call recorded truncated over the
+    blob ceiling: its reduced response was handed back, its output digest unchecked)."""
 
     def __post_init__(self) -> None:
         if self.divergence is not None and not self.divergences:
@@ -45,15 +49,18 @@ class ReplayReport:
         """
         if self.error is not None:
             return dict.fromkeys(LEVEL_NAMES, "unchecked")
-        if self.limited is not None:
+        if self.limited is not None and not self.notes:
             flow = "fail" if self.divergences else "pass"
             return {"control_flow": flow, "state": "unavailable", "content": "unavailable"}
         failed = {d.level for d in self.divergences}
         completed = "control_flow" not in failed
-        return {
+        levels = {
             name: "fail" if name in failed else ("pass" if completed else "unchecked")
             for name in LEVEL_NAMES
         }
+        if self.notes and levels["content"] == "pass":
+            levels["content"] = "limited"
+        return levels
 
     @property
     def result(self) -> str:
@@ -71,6 +78,7 @@ class ReplayReport:
             "agent_id": self.agent_id,
             "result": self.result,
             "limited": self.limited,
+            "notes": list(self.notes),
             "events": self.events,
             "levels": self.levels,
             "divergence": None if self.divergence is None else self.divergence.to_dict(),
