@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from agent_blackbox.outbox import MemoryRecorder, PayloadTooLarge, RunSnapshot
 from agent_blackbox.outbox._boundaries import recorded_output, tool_call
 from agent_blackbox.outbox._llm import llm_call, truncated_llm_call
 from agent_blackbox.outbox._writer import Cursor, EventFactory, RunIdentity
 from agent_blackbox.replayer import DivergenceKind, replay_run
+from agent_blackbox.replayer._fork import reexecute
+from agent_blackbox.replayer._timeline import timeline_table
 from agent_blackbox.schemas import (
     EnvelopeCodec,
     EventType,
@@ -186,3 +190,31 @@ def test_the_ceiling_is_read_from_its_variable_and_from_its_former_name() -> Non
     assert Settings.from_env({"BLACKBOX_MAX_PAYLOAD_BYTES": "7000"}).max_blob_bytes == 7000
     both = {"BLACKBOX_MAX_PAYLOAD_BYTES": "7000", "BLACKBOX_MAX_BLOB_BYTES": "5000"}
     assert Settings.from_env(both).max_blob_bytes == 5000
+
+
+def test_reexecute_does_not_resend_a_call_recorded_truncated() -> None:
+    recorder = MemoryRecorder(settings=Settings(max_blob_bytes=CEILING))
+    snapshot = RunSnapshot(code_version="v1", input=LARGE_REPLY_QUESTION)
+    recorder.record(large_reply_agent(large_reply(500_000)), snapshot, agent_id="large")
+    sent: list[Any] = []
+
+    def send(request: Any) -> dict[str, Any]:
+        sent.append(request)
+        return {}
+
+    (diff,) = reexecute(recorder.events, send)
+    assert sent == []
+    assert diff.sequence == 2
+    assert diff.error is not None
+    assert "recorded truncated" in diff.error
+
+
+def test_the_timeline_shows_an_llm_calls_derived_answer_first() -> None:
+    recorder = MemoryRecorder()
+    snapshot = RunSnapshot(code_version="v1", input=LARGE_REPLY_QUESTION)
+    run, _ = recorder.record(large_reply_agent(large_reply(20)), snapshot, agent_id="large")
+    out = io.StringIO()
+    table = timeline_table(run.run_id, recorder.events, pipeline=PayloadPipeline())
+    Console(file=out, color_system=None, width=2000).print(table)
+    row = next(line for line in out.getvalue().splitlines() if "llm.call" in line)
+    assert '{"choices": [{"index": 0, "role": "assistant", "content": "Summary: xxx' in row
