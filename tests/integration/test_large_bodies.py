@@ -4,11 +4,19 @@ control flow replays."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
 from sqlalchemy import Engine, text
 
+from agent_blackbox.keystore import (
+    SEALED_ENCODING,
+    AesGcmSealer,
+    AuditedKeys,
+    DataKeyStore,
+    LocalKeyProvider,
+)
 from agent_blackbox.outbox import PostgresBlobs, Recorder, RunSnapshot
 from agent_blackbox.replayer import DivergenceKind, replay_run
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings, llm_reply
@@ -113,3 +121,29 @@ def test_a_reply_over_the_ceiling_is_recorded_truncated_and_its_control_flow_rep
     assert diverged.divergence is not None
     assert diverged.divergence.kind == DivergenceKind.ARGUMENT_MISMATCH
     assert diverged.divergence.sequence == 3
+
+
+def test_a_sealed_reply_over_the_ceiling_is_truncated_sealed_and_replays(
+    engine: Engine, settings: Settings
+) -> None:
+    provider = LocalKeyProvider({"v1": os.urandom(32)})
+    low = replace(settings, max_blob_bytes=1 * MIB)
+    entry = large_reply_agent(large_reply(3 * MIB))
+    recorder = Recorder(engine, settings=low, keys=DataKeyStore(provider))
+    snapshot = RunSnapshot(code_version="v1", input=LARGE_REPLY_QUESTION)
+    run, _ = recorder.record(entry, snapshot, agent_id="large")
+
+    events = _envelopes(engine, run.run_id)
+    assert {e.payload_encoding for e in events} == {SEALED_ENCODING}
+    llm = events[1]
+    assert llm.attributes["body_truncated"] == "true"
+    assert llm.payload_ref is not None
+    blob = PostgresBlobs(engine).read(llm.payload_ref)
+    assert len(blob) <= 1 * MIB
+    assert b"Summary: xxxx" not in blob  # sealed like every other body of the run
+
+    keys = AuditedKeys(engine, provider, purpose="large reply replay")
+    pipeline = PayloadPipeline(sealer=AesGcmSealer(keys))
+    report = replay_run(events, entry, pipeline=pipeline, blobs=PostgresBlobs(engine))
+    assert report.result == "LIMITED", report.to_dict()
+    assert report.levels == {"control_flow": "pass", "state": "pass", "content": "limited"}

@@ -218,3 +218,27 @@ def test_the_timeline_shows_an_llm_calls_derived_answer_first() -> None:
     Console(file=out, color_system=None, width=2000).print(table)
     row = next(line for line in out.getvalue().splitlines() if "llm.call" in line)
     assert '{"choices": [{"index": 0, "role": "assistant", "content": "Summary: xxx' in row
+
+
+def test_a_responses_stream_over_the_ceiling_keeps_its_function_call() -> None:
+    text = "word " * 30_000
+    call = {
+        "type": "function_call",
+        "call_id": "call_9",
+        "name": "weather",
+        "arguments": '{"city":"Rome"}',
+    }
+    message = {"type": "message", "content": [{"type": "output_text", "text": text}]}
+    final = {"id": "resp_9", "object": "response", "status": "completed", "output": [message, call]}
+    stream = [
+        *({"type": "response.output_text.delta", "delta": "word "} for _ in range(30_000)),
+        {"type": "response.completed", "response": final},
+    ]
+    crossing = _call({"stream": stream})
+    truncated = truncated_llm_call(crossing, body_bytes=2_000_000, ceiling=CEILING)
+    reply = llm_reply(truncated.body)
+    assert [(c["id"], c["name"], c["arguments_json"]) for c in reply.tool_calls] == [
+        ("call_9", "weather", '{"city":"Rome"}')
+    ]
+    assert reply.finish_reason == "tool_calls"
+    assert reply.choices[0]["content"].startswith("word word")
