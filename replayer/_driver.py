@@ -80,28 +80,51 @@ def replay_run(
     except ReplayDivergence as exc:
         if run.setup_error is not None:
             return _setup_failed(run.run_id, agent_id, run.consumed, run.setup_error)
-        return ReplayReport(
-            run.run_id,
-            agent_id,
-            run.consumed,
-            exc.divergence,
-            divergences=exc.divergences,
-            **_limitations(run),
-        )
-    return ReplayReport(run.run_id, agent_id, run.consumed, **_limitations(run))
+        return _reported(run, agent_id, exc.divergences)
+    return _reported(run, agent_id, ())
 
 
-def _limitations(run: ReplayRun) -> dict[str, Any]:
-    """The report's ``limited`` and ``notes`` for the events ``run`` checked in part."""
+# What code derives from a reply's text: after a reply handed back reduced, these may
+# differ because of the cut alone, so they are not counted as divergences.
+_FROM_TEXT = (DivergenceKind.STATE_MISMATCH, DivergenceKind.OUTPUT_MISMATCH)
+
+
+def _reported(
+    run: ReplayRun, agent_id: str | None, divergences: tuple[Divergence, ...]
+) -> ReplayReport:
+    """The report of a replay that ran, with a note per event checked only in part (an
+    LLM call recorded truncated over the blob ceiling)."""
     if not run.limitations:
-        return {}
+        divergence = divergences[0] if divergences else None
+        return ReplayReport(run.run_id, agent_id, run.consumed, divergence, divergences=divergences)
+    first = run.limitations[0][0]
+    notes = [note for _, note in run.limitations]
+    kept, limited_levels = [], {"content"}
+    for found in divergences:
+        if found.kind in _FROM_TEXT and found.sequence > first:
+            limited_levels.add(found.level)
+            notes.append(
+                f"{found.kind} at sequence {found.sequence} not counted: it follows sequence "
+                f"{first}, whose response was handed back reduced"
+            )
+        else:
+            kept.append(found)
     count = len(run.limitations)
     limited = (
         f"{count} LLM call{'s' if count > 1 else ''} recorded truncated over the blob "
-        "ceiling: control flow and state were checked, those responses were not; "
-        + "; ".join(run.limitations)
+        "ceiling: control flow was checked, the reduced responses and what followed from "
+        "their text were not; " + "; ".join(notes)
     )
-    return {"limited": limited, "notes": tuple(run.limitations)}
+    return ReplayReport(
+        run.run_id,
+        agent_id,
+        run.consumed,
+        kept[0] if kept else None,
+        divergences=tuple(kept),
+        limited=limited,
+        notes=tuple(notes),
+        limited_levels=tuple(sorted(limited_levels)),
+    )
 
 
 def _setup_first(run: ReplayRun) -> None:

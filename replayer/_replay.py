@@ -234,9 +234,9 @@ class ReplayRun:
         self._unreadable: UnknownSchemaVersion | None = None
         self.setup_error: BlackboxError | None = None
         """Why the replay could not go on, kept also when the agent's code caught it."""
-        self.limitations: list[str] = []
-        """Events checked only in part: LLM calls recorded truncated over the ceiling,
-        whose reduced response was handed back unchecked."""
+        self.limitations: list[tuple[int, str]] = []
+        """Events checked only in part, as (sequence, note): LLM calls recorded truncated
+        over the ceiling, whose reduced response was handed back unchecked."""
         self._digest = run_digest(self._peek(), digests)
         started, body, _ = self._take(EventType.RUN_STARTED, None)
         self._run_id = started.run_id
@@ -511,7 +511,8 @@ class ReplayRun:
             )
         output, material = recorded(envelope.event_type, body)
         if envelope.event_type == _LLM and _reduced(body):
-            self.limitations.append(_reduced_note(envelope, body["body_truncated"]))
+            note = _reduced_note(envelope, body["body_truncated"])
+            self.limitations.append((envelope.sequence, note))
             return body, output  # the whole response is gone: its digest cannot be checked
         if material is not None and self._digest is digest:
             actual = digest_bytes(material)

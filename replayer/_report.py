@@ -29,7 +29,11 @@ class ReplayReport:
     flow was checked), or some bodies were recorded truncated (see :attr:`notes`)."""
     notes: tuple[str, ...] = ()
     """One line per event checked only in part (an LLM call recorded truncated over the
-    blob ceiling: its reduced response was handed back, its output digest unchecked)."""
+    blob ceiling: its reduced response was handed back, its output digest unchecked),
+    and per state or output difference not counted because it followed one."""
+    limited_levels: tuple[str, ...] = ()
+    """The levels :attr:`notes` say were checked only in part: ``limited`` where they
+    would otherwise ``pass``."""
 
     def __post_init__(self) -> None:
         if self.divergence is not None and not self.divergences:
@@ -58,8 +62,9 @@ class ReplayReport:
             name: "fail" if name in failed else ("pass" if completed else "unchecked")
             for name in LEVEL_NAMES
         }
-        if self.notes and levels["content"] == "pass":
-            levels["content"] = "limited"
+        for name in self.limited_levels:
+            if levels[name] == "pass":
+                levels[name] = "limited"
         return levels
 
     @property

@@ -242,3 +242,26 @@ def test_a_responses_stream_over_the_ceiling_keeps_its_function_call() -> None:
     ]
     assert reply.finish_reason == "tool_calls"
     assert reply.choices[0]["content"].startswith("word word")
+
+
+def test_state_and_output_taken_from_a_reduced_text_are_not_counted_as_divergences() -> None:
+    reply = large_reply(500_000)
+
+    def entry(run: Any, question: Any) -> Any:
+        request = {"model": "m-large", "messages": [{"role": "user", "content": question}]}
+        answer = run.llm(lambda _: reply, request, provider="test", model="m-large")
+        text = answer["choices"][0]["message"]["content"]
+        run.transition("summarised", state={"length": len(text)})  # differs once cut
+        return {"length": len(text)}
+
+    recorder = MemoryRecorder(settings=SMALL)
+    snapshot = RunSnapshot(code_version="v1", input=LARGE_REPLY_QUESTION)
+    recorder.record(entry, snapshot, agent_id="large")
+    report = replay_run(recorder.events, entry, blobs=recorder)
+    assert report.passed, report.divergence and report.divergence.describe()
+    assert report.result == "LIMITED"
+    assert report.levels == {"control_flow": "pass", "state": "limited", "content": "limited"}
+    assert [n.split(" not counted")[0] for n in report.notes[1:]] == [
+        "state_mismatch at sequence 3",
+        "output_mismatch at sequence 4",
+    ]
