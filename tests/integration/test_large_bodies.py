@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from typing import Any
 
+import openai
 import pytest
 from sqlalchemy import Engine, text
 
@@ -17,10 +19,12 @@ from agent_blackbox.keystore import (
     DataKeyStore,
     LocalKeyProvider,
 )
-from agent_blackbox.outbox import PostgresBlobs, Recorder, RunSnapshot
+from agent_blackbox.outbox import MemoryRecorder, PostgresBlobs, Recorder, RunSnapshot
+from agent_blackbox.outbox.integrations.openai import capture_openai
 from agent_blackbox.replayer import DivergenceKind, replay_run
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings, llm_reply
 from tests.integration._agents import LARGE_REPLY_QUESTION, large_reply, large_reply_agent
+from tests.integration._openai_server import OpenAIServer
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +151,35 @@ def test_a_sealed_reply_over_the_ceiling_is_truncated_sealed_and_replays(
     report = replay_run(events, entry, pipeline=pipeline, blobs=PostgresBlobs(engine))
     assert report.result == "LIMITED", report.to_dict()
     assert report.levels == {"control_flow": "pass", "state": "pass", "content": "limited"}
+
+
+def test_an_openai_reply_over_the_ceiling_replays_through_the_sdk_capture() -> None:
+    big = "y" * (2 * MIB)
+
+    def agent(llm: Any) -> Any:
+        completion = llm.chat.completions.create(
+            model="gpt-test", messages=[{"role": "user", "content": big}]
+        )
+        return {"starts": completion.choices[0].message.content[:12]}
+
+    recorder = MemoryRecorder(settings=Settings(max_blob_bytes=1 * MIB))
+    snapshot = RunSnapshot(code_version="v1", input=None)
+    with (
+        OpenAIServer() as server,
+        openai.OpenAI(base_url=server.base_url, api_key="test-key", max_retries=0) as sdk,
+    ):
+        _, output = recorder.record(
+            lambda run, _: agent(capture_openai(sdk, run)), snapshot, agent_id="openai-large"
+        )
+        assert output == {"starts": "echo: yyyyyy"}
+        before = len(server.requests)
+        report = replay_run(
+            recorder.events,
+            lambda run, _: agent(capture_openai(sdk, run)),
+            blobs=recorder,
+        )
+        assert len(server.requests) == before  # replay sent nothing
+    assert report.result == "LIMITED", report.to_dict()
+    assert report.levels == {"control_flow": "pass", "state": "pass", "content": "limited"}
+    (llm,) = [e for e in recorder.events if e.event_type == "llm.call"]
+    assert llm.attributes["body_truncated"] == "true"
