@@ -278,10 +278,11 @@ def _state_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
 
 
 def _llm_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
-    return {
-        "response": _loads(body.get("raw_response_json")),
-        "error": _present(body["error"]),
-    }, None
+    text = body.get("raw_response_json")
+    truncated = body.get("body_truncated")
+    if text is None and truncated is not None:
+        text = truncated["reduced_response_json"]  # replay checks it cannot, and says so
+    return {"response": _loads(text), "error": _present(body["error"])}, None
 
 
 def _receipt_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:

@@ -29,7 +29,7 @@ class PayloadTooLarge(BlackboxError, ValueError):
         self.limit = limit
         super().__init__(
             f"{event_type} body is {size} bytes, over the limit of {limit}; record a "
-            "reference or a summary instead, or raise BLACKBOX_MAX_PAYLOAD_BYTES"
+            "reference or a summary instead, or raise BLACKBOX_MAX_BLOB_BYTES"
         )
 
 

@@ -1,13 +1,21 @@
 """The ``llm.call`` boundary for OpenAI-compatible chat completion JSON.
 
-Bodies are written at :data:`agent_blackbox.schemas.LLM_CALL_VERSION`; the usage and
-tool call shapes come from ``schemas`` so that v1 bodies migrated on read look like new
-ones.
+Bodies are written at :data:`agent_blackbox.schemas.LLM_CALL_VERSION` (v3): the raw
+request and response once, plus the few summary fields views index on (response id,
+finish reason, usage). Choices and tool calls are derived from the raw response when a
+body is read (:func:`agent_blackbox.schemas.llm_reply`).
+
+A body over the blob ceiling is not refused, since the model was already paid for:
+:func:`truncated_llm_call` keeps the summary, the sizes and SHA-256 digests of what it
+leaves out, and a reduced response in the response's own shape, so that replay can
+hand back ids, finish reasons, tool calls and usage, and says it could not check the
+rest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from agent_blackbox.outbox._boundaries import Crossing, error_info, plain_error
@@ -15,14 +23,25 @@ from agent_blackbox.schemas import (
     LLM_CALL_VERSION,
     EventType,
     canonical_text,
-    llm_tool_call,
+    choice_view,
+    digest_bytes,
     llm_usage,
 )
+from agent_blackbox.schemas import completion_view as completion_view  # outbox re-exports it
 
 # Request fields that are the conversation or the call itself, not sampling parameters.
 _NOT_PARAMS = frozenset(
     {"messages", "tools", "model", "stream", "input", "instructions", "tool_choice"}
 )
+
+# Room left under the ceiling for the other fields, Avro framing and sealing (nonce,
+# tag): the texts a truncated body keeps are sized to the ceiling less this.
+_HEADROOM = 64 * 1024
+
+# Lengths a reduced response cuts its strings to, longest first: the first that fits
+# is kept, so tool call arguments (short, and read by the agent's control flow) are
+# usually kept whole while long texts are cut.
+_CUT_LENGTHS = (64 * 1024, 4096, 256, 16)
 
 
 def llm_input(provider: str, model: str, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,9 +62,8 @@ def llm_call(
     err = plain_error(error_info(error))  # llm.call v2 records type and message only
     params = {k: v for k, v in request.items() if k not in _NOT_PARAMS}
     reply = completion_view(response or {})
-    choices = [_choice(c) for c in reply.get("choices") or []]
-    tool_calls = [tc for c in reply.get("choices") or [] for tc in _tool_calls(c)]
-    finish_reason = choices[0]["finish_reason"] if choices else None
+    choices = reply.get("choices") or []
+    finish_reason = choice_view(choices[0])["finish_reason"] if choices else None
     usage = llm_usage(reply.get("usage"))
     body = {
         "provider": provider,
@@ -55,13 +73,12 @@ def llm_call(
         "raw_response_json": None
         if response is None
         else canonical_text(dict(response), path="llm.response"),
-        "response_id": _str_or_none(reply.get("id")),
-        "choices": choices,
-        "tool_calls": tool_calls,
+        "response_id": None if reply.get("id") is None else str(reply["id"]),
         "finish_reason": finish_reason,
         "usage": usage,
         "latency_ms": latency_ms,
         "error": err,
+        "body_truncated": None,
     }
     attributes = {"provider": provider, "model": model, "latency_ms": f"{latency_ms:.3f}"}
     if finish_reason:
@@ -87,130 +104,115 @@ def llm_call(
     )
 
 
-def completion_view(response: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The chat-completion shape of ``response``, from which the body's summary fields
-    (choices, tool calls, finish reason, usage, id) are read.
+def truncated_llm_call(crossing: Crossing, *, body_bytes: int, ceiling: int) -> Crossing:
+    """``crossing`` (an :func:`llm_call`) with a body that fits under ``ceiling`` bytes.
 
-    A Responses API body (``"object": "response"``) and a recorded stream
-    (``{"stream": [chunk, ...]}``, of chat completion chunks or of Responses events)
-    are folded into that shape; any other body is its own view. The raw response is
-    recorded as it came either way.
+    The input and output (and so the envelope's digests) stay those of the whole call:
+    the request is the agent's own, so replay still checks it by its digest; the output
+    digest is of the whole response, which replay can no longer check and says so.
+    The body keeps the summary fields and, in ``body_truncated``, the sizes and
+    SHA-256 digests of the raw request and response and what it kept of them:
+
+    1. the raw request, when it takes at most a quarter of the room (else it is left
+       out: re-execution cannot re-send this call);
+    2. the raw response whole, when it fits in the rest;
+    3. otherwise a reduced response: its own shape, every string cut to the longest
+       of ``_CUT_LENGTHS`` that fits, and a recorded stream's text-only chunks after
+       the first dropped; none when even that does not fit.
+
+    Args:
+        crossing: the LLM call as :func:`llm_call` built it.
+        body_bytes: the size of its encoded body, which was over ``ceiling``.
+        ceiling: the largest body the store keeps (``Settings.max_blob_bytes``).
     """
-    stream = response.get("stream")
-    if isinstance(stream, list):
-        events = [e for e in stream if isinstance(e, Mapping)]
-        if any(str(e.get("type", "")).startswith("response.") for e in events):
-            return _from_response_events(events)
-        return _from_chunks(events)
-    if response.get("object") == "response":
-        return _from_response(response)
-    return response
-
-
-def _from_response(response: Mapping[str, Any]) -> dict[str, Any]:
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for item in response.get("output") or []:
-        kind = item.get("type")
-        if kind == "message":
-            texts += [p.get("text") or "" for p in item.get("content") or [] if "text" in p]
-        elif kind == "function_call":
-            detail = {"name": item.get("name"), "arguments": item.get("arguments")}
-            calls.append({"id": item.get("call_id"), "type": "function", "function": detail})
-        elif kind == "custom_tool_call":
-            detail = {"name": item.get("name"), "input": item.get("input")}
-            calls.append({"id": item.get("call_id"), "type": "custom", "custom": detail})
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
-    if calls:
-        message["tool_calls"] = calls
-    finish = _response_finish(response, has_calls=bool(calls))
-    choice = {"index": 0, "message": message, "finish_reason": finish}
-    return {"id": response.get("id"), "choices": [choice], "usage": response.get("usage")}
-
-
-def _response_finish(response: Mapping[str, Any], *, has_calls: bool) -> str | None:
-    """The status of a Responses API body named as Chat Completions name a finish, so
-    analytics group both APIs alike."""
-    status = response.get("status")
-    if status == "completed":
-        return "tool_calls" if has_calls else "stop"
-    if status == "incomplete":
-        reason = (response.get("incomplete_details") or {}).get("reason")
-        return "length" if reason == "max_output_tokens" else _str_or_none(reason)
-    return _str_or_none(status)
-
-
-def _from_response_events(events: list[Mapping[str, Any]]) -> Mapping[str, Any]:
-    # The last event that carries the whole response has the final state of the call.
-    finals = [e["response"] for e in events if isinstance(e.get("response"), Mapping)]
-    return _from_response(finals[-1]) if finals else {}
-
-
-def _from_chunks(chunks: list[Mapping[str, Any]]) -> dict[str, Any]:
-    choices: dict[int, dict[str, Any]] = {}
-    usage = None
-    for chunk in chunks:
-        usage = chunk.get("usage") or usage
-        for part in chunk.get("choices") or []:
-            index = int(part.get("index") or 0)
-            choice = choices.setdefault(
-                index, {"index": index, "message": {"role": "assistant"}, "finish_reason": None}
-            )
-            _merge_delta(choice["message"], part.get("delta") or {})
-            choice["finish_reason"] = part.get("finish_reason") or choice["finish_reason"]
-    first = chunks[0] if chunks else {}
-    ordered = [choices[i] for i in sorted(choices)]
-    return {"id": first.get("id"), "choices": ordered, "usage": usage}
-
-
-def _merge_delta(message: dict[str, Any], delta: Mapping[str, Any]) -> None:
-    if delta.get("role"):
-        message["role"] = delta["role"]
-    if isinstance(delta.get("content"), str):
-        message["content"] = (message.get("content") or "") + delta["content"]
-    for fragment in delta.get("tool_calls") or []:
-        calls = message.setdefault("tool_calls", [])
-        position = int(fragment.get("index") or 0)
-        while len(calls) <= position:
-            calls.append(
-                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-            )
-        call, function = calls[position], fragment.get("function") or {}
-        call["id"] = fragment.get("id") or call["id"]
-        call["type"] = fragment.get("type") or call["type"]
-        call["function"]["name"] += function.get("name") or ""
-        call["function"]["arguments"] += function.get("arguments") or ""
-
-
-def _choice(choice: Mapping[str, Any]) -> dict[str, Any]:
-    message = choice.get("message") or {}
-    content = message.get("content")
-    return {
-        "index": int(choice.get("index") or 0),
-        "role": str(message.get("role") or "assistant"),
-        "content": content if isinstance(content, str) else None,
-        "finish_reason": _str_or_none(choice.get("finish_reason")),
+    body = dict(crossing.body)
+    room = max(ceiling - _HEADROOM - _utf8_size(body["request_params_json"]), 0)
+    request_text: str = body["raw_request_json"]
+    response_text: str | None = body["raw_response_json"]
+    request_size, response_size = _utf8_size(request_text), _utf8_size(response_text or "")
+    keep_request = request_size <= room // 4
+    room -= request_size if keep_request else 0
+    reduced = None
+    if response_text is not None and response_size > room:
+        reduced = _reduced(crossing.output["response"], room)
+        response_text = None
+    body["raw_request_json"] = request_text if keep_request else None
+    body["raw_response_json"] = response_text
+    body["body_truncated"] = {
+        "body_bytes": body_bytes,
+        "ceiling_bytes": ceiling,
+        "request_bytes": request_size,
+        "request_sha256": digest_bytes(request_text.encode("utf-8")),
+        "response_bytes": response_size,
+        "response_sha256": None
+        if crossing.body["raw_response_json"] is None
+        else digest_bytes(crossing.body["raw_response_json"].encode("utf-8")),
+        "reduced_response_json": reduced,
     }
+    attributes = {**crossing.attributes, "body_truncated": "true"}
+    return replace(crossing, body=body, attributes=attributes)
 
 
-def _tool_calls(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
-    calls = (choice.get("message") or {}).get("tool_calls") or []
-    out = []
-    for call in calls:
-        kind = str(call.get("type") or "function")
-        # Custom tools carry their text under "custom" rather than "function".
-        detail = call.get(kind) or call.get("function") or {}
-        arguments = detail.get("arguments", detail.get("input"))
-        out.append(
-            llm_tool_call(
-                call_id=str(call.get("id") or ""),
-                name=str(detail.get("name") or ""),
-                arguments=arguments,
-                kind=kind,
-            )
-        )
-    return out
+def _reduced(response: Mapping[str, Any], room: int) -> str | None:
+    """Canonical JSON of ``response`` reduced to at most ``room`` UTF-8 bytes, or None."""
+    for length in _CUT_LENGTHS:
+        kept = _cut(response, length)
+        if isinstance(kept.get("stream"), list):
+            kept["stream"] = _thinned(kept["stream"])
+        text = canonical_text(kept, path="llm.response")
+        if _utf8_size(text) <= room:
+            return text
+    return None
 
 
-def _str_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _cut(value: Any, length: int) -> Any:
+    if isinstance(value, str):
+        return value[:length]
+    if isinstance(value, Mapping):
+        return {k: _cut(v, length) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut(v, length) for v in value]
+    return value
+
+
+def _thinned(chunks: list[Any]) -> list[Any]:
+    """The chunks of a stream without its text-only ones after the first: those carry
+    nothing but more text, and a long stream is mostly them."""
+    kept: list[Any] = []
+    seen_text = False
+    for chunk in chunks:
+        if _text_only(chunk):
+            if seen_text:
+                continue
+            seen_text = True
+        kept.append(chunk)
+    return kept
+
+
+def _text_only(chunk: Any) -> bool:
+    if not isinstance(chunk, Mapping):
+        return False
+    kind = chunk.get("type")
+    if isinstance(kind, str):  # a Responses API event
+        return kind in ("response.output_text.delta", "response.reasoning_text.delta")
+    choices = chunk.get("choices")
+    if chunk.get("usage") or not isinstance(choices, list) or not choices:
+        return False
+    return all(
+        isinstance(c, Mapping)
+        and not c.get("finish_reason")
+        and isinstance(c.get("delta"), Mapping)
+        and _text_keys(c["delta"])
+        for c in choices
+    )
+
+
+def _text_keys(delta: Mapping[str, Any]) -> bool:
+    """Whether a delta carries text and nothing else (a role may come with it)."""
+    keys = {k for k, v in delta.items() if v}
+    return "content" in keys and keys <= {"content", "role"}
+
+
+def _utf8_size(text: str) -> int:
+    # ASCII text (most JSON) is measured without encoding a copy of it.
+    return len(text) if text.isascii() else len(text.encode("utf-8"))

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._errors import PayloadTooLarge
+from agent_blackbox.outbox._llm import truncated_llm_call
 from agent_blackbox.outbox._placement import placed_attributes
 from agent_blackbox.outbox._tracing import current_trace
 from agent_blackbox.schemas import (
@@ -20,12 +21,22 @@ from agent_blackbox.schemas import (
     Digester,
     Envelope,
     EnvelopeCodec,
+    EventType,
     PayloadContext,
     PayloadPipeline,
+    Sealed,
     Settings,
     digest,
     digest_bytes,
 )
+
+Truncate = Callable[..., Crossing]
+"""Builds a crossing whose body fits under the ceiling: ``(crossing, *, body_bytes,
+ceiling) -> Crossing``; its input and output (so its digests) must stay the same."""
+
+_TRUNCATE: dict[str, Truncate] = {EventType.LLM_CALL: truncated_llm_call}
+"""Bodies that are recorded truncated over the ceiling rather than refused: a model
+reply is paid for once it came back."""
 
 
 def shard_of(run_id: str, shards: int) -> int:
@@ -98,16 +109,15 @@ class EventFactory:
         Raises:
             NotSerialisable: an input or output is not JSON.
             BodyEncodingError: the body does not fit its schema.
-            PayloadTooLarge: the body is over ``max_payload_bytes``.
+            PayloadTooLarge: the body is over ``max_blob_bytes`` and its kind of event
+                cannot be recorded truncated.
         """
         sequence = cursor.sequence + 1
         context = PayloadContext(
             identity.run_id, sequence, event_id, identity.tenant_id, data_key=identity.data_key
         )
-        sealed = self._pipeline.pack(crossing.event_type, crossing.version, crossing.body, context)
+        crossing, sealed = self._packed(crossing, context)
         size = len(sealed.data)
-        if size > self._settings.max_payload_bytes:
-            raise PayloadTooLarge(crossing.event_type, size, self._settings.max_payload_bytes)
         blob = None
         payload: bytes | None = sealed.data
         payload_ref = None
@@ -145,6 +155,22 @@ class EventFactory:
             crossing.attributes.get("status") if crossing.event_type == "run.finished" else None
         )
         return PreparedEvent(envelope, self._codec.encode(envelope), blob, status)
+
+    def _packed(self, crossing: Crossing, context: PayloadContext) -> tuple[Crossing, Sealed]:
+        """The sealed body of ``crossing``, or of its truncated form when the whole body
+        is over the ceiling."""
+        sealed = self._pipeline.pack(crossing.event_type, crossing.version, crossing.body, context)
+        ceiling = self._settings.max_blob_bytes
+        if len(sealed.data) <= ceiling:
+            return crossing, sealed
+        truncate = _TRUNCATE.get(crossing.event_type)
+        if truncate is None:
+            raise PayloadTooLarge(crossing.event_type, len(sealed.data), ceiling)
+        crossing = truncate(crossing, body_bytes=len(sealed.data), ceiling=ceiling)
+        sealed = self._pipeline.pack(crossing.event_type, crossing.version, crossing.body, context)
+        if len(sealed.data) > ceiling:
+            raise PayloadTooLarge(crossing.event_type, len(sealed.data), ceiling)
+        return crossing, sealed
 
 
 def _with_chain_hash(envelope: Envelope, previous: str) -> Envelope:

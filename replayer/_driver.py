@@ -206,10 +206,52 @@ def _concluded(
     except ReplayDivergence as exc:
         if run.setup_error is not None:
             return _setup_failed(run.run_id, agent_id, run.consumed, run.setup_error)
-        return ReplayReport(
-            run.run_id, agent_id, run.consumed, exc.divergence, divergences=exc.divergences
-        )
-    return ReplayReport(run.run_id, agent_id, run.consumed)
+        return _reported(run, agent_id, exc.divergences)
+    return _reported(run, agent_id, ())
+
+
+# What code derives from a reply's text: after a reply handed back reduced, these may
+# differ because of the cut alone, so they are not counted as divergences.
+_FROM_TEXT = (DivergenceKind.STATE_MISMATCH, DivergenceKind.OUTPUT_MISMATCH)
+
+
+def _reported(
+    run: ReplayRun, agent_id: str | None, divergences: tuple[Divergence, ...]
+) -> ReplayReport:
+    """The report of a replay that ran, with a note per event checked only in part (an
+    LLM call recorded truncated over the blob ceiling)."""
+    if not run.limitations:
+        divergence = divergences[0] if divergences else None
+        return ReplayReport(run.run_id, agent_id, run.consumed, divergence, divergences=divergences)
+    first = run.limitations[0][0]
+    notes = [note for _, note in run.limitations]
+    kept, limited_levels = [], {"content"}
+    for divergence in divergences:
+        if divergence.kind in _FROM_TEXT and divergence.sequence > first:
+            limited_levels.add(divergence.level)
+            notes.append(
+                f"{divergence.kind} at sequence {divergence.sequence} not counted: it follows "
+                f"sequence "
+                f"{first}, whose response was handed back reduced"
+            )
+        else:
+            kept.append(divergence)
+    count = len(run.limitations)
+    limited = (
+        f"{count} LLM call{'s' if count > 1 else ''} recorded truncated over the blob "
+        "ceiling: control flow was checked, the reduced responses and what followed from "
+        "their text were not; " + "; ".join(notes)
+    )
+    return ReplayReport(
+        run.run_id,
+        agent_id,
+        run.consumed,
+        kept[0] if kept else None,
+        divergences=tuple(kept),
+        limited=limited,
+        notes=tuple(notes),
+        limited_levels=tuple(sorted(limited_levels)),
+    )
 
 
 def _in_own_loop(work: Coroutine[Any, Any, ReplayReport]) -> ReplayReport:

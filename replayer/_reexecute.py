@@ -85,6 +85,9 @@ def reexecute(
         if envelope.event_type != EventType.LLM_CALL:
             continue
         body = opener.unpack(envelope)
+        if body["raw_request_json"] is None or _reduced(body):
+            diffs.append(CallDiff(envelope.sequence, body["model"], error=_NOT_KEPT))
+            continue
         request = json.loads(body["raw_request_json"])
         streamed = bool(request.get("stream"))
         try:
@@ -112,6 +115,16 @@ def reexecute(
             )
         )
     return diffs
+
+
+_NOT_KEPT = (
+    "recorded truncated over the blob ceiling: the whole request or response was not kept, "
+    "so the call was not re-sent"
+)
+
+
+def _reduced(body: Mapping[str, Any]) -> bool:
+    return body.get("body_truncated") is not None and body["raw_response_json"] is None
 
 
 def _with_stream_usage(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -70,6 +70,7 @@ from agent_blackbox.schemas import (
 
 T = TypeVar("T")
 _FINISHED = EventType.RUN_FINISHED
+_LLM = EventType.LLM_CALL
 # Frames of these modules are never the agent's: the call site is the innermost other one.
 _NOT_AGENT = (
     "agent_blackbox.",
@@ -354,6 +355,9 @@ class ReplayRun:
         self._unreadable: UnknownSchemaVersion | None = None
         self.setup_error: BlackboxError | None = None
         """Why the replay could not go on, kept also when the agent's code caught it."""
+        self.limitations: list[tuple[int, str]] = []
+        """Events checked only in part, as (sequence, note): LLM calls recorded truncated
+        over the ceiling, whose reduced response was handed back unchecked."""
         self._run_id = "unknown"
         with self._lock:
             first = self._head(0)
@@ -928,6 +932,10 @@ class ReplayRun:
                 fatal=True,  # there is no recorded output to go on with
             )
         output, material = recorded(envelope.event_type, body)
+        if envelope.event_type == _LLM and _reduced(body):
+            note = _reduced_note(envelope, body["body_truncated"])
+            self.limitations.append((envelope.sequence, note))
+            return body, output  # the whole response is gone: its digest cannot be checked
         if material is not None and self._digest is digest:
             actual = digest_bytes(material)
         else:
@@ -1143,6 +1151,25 @@ def _wall(output: Any) -> datetime:
 
 def _seconds(output: Any) -> float:
     return float(output["value_us"]) / 1e6
+
+
+def _reduced(body: Mapping[str, Any]) -> bool:
+    """Whether an ``llm.call`` body was recorded truncated without its response."""
+    truncated = body.get("body_truncated")
+    return (
+        truncated is not None
+        and body["raw_response_json"] is None
+        and truncated["response_sha256"] is not None
+    )
+
+
+def _reduced_note(envelope: Envelope, truncated: Mapping[str, Any]) -> str:
+    return (
+        f"sequence {envelope.sequence} ({envelope.event_type}) was recorded truncated "
+        f"(body {truncated['body_bytes']} bytes, over the ceiling of "
+        f"{truncated['ceiling_bytes']}): its response was handed back reduced (long texts "
+        "cut short) and not checked against its output digest"
+    )
 
 
 def _raise_recorded(error: Mapping[str, str] | None) -> None:

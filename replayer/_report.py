@@ -28,7 +28,15 @@ class ReplayReport:
     divergences: tuple[Divergence, ...] = ()
     """The first divergence of each level found, in sequence order."""
     limited: str | None = None
-    """Why only control flow could be checked (the run's bodies were destroyed)."""
+    """Why not everything could be checked: the run's bodies were destroyed (only control
+    flow was checked), or some bodies were recorded truncated (see :attr:`notes`)."""
+    notes: tuple[str, ...] = ()
+    """One line per event checked only in part (an LLM call recorded truncated over the
+    blob ceiling: its reduced response was handed back, its output digest unchecked),
+    and per state or output difference not counted because it followed one."""
+    limited_levels: tuple[str, ...] = ()
+    """The levels :attr:`notes` say were checked only in part: ``limited`` where they
+    would otherwise ``pass``."""
     skipped: str | None = None
     """Why a batch replay left the run out (no entry point for its agent)."""
     nondeterminism: tuple[Nondeterminism, ...] = ()
@@ -60,15 +68,19 @@ class ReplayReport:
         """
         if self.error is not None or self.skipped is not None:
             return dict.fromkeys(LEVEL_NAMES, "unchecked")
-        if self.limited is not None:
+        if self.limited is not None and not self.notes:
             flow = "fail" if self.divergences else "pass"
             return {"control_flow": flow, "state": "unavailable", "content": "unavailable"}
         failed = {d.level for d in self.divergences}
         completed = "control_flow" not in failed
-        return {
+        levels = {
             name: "fail" if name in failed else ("pass" if completed else "unchecked")
             for name in LEVEL_NAMES
         }
+        for name in self.limited_levels:
+            if levels[name] == "pass":
+                levels[name] = "limited"
+        return levels
 
     @property
     def result(self) -> str:
@@ -92,6 +104,7 @@ class ReplayReport:
             "agent_id": self.agent_id,
             "result": self.result,
             "limited": self.limited,
+            "notes": list(self.notes),
             "events": self.events,
             "levels": self.levels,
             "divergence": None if self.divergence is None else self.divergence.to_dict(),

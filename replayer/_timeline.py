@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -15,7 +16,15 @@ from sqlalchemy import create_engine
 from agent_blackbox.replayer._access import opening, purpose_option
 from agent_blackbox.replayer._index import read_side
 from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
-from agent_blackbox.schemas import BlackboxError, Envelope, PayloadPipeline, Settings, safe_text
+from agent_blackbox.schemas import (
+    BlackboxError,
+    Envelope,
+    EventType,
+    PayloadPipeline,
+    Settings,
+    llm_reply,
+    safe_text,
+)
 
 BODY_LIMIT = 160
 """Characters of a body shown per event; a timeline is for reading, not for export."""
@@ -50,7 +59,16 @@ def _body(envelope: Envelope, pipeline: PayloadPipeline) -> str:
         body = pipeline.unpack(envelope)
     except BlackboxError as exc:
         return safe_text(f"({type(exc).__name__}: {exc})", limit=BODY_LIMIT)
+    if envelope.event_type == EventType.LLM_CALL:
+        body = _llm_shown(body)
     return safe_text(json.dumps(body, default=str, ensure_ascii=False), limit=BODY_LIMIT)
+
+
+def _llm_shown(body: dict[str, Any]) -> dict[str, Any]:
+    """An LLM call as a reader wants it first: the answer (choices and tool calls, derived
+    from the raw response), then the rest of the body."""
+    reply = llm_reply(body)
+    return {"choices": reply.choices, "tool_calls": reply.tool_calls, **body}
 
 
 @click.command("timeline")

@@ -55,6 +55,13 @@ from agent_blackbox.schemas._llm_call import (
     llm_tool_call,
     llm_usage,
 )
+from agent_blackbox.schemas._llm_reply import (
+    LlmReply,
+    choice_view,
+    completion_view,
+    llm_reply,
+    tool_call_views,
+)
 from agent_blackbox.schemas._migrations import (
     BodyReader,
     Migrator,
@@ -105,6 +112,7 @@ __all__ = [
     "JsonValue",
     "KeyUnavailable",
     "KeyedDigest",
+    "LlmReply",
     "MigrationFailed",
     "Migrator",
     "MigratorRegistry",
@@ -126,6 +134,8 @@ __all__ = [
     "canonical_json",
     "canonical_text",
     "check_registry",
+    "choice_view",
+    "completion_view",
     "default_migrators",
     "default_registry",
     "digest",
@@ -133,8 +143,10 @@ __all__ = [
     "incompatibilities",
     "key_fingerprint",
     "llm_call_v1_to_v2",
+    "llm_reply",
     "llm_tool_call",
     "llm_usage",
     "next_chain_hash",
     "safe_text",
+    "tool_call_views",
 ]

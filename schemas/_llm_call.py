@@ -1,8 +1,14 @@
-"""The ``llm.call`` body: how a provider's usage and tool calls become body fields.
+"""The ``llm.call`` body: how a provider's usage and tool calls become body fields, and
+how the parsed view of a reply is derived from the raw response.
 
 The recorder (which writes the newest version) and the migrator from v1 both use
 these functions, so a migrated v1 body and a freshly recorded one say the same thing
 the same way.
+
+v3 stores the response once, as the raw JSON the provider sent: the choices and tool
+calls that v1 and v2 kept beside it are derived when read (:func:`llm_reply`, from
+:func:`completion_view`). v1 and v2 bodies read as v3 (their stored choices are
+skipped by Avro resolution: the same view is derived from their raw response).
 
 v2 changes two parts of v1:
 
@@ -26,7 +32,7 @@ from typing import Any
 from agent_blackbox.schemas._canonical import canonical_text
 from agent_blackbox.schemas._errors import NotSerialisable
 
-LLM_CALL_VERSION = 2
+LLM_CALL_VERSION = 3
 """The ``llm.call`` body version the recorder writes."""
 
 

@@ -25,7 +25,16 @@ class Settings:
     replication_factor: int = 1
     outbox_shards: int = 16
     blob_threshold_bytes: int = 64 * 1024
-    max_payload_bytes: int = 16 * 1024 * 1024
+    """A body (encoded and sealed) over this many bytes is stored in the content-addressed
+    blob store, and the envelope carries its ``payload_ref`` instead of the bytes."""
+    max_blob_bytes: int = 256 * 1024 * 1024
+    """The ceiling of a body kept whole. An LLM call over it is recorded truncated
+    (summary, sizes, digests, a reduced response: ``body_truncated``); any other body
+    over it is refused with ``PayloadTooLarge``. 256 MiB is far above any model reply
+    (a million-token reply is a few MiB of JSON, a stream of it some tens) while a body
+    is held in memory a few times over as it is encoded and sealed, and well under the
+    database's 1 GiB value limit. ``BLACKBOX_MAX_PAYLOAD_BYTES``, its former name, is
+    still read when this one is not set."""
     consumer_group: str = "blackbox-views"
     schema_registry_url: str | None = None
     keyed_digest_classes: str = "sensitive,restricted"
@@ -48,6 +57,7 @@ class Settings:
             ValueError: a numeric variable does not hold a positive integer.
         """
         env = os.environ if environ is None else environ
+        env = {**_from_former_names(env), **env}
         defaults = cls()
         values: dict[str, object] = {}
         for name in cls.__dataclass_fields__:
@@ -57,6 +67,15 @@ class Settings:
             current = getattr(defaults, name)
             values[name] = _positive_int(name, raw) if isinstance(current, int) else raw
         return replace(defaults, **values)  # type: ignore[arg-type]
+
+
+def _from_former_names(env: Mapping[str, str]) -> dict[str, str]:
+    """Variables under their current names, taken from former names where only those
+    are set."""
+    return {new: env[old] for old, new in _FORMER_NAMES.items() if env.get(old)}
+
+
+_FORMER_NAMES = {"BLACKBOX_MAX_PAYLOAD_BYTES": "BLACKBOX_MAX_BLOB_BYTES"}
 
 
 def _positive_int(name: str, raw: str) -> int:

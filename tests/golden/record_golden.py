@@ -4,6 +4,10 @@
 
 The archive it writes is committed and must replay forever: later releases read it
 through Avro resolution and the migrators, never by rewriting it.
+
+``ticket-agent.v2.avro`` holds the same kind of runs (five tickets and one failing run)
+as written by the last release that wrote ``llm.call`` v2 bodies (commit 318301e),
+recorded with the memory recorder.
 """
 
 from __future__ import annotations

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-from agent_blackbox.outbox import Recorder
+from agent_blackbox.outbox import AgentRun, Recorder
 
 
 @dataclass(frozen=True)
@@ -37,3 +39,43 @@ def record_ticket_runs(
 
 def ticket_ids(count: int) -> list[str]:
     return [f"T-{i:05d}" for i in range(count)]
+
+
+# An agent whose model writes a very long reply and asks for a tool: what a reply over
+# the blob threshold, or over the ceiling, must still replay.
+
+LARGE_REPLY_QUESTION = "summarise the archive"
+
+
+def large_reply(text_bytes: int, *, city: str = "Paris") -> dict[str, Any]:
+    """A chat completion with ``text_bytes`` of text and one tool call."""
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "weather", "arguments": json.dumps({"city": city})},
+    }
+    message = {"role": "assistant", "content": "Summary: " + "x" * text_bytes, "tool_calls": [call]}
+    return {
+        "id": "chatcmpl-large",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 9_000_000, "total_tokens": 9_000_012},
+    }
+
+
+def large_reply_agent(reply: Mapping[str, Any]) -> Callable[[AgentRun, Any], Any]:
+    """An entry point that asks the model (answering ``reply``), then calls the tool the
+    reply names with its arguments, as agents do."""
+
+    def weather(city: str) -> str:
+        return f"sunny in {city}"
+
+    def entry(run: AgentRun, question: Any) -> Any:
+        request = {"model": "m-large", "messages": [{"role": "user", "content": question}]}
+        answer = run.llm(lambda _: reply, request, provider="test", model="m-large")
+        message = answer["choices"][0]["message"]
+        call = message["tool_calls"][0]["function"]
+        result = run.call(call["name"], weather, **json.loads(call["arguments"]))
+        return {"starts": message["content"][:9], "tool": result}
+
+    return entry

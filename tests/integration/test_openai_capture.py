@@ -40,7 +40,13 @@ from agent_blackbox.outbox.integrations.openai import (
     capture_openai,
 )
 from agent_blackbox.replayer import ReplayRun, replay_run
-from agent_blackbox.schemas import Envelope, EnvelopeCodec, NotSerialisable, PayloadPipeline
+from agent_blackbox.schemas import (
+    Envelope,
+    EnvelopeCodec,
+    NotSerialisable,
+    PayloadPipeline,
+    llm_reply,
+)
 from tests.integration._openai_server import REQUEST_ID, TOOL_ARGUMENTS, OpenAIServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -261,7 +267,7 @@ def test_chat_stream_chunks_are_recorded_and_re_yielded(
     assert json.loads(body["raw_response_json"]) == {"stream": server.sent[0]}
     assert json.loads(body["raw_request_json"])["stream"] is True
     assert body["finish_reason"] == "stop"
-    assert body["choices"][0]["content"] == "echo: hi there"
+    assert llm_reply(body).choices[0]["content"] == "echo: hi there"  # derived when read
     assert body["usage"]["total_tokens"] == 17
 
     assert_replays(chat_stream_agent, recorded, server=server, client=client, offline=offline)
@@ -292,7 +298,7 @@ def test_chat_tool_call_is_recorded(
     assert recorded.output == {"tool": "get_weather", "arguments": TOOL_ARGUMENTS}
     first, second = recorded.llm_bodies()
     assert first["finish_reason"] == "tool_calls"
-    assert first["tool_calls"] == [
+    assert list(llm_reply(first).tool_calls) == [
         {
             "id": "call_1",
             "type": "function",
@@ -327,7 +333,7 @@ def test_streamed_tool_call_is_folded_into_the_body(
 
     (body,) = recorded.llm_bodies()
     assert body["finish_reason"] == "tool_calls"
-    assert [(c["id"], c["name"], c["arguments_json"]) for c in body["tool_calls"]] == [
+    assert [(c["id"], c["name"], c["arguments_json"]) for c in llm_reply(body).tool_calls] == [
         ("call_1", "get_weather", '{"city":"Paris"}')
     ]
     assert body["usage"] is None  # the stream was not asked for usage
@@ -359,7 +365,7 @@ def test_responses_call_is_recorded_and_replayed(
     assert json.loads(body["raw_response_json"]) == server.sent[0]
     assert body["response_id"] == "resp_1"
     assert body["finish_reason"] == "stop"
-    assert body["choices"][0]["content"] == "echo: hi there"
+    assert llm_reply(body).choices[0]["content"] == "echo: hi there"  # derived when read
     assert body["usage"] == {
         "input_tokens": 20,
         "output_tokens": 6,
@@ -419,7 +425,8 @@ def test_responses_function_call_is_recorded(
     assert recorded.output == TOOL_ARGUMENTS
     first, second = recorded.llm_bodies()
     assert first["finish_reason"] == "tool_calls"
-    assert [(c["id"], c["type"], c["name"], c["arguments_json"]) for c in first["tool_calls"]] == [
+    calls = llm_reply(first).tool_calls
+    assert [(c["id"], c["type"], c["name"], c["arguments_json"]) for c in calls] == [
         ("call_1", "function", "get_weather", '{"city":"Paris"}')
     ]
     assert json.loads(second["raw_request_json"])["input"] == server.requests[1].json()["input"]

@@ -59,7 +59,7 @@ def test_unserialisable_result_is_a_recorded_error_and_oversized_body_writes_not
     engine: Engine, settings: Settings
 ) -> None:
     small = Settings(
-        database_url=settings.database_url, max_payload_bytes=10_000, blob_threshold_bytes=1_000
+        database_url=settings.database_url, max_blob_bytes=10_000, blob_threshold_bytes=1_000
     )
     recorder = Recorder(engine, settings=small)
     run = recorder.start_run(RunSnapshot(code_version="v1"), agent_id="a")

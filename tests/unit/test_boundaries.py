@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     Settings,
     digest,
+    llm_reply,
 )
 from tests.integration._kafka import murmur2
 
@@ -74,7 +76,7 @@ def test_tool_error_is_recorded_by_class_message_and_arguments() -> None:
     assert crossing.attributes["error"] == "KeyError"
 
 
-def test_llm_call_extracts_choices_tool_calls_usage_and_parameters() -> None:
+def test_llm_call_stores_the_response_once_and_derives_choices_and_tool_calls() -> None:
     request = {"model": "m", "temperature": 0.2, "messages": [{"role": "user", "content": "hi"}]}
     crossing = llm_call(
         provider="openai",
@@ -86,8 +88,15 @@ def test_llm_call_extracts_choices_tool_calls_usage_and_parameters() -> None:
     )
     body = crossing.body
     assert body["request_params_json"] == '{"temperature":0.2}'
-    assert crossing.version == 2
-    assert body["tool_calls"] == [
+    assert crossing.version == 3
+    assert "choices" not in body
+    assert "tool_calls" not in body
+    assert json.loads(body["raw_response_json"]) == RESPONSE
+    reply = llm_reply(body)
+    assert reply.choices == (
+        {"index": 0, "role": "assistant", "content": None, "finish_reason": "tool_calls"},
+    )
+    assert list(reply.tool_calls) == [
         {
             "id": "call-1",
             "type": "function",
@@ -108,7 +117,7 @@ def test_llm_call_extracts_choices_tool_calls_usage_and_parameters() -> None:
 
 
 def test_factory_chains_events_and_moves_large_bodies_out_of_line() -> None:
-    factory = _factory(blob_threshold_bytes=100, max_payload_bytes=10_000)
+    factory = _factory(blob_threshold_bytes=100, max_blob_bytes=10_000)
     identity = RunIdentity(run_id="r", tenant_id="t", agent_id="a", shard=0)
     small = factory.prepare(identity, Cursor(), clock_read(clock="wall", value_us=1), event_id="e1")
     assert small.envelope.sequence == 1

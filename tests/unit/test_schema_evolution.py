@@ -40,6 +40,7 @@ from agent_blackbox.schemas import (
     digest,
     incompatibilities,
     llm_call_v1_to_v2,
+    llm_reply,
 )
 from agent_blackbox.schemas.cli import check_directory, schemas_group
 
@@ -47,6 +48,10 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v1.avro"
 GOLDEN_EVENTS = list(read_archive(GOLDEN))
 GOLDEN_RUNS = [list(g) for _, g in groupby(GOLDEN_EVENTS, key=lambda e: e.run_id)]
 GOLDEN_LLM_CALLS = [e for e in GOLDEN_EVENTS if e.event_type == EventType.LLM_CALL]
+GOLDEN_V2 = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v2.avro"
+GOLDEN_V2_EVENTS = list(read_archive(GOLDEN_V2))
+GOLDEN_V2_RUNS = [list(g) for _, g in groupby(GOLDEN_V2_EVENTS, key=lambda e: e.run_id)]
+GOLDEN_V2_LLM_CALLS = [e for e in GOLDEN_V2_EVENTS if e.event_type == EventType.LLM_CALL]
 
 
 def _record(name: str, fields: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,27 +230,107 @@ def test_llm_call_v1_migrates_to_v2_usage_and_normalised_tool_calls() -> None:
 def test_v1_bytes_read_as_v2_through_the_pipeline() -> None:
     codec = BodyCodec()
     stored = codec.encode("llm.call", 1, _V1_BODY)
-    assert BodyReader().read("llm.call", 1, stored) == llm_call_v1_to_v2(_V1_BODY)
+    assert BodyReader().read("llm.call", 1, stored, to=2) == llm_call_v1_to_v2(_V1_BODY)
     assert BodyReader().read("llm.call", 1, stored, to=1) == codec.decode("llm.call", 1, stored)
 
 
-def test_every_golden_llm_call_decodes_to_a_v2_body() -> None:
+def test_every_golden_llm_call_decodes_to_a_v3_body() -> None:
     assert len(GOLDEN_LLM_CALLS) == 5
-    assert default_registry().latest("llm.call").version == 2
+    assert default_registry().latest("llm.call").version == 3
     pipeline, codec = PayloadPipeline(), BodyCodec()
     for envelope in GOLDEN_LLM_CALLS:
         assert envelope.body_version == 1
         assert envelope.payload is not None
         v1 = codec.decode("llm.call", 1, envelope.payload)
-        v2 = pipeline.unpack(envelope)
+        v2 = pipeline.unpack(envelope, version=2)
         assert v2 == llm_call_v1_to_v2(v1)
         codec.encode("llm.call", 2, v2)  # a valid v2 body
         assert v2["usage"]["input_tokens"] == v1["usage"]["prompt_tokens"]
         assert v2["usage"]["output_tokens"] == v1["usage"]["completion_tokens"]
         assert v2["usage"]["cached_tokens"] == 0
-        # The output digest is over the raw response, so it holds for the v2 body.
-        assert digest(recorded_output(envelope.event_type, v2)) == envelope.output_digest
+        v3 = pipeline.unpack(envelope)
+        codec.encode("llm.call", 3, v3)  # a valid v3 body
+        assert "choices" not in v3
+        assert "tool_calls" not in v3
+        assert v3["raw_response_json"] == v1["raw_response_json"]
+        assert v3["usage"] == v2["usage"]
+        assert v3["body_truncated"] is None
+        # What v1 stored beside the raw response is what is derived from it now.
+        reply = llm_reply(v3)
+        assert list(reply.choices) == v1["choices"] == v2["choices"]
+        assert list(reply.tool_calls) == v2["tool_calls"]
+        # The output digest is over the raw response, so it holds for every version.
+        assert digest(recorded_output(envelope.event_type, v3)) == envelope.output_digest
         assert pipeline.unpack(envelope, version=1) == v1
+
+
+def test_every_golden_v2_llm_call_reads_as_v3_with_the_same_view() -> None:
+    assert len(GOLDEN_V2_LLM_CALLS) == 5
+    pipeline, codec = PayloadPipeline(), BodyCodec()
+    for envelope in GOLDEN_V2_LLM_CALLS:
+        assert envelope.body_version == 2
+        assert envelope.payload is not None
+        v2 = codec.decode("llm.call", 2, envelope.payload)
+        v3 = pipeline.unpack(envelope)
+        assert {k: v for k, v in v3.items() if k != "body_truncated"} == {
+            k: v for k, v in v2.items() if k not in ("choices", "tool_calls")
+        }
+        reply = llm_reply(v3)
+        assert (list(reply.choices), list(reply.tool_calls)) == (v2["choices"], v2["tool_calls"])
+        assert digest(recorded_output(envelope.event_type, v3)) == envelope.output_digest
+
+
+_V2_BODY_WITH_ERROR_AND_TOOL_CALLS = {
+    **llm_call_v1_to_v2(_V1_BODY),
+    "raw_response_json": json.dumps(
+        {
+            "id": "r1",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {
+                                    "name": "lookup",
+                                    "arguments": '{ "q" : "x", "a": 1 }',
+                                },
+                            },
+                            {
+                                "id": "c2",
+                                "type": "function",
+                                "function": {"name": "broken", "arguments": '{"q": '},
+                            },
+                        ],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+        }
+    ),
+    "error": {"type": "APITimeoutError", "message": "timed out"},
+}
+
+
+def test_a_v2_body_with_tool_calls_and_an_error_reads_as_v3() -> None:
+    v2 = _V2_BODY_WITH_ERROR_AND_TOOL_CALLS
+    v3 = BodyReader().read("llm.call", 2, BodyCodec().encode("llm.call", 2, v2))
+    assert v3["error"] == {
+        "type": "APITimeoutError",
+        "message": "timed out",
+        "module": None,
+        "args_json": None,
+        "kind": None,
+    }
+    assert list(llm_reply(v3).tool_calls) == v2["tool_calls"]
+    # The error handed back in replay is the one recorded (and digested): no null keys.
+    recorded = recorded_output("llm.call", v3)
+    assert recorded["error"] == {"type": "APITimeoutError", "message": "timed out"}
+    assert digest(recorded) == digest(recorded_output("llm.call", v2))
 
 
 @pytest.mark.parametrize("index", range(len(GOLDEN_RUNS)))
@@ -254,7 +339,13 @@ def test_golden_v1_runs_replay_after_v2_exists(index: int) -> None:
     assert report.passed, report.divergence and report.divergence.describe()
 
 
-def test_the_recorder_writes_llm_call_v2_with_cached_tokens() -> None:
+@pytest.mark.parametrize("index", range(len(GOLDEN_V2_RUNS)))
+def test_golden_v2_runs_replay_after_v3_exists(index: int) -> None:
+    report = replay_run(GOLDEN_V2_RUNS[index], replay_entry)
+    assert report.passed, report.divergence and report.divergence.describe()
+
+
+def test_the_recorder_writes_llm_call_v3_with_cached_tokens() -> None:
     response = {
         "id": "x",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
@@ -268,19 +359,19 @@ def test_the_recorder_writes_llm_call_v2_with_cached_tokens() -> None:
     crossing = llm_call(
         provider="openai", model="m", request={}, response=response, error=None, latency_ms=1.0
     )
-    assert crossing.version == 2
+    assert crossing.version == 3
     assert crossing.body["usage"]["cached_tokens"] == 16
     assert crossing.attributes["cached_tokens"] == "16"
     assert crossing.attributes["prompt_tokens"] == "20"  # v1 attribute names kept
-    BodyCodec().encode("llm.call", 2, crossing.body)
+    BodyCodec().encode("llm.call", 3, crossing.body)
 
 
-def test_a_run_recorded_with_v2_replays() -> None:
+def test_a_run_recorded_with_v3_replays() -> None:
     recorder = MemoryRecorder()
     agent = TicketAgent(sample_tickets(1), KeywordModel(), Notifier())
     recorder.record(agent.run, agent.snapshot("T-00000"), agent_id="ticket-agent")
     versions = {e.body_version for e in recorder.events if e.event_type == EventType.LLM_CALL}
-    assert versions == {2}
+    assert versions == {3}
     assert replay_run(recorder.events, replay_entry, blobs=recorder).passed
 
 
