@@ -231,6 +231,23 @@ class AsyncRun:
         )
         return response
 
+    async def retrieve(
+        self,
+        index: str,
+        search: Callable[..., Any],
+        query: Any,
+        *,
+        index_version: str,
+        filters: Mapping[str, Any] | None = None,
+        top_k: int | None = None,
+    ) -> list[Any]:
+        """Search ``index`` through ``search`` (sync or async) and record ``retrieval``;
+        see ``Run.retrieve``."""
+        hits: list[Any] = await self._drive(
+            steps.retrieve(self.core, search, index, query, index_version, filters, top_k)
+        )
+        return hits
+
     async def now(self) -> datetime:
         """The wall clock, UTC, recorded as ``clock.read``."""
         return await self._drive(steps.now(self.core))

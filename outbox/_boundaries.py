@@ -158,6 +158,60 @@ def tool_call(
     return Crossing(EventType.TOOL_CALL, body, inputs, outputs, attributes, TYPED_VERSION)
 
 
+def retrieval_input(
+    index: str,
+    index_version: str,
+    query: Any,
+    filters: Mapping[str, Any] | None,
+    top_k: int | None,
+) -> dict[str, Any]:
+    """The digested input of a retrieval: what the code asked of which index version."""
+    return {
+        "index": index,
+        "index_version": index_version,
+        "query": query,
+        "filters": None if filters is None else dict(filters),
+        "top_k": top_k,
+    }
+
+
+def retrieval(
+    *,
+    index: str,
+    index_version: str,
+    query: Any,
+    filters: Mapping[str, Any] | None,
+    top_k: int | None,
+    hits: list[Any] | None,
+    error: BaseException | None,
+    latency_ms: float,
+) -> Crossing:
+    """A finished search of a retrieval index; ``hits`` in the tagged encoding."""
+    inputs = retrieval_input(index, index_version, query, filters, top_k)
+    err = error_info(error)
+    body = {
+        "index": index,
+        "index_version": index_version,
+        "query_json": canonical_text(query, path=f"{index}.query"),
+        "filters_json": None if filters is None else canonical_text(dict(filters)),
+        "top_k": top_k,
+        "hits_json": None if error or hits is None else canonical_text(hits, path=f"{index}.hits"),
+        "hits_codec": TAGGED,
+        "error": err,
+        "latency_ms": latency_ms,
+    }
+    attributes = {
+        "index": index,
+        "index_version": index_version,
+        "hits": str(0 if hits is None else len(hits)),
+        "latency_ms": f"{latency_ms:.3f}",
+    }
+    if err:
+        attributes["error"] = err["type"]
+    outputs = {"hits": None if error else hits, "error": err}
+    return Crossing(EventType.RETRIEVAL, body, inputs, outputs, attributes)
+
+
 def clock_read(*, clock: str, value_us: int) -> Crossing:
     """A read of the wall or the monotonic clock."""
     body = {"clock": clock, "value_us": value_us}
@@ -233,6 +287,11 @@ def recorded_input(event_type: str, body: Mapping[str, Any]) -> Any:
         return intent_input(body["effect"], body["idempotency_key"], arguments)
     if event_type == EventType.RANDOM_DRAW:
         return random_input(body["kind"], _loads(body["arguments_json"]) or {})
+    if event_type == EventType.RETRIEVAL:
+        query, filters = _loads(body["query_json"]), _loads(body.get("filters_json"))
+        return retrieval_input(
+            body["index"], body["index_version"], query, filters, body.get("top_k")
+        )
     if event_type == EventType.STATE_TRANSITION:
         return transition_input(body["from_state"], body["to_state"], body["reason"])
     return None
@@ -260,6 +319,13 @@ def _tool_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
     head = "null" if error is None else canonical_text(error)
     material = f'{{"error":{head},"result":{text or "null"}}}'.encode()
     return {"result": _loads(text), "error": error}, material
+
+
+def _retrieval_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
+    error, text = _present(body["error"]), body["hits_json"]
+    head = "null" if error is None else canonical_text(error)
+    material = f'{{"error":{head},"hits":{text or "null"}}}'.encode()
+    return {"hits": _loads(text), "error": error}, material
 
 
 def _clock_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
@@ -313,6 +379,7 @@ _RECORDED: dict[str, Callable[[Mapping[str, Any]], tuple[Any, bytes | None]]] = 
     EventType.LLM_CALL: _llm_output,
     EventType.CLOCK_READ: _clock_output,
     EventType.RANDOM_DRAW: _random_output,
+    EventType.RETRIEVAL: _retrieval_output,
     EventType.EFFECT_RECEIPT: _receipt_output,
     EventType.STATE_TRANSITION: _state_output,
     EventType.RUN_REDACTED: _redacted_output,

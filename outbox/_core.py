@@ -230,6 +230,42 @@ class RunCore:
 
         return crossing
 
+    def retrieval_outcome(
+        self,
+        index: str,
+        index_version: str,
+        query: Any,
+        filters: Mapping[str, Any] | None,
+        top_k: int | None,
+    ) -> Outcome:
+        """Check the query, then say how the hits (or the error) become the
+        ``retrieval`` crossing."""
+        self.check_active()
+        ask = self.contract.retrieval(index, index_version, query, filters, top_k)
+        query, filters = ask.value
+        scrub = self.scrub
+
+        def crossing(hits: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
+            seen = set(ask.fired)
+            refused = None if error is not None else _invalid_hits(index, hits)
+            encoded, unrecordable = recordable(
+                scrub, hits, error or refused, seen, path=f"{index}.hits"
+            )
+            refused = refused or unrecordable
+            built = b.retrieval(
+                index=index,
+                index_version=index_version,
+                query=query,
+                filters=filters,
+                top_k=top_k,
+                hits=encoded,
+                error=scrub.error(refused or error, seen),
+                latency_ms=latency_ms,
+            )
+            return replace(self._asked(built, ask, seen), raises=refused)
+
+        return crossing
+
     def llm_outcome(self, provider: str, model: str | None, request: Mapping[str, Any]) -> Outcome:
         """Check the request, then say how the response becomes its ``llm.call``."""
         self.check_active()
@@ -332,6 +368,24 @@ def recordable(
         return scrub.encoded(result, fired, path=path), None
     except NotSerialisable as exc:
         return None, b.unserialisable(exc)
+
+
+def _invalid_hits(index: str, hits: Any) -> BaseException | None:
+    """Why ``hits`` are not a retrieval's answer (a list of mappings, each with an ``id``
+    and a numeric ``score``), or None."""
+    if not isinstance(hits, list):
+        return TypeError(f"the search of index {index!r} returned {type(hits).__name__}, not hits")
+    for position, hit in enumerate(hits):
+        if not isinstance(hit, Mapping) or "id" not in hit:
+            return ValueError(
+                f"hit {position} of index {index!r} has no 'id': a search returns mappings "
+                "with at least 'id' (the document) and 'score' (and, if chunked, "
+                "'chunk_version')"
+            )
+        score = hit.get("score")
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            return ValueError(f"hit {position} of index {index!r} has no numeric 'score'")
+    return None
 
 
 def utc_now() -> datetime:

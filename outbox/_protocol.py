@@ -31,6 +31,17 @@ class AgentRun(Protocol):
         model: str | None = None,
     ) -> Mapping[str, Any]: ...
 
+    def retrieve(
+        self,
+        index: str,
+        search: Callable[..., Any],
+        query: Any,
+        *,
+        index_version: str,
+        filters: Mapping[str, Any] | None = None,
+        top_k: int | None = None,
+    ) -> list[Any]: ...
+
     def now(self) -> datetime: ...
 
     def monotonic(self) -> float: ...

@@ -272,6 +272,31 @@ class Run:
         )
         return response
 
+    def retrieve(
+        self,
+        index: str,
+        search: Callable[..., Any],
+        query: Any,
+        *,
+        index_version: str,
+        filters: Mapping[str, Any] | None = None,
+        top_k: int | None = None,
+    ) -> list[Any]:
+        """Search ``index`` (at ``index_version``) through ``search`` and record
+        ``retrieval``: the query, filters and top-k, and the hits (document ids, chunk
+        versions, scores, and whatever else each hit carries).
+
+        ``search(query, filters=..., top_k=...)`` is the agent's own search (sync or
+        async) and returns hits: mappings with at least ``"id"`` and a numeric
+        ``"score"`` (and ``"chunk_version"`` when the index is chunked). The query is
+        checked before the search runs; hits that are not hits, or cannot be recorded,
+        are recorded as the retrieval's error and raised.
+        """
+        hits: list[Any] = self._drive(
+            steps.retrieve(self.core, search, index, query, index_version, filters, top_k)
+        )
+        return hits
+
     def now(self) -> datetime:
         """The wall clock, UTC, recorded as ``clock.read``."""
         return self._drive(steps.now(self.core))

@@ -22,7 +22,7 @@ import contextlib
 import inspect
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -117,6 +117,36 @@ def llm_call(
     outcome = core.llm_outcome(provider, model, request)
     place = core.placement.begin()
     return (yield from observed(lambda: send(request), outcome, place))
+
+
+def retrieve(
+    core: RunCore,
+    search: Callable[..., Any],
+    index: str,
+    query: Any,
+    index_version: str,
+    filters: Mapping[str, Any] | None,
+    top_k: int | None,
+) -> Steps[Any]:
+    """``retrieval``: the query is checked before the search runs; the hits come back as
+    a list (what the search returned, listed)."""
+    outcome = core.retrieval_outcome(index, index_version, query, filters, top_k)
+    place = core.placement.begin()
+
+    def perform() -> Any:
+        found = search(query, filters=filters, top_k=top_k)
+        return _listed_later(found) if inspect.isawaitable(found) else _listed(found)
+
+    return (yield from observed(perform, outcome, place))
+
+
+def _listed(hits: Any) -> Any:
+    listable = isinstance(hits, Iterable) and not isinstance(hits, Mapping | str | bytes)
+    return list(hits) if listable else hits
+
+
+async def _listed_later(found: Awaitable[Any]) -> Any:
+    return _listed(await found)
 
 
 def now(core: RunCore) -> Steps[datetime]:

@@ -149,6 +149,31 @@ class Contract:
             EventType.LLM_CALL, inputs, path="llm.request", value=scrubbed, fired=fired
         )
 
+    def retrieval(
+        self,
+        index: str,
+        index_version: str,
+        query: Any,
+        filters: Mapping[str, Any] | None,
+        top_k: int | None,
+    ) -> Ask:
+        """A search of a retrieval index; ``value`` is the scrubbed ``(query, filters)``.
+
+        Raises:
+            NotSerialisable: the query or the filters are not JSON (before the search).
+        """
+        fired: set[str] = set()
+        query = self.scrub.value(query, fired)
+        filters = None if filters is None else self.scrub.value(dict(filters), fired)
+        inputs = b.retrieval_input(index, index_version, query, filters, top_k)
+        return self._ask(
+            EventType.RETRIEVAL,
+            inputs,
+            path=f"{index}.query",
+            value=(query, filters),
+            fired=fired,
+        )
+
     def clock(self, clock: str) -> Ask:
         """A read of the ``wall`` or ``monotonic`` clock."""
         return self._clocks.get(clock) or self._fixed_ask(

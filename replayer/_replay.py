@@ -411,6 +411,21 @@ class ReplayRun:
         """The recorded response to ``request``; ``send`` is not called."""
         return _llm_answer(self._cross(self._contract.llm(provider, model, request)))
 
+    def retrieve(
+        self,
+        index: str,
+        search: Callable[..., Any],
+        query: Any,
+        *,
+        index_version: str,
+        filters: Mapping[str, Any] | None = None,
+        top_k: int | None = None,
+    ) -> list[Any]:
+        """The recorded hits of the search; ``search`` is not called."""
+        ask = self._contract.retrieval(index, index_version, query, filters, top_k)
+        _, body, output = self._take(ask.event_type, ask.input_digest, ask)
+        return self._hits(body, output)
+
     def now(self) -> datetime:
         """The recorded wall-clock reading."""
         return datetime.fromtimestamp(
@@ -530,6 +545,12 @@ class ReplayRun:
         if output["error"] is not None:
             _raise_recorded(output["error"])
         return self._typed(output["result"], body.get("result_codec"))
+
+    def _hits(self, body: Mapping[str, Any], output: Any) -> list[Any]:
+        if output["error"] is not None:
+            _raise_recorded(output["error"])
+        hits: list[Any] = self._typed(output["hits"], body.get("hits_codec"))
+        return hits
 
     def _receipt(
         self, effect: str, key: str, body: Mapping[str, Any], output: Any
@@ -1075,6 +1096,22 @@ class AsyncReplayRun:
             await replay._cross_async(replay._contract.llm(provider, model, request))
         )
 
+    async def retrieve(
+        self,
+        index: str,
+        search: Callable[..., Any],
+        query: Any,
+        *,
+        index_version: str,
+        filters: Mapping[str, Any] | None = None,
+        top_k: int | None = None,
+    ) -> list[Any]:
+        """The recorded hits of the search; ``search`` is not called."""
+        replay = self.replay
+        ask = replay._contract.retrieval(index, index_version, query, filters, top_k)
+        _, body, output = await replay._take_async(ask)
+        return replay._hits(body, output)
+
     async def now(self) -> datetime:
         """The recorded wall-clock reading."""
         return _wall(await self.replay._cross_async(self.replay._contract.clock("wall")))
@@ -1204,6 +1241,7 @@ _NAME_ATTRIBUTE = {
     EventType.EFFECT_RECEIPT: "effect",
     EventType.CLOCK_READ: "clock",
     EventType.RANDOM_DRAW: "kind",
+    EventType.RETRIEVAL: "index",
     EventType.STATE_TRANSITION: "to_state",
 }
 """The attribute (recorded) or input field (asked) that names a boundary of each kind."""

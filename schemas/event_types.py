@@ -13,6 +13,7 @@ class EventType(StrEnum):
     TOOL_CALL = "tool.call"
     CLOCK_READ = "clock.read"
     RANDOM_DRAW = "random.draw"
+    RETRIEVAL = "retrieval"
     EFFECT_INTENT = "effect.intent"
     EFFECT_RECEIPT = "effect.receipt"
     STATE_TRANSITION = "state.transition"
