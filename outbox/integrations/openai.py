@@ -92,7 +92,7 @@ _STATUS_ERRORS: dict[str, type[openai.APIStatusError]] = {
 
 class AsyncAgentRun(Protocol):
     """The boundary an async capture needs: :class:`~agent_blackbox.outbox.AsyncRun` in record mode,
-    :class:`~agent_blackbox.outbox.ReplayRun` (whose ``llm`` answers at once) in replay."""
+    :class:`~agent_blackbox.replayer.AsyncReplayRun` in replay."""
 
     def llm(
         self,
