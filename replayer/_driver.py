@@ -80,18 +80,19 @@ def replay_run(
     Raises:
         ValueError: ``nondeterminism`` is neither ``warn`` nor ``fail``.
     """
-    fails = check_policy(nondeterminism) == "fail"
-    with NondeterminismGuard(modules_of(entry, agent_modules)) as guard:
-        opened = _opened(
-            events, entry, agent_id, pipeline, blobs, digests, stall_timeout, reveal_values
-        )
-        if isinstance(opened, ReplayReport):
-            report = opened
-        elif is_async_entry(entry):
-            report = _in_own_loop(_driven_async(opened, entry, agent_id))
-        else:
-            report = _concluded(opened, agent_id, *_driven(opened, entry))
-    return replace(report, nondeterminism=found(guard), nondeterminism_fails=fails)
+    work = replay_run_async(
+        events,
+        entry,
+        pipeline=pipeline,
+        blobs=blobs,
+        agent_id=agent_id,
+        digests=digests,
+        stall_timeout=stall_timeout,
+        reveal_values=reveal_values,
+        nondeterminism=nondeterminism,
+        agent_modules=agent_modules,
+    )
+    return _in_own_loop(work) if is_async_entry(entry) else _at_once(work)
 
 
 async def replay_run_async(
@@ -263,6 +264,18 @@ def _in_own_loop(work: Coroutine[Any, Any, ReplayReport]) -> ReplayReport:
         return asyncio.run(work)
     with ThreadPoolExecutor(1, thread_name_prefix="blackbox-replay") as pool:
         return pool.submit(asyncio.run, work).result()
+
+
+def _at_once(work: Coroutine[Any, Any, ReplayReport]) -> ReplayReport:
+    """The report of the replay of a plain entry: its coroutine never suspends (nothing in
+    it awaits), so it runs to its end here, with no event loop."""
+    try:
+        work.send(None)
+    except StopIteration as done:
+        report: ReplayReport = done.value
+        return report
+    work.close()
+    raise RuntimeError("the replay of a plain entry waited for something")
 
 
 def _close(awaitable: Any) -> None:

@@ -695,12 +695,7 @@ class ReplayRun:
                 # Until the log shows concurrent work, every call is the run's own
                 # branch's (see ``_claim``).
                 place = self._placement.begin() if self._concurrent else _SEQUENTIAL
-            envelope = self._claim(event_type, actual, ask, place, False)
-            body, output = self._open(envelope)
-            if envelope.sequence != self._released + 1:
-                self._await_turn(envelope)
-            self._release(envelope)
-            return envelope, body, output
+            return self._take_locked(event_type, actual, ask, place, False)
 
     def _take_locked(
         self,
