@@ -6,7 +6,12 @@ async run returns. Postgres recorders are read back from the outbox; memory reco
 from their list. Volatile values (event and run ids, times, latencies, random draws) are
 masked; everything else, digests and bodies included, must be equal across recorders.
 A crash between an effect's intent and its receipt, the recovery of that effect and
-the replay of every recorded run are part of the suite.
+the replay of every recorded run are part of the suite: through :class:`ReplayRun`
+itself, and through ``replay_run`` with a coroutine entry (driven by an
+:class:`AsyncReplayRun`). An agent written twice, as a plain function and as a coroutine
+function, records the same envelopes with every recorder and replays through either
+twin. With a key-encryption key in the environment, the sync and the async recorder built
+from settings seal every body alike.
 """
 
 from __future__ import annotations
@@ -23,7 +28,13 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agent_blackbox.keystore import SEALED_ENCODING
+from agent_blackbox.keystore import (
+    SEALED_ENCODING,
+    AesGcmSealer,
+    AuditedKeys,
+    LocalKeyProvider,
+    WrongKey,
+)
 from agent_blackbox.outbox import (
     AsyncMemoryRecorder,
     AsyncRecorder,
@@ -35,13 +46,20 @@ from agent_blackbox.outbox import (
     RunOptions,
     RunSnapshot,
 )
-from agent_blackbox.replayer import ReplayRun
+from agent_blackbox.replayer import (
+    AsyncReplayRun,
+    ReplayRun,
+    is_async_entry,
+    replay_run,
+    replay_run_async,
+)
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     Envelope,
     EnvelopeCodec,
     PayloadPipeline,
     Settings,
+    UndecodableMessage,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -229,13 +247,15 @@ _VOLATILE_ATTRIBUTES = {"latency_ms"}
 _VOLATILE_BODY = {"latency_ms", "value_us", "value_json"}
 
 
-def _shape(envelopes: list[Envelope]) -> list[dict[str, Any]]:
+def _shape(
+    envelopes: list[Envelope], pipeline: PayloadPipeline | None = None
+) -> list[dict[str, Any]]:
     """What must match across recorders: everything but ids, times and random values.
 
     The run id is replaced by a placeholder wherever it shows (default idempotency keys
     hold it); a digest taken over it, or over a time or a random value, is left out.
     """
-    pipeline = PayloadPipeline()
+    pipeline = pipeline or PayloadPipeline()
     shaped = []
     for e in envelopes:
         run = e.run_id
@@ -328,12 +348,137 @@ def test_what_every_recorder_records_replays(harness: Harness) -> None:
     assert replay.consumed == len(finished)
 
 
+driven_with: list[type] = []
+"""The class of run each call of :func:`scripted_entry` was given."""
+
+
+async def scripted_entry(run: Any, input: Any) -> Any:
+    """The script as an async agent entry: what ``replay_run`` drives with an async run."""
+    driven_with.append(type(run))
+    for step in SCRIPT:
+        await _perform(run, step)
+    return {"done": True}
+
+
+def test_what_every_recorder_records_replays_through_a_coroutine_entry(
+    harness: Harness,
+) -> None:
+    finished, _ = _record_all(harness)
+    assert is_async_entry(scripted_entry)
+    driven_with.clear()
+    report = replay_run(finished, scripted_entry)
+    assert report.passed, report.divergence and report.divergence.describe()
+    assert driven_with == [AsyncReplayRun]
+    assert report.result == "PASS"
+
+    async def changed(run: Any, input: Any) -> Any:  # the first step's argument differs
+        await run.call("lookup", lookup, "T-10")
+        return {"done": True}
+
+    diverged = replay_run(finished, changed)
+    assert not diverged.passed
+    assert diverged.divergence is not None
+    assert diverged.divergence.sequence == 2
+
+
+# One agent written twice: as a plain function and as a coroutine function ------------
+
+
+def sync_agent(run: Any, input: Any) -> Any:
+    found = run.call("lookup", lookup, input["ticket"])
+    try:
+        run.call("lookup", broken, input["ticket"])
+    except ToolDown as exc:
+        found["fallback"] = str(exc)
+    reply = run.llm(model, {"model": "m-1", "messages": []}, provider="openai", model="m-1")
+    run.now()
+    dice = run.randint(1, 6)
+    receipt = run.effect("notify", send, arguments={"to": input["email"]}, key="notify-1")
+    state = {"priority": found["priority"], "dice": 1 <= dice <= 6}
+    run.transition("triaged", state=state, reason="looked up")
+    return {"found": found, "reply": reply["choices"][0], "receipt": receipt.status}
+
+
+async def async_agent(run: Any, input: Any) -> Any:
+    found = await run.call("lookup", lookup, input["ticket"])
+    try:
+        await run.call("lookup", broken, input["ticket"])
+    except ToolDown as exc:
+        found["fallback"] = str(exc)
+    request = {"model": "m-1", "messages": []}
+    reply = await run.llm(model, request, provider="openai", model="m-1")
+    await run.now()
+    dice = await run.randint(1, 6)
+    receipt = await run.effect("notify", send, arguments={"to": input["email"]}, key="notify-1")
+    state = {"priority": found["priority"], "dice": 1 <= dice <= 6}
+    await run.transition("triaged", state=state, reason="looked up")
+    return {"found": found, "reply": reply["choices"][0], "receipt": receipt.status}
+
+
+def _record_twin(harness: Harness) -> list[Envelope]:
+    """Record the twin that fits the recorder through ``record``: the coroutine function
+    with an async recorder, the plain one with a sync recorder."""
+    recorder = harness.recorder
+    output: Any
+    if isinstance(recorder, AsyncRecorder | AsyncMemoryRecorder):
+        run, output = asyncio.run(recorder.record(async_agent, SNAPSHOT, OPTIONS))
+    else:
+        run, output = recorder.record(sync_agent, SNAPSHOT, OPTIONS)
+    assert output["receipt"] == "confirmed"
+    assert output["found"]["fallback"] == "no ticket service for T-9"
+    return harness.read(run.run_id)
+
+
+def test_an_async_agent_records_what_its_sync_twin_records_and_replays_through_either(
+    request: pytest.FixtureRequest,
+) -> None:
+    shapes = {}
+    for kind in RECORDERS:
+        harnesses = _harness(kind, request)
+        try:
+            events = _record_twin(next(harnesses))
+        finally:
+            harnesses.close()
+        assert events[-1].event_type == "run.finished", kind
+        assert _chained(events), kind
+        shapes[kind] = _shape(events)
+        for entry in (sync_agent, async_agent):
+            report = replay_run(events, entry)
+            assert report.passed, (kind, entry.__name__, report.divergence)
+        inside = asyncio.run(replay_run_async(events, async_agent))
+        assert inside.passed, (kind, inside.divergence)
+    for kind, shape in shapes.items():
+        assert shape == shapes["memory"], f"{kind} records the twin otherwise than memory"
+
+
+# Encryption from settings ---------------------------------------------------------
+
+
+@pytest.fixture(params=["BLACKBOX_KEK", "BLACKBOX_KEK_FILE"])
+def kek_in_environment(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> LocalKeyProvider:
+    """A key-encryption key configured the way an operator does: inline or in a file."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    monkeypatch.delenv("BLACKBOX_KEK", raising=False)
+    monkeypatch.delenv("BLACKBOX_KEK_FILE", raising=False)
+    if request.param == "BLACKBOX_KEK":
+        monkeypatch.setenv("BLACKBOX_KEK", f"v1:{key}")
+    else:
+        path = tmp_path / "kek.json"
+        path.write_text(f'{{"current": "v1", "keys": {{"v1": "{key}"}}}}', encoding="utf-8")
+        monkeypatch.setenv("BLACKBOX_KEK_FILE", str(path))
+    provider = LocalKeyProvider.from_env()
+    assert provider is not None
+    return provider
+
+
 def test_recorders_from_settings_seal_alike(
-    settings: Settings, engine: Engine, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, engine: Engine, kek_in_environment: LocalKeyProvider
 ) -> None:
     """With a key-encryption key in the environment, the sync and the async recorder
-    built from settings both seal every body under the run's data key."""
-    monkeypatch.setenv("BLACKBOX_KEK", "v1:" + base64.b64encode(os.urandom(32)).decode())
+    built from settings both seal every body under the run's own data key: nothing
+    opens without the key, everything opens and replays with it."""
     read = _outbox_reader(engine)
 
     async def record_async() -> str:
@@ -349,8 +494,29 @@ def test_recorders_from_settings_seal_alike(
     finally:
         recorder.engine.dispose()
     async_run = asyncio.run(record_async())
+    keys = AuditedKeys(engine, kek_in_environment, purpose="conformance: sealing parity")
+    sealed = PayloadPipeline(sealer=AesGcmSealer(keys))
+    other_kek = LocalKeyProvider({"v1": os.urandom(32)})
+    stranger = AuditedKeys(engine, other_kek, purpose="conformance: the wrong key")
+    shapes = []
     for run_id in (sync_run, async_run):
         envelopes = read(run_id)
-        assert len(envelopes) > len(SCRIPT)
-        assert {e.payload_encoding for e in envelopes} == {SEALED_ENCODING}
-        assert all(e.key_id for e in envelopes)
+        assert len(envelopes) == 2 + sum(2 if s.method == "effect" else 1 for s in SCRIPT)
+        assert {e.payload_encoding for e in envelopes} == {SEALED_ENCODING}, run_id
+        assert len({e.key_id for e in envelopes}) == 1, "one data key per run"
+        assert envelopes[0].key_id, run_id
+        for envelope in envelopes:
+            assert envelope.payload is not None
+            assert b"T-9" not in envelope.payload, "a sealed body shows its content"
+            with pytest.raises(UndecodableMessage, match=r"sealed .* no key provider"):
+                PayloadPipeline().unpack(envelope)
+        with pytest.raises(WrongKey):
+            PayloadPipeline(sealer=AesGcmSealer(stranger)).unpack(envelopes[1])
+        shapes.append(_shape(envelopes, sealed))
+        report = replay_run(envelopes, scripted_entry, pipeline=sealed, digests=keys)
+        assert report.passed, report.divergence and report.divergence.describe()
+        keyless = replay_run(envelopes, scripted_entry)
+        assert keyless.result == "ERROR", "a run replayed without its key is no divergence"
+        assert keyless.error is not None
+        assert run_id in keyless.error
+    assert shapes[0] == shapes[1], "the async recorder seals other bodies than the sync one"

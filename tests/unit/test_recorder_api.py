@@ -1,13 +1,29 @@
-"""The recorder's front: who a run belongs to (RunOptions), and the errors of misuse."""
+"""The recorder's front: who a run belongs to (RunOptions), the errors of misuse, and
+the async API as the sync one, method for method."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 import os
+from typing import Any
 
 import pytest
 
 from agent_blackbox.keystore import DataKeyStore, KeystoreError, LocalKeyProvider
-from agent_blackbox.outbox import MemoryRecorder, RunNotActive, RunOptions, RunSnapshot
+from agent_blackbox.outbox import (
+    AsyncMemoryRecorder,
+    AsyncRecorder,
+    AsyncRun,
+    MemoryRecorder,
+    Recorder,
+    Run,
+    RunNotActive,
+    RunOptions,
+    RunSnapshot,
+)
+from agent_blackbox.replayer import AsyncReplayRun, ReplayRun
 
 SNAPSHOT = RunSnapshot(code_version="api/1", input={"n": 1})
 
@@ -70,3 +86,94 @@ def test_a_name_that_moved_out_of_the_agents_package_says_where_it_is(
 ) -> None:
     with pytest.raises(ImportError, match=where):
         exec(f"from agent_blackbox.outbox import {name}")
+
+
+# The async API is the sync API, awaited ---------------------------------------------
+
+SYNC_ONLY = {
+    # A block that joins every event to one transaction: the async code passes
+    # ``connection=`` to ``transition`` and ``finish`` instead.
+    (Run, AsyncRun): {"joined"},
+    (ReplayRun, AsyncReplayRun): {"joined", "drives_here", "divergences"},
+}
+
+
+def _public(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+@pytest.mark.parametrize(
+    ("sync", "asynchronous"),
+    [
+        (Recorder, AsyncRecorder),
+        (MemoryRecorder, AsyncMemoryRecorder),
+        (Run, AsyncRun),
+        (ReplayRun, AsyncReplayRun),
+    ],
+    ids=lambda cls: cls.__name__,
+)
+def test_the_async_twin_has_every_method_of_the_sync_one(sync: type, asynchronous: type) -> None:
+    """Method for method: a method the sync class has and its async twin lacks, or has
+    as a plain function, or with other parameters, fails here."""
+    missing = _public(sync) - _public(asynchronous)
+    assert missing == SYNC_ONLY.get((sync, asynchronous), set())
+    for name in sorted(_public(sync) & _public(asynchronous)):
+        plain = inspect.getattr_static(sync, name)
+        twin = inspect.getattr_static(asynchronous, name)
+        if plain is twin or not inspect.isfunction(plain):
+            continue  # shared by both (a common base), a property or a class method
+        assert inspect.iscoroutinefunction(twin), f"{asynchronous.__name__}.{name} is not async"
+        assert list(inspect.signature(twin).parameters) == list(
+            inspect.signature(plain).parameters
+        ), f"{asynchronous.__name__}.{name} takes other parameters than {sync.__name__}.{name}"
+    if hasattr(sync, "from_settings"):
+        assert isinstance(inspect.getattr_static(asynchronous, "from_settings"), classmethod)
+
+
+def test_the_async_recorders_record_resume_and_resolve_like_the_sync_ones() -> None:
+    """The recovery path, end to end in memory: a crash between intent and receipt, the
+    open effect found, the run resumed, the receipt resolved, the same envelopes."""
+
+    class Crash(BaseException):
+        pass
+
+    def die(key: str) -> Any:
+        raise Crash
+
+    def sync_part(recorder: MemoryRecorder) -> list[tuple[str, str]]:
+        run = recorder.start_run(SNAPSHOT, agent_id="twins")
+        with contextlib.suppress(Crash):
+            run.effect("notify", die, arguments={"to": "x"}, key="k-1")
+        (pending,) = recorder.unresolved_effects(run_id=run.run_id)
+        resumed = recorder.resume(run.run_id)
+        receipt = resumed.resolve_effect(pending, lambda key: {"external_id": f"ext-{key}"})
+        assert receipt.status == "confirmed"
+        assert recorder.unresolved_effects(run_id=run.run_id) == []
+        resumed.finish(output=receipt.external_id)
+        _, output = recorder.record(lambda run, input: input["n"], SNAPSHOT, agent_id="twins")
+        assert output == 1
+        return [(e.event_type, e.input_digest) for e in recorder.events]
+
+    async def async_part(recorder: AsyncMemoryRecorder) -> list[tuple[str, str]]:
+        run = await recorder.start_run(SNAPSHOT, agent_id="twins")
+        with contextlib.suppress(Crash):
+            await run.effect("notify", die, arguments={"to": "x"}, key="k-1")
+        (pending,) = await recorder.unresolved_effects(run_id=run.run_id)
+        resumed = await recorder.resume(run.run_id)
+
+        async def lookup(key: str) -> dict[str, str]:
+            return {"external_id": f"ext-{key}"}
+
+        receipt = await resumed.resolve_effect(pending, lookup)
+        assert receipt.status == "confirmed"
+        assert await recorder.unresolved_effects(run_id=run.run_id) == []
+        await resumed.finish(output=receipt.external_id)
+
+        async def entry(run: Any, input: Any) -> Any:
+            return input["n"]
+
+        _, output = await recorder.record(entry, SNAPSHOT, agent_id="twins")
+        assert output == 1
+        return [(e.event_type, e.input_digest) for e in recorder.events]
+
+    assert asyncio.run(async_part(AsyncMemoryRecorder())) == sync_part(MemoryRecorder())
