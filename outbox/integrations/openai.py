@@ -30,7 +30,9 @@ strict response validation), so they compare equal to what record mode handed ba
 recorded API error is raised again as the same ``openai`` exception class, rebuilt from
 the recorded status and body; only the classes listed here are rebuilt, chosen by the
 recorded name, and nothing from a payload is imported or executed. Any other recorded
-error is raised as :class:`~agent_blackbox.outbox.RecordedError`. The response's request id header
+error comes back as faithful values do (its own class where it is imported and can be
+rebuilt from its arguments, else a :class:`~agent_blackbox.outbox.RecordedError` subclass
+named like it). The response's request id header
 (``_request_id``) is not recorded and is ``None`` in replay.
 """
 
@@ -73,7 +75,7 @@ T = TypeVar("T")
 # credentials, so none of them is ever recorded.
 _TRANSPORT_OPTIONS = frozenset({"extra_headers", "extra_query", "timeout"})
 
-# The exceptions rebuilt in replay, by recorded class name; any other stays RecordedError.
+# The API errors rebuilt in replay from their recorded status and body, by class name.
 _STATUS_ERRORS: dict[str, type[openai.APIStatusError]] = {
     cls.__name__: cls
     for cls in (
