@@ -27,6 +27,7 @@ import socket
 from types import TracebackType
 from typing import Any
 
+import openai
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
@@ -154,9 +155,19 @@ def _service_ports(settings: Settings) -> set[int]:
 def test_the_guard_refuses_and_counts_a_connection_to_the_model_server() -> None:
     with OpenAIServer() as server:
         port = _port(server.base_url)
-        with SocketGuard({1}) as guard, pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", port), timeout=2)
-    assert guard.refused == [("127.0.0.1", port)]
+        with SocketGuard({1}) as guard:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=2)
+            # The model SDK's async transport goes through the guard too.
+            client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+            request = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hello"}]
+            )
+            with pytest.raises(openai.APIConnectionError):
+                asyncio.run(request)
+        assert server.requests == []
+    assert guard.refused[0] == ("127.0.0.1", port)
+    assert len(guard.refused) >= 2
 
 
 # Unchanged code: every run passes, offline ---------------------------------------------
@@ -281,6 +292,10 @@ def test_every_mutant_is_caught_with_its_kind_and_call_site(
     assert any(_fraud_was_down(events) for events in sample.values())
     for events in sample.values():
         assert replay_run(events, _entry(SupportAgent)).passed  # the baseline passes
+    parallel = sample["S-00007"]
+    for _ in range(100):  # parallel tool calls replay the same way every time
+        report = replay_run(parallel, _entry(SupportAgent))
+        assert report.passed, report.divergence and report.divergence.describe()
     for variant, kind, function, file in MUTANTS:
         for ticket_id, events in sample.items():
             if variant is FraudDownMeansFlagged and not _fraud_was_down(events):
