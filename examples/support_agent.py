@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import openai
 from sqlalchemy import text
@@ -156,6 +156,16 @@ class OfflineHelpDesk(HelpDesk):
 # The agent's own table ---------------------------------------------------------------
 
 
+class Cases(Protocol):
+    """Where the agent keeps its cases: a transaction, and a write inside it."""
+
+    def transaction(self) -> AbstractAsyncContextManager[AsyncConnection | None]: ...
+
+    async def save(
+        self, conn: AsyncConnection | None, ticket_id: str, status: str, refund: str | None
+    ) -> None: ...
+
+
 class CaseStore:
     """The agent's business state: one row per ticket in its own table."""
 
@@ -179,7 +189,8 @@ class CaseStore:
     async def save(
         self, conn: AsyncConnection | None, ticket_id: str, status: str, refund: str | None
     ) -> None:
-        assert conn is not None
+        if conn is None:
+            raise ValueError("CaseStore.save writes inside CaseStore.transaction()")
         await conn.execute(
             text(
                 "INSERT INTO support_cases (ticket_id, status, refund) "
@@ -190,17 +201,14 @@ class CaseStore:
         )
 
 
-class ReplayCases(CaseStore):
-    """The case store of replay: business writes are skipped. Replay checks the state
-    change against the recording; the row was written when the run was recorded, and
-    writing it again would change a system of record from an offline check."""
-
-    def __init__(self) -> None:
-        pass
+class ReplayCases:
+    """The cases of replay: business writes are skipped. Replay checks the recorded
+    state change; the row was written when the run was recorded, and writing it again
+    would change a system of record from an offline check."""
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection | None]:
-        yield None  # no connection: replay's transition accepts it and touches nothing
+        yield None  # no connection: replay's transition accepts one and touches nothing
 
     async def save(
         self, conn: AsyncConnection | None, ticket_id: str, status: str, refund: str | None
@@ -217,7 +225,7 @@ class SupportAgent:
 
     llm: openai.AsyncOpenAI
     desk: HelpDesk
-    cases: CaseStore
+    cases: Cases
     model: str = MODEL
 
     def snapshot(self, ticket: Mapping[str, str]) -> RunSnapshot:
@@ -253,7 +261,8 @@ class SupportAgent:
     async def plan(
         self, client: Any, ticket: Mapping[str, str], articles: list[Any]
     ) -> list[tuple[str, dict[str, Any]]]:
-        """Ask the model which tools to call; it asks for several at once."""
+        """Ask the model which tools to call; it asks for several at once (all three,
+        as :meth:`decide` expects: an agent for a real model would check)."""
         context = " ".join(article["id"] for article in articles)
         completion = await client.chat.completions.create(
             model=self.model,
@@ -307,7 +316,8 @@ class SupportAgent:
         names: dict[int, str] = {}
         arguments: dict[int, str] = {}
         async for chunk in stream:
-            for piece in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            delta = chunk.choices[0].delta if chunk.choices else None
+            for piece in (delta.tool_calls if delta else None) or []:
                 if piece.function and piece.function.name:
                     names[piece.index] = piece.function.name
                 if piece.function and piece.function.arguments:

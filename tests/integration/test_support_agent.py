@@ -37,6 +37,7 @@ from agent_blackbox.cli import main
 from agent_blackbox.consumers import ViewRunIndex
 from agent_blackbox.examples import support_agent
 from agent_blackbox.examples.support_agent import (
+    CaseStore,
     SupportAgent,
     offline_agent,
     record_ticket,
@@ -61,8 +62,8 @@ async def _record(settings: Settings, base_url: str, count: int) -> dict[str, st
     engine = create_async_engine(settings.database_url, pool_size=AT_ONCE + 2)
     try:
         recorder = AsyncRecorder(engine, settings=settings)
+        await CaseStore(engine).create_table()
         agent = support_agent.production_agent(base_url=base_url, api_key="test", engine=engine)
-        await agent.cases.create_table()
         gate = asyncio.Semaphore(AT_ONCE)
 
         async def one(index: int) -> tuple[str, str]:
@@ -196,12 +197,14 @@ def test_every_recorded_run_replays_offline_with_the_model_server_stopped(
         "BLACKBOX_KEK_FILE": None,
     }
     with SocketGuard(_service_ports(settings)) as guard:
-        result = CliRunner(env=env).invoke(main, ["replay", "--all", "--json"])
+        args = ["replay", "--all", "--json", "--nondeterminism", "fail"]
+        result = CliRunner(env=env).invoke(main, args)
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     *runs, summary = lines
     assert sorted(line["run_id"] for line in runs) == sorted(recorded.values())
     assert {line["result"] for line in runs} == {"PASS"}
+    assert [line["nondeterminism"] for line in runs] == [[]] * RUNS  # no direct clock reads
     assert (summary["runs"], summary["pass_rate"]) == (RUNS, 1.0)
     assert guard.refused == []  # nothing but Postgres and Kafka was even attempted
     assert _cases(engine) == cases  # replay wrote no business row
