@@ -18,6 +18,7 @@ checks the state change against the recording and never touches the agent's tabl
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -374,9 +375,13 @@ async def record_ticket(
     )
 
 
+@functools.cache
 def offline_agent() -> SupportAgent:
     """The agent as replay builds it: a model client that is never used (no key, an
-    address nothing listens on), a help desk that refuses every call, no case writes."""
+    address nothing listens on), a help desk that refuses every call, no case writes.
+
+    Built once per process: nothing in it keeps state between runs, and creating a
+    model client (its TLS context) costs more than replaying a run."""
     client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused-in-replay")
     return SupportAgent(client, OfflineHelpDesk(), ReplayCases())
 
