@@ -285,6 +285,8 @@ class SupportAgent:
         return dict(zip((name for name, _ in calls), results, strict=True))
 
     async def use_tool(self, run: Any, name: str, args: dict[str, Any]) -> Any:
+        """One tool call the model asked for, through the run; the fraud service being
+        down is an answer the agent handles, not a failure of the run."""
         tool = {
             "lookup_order": self.desk.lookup_order,
             "check_fraud": self.desk.check_fraud,
