@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import imports, recorder, relay, replay, sealing, views
+from bench import concurrency, imports, recorder, relay, replay, sealing, views
 from bench._common import console
 
 BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
@@ -20,6 +20,7 @@ BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "relay": relay.main,
     "views": views.main,
     "replay": replay.main,
+    "concurrency": concurrency.main,
 }
 
 

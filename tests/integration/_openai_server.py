@@ -10,7 +10,11 @@ What it answers is chosen by the request:
 
 - ``model`` ``"fail-<status>"`` (``fail-400``, ``fail-429``, ``fail-500``): an OpenAI
   error body with that HTTP status;
-- ``tools`` present: a call of the first tool, with arguments ``{"city": "Paris"}``;
+- ``tools`` present: a call of the first tool, or of every tool offered when the request
+  sets ``parallel_tool_calls`` to true (one reply asking for several tools at once, also
+  streamed). A tool's arguments are its declared parameters whose ``name=value`` words
+  appear in the last user text, as if the model read them there; when none does, they
+  are ``{"city": "Paris"}``;
 - otherwise: the text ``"echo: <last user text>"``.
 """
 
@@ -227,19 +231,34 @@ def _chat_usage() -> dict[str, Any]:
     }
 
 
+def _tool_calls(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The tool calls of the reply to ``request`` (none when it offers no tools)."""
+    tools = request.get("tools") or []
+    chosen = tools if request.get("parallel_tool_calls") is True else tools[:1]
+    words = dict(word.split("=", 1) for word in _last_user_text(request).split() if "=" in word)
+    calls = []
+    for number, tool in enumerate(chosen, start=1):
+        function = tool.get("function") or tool
+        declared = (function.get("parameters") or {}).get("properties") or {}
+        found = {name: words[name] for name in declared if name in words}
+        arguments = json.dumps(found) if found else TOOL_ARGUMENTS
+        calls.append(
+            {
+                "id": f"call_{number}",
+                "type": "function",
+                "function": {"name": str(function.get("name")), "arguments": arguments},
+            }
+        )
+    return calls
+
+
 def _chat_completion(request: Mapping[str, Any]) -> dict[str, Any]:
-    tool = _tool_name(request)
+    calls = _tool_calls(request)
     message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
-    if tool is None:
+    if not calls:
         message["content"] = f"echo: {_last_user_text(request)}"
     else:
-        message["tool_calls"] = [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": tool, "arguments": TOOL_ARGUMENTS},
-            }
-        ]
+        message["tool_calls"] = calls
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion",
@@ -251,7 +270,7 @@ def _chat_completion(request: Mapping[str, Any]) -> dict[str, Any]:
                 "index": 0,
                 "message": message,
                 "logprobs": None,
-                "finish_reason": "stop" if tool is None else "tool_calls",
+                "finish_reason": "tool_calls" if calls else "stop",
             }
         ],
         "usage": _chat_usage(),
@@ -270,24 +289,22 @@ def _chat_chunk(request: Mapping[str, Any], delta: Any, finish: str | None) -> d
 
 
 def _chat_events(request: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
-    tool = _tool_name(request)
+    calls = _tool_calls(request)
     chunks = [_chat_chunk(request, {"role": "assistant", "content": ""}, None)]
-    if tool is None:
+    if not calls:
         pieces = _pieces(f"echo: {_last_user_text(request)}")
         chunks += [_chat_chunk(request, {"content": p}, None) for p in pieces]
         chunks.append(_chat_chunk(request, {}, "stop"))
     else:
-        start = {
-            "index": 0,
-            "id": "call_1",
-            "type": "function",
-            "function": {"name": tool, "arguments": ""},
-        }
-        chunks.append(_chat_chunk(request, {"tool_calls": [start]}, None))
-        half = len(TOOL_ARGUMENTS) // 2
-        for part in (TOOL_ARGUMENTS[:half], TOOL_ARGUMENTS[half:]):
-            fragment = {"index": 0, "function": {"arguments": part}}
-            chunks.append(_chat_chunk(request, {"tool_calls": [fragment]}, None))
+        for index, call in enumerate(calls):
+            whole = call["function"]["arguments"]
+            function = {**call["function"], "arguments": ""}
+            start = {"index": index, "id": call["id"], "type": "function", "function": function}
+            chunks.append(_chat_chunk(request, {"tool_calls": [start]}, None))
+            half = len(whole) // 2
+            for part in (whole[:half], whole[half:]):
+                fragment = {"index": index, "function": {"arguments": part}}
+                chunks.append(_chat_chunk(request, {"tool_calls": [fragment]}, None))
         chunks.append(_chat_chunk(request, {}, "tool_calls"))
     if (request.get("stream_options") or {}).get("include_usage"):
         final = _chat_chunk(request, {}, None)
