@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import weakref
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
@@ -51,7 +52,7 @@ def _executor() -> Any:
         task = asyncio.current_task(loop)
         if task is not None:
             return task
-    return threading.get_ident()
+    return threading.current_thread()
 
 
 class Placement:
@@ -59,7 +60,11 @@ class Placement:
 
     def __init__(self, first: int = 1) -> None:
         self._starts = itertools.count(first)
-        self._branches: dict[Any, tuple[int, int]] = {}
+        # Weakly held: a long run's finished tasks (and threads) are not kept alive.
+        self._branches: weakref.WeakKeyDictionary[Any, tuple[int, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._count = 0
         self._lock = threading.Lock()
         self._token = id(self)
 
@@ -75,25 +80,28 @@ class Placement:
         drives it again (a pool started before any crossing must not make a pool thread
         the run's own branch)."""
         with self._lock:
-            if self._branches:
+            if self._count:
                 return
             self._branches[_executor()] = (0, 0)
+            self._count = 1
         _CURRENT.set((self._token, 0))
 
     def begin(self) -> Place:
         """The place of a boundary the current task or thread begins now."""
         started = next(self._starts)  # atomic: the count is advanced under the GIL
-        branch = self._branches.get(_executor())
+        executor = _executor()
+        branch = self._branches.get(executor)
         if branch is None:
-            branch = self._new_branch()
+            branch = self._new_branch(executor)
         return Place(started, *branch)
 
-    def _new_branch(self) -> tuple[int, int]:
+    def _new_branch(self, executor: Any) -> tuple[int, int]:
         inherited = _CURRENT.get()
         parent = inherited[1] if inherited is not None and inherited[0] == self._token else 0
         with self._lock:
-            branch = (len(self._branches), parent)
-            self._branches[_executor()] = branch
+            branch = (self._count, parent)
+            self._branches[executor] = branch
+            self._count += 1
         _CURRENT.set((self._token, branch[0]))
         return branch
 

@@ -340,6 +340,11 @@ class ReplayRun:
         self._turn = threading.Condition(self._lock)
         """Waits for a turn; ``with self._lock`` holds it (cheaper than the condition's own)."""
         self._waiting: dict[int, asyncio.Future[None]] = {}
+        """Tasks waiting for their turn, by the sequence they wait to hand back."""
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watched = -1
+        self._sleepers = 0
+        """Threads waiting for their turn."""
         self._fatal: ReplayDivergence | None = None
         self._state: str | None = None
         self._state_digest: str | None = None
@@ -495,6 +500,9 @@ class ReplayRun:
         """Check the recorded ``run.finished`` against how the code ended, then that
         every recorded event was consumed."""
         self._check_readable()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self._fatal is not None:
             raise self._fatal  # the agent's code caught it; the run diverged all the same
         ending = self._contract.ending(output, error, self._state_digest)
@@ -649,9 +657,10 @@ class ReplayRun:
                 waiting = asyncio.get_running_loop().create_future()
                 self._waiting[envelope.sequence] = waiting
         if waiting is not None:
+            self._watch(waiting.get_loop())
             try:
-                await asyncio.wait_for(waiting, self.stall_timeout)
-            except TimeoutError:
+                await waiting
+            except _Stalled:
                 with self._lock:
                     self._stalled(envelope)
         with self._lock:
@@ -782,6 +791,10 @@ class ReplayRun:
             lane.popleft()
         else:
             del lane[next(i for i, e in enumerate(lane) if e is envelope)]
+        if lane is not None and not lane and lane is not self._own:
+            # A child's branch is often done: forget it (read ahead, it comes back).
+            self._lanes = {key: kept for key, kept in self._lanes.items() if kept}
+            self._lanes[0] = self._own
         return envelope
 
     def _head(self, branch: int) -> Envelope | None:
@@ -846,7 +859,7 @@ class ReplayRun:
         self._head(-1)  # the whole run is read: any branch may hold the call
         bound = self._bound.get(branch)
         if bound is not None:
-            lane = self._lanes[bound[0]]
+            lane = self._lanes.get(bound[0], deque())
             following = next((e for e in lane if e.sequence > bound[1]), None)
             if following is not None and _answers(following, event_type, actual):
                 self._bound[branch] = (bound[0], following.sequence)
@@ -878,7 +891,11 @@ class ReplayRun:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._stalled(envelope)
-            self._turn.wait(remaining)
+            self._sleepers += 1
+            try:
+                self._turn.wait(remaining)
+            finally:
+                self._sleepers -= 1
 
     def _release(self, envelope: Envelope) -> None:
         """Hand ``envelope`` back (its turn has come): check its chain link, then wake
@@ -895,10 +912,29 @@ class ReplayRun:
         self._released = envelope.sequence
         self.consumed += 1
         if self._concurrent:
-            self._turn.notify_all()
+            if self._sleepers:
+                self._turn.notify_all()
             waiting = self._waiting.pop(self._released + 1, None)
             if waiting is not None:
-                waiting.get_loop().call_soon_threadsafe(_wake, waiting, None)
+                _wake_soon(waiting, None)
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make sure one timer watches the waiting tasks: if nothing was handed back for
+        ``stall_timeout`` while some wait, the earliest of them stalls (one timer per
+        period, not one per wait)."""
+        if self._watchdog is None:
+            self._watched = self._released
+            self._watchdog = loop.call_later(self.stall_timeout, self._check, loop)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._watchdog = None
+        if not self._waiting:
+            return
+        if self._released != self._watched:
+            self._watch(loop)  # progress since the last look: look again later
+            return
+        earliest = min(self._waiting)
+        _wake(self._waiting.pop(earliest), _STALLED)
 
     def _stalled(self, waiting: Envelope) -> NoReturn:
         """A call waited ``stall_timeout`` for an event the code never asked for."""
@@ -1066,7 +1102,7 @@ class ReplayRun:
         with self._lock:
             self._turn.notify_all()
         for waiting in self._waiting.values():
-            waiting.get_loop().call_soon_threadsafe(_wake, waiting, self._fatal)
+            _wake_soon(waiting, self._fatal)
         self._waiting.clear()
 
 
@@ -1229,6 +1265,23 @@ def _reduced_note(envelope: Envelope, truncated: Mapping[str, Any]) -> str:
 def _raise_recorded(error: Mapping[str, str] | None) -> None:
     if error is not None:
         raise rebuild_error(error)
+
+
+class _Stalled(Exception):
+    """A call waited ``stall_timeout`` for its turn."""
+
+
+_STALLED = _Stalled()
+
+
+def _wake_soon(waiting: asyncio.Future[None], error: BaseException | None) -> None:
+    """Wake a task waiting for its turn: at once from its own loop's thread, else through
+    its loop."""
+    loop = waiting.get_loop()
+    if asyncio.events._get_running_loop() is loop:
+        _wake(waiting, error)
+    else:
+        loop.call_soon_threadsafe(_wake, waiting, error)
 
 
 def _wake(waiting: asyncio.Future[None], error: BaseException | None) -> None:
