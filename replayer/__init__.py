@@ -6,6 +6,7 @@ is ever called. Replay mode itself (:class:`ReplayRun`) lives here, beside its r
 
 from agent_blackbox.replayer._driver import (
     AgentEntry,
+    ReplayOptions,
     is_async_entry,
     replay_run,
     replay_run_async,
@@ -74,6 +75,7 @@ __all__ = [
     "ReadSide",
     "RecordedTools",
     "ReplayDivergence",
+    "ReplayOptions",
     "ReplayReport",
     "ReplayRun",
     "ReplaySetupError",

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from itertools import chain
-from typing import Any, cast
+from typing import Any, TypedDict, Unpack, cast
 
 from agent_blackbox.keystore import DataKeyMissing, KeyDestroyed
 from agent_blackbox.outbox import AgentRun, NondeterminismGuard
@@ -46,20 +46,40 @@ AgentEntry = Callable[[AgentRun, Any], Any]
 (or ``async def entry(run, input)``, which replay drives with an async run)."""
 
 
+class ReplayOptions(TypedDict, total=False):
+    """How :func:`replay_run` and :func:`replay_run_async` replay (keywords, all optional).
+
+    Keys:
+        pipeline: opens payloads (the sealing adapter, with its key store, for
+            encrypted runs); plain Avro by default.
+        blobs: reads bodies stored out of line (``PostgresBlobs`` on the write side).
+        agent_id: the agent named in the report.
+        digests: the tenants' keyed digests, for runs digested under a key.
+        stall_timeout: seconds a concurrent call waits for its turn before the replay
+            decides the code left out a child (default 10; see :class:`ReplayRun`).
+        reveal_values: an argument mismatch lists the changed values, not only paths.
+        nondeterminism: ``"warn"`` (default) or ``"fail"``: what direct reads of the
+            clock, ``random``, UUIDs, the OS's randomness and the environment by the
+            agent's own modules do to the report.
+        agent_modules: modules or packages of the agent's own besides the package of
+            the entry's module (their direct reads are reported too).
+    """
+
+    pipeline: PayloadPipeline | None
+    blobs: BlobReader | None
+    agent_id: str | None
+    digests: DigestKeys | None
+    stall_timeout: float
+    reveal_values: bool
+    nondeterminism: NondeterminismPolicy
+    agent_modules: Iterable[str]
+
+
 def replay_run(
-    events: Iterable[Envelope],
-    entry: AgentEntry,
-    *,
-    pipeline: PayloadPipeline | None = None,
-    blobs: BlobReader | None = None,
-    agent_id: str | None = None,
-    digests: DigestKeys | None = None,
-    stall_timeout: float = 10.0,
-    reveal_values: bool = False,
-    nondeterminism: NondeterminismPolicy = "warn",
-    agent_modules: Iterable[str] = (),
+    events: Iterable[Envelope], entry: AgentEntry, **options: Unpack[ReplayOptions]
 ) -> ReplayReport:
-    """Replay one recorded run through ``entry`` and report PASS or the first divergence.
+    """Replay one recorded run through ``entry`` and report PASS or the first divergence
+    (``options``: see :class:`ReplayOptions`).
 
     ``entry`` may be a plain function (it gets a :class:`ReplayRun`) or a coroutine
     function (it gets an :class:`AsyncReplayRun` and runs in an event loop of its own;
@@ -69,51 +89,26 @@ def replay_run(
     when today's code fails the same way. A problem of the replay's own setup (a missing
     key or blob reader, an event this release cannot read) is the report's ``error``,
     with the exception's message, even when the agent's code caught it.
-    ``stall_timeout`` and ``reveal_values``: see :class:`ReplayRun`.
 
     Direct reads of the wall clock, ``random``, UUIDs, the OS's randomness and the
-    environment by the agent's own modules (the package of ``entry``'s module, and the
-    modules or packages named in ``agent_modules``) are the report's
-    ``nondeterminism``, each with its call site: warnings with
-    ``nondeterminism="warn"``, a failed run with ``"fail"``.
+    environment by the agent's own modules are the report's ``nondeterminism``, each
+    with its call site: warnings, or a failed run with ``nondeterminism="fail"``.
 
     Raises:
         ValueError: ``nondeterminism`` is neither ``warn`` nor ``fail``.
     """
-    work = replay_run_async(
-        events,
-        entry,
-        pipeline=pipeline,
-        blobs=blobs,
-        agent_id=agent_id,
-        digests=digests,
-        stall_timeout=stall_timeout,
-        reveal_values=reveal_values,
-        nondeterminism=nondeterminism,
-        agent_modules=agent_modules,
-    )
+    work = replay_run_async(events, entry, **options)
     return _in_own_loop(work) if is_async_entry(entry) else _at_once(work)
 
 
 async def replay_run_async(
-    events: Iterable[Envelope],
-    entry: AgentEntry,
-    *,
-    pipeline: PayloadPipeline | None = None,
-    blobs: BlobReader | None = None,
-    agent_id: str | None = None,
-    digests: DigestKeys | None = None,
-    stall_timeout: float = 10.0,
-    reveal_values: bool = False,
-    nondeterminism: NondeterminismPolicy = "warn",
-    agent_modules: Iterable[str] = (),
+    events: Iterable[Envelope], entry: AgentEntry, **options: Unpack[ReplayOptions]
 ) -> ReplayReport:
     """:func:`replay_run` from async code: a coroutine entry runs in the caller's loop."""
-    fails = check_policy(nondeterminism) == "fail"
-    with NondeterminismGuard(modules_of(entry, agent_modules)) as guard:
-        opened = _opened(
-            events, entry, agent_id, pipeline, blobs, digests, stall_timeout, reveal_values
-        )
+    fails = check_policy(options.get("nondeterminism", "warn")) == "fail"
+    agent_id = options.get("agent_id")
+    with NondeterminismGuard(modules_of(entry, options.get("agent_modules", ()))) as guard:
+        opened = _opened(events, entry, options)
         if isinstance(opened, ReplayReport):
             report = opened
         elif is_async_entry(entry):
@@ -132,16 +127,10 @@ def is_async_entry(entry: Callable[..., Any]) -> bool:
 
 
 def _opened(
-    events: Iterable[Envelope],
-    entry: AgentEntry,
-    agent_id: str | None,
-    pipeline: PayloadPipeline | None,
-    blobs: BlobReader | None,
-    digests: DigestKeys | None,
-    stall_timeout: float,
-    reveal_values: bool,
+    events: Iterable[Envelope], entry: AgentEntry, options: ReplayOptions
 ) -> ReplayRun | ReplayReport:
     """The replay run of ``events``, or the report of why none could start."""
+    agent_id, blobs = options.get("agent_id"), options.get("blobs")
     stream = iter(events)
     first = next(stream, None)
     if first is None:
@@ -149,12 +138,12 @@ def _opened(
     try:
         return ReplayRun(
             chain([first], stream),
-            pipeline=pipeline,
+            pipeline=options.get("pipeline"),
             blobs=blobs,
-            digests=digests,
+            digests=options.get("digests"),
             entry=entry,
-            stall_timeout=stall_timeout,
-            reveal_values=reveal_values,
+            stall_timeout=options.get("stall_timeout", 10.0),
+            reveal_values=options.get("reveal_values", False),
         )
     except KeyDestroyed as exc:
         return _limited(chain([first], stream), agent_id, blobs, str(exc))
