@@ -105,6 +105,7 @@ class AsyncRecorderBase(RecorderBase):
         """Run ``entry(run, snapshot.input)`` (a coroutine function or a plain one) as a
         recorded run; see :meth:`~agent_blackbox.outbox.Recorder.record`."""
         run = await self.start_run(snapshot, options, **fields)
+        run.core.watch_entry(entry)
         return run, await run.drive(entry, snapshot.input)
 
     async def resume(self, run_id: str) -> AsyncRun:

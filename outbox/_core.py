@@ -8,6 +8,7 @@ the lifecycle of a run live here, and so does what every recorder is configured 
 
 from __future__ import annotations
 
+import inspect
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -157,6 +158,7 @@ class RunCore:
         self.placement = Placement()
         self.unwatch: Callable[[], None] | None = None
         """Stops watching the agent's code for unrecorded nondeterminism."""
+        self.nondeterminism: NondeterminismMode = "off"
 
     @property
     def run_id(self) -> str:
@@ -166,6 +168,17 @@ class RunCore:
     def scrub(self) -> Scrub:
         """The redaction rules of this run."""
         return self.contract.scrub
+
+    def watch_entry(self, entry: Callable[..., Any]) -> None:
+        """Watch the package of ``entry``'s module for unrecorded nondeterminism (the
+        recorder drives the entry: that is the agent's code, wherever ``record`` was
+        called from)."""
+        module = getattr(inspect.unwrap(entry), "__module__", None)
+        if self.nondeterminism == "off" or not isinstance(module, str):
+            return
+        if self.unwatch is not None:
+            self.unwatch()
+        self.unwatch = watch_recording(self.nondeterminism, module)
 
     def check_active(self) -> None:
         if self.finished:
@@ -483,6 +496,7 @@ class RecorderBase:
             digest=run_digest,
             scrub=self.scrub,
         )
+        start.core.nondeterminism = self.nondeterminism
         start.core.unwatch = watch_recording(self.nondeterminism)
         return start
 
@@ -504,6 +518,7 @@ class RecorderBase:
         core.cursor = stored.cursor
         core.placement = Placement(stored.cursor.sequence + 1)
         core.state = stored.state
+        core.nondeterminism = self.nondeterminism
         core.unwatch = watch_recording(self.nondeterminism)
         return core
 

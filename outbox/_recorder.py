@@ -118,6 +118,7 @@ class SyncRecorder(RecorderBase):
         Returns the finished run and the output.
         """
         run = self.start_run(snapshot, options, **fields)
+        run.core.watch_entry(entry)
         return run, run.drive(entry, snapshot.input)
 
     def resume(self, run_id: str) -> Run:

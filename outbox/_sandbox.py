@@ -413,17 +413,20 @@ def mode_from(value: str | None) -> NondeterminismMode:
     return value  # type: ignore[return-value]
 
 
-def watch_recording(mode: NondeterminismMode) -> Callable[[], None] | None:
+def watch_recording(
+    mode: NondeterminismMode, module: str | None = None
+) -> Callable[[], None] | None:
     """Start watching the run the caller's code is starting, in ``mode``; returns what
     stops it (safe to call more than once), or None when there is nothing to watch.
 
-    The agent's modules are the package of the code that started the run: the first
-    caller outside this package. A run the project's own code starts (a fork) is not
-    watched: its agent's code is not the starter.
+    The agent's modules are the package of ``module`` (the entry's, when the recorder
+    drives it), else of the code that started the run: the first caller outside this
+    package. A run the project's own code starts (a fork) is not watched: its agent's
+    code is not the starter.
     """
     if mode == "off":
         return None
-    module = _caller_module()
+    module = module or _caller_module()
     if module is None or (module.startswith("agent_blackbox.") and not _is_example(module)):
         return None
     on_read = _fail if mode == "fail" else _warn

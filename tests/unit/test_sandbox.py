@@ -343,6 +343,19 @@ def test_recording_in_fail_mode_raises_at_the_read(
     assert finished.event_type == "run.finished"  # recorded as the run's failure
 
 
+def test_recording_watches_the_entrys_package_wherever_record_is_called(
+    agent: ModuleType,
+) -> None:
+    # The test module calls record: the agent's code is the entry's, in another package.
+    recorder = MemoryRecorder(nondeterminism="warn")
+    with pytest.warns(NondeterminismWarning, match="time.time") as caught:
+        recorder.record(agent.clock_agent, RunSnapshot("sbx.1", {}), agent_id="sbx")
+    assert [(Path(w.filename), w.lineno) for w in caught] == [(Path(agent.__file__), _line("time"))]
+    failing = AsyncMemoryRecorder(nondeterminism="fail")
+    with pytest.raises(UnrecordedNondeterminism):
+        asyncio.run(failing.record(agent.async_agent, RunSnapshot("sbx.1", {}), agent_id="sbx"))
+
+
 def test_a_bad_recording_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BLACKBOX_RECORD_NONDETERMINISM", "sometimes")
     with pytest.raises(ValueError, match="BLACKBOX_RECORD_NONDETERMINISM"):
