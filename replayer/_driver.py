@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -40,6 +41,9 @@ from agent_blackbox.schemas import (
 _SETUP_ERRORS = (ReplaySetupError, KeyUnavailable, UnknownSchemaVersion, DataKeyMissing)
 """What stops a replay that is not the code's fault: reported as an error, never as a
 divergence."""
+
+_ORIGIN_DEPTH = 4
+"""Frames kept of where each coroutine was made, while an async entry replays."""
 
 AgentEntry = Callable[[AgentRun, Any], Any]
 """An agent entry point: ``entry(run, input) -> output``, the same code as in production
@@ -175,10 +179,16 @@ def _driven(run: ReplayRun, entry: AgentEntry) -> tuple[Any, BaseException | Non
 async def _driven_async(run: ReplayRun, entry: AgentEntry, agent_id: str | None) -> ReplayReport:
     coroutine_entry = cast(Callable[[AsyncReplayRun, Any], Awaitable[Any]], entry)
     run.drives_here()
+    # Where each coroutine was made: a boundary's coroutine that a task runs on its own
+    # (gather(run.call(...))) has no agent frame on its stack to name as the call site.
+    tracking = sys.get_coroutine_origin_tracking_depth()
+    sys.set_coroutine_origin_tracking_depth(max(tracking, _ORIGIN_DEPTH))
     try:
         output, error = await coroutine_entry(AsyncReplayRun(run), run.input), None
     except Exception as exc:
         output, error = None, exc
+    finally:
+        sys.set_coroutine_origin_tracking_depth(tracking)
     return _concluded(run, agent_id, output, error)
 
 

@@ -20,6 +20,7 @@ import asyncio
 import inspect
 import json
 import sys
+import sysconfig
 import threading
 import time
 import uuid
@@ -29,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from agent_blackbox.outbox import (
@@ -83,6 +86,8 @@ _NOT_AGENT = (
     "runpy",
 )
 _EXAMPLES = "agent_blackbox.examples."
+_DRIVER = "agent_blackbox.replayer._driver"
+"""The module that calls the agent's entry: no frame of the agent's is below it."""
 _OPENING = Place(1)
 """The place of ``run.started``."""
 _SEQUENTIAL = Place(0)
@@ -1364,14 +1369,50 @@ def _differences(before: Any, after: Any, path: str) -> Iterator[tuple[str, Any,
 def _call_site() -> CallSite | None:
     """The innermost frame of the agent's code on the stack: the one that crossed the
     boundary. The project's own frames (but its examples'), and the event loop's,
-    threads' and the CLI framework's, are never it."""
-    frame = sys._getframe(1)
+    threads' and the CLI framework's, are never it; nor is anything below the driver
+    that called the entry (whoever called the replay).
+
+    When a task runs the boundary's coroutine itself (``gather(run.call(...), ...)``), no
+    agent frame is on its stack: then it is the place that made the coroutine, as the
+    coroutine's origin says (the driver turns origin tracking on while an async entry
+    replays).
+    """
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         module = str(frame.f_globals.get("__name__", ""))
+        if module == _DRIVER:
+            break
         if not module.startswith(_NOT_AGENT) or module.startswith(_EXAMPLES):
-            return CallSite(frame.f_code.co_name, frame.f_code.co_filename, frame.f_lineno)
-        frame = frame.f_back  # type: ignore[assignment]
+            code = frame.f_code
+            return CallSite(code.co_name, code.co_filename, frame.f_lineno)
+        frame = frame.f_back
+    return _origin()
+
+
+def _origin() -> CallSite | None:
+    """Where the running task's coroutine was made, in the agent's code."""
+    if asyncio.events._get_running_loop() is None:
+        return None
+    task = asyncio.current_task()
+    origin = getattr(task.get_coro(), "cr_origin", None) if task is not None else None
+    for filename, line, function in origin or ():
+        if _agent_file(filename):
+            return CallSite(function, filename, line)
     return None
+
+
+# As the interpreter names the files it imported (code objects keep those names).
+_PROJECT_DIR = str(Path(__file__).parents[1])
+_EXAMPLES_DIR = str(Path(_PROJECT_DIR) / "examples")
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"]
+
+
+def _agent_file(filename: str) -> bool:
+    """Whether a source file is the agent's: not the project's (but its examples'), not
+    the standard library's."""
+    if filename.startswith(_EXAMPLES_DIR):
+        return True
+    return not filename.startswith((_PROJECT_DIR, _STDLIB_DIR))
 
 
 def _entry_site(entry: Callable[..., Any] | None) -> CallSite | None:

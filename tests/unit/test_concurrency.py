@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -294,3 +296,24 @@ def test_the_sync_run_takes_the_agents_connection_and_leaves_it_alone(attempt: i
 
     recorder.record(recording, RunSnapshot(code_version="1"), agent_id="tx")
     assert replay_run(recorder.events, agent).passed
+
+
+async def _gathering(run: Any, input: Any) -> Any:
+    items: list[str] = input["items"]
+    return await asyncio.gather(*(run.call("lookup", lookup, i, 0.0) for i in items))  # gather
+
+
+def test_a_boundary_coroutine_run_as_its_own_task_names_the_agent_line_that_made_it() -> None:
+    events = _record(_gathering, ["a", "b", "c"], [])
+
+    async def changed(run: Any, input: Any) -> Any:
+        return await _gathering(run, {"items": ["a", "B", "c"]})
+
+    report = replay_run(events, changed)
+    divergence = _diverged(report, DivergenceKind.ARGUMENT_MISMATCH)
+    assert divergence.call_site is not None
+    lines = Path(__file__).read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if text.endswith("# gather"))
+    assert (divergence.call_site.file, divergence.call_site.line) == (__file__, line)
+    # Origin tracking is the replay's only: it is off again.
+    assert sys.get_coroutine_origin_tracking_depth() == 0
