@@ -113,6 +113,9 @@ async def replay_run_async(
     agent_id = options.get("agent_id")
     with NondeterminismGuard(modules_of(entry, options.get("agent_modules", ()))) as guard:
         opened = _opened(events, entry, options)
+        problem = entry_problem(entry)
+        if problem is not None and isinstance(opened, ReplayRun):
+            opened = _setup_failed(opened.run_id, agent_id, 0, ReplaySetupError(problem))
         if isinstance(opened, ReplayReport):
             report = opened
         elif is_async_entry(entry):
@@ -120,6 +123,26 @@ async def replay_run_async(
         else:
             report = _concluded(opened, agent_id, *_driven(opened, entry))
     return replace(report, nondeterminism=found(guard), nondeterminism_fails=fails)
+
+
+def entry_problem(entry: Callable[..., Any]) -> str | None:
+    """Why ``entry`` cannot be an agent's entry point (called as ``entry(run, input)``),
+    or None. A wrong entry point is a setup error, never a divergence."""
+    name = getattr(entry, "__qualname__", None) or repr(entry)
+    if inspect.isclass(entry):
+        return (
+            f"the entry {name} is a class; an entry point is a function (or a bound "
+            "method) called as entry(run, input)"
+        )
+    try:
+        signature = inspect.signature(entry)
+    except (TypeError, ValueError):
+        return None  # a builtin that does not say: it is called and answers for itself
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        return f"the entry {name}{signature} cannot be called as entry(run, input): {exc}"
+    return None
 
 
 def is_async_entry(entry: Callable[..., Any]) -> bool:

@@ -6,7 +6,7 @@ import importlib
 import os
 from collections.abc import Mapping
 
-from agent_blackbox.replayer._driver import AgentEntry
+from agent_blackbox.replayer._driver import AgentEntry, entry_problem
 from agent_blackbox.schemas import BlackboxError
 
 
@@ -51,6 +51,9 @@ def load_entry(path: str) -> AgentEntry:
             f"{path!r} is a {type(entry).__name__}, not a function; an entry point is called "
             "as entry(run, input)"
         )
+    problem = entry_problem(entry)
+    if problem is not None:
+        raise UnknownAgent(f"{path!r}: {problem}")
     return entry  # type: ignore[no-any-return]
 
 

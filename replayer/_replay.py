@@ -358,6 +358,9 @@ class ReplayRun:
         self._reveal = reveal_values
         self._entry_site = _entry_site(entry)
         self._ending = False
+        self._end_site: CallSite | None = None
+        """Past the entry's return, the stack is the caller's: the site is where the
+        code raised what ended the run, else the entry's definition."""
         self._found: dict[str, Divergence] = {}
         """The first state and content divergence, by level; replay went on past them."""
         # An event no release of ours can read stops the replay for good, also when the
@@ -512,6 +515,8 @@ class ReplayRun:
             raise self._fatal  # the agent's code caught it; the run diverged all the same
         ending = self._contract.ending(output, error, self._state_digest)
         self._ending = True
+        self._end_site = _raised_at(error) or self._entry_site
+        how = _how_it_ended(error, self._reveal)
         with self._lock:
             self._head(-1)  # reads up to run.finished
             left = self._left()
@@ -521,7 +526,7 @@ class ReplayRun:
                     left.sequence,
                     expected=_named(left),
                     actual=(EventType.RUN_FINISHED, None, None),
-                    detail="the code ended before consuming every recorded event",
+                    detail=f"the code ended{how} before consuming every recorded event",
                 )
             envelope, _, recorded_end = self._take_locked(
                 EventType.RUN_FINISHED, ending.ask.input_digest, ending.ask, _ENDING, True
@@ -541,6 +546,7 @@ class ReplayRun:
                 envelope.sequence,
                 expected=(envelope.event_type, envelope.output_digest, None),
                 actual=(EventType.RUN_FINISHED, actual, None),
+                detail=f"the code ended{how}" if how else "",
             )
         self._after_end()
         if self._found:
@@ -1084,7 +1090,7 @@ class ReplayRun:
             expected_digest=expected[1],
             actual_digest=actual[1],
             # Past the entry's return, the stack is the caller's: the entry is the site.
-            call_site=(self._ending and self._entry_site) or _call_site() or self._entry_site,
+            call_site=(self._ending and self._end_site) or _call_site() or self._entry_site,
             detail=detail,
             expected_name=expected[2],
             actual_name=actual[2],
@@ -1387,6 +1393,28 @@ def _call_site() -> CallSite | None:
             return CallSite(code.co_name, code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return _origin()
+
+
+def _raised_at(error: BaseException | None) -> CallSite | None:
+    """The innermost frame of the agent's code that ``error`` passed through."""
+    found = None
+    traceback = error.__traceback__ if error is not None else None
+    while traceback is not None:
+        frame = traceback.tb_frame
+        module = str(frame.f_globals.get("__name__", ""))
+        if not module.startswith(_NOT_AGENT) or module.startswith(_EXAMPLES):
+            found = CallSite(frame.f_code.co_name, frame.f_code.co_filename, traceback.tb_lineno)
+        traceback = traceback.tb_next
+    return found
+
+
+def _how_it_ended(error: BaseException | None, reveal: bool) -> str:
+    """`` (raising KeyError: ...)`` for a run the code ended with an exception (its
+    message only when values may be shown: it may hold data)."""
+    if error is None:
+        return ""
+    message = f": {error}" if reveal and str(error) else ""
+    return f" raising {type(error).__name__}{message}"
 
 
 def _origin() -> CallSite | None:

@@ -31,7 +31,7 @@ from agent_blackbox.replayer._batch import (
 )
 from agent_blackbox.replayer._fork_cli import fork_command, reexecute_command
 from agent_blackbox.replayer._index import RunIndex, read_side
-from agent_blackbox.replayer._registry import AgentRegistry, load_entry
+from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_entry
 from agent_blackbox.replayer._report import ReplayReport
 from agent_blackbox.replayer._sandbox import POLICIES, NondeterminismPolicy
 from agent_blackbox.replayer._sources import KafkaRunSource, SourceError, read_archive
@@ -53,7 +53,14 @@ T = TypeVar("T")
 @click.command("replay")
 @click.argument("run_id", required=False)
 @click.option("--all", "every", is_flag=True, help="Replay every finished run (batch).")
-@click.option("--agent", "agent_path", default=None, help="Entry point module:function.")
+@click.option(
+    "--agent",
+    "agent_paths",
+    multiple=True,
+    help="Entry point: module:function replays every run whose agent has no entry of its "
+    "own; NAME=module:function replays the runs of agent NAME (repeatable). With several "
+    "agents in the runs, name them, or keep --all to one with --agent-id.",
+)
 @click.option("--agent-id", default=None, help="With --all: only runs of this agent.")
 @click.option("--since", type=click.DateTime(), default=None, help="With --all: started after.")
 @click.option(
@@ -105,7 +112,7 @@ T = TypeVar("T")
 def replay_command(
     run_id: str | None,
     every: bool,
-    agent_path: str | None,
+    agent_paths: tuple[str, ...],
     agent_id: str | None,
     since: datetime | None,
     limit: int,
@@ -136,7 +143,7 @@ def replay_command(
     scope = RunFilter(agent_id, since, limit, include_forks) if every else None
     out = _Output(as_json, Tally(filters=scope.describe() if scope else None))
     try:
-        registry = AgentRegistry.from_env(load_entry(agent_path) if agent_path else None)
+        registry = _registry(agent_paths)
         how = Replaying(nondeterminism, agent_modules, show_values)
         for report in _reports(run_id, scope, archive, registry, purpose, how):
             out.run(report)
@@ -145,6 +152,27 @@ def replay_command(
     except KeyboardInterrupt:
         out.fail(f"interrupted after {out.replayed} runs; the summary covers those")
     sys.exit(out.finish())
+
+
+def _registry(agent_paths: tuple[str, ...]) -> AgentRegistry:
+    """The entry points of ``--agent`` (and ``BLACKBOX_AGENTS``).
+
+    Raises:
+        UnknownAgent: an entry point cannot be loaded, or two serve every agent.
+    """
+    named = [path.partition("=") for path in agent_paths if "=" in path.partition(":")[0]]
+    plain = [path for path in agent_paths if "=" not in path.partition(":")[0]]
+    if len(plain) > 1:
+        raise UnknownAgent(
+            f"--agent given {len(plain)} entry points for every agent ({', '.join(plain)}); "
+            "give one, and name the others' agents: --agent NAME=module:function"
+        )
+    registry = AgentRegistry.from_env(load_entry(plain[0]) if plain else None)
+    for name, _, path in named:
+        if not name.strip():
+            raise UnknownAgent(f"--agent {name}={path}: the agent's name is empty")
+        registry.register(name.strip(), load_entry(path.strip()))
+    return registry
 
 
 def _reports(

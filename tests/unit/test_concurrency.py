@@ -317,3 +317,23 @@ def test_a_boundary_coroutine_run_as_its_own_task_names_the_agent_line_that_made
     assert (divergence.call_site.file, divergence.call_site.line) == (__file__, line)
     # Origin tracking is the replay's only: it is off again.
     assert sys.get_coroutine_origin_tracking_depth() == 0
+
+
+def test_a_run_the_code_now_ends_with_an_exception_says_so_at_the_raise() -> None:
+    events = _record(_sequential, "pear", [])  # type: ignore[arg-type]
+
+    async def raises(run: Any, input: Any) -> Any:
+        await run.call("lookup", lookup, input, 0.0)
+        raise RuntimeError("inventory failed")  # raise here
+
+    report = replay_run(events, raises)
+    divergence = _diverged(report, DivergenceKind.UNCONSUMED_EVENTS)
+    assert "raising RuntimeError" in divergence.detail
+    assert "inventory failed" not in divergence.detail  # messages only with reveal_values
+    lines = Path(__file__).read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if text.endswith("# raise here"))
+    assert divergence.call_site is not None
+    assert (divergence.call_site.function, divergence.call_site.line) == ("raises", line)
+    revealed = replay_run(events, raises, reveal_values=True)
+    assert revealed.divergence is not None
+    assert "inventory failed" in revealed.divergence.detail

@@ -355,3 +355,48 @@ def test_the_command_refuses_a_bad_purpose_before_reading_anything(
     from_env = cli(runs["pass"], BLACKBOX_PURPOSE="line one\nline two")
     assert from_env.exit_code == 2
     assert "control character" in from_env.stderr
+
+
+# -- found by a new user's trial ------------------------------------------------------
+
+
+class EntryClass:
+    def __init__(self, tools: Any) -> None:
+        self.tools = tools
+
+
+def one_argument_entry(request: Any) -> Any:
+    return request
+
+
+@pytest.mark.parametrize(
+    ("attribute", "why"),
+    [("EntryClass", "is a class"), ("one_argument_entry", "cannot be called as entry")],
+)
+def test_an_entry_point_of_the_wrong_shape_is_an_error_not_a_divergence(
+    cli: Any, runs: dict[str, Any], attribute: str, why: str
+) -> None:
+    result = cli(runs["pass"], "--agent", f"tests.unit.test_replay_cli:{attribute}")
+    assert result.exit_code == 2, result.output
+    assert why in result.stderr
+    assert "DIVERGED" not in result.output
+
+
+def test_a_wrong_entry_given_to_replay_run_is_the_reports_error(runs: dict[str, Any]) -> None:
+    from agent_blackbox.replayer import read_archive, replay_run
+
+    events = list(read_archive(Path(runs["path"]), run_id=runs["pass"]))
+    report = replay_run(events, one_argument_entry)
+    assert report.result == "ERROR"
+    assert report.error is not None
+    assert "cannot be called as entry(run, input)" in report.error
+
+
+def test_agent_names_bind_entry_points_to_their_agents(cli: Any, runs: dict[str, Any]) -> None:
+    # A plain --agent serves every agent without an entry; NAME= binds one agent only.
+    named = cli("--all", "--json", "--agent", f"stranger-agent={TICKET_ENTRY}")
+    lines = {line["run_id"]: line for line in _lines(named)[:-1]}
+    assert lines[runs["skip"]]["result"] == "PASS"  # stranger-agent has an entry now
+    two_defaults = cli("--all", "--agent", TICKET_ENTRY, "--agent", TICKET_ENTRY)
+    assert two_defaults.exit_code == 2
+    assert "name the others' agents" in two_defaults.stderr
