@@ -244,7 +244,10 @@ class _Encoder:
             fields = {name: getattr(value, name) for name in type(value).model_fields}
             fields.update(value.model_extra or {})
             return self._object("pydantic", cls, fields, path)
-        raise NotSerialisable(path, f"a {cls.__qualname__} would not come back the same", _HOW)
+        article = "an" if cls.__qualname__[:1].lower() in "aeiou" else "a"
+        raise NotSerialisable(
+            path, f"{article} {cls.__qualname__} would not come back the same", _HOW
+        )
 
     def _object(self, tag: str, cls: type[Any], fields: Mapping[str, Any], path: str) -> Any:
         encoded = {name: self.encode(item, f"{path}.{name}") for name, item in fields.items()}

@@ -276,7 +276,7 @@ def test_values_that_would_change_type_are_refused_with_a_path_and_a_way_out() -
     class Local:
         pass
 
-    with pytest.raises(NotSerialisable, match=r"r\.x\[1\]: a object would not come back"):
+    with pytest.raises(NotSerialisable, match=r"r\.x\[1\]: an object would not come back"):
         encode_value({"x": [1, object()]}, path="r")
     with pytest.raises(NotSerialisable, match="not reachable by its module and name"):
         encode_value(dataclasses.make_dataclass("Made", ["a"])(1), path="r")
