@@ -804,8 +804,8 @@ class ReplayRun:
             del lane[next(i for i, e in enumerate(lane) if e is envelope)]
         if lane is not None and not lane and lane is not self._own:
             # A child's branch is often done: forget it (read ahead, it comes back).
-            self._lanes = {key: kept for key, kept in self._lanes.items() if kept}
-            self._lanes[0] = self._own
+            # Lanes are keyed by the recorded branch of the events they hold.
+            self._lanes.pop(branch_of(envelope.attributes), None)
         return envelope
 
     def _head(self, branch: int) -> Envelope | None:
