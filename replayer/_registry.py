@@ -51,10 +51,21 @@ def load_entry(path: str) -> AgentEntry:
             f"{path!r} is a {type(entry).__name__}, not a function; an entry point is called "
             "as entry(run, input)"
         )
+    return entry  # type: ignore[no-any-return]
+
+
+def load_replay_entry(path: str) -> AgentEntry:
+    """:func:`load_entry` of an agent's entry point, checked to be callable as
+    ``entry(run, input)``.
+
+    Raises:
+        UnknownAgent: as :func:`load_entry`, or the function takes other arguments.
+    """
+    entry = load_entry(path)
     problem = entry_problem(entry)
     if problem is not None:
         raise UnknownAgent(f"{path!r}: {problem}")
-    return entry  # type: ignore[no-any-return]
+    return entry
 
 
 class AgentRegistry:
@@ -107,7 +118,7 @@ class AgentRegistry:
                 raise self._broken[agent_id]
             if agent_id in self._paths:
                 try:
-                    self._entries[agent_id] = load_entry(self._paths[agent_id])
+                    self._entries[agent_id] = load_replay_entry(self._paths[agent_id])
                 except UnknownAgent as exc:
                     self._broken[agent_id] = exc
                     raise

@@ -31,7 +31,7 @@ from agent_blackbox.replayer._batch import (
 )
 from agent_blackbox.replayer._fork_cli import fork_command, reexecute_command
 from agent_blackbox.replayer._index import RunIndex, read_side
-from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_entry
+from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_replay_entry
 from agent_blackbox.replayer._report import ReplayReport
 from agent_blackbox.replayer._sandbox import POLICIES, NondeterminismPolicy
 from agent_blackbox.replayer._sources import KafkaRunSource, SourceError, read_archive
@@ -167,11 +167,11 @@ def _registry(agent_paths: tuple[str, ...]) -> AgentRegistry:
             f"--agent given {len(plain)} entry points for every agent ({', '.join(plain)}); "
             "give one, and name the others' agents: --agent NAME=module:function"
         )
-    registry = AgentRegistry.from_env(load_entry(plain[0]) if plain else None)
+    registry = AgentRegistry.from_env(load_replay_entry(plain[0]) if plain else None)
     for name, _, path in named:
         if not name.strip():
             raise UnknownAgent(f"--agent {name}={path}: the agent's name is empty")
-        registry.register(name.strip(), load_entry(path.strip()))
+        registry.register(name.strip(), load_replay_entry(path.strip()))
     return registry
 
 
