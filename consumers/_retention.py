@@ -31,6 +31,7 @@ from agent_blackbox.outbox.lifecycle import (
     append_redaction_txn,
     delete_run_metadata_txn,
     lock_run_txn,
+    mark_abandoned_txn,
     retention_classes_txn,
     runs_due_for_deletion_txn,
     runs_due_for_shredding_txn,
@@ -49,6 +50,10 @@ DEFAULT_CLASSES = {
     "standard": {"bodies_days": 30, "metadata_days": 400},
     "sensitive": {"bodies_days": 7, "metadata_days": 400},
 }
+
+
+class RunStillRunning(BlackboxError):
+    """A run cannot be shredded yet: it is still recording."""
 
 
 class RetentionConfigError(BlackboxError):
@@ -125,6 +130,12 @@ class RetentionReport:
     metadata_deleted: tuple[str, ...] = ()
     unknown_classes: tuple[str, ...] = field(default=())
     """Retention classes runs name that the policy does not define: their runs are kept."""
+    still_running: tuple[str, ...] = ()
+    """Runs a deletion request could not shred yet: they are still recording, and their
+    writer holds the key. Forget again once they end (or are marked abandoned)."""
+    abandoned: tuple[str, ...] = ()
+    """Runs marked ``abandoned`` by this pass: running, with no event for longer than
+    the job's ``abandon_after``."""
 
 
 def shred_run_txn(
@@ -138,13 +149,14 @@ def shred_run_txn(
     """Destroy the data keys of ``run_id``, write the ledger and append ``run.redacted``,
     in the caller's transaction. None when the run has no live key left (already done).
 
-    A run still recording is refused: its writer holds the key in memory.
+    A run still recording is refused (:class:`RunStillRunning`): its writer holds the key
+    in memory.
     """
     status = lock_run_txn(conn, run_id)
     if status is None:
         return None
     if status == "running":
-        raise BlackboxError(f"run {run_id} is still running; redact it after it finishes")
+        raise RunStillRunning(f"run {run_id} is still running; redact it after it finishes")
     destroyed = [key_id for _, key_id in destroy_keys_txn(conn, [run_id], reason=reason)]
     if not destroyed:
         if has_keys_txn(conn, run_id):
@@ -156,6 +168,26 @@ def shred_run_txn(
         conn, run_id, reason=reason, key_ids=destroyed, subject_id=subject_id, settings=settings
     )
     return Redaction(run_id, reason, tuple(destroyed), subject_id)
+
+
+def abandon_after_from_env(environ: Mapping[str, str] | None = None) -> timedelta:
+    """``BLACKBOX_ABANDON_AFTER_HOURS`` (default 24).
+
+    Raises:
+        RetentionConfigError: not a positive number.
+    """
+    raw = (os.environ if environ is None else environ).get("BLACKBOX_ABANDON_AFTER_HOURS")
+    if not raw:
+        return timedelta(hours=24)
+    try:
+        hours = float(raw)
+    except ValueError:
+        hours = 0.0
+    if not 0 < hours < 1e6:  # refuses NaN and infinity too
+        raise RetentionConfigError(
+            f"BLACKBOX_ABANDON_AFTER_HOURS={raw!r}: give a positive number of hours"
+        )
+    return timedelta(hours=hours)
 
 
 def _ledger(
@@ -183,6 +215,9 @@ class RetentionJob:
         engine: a connection as the schema owner (it destroys keys and deletes rows).
         policy: the retention classes.
         clock: the current time (tests move it).
+        abandon_after: how long a run may go without an event before a pass marks it
+            ``abandoned`` (``BLACKBOX_ABANDON_AFTER_HOURS``, default 24): crashed runs
+            then fall under retention instead of staying ``running`` for ever.
     """
 
     def __init__(
@@ -193,8 +228,10 @@ class RetentionJob:
         settings: Settings | None = None,
         clock: Callable[[], datetime] | None = None,
         batch: int = 200,
+        abandon_after: timedelta | None = None,
     ) -> None:
         self._engine = engine
+        self.abandon_after = abandon_after or abandon_after_from_env()
         self.policy = policy or RetentionPolicy.from_env()
         self._settings = settings or Settings.from_env()
         self._clock = clock or (lambda: datetime.now(UTC))
@@ -203,6 +240,8 @@ class RetentionJob:
     def run_once(self) -> RetentionReport:
         """Shred every run whose bodies expired, then delete expired metadata."""
         now = self._clock()
+        with self._engine.begin() as conn:
+            abandoned = mark_abandoned_txn(conn, before=now - self.abandon_after, limit=10_000)
         with self._engine.connect() as conn:
             named = retention_classes_txn(conn)
         unknown = tuple(sorted(c for c in named if c not in self.policy.classes))
@@ -211,21 +250,31 @@ class RetentionJob:
         for retention in self.policy.classes.values():
             redacted += self._expire_bodies(retention, now - retention.bodies)
             deleted += self._expire_metadata(retention, now - retention.metadata)
-        return RetentionReport(tuple(redacted), tuple(deleted), unknown)
+        return RetentionReport(tuple(redacted), tuple(deleted), unknown, abandoned=tuple(abandoned))
 
     def forget(self, subject_id: str) -> RetentionReport:
-        """Shred every run linked to ``subject_id`` (a deletion request)."""
+        """Shred every run linked to ``subject_id`` (a deletion request). Runs still
+        recording cannot be shredded yet: they are reported (``still_running``) and the
+        request goes on with the others."""
         with self._engine.connect() as conn:
             run_ids = runs_of_subject_txn(conn, subject_id)
-        redacted = []
+        redacted, running = [], []
         for run_id in run_ids:
-            with self._engine.begin() as conn:
-                done = shred_run_txn(
-                    conn, run_id, reason="forget", subject_id=subject_id, settings=self._settings
-                )
+            try:
+                with self._engine.begin() as conn:
+                    done = shred_run_txn(
+                        conn,
+                        run_id,
+                        reason="forget",
+                        subject_id=subject_id,
+                        settings=self._settings,
+                    )
+            except RunStillRunning:
+                running.append(run_id)
+                continue
             if done is not None:
                 redacted.append(done)
-        return RetentionReport(tuple(redacted))
+        return RetentionReport(tuple(redacted), still_running=tuple(running))
 
     def _expire_bodies(self, retention: RetentionClass, before: datetime) -> list[Redaction]:
         done: list[Redaction] = []

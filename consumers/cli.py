@@ -166,7 +166,8 @@ def retention_run(every: float | None) -> None:
             while True:
                 report = job.run_once()
                 console.log(
-                    f"retention: {len(report.redacted)} runs shredded, "
+                    f"retention: {len(report.abandoned)} runs marked abandoned, "
+                    f"{len(report.redacted)} runs shredded, "
                     f"{len(report.metadata_deleted)} runs' metadata deleted"
                     + (
                         f"; unknown classes kept: {', '.join(report.unknown_classes)}"
@@ -186,7 +187,14 @@ def retention_run(every: float | None) -> None:
 @click.option("--subject", "subject_id", required=True, help="The data subject's id.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 def forget_command(subject_id: str, as_json: bool) -> None:
-    """Destroy the bodies of every run linked to a data subject, everywhere, for good."""
+    """Destroy the bodies of every run linked to a data subject, everywhere, for good.
+
+    \b
+    Exit status:
+      0  every run of the subject was shredded (or had nothing left)
+      1  some runs are still recording: shredded all the others; run forget again later
+      2  could not run
+    """
     settings = Settings.from_env()
     try:
         report = _retention_job(settings).forget(subject_id)
@@ -197,17 +205,27 @@ def forget_command(subject_id: str, as_json: bool) -> None:
             {"run_id": r.run_id, "key_ids": list(r.key_ids), "encrypted": r.encrypted}
             for r in report.redacted
         ]
-        click.echo(json.dumps({"subject_id": subject_id, "runs": rows}, indent=2))
-        return
+        still = list(report.still_running)
+        payload = {"subject_id": subject_id, "runs": rows, "still_running": still}
+        click.echo(json.dumps(payload, indent=2))
+        sys.exit(1 if still else 0)
     console = Console()
     if not report.redacted:
         console.print(f"no run of subject {safe_text(subject_id)} had bodies left to destroy")
-        return
-    _print_redactions(report, console, title=f"Runs of subject {safe_text(subject_id)}")
-    console.print(
-        f"{len(report.redacted)} runs redacted; each was announced by a run.redacted event "
-        "and written to the deletion ledger"
-    )
+    else:
+        _print_redactions(report, console, title=f"Runs of subject {safe_text(subject_id)}")
+        console.print(
+            f"{len(report.redacted)} runs redacted; each was announced by a run.redacted "
+            "event and written to the deletion ledger"
+        )
+    if report.still_running:
+        Console(stderr=True).print(
+            f"{len(report.still_running)} runs of the subject are still recording and keep "
+            f"their keys for now: {', '.join(safe_text(r) for r in report.still_running)}; "
+            "run forget again once they end (retention marks a run abandoned after "
+            "BLACKBOX_ABANDON_AFTER_HOURS without an event)"
+        )
+        sys.exit(1)
 
 
 @click.group("ledger")

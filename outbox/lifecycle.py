@@ -30,6 +30,7 @@ __all__ = [
     "append_redaction_txn",
     "delete_run_metadata_txn",
     "lock_run_txn",
+    "mark_abandoned_txn",
     "retention_classes_txn",
     "runs_due_for_deletion_txn",
     "runs_due_for_shredding_txn",
@@ -97,6 +98,17 @@ _DUE_FOR_DELETION = text(
     """
 )
 _CLASSES = text("SELECT DISTINCT retention_class FROM blackbox.runs")
+# updated_at is left as it was: retention counts from the run's last event.
+_ABANDON = text(
+    """
+    UPDATE blackbox.runs SET status = 'abandoned'
+     WHERE run_id IN (SELECT run_id FROM blackbox.runs
+                       WHERE status = 'running' AND updated_at < :before
+                       ORDER BY updated_at LIMIT :limit
+                         FOR UPDATE SKIP LOCKED)
+    RETURNING run_id
+    """
+)
 _SUBJECT_RUNS = text(
     "SELECT run_id FROM blackbox.runs WHERE :subject = ANY(subject_ids) ORDER BY created_at"
 )
@@ -113,6 +125,14 @@ def lock_run_txn(conn: Connection, run_id: str) -> str | None:
     the run meanwhile); its status, or None when there is no such run."""
     status = conn.execute(_LOCK_RUN, {"run_id": run_id}).scalar()
     return None if status is None else str(status)
+
+
+def mark_abandoned_txn(conn: Connection, *, before: datetime, limit: int) -> list[str]:
+    """Mark ``abandoned`` the runs still ``running`` with no event since ``before`` (their
+    writer died and nobody resumed them); their ids. They then fall under retention like
+    ended runs, counted from their last event, and can no longer be resumed."""
+    params = {"before": before, "limit": limit}
+    return [str(r) for r in conn.execute(_ABANDON, params).scalars()]
 
 
 def write_ledger_txn(

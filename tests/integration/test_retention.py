@@ -29,7 +29,7 @@ from agent_blackbox.keystore import (
     KeyDestroyed,
     LocalKeyProvider,
 )
-from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
+from agent_blackbox.outbox import AgentRun, Recorder, RunNotActive, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline, Settings
@@ -168,3 +168,45 @@ def test_retention_shreds_expired_bodies_then_deletes_expired_metadata(
         )
     assert left == 0
     assert actions == ["shred_keys", "delete_metadata"]
+
+
+def _crashed(engine: Engine, settings: Settings, who: str) -> str:
+    """A run whose writer died after one tool call: still marked running."""
+    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER))
+    snapshot = RunSnapshot(code_version="retention.1", input={"who": who})
+    run = recorder.start_run(snapshot, agent_id="retention", subject_ids=(who,))
+    run.call("lookup", lambda w: {"address": f"{w} lives here"}, who)
+    return run.run_id
+
+
+def test_forget_goes_past_a_running_run_and_reports_it(engine: Engine, settings: Settings) -> None:
+    running = _crashed(engine, settings, "dave")
+    ended = _record(engine, settings, "dave")  # recorded after the running one
+    report = RetentionJob(engine, policy=POLICY, settings=settings).forget("dave")
+    assert [r.run_id for r in report.redacted] == [ended]
+    assert report.still_running == (running,)
+
+
+def test_retention_marks_a_silent_running_run_abandoned_and_then_shreds_it(
+    engine: Engine, settings: Settings
+) -> None:
+    crashed = _crashed(engine, settings, "erin")
+    start = datetime.now(UTC)
+
+    def job(days: float) -> RetentionJob:
+        at = start + timedelta(days=days)
+        return RetentionJob(
+            engine, policy=POLICY, settings=settings, clock=lambda: at, abandon_after=timedelta(1)
+        )
+
+    assert job(0.5).run_once().abandoned == ()  # quiet for less than a day: still running
+    assert job(2).run_once().abandoned == (crashed,)
+    with engine.connect() as conn:
+        status = conn.execute(
+            text("SELECT status FROM blackbox.runs WHERE run_id = :r"), {"r": crashed}
+        ).scalar_one()
+    assert status == "abandoned"
+    shredded = job(31).run_once()  # bodies expire counted from the last event
+    assert [r.run_id for r in shredded.redacted] == [crashed]
+    with pytest.raises(RunNotActive, match="abandoned"):
+        Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER)).resume(crashed)
