@@ -23,6 +23,7 @@ from agent_blackbox.keystore._postgres import (
     destroy_keys_txn,
     forget_destroyed_keys_txn,
     has_keys_txn,
+    purpose_problem,
     wrapping_aad,
 )
 from agent_blackbox.keystore._provider import KeyProvider, LocalKeyProvider, WrappedKey
@@ -49,5 +50,6 @@ __all__ = [
     "destroy_keys_txn",
     "forget_destroyed_keys_txn",
     "has_keys_txn",
+    "purpose_problem",
     "wrapping_aad",
 ]

@@ -8,6 +8,7 @@ writes an access-audit row on every call; retention destroys keys for good.
 from __future__ import annotations
 
 import os
+import unicodedata
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -234,16 +235,15 @@ class AuditedKeys:
 
     @staticmethod
     def check_purpose(purpose: str) -> None:
-        """Refuse an empty purpose (the database function refuses one too).
+        """Refuse a purpose the audit cannot show as it is (see :func:`purpose_problem`):
+        a line break in it would forge a line of the server's log.
 
         Raises:
-            AccessDenied: ``purpose`` has fewer than three characters.
+            AccessDenied: ``purpose`` is empty, too short or long, or holds control
+                characters.
         """
-        if len(purpose.strip()) < 3:
-            raise AccessDenied(
-                "a purpose is required to read recorded bodies; say why, for example "
-                "--purpose 'incident 4411'"
-            )
+        if (problem := purpose_problem(purpose)) is not None:
+            raise AccessDenied(problem)
 
     def opening_key(self, run_id: str, key_id: str) -> bytes:
         cached = self._cache.get(key_id)
@@ -310,3 +310,37 @@ class AuditedKeys:
             raise KeystoreError(f"{where}: the key store failed: {exc.orig}") from exc
         except SQLAlchemyError as exc:
             raise KeystoreError(f"{where}: the key store failed: {exc}") from exc
+
+
+PURPOSE_MIN_CHARS = 3
+PURPOSE_MAX_CHARS = 500
+_PURPOSE_EXAMPLE = "for example --purpose 'incident 4411: refund loop'"
+
+
+def purpose_problem(purpose: str) -> str | None:
+    """What is wrong with ``purpose`` as the reason written to the access audit, or None.
+
+    A purpose is one line of plain text of 3 to 500 characters: the audit shows it to
+    people, so control characters (line breaks, escape sequences, bidirectional
+    overrides) are refused rather than stored.
+    """
+    stripped = purpose.strip()
+    if not stripped:
+        return f"the purpose is empty; say why the recorded bodies are read, {_PURPOSE_EXAMPLE}"
+    if len(stripped) < PURPOSE_MIN_CHARS:
+        return (
+            f"the purpose {stripped!r} is too short ({len(stripped)} characters, at least "
+            f"{PURPOSE_MIN_CHARS}); say why the recorded bodies are read, {_PURPOSE_EXAMPLE}"
+        )
+    if len(purpose) > PURPOSE_MAX_CHARS:
+        return (
+            f"the purpose is too long ({len(purpose)} characters, at most "
+            f"{PURPOSE_MAX_CHARS}); give a short reason and a ticket number"
+        )
+    for position, char in enumerate(purpose, start=1):
+        if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+            return (
+                f"the purpose contains a control character (U+{ord(char):04X} at character "
+                f"{position}); write it as one line of plain text"
+            )
+    return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -16,15 +15,12 @@ from agent_blackbox.keystore import (
     AuditedKeys,
     DataKeyStore,
     LocalKeyProvider,
+    purpose_problem,
 )
 from agent_blackbox.replayer._replay import DigestKeys
 from agent_blackbox.schemas import PayloadPipeline
 
 FC = TypeVar("FC", bound=Callable[..., object])
-
-PURPOSE_MIN_CHARS = 3
-PURPOSE_MAX_CHARS = 500
-_EXAMPLE = "for example --purpose 'incident 4411: refund loop'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,35 +54,6 @@ def opening(engine: Callable[[], Engine], *, purpose: str) -> Opening:
         return Opening(PayloadPipeline())
     keys = AuditedKeys(engine(), provider, purpose=purpose)
     return Opening(PayloadPipeline(sealer=AesGcmSealer(keys)), keys)
-
-
-def purpose_problem(purpose: str) -> str | None:
-    """What is wrong with ``purpose`` as the reason written to the access audit, or None.
-
-    A purpose is one line of plain text of 3 to 500 characters: the audit shows it to
-    people, so control characters (line breaks, escape sequences, bidirectional
-    overrides) are refused rather than stored.
-    """
-    stripped = purpose.strip()
-    if not stripped:
-        return f"the purpose is empty; say why the recorded bodies are read, {_EXAMPLE}"
-    if len(stripped) < PURPOSE_MIN_CHARS:
-        return (
-            f"the purpose {stripped!r} is too short ({len(stripped)} characters, at least "
-            f"{PURPOSE_MIN_CHARS}); say why the recorded bodies are read, {_EXAMPLE}"
-        )
-    if len(purpose) > PURPOSE_MAX_CHARS:
-        return (
-            f"the purpose is too long ({len(purpose)} characters, at most "
-            f"{PURPOSE_MAX_CHARS}); give a short reason and a ticket number"
-        )
-    for position, char in enumerate(purpose, start=1):
-        if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
-            return (
-                f"the purpose contains a control character (U+{ord(char):04X} at character "
-                f"{position}); write it as one line of plain text"
-            )
-    return None
 
 
 def _check_purpose(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:

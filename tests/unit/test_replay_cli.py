@@ -21,9 +21,9 @@ from agent_blackbox.examples.ticket_agent import (
     replay_entry,
     sample_tickets,
 )
+from agent_blackbox.keystore import purpose_problem
 from agent_blackbox.outbox import AgentRun, MemoryRecorder
 from agent_blackbox.replayer import write_archive
-from agent_blackbox.replayer._access import purpose_problem
 from agent_blackbox.schemas import Envelope, Settings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "replay-json.md"
