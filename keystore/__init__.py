@@ -14,6 +14,7 @@ from agent_blackbox.keystore._errors import (
     KeyProviderError,
     KeystoreError,
     UnknownKeyVersion,
+    UnsafeKeyFile,
     WrongKey,
 )
 from agent_blackbox.keystore._postgres import (
@@ -43,6 +44,7 @@ __all__ = [
     "LocalKeyProvider",
     "OpeningKeys",
     "UnknownKeyVersion",
+    "UnsafeKeyFile",
     "WrappedKey",
     "WrongKey",
     "destroy_key_ids_txn",

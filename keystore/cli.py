@@ -28,7 +28,7 @@ def keys_group() -> None:
 )
 def keys_init(path: Path, version: str, add: bool) -> None:
     """Write a key file with a fresh AES-256 KEK (owner-only permissions)."""
-    if path.exists() and not add:
+    if os.path.lexists(path) and not add:
         raise click.ClickException(f"{path} exists; pass --add to add version {version} to it")
     try:
         LocalKeyProvider.write_file(path, version=version, add_to=path if add else None)
