@@ -6,13 +6,12 @@ import os
 from pathlib import Path
 
 import click
-from rich.console import Console
 from sqlalchemy import create_engine
 
 from agent_blackbox.keystore._errors import KeyProviderError
 from agent_blackbox.keystore._postgres import DataKeyStore
 from agent_blackbox.keystore._provider import LocalKeyProvider
-from agent_blackbox.schemas import BlackboxError, CheckpointSigner, Settings
+from agent_blackbox.schemas import BlackboxError, CheckpointSigner, Settings, safe_console
 
 
 @click.group("keys")
@@ -34,7 +33,7 @@ def keys_init(path: Path, version: str, add: bool) -> None:
         LocalKeyProvider.write_file(path, version=version, add_to=path if add else None)
     except (KeyProviderError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    Console().print(
+    safe_console().print(
         f"KEK version {version} written to {path}; set BLACKBOX_KEK_FILE={path} for agents, "
         "the relay-side jobs and the replayer, and keep a copy somewhere safe"
     )
@@ -53,7 +52,7 @@ def keys_signing(path: Path) -> None:
         out.write(private)
     public = path.with_suffix(".pub.pem")
     public.write_bytes(signer.public_key_pem())
-    Console().print(
+    safe_console().print(
         f"signing key {signer.key_id}: {path} (for `blackbox sign` only; agents never get "
         f"it), public key {public} (for `blackbox verify`: BLACKBOX_SIGNING_PUBLIC_KEYS)"
     )
@@ -67,10 +66,10 @@ def keys_rotate() -> None:
         raise click.ClickException("set BLACKBOX_KEK_FILE (holding the old and the new version)")
     engine = create_engine(Settings.from_env().database_url)
     try:
-        with Console(stderr=True).status(f"re-wrapping under {provider.current_version}"):
+        with safe_console(stderr=True).status(f"re-wrapping under {provider.current_version}"):
             count = DataKeyStore(provider).rotate(engine)
     except BlackboxError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
         engine.dispose()
-    Console().print(f"{count} keys re-wrapped under KEK version {provider.current_version}")
+    safe_console().print(f"{count} keys re-wrapped under KEK version {provider.current_version}")
