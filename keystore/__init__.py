@@ -27,9 +27,15 @@ from agent_blackbox.keystore._postgres import (
     wrapping_aad,
 )
 from agent_blackbox.keystore._provider import KeyProvider, LocalKeyProvider, WrappedKey
-from agent_blackbox.keystore._sealer import SEALED_ENCODING, AesGcmSealer, OpeningKeys
+from agent_blackbox.keystore._sealer import (
+    LEGACY_SEALED_ENCODING,
+    SEALED_ENCODING,
+    AesGcmSealer,
+    OpeningKeys,
+)
 
 __all__ = [
+    "LEGACY_SEALED_ENCODING",
     "SEALED_ENCODING",
     "AccessDenied",
     "AesGcmSealer",
