@@ -9,6 +9,7 @@ import click
 from sqlalchemy import create_engine
 
 from agent_blackbox.keystore._errors import KeyProviderError
+from agent_blackbox.keystore._keyfile import write_key_file
 from agent_blackbox.keystore._postgres import DataKeyStore
 from agent_blackbox.keystore._provider import LocalKeyProvider
 from agent_blackbox.schemas import BlackboxError, CheckpointSigner, Settings, safe_console
@@ -43,15 +44,22 @@ def keys_init(path: Path, version: str, add: bool) -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 def keys_signing(path: Path) -> None:
     """Write a fresh Ed25519 checkpoint signing key (PEM) and its public key beside it."""
-    if path.exists():
-        raise click.ClickException(f"{path} exists; choose another path")
-    signer = CheckpointSigner.generate()
-    private = signer.private_key_pem()
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(private)
     public = path.with_suffix(".pub.pem")
-    public.write_bytes(signer.public_key_pem())
+    for target in (path, public):
+        if os.path.lexists(target):
+            raise click.ClickException(f"{target} exists; choose another path")
+    signer = CheckpointSigner.generate()
+    try:
+        write_key_file(path, signer.private_key_pem())
+        # The public key is for every verifier to read, but is never written through a
+        # link planted at its path: O_EXCL|O_NOFOLLOW creates it or fails.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(os.open(public, flags, 0o644), "wb") as out:
+            out.write(signer.public_key_pem())
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {public}: {exc.strerror}") from exc
+    except KeyProviderError as exc:
+        raise click.ClickException(str(exc)) from exc
     safe_console().print(
         f"signing key {signer.key_id}: {path} (for `blackbox sign` only; agents never get "
         f"it), public key {public} (for `blackbox verify`: BLACKBOX_SIGNING_PUBLIC_KEYS)"

@@ -122,3 +122,23 @@ def test_a_missing_key_file_says_so(tmp_path: Path) -> None:
     missing = tmp_path / "absent.json"
     with pytest.raises(KeyProviderError, match=f"cannot read the key file {missing}"):
         LocalKeyProvider.from_file(missing)
+
+
+def test_keys_signing_writes_an_owner_only_private_key(tmp_path: Path) -> None:
+    path = tmp_path / "signing.pem"
+    result = CliRunner().invoke(main, ["keys", "signing", str(path)])
+    assert result.exit_code == 0, result.output
+    assert _mode(path) == 0o600
+    assert path.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
+    assert (tmp_path / "signing.pub.pem").read_bytes().startswith(b"-----BEGIN PUBLIC KEY")
+
+
+def test_keys_signing_does_not_write_through_a_planted_public_key_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious", encoding="utf-8")
+    (tmp_path / "signing.pub.pem").symlink_to(victim)
+    result = CliRunner().invoke(main, ["keys", "signing", str(tmp_path / "signing.pem")])
+    assert result.exit_code != 0
+    assert "signing.pub.pem exists" in result.output
+    assert victim.read_text(encoding="utf-8") == "precious"
+    assert not (tmp_path / "signing.pem").exists()  # nothing half-written
