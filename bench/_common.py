@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from confluent_kafka import KafkaException
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -27,11 +26,11 @@ from sqlalchemy import Engine, text
 
 from agent_blackbox.broker import new_admin
 from agent_blackbox.outbox import migrate_write_side
-from agent_blackbox.schemas import Settings
+from agent_blackbox.schemas import Settings, safe_console
 
 PARTITIONS = 12
 
-console = Console(stderr=True)
+console = safe_console(stderr=True)
 
 
 def bench_settings(bench: str) -> Settings:

@@ -39,11 +39,11 @@ from agent_blackbox.replayer.cli import (
     timeline_command,
     verify_command,
 )
-from agent_blackbox.schemas import BlackboxError, Settings
+from agent_blackbox.schemas import BlackboxError, Settings, safe_console
 from agent_blackbox.schemas.cli import schemas_group
 from agent_blackbox.stack.cli import stack_group
 
-console = Console(stderr=True)
+console = safe_console(stderr=True)
 
 
 @click.group()
@@ -109,7 +109,7 @@ def relay(
     seconds (exit 0). A relay that cannot publish (database or Kafka away) is not idle:
     it retries, and gives up after S more seconds (at least 10) with exit 2.
     """
-    log = Console(stderr=True, log_path=False)
+    log = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     stop = threading.Event()
     started = time.monotonic()

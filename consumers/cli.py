@@ -29,7 +29,13 @@ from agent_blackbox.consumers._retention import (
     reapply_ledger,
 )
 from agent_blackbox.consumers._runtime import ViewConsumer
-from agent_blackbox.schemas import BlackboxError, CheckpointSigner, Settings, safe_text
+from agent_blackbox.schemas import (
+    BlackboxError,
+    CheckpointSigner,
+    Settings,
+    safe_console,
+    safe_text,
+)
 
 _PROGRESS_EVERY_S = 2.0
 
@@ -83,7 +89,7 @@ class _Progress:
 @until_idle_option
 def consume_command(group: str | None, until_idle: float | None) -> None:
     """Build the runs view and events index from the event topic."""
-    console = Console(stderr=True, log_path=False)
+    console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     if group:
         settings = dataclasses.replace(settings, consumer_group=group)
@@ -138,7 +144,7 @@ def _print_redactions(report: RetentionReport, console: Console, *, title: str) 
         table.add_column(name)
     for item in report.redacted:
         note = "" if item.encrypted else "not encrypted: bodies stay until the topic expires them"
-        table.add_row(item.run_id, item.reason, str(len(item.key_ids)), note)
+        table.add_row(safe_text(item.run_id), safe_text(item.reason), str(len(item.key_ids)), note)
     console.print(table)
 
 
@@ -157,7 +163,7 @@ def retention_group() -> None:
 )
 def retention_run(every: float | None) -> None:
     """Crypto-shred runs whose bodies expired; delete metadata that expired."""
-    console = Console(stderr=True, log_path=False)
+    console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     stop = threading.Event()
     try:
@@ -170,17 +176,17 @@ def retention_run(every: float | None) -> None:
                     f"{len(report.redacted)} runs shredded, "
                     f"{len(report.metadata_deleted)} runs' metadata deleted"
                     + (
-                        f"; unknown classes kept: {', '.join(report.unknown_classes)}"
+                        f"; unknown classes kept: {safe_text(', '.join(report.unknown_classes))}"
                         if report.unknown_classes
                         else ""
                     )
                 )
                 if report.redacted:
-                    _print_redactions(report, Console(), title="Runs shredded by retention")
+                    _print_redactions(report, safe_console(), title="Runs shredded by retention")
                 if every is None or stop.wait(every):
                     return
     except BlackboxError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(safe_text(exc)) from exc
 
 
 @click.command("forget")
@@ -199,7 +205,7 @@ def forget_command(subject_id: str, as_json: bool) -> None:
     try:
         report = _retention_job(settings).forget(subject_id)
     except BlackboxError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(safe_text(exc)) from exc
     if as_json:
         rows = [
             {"run_id": r.run_id, "key_ids": list(r.key_ids), "encrypted": r.encrypted}
@@ -209,7 +215,7 @@ def forget_command(subject_id: str, as_json: bool) -> None:
         payload = {"subject_id": subject_id, "runs": rows, "still_running": still}
         click.echo(json.dumps(payload, indent=2))
         sys.exit(1 if still else 0)
-    console = Console()
+    console = safe_console()
     if not report.redacted:
         console.print(f"no run of subject {safe_text(subject_id)} had bodies left to destroy")
     else:
@@ -219,7 +225,7 @@ def forget_command(subject_id: str, as_json: bool) -> None:
             "event and written to the deletion ledger"
         )
     if report.still_running:
-        Console(stderr=True).print(
+        safe_console(stderr=True).print(
             f"{len(report.still_running)} runs of the subject are still recording and keep "
             f"their keys for now: {', '.join(safe_text(r) for r in report.still_running)}; "
             "run forget again once they end (retention marks a run abandoned after "
@@ -237,7 +243,7 @@ def ledger_group() -> None:
 def ledger_reapply() -> None:
     """After restoring a database backup: destroy again every key the ledger in the
     topic says was destroyed."""
-    console = Console(stderr=True, log_path=False)
+    console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     try:
         engine = create_engine(settings.database_url)
@@ -245,7 +251,7 @@ def ledger_reapply() -> None:
             entries = list(ledger_entries(settings))
         again = reapply_ledger(engine, entries)
     except BlackboxError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(safe_text(exc)) from exc
     click.echo(
         f"{len(entries)} ledger entries in {settings.topic}; {len(again)} data keys a restore "
         "had brought back were destroyed again"
@@ -256,7 +262,7 @@ def ledger_reapply() -> None:
 @until_idle_option
 def sign_command(until_idle: float | None) -> None:
     """Sign each run's chain head when it ends (key: BLACKBOX_SIGNING_KEY_FILE)."""
-    console = Console(stderr=True, log_path=False)
+    console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     stop = threading.Event()
     try:

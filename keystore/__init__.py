@@ -14,6 +14,7 @@ from agent_blackbox.keystore._errors import (
     KeyProviderError,
     KeystoreError,
     UnknownKeyVersion,
+    UnsafeKeyFile,
     WrongKey,
 )
 from agent_blackbox.keystore._postgres import (
@@ -27,9 +28,15 @@ from agent_blackbox.keystore._postgres import (
     wrapping_aad,
 )
 from agent_blackbox.keystore._provider import KeyProvider, LocalKeyProvider, WrappedKey
-from agent_blackbox.keystore._sealer import SEALED_ENCODING, AesGcmSealer, OpeningKeys
+from agent_blackbox.keystore._sealer import (
+    LEGACY_SEALED_ENCODING,
+    SEALED_ENCODING,
+    AesGcmSealer,
+    OpeningKeys,
+)
 
 __all__ = [
+    "LEGACY_SEALED_ENCODING",
     "SEALED_ENCODING",
     "AccessDenied",
     "AesGcmSealer",
@@ -44,6 +51,7 @@ __all__ = [
     "LocalKeyProvider",
     "OpeningKeys",
     "UnknownKeyVersion",
+    "UnsafeKeyFile",
     "WrappedKey",
     "WrongKey",
     "destroy_key_ids_txn",

@@ -13,6 +13,10 @@ class KeyProviderError(KeystoreError, KeyUnavailable):
     """The key-encryption keys are missing or malformed (``BLACKBOX_KEK[_FILE]``)."""
 
 
+class UnsafeKeyFile(KeyProviderError):
+    """A key file is a symbolic link, not a regular file, or readable by others."""
+
+
 class UnknownKeyVersion(KeystoreError, KeyUnavailable):
     """A data key is wrapped under a key-encryption key version this provider lacks."""
 

@@ -21,6 +21,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from agent_blackbox.keystore._errors import KeyProviderError, UnknownKeyVersion, WrongKey
+from agent_blackbox.keystore._keyfile import read_key_file, write_key_file
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -144,15 +145,20 @@ class LocalKeyProvider:
 
     @classmethod
     def from_file(cls, path: Path) -> LocalKeyProvider:
-        """Read a key file: ``{"current": "v2", "keys": {"v1": "<base64>", "v2": ...}}``."""
+        """Read a key file: ``{"current": "v2", "keys": {"v1": "<base64>", "v2": ...}}``.
+
+        Raises:
+            UnsafeKeyFile: the file is a symbolic link, not a regular file, or readable
+                by its group or others (``chmod 600`` it).
+            KeyProviderError: the file cannot be read or is not a key file.
+        """
+        raw = read_key_file(path)
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
+            document = json.loads(raw.decode("utf-8"))
             keys = {
                 str(v): _decode(str(k), f"{path} version {v}") for v, k in document["keys"].items()
             }
             current = document.get("current")
-        except OSError as exc:
-            raise KeyProviderError(f"cannot read the key file {path}: {exc.strerror}") from exc
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise KeyProviderError(
                 f'{path} is not a key file: expected {{"current": ..., "keys": {{version: '
@@ -166,16 +172,21 @@ class LocalKeyProvider:
         and made current), readable by its owner only; returns the version."""
         keys: dict[str, str] = {}
         if add_to is not None:
-            keys = dict(json.loads(add_to.read_text(encoding="utf-8"))["keys"])
+            keys = _encoded_keys(add_to)
         if version in keys:
             raise KeyProviderError(f"{add_to} already holds KEK version {version}")
         keys[version] = base64.b64encode(AESGCM.generate_key(bit_length=256)).decode("ascii")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
-            json.dump({"current": version, "keys": keys}, out, indent=2)
-        path.with_suffix(".tmp").replace(path)
+        document = json.dumps({"current": version, "keys": keys}, indent=2)
+        write_key_file(path, document.encode("utf-8"))
         return version
+
+
+def _encoded_keys(path: Path) -> dict[str, str]:
+    """The version → base64 key map of the key file ``path``, unchanged."""
+    try:
+        return {str(v): str(k) for v, k in json.loads(read_key_file(path))["keys"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise KeyProviderError(f"{path} is not a key file ({exc}); fix or move it") from exc
 
 
 def _decode(encoded: str, what: str) -> bytes:

@@ -6,13 +6,13 @@ import os
 from pathlib import Path
 
 import click
-from rich.console import Console
 from sqlalchemy import create_engine
 
 from agent_blackbox.keystore._errors import KeyProviderError
+from agent_blackbox.keystore._keyfile import write_key_file
 from agent_blackbox.keystore._postgres import DataKeyStore
 from agent_blackbox.keystore._provider import LocalKeyProvider
-from agent_blackbox.schemas import BlackboxError, CheckpointSigner, Settings
+from agent_blackbox.schemas import BlackboxError, CheckpointSigner, Settings, safe_console
 
 
 @click.group("keys")
@@ -28,13 +28,13 @@ def keys_group() -> None:
 )
 def keys_init(path: Path, version: str, add: bool) -> None:
     """Write a key file with a fresh AES-256 KEK (owner-only permissions)."""
-    if path.exists() and not add:
+    if os.path.lexists(path) and not add:
         raise click.ClickException(f"{path} exists; pass --add to add version {version} to it")
     try:
         LocalKeyProvider.write_file(path, version=version, add_to=path if add else None)
     except (KeyProviderError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    Console().print(
+    safe_console().print(
         f"KEK version {version} written to {path}; set BLACKBOX_KEK_FILE={path} for agents, "
         "the relay-side jobs and the replayer, and keep a copy somewhere safe"
     )
@@ -44,16 +44,23 @@ def keys_init(path: Path, version: str, add: bool) -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 def keys_signing(path: Path) -> None:
     """Write a fresh Ed25519 checkpoint signing key (PEM) and its public key beside it."""
-    if path.exists():
-        raise click.ClickException(f"{path} exists; choose another path")
-    signer = CheckpointSigner.generate()
-    private = signer.private_key_pem()
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(private)
     public = path.with_suffix(".pub.pem")
-    public.write_bytes(signer.public_key_pem())
-    Console().print(
+    for target in (path, public):
+        if os.path.lexists(target):
+            raise click.ClickException(f"{target} exists; choose another path")
+    signer = CheckpointSigner.generate()
+    try:
+        write_key_file(path, signer.private_key_pem())
+        # The public key is for every verifier to read, but is never written through a
+        # link planted at its path: O_EXCL|O_NOFOLLOW creates it or fails.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(os.open(public, flags, 0o644), "wb") as out:
+            out.write(signer.public_key_pem())
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {public}: {exc.strerror}") from exc
+    except KeyProviderError as exc:
+        raise click.ClickException(str(exc)) from exc
+    safe_console().print(
         f"signing key {signer.key_id}: {path} (for `blackbox sign` only; agents never get "
         f"it), public key {public} (for `blackbox verify`: BLACKBOX_SIGNING_PUBLIC_KEYS)"
     )
@@ -67,10 +74,10 @@ def keys_rotate() -> None:
         raise click.ClickException("set BLACKBOX_KEK_FILE (holding the old and the new version)")
     engine = create_engine(Settings.from_env().database_url)
     try:
-        with Console(stderr=True).status(f"re-wrapping under {provider.current_version}"):
+        with safe_console(stderr=True).status(f"re-wrapping under {provider.current_version}"):
             count = DataKeyStore(provider).rotate(engine)
     except BlackboxError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
         engine.dispose()
-    Console().print(f"{count} keys re-wrapped under KEK version {provider.current_version}")
+    safe_console().print(f"{count} keys re-wrapped under KEK version {provider.current_version}")

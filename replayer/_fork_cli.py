@@ -22,7 +22,14 @@ from agent_blackbox.replayer._index import read_side
 from agent_blackbox.replayer._reexecute import openai_sender, reexecute
 from agent_blackbox.replayer._registry import load_entry
 from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
-from agent_blackbox.schemas import BlackboxError, Envelope, EventType, Settings, safe_text
+from agent_blackbox.schemas import (
+    BlackboxError,
+    Envelope,
+    EventType,
+    Settings,
+    safe_console,
+    safe_text,
+)
 
 __all__ = ["fork_command", "reexecute_command"]
 
@@ -109,7 +116,7 @@ def fork_command(
     as asked (a bad option, a parent that cannot be read, a tool call the parent never
     made with --tools recorded).
     """
-    console = Console(stderr=True)
+    console = safe_console(stderr=True)
     changes = _changes(pairs)
     engine: Engine | None = None
     try:
@@ -152,7 +159,7 @@ def fork_command(
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
     else:
-        _print_fork(result, diff, Console())
+        _print_fork(result, diff, safe_console())
     if result.unrecorded_tool is not None:
         console.print(f"[red]error:[/] {safe_text(result.unrecorded_tool)}")
         sys.exit(2)
@@ -161,7 +168,7 @@ def fork_command(
 
 def _print_fork(result: ForkResult, diff: ForkDiff, console: Console) -> None:
     console.print(
-        f"fork {result.run_id} of {result.parent_run_id}: {result.status}"
+        f"fork {safe_text(result.run_id)} of {safe_text(result.parent_run_id)}: {result.status}"
         + (f" ({safe_text(result.error)})" if result.error else "")
         + f"; parent {diff.status[0]}; changes {safe_text(json.dumps(dict(result.changes)))}"
         + f"; tools {result.tools}"
@@ -171,7 +178,7 @@ def _print_fork(result: ForkResult, diff: ForkDiff, console: Console) -> None:
         for column in ("path", "parent", "fork"):
             table.add_column(column)
         for change in diff.output_changes:
-            table.add_row(change.path, _cell(change.parent), _cell(change.fork))
+            table.add_row(safe_text(change.path), _cell(change.parent), _cell(change.fork))
         console.print(table)
     else:
         console.print("final output: the same as the parent's")
@@ -192,7 +199,7 @@ def _print_pairs(
     for column in ("#", "parent", "fork", "changed"):
         table.add_column(column)
     for pair in pairs:
-        changed = "same" if pair.same else ", ".join(pair.changed)
+        changed = "same" if pair.same else safe_text(", ".join(pair.changed))
         table.add_row(str(pair.index + 1), cell(pair.parent), cell(pair.fork), changed)
     console.print(table)
 
@@ -267,7 +274,7 @@ def reexecute_command(
     Exit status: 0 when every answer is the same, 1 when one differs or failed, 2 when
     the run could not be read.
     """
-    console = Console(stderr=True)
+    console = safe_console(stderr=True)
     engine: Engine | None = None
     try:
         events, engine = _parent_events(run_id, archive)
@@ -293,7 +300,7 @@ def reexecute_command(
             notes = [f"{k} not compared: {v}" for k, v in d.uncompared.items()]
             detail = d.error or ", ".join([*d.changed, *notes])
             table.add_row(str(d.sequence), safe_text(d.model), result, safe_text(detail))
-        Console().print(table)
+        safe_console().print(table)
     sys.exit(0 if all(d.same for d in diffs) else 1)
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine
 
@@ -23,6 +22,7 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     Settings,
     llm_reply,
+    safe_console,
     safe_text,
 )
 
@@ -78,7 +78,7 @@ def _llm_shown(body: dict[str, Any]) -> dict[str, Any]:
 @click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
 def timeline_command(run_id: str, bodies: bool, purpose: str | None, archive: Path | None) -> None:
     """Show RUN_ID event by event (metadata only, unless --bodies)."""
-    console = Console(stderr=True)
+    console = safe_console(stderr=True)
     if bodies and not purpose:
         raise click.UsageError("--bodies reads recorded content: give --purpose")
     settings = Settings.from_env()
@@ -90,7 +90,7 @@ def timeline_command(run_id: str, bodies: bool, purpose: str | None, archive: Pa
             else list(KafkaRunSource(settings, read_side().run_index(engine), run_id))
         )
         pipeline = opening(lambda: engine, purpose=purpose).pipeline if bodies and purpose else None
-        Console().print(timeline_table(run_id, events, pipeline=pipeline))
+        safe_console().print(timeline_table(run_id, events, pipeline=pipeline))
     except BlackboxError as exc:
         console.print(f"[red]error:[/] {safe_text(exc)}")
         sys.exit(2)

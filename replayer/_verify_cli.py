@@ -26,6 +26,7 @@ from agent_blackbox.schemas import (
     CheckpointVerifier,
     Envelope,
     Settings,
+    safe_console,
     safe_text,
 )
 
@@ -62,7 +63,7 @@ def verify_command(
 
     Exit status: 0 when every run verifies, 1 when one does not, 2 when it cannot run.
     """
-    console = Console(stderr=True)
+    console = safe_console(stderr=True)
     if every == (run_id is not None):
         raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
     try:
@@ -87,7 +88,7 @@ def verify_command(
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
-        _print(reports, Console())
+        _print(reports, safe_console())
     sys.exit(0 if all(r.ok for r in reports) else 1)
 
 

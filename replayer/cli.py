@@ -37,7 +37,7 @@ from agent_blackbox.replayer._sandbox import POLICIES, NondeterminismPolicy
 from agent_blackbox.replayer._sources import KafkaRunSource, SourceError, read_archive
 from agent_blackbox.replayer._timeline import timeline_command
 from agent_blackbox.replayer._verify_cli import verify_command
-from agent_blackbox.schemas import BlackboxError, Envelope, Settings, safe_text
+from agent_blackbox.schemas import BlackboxError, Envelope, Settings, safe_console, safe_text
 
 __all__ = [
     "fork_command",
@@ -191,7 +191,7 @@ def _reports(
     """
     settings = Settings.from_env()
     engine = create_engine(settings.database_url)
-    console = Console(stderr=True)
+    console = safe_console(stderr=True)
     try:
         reading = opening(lambda: engine, purpose=purpose)
         if archive is not None:
@@ -279,8 +279,8 @@ class _Output:
         self._json = as_json
         self._tally = tally
         self._error: str | None = None
-        self._out = Console()
-        self._err = Console(stderr=True, soft_wrap=True)
+        self._out = safe_console()
+        self._err = safe_console(stderr=True, soft_wrap=True)
 
     def run(self, report: ReplayReport) -> None:
         self._tally.add(report)
@@ -288,7 +288,9 @@ class _Output:
         if self._json:
             click.echo(json.dumps(run_line(report), default=str))
             if single and report.error is not None:
-                self._err.print(f"[red]ERROR[/] run {report.run_id}: {safe_text(report.error)}")
+                self._err.print(
+                    f"[red]ERROR[/] run {safe_text(report.run_id)}: {safe_text(report.error)}"
+                )
         elif single:
             _print_report(report, self._out, self._err)
 
@@ -313,7 +315,7 @@ class _Output:
 
 def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
     if report.error is not None:
-        err.print(f"[red]ERROR[/] run {report.run_id}: {safe_text(report.error)}")
+        err.print(f"[red]ERROR[/] run {safe_text(report.run_id)}: {safe_text(report.error)}")
         return
     levels = ", ".join(f"{name.replace('_', ' ')} {state}" for name, state in report.levels.items())
     if report.limited:
@@ -323,15 +325,17 @@ def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
         err.print(f"{label} {safe_text(finding.describe())}")
     if report.passed:
         label = "[yellow]LIMITED[/]" if report.limited else "[green]PASS[/]"
-        out.print(f"{label} run {report.run_id} ({report.events} events): {levels}")
+        out.print(f"{label} run {safe_text(report.run_id)} ({report.events} events): {levels}")
         return
     if report.divergence is None:
         out.print(
-            f"[red]NONDETERMINISTIC[/] run {report.run_id}: the agent's code read the clock, "
-            "randomness or the environment directly (--nondeterminism fail)"
+            f"[red]NONDETERMINISTIC[/] run {safe_text(report.run_id)}: the agent's code read "
+            "the clock, randomness or the environment directly (--nondeterminism fail)"
         )
         return
-    out.print(f"[red]DIVERGED[/] run {report.run_id} after {report.events} events: {levels}")
+    out.print(
+        f"[red]DIVERGED[/] run {safe_text(report.run_id)} after {report.events} events: {levels}"
+    )
     for divergence in report.divergences:
         table = Table(show_header=False, box=None)
         rows = {

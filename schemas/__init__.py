@@ -38,7 +38,7 @@ from agent_blackbox.schemas._compat import (
     check_registry,
     incompatibilities,
 )
-from agent_blackbox.schemas._display import safe_text
+from agent_blackbox.schemas._display import safe_console, safe_text
 from agent_blackbox.schemas._envelope import GENESIS_CHAIN_HASH, Envelope, next_chain_hash
 from agent_blackbox.schemas._errors import (
     BlackboxError,
@@ -147,6 +147,7 @@ __all__ = [
     "llm_tool_call",
     "llm_usage",
     "next_chain_hash",
+    "safe_console",
     "safe_text",
     "tool_call_views",
 ]

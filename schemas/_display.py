@@ -5,7 +5,8 @@ timelines, reports, divergence details) may carry terminal escape sequences, bid
 overrides that reorder what a reader sees, invisible characters, or Rich console markup.
 :func:`safe_text` turns all of that into visible escapes, so what is printed is what
 was recorded, and printing it cannot retitle a window, move the cursor, rewrite a
-link, hide a line, or restyle the rest of the output.
+link, hide a line, or restyle the rest of the output. :func:`safe_console` is the one
+way the project makes a console: it never turns ``:name:`` shortcodes into emoji.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from __future__ import annotations
 import re
 import unicodedata
 from functools import cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 ELLIPSIS = "…"
 
@@ -157,3 +162,20 @@ def _cut(text: str, pattern: re.Pattern[str], limit: int) -> str:
     else:
         pieces.append(text[position:][:room])
     return "".join(pieces) + ELLIPSIS
+
+
+def safe_console(*, stderr: bool = False, **options: Any) -> Console:
+    """A Rich console for the project's output: emoji shortcodes (``:smile:``) in printed
+    text are shown as written, never replaced.
+
+    Markup stays on for the project's own styling (``[red]DIVERGED[/]``), so every run
+    id, name and payload-derived text printed on it must pass :func:`safe_text`, which
+    escapes markup openings and every control and invisible character.
+
+    Args:
+        stderr: write to standard error instead of standard output.
+        options: any other :class:`rich.console.Console` argument except ``emoji``.
+    """
+    from rich.console import Console  # here: importing the schemas does not load Rich
+
+    return Console(stderr=stderr, emoji=False, **options)

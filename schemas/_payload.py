@@ -2,14 +2,15 @@
 
 One place does each step. Sealing is a port (:class:`Sealer`); the plaintext adapter
 is for development, the envelope-encryption adapter plugs in behind the same two
-methods. The additional authenticated data binds a payload to its run, sequence and
-event id, so a sealed body cannot be moved to another event.
+methods. The additional authenticated data binds a payload to its run, sequence, event
+id, event type, body version, tenant and data key, so a sealed body cannot be moved to
+another event, relabelled, or passed off under another tenant or key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from agent_blackbox.schemas._canonical import canonical_json
@@ -19,6 +20,10 @@ from agent_blackbox.schemas._errors import UndecodableMessage
 from agent_blackbox.schemas._migrations import BodyReader
 
 PLAIN_ENCODING = "avro"
+
+# Names what the additional authenticated data is, so it can never be read as another
+# list of the same values (the first sealing AAD had no label and three items).
+_AAD_LABEL = "blackbox.payload-aad.2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,8 @@ class PayloadContext:
 
     ``data_key`` is the run's data key when the run is encrypted: the recorder creates
     it with the run and hands it to the sealer with every payload it seals.
+    ``event_type`` and ``body_version`` are those of the body: :class:`PayloadPipeline`
+    fills them in from what it packs or from the envelope it opens.
     """
 
     run_id: str
@@ -45,9 +52,29 @@ class PayloadContext:
     event_id: str
     tenant_id: str
     data_key: DataKey | None = field(default=None, repr=False, compare=False)
+    event_type: str = ""
+    body_version: int = 0
 
-    def aad(self) -> bytes:
-        """The additional authenticated data for AEAD sealing."""
+    def aad(self, key_id: str) -> bytes:
+        """The additional authenticated data of a payload sealed under the data key
+        ``key_id``: it binds run, sequence, event id, event type, body version, tenant
+        and key id."""
+        return canonical_json(
+            [
+                _AAD_LABEL,
+                self.run_id,
+                self.sequence,
+                self.event_id,
+                self.event_type,
+                self.body_version,
+                self.tenant_id,
+                key_id,
+            ]
+        )
+
+    def legacy_aad(self) -> bytes:
+        """The additional authenticated data of payloads sealed by earlier releases (run,
+        sequence and event id only): for opening those, never for sealing."""
         return canonical_json([self.run_id, self.sequence, self.event_id])
 
 
@@ -113,7 +140,10 @@ class PayloadPipeline:
     def pack(
         self, event_type: str, version: int, body: Mapping[str, Any], context: PayloadContext
     ) -> Sealed:
-        """Encode ``body`` as Avro and seal it for ``context``."""
+        """Encode ``body`` as Avro and seal it for ``context`` (whose event type and body
+        version become ``event_type`` and ``version``)."""
+        if context.event_type != event_type or context.body_version != version:
+            context = replace(context, event_type=event_type, body_version=version)
         return self._sealer.seal(self._bodies.encode(event_type, version, body), context)
 
     def unpack(
@@ -146,6 +176,8 @@ class PayloadPipeline:
             sequence=envelope.sequence,
             event_id=envelope.event_id,
             tenant_id=envelope.tenant_id,
+            event_type=envelope.event_type,
+            body_version=envelope.body_version,
         )
         sealed = Sealed(data=stored, key_id=envelope.key_id, encoding=envelope.payload_encoding)
         plaintext = self._sealer.open(sealed, context)

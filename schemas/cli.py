@@ -7,10 +7,9 @@ from pathlib import Path
 
 import click
 from fastavro.schema import SchemaParseException
-from rich.console import Console
 
 from agent_blackbox.schemas._compat import CompatibilityReport, check_registry
-from agent_blackbox.schemas._display import safe_text
+from agent_blackbox.schemas._display import safe_console, safe_text
 from agent_blackbox.schemas._migrations import MigratorRegistry, default_migrators
 from agent_blackbox.schemas._registry import AVSC_DIR, SchemaRegistry
 
@@ -42,7 +41,7 @@ def check_command(directory: Path) -> None:
         report = check_directory(directory)
     except (ValueError, SchemaParseException) as exc:
         raise click.ClickException(f"cannot load the schemas of {directory}: {exc}") from exc
-    console = Console(stderr=True)
+    console = safe_console(stderr=True)
     for problem in report.problems:
         console.print(f"[red]incompatible:[/] {safe_text(problem.describe())}")
     summary = (

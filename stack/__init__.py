@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from agent_blackbox.schemas import safe_console
 from agent_blackbox.stack._kafka import LocalKafka
 from agent_blackbox.stack._postgres import LocalPostgres
 from agent_blackbox.stack._process import (
@@ -79,7 +80,7 @@ class LocalStack:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self._settings = StackSettings.from_env(environ, cache_dir=cache_dir, ports=ports)
-        self._console = console or Console(stderr=True, soft_wrap=True)
+        self._console = console or safe_console(stderr=True, soft_wrap=True)
         cache, chosen = self._settings.cache_dir, self._settings.ports
         self.postgres = LocalPostgres(cache, chosen.postgres, console=self._console)
         self.kafka = LocalKafka(cache, chosen.kafka, chosen.controller, console=self._console)

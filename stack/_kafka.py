@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 from rich.console import Console
 
 from agent_blackbox.broker import broker_answers, new_admin
+from agent_blackbox.schemas import safe_console
 from agent_blackbox.stack._process import (
     MissingPrerequisiteError,
     PidFile,
@@ -206,7 +207,7 @@ class LocalKafka(PidService):
         self._root = cache_dir.resolve() / "kafka"
         self._port = port
         self._controller_port = controller_port
-        self._console = console or Console(stderr=True, soft_wrap=True)
+        self._console = console or safe_console(stderr=True, soft_wrap=True)
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
         self._jars = KafkaJars(self._root / "jars", console=self._console)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from agent_blackbox.schemas import safe_console
 from agent_blackbox.stack._process import (
     MissingPrerequisiteError,
     PidFile,
@@ -141,7 +142,7 @@ class LocalPostgres(PidService):
     def __init__(self, cache_dir: Path, port: int = 25432, *, console: Console | None = None):
         self._cache_dir = cache_dir.resolve()
         self._port = port
-        self._console = console or Console(stderr=True, soft_wrap=True)
+        self._console = console or safe_console(stderr=True, soft_wrap=True)
         self._os_user = OS_USER if os.geteuid() == 0 else None
 
     @property

@@ -14,17 +14,17 @@ from typing import Any, TypeVar
 
 import click
 from click.core import ParameterSource
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from agent_blackbox.schemas import safe_console
 from agent_blackbox.stack import LocalStack, ServiceStatus, StackError, StackPorts
 from agent_blackbox.stack._settings import DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
-_out = Console()
-_err = Console(stderr=True, soft_wrap=True)
+_out = safe_console()
+_err = safe_console(stderr=True, soft_wrap=True)
 _STATE_STYLE = {"running": "green", "stopped": "red", "external": "cyan"}
 
 

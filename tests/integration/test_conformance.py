@@ -467,6 +467,7 @@ def kek_in_environment(
     else:
         path = tmp_path / "kek.json"
         path.write_text(f'{{"current": "v1", "keys": {{"v1": "{key}"}}}}', encoding="utf-8")
+        path.chmod(0o600)  # a key file others can read is refused
         monkeypatch.setenv("BLACKBOX_KEK_FILE", str(path))
     provider = LocalKeyProvider.from_env()
     assert provider is not None

@@ -210,3 +210,29 @@ def test_retention_marks_a_silent_running_run_abandoned_and_then_shreds_it(
     assert [r.run_id for r in shredded.redacted] == [crashed]
     with pytest.raises(RunNotActive, match="abandoned"):
         Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER)).resume(crashed)
+
+
+def test_the_forget_table_escapes_a_hostile_run_id(engine: Engine, settings: Settings) -> None:
+    from click.testing import CliRunner
+
+    from agent_blackbox.cli import main
+
+    hostile = "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\\x1b[2J\u202e:smile:"
+    subject = f"subject-{os.urandom(4).hex()}"
+    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER))
+    snapshot = RunSnapshot(code_version="retention.1", input={"who": subject})
+    run_id = f"run-{os.urandom(4).hex()}-{hostile}"
+    recorder.record(agent, snapshot, agent_id="retention", subject_ids=(subject,), run_id=run_id)
+    env = {
+        **os.environ,
+        "BLACKBOX_DATABASE_URL": settings.database_url,
+        "BLACKBOX_TOPIC": settings.topic,
+        "COLUMNS": "400",
+    }
+    result = CliRunner(env=env).invoke(main, ["forget", "--subject", subject])
+    assert result.exit_code == 0, result.output
+    assert "1 runs redacted" in result.output
+    assert "\\x1b]8;;https://evil.example/" in result.output  # the run is listed, escaped
+    assert "\x1b" not in result.output
+    assert "\u202e" not in result.output
+    assert "\U0001f604" not in result.output  # :smile: is not turned into an emoji

@@ -1,0 +1,88 @@
+"""Key files on disk: written so nothing planted can redirect or widen the write, read
+only when nobody but the owner can read them.
+
+Writing goes to a fresh temporary file in the same folder (a unique name opened with
+``O_CREAT|O_EXCL|O_NOFOLLOW`` and mode 0600, so neither a planted symlink nor a stale
+temporary file is ever opened), which is then renamed over the key file: the rename
+replaces a directory entry and never follows a link at the destination. Reading opens with
+``O_NOFOLLOW`` and checks the opened file itself (no check-then-open race).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from agent_blackbox.keystore._errors import KeyProviderError, UnsafeKeyFile
+
+# Bits of the mode that let anyone but the owner read, write or run the file.
+_NOT_OWNER = 0o077
+
+
+def write_key_file(path: Path, content: bytes) -> None:
+    """Write ``content`` to ``path`` atomically, readable by its owner only.
+
+    Raises:
+        UnsafeKeyFile: ``path`` is a symbolic link or not a regular file.
+        KeyProviderError: the folder cannot be written.
+    """
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise UnsafeKeyFile(
+            f"{path} is a symbolic link or not a regular file; refusing to write a key "
+            "there: remove it, or choose another path"
+        )
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # mkstemp opens a new random name with O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600.
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise KeyProviderError(f"cannot write a key file in {folder}: {exc.strerror}") from exc
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(content)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise KeyProviderError(f"cannot write the key file {path}: {exc.strerror}") from exc
+
+
+def read_key_file(path: Path) -> bytes:
+    """The bytes of the key file ``path``.
+
+    Raises:
+        UnsafeKeyFile: ``path`` is a symbolic link, not a regular file, or can be read
+            (or written) by its group or by others.
+        KeyProviderError: ``path`` cannot be read.
+    """
+    # O_NONBLOCK: a FIFO planted at the path is refused below instead of hanging the open.
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as exc:
+        if path.is_symlink():
+            raise UnsafeKeyFile(
+                f"the key file {path} is a symbolic link; refusing to follow it: point "
+                "the setting at the file itself"
+            ) from exc
+        raise KeyProviderError(f"cannot read the key file {path}: {exc.strerror}") from exc
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnsafeKeyFile(f"the key file {path} is not a regular file; point at the file")
+        if mode & _NOT_OWNER:
+            raise UnsafeKeyFile(
+                f"the key file {path} is readable or writable by others (mode "
+                f"{stat.S_IMODE(mode):04o}); restrict it to its owner with `chmod 600 {path}`"
+            )
+    except BaseException:
+        os.close(descriptor)
+        raise
+    with os.fdopen(descriptor, "rb") as source:
+        return source.read()
