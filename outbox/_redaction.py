@@ -869,8 +869,10 @@ def _phone_check(text: str, match: Any) -> tuple[int, int] | None:
         return None
     if text[end : end + 1] in (" ", ".", "-") and text[end + 1 : end + 2].isdigit():
         return None  # more digit groups follow: a longer number, not a phone
+    if span[0] == "+":
+        return start, end  # the pattern counted 7 to 15 digits
     groups = tuple(len(g) for g in _GROUPS.findall(span))
-    national = span[0] != "+"
+    national = True
     if national and (len(groups) < 2 or min(groups) < 2 or groups[:3] in ((4, 2, 2), (2, 2, 4))):
         return None
     return (start, end) if _is_phone(span) else None
