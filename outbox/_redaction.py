@@ -253,6 +253,7 @@ class Redactor:
     """
 
     __slots__ = (
+        "_any_hint",
         "_card_ints",
         "_detectors",
         "_gates",
@@ -300,6 +301,8 @@ class Redactor:
         else:
             self._gates = ()
         self._shapes = tuple(SHAPES[n] for n in self._detectors) if version > 1 else ()
+        hints = sorted({hint for shape in self._shapes for hint in shape.hints}, key=len)
+        self._any_hint = re.compile("|".join(map(re.escape, reversed(hints))) or "(?!)")
         self._card_ints = "card_number" in chosen
         self._pseudonyms = _pseudonym_rules(pseudonyms, chosen, bool(parsed))
         self._key: bytes | None = None
@@ -575,6 +578,9 @@ class Redactor:
             normal = unicodedata.normalize("NFKC", text).translate(_INVISIBLE)
             folded = normal.translate(_LOOKALIKES)
         lowered = folded.lower()
+        # A short string is first searched once for every hint at once: most hold none.
+        if len(lowered) < _SHORT and self._any_hint.search(lowered) is None:
+            return text
         shapes = [shape for shape in self._shapes if _holds(lowered, shape.hints)]
         hit = False
         # A placeholder ends a word, so it may let a detector match next to it that could
@@ -687,6 +693,7 @@ replaced by ``[redacted:oversize]``: nothing unscanned is ever written, and the 
 value stays bounded (scanning the rest in windows would cost what scanning it does)."""
 OVERSIZE = "oversize"
 _ROUNDS = 3
+_SHORT = 256
 _JSON_DEPTH = 8
 """How deep JSON encoded inside strings is parsed and scanned; deeper, it is text."""
 
