@@ -410,7 +410,7 @@ class Redactor:
         """
         if len(key) < 32:
             raise ValueError("a pseudonym key needs at least 32 bytes")
-        copy = Redactor.from_config(self.config)
+        copy = Redactor.from_config(self.config, default_version=self._version)
         copy._key = key
         return copy
 

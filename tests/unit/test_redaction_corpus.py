@@ -220,3 +220,11 @@ def test_an_unknown_version_is_refused() -> None:
         Redactor.from_config({"version": 9})
     with pytest.raises(RedactionConfigError, match="version"):
         Redactor.from_config({"version": "2"})
+
+
+def test_a_keyed_version_1_redactor_stays_version_1() -> None:
+    old = Redactor(pseudonyms=["email"], version=1)
+    keyed = old.keyed(b"k" * 32)
+    assert keyed.version == 1
+    assert keyed.redact({"token": "abc"}).value == {"token": "abc"}
+    assert Redactor(pseudonyms=["email"]).keyed(b"k" * 32).version == 2
