@@ -10,13 +10,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import concurrency, imports, recorder, relay, replay, sealing, views
+from bench import concurrency, imports, recorder, redaction, relay, replay, sealing, views
 from bench._common import console
 
 BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "imports": imports.main,
     "recorder": recorder.main,
     "sealing": sealing.main,
+    "redaction": redaction.main,
     "relay": relay.main,
     "views": views.main,
     "replay": replay.main,

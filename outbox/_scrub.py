@@ -48,9 +48,13 @@ class Scrub:
 
     @classmethod
     def recorded_in(cls, attributes: Mapping[str, str]) -> Scrub:
-        """The scrubbing a run was recorded with, from its ``run.started`` attributes."""
+        """The scrubbing a run was recorded with, from its ``run.started`` attributes.
+        Rules recorded without a ``version`` are version 1 (the detectors of their time),
+        so a change of the default detectors never makes an old run diverge."""
         raw = attributes.get(RULES_ATTRIBUTE)
-        return cls(None if raw is None else Redactor.from_config(json.loads(raw)))
+        if raw is None:
+            return cls(None)
+        return cls(Redactor.from_config(json.loads(raw), default_version=1))
 
     @property
     def pseudonymous(self) -> bool:

@@ -90,7 +90,10 @@ def test_bad_pseudonym_rules_are_refused(config: dict[str, object], message: str
 
 
 def test_the_rules_round_trip_and_rules_without_pseudonyms_read_as_before() -> None:
-    assert Redactor().config == {"detectors": list(Redactor().config["detectors"]), "paths": []}
+    detectors = list(Redactor().config["detectors"])
+    assert Redactor().config == {"detectors": detectors, "paths": [], "version": 2}
+    old = Redactor(version=1).config
+    assert old == {"detectors": list(old["detectors"]), "paths": []}
     assert "pseudonyms" not in Redactor().config
     rules = Redactor(pseudonyms=["phone", "email"]).config
     assert rules["pseudonyms"] == ["email", "phone"]

@@ -15,10 +15,12 @@ import pytest
 
 from agent_blackbox.outbox._redaction import (
     ALWAYS_ON,
+    ALWAYS_ON_V2,
     CREDENTIAL_KEYS,
     DEFAULT_DETECTORS,
     DETECTORS,
     PLACEHOLDER_PREFIX,
+    SHAPES,
     Redacted,
     RedactionConfigError,
     Redactor,
@@ -240,11 +242,14 @@ def test_credential_keys_are_replaced_whole_at_any_depth() -> None:
         "kwargs": {
             "url": "https://api.example.com",
             "headers": {"Authorization": CREDENTIAL, "X-Api-Key": CREDENTIAL, "Accept": "json"},
-            "auth": {"PASSWORD": CREDENTIAL, "Set Cookie": CREDENTIAL},
+            "auth": CREDENTIAL,  # "auth" names a credential since version 2
         },
         "args": [{"client_secret": CREDENTIAL}],
     }
     assert result.fired == ("credential",)
+    # Version 1 (runs recorded before versions existed) kept "auth" and looked inside.
+    old = Redactor(version=1).redact(value).value
+    assert old["kwargs"]["auth"] == {"PASSWORD": CREDENTIAL, "Set Cookie": CREDENTIAL}
 
 
 def test_credential_key_set_is_normalised() -> None:
@@ -286,8 +291,18 @@ def test_credentials_survive_a_configuration_that_disables_everything() -> None:
         "headers": [["proxy-authorization", CREDENTIAL]],
         "note": f"{BEARER} and {API_KEY}",
     }
-    assert bare.rules == ("api_key", "bearer_token", "credential")
+    assert bare.rules == (
+        "api_key",
+        "bearer_token",
+        "credential",
+        "credential_pair",
+        "private_key",
+        "url_userinfo",
+    )
     assert Redactor.from_config({"detectors": [], "paths": []}).rules == bare.rules
+    old = Redactor(detectors=[], version=1)
+    assert old.rules == ("api_key", "bearer_token", "credential")
+    assert Redactor.from_config({"detectors": []}, default_version=1).rules == old.rules
 
 
 # --- paths -------------------------------------------------------------------------------
@@ -316,12 +331,12 @@ def test_paths_with_wildcards_replace_whole_values() -> None:
 
 
 def test_path_segments_match_list_indexes_and_any_key() -> None:
-    redactor = Redactor(detectors=[], paths=["args.1", "*.secretive"])
-    value = {"args": ["a", "b", "c"], "x": {"secretive": 1}, "y": {"secretive": 2, "z": 3}}
+    redactor = Redactor(detectors=[], paths=["args.1", "*.hidden"])
+    value = {"args": ["a", "b", "c"], "x": {"hidden": 1}, "y": {"hidden": 2, "z": 3}}
     assert redactor.redact(value).value == {
         "args": ["a", PATH, "c"],
-        "x": {"secretive": PATH},
-        "y": {"secretive": PATH, "z": 3},
+        "x": {"hidden": PATH},
+        "y": {"hidden": PATH, "z": 3},
     }
 
 
@@ -338,12 +353,16 @@ def test_rules_name_everything_in_force() -> None:
         "api_key",
         "bearer_token",
         "credential",
+        "credential_pair",
         "email",
         "path:a",
         "path:b.c",
         "phone",
+        "private_key",
+        "url_userinfo",
     )
-    assert REDACTOR.rules == tuple(sorted((*DETECTORS, "credential")))
+    assert REDACTOR.rules == tuple(sorted((*SHAPES, "credential")))
+    assert Redactor(version=1).rules == tuple(sorted((*DETECTORS, "credential")))
 
 
 def test_fired_is_sorted_and_unique() -> None:
@@ -469,9 +488,13 @@ def test_adversarial_strings_take_linear_time() -> None:
 
 
 def test_from_config_builds_the_configured_redactor() -> None:
-    redactor = Redactor.from_config({"detectors": ["email"], "paths": ["args.0"]})
+    config = {"detectors": ["email"], "paths": ["args.0"]}
+    redactor = Redactor.from_config(config, default_version=1)
     assert redactor.rules == ("api_key", "bearer_token", "credential", "email", "path:args.0")
     assert Redactor.from_config({}).rules == REDACTOR.rules
+    assert Redactor.from_config(config).config == {**config, "version": 2} | {
+        "detectors": [*ALWAYS_ON_V2, "email"]
+    }
 
 
 @pytest.mark.parametrize(
