@@ -25,7 +25,7 @@ import json
 import os
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -42,6 +42,20 @@ REDACTION_VERSION = 2
 recorded without a version are version 1: the detectors of that time, kept as they were
 so that old runs replay."""
 VERSIONS = (1, 2)
+
+
+def _windows(value: str) -> Iterator[str]:
+    """``value`` in consecutive pieces of at most :data:`SCAN_CAP` characters, each cut
+    just after whitespace when there is some near its end."""
+    start = 0
+    while start < len(value):
+        end = min(start + SCAN_CAP, len(value))
+        if end < len(value):
+            space = max(value.rfind(c, end - _CUT_SEARCH, end) for c in " \n\t\r")
+            if space > start:
+                end = space + 1
+        yield value[start:end]
+        start = end
 
 
 def placeholder(rule: str) -> str:
@@ -549,10 +563,9 @@ class Redactor:
 
     def _string(self, value: str, fired: set[str], depth: int) -> str:
         """A string (version 2): JSON inside it parsed and scanned, else scanned as text;
-        past :data:`SCAN_CAP` the rest is replaced."""
+        a string longer than :data:`SCAN_CAP` is scanned as text, window by window."""
         if len(value) > SCAN_CAP:
-            fired.add(OVERSIZE)
-            return self._text(value[:SCAN_CAP], fired) + placeholder(OVERSIZE)
+            return "".join(self._text(window, fired) for window in _windows(value))
         head = value.lstrip()[:1]
         if head in ("{", "[") and depth < _JSON_DEPTH:
             try:
@@ -688,10 +701,14 @@ def _holds(text: str, hints: tuple[str, ...]) -> bool:
 # that fails its check is skipped whole, so the scan stays one pass.
 
 SCAN_CAP = 1 << 20
-"""Characters of one string that are scanned. Past the cap the rest of the string is
-replaced by ``[redacted:oversize]``: nothing unscanned is ever written, and the work per
-value stays bounded (scanning the rest in windows would cost what scanning it does)."""
+"""Characters of one string scanned at once. A longer string (a large model reply, which
+the recorder keeps whole: it was paid for, and replay must hand it back as it came) is
+scanned in windows of about this size, cut at whitespace, which no secret shape spans
+(a PEM key's lines are each their own match): the time stays linear in the length."""
+_CUT_SEARCH = 4096
+"""How far back from a window's end a cut looks for whitespace."""
 OVERSIZE = "oversize"
+"""Kept for rules that name it; no longer produced (long strings are scanned whole)."""
 _ROUNDS = 3
 _SHORT = 256
 _JSON_DEPTH = 8
