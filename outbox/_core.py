@@ -348,7 +348,7 @@ class RunCore:
         self.check_active()
         ask = self.contract.transition(self.state, to_state, state, reason)
         moved = b.state_transition(
-            from_state=self.state, to_state=to_state, state=ask.value, reason=reason
+            from_state=self.state, to_state=to_state, state=ask.value, reason=ask.input["reason"]
         )
         return self._asked(moved, ask, ask.fired)
 
@@ -607,16 +607,20 @@ def plan_start(
 
 def _start_crossing(snapshot: RunSnapshot, scrub: Scrub) -> b.Crossing:
     fired: set[str] = set()
+    flags, changes = snapshot.flags, snapshot.changes
+    if scrub.version >= 2:  # flags and changes are free text a caller may fill with secrets
+        flags = scrub.value(dict(flags), fired)
+        changes = scrub.value(dict(changes), fired)
     started = b.run_started(
         code_version=snapshot.code_version,
         input=scrub.encoded(snapshot.input, fired, path="input"),
         prompt_templates=snapshot.prompt_templates,
         tool_schemas=snapshot.tool_schemas,
         model_ids=snapshot.model_ids,
-        flags=snapshot.flags,
+        flags=flags,
         permissions=snapshot.permissions,
         parent_run_id=snapshot.parent_run_id,
-        changes=snapshot.changes,
+        changes=changes,
     )
     rules = scrub.rules_text()
     if rules is not None:

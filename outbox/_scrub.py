@@ -57,6 +57,12 @@ class Scrub:
         return cls(Redactor.from_config(json.loads(raw), default_version=1))
 
     @property
+    def version(self) -> int:
+        """The detector set's version (0: no rules). From version 2 on, a transition's
+        reason and a snapshot's flags and changes are scrubbed too."""
+        return 0 if self._redactor is None else self._redactor.version
+
+    @property
     def pseudonymous(self) -> bool:
         """Whether the rules give pseudonyms, which need the tenant's key."""
         return self._redactor is not None and self._redactor.pseudonymous

@@ -210,6 +210,8 @@ class Contract:
         ``{"state": ...}``) is the recorded output digest."""
         fired: set[str] = set()
         scrubbed = self.scrub.value(state, fired)
+        if reason is not None and self.scrub.version >= 2:  # v1 runs recorded it as given
+            reason = self.scrub.value(reason, fired)
         inputs = b.transition_input(from_state, to_state, reason)
         return self._ask(
             EventType.STATE_TRANSITION,

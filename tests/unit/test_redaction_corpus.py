@@ -231,3 +231,22 @@ def test_a_keyed_version_1_redactor_stays_version_1() -> None:
     assert keyed.version == 1
     assert keyed.redact({"token": "abc"}).value == {"token": "abc"}
     assert Redactor(pseudonyms=["email"]).keyed(b"k" * 32).version == 2
+
+
+def test_a_snapshots_flags_and_a_transitions_reason_are_scrubbed_and_still_replay() -> None:
+    from agent_blackbox.outbox import MemoryRecorder, RunSnapshot
+    from agent_blackbox.replayer import replay_run
+    from agent_blackbox.schemas import EventType, PayloadPipeline
+
+    def agent(run: Any, input: Any) -> Any:
+        run.transition("escalated", state={"n": 1}, reason="asked by ann@example.com")
+        return "ok"
+
+    recorder = MemoryRecorder(redaction=REDACTOR)
+    snapshot = RunSnapshot(code_version="1", flags={"beta": "on", "note": f"key {SK}"})
+    recorder.record(agent, snapshot, agent_id="flags")
+    bodies = {e.event_type: PayloadPipeline().unpack(e) for e in recorder.events}
+    assert SK not in json.dumps(bodies[EventType.RUN_STARTED]["flags"])
+    assert bodies[EventType.RUN_STARTED]["flags"]["beta"] == "on"
+    assert "ann@example.com" not in bodies[EventType.STATE_TRANSITION]["reason"]
+    assert replay_run(recorder.events, agent).passed
