@@ -134,8 +134,7 @@ def retrieve(
     place = core.placement.begin()
 
     def perform() -> Any:
-        found = search(query, filters=filters, top_k=top_k)
-        return _listed_later(found) if inspect.isawaitable(found) else _listed(found)
+        return _then(search(query, filters=filters, top_k=top_k), _listed)
 
     return (yield from observed(perform, outcome, place))
 
@@ -145,8 +144,14 @@ def _listed(hits: Any) -> Any:
     return list(hits) if listable else hits
 
 
-async def _listed_later(found: Awaitable[Any]) -> Any:
-    return _listed(await found)
+def _then(found: Any, finish: Callable[[Any], Any]) -> Any:
+    """``finish(found)``, or, when an async agent function handed back an awaitable, a
+    coroutine that awaits it first (the async driver awaits what a call returns)."""
+    return _finished_later(found, finish) if inspect.isawaitable(found) else finish(found)
+
+
+async def _finished_later(found: Awaitable[Any], finish: Callable[[Any], Any]) -> Any:
+    return finish(await found)
 
 
 def now(core: RunCore) -> Steps[datetime]:
@@ -218,10 +223,7 @@ def resolve_effect(
     place = core.placement.begin()
 
     def ask() -> Any:
-        found = lookup(pending.idempotency_key)
-        if inspect.isawaitable(found):
-            return _confirmed_later(found)
-        return _confirmed(found)
+        return _then(lookup(pending.idempotency_key), _confirmed)
 
     # A missing record is recorded as ``failed``; the caller reads it off the receipt.
     with contextlib.suppress(EffectRejected):
@@ -235,10 +237,6 @@ def _confirmed(
     if found is None:
         raise EffectRejected("the external system has no record of this effect")
     return found
-
-
-async def _confirmed_later(found: Awaitable[Any]) -> Any:
-    return _confirmed(await found)
 
 
 def transition(

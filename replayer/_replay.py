@@ -1388,11 +1388,17 @@ def _call_site() -> CallSite | None:
         module = str(frame.f_globals.get("__name__", ""))
         if module == _DRIVER:
             break
-        if not module.startswith(_NOT_AGENT) or module.startswith(_EXAMPLES):
+        if _agent_module(module):
             code = frame.f_code
             return CallSite(code.co_name, code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return _origin()
+
+
+def _agent_module(module: str) -> bool:
+    """Whether a frame of ``module`` is the agent's: not the project's (but its
+    examples'), the event loop's, threads' or the CLI framework's."""
+    return not module.startswith(_NOT_AGENT) or module.startswith(_EXAMPLES)
 
 
 def _raised_at(error: BaseException | None) -> CallSite | None:
@@ -1402,7 +1408,7 @@ def _raised_at(error: BaseException | None) -> CallSite | None:
     while traceback is not None:
         frame = traceback.tb_frame
         module = str(frame.f_globals.get("__name__", ""))
-        if not module.startswith(_NOT_AGENT) or module.startswith(_EXAMPLES):
+        if _agent_module(module):
             found = CallSite(frame.f_code.co_name, frame.f_code.co_filename, traceback.tb_lineno)
         traceback = traceback.tb_next
     return found
