@@ -749,8 +749,7 @@ class ReplayRun:
             raise self._unreadable
         if self._fatal is not None:
             raise self._fatal
-        if place is _ENDING:
-            self._head(-1)
+        if place is _ENDING:  # finish() read the log up to run.finished
             envelope = self._finished
             lane = None
         else:
