@@ -57,6 +57,11 @@ from ._tables import outbox as outbox
 from ._tables import relay_leases as relay_leases
 from ._tables import relay_members as relay_members
 from ._tables import runs as runs
+from ._tables import tenant_grants as tenant_grants
+from ._tenants import EVERY_TENANT as EVERY_TENANT
+from ._tenants import grant_tenant_txn as grant_tenant_txn
+from ._tenants import revoke_tenant_txn as revoke_tenant_txn
+from ._tenants import tenant_grants_txn as tenant_grants_txn
 from ._values import DEFAULT_CONVERTERS as DEFAULT_CONVERTERS
 from ._values import Converter as Converter
 from ._values import Converters as Converters

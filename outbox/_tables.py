@@ -147,3 +147,11 @@ tenant_keys = Table(
     Column("wrapped", LargeBinary, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
+
+tenant_grants = Table(
+    "tenant_grants",
+    metadata,
+    Column("role_name", Text, primary_key=True),
+    Column("tenant_id", Text, primary_key=True),
+    Column("granted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)

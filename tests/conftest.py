@@ -1,4 +1,4 @@
-"""Real PostgreSQL and real Kafka for the integration tests.
+"""Real PostgreSQL and real Kafka for the integration and security tests.
 
 Where they come from, in order: ``BLACKBOX_DATABASE_URL`` / ``BLACKBOX_KAFKA_BOOTSTRAP``
 when set; testcontainers when a Docker engine answers; otherwise the project's local
@@ -24,7 +24,7 @@ from agent_blackbox.outbox import migrate_write_side
 from agent_blackbox.schemas import Settings
 from agent_blackbox.stack import LocalKafka, LocalStack, StackPorts
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 # Several checkouts may share one set of services (BLACKBOX_DATABASE_URL): each names its
 # own template database so that no suite drops another's.
 TEMPLATE_DB = os.environ.get("BLACKBOX_TEST_TEMPLATE_DB", "blackbox_test_template")

@@ -1,0 +1,51 @@
+"""Which tenants a role may act for (``blackbox.tenant_grants``).
+
+A writer appends only for the tenants granted to it (or to a group role it belongs
+to); readers and replayers see through row-level security only the runs of theirs.
+``*`` grants every tenant. The schema's owner and superusers need no grant.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sqlalchemy import Connection, text
+
+EVERY_TENANT = "*"
+"""The grant of every tenant."""
+
+_ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+
+_GRANT = text(
+    "INSERT INTO blackbox.tenant_grants (role_name, tenant_id) VALUES (:role, :tenant) "
+    "ON CONFLICT DO NOTHING"
+)
+_REVOKE = text("DELETE FROM blackbox.tenant_grants WHERE role_name = :role AND tenant_id = :tenant")
+_GRANTS = text(
+    "SELECT role_name, tenant_id FROM blackbox.tenant_grants "
+    "WHERE CAST(:role AS text) IS NULL OR role_name = :role ORDER BY role_name, tenant_id"
+)
+
+
+def _checked(role: str, tenant_id: str) -> None:
+    if not _ROLE_NAME.fullmatch(role):
+        raise ValueError(f"{role!r} is not a Postgres role name (letters, digits, _ and $)")
+    if not tenant_id or len(tenant_id) > 200 or not tenant_id.isprintable():
+        raise ValueError(f"{tenant_id!r} is not a tenant id (1 to 200 printable characters)")
+
+
+def grant_tenant_txn(conn: Connection, role: str, tenant_id: str) -> None:
+    """Let ``role`` (a login user or a group role) act for ``tenant_id`` (``*``: all)."""
+    _checked(role, tenant_id)
+    conn.execute(_GRANT, {"role": role, "tenant": tenant_id})
+
+
+def revoke_tenant_txn(conn: Connection, role: str, tenant_id: str) -> bool:
+    """Take back a grant; False when there was none."""
+    _checked(role, tenant_id)
+    return conn.execute(_REVOKE, {"role": role, "tenant": tenant_id}).rowcount == 1
+
+
+def tenant_grants_txn(conn: Connection, role: str | None = None) -> list[tuple[str, str]]:
+    """The grants, as ``(role, tenant)`` pairs, of ``role`` or of every role."""
+    return [(str(r), str(t)) for r, t in conn.execute(_GRANTS, {"role": role})]
