@@ -25,11 +25,11 @@ from agent_blackbox.keystore._errors import (
 from agent_blackbox.keystore._provider import KEY_BYTES, KeyProvider, WrappedKey
 from agent_blackbox.schemas import DataKey, KeyedDigest
 
+# Through the write side's function: it stores a key only for a run whose writer
+# credential the caller holds (the recorder adds ``credential`` to these parameters).
 _INSERT = text(
-    """
-    INSERT INTO blackbox.data_keys (key_id, run_id, tenant_id, kek_version, wrapped)
-    VALUES (:key_id, :run_id, :tenant_id, :kek_version, :wrapped)
-    """
+    "SELECT blackbox.store_data_key(:run_id, :credential, :key_id, :tenant_id, "
+    ":kek_version, :wrapped)"
 )
 
 _UNWRAP = text(

@@ -43,6 +43,7 @@ from agent_blackbox.outbox._writer import (
     EventFactory,
     PreparedEvent,
     RunIdentity,
+    new_credential,
     new_event_id,
     shard_of,
 )
@@ -588,6 +589,7 @@ def plan_start(
         retention_class=options.retention_class,
         data_key=data_key,
         digest=digest,
+        credential=new_credential(),
     )
     core = RunCore(identity, factory, scrub)
     crossing = replace(_start_crossing(snapshot, core.scrub), place=core.placement.opening())

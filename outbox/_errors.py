@@ -13,6 +13,7 @@ __all__ = [
     "PayloadTooLarge",
     "RecordedError",
     "RunNotActive",
+    "WriterRefused",
 ]
 
 
@@ -35,6 +36,12 @@ class PayloadTooLarge(BlackboxError, ValueError):
 
 class RunNotActive(BlackboxError):
     """A boundary was crossed on a run that is finished or was never started."""
+
+
+class WriterRefused(BlackboxError):
+    """The database refused this writer: the run is not one it started (no matching
+    writer credential), its tenant is not granted to the database role, or a sealed run
+    was sent a plaintext body. Nothing was recorded."""
 
 
 class ConcurrentRunWriter(BlackboxError):

@@ -8,6 +8,13 @@ together. Each append is one statement that advances the run row (sequence and c
 head, guarded by the sequence the writer expects) and inserts the outbox row only when
 the guard held.
 
+A recorder writes only through the schema's SECURITY DEFINER functions
+(``blackbox.start_run``, ``append_event``, ``take_over_run``; see migration 0004): each
+run has a writer credential, made here and known to the database only by its SHA-256,
+so a writer appends to the runs it started, for the tenants granted to its role, and
+never rewrites history. Jobs that run as the schema's owner (a redaction note) append
+with the plain guarded statement.
+
 The sync driver (:class:`PostgresLog`) executes a plan on a ``Connection``, the async one
 (:class:`AsyncPostgresLog`) awaits each statement on an ``AsyncConnection``; both retry a
 transaction they own on a lost connection or a serialisation failure, with the same
@@ -17,8 +24,10 @@ policy.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Engine, TextClause, text
@@ -27,10 +36,16 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import APPEND_ATTEMPTS, RunCore, StartPlan
-from agent_blackbox.outbox._errors import DatabaseUnavailable, RunNotActive
+from agent_blackbox.outbox._errors import DatabaseUnavailable, RunNotActive, WriterRefused
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._steps import Stepper
-from agent_blackbox.outbox._writer import Cursor, PreparedEvent, RunIdentity, shard_of
+from agent_blackbox.outbox._writer import (
+    Cursor,
+    PreparedEvent,
+    RunIdentity,
+    new_credential,
+    shard_of,
+)
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, DataKey, Digester, Envelope
 
 if TYPE_CHECKING:
@@ -49,14 +64,22 @@ TRANSIENT_RETRIES = 3
 # serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now
 _TRANSIENT_STATES = {"40001", "40P01", "57P01", "57P02", "57P03"}
 
-_INSERT_RUN = text(
+_START_RUN = text(
     """
-    INSERT INTO blackbox.runs
-        (run_id, tenant_id, agent_id, subject_ids, chain_head, parent_run_id, code_version,
-         classification, retention_class)
-    VALUES
-        (:run_id, :tenant_id, :agent_id, :subject_ids, :chain_head, :parent_run_id, :code_version,
-         :classification, :retention_class)
+    SELECT blackbox.start_run(
+        :run_id, :tenant_id, :agent_id, CAST(:subject_ids AS text[]), :chain_head,
+        :parent_run_id, :code_version, :classification, :retention_class, :credential_hash)
+    """
+)
+
+_TAKE_OVER = text("SELECT blackbox.take_over_run(:run_id, :credential_hash)")
+
+_APPEND_AS_WRITER = text(
+    """
+    SELECT blackbox.append_event(
+        :run_id, :credential, CAST(:shard AS smallint), :sequence, :chain_hash, :status,
+        :state, CAST(:event_id AS uuid), :envelope, :key_id, :effect, :effect_key,
+        :effect_status, :external_id)
     """
 )
 
@@ -136,8 +159,9 @@ def create_plan(start: StartPlan) -> Plan[Envelope]:
     identity = start.core.identity
     try:
         yield (
-            _INSERT_RUN,
+            _START_RUN,
             {
+                "credential_hash": _credential_hash(identity),
                 "run_id": identity.run_id,
                 "tenant_id": identity.tenant_id,
                 "agent_id": identity.agent_id,
@@ -152,7 +176,7 @@ def create_plan(start: StartPlan) -> Plan[Envelope]:
     except IntegrityError as exc:
         raise start.exists() from exc
     if start.store_key is not None:
-        yield start.store_key
+        yield _with_credential(start.store_key, identity)
     first = start.first
     return (yield from append_plan(start.core, start.crossing, start.event_id, first=first))
 
@@ -182,23 +206,26 @@ def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
         ref, data = event.blob
         yield _INSERT_BLOB, {"digest": ref, "data": data, "size": len(data)}
     is_transition = envelope.event_type == "state.transition"
-    appended = yield (
-        _APPEND,
-        {
-            "run_id": identity.run_id,
-            "shard": identity.shard,
-            "sequence": envelope.sequence,
-            "previous": envelope.sequence - 1,
-            "chain_hash": envelope.chain_hash,
-            "status": event.status,
-            "state": envelope.attributes.get("to_state") if is_transition else None,
-            "event_id": envelope.event_id,
-            "envelope": event.encoded,
-        },
-    )
+    row = {
+        "run_id": identity.run_id,
+        "shard": identity.shard,
+        "sequence": envelope.sequence,
+        "chain_hash": envelope.chain_hash,
+        "status": event.status,
+        "state": envelope.attributes.get("to_state") if is_transition else None,
+        "event_id": envelope.event_id,
+        "envelope": event.encoded,
+    }
+    if identity.credential is not None:
+        appended = yield (
+            _APPEND_AS_WRITER,
+            {**row, **_effect_row(envelope), **_as_writer(envelope, identity)},
+        )
+        return bool(appended.scalar_one())
+    appended = yield _APPEND, {**row, "previous": envelope.sequence - 1}
     if appended.rowcount != 1:
         return False
-    attributes = envelope.attributes
+    attributes = envelope.attributes  # the owner's path: the effects rows by statement
     keys = {"run_id": envelope.run_id, "idempotency_key": attributes.get("idempotency_key")}
     if envelope.event_type == "effect.intent":
         yield _INTENT, {**keys, "effect": attributes["effect"], "sequence": envelope.sequence}
@@ -206,6 +233,35 @@ def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
         status = {"status": attributes["status"], "external_id": attributes.get("external_id")}
         yield _RECEIPT, {**keys, **status}
     return True
+
+
+def _effect_row(envelope: Envelope) -> dict[str, Any]:
+    """What ``append_event`` writes to ``blackbox.effects`` with this event."""
+    attributes = envelope.attributes
+    is_intent = envelope.event_type == "effect.intent"
+    is_receipt = envelope.event_type == "effect.receipt"
+    return {
+        "effect_key": attributes.get("idempotency_key") if is_intent or is_receipt else None,
+        "effect": attributes.get("effect") if is_intent else None,
+        "effect_status": attributes.get("status") if is_receipt else None,
+        "external_id": attributes.get("external_id") if is_receipt else None,
+    }
+
+
+def _as_writer(envelope: Envelope, identity: RunIdentity) -> dict[str, Any]:
+    return {"credential": identity.credential, "key_id": envelope.key_id}
+
+
+def _credential_hash(identity: RunIdentity) -> bytes:
+    if identity.credential is None:
+        raise ValueError(f"run {identity.run_id}: a writer needs a credential")
+    return hashlib.sha256(identity.credential).digest()
+
+
+def _with_credential(statement: Statement, identity: RunIdentity) -> Statement:
+    """A data key's store statement, with the credential that lets this writer store it."""
+    clause, params = statement
+    return clause, {**params, "credential": identity.credential}
 
 
 def stored_run_plan(run_id: str, *, shards: int) -> Plan[StoredRun]:
@@ -237,10 +293,15 @@ def resume_plan(
     the writer that carries it on, stored in the same transaction. The first writer's key
     stays with the writer that died: an agent never reads a key back from the store."""
     stored = yield from stored_run_plan(run_id, shards=shards)
-    if keys is None or stored.status != "running":
+    if stored.status != "running":
         return stored, None
-    data_key, store_key = keys.new_key(run_id, stored.identity.tenant_id)
-    yield store_key
+    identity = replace(stored.identity, credential=new_credential())
+    yield _TAKE_OVER, {"run_id": run_id, "credential_hash": _credential_hash(identity)}
+    stored = replace(stored, identity=identity)
+    if keys is None:
+        return stored, None
+    data_key, store_key = keys.new_key(run_id, identity.tenant_id)
+    yield _with_credential(store_key, identity)
     return stored, data_key
 
 
@@ -255,13 +316,15 @@ def unresolved_plan(*, run_id: str | None, limit: int) -> Plan[list[PendingEffec
 
 def execute(conn: Connection, plan: Plan[T]) -> T:
     """Run ``plan`` on ``conn``; an integrity error goes back into the plan, which decides
-    what it means."""
+    what it means; a refusal of the write functions becomes the writer's error."""
     walk = Stepper(plan)
     while (statement := walk.next()) is not None:
         try:
             walk.reply(conn.execute(*statement))
         except IntegrityError as exc:
             walk.fail(exc)
+        except DBAPIError as exc:
+            raise _refusal(exc) or exc from exc
     return walk.result()
 
 
@@ -273,7 +336,29 @@ async def execute_async(conn: AsyncConnection, plan: Plan[T]) -> T:
             walk.reply(await conn.execute(*statement))
         except IntegrityError as exc:
             walk.fail(exc)
+        except DBAPIError as exc:
+            raise _refusal(exc) or exc from exc
     return walk.result()
+
+
+_NOT_ALLOWED = "42501"
+_NOT_RUNNING = "55000"
+
+
+def _refusal(exc: DBAPIError) -> WriterRefused | RunNotActive | None:
+    """The writer's error for a refusal by the write functions (None: not a refusal)."""
+    code = getattr(exc.orig, "sqlstate", None)
+    if code not in (_NOT_ALLOWED, _NOT_RUNNING):
+        return None
+    diagnostic = getattr(exc.orig, "diag", None)
+    message = getattr(diagnostic, "message_primary", None) or str(exc.orig).splitlines()[0]
+    if code == _NOT_RUNNING:
+        return RunNotActive(message)
+    return WriterRefused(
+        f"{message}; nothing was recorded. A recorder appends only to runs it started "
+        "(resume a crashed run with Recorder.resume), for tenants granted to its database "
+        "role (blackbox tenants grant ROLE TENANT), sealed when the run has a data key"
+    )
 
 
 def load_run_txn(conn: Connection, run_id: str, *, shards: int) -> StoredRun:

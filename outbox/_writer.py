@@ -4,6 +4,7 @@ bodies and the hash chain. Where the envelopes then go is the event log's busine
 
 from __future__ import annotations
 
+import os
 import uuid
 import zlib
 from collections.abc import Callable
@@ -59,6 +60,10 @@ class RunIdentity:
     """The run's data key while this writer records it (encrypted runs only)."""
     digest: Digester = field(default=digest, repr=False, compare=False)
     """How the run's input and output digests are taken (keyed for sensitive classes)."""
+    credential: bytes | None = field(default=None, repr=False, compare=False)
+    """The writer credential of this writer (the database keeps only its SHA-256): what
+    lets it, and only it, append to the run. None for jobs that write as the schema's
+    owner (a run's redaction note)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,14 @@ def _with_chain_hash(envelope: Envelope, previous: str) -> Envelope:
     values = {name: getattr(envelope, name) for name in Envelope.__dataclass_fields__}
     values["chain_hash"] = envelope.expected_chain_hash(previous)
     return Envelope(**values)
+
+
+def new_credential() -> bytes:
+    """A fresh writer credential for a run."""
+    return os.urandom(CREDENTIAL_BYTES)
+
+
+CREDENTIAL_BYTES = 32
 
 
 def new_event_id() -> str:

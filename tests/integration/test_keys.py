@@ -29,7 +29,13 @@ from agent_blackbox.keystore import (
     UnknownKeyVersion,
     WrongKey,
 )
-from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
+from agent_blackbox.outbox import (
+    EVERY_TENANT,
+    AgentRun,
+    Recorder,
+    RunSnapshot,
+    grant_tenant_txn,
+)
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import (
@@ -97,6 +103,7 @@ def login(database_url: str, engine: Engine) -> Iterator[Any]:
         user = f"u_{role.removeprefix('blackbox_')}_{uuid.uuid4().hex[:8]}"
         with engine.begin() as conn:
             conn.execute(text(f"CREATE ROLE {user} LOGIN IN ROLE {role}"))
+            grant_tenant_txn(conn, user, EVERY_TENANT)
         url = make_url(database_url).set(username=user, password=None)
         user_engine = create_engine(url)
         made.append((user, user_engine))

@@ -1,12 +1,26 @@
-"""Tenants per role: which tenants a login role may write, read or replay.
+"""Scoped writers: tenants per role, a writer credential per run, appends only through
+functions, row-level security.
 
 Revision ID: 0004
 Revises: 0003
 
-``blackbox.tenant_grants`` names, for a role (a login user or a group it belongs to),
-the tenants it may act for (``*`` is every tenant). The write side's functions and the
-row-level security policies ask :func:`blackbox.granted_tenant` whether the session's
-user may act for a tenant; the schema's owner and superusers always may.
+- ``blackbox.tenant_grants`` names, for a role (a login user or a group it belongs to),
+  the tenants it may act for (``*`` is every tenant). ``granted_tenant(t)`` answers for
+  the session's user; the schema's owner and superusers always may.
+- ``blackbox.run_writers`` keeps, per run, the SHA-256 of the writer credential: a
+  random secret the recorder makes at ``start_run`` (or at a take-over) and never stores.
+- The writer role loses INSERT and UPDATE on ``runs``, ``outbox``, ``effects`` and
+  ``data_keys``. It writes only through SECURITY DEFINER functions with a pinned
+  ``search_path``: ``start_run`` (tenant granted), ``store_data_key``, ``append_event``
+  (credential, tenant, status ``running``, the run's own data key when it has one: a
+  sealed run refuses a plaintext body) and ``take_over_run`` (a new writer for a crashed
+  run of a granted tenant; the old credential stops working).
+- Row-level security on ``runs`` and ``effects``: writers, readers and replayers see the
+  rows of their granted tenants only. Jobs that run as the schema's owner (migrations,
+  retention, the views consumer) are not subject to it.
+
+Refusals use SQLSTATE 42501 (insufficient_privilege); appending to a run that is not
+running, 55000 (object_not_in_prerequisite_state).
 """
 
 from __future__ import annotations
@@ -51,11 +65,227 @@ def upgrade() -> None:
         $$
         """
     )
-    op.execute(f"REVOKE ALL ON FUNCTION {SCHEMA}.granted_tenant(text) FROM PUBLIC")
-    for role in ("blackbox_writer", "blackbox_reader", "blackbox_replayer", "blackbox_relay"):
-        op.execute(f"GRANT EXECUTE ON FUNCTION {SCHEMA}.granted_tenant(text) TO {role}")
+    # The whole list once per statement (a scalar subquery in a policy is an InitPlan),
+    # rather than a function call per row of a large scan.
+    op.execute(
+        f"""
+        CREATE FUNCTION {SCHEMA}.granted_tenants() RETURNS text[]
+        LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+            SELECT coalesce(array_agg(DISTINCT g.tenant_id), '{{}}')
+              FROM {SCHEMA}.tenant_grants g
+             WHERE EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = g.role_name)
+               AND pg_has_role(session_user, g.role_name, 'MEMBER')
+        $$
+        """
+    )
+    op.create_table(
+        "run_writers",
+        sa.Column(
+            "run_id",
+            sa.Text,
+            sa.ForeignKey(f"{SCHEMA}.runs.run_id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("credential_hash", sa.LargeBinary, nullable=False),
+        sa.Column("writer", sa.Text, nullable=False),
+        sa.Column(
+            "since", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        schema=SCHEMA,
+    )
+    for statement in _FUNCTIONS:
+        op.execute(statement)
+    _scope_roles()
+
+
+def _scope_roles() -> None:
+    writer = "blackbox_writer"
+    op.execute(f"REVOKE INSERT, UPDATE ON {SCHEMA}.runs, {SCHEMA}.effects FROM {writer}")
+    op.execute(f"REVOKE INSERT ON {SCHEMA}.outbox, {SCHEMA}.data_keys FROM {writer}")
+    for signature, roles in _GRANTS.items():
+        op.execute(f"REVOKE ALL ON FUNCTION {SCHEMA}.{signature} FROM PUBLIC")
+        for role in roles:
+            op.execute(f"GRANT EXECUTE ON FUNCTION {SCHEMA}.{signature} TO {role}")
+    granted = f"CAST((SELECT {SCHEMA}.granted_tenants()) AS text[])"
+    mine = f"tenant_id = ANY ({granted}) OR '*' = ANY ({granted})"
+    op.execute(f"ALTER TABLE {SCHEMA}.runs ENABLE ROW LEVEL SECURITY")
+    op.execute(f"CREATE POLICY runs_of_granted_tenants ON {SCHEMA}.runs FOR SELECT USING ({mine})")
+    op.execute(f"ALTER TABLE {SCHEMA}.effects ENABLE ROW LEVEL SECURITY")
+    op.execute(
+        f"CREATE POLICY effects_of_granted_tenants ON {SCHEMA}.effects FOR SELECT USING "
+        f"(EXISTS (SELECT 1 FROM {SCHEMA}.runs r WHERE r.run_id = effects.run_id))"
+    )
+
+
+_ALL_ROLES = ("blackbox_writer", "blackbox_reader", "blackbox_replayer", "blackbox_relay")
+_GRANTS = {
+    "granted_tenant(text)": _ALL_ROLES,
+    "granted_tenants()": _ALL_ROLES,
+    "start_run(text, text, text, text[], text, text, text, text, text, bytea)": (
+        "blackbox_writer",
+    ),
+    "store_data_key(text, bytea, text, text, text, bytea)": ("blackbox_writer",),
+    "take_over_run(text, bytea)": ("blackbox_writer",),
+    "append_event(text, bytea, smallint, bigint, text, text, text, uuid, bytea, text, text, "
+    "text, text, text)": ("blackbox_writer",),
+}
+
+_REFUSE = "USING ERRCODE = '42501'"
+
+_FUNCTIONS = [
+    f"""
+    CREATE FUNCTION {SCHEMA}.start_run(
+        p_run_id text, p_tenant_id text, p_agent_id text, p_subject_ids text[],
+        p_chain_head text, p_parent_run_id text, p_code_version text,
+        p_classification text, p_retention_class text, p_credential_hash bytea)
+    RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    BEGIN
+        IF NOT {SCHEMA}.granted_tenant(p_tenant_id) THEN
+            RAISE EXCEPTION 'role % may not write runs of tenant %',
+                session_user, quote_literal(p_tenant_id) {_REFUSE},
+                HINT = 'grant the tenant to the role: blackbox tenants grant ROLE TENANT';
+        END IF;
+        IF p_credential_hash IS NULL OR length(p_credential_hash) <> 32 THEN
+            RAISE EXCEPTION 'a run needs the SHA-256 of its writer credential'
+                USING ERRCODE = '22023';
+        END IF;
+        INSERT INTO {SCHEMA}.runs
+            (run_id, tenant_id, agent_id, subject_ids, chain_head, parent_run_id,
+             code_version, classification, retention_class)
+        VALUES
+            (p_run_id, p_tenant_id, p_agent_id, p_subject_ids, p_chain_head, p_parent_run_id,
+             p_code_version, p_classification, p_retention_class);
+        INSERT INTO {SCHEMA}.run_writers (run_id, credential_hash, writer)
+        VALUES (p_run_id, p_credential_hash, session_user);
+    END $$
+    """,
+    f"""
+    CREATE FUNCTION {SCHEMA}.take_over_run(p_run_id text, p_credential_hash bytea)
+    RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    DECLARE
+        v_tenant text;
+        v_status text;
+    BEGIN
+        SELECT r.tenant_id, r.status INTO v_tenant, v_status
+          FROM {SCHEMA}.runs r WHERE r.run_id = p_run_id FOR UPDATE;
+        IF NOT FOUND OR NOT {SCHEMA}.granted_tenant(v_tenant) THEN
+            RAISE EXCEPTION 'run % does not exist or is not of a tenant granted to role %',
+                quote_literal(p_run_id), session_user {_REFUSE};
+        END IF;
+        IF v_status <> 'running' THEN
+            RAISE EXCEPTION 'run % is %; only running runs resume',
+                quote_literal(p_run_id), v_status USING ERRCODE = '55000';
+        END IF;
+        IF p_credential_hash IS NULL OR length(p_credential_hash) <> 32 THEN
+            RAISE EXCEPTION 'a writer needs the SHA-256 of its credential' USING ERRCODE = '22023';
+        END IF;
+        INSERT INTO {SCHEMA}.run_writers (run_id, credential_hash, writer)
+        VALUES (p_run_id, p_credential_hash, session_user)
+        ON CONFLICT (run_id) DO UPDATE
+           SET credential_hash = excluded.credential_hash, writer = excluded.writer,
+               since = now();
+    END $$
+    """,
+    f"""
+    CREATE FUNCTION {SCHEMA}.store_data_key(
+        p_run_id text, p_credential bytea, p_key_id text, p_tenant_id text,
+        p_kek_version text, p_wrapped bytea)
+    RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    BEGIN
+        IF NOT EXISTS (
+            SELECT 1 FROM {SCHEMA}.runs r JOIN {SCHEMA}.run_writers w USING (run_id)
+             WHERE r.run_id = p_run_id AND r.tenant_id = p_tenant_id
+               AND w.credential_hash = sha256(p_credential)
+               AND {SCHEMA}.granted_tenant(r.tenant_id)) THEN
+            RAISE EXCEPTION 'this writer may not store keys for run %: it did not start it',
+                quote_literal(p_run_id) {_REFUSE};
+        END IF;
+        INSERT INTO {SCHEMA}.data_keys (key_id, run_id, tenant_id, kek_version, wrapped)
+        VALUES (p_key_id, p_run_id, p_tenant_id, p_kek_version, p_wrapped);
+    END $$
+    """,
+    # One guarded UPDATE does the common case; only when it matched nothing is the reason
+    # looked up (a refusal, or false: another attempt moved the run on).
+    f"""
+    CREATE FUNCTION {SCHEMA}.append_event(
+        p_run_id text, p_credential bytea, p_shard smallint, p_sequence bigint,
+        p_chain_hash text, p_status text, p_state text, p_event_id uuid, p_envelope bytea,
+        p_key_id text, p_effect text, p_effect_key text, p_effect_status text,
+        p_external_id text)
+    RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    DECLARE
+        v_tenant text;
+        v_status text;
+        v_last bigint;
+        v_hash bytea;
+    BEGIN
+        UPDATE {SCHEMA}.runs r
+           SET last_sequence = p_sequence, chain_head = p_chain_hash,
+               status = coalesce(p_status, r.status), state = coalesce(p_state, r.state),
+               updated_at = now()
+         WHERE r.run_id = p_run_id AND r.last_sequence = p_sequence - 1
+           AND r.status = 'running'
+           AND EXISTS (SELECT 1 FROM {SCHEMA}.run_writers w
+                        WHERE w.run_id = p_run_id AND w.credential_hash = sha256(p_credential))
+           AND {SCHEMA}.granted_tenant(r.tenant_id)
+           AND CASE WHEN p_key_id IS NULL
+                    THEN NOT EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k WHERE k.run_id = p_run_id)
+                    ELSE EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k
+                                  WHERE k.key_id = p_key_id AND k.run_id = p_run_id)
+               END;
+        IF NOT FOUND THEN
+            SELECT r.tenant_id, r.status, r.last_sequence, w.credential_hash
+              INTO v_tenant, v_status, v_last, v_hash
+              FROM {SCHEMA}.runs r LEFT JOIN {SCHEMA}.run_writers w USING (run_id)
+             WHERE r.run_id = p_run_id;
+            IF NOT FOUND OR NOT {SCHEMA}.granted_tenant(v_tenant)
+               OR v_hash IS DISTINCT FROM sha256(p_credential) THEN
+                RAISE EXCEPTION 'run % does not exist or was not started by this writer',
+                    quote_literal(p_run_id) {_REFUSE};
+            END IF;
+            IF v_status <> 'running' THEN
+                RAISE EXCEPTION 'run % is %; it takes no more events',
+                    quote_literal(p_run_id), v_status USING ERRCODE = '55000';
+            END IF;
+            IF v_last = p_sequence - 1 THEN
+                IF p_key_id IS NULL THEN
+                    RAISE EXCEPTION 'run % is sealed under a data key: refusing a plaintext body',
+                        quote_literal(p_run_id) {_REFUSE};
+                END IF;
+                RAISE EXCEPTION 'key % is not a data key of run %',
+                    quote_literal(p_key_id), quote_literal(p_run_id) {_REFUSE};
+            END IF;
+            RETURN false;
+        END IF;
+        INSERT INTO {SCHEMA}.outbox (shard, run_id, sequence, event_id, envelope)
+        VALUES (p_shard, p_run_id, p_sequence, p_event_id, p_envelope);
+        IF p_effect_key IS NOT NULL AND p_effect IS NOT NULL THEN
+            INSERT INTO {SCHEMA}.effects (run_id, idempotency_key, effect, intent_sequence)
+            VALUES (p_run_id, p_effect_key, p_effect, p_sequence);
+        ELSIF p_effect_key IS NOT NULL THEN
+            UPDATE {SCHEMA}.effects
+               SET status = p_effect_status, external_id = p_external_id, updated_at = now()
+             WHERE run_id = p_run_id AND idempotency_key = p_effect_key;
+        END IF;
+        RETURN true;
+    END $$
+    """,
+]
 
 
 def downgrade() -> None:
-    op.execute(f"DROP FUNCTION IF EXISTS {SCHEMA}.granted_tenant(text)")
+    op.execute(f"DROP POLICY IF EXISTS effects_of_granted_tenants ON {SCHEMA}.effects")
+    op.execute(f"DROP POLICY IF EXISTS runs_of_granted_tenants ON {SCHEMA}.runs")
+    op.execute(f"ALTER TABLE {SCHEMA}.effects DISABLE ROW LEVEL SECURITY")
+    op.execute(f"ALTER TABLE {SCHEMA}.runs DISABLE ROW LEVEL SECURITY")
+    for signature in _GRANTS:
+        op.execute(f"DROP FUNCTION IF EXISTS {SCHEMA}.{signature}")
+    op.drop_table("run_writers", schema=SCHEMA)
     op.drop_table("tenant_grants", schema=SCHEMA)
+    writer = "blackbox_writer"
+    op.execute(f"GRANT INSERT, UPDATE ON {SCHEMA}.runs, {SCHEMA}.effects TO {writer}")
+    op.execute(f"GRANT INSERT ON {SCHEMA}.outbox, {SCHEMA}.data_keys TO {writer}")
