@@ -12,7 +12,7 @@ Revises: 0003
 - The writer role loses INSERT and UPDATE on ``runs``, ``outbox``, ``effects`` and
   ``data_keys``. It writes only through SECURITY DEFINER functions with a pinned
   ``search_path``: ``start_run`` (tenant granted), ``store_data_key``, ``append_event``
-  (credential, tenant, status ``running``, the run's own data key when it has one: a
+  (credential, status ``running``, the run's own data key when it has one: a
   sealed run refuses a plaintext body) and ``take_over_run`` (a new writer for a crashed
   run of a granted tenant; the old credential stops working).
 - Row-level security on ``runs`` and ``effects``: writers, readers and replayers see the
@@ -218,7 +218,6 @@ _FUNCTIONS = [
     RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     DECLARE
-        v_tenant text;
         v_status text;
         v_last bigint;
         v_hash bytea;
@@ -231,19 +230,17 @@ _FUNCTIONS = [
            AND r.status = 'running'
            AND EXISTS (SELECT 1 FROM {SCHEMA}.run_writers w
                         WHERE w.run_id = p_run_id AND w.credential_hash = sha256(p_credential))
-           AND {SCHEMA}.granted_tenant(r.tenant_id)
            AND CASE WHEN p_key_id IS NULL
                     THEN NOT EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k WHERE k.run_id = p_run_id)
                     ELSE EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k
                                   WHERE k.key_id = p_key_id AND k.run_id = p_run_id)
                END;
         IF NOT FOUND THEN
-            SELECT r.tenant_id, r.status, r.last_sequence, w.credential_hash
-              INTO v_tenant, v_status, v_last, v_hash
+            SELECT r.status, r.last_sequence, w.credential_hash
+              INTO v_status, v_last, v_hash
               FROM {SCHEMA}.runs r LEFT JOIN {SCHEMA}.run_writers w USING (run_id)
              WHERE r.run_id = p_run_id;
-            IF NOT FOUND OR NOT {SCHEMA}.granted_tenant(v_tenant)
-               OR v_hash IS DISTINCT FROM sha256(p_credential) THEN
+            IF NOT FOUND OR v_hash IS DISTINCT FROM sha256(p_credential) THEN
                 RAISE EXCEPTION 'run % does not exist or was not started by this writer',
                     quote_literal(p_run_id) {_REFUSE};
             END IF;
