@@ -142,6 +142,10 @@ class RunOptions:
         object.__setattr__(self, "subject_ids", tuple(self.subject_ids))
 
 
+_EFFECT_IDS = ("idempotency_key", "external_id")
+"""Attributes that carry values the agent chose (an effect's ids)."""
+
+
 class RunCore:
     """Identity, cursor and lifecycle of one run in record mode."""
 
@@ -188,7 +192,17 @@ class RunCore:
             )
 
     def prepare(self, crossing: b.Crossing, event_id: str) -> PreparedEvent:
-        return self.factory.prepare(self.identity, self.cursor, crossing, event_id=event_id)
+        ids = {
+            name: crossing.attributes[name] for name in _EFFECT_IDS if name in crossing.attributes
+        }
+        if not ids or self.scrub.version < 2:
+            return self.factory.prepare(self.identity, self.cursor, crossing, event_id=event_id)
+        # The clear attributes reach the topic and every copy of it, outside the sealed
+        # body and beyond the reach of a later shredding: they carry the ids scrubbed.
+        scrubbed = {**crossing.attributes, **self.scrub.value(ids, set())}
+        clear = replace(crossing, attributes=scrubbed)
+        event = self.factory.prepare(self.identity, self.cursor, clear, event_id=event_id)
+        return replace(event, effect_ids=ids)
 
     def stale(self, event: PreparedEvent, committed: Cursor | None) -> bool:
         """Adopt the committed cursor after a failed guard; True when ``event`` is in it.

@@ -88,15 +88,15 @@ class MemoryLog:
             self.blobs[event.blob[0]] = event.blob[1]
         self._sink(event.envelope)
         envelope = core.advanced(event)
-        self._note(envelope, event.status)
+        self._note(envelope, event)
         return envelope
 
-    def _note(self, envelope: Envelope, status: str | None) -> None:
+    def _note(self, envelope: Envelope, event: PreparedEvent) -> None:
         """Keep the run row and the effects as the Postgres log's statements do."""
         row = self._runs[envelope.run_id]
         row.cursor = Cursor(envelope.sequence, envelope.chain_hash)
-        row.status = status or row.status
-        attributes = envelope.attributes
+        row.status = event.status or row.status
+        attributes = {**envelope.attributes, **(event.effect_ids or {})}
         if envelope.event_type == "state.transition":
             row.state = attributes["to_state"]
         elif envelope.event_type == "effect.intent":

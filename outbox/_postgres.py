@@ -219,25 +219,26 @@ def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
     if identity.credential is not None:
         appended = yield (
             _APPEND_AS_WRITER,
-            {**row, **_effect_row(envelope), **_as_writer(envelope, identity)},
+            {**row, **_effect_row(event), **_as_writer(envelope, identity)},
         )
         return bool(appended.scalar_one())
     appended = yield _APPEND, {**row, "previous": envelope.sequence - 1}
     if appended.rowcount != 1:
         return False
-    attributes = envelope.attributes  # the owner's path: the effects rows by statement
-    keys = {"run_id": envelope.run_id, "idempotency_key": attributes.get("idempotency_key")}
-    if envelope.event_type == "effect.intent":
-        yield _INTENT, {**keys, "effect": attributes["effect"], "sequence": envelope.sequence}
-    elif envelope.event_type == "effect.receipt":
-        status = {"status": attributes["status"], "external_id": attributes.get("external_id")}
+    effect = _effect_row(event)  # the owner's path writes the effects row itself
+    keys = {"run_id": envelope.run_id, "idempotency_key": effect["effect_key"]}
+    if effect["effect_key"] is not None and effect["effect"] is not None:
+        yield _INTENT, {**keys, "effect": effect["effect"], "sequence": envelope.sequence}
+    elif effect["effect_key"] is not None:
+        status = {"status": effect["effect_status"], "external_id": effect["external_id"]}
         yield _RECEIPT, {**keys, **status}
     return True
 
 
-def _effect_row(envelope: Envelope) -> dict[str, Any]:
+def _effect_row(event: PreparedEvent) -> dict[str, Any]:
     """What ``append_event`` writes to ``blackbox.effects`` with this event."""
-    attributes = envelope.attributes
+    envelope = event.envelope
+    attributes = {**envelope.attributes, **(event.effect_ids or {})}
     is_intent = envelope.event_type == "effect.intent"
     is_receipt = envelope.event_type == "effect.receipt"
     return {

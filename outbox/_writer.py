@@ -83,6 +83,10 @@ class PreparedEvent:
     blob: tuple[str, bytes] | None
     status: str | None = None
     """The run status to set with this event (only ``run.finished`` sets one)."""
+    effect_ids: dict[str, str] | None = None
+    """An effect's idempotency key and external id as given, for ``blackbox.effects``
+    (recovery asks the external system by them), when the envelope's clear attributes
+    carry them scrubbed."""
 
     @property
     def cursor(self) -> Cursor:
