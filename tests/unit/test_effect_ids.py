@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
@@ -23,13 +24,14 @@ def test_effect_ids_in_clear_attributes_are_scrubbed() -> None:
         return None
 
     recorder = MemoryRecorder()
-    run, _ = recorder.record(agent, RunSnapshot("e.1"), agent_id="e")
+    recorder.record(agent, RunSnapshot("e.1"), agent_id="e")
     assert seen == [KEY]
     clear = [e.attributes for e in recorder.events if e.event_type.startswith("effect.")]
     assert len(clear) == 2
     for attributes in clear:
         text = repr(attributes)
-        assert "alice.smith" not in text and "bob.jones" not in text, text
+        assert "alice.smith" not in text, text
+        assert "bob.jones" not in text, text
         assert "idempotency_key" in attributes
 
 
@@ -40,9 +42,7 @@ def test_effects_rows_keep_the_key_for_recovery() -> None:
     def perform(key: str) -> dict[str, Any]:
         raise ConnectionError("the line dropped")
 
-    try:
+    with contextlib.suppress(ConnectionError):
         run.effect("refund", perform, arguments={"order": "O-1"}, key=KEY)
-    except ConnectionError:
-        pass
     pending = recorder.unresolved_effects(run_id=run.run_id)
     assert [p.idempotency_key for p in pending] == [KEY]
