@@ -30,6 +30,7 @@ from agent_blackbox.consumers.cli import (
 )
 from agent_blackbox.keystore.cli import keys_group
 from agent_blackbox.outbox import migrate_write_side
+from agent_blackbox.outbox.cli import tenants_group
 from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.replayer import ReadSide
 from agent_blackbox.replayer.cli import (
@@ -75,6 +76,7 @@ main.add_command(verify_command, "verify")
 main.add_command(timeline_command, "timeline")
 main.add_command(sign_command, "sign")
 main.add_command(keys_group, "keys")
+main.add_command(tenants_group, "tenants")
 
 
 @main.command()

@@ -13,9 +13,11 @@ import os
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import ProgrammingError
 
+from agent_blackbox.cli import main
 from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import (
     AgentRun,
@@ -234,3 +236,24 @@ def test_sealed_run_refuses_a_plaintext_body(
             {"r": run.run_id},
         ).scalar_one()
     assert bytes(stored) == digest  # the take-over fenced the first writer out
+
+
+def test_tenant_granted_by_the_cli_can_be_written(
+    login: Login, engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = login("blackbox_writer", tenant=TENANT_A)
+    role = writer.url.username
+    monkeypatch.setenv("BLACKBOX_DATABASE_URL", settings.database_url)
+    with pytest.raises(WriterRefused):
+        _record(writer, settings, TENANT_B)
+    granted = CliRunner().invoke(main, ["tenants", "grant", str(role), TENANT_B])
+    assert granted.exit_code == 0, granted.output
+    run_id = _record(writer, settings, TENANT_B)
+    listed = CliRunner().invoke(main, ["tenants", "list", "--role", str(role)])
+    assert TENANT_B in listed.output
+    revoked = CliRunner().invoke(main, ["tenants", "revoke", str(role), TENANT_B])
+    assert revoked.exit_code == 0, revoked.output
+    with pytest.raises(WriterRefused):
+        _record(writer, settings, TENANT_B)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT run_id FROM blackbox.runs")).scalars().all() == [run_id]
