@@ -47,9 +47,8 @@ __all__ = [
 ]
 
 SHREDDED = "shredded"
-"""What a value scrubbed at shred time reads as (``runs.state``, an effect's external id;
-an effect's idempotency key becomes ``shredded:<intent sequence>``, so that rows stay
-distinct and countable)."""
+"""What an effect's external id reads as once its run is shredded; its idempotency key
+becomes ``shredded:<intent sequence>``, so that the rows stay distinct and countable."""
 
 
 StatementSigner = Callable[[Mapping[str, Any]], tuple[str, bytes]]
@@ -234,7 +233,14 @@ def delete_run_metadata_txn(conn: Connection, run_ids: Sequence[str]) -> None:
 # The effect rows stay (counted, with their effect name, status and sequence): only the
 # values an agent chose, which may name a customer, are replaced.
 _SCRUB = [
-    text("UPDATE blackbox.runs SET state = NULL WHERE run_id = :run_id AND state IS NOT NULL"),
+    # The deletion ledger keeps which subject a destruction was for; the run row, which
+    # the reader role reads, no longer names the subject once its bodies are gone.
+    text(
+        """
+        UPDATE blackbox.runs SET state = NULL, subject_ids = '{}'
+         WHERE run_id = :run_id AND (state IS NOT NULL OR subject_ids <> '{}')
+        """
+    ),
     text(
         """
         UPDATE blackbox.effects
@@ -257,9 +263,10 @@ _RUN_HEAD = text(
 
 def scrub_run_txn(conn: Connection, run_id: str) -> None:
     """Replace what the run row and the effect rows of ``run_id`` hold in clear of the
-    agent's values (``runs.state``; effects' idempotency keys and external ids), in the
-    caller's transaction: the shredding transaction, so that nothing the destroyed keys
-    protected outlives them here."""
+    agent's values (``runs.state`` and ``subject_ids`` are emptied; effects' idempotency
+    keys and external ids become :data:`SHREDDED` placeholders), in the caller's
+    transaction: the shredding one, so nothing the destroyed keys protected outlives
+    them here."""
     for statement in _SCRUB:
         conn.execute(statement, {"run_id": run_id, "shredded": SHREDDED})
 
