@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from agent_blackbox.consumers import DatabaseFacts, LedgerEntry, entries_of, entry_problem
+from agent_blackbox.consumers._redacted_views import SHREDDED_DIGEST
+from agent_blackbox.consumers._views import StoredEvent
 from agent_blackbox.outbox.lifecycle import RunHead
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
@@ -172,3 +174,14 @@ def test_an_unreadable_note_is_reported_not_skipped() -> None:
 def test_a_signed_statement_cannot_pass_for_a_checkpoint() -> None:
     with pytest.raises(ValueError, match="purpose"):
         SIGNER.sign_statement({"purpose": "agent-blackbox checkpoint v1", "run_id": RUN})
+
+
+def test_a_redelivered_event_of_a_shredded_run_is_a_duplicate_not_a_violation() -> None:
+    [event] = _chained([_envelope(1, "run.started", b"x")])
+    shredded = StoredEvent(
+        RUN, 1, event.event_id, SHREDDED_DIGEST, SHREDDED_DIGEST, event.chain_hash
+    )
+    assert shredded.matches(event)
+    other = replace(event, input_digest="sha256:" + "1" * 64)
+    forged = replace(other, chain_hash=other.expected_chain_hash(GENESIS_CHAIN_HASH))
+    assert not shredded.matches(forged)  # another event at the same place still differs
