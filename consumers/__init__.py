@@ -29,19 +29,26 @@ from agent_blackbox.consumers._errors import (
     ViewsNotMigrated,
     ViewStoreUnavailable,
 )
+from agent_blackbox.consumers._ledger import (
+    DatabaseFacts,
+    IgnoredEntry,
+    LedgerEntry,
+    LedgerReport,
+    entries_of,
+    entry_problem,
+    ledger_entries,
+    reapply_ledger,
+)
 from agent_blackbox.consumers._metrics import ConsumerMetrics
 from agent_blackbox.consumers._migrate import migrate_views
 from agent_blackbox.consumers._offsets import OffsetsMoved, load_offsets
 from agent_blackbox.consumers._retention import (
-    LedgerEntry,
     Redaction,
     RetentionClass,
     RetentionConfigError,
     RetentionJob,
     RetentionPolicy,
     RetentionReport,
-    ledger_entries,
-    reapply_ledger,
     shred_run_txn,
 )
 from agent_blackbox.consumers._run_index import IndexedRun, ViewRunIndex
@@ -72,11 +79,14 @@ __all__ = [
     "ConsumerError",
     "ConsumerMetrics",
     "ConsumerRuntime",
+    "DatabaseFacts",
     "DeadLetterFailed",
     "Delivered",
+    "IgnoredEntry",
     "IndexedRun",
     "KafkaUnavailable",
     "LedgerEntry",
+    "LedgerReport",
     "MigrationFailed",
     "OffsetsMoved",
     "Projection",
@@ -96,6 +106,8 @@ __all__ = [
     "ViewsSummary",
     "apply_batch",
     "consumer_offsets",
+    "entries_of",
+    "entry_problem",
     "events_index",
     "indexed_events_txn",
     "integrity_violations",

@@ -2,27 +2,29 @@
 
 Bodies are deleted by destroying the run's data keys: every copy of a sealed body (the
 topic, a copy of the topic, a backup of the outbox or the blobs) becomes unreadable at
-once. Each destruction is written to the deletion ledger and announced by a
-``run.redacted`` event in the run's own log; after a restore, :func:`reapply_ledger`
-destroys again whatever an old backup brought back.
+once. In the same transaction the values the write side keeps in clear (``runs.state``,
+effects' idempotency keys and external ids) are scrubbed. Each destruction is written
+to the deletion ledger and announced by a ``run.redacted`` event in the run's own log,
+signed by the job when it has the signer's key; after a restore,
+:func:`agent_blackbox.consumers.reapply_ledger` destroys again whatever an old backup
+brought back.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from agent_blackbox.broker import read_ranges, watermarks
 from agent_blackbox.consumers._views import delete_run_views_txn
 from agent_blackbox.keystore import (
-    destroy_key_ids_txn,
     destroy_keys_txn,
     forget_destroyed_keys_txn,
     has_keys_txn,
@@ -36,13 +38,12 @@ from agent_blackbox.outbox.lifecycle import (
     runs_due_for_deletion_txn,
     runs_due_for_shredding_txn,
     runs_of_subject_txn,
+    scrub_run_txn,
     write_ledger_txn,
 )
 from agent_blackbox.schemas import (
     BlackboxError,
-    EnvelopeCodec,
-    EventType,
-    PayloadPipeline,
+    CheckpointSigner,
     Settings,
 )
 
@@ -145,9 +146,12 @@ def shred_run_txn(
     reason: str,
     subject_id: str | None = None,
     settings: Settings | None = None,
+    signer: CheckpointSigner | None = None,
 ) -> Redaction | None:
-    """Destroy the data keys of ``run_id``, write the ledger and append ``run.redacted``,
-    in the caller's transaction. None when the run has no live key left (already done).
+    """Destroy the data keys of ``run_id``, scrub the run's clear values (state, effect
+    keys and ids), write the ledger and append ``run.redacted`` (signed by ``signer``
+    when given), in the caller's transaction. None when the run has no live key left
+    (already done).
 
     A run still recording is refused (:class:`RunStillRunning`): its writer holds the key
     in memory.
@@ -161,13 +165,25 @@ def shred_run_txn(
     if not destroyed:
         if has_keys_txn(conn, run_id):
             return None  # shredded before
+        scrub_run_txn(conn, run_id)
         _ledger(conn, "unencrypted", run_id, [], subject_id, reason)
         return Redaction(run_id, reason, (), subject_id, encrypted=False)
+    scrub_run_txn(conn, run_id)
     _ledger(conn, "shred_keys", run_id, destroyed, subject_id, reason)
     append_redaction_txn(
-        conn, run_id, reason=reason, key_ids=destroyed, subject_id=subject_id, settings=settings
+        conn,
+        run_id,
+        reason=reason,
+        key_ids=destroyed,
+        subject_id=subject_id,
+        settings=settings,
+        sign=None if signer is None else partial(_sign, signer),
     )
     return Redaction(run_id, reason, tuple(destroyed), subject_id)
+
+
+def _sign(signer: CheckpointSigner, statement: Mapping[str, Any]) -> tuple[str, bytes]:
+    return signer.key_id, signer.sign_statement(statement)
 
 
 def abandon_after_from_env(environ: Mapping[str, str] | None = None) -> timedelta:
@@ -218,6 +234,9 @@ class RetentionJob:
         abandon_after: how long a run may go without an event before a pass marks it
             ``abandoned`` (``BLACKBOX_ABANDON_AFTER_HOURS``, default 24): crashed runs
             then fall under retention instead of staying ``running`` for ever.
+        signer: the signer's key, to sign each ``run.redacted`` note so that a
+            re-application after a restore can trust it (without it, only notes the
+            database's own ledger records are re-applied).
     """
 
     def __init__(
@@ -229,8 +248,10 @@ class RetentionJob:
         clock: Callable[[], datetime] | None = None,
         batch: int = 200,
         abandon_after: timedelta | None = None,
+        signer: CheckpointSigner | None = None,
     ) -> None:
         self._engine = engine
+        self._signer = signer
         self.abandon_after = abandon_after or abandon_after_from_env()
         self.policy = policy or RetentionPolicy.from_env()
         self._settings = settings or Settings.from_env()
@@ -268,6 +289,7 @@ class RetentionJob:
                         reason="forget",
                         subject_id=subject_id,
                         settings=self._settings,
+                        signer=self._signer,
                     )
             except RunStillRunning:
                 running.append(run_id)
@@ -286,7 +308,11 @@ class RetentionJob:
             for run_id in run_ids:
                 with self._engine.begin() as conn:
                     redaction = shred_run_txn(
-                        conn, run_id, reason="retention", settings=self._settings
+                        conn,
+                        run_id,
+                        reason="retention",
+                        settings=self._settings,
+                        signer=self._signer,
                     )
                 if redaction is not None:
                     done.append(redaction)
@@ -308,56 +334,3 @@ class RetentionJob:
             deleted += run_ids
             if len(run_ids) < self._batch:
                 return deleted
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """A destruction as the ``run.redacted`` events in the topic record it."""
-
-    run_id: str
-    key_ids: tuple[str, ...]
-    reason: str
-    subject_id: str | None
-
-
-def reapply_ledger(engine: Engine, entries: Iterable[LedgerEntry]) -> list[tuple[str, str]]:
-    """Destroy again every data key a restored backup brought back; returns the (run,
-    key) pairs destroyed now. Entries come from the topic (see ``ledger_entries``), which
-    outlives any database backup."""
-    again: list[tuple[str, str]] = []
-    with engine.begin() as conn:
-        for entry in entries:
-            destroyed = destroy_key_ids_txn(conn, entry.key_ids, reason=f"reapplied {entry.reason}")
-            if destroyed:
-                _ledger(conn, "reapply", entry.run_id, destroyed, entry.subject_id, entry.reason)
-                again += [(entry.run_id, key_id) for key_id in destroyed]
-    return again
-
-
-def ledger_entries(settings: Settings, *, timeout_s: float = 30.0) -> Iterator[LedgerEntry]:
-    """Every ``run.redacted`` in the event topic, read from the start of each partition
-    to its end as of now. The topic is the copy of the ledger a database restore cannot
-    roll back.
-
-    Raises:
-        BlackboxError: the broker cannot be reached or the topic does not exist.
-    """
-    codec, pipeline = EnvelopeCodec(), PayloadPipeline()
-    for message in _topic_messages(settings, timeout_s):
-        try:
-            envelope = codec.decode(message)
-        except BlackboxError:
-            continue  # the views consumer sends these to the dead-letter topic
-        if envelope.event_type != EventType.RUN_REDACTED:
-            continue
-        body = pipeline.unpack(envelope)
-        yield LedgerEntry(
-            envelope.run_id, tuple(body["key_ids"]), str(body["reason"]), body["subject_id"]
-        )
-
-
-def _topic_messages(settings: Settings, timeout_s: float) -> Iterator[bytes]:
-    ends = watermarks(settings, settings.topic, timeout_s=timeout_s)
-    for message in read_ranges(settings, settings.topic, ends, timeout_s=timeout_s):
-        if value := message.value():
-            yield value

@@ -31,6 +31,7 @@ from sqlalchemy.sql import Select, column
 
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered
 from agent_blackbox.consumers._errors import ProjectionFailed
+from agent_blackbox.consumers._redacted_views import SHREDDED_DIGEST, scrub_redacted_runs_txn
 from agent_blackbox.consumers._tables import events_index, integrity_violations, runs_view
 from agent_blackbox.schemas import Envelope, EventType
 
@@ -55,7 +56,11 @@ class StoredEvent:
     chain_hash: str
 
     def matches(self, envelope: Envelope) -> bool:
-        """Whether ``envelope`` carries the same digests and chain hash."""
+        """Whether ``envelope`` carries the same digests and chain hash (of a shredded
+        run, whose digests the views no longer keep, the same chain hash: it covers the
+        digests)."""
+        if self.input_digest == SHREDDED_DIGEST:
+            return self.chain_hash == envelope.chain_hash
         return (self.input_digest, self.output_digest, self.chain_hash) == (
             envelope.input_digest,
             envelope.output_digest,
@@ -99,6 +104,7 @@ def apply_batch(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
     3. Look up the stored rows of everything that collided (and of the repeats).
     4. Same digests and chain hash: a duplicate, ignored. Different: a violation row.
     5. Upsert each run touched by a newly inserted event, once.
+    6. A run shredded by a newly inserted ``run.redacted``: replace its digests.
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database refused a statement; the caller
@@ -112,6 +118,7 @@ def apply_batch(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
     duplicates, violations = classify_collisions(colliding, _stored_rows(conn, colliding))
     _record_violations(conn, violations)
     _upsert_runs(conn, aggregate_runs(r.envelope for r in inserted))
+    scrub_redacted_runs_txn(conn, (r.envelope for r in inserted))
     return BatchOutcome(
         inserted=len(inserted), duplicates=len(duplicates), violations=len(violations)
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import sys
 import threading
@@ -20,18 +21,18 @@ from sqlalchemy import create_engine
 
 from agent_blackbox.consumers._batch import BatchOutcome
 from agent_blackbox.consumers._checkpoints import CheckpointConsumer
+from agent_blackbox.consumers._ledger import LedgerReport, ledger_entries, reapply_ledger
 from agent_blackbox.consumers._migrate import migrate_views
 from agent_blackbox.consumers._retention import (
     RetentionJob,
     RetentionPolicy,
     RetentionReport,
-    ledger_entries,
-    reapply_ledger,
 )
 from agent_blackbox.consumers._runtime import ViewConsumer
 from agent_blackbox.schemas import (
     BlackboxError,
     CheckpointSigner,
+    CheckpointVerifier,
     Settings,
     safe_console,
     safe_text,
@@ -133,9 +134,27 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+SIGNING_KEY_FILE_ENV = "BLACKBOX_SIGNING_KEY_FILE"
+PUBLIC_KEYS_ENV = "BLACKBOX_SIGNING_PUBLIC_KEYS"
+
+
 def _retention_job(settings: Settings) -> RetentionJob:
+    """The job, signing its run.redacted notes when the signer's key is configured."""
     engine = create_engine(settings.database_url, pool_size=2)
-    return RetentionJob(engine, policy=RetentionPolicy.from_env(), settings=settings)
+    signer = CheckpointSigner.from_env() if os.environ.get(SIGNING_KEY_FILE_ENV) else None
+    return RetentionJob(engine, policy=RetentionPolicy.from_env(), settings=settings, signer=signer)
+
+
+def _deletion_verifier() -> CheckpointVerifier | None:
+    """The public keys a run.redacted signature is checked with: the PEM files in
+    ``BLACKBOX_SIGNING_PUBLIC_KEYS`` (comma-separated), else the public half of
+    ``BLACKBOX_SIGNING_KEY_FILE``; None if neither is set."""
+    if files := os.environ.get(PUBLIC_KEYS_ENV):
+        return CheckpointVerifier.from_pem_files([f.strip() for f in files.split(",") if f])
+    if os.environ.get(SIGNING_KEY_FILE_ENV):
+        signer = CheckpointSigner.from_env()
+        return CheckpointVerifier({signer.key_id: signer.public_key})
+    return None
 
 
 def _print_redactions(report: RetentionReport, console: Console, *, title: str) -> None:
@@ -241,21 +260,56 @@ def ledger_group() -> None:
 
 @ledger_group.command("reapply")
 def ledger_reapply() -> None:
-    """After restoring a database backup: destroy again every key the ledger in the
-    topic says was destroyed."""
+    """After restoring a database backup: destroy again every key the run.redacted notes
+    in the topic say was destroyed, when the note is authentic.
+
+    A note is applied only when the database's deletion ledger records it or it carries
+    the retention job's signature (public keys: BLACKBOX_SIGNING_PUBLIC_KEYS, else the
+    key of BLACKBOX_SIGNING_KEY_FILE), its run's hash chain reaches it, and every key it
+    names belongs to its run. Any other note is listed with the reason and ignored.
+
+    \b
+    Exit status:
+      0  every note was applied
+      1  some notes were ignored (listed on stderr); the others were applied
+      2  could not run
+    """
     console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     try:
+        verifier = _deletion_verifier()
         engine = create_engine(settings.database_url)
         with console.status(f"reading run.redacted events from {settings.topic}"):
             entries = list(ledger_entries(settings))
-        again = reapply_ledger(engine, entries)
+        with console.status(f"checking and re-applying {len(entries)} notes"):
+            report = reapply_ledger(engine, entries, verifier=verifier)
     except BlackboxError as exc:
-        raise click.ClickException(safe_text(exc)) from exc
+        could_not_run(console, exc)
+    _print_ignored(report, console)
     click.echo(
-        f"{len(entries)} ledger entries in {settings.topic}; {len(again)} data keys a restore "
+        f"{len(entries)} run.redacted notes in {safe_text(settings.topic)}: {report.applied} "
+        f"applied, {len(report.ignored)} ignored; {len(report.destroyed)} data keys a restore "
         "had brought back were destroyed again"
     )
+    if report.ignored:
+        sys.exit(1)
+
+
+def _print_ignored(report: LedgerReport, console: Console) -> None:
+    if not report.ignored:
+        return
+    table = Table(title="run.redacted notes ignored (nothing was changed for them)")
+    for name in ("run", "sequence", "keys", "why"):
+        table.add_column(name)
+    for item in report.ignored:
+        envelope = item.entry.envelope
+        table.add_row(
+            safe_text(item.entry.run_id),
+            "" if envelope is None else str(envelope.sequence),
+            safe_text(", ".join(item.entry.key_ids)),
+            safe_text(item.why),
+        )
+    console.print(table)
 
 
 @click.command("sign")

@@ -24,6 +24,7 @@ from agent_blackbox.keystore._postgres import (
     destroy_keys_txn,
     forget_destroyed_keys_txn,
     has_keys_txn,
+    key_owners_txn,
     purpose_problem,
     wrapping_aad,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "destroy_keys_txn",
     "forget_destroyed_keys_txn",
     "has_keys_txn",
+    "key_owners_txn",
     "purpose_problem",
     "wrapping_aad",
 ]

@@ -50,9 +50,12 @@ _DESTROY_IDS = text(
     """
     UPDATE blackbox.data_keys
        SET wrapped = NULL, destroyed_at = now(), destroyed_reason = :reason
-     WHERE key_id = ANY(:key_ids) AND wrapped IS NOT NULL
+     WHERE key_id = ANY(:key_ids) AND run_id = :run_id AND wrapped IS NOT NULL
     RETURNING key_id
     """
+)
+_KEY_OWNERS = text(
+    "SELECT key_id, run_id, tenant_id FROM blackbox.data_keys WHERE key_id = ANY(:key_ids)"
 )
 
 _LIVE_KEYS = text(
@@ -191,11 +194,21 @@ def destroy_keys_txn(
     return [(str(run_id), str(key_id)) for run_id, key_id in rows]
 
 
-def destroy_key_ids_txn(conn: Connection, key_ids: Sequence[str], *, reason: str) -> list[str]:
-    """Crypto-shred the data keys ``key_ids`` that are still live (a restored backup
-    brought them back); returns those destroyed."""
-    rows = conn.execute(_DESTROY_IDS, {"key_ids": list(key_ids), "reason": reason}).scalars()
-    return [str(key_id) for key_id in rows]
+def destroy_key_ids_txn(
+    conn: Connection, key_ids: Sequence[str], *, run_id: str, reason: str
+) -> list[str]:
+    """Crypto-shred those of ``key_ids`` that belong to ``run_id`` and are still live (a
+    restored backup brought them back); returns those destroyed. A key of another run
+    is never touched, whatever a ledger entry names."""
+    params = {"key_ids": list(key_ids), "run_id": run_id, "reason": reason}
+    return [str(key_id) for key_id in conn.execute(_DESTROY_IDS, params).scalars()]
+
+
+def key_owners_txn(conn: Connection, key_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """The run and tenant each of ``key_ids`` belongs to (``data_keys.run_id``), for those
+    the database knows."""
+    rows = conn.execute(_KEY_OWNERS, {"key_ids": list(key_ids)})
+    return {str(key_id): (str(run_id), str(tenant)) for key_id, run_id, tenant in rows}
 
 
 _HAS_KEYS = text("SELECT EXISTS (SELECT 1 FROM blackbox.data_keys WHERE run_id = :run_id)")

@@ -15,7 +15,7 @@ from typing import Any
 
 from agent_blackbox.outbox._placement import Place
 from agent_blackbox.outbox._values import TAGGED, describe_error
-from agent_blackbox.schemas import EventType, canonical_text
+from agent_blackbox.schemas import REDACTED_SIGNED_VERSION, EventType, canonical_text
 
 VERSION = 1
 """Body version the builders here write, unless they name another."""
@@ -490,9 +490,17 @@ def finished_output(
 
 
 def run_redacted(
-    *, reason: str, key_ids: list[str], subject_id: str | None, retention_class: str | None
+    *,
+    reason: str,
+    key_ids: list[str],
+    subject_id: str | None,
+    retention_class: str | None,
+    signer_key_id: str | None = None,
+    signature: bytes | None = None,
 ) -> Crossing:
-    """The note that a run's data keys were destroyed (retention or a deletion request).
+    """The note that a run's data keys were destroyed (retention or a deletion request),
+    with the retention job's signature over it when the job has a signing key (see
+    :func:`agent_blackbox.schemas.deletion_statement`).
 
     The subject id is not put in the unsealed attributes: the note is readable by anyone
     who can read the topic.
@@ -502,7 +510,12 @@ def run_redacted(
         "retention_class": retention_class,
         "subject_id": subject_id,
         "key_ids": sorted(key_ids),
+        "signer_key_id": signer_key_id,
+        "signature": signature,
     }
     inputs = {"reason": reason, "retention_class": retention_class, "subject_id": subject_id}
     attributes = {"reason": reason, "keys_destroyed": str(len(key_ids))}
-    return Crossing(EventType.RUN_REDACTED, body, inputs, {"key_ids": sorted(key_ids)}, attributes)
+    outputs = {"key_ids": sorted(key_ids)}
+    return Crossing(
+        EventType.RUN_REDACTED, body, inputs, outputs, attributes, REDACTED_SIGNED_VERSION
+    )

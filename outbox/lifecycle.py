@@ -14,8 +14,10 @@ shrinks as they are shredded.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, text
 
@@ -24,19 +26,34 @@ from agent_blackbox.outbox._core import new_factory, utc_now
 from agent_blackbox.outbox._errors import RunNotActive
 from agent_blackbox.outbox._postgres import append_txn, load_run_txn
 from agent_blackbox.outbox._writer import new_event_id
-from agent_blackbox.schemas import Envelope, Settings
+from agent_blackbox.schemas import Envelope, Settings, deletion_statement
 
 __all__ = [
+    "SHREDDED",
+    "RunHead",
+    "StatementSigner",
     "append_redaction_txn",
     "delete_run_metadata_txn",
+    "ledger_key_ids_txn",
     "lock_run_txn",
     "mark_abandoned_txn",
     "retention_classes_txn",
+    "run_head_txn",
     "runs_due_for_deletion_txn",
     "runs_due_for_shredding_txn",
     "runs_of_subject_txn",
+    "scrub_run_txn",
     "write_ledger_txn",
 ]
+
+SHREDDED = "shredded"
+"""What an effect's external id reads as once its run is shredded; its idempotency key
+becomes ``shredded:<intent sequence>``, so that the rows stay distinct and countable."""
+
+
+StatementSigner = Callable[[Mapping[str, Any]], tuple[str, bytes]]
+"""Signs a deletion statement: returns the signer's key id and the signature (the
+retention job passes its checkpoint signer's ``sign_statement``)."""
 
 
 def append_redaction_txn(
@@ -47,8 +64,13 @@ def append_redaction_txn(
     key_ids: list[str],
     subject_id: str | None = None,
     settings: Settings | None = None,
+    sign: StatementSigner | None = None,
 ) -> Envelope:
     """Append ``run.redacted`` to ``run_id`` in the caller's transaction; never commits.
+
+    With ``sign``, the note carries a signature over
+    :func:`agent_blackbox.schemas.deletion_statement` of this run, tenant and sequence,
+    which is what lets a re-application after a restore trust it.
 
     The caller holds the run row locked (``SELECT ... FOR UPDATE``) so no writer moves
     the run meanwhile.
@@ -58,17 +80,42 @@ def append_redaction_txn(
     """
     settings = settings or Settings.from_env()
     stored = load_run_txn(conn, run_id, shards=settings.outbox_shards)
+    retention_class = stored.identity.retention_class if reason == "retention" else None
+    sequence = stored.cursor.sequence + 1
+    signer_key_id, signature = None, None
+    if sign is not None:
+        statement = deletion_statement(
+            run_id=run_id,
+            tenant_id=stored.identity.tenant_id,
+            sequence=sequence,
+            key_ids=key_ids,
+            reason=reason,
+            subject_id=subject_id,
+            retention_class=retention_class,
+        )
+        signer_key_id, signature = sign(statement)
     crossing = b.run_redacted(
         reason=reason,
         key_ids=key_ids,
         subject_id=subject_id,
-        retention_class=stored.identity.retention_class if reason == "retention" else None,
+        retention_class=retention_class,
+        signer_key_id=signer_key_id,
+        signature=signature,
     )
     factory = new_factory(settings, None, utc_now)  # plain: no key is left to seal with
     event = factory.prepare(stored.identity, stored.cursor, crossing, event_id=new_event_id())
-    if not append_txn(conn, stored.identity, event):
+    if event.envelope.sequence != sequence or not append_txn(conn, stored.identity, event):
         raise RunNotActive(f"run {run_id} moved on while its redaction was appended")
     return event.envelope
+
+
+@dataclass(frozen=True, slots=True)
+class RunHead:
+    """What ``blackbox.runs`` says of a run's log: its tenant and the head of its chain."""
+
+    tenant_id: str
+    last_sequence: int
+    chain_head: str
 
 
 _LOCK_RUN = text("SELECT status FROM blackbox.runs WHERE run_id = :run_id FOR UPDATE")
@@ -181,3 +228,59 @@ def delete_run_metadata_txn(conn: Connection, run_ids: Sequence[str]) -> None:
     """Delete the run rows and effects of ``run_ids`` (their keys are the key store's)."""
     for statement in _DELETE_METADATA:
         conn.execute(statement, {"run_ids": list(run_ids)})
+
+
+# The effect rows stay (counted, with their effect name, status and sequence): only the
+# values an agent chose, which may name a customer, are replaced.
+_SCRUB = [
+    # The deletion ledger keeps which subject a destruction was for; the run row, which
+    # the reader role reads, no longer names the subject once its bodies are gone.
+    text(
+        """
+        UPDATE blackbox.runs SET state = NULL, subject_ids = '{}'
+         WHERE run_id = :run_id AND (state IS NOT NULL OR subject_ids <> '{}')
+        """
+    ),
+    text(
+        """
+        UPDATE blackbox.effects
+           SET idempotency_key = :shredded || ':' || intent_sequence,
+               external_id = CASE WHEN external_id IS NULL THEN NULL ELSE :shredded END
+         WHERE run_id = :run_id AND idempotency_key <> :shredded || ':' || intent_sequence
+        """
+    ),
+]
+_LEDGER_KEYS = text(
+    """
+    SELECT DISTINCT unnest(key_ids) FROM blackbox.deletion_ledger
+     WHERE run_id = :run_id AND action IN ('shred_keys', 'reapply')
+    """
+)
+_RUN_HEAD = text(
+    "SELECT tenant_id, last_sequence, chain_head FROM blackbox.runs WHERE run_id = :run_id"
+)
+
+
+def scrub_run_txn(conn: Connection, run_id: str) -> None:
+    """Replace what the run row and the effect rows of ``run_id`` hold in clear of the
+    agent's values (``runs.state`` and ``subject_ids`` are emptied; effects' idempotency
+    keys and external ids become :data:`SHREDDED` placeholders), in the caller's
+    transaction: the shredding one, so nothing the destroyed keys protected outlives
+    them here."""
+    for statement in _SCRUB:
+        conn.execute(statement, {"run_id": run_id, "shredded": SHREDDED})
+
+
+def ledger_key_ids_txn(conn: Connection, run_id: str) -> frozenset[str]:
+    """The data keys of ``run_id`` that this database's deletion ledger says were
+    destroyed (by a shredding or a re-application)."""
+    return frozenset(str(k) for k in conn.execute(_LEDGER_KEYS, {"run_id": run_id}).scalars())
+
+
+def run_head_txn(conn: Connection, run_id: str) -> RunHead | None:
+    """The tenant and chain head ``blackbox.runs`` holds for ``run_id``; None when the
+    database does not know the run."""
+    row = conn.execute(_RUN_HEAD, {"run_id": run_id}).first()
+    if row is None:
+        return None
+    return RunHead(str(row.tenant_id), int(row.last_sequence), str(row.chain_head))

@@ -38,6 +38,11 @@ from agent_blackbox.schemas._compat import (
     check_registry,
     incompatibilities,
 )
+from agent_blackbox.schemas._deletion import (
+    DELETION_PURPOSE,
+    REDACTED_SIGNED_VERSION,
+    deletion_statement,
+)
 from agent_blackbox.schemas._display import safe_console, safe_text
 from agent_blackbox.schemas._envelope import GENESIS_CHAIN_HASH, Envelope, next_chain_hash
 from agent_blackbox.schemas._errors import (
@@ -86,12 +91,14 @@ __all__ = [
     "CONFLUENT_MAGIC",
     "DEFAULT_DATABASE_URL",
     "DEFAULT_KAFKA_BOOTSTRAP",
+    "DELETION_PURPOSE",
     "DIGEST_PREFIX",
     "ENVELOPE",
     "GENESIS_CHAIN_HASH",
     "HMAC_PREFIX",
     "LLM_CALL_VERSION",
     "PLAIN_ENCODING",
+    "REDACTED_SIGNED_VERSION",
     "SINGLE_OBJECT_MAGIC",
     "BlackboxError",
     "BodyCodec",
@@ -138,6 +145,7 @@ __all__ = [
     "completion_view",
     "default_migrators",
     "default_registry",
+    "deletion_statement",
     "digest",
     "digest_bytes",
     "incompatibilities",

@@ -260,6 +260,17 @@ class CheckpointSigner:
         )
         return replace(unsigned, signature=self._key.sign(unsigned.message()))
 
+    def sign_statement(self, statement: Mapping[str, Any]) -> bytes:
+        """Sign a statement other than a checkpoint (a deletion note): the canonical JSON
+        of ``statement``, which names its own ``purpose``.
+
+        Raises:
+            ValueError: ``statement`` has no string ``purpose``, or claims the
+                checkpoint's (a checkpoint is only ever signed by :meth:`sign`).
+        """
+        _check_purpose(statement)
+        return self._key.sign(canonical_json(dict(statement)))
+
     def __repr__(self) -> str:
         return f"CheckpointSigner(key_id={self._key_id!r}, <private key>)"
 
@@ -344,6 +355,24 @@ class CheckpointVerifier:
                 "from what was signed, or another key signed it)",
             ) from exc
 
+    def statement_problem(
+        self, statement: Mapping[str, Any], *, signer_key_id: str, signature: bytes
+    ) -> str | None:
+        """Why ``signature`` is not a known signer's signature over ``statement`` (see
+        :meth:`CheckpointSigner.sign_statement`); None when it is."""
+        key = self._keys.get(signer_key_id)
+        if key is None:
+            known = ", ".join(sorted(self._keys)) or "none"
+            return f"no public key is known for signer key id {signer_key_id!r} (known: {known})"
+        try:
+            _check_purpose(statement)
+            key.verify(signature, canonical_json(dict(statement)))
+        except (ValueError, BlackboxError) as exc:
+            return f"the statement is malformed: {exc}"
+        except InvalidSignature:
+            return f"the signature of key {signer_key_id!r} does not verify"
+        return None
+
     def __repr__(self) -> str:
         return f"CheckpointVerifier(key_ids={sorted(self._keys)!r})"
 
@@ -379,6 +408,15 @@ def _load_public_key(path: StrPath) -> Ed25519PublicKey:
             f"key file {os.fspath(path)} holds a {type(key).__name__}, not an Ed25519 public key"
         )
     return key
+
+
+def _check_purpose(statement: Mapping[str, Any]) -> None:
+    purpose = statement.get("purpose")
+    if not isinstance(purpose, str) or not purpose or purpose == CHECKPOINT_PURPOSE:
+        raise ValueError(
+            f"a signed statement needs its own string 'purpose' (not {CHECKPOINT_PURPOSE!r}), "
+            f"got {purpose!r}"
+        )
 
 
 _HEX = frozenset("0123456789abcdef")

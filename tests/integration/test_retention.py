@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from sqlalchemy import Engine, select, text
 from agent_blackbox.consumers import (
     RetentionJob,
     RetentionPolicy,
+    entries_of,
     ledger_entries,
     reapply_ledger,
     runs_view,
@@ -32,7 +34,15 @@ from agent_blackbox.keystore import (
 from agent_blackbox.outbox import AgentRun, Recorder, RunNotActive, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import replay_run
-from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline, Settings
+from agent_blackbox.schemas import (
+    CheckpointSigner,
+    CheckpointVerifier,
+    Envelope,
+    EnvelopeCodec,
+    EventType,
+    PayloadPipeline,
+    Settings,
+)
 from tests.integration._kafka import read_topic
 from tests.integration._views import build_views
 
@@ -130,8 +140,9 @@ def test_forget_destroys_a_subjects_bodies_everywhere(engine: Engine, settings: 
             )
     entries = list(ledger_entries(settings))
     assert sorted(e.run_id for e in entries) == sorted(alice)
-    again = reapply_ledger(engine, entries)
-    assert sorted(run_id for run_id, _ in again) == sorted(alice)
+    again = reapply_ledger(engine, entries)  # unsigned notes the database's ledger records
+    assert again.ignored == ()
+    assert sorted(run_id for run_id, _ in again.destroyed) == sorted(alice)
     for run_id in alice:
         with pytest.raises(KeyDestroyed):
             _pipeline(engine, "after restore").unpack(copy[run_id][1])
@@ -236,3 +247,44 @@ def test_the_forget_table_escapes_a_hostile_run_id(engine: Engine, settings: Set
     assert "\x1b" not in result.output
     assert "\u202e" not in result.output
     assert "\U0001f604" not in result.output  # :smile: is not turned into an emoji
+
+
+def test_forget_signs_its_run_redacted_note_with_the_signers_key(
+    engine: Engine, settings: Settings, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from agent_blackbox.cli import main
+
+    subject = f"subject-{os.urandom(4).hex()}"
+    run_id = _record(engine, settings, subject)
+    signer = CheckpointSigner.generate()
+    key_file = tmp_path / "signing.pem"
+    key_file.touch(mode=0o600)
+    key_file.write_bytes(signer.private_key_pem())
+    env = {
+        **os.environ,
+        "BLACKBOX_DATABASE_URL": settings.database_url,
+        "BLACKBOX_TOPIC": settings.topic,
+        "BLACKBOX_SIGNING_KEY_FILE": str(key_file),
+    }
+    result = CliRunner(env=env).invoke(main, ["forget", "--subject", subject])
+    assert result.exit_code == 0, result.output
+    with engine.connect() as conn:
+        stored = conn.execute(
+            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY sequence"),
+            {"r": run_id},
+        ).scalars()
+        note = [EnvelopeCodec().decode(bytes(value)) for value in stored][-1]
+    assert (note.event_type, note.body_version) == (EventType.RUN_REDACTED, 2)
+    [entry] = entries_of([note], PayloadPipeline())
+    verifier = CheckpointVerifier({signer.key_id: signer.public_key})
+    statement = entry.statement()
+    assert statement is not None
+    assert statement["sequence"] == note.sequence
+    assert entry.signer_key_id == signer.key_id
+    assert entry.signature is not None
+    problem = verifier.statement_problem(
+        statement, signer_key_id=signer.key_id, signature=entry.signature
+    )
+    assert problem is None
