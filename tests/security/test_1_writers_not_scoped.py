@@ -20,6 +20,7 @@ from sqlalchemy.exc import ProgrammingError
 from agent_blackbox.cli import main
 from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import (
+    EVERY_TENANT,
     AgentRun,
     Recorder,
     RunNotActive,
@@ -30,7 +31,9 @@ from agent_blackbox.outbox._boundaries import run_finished
 from agent_blackbox.outbox._core import new_factory, utc_now
 from agent_blackbox.outbox._postgres import load_run_txn
 from agent_blackbox.outbox._writer import new_event_id
+from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
+from tests.integration._views import build_views
 from tests.security.conftest import TENANT_A, TENANT_B, Login
 
 pytestmark = pytest.mark.integration
@@ -257,3 +260,33 @@ def test_tenant_granted_by_the_cli_can_be_written(
         _record(writer, settings, TENANT_B)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT run_id FROM blackbox.runs")).scalars().all() == [run_id]
+
+
+def test_readers_see_only_their_granted_tenants(
+    login: Login, engine: Engine, settings: Settings
+) -> None:
+    """Row-level security: the write side's runs and the views, as each reader sees them.
+    The relay moves both tenants' events as a relay login (it reads no run)."""
+    run_a = _record(login("blackbox_writer", tenant=TENANT_A), settings, TENANT_A)
+    run_b = _record(login("blackbox_writer", tenant=TENANT_B), settings, TENANT_B)
+    published = Relay(login("blackbox_relay"), settings=settings).drain(timeout=60)
+    build_views(settings, engine, expect=published)
+    tables = (
+        "blackbox.runs",
+        "blackbox_views.runs",
+        "blackbox_views.events",
+        "blackbox_views.integrity_violations",
+    )
+
+    def seen(reader: Engine) -> set[str]:
+        with reader.connect() as conn:
+            return {
+                run
+                for table in tables
+                for run in conn.execute(text(f"SELECT DISTINCT run_id FROM {table}")).scalars()
+            }
+
+    assert seen(login("blackbox_reader", tenant=TENANT_A)) == {run_a}
+    assert seen(login("blackbox_replayer", tenant=TENANT_B)) == {run_b}
+    assert seen(login("blackbox_reader", tenant=EVERY_TENANT)) == {run_a, run_b}
+    assert seen(login("blackbox_reader")) == set()
