@@ -3,13 +3,20 @@
 Only envelope fields and ``Envelope.attributes`` are read; payloads are never decoded
 (they may be sealed, and the view reader holds no keys). The work per batch is a
 constant number of statements whatever its size: one bulk insert of events, one
-lookup of the rare conflicting rows, one insert of violations, one upsert of runs.
+lookup of the rare conflicting rows, one lookup of whether runs with plaintext bodies
+are sealed, one insert of violations, one upsert of runs.
+
+A plaintext body in a run that has a data key was not written by the run's recorder
+(see :mod:`agent_blackbox.schemas`' ``SealedRunGuard``): the event stays in the events
+index, which says where every event of the topic lives, but it is recorded as an
+integrity violation and left out of the runs view, so a forged ``run.finished`` does
+not end a run.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,6 +31,7 @@ from sqlalchemy import (
     case,
     func,
     select,
+    text,
     union,
 )
 from sqlalchemy.dialects import postgresql as pg
@@ -32,8 +40,19 @@ from sqlalchemy.sql import Select, column
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered
 from agent_blackbox.consumers._errors import ProjectionFailed
 from agent_blackbox.consumers._redacted_views import SHREDDED_DIGEST, scrub_redacted_runs_txn
-from agent_blackbox.consumers._tables import events_index, integrity_violations, runs_view
-from agent_blackbox.schemas import Envelope, EventType
+from agent_blackbox.consumers._tables import (
+    VIEWS_SCHEMA,
+    events_index,
+    integrity_violations,
+    runs_view,
+)
+from agent_blackbox.schemas import (
+    PLAINTEXT_IN_SEALED_RUN,
+    Envelope,
+    EventType,
+    SealedRunGuard,
+    is_plaintext,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +122,9 @@ def apply_batch(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
     2. Bulk-insert the firsts into the events index, skipping any that collide.
     3. Look up the stored rows of everything that collided (and of the repeats).
     4. Same digests and chain hash: a duplicate, ignored. Different: a violation row.
-    5. Upsert each run touched by a newly inserted event, once.
-    6. A run shredded by a newly inserted ``run.redacted``: replace its digests.
+    5. A new event with a plaintext body in a run that has a data key: a violation row.
+    6. Upsert each run touched by a newly inserted event (but those of step 5), once.
+    7. A run shredded by a newly inserted ``run.redacted``: replace its digests.
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database refused a statement; the caller
@@ -116,9 +136,12 @@ def apply_batch(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
     inserted = [r for r in firsts if r.key in inserted_keys]
     colliding = [r for r in firsts if r.key not in inserted_keys] + repeats
     duplicates, violations = classify_collisions(colliding, _stored_rows(conn, colliding))
+    refused = refused_plaintext(inserted, _sealing_rows(conn, inserted))
+    violations.extend(refused)
     _record_violations(conn, violations)
-    _upsert_runs(conn, aggregate_runs(r.envelope for r in inserted))
-    scrub_redacted_runs_txn(conn, (r.envelope for r in inserted))
+    untrusted = {v.incoming.key for v in refused}
+    _upsert_runs(conn, aggregate_runs(r.envelope for r in inserted if r.key not in untrusted))
+    scrub_redacted_runs_txn(conn, (r.envelope for r in inserted if r.key not in untrusted))
     return BatchOutcome(
         inserted=len(inserted), duplicates=len(duplicates), violations=len(violations)
     )
@@ -178,6 +201,53 @@ def classify_collisions(
                 "the batch was rolled back and will be retried"
             )
     return duplicates, violations
+
+
+def refused_plaintext(
+    records: Sequence[Delivered], sealing: Mapping[str, SealedBy]
+) -> list[Violation]:
+    """The violations of ``records`` that carry a plaintext body in a run that has a data
+    key, by the key the run shows in ``sealing`` (stored events) or in ``records``.
+
+    ``existing`` of each violation is the event that showed the run sealed.
+    """
+    grouped: dict[str, list[Delivered]] = {}
+    for record in records:
+        grouped.setdefault(record.envelope.run_id, []).append(record)
+    violations: list[Violation] = []
+    for run_id, run_records in grouped.items():
+        sealed_by = sealing.get(run_id)
+        guard = (
+            SealedRunGuard(key_id=sealed_by.key_id, sealed_at=sealed_by.event.sequence)
+            if sealed_by is not None
+            else SealedRunGuard()
+        )
+        for record in sorted(run_records, key=lambda r: r.envelope.sequence):
+            refusal = guard.refusal(record.envelope)
+            if sealed_by is None and guard.key_id is not None:
+                sealed_by = SealedBy(_stored(record.envelope), guard.key_id)
+            if refusal is not None and sealed_by is not None:
+                violations.append(Violation(PLAINTEXT_IN_SEALED_RUN, record, sealed_by.event))
+    return violations
+
+
+@dataclass(frozen=True, slots=True)
+class SealedBy:
+    """The stored event that shows a run has a data key, and that key's id."""
+
+    event: StoredEvent
+    key_id: str
+
+
+def _stored(envelope: Envelope) -> StoredEvent:
+    return StoredEvent(
+        envelope.run_id,
+        envelope.sequence,
+        envelope.event_id,
+        envelope.input_digest,
+        envelope.output_digest,
+        envelope.chain_hash,
+    )
 
 
 def aggregate_runs(envelopes: Iterable[Envelope]) -> list[RunDelta]:
@@ -304,6 +374,48 @@ def _stored_rows(conn: Connection, colliding: Sequence[Delivered]) -> list[Store
     return [StoredEvent(*row) for row in conn.execute(union(by_key, by_event_id))]
 
 
+# For each run: its first event when sealed, and the latest event before the batch's
+# first plaintext one when sealed; two primary key probes, whatever the run's length.
+_SEALING = text(
+    f"""
+    SELECT s.run_id, s.sequence, s.event_id, s.input_digest, s.output_digest,
+           s.chain_hash, s.key_id
+      FROM unnest(CAST(:run_ids AS text[]), CAST(:befores AS bigint[])) AS w(run_id, before)
+     CROSS JOIN LATERAL (
+           (SELECT * FROM {VIEWS_SCHEMA}.events e
+             WHERE e.run_id = w.run_id AND e.sequence = 1)
+           UNION ALL
+           (SELECT * FROM {VIEWS_SCHEMA}.events e
+             WHERE e.run_id = w.run_id AND e.sequence < w.before
+             ORDER BY e.sequence DESC LIMIT 1)
+           ) s
+     WHERE s.key_id IS NOT NULL
+    """
+)
+
+
+def _sealing_rows(conn: Connection, records: Sequence[Delivered]) -> dict[str, SealedBy]:
+    """For each run of ``records`` with a plaintext body after its first event: the
+    stored event that shows it has a data key, when one does."""
+    before: dict[str, int] = {}
+    for record in records:
+        envelope = record.envelope
+        if (
+            envelope.sequence > 1
+            and is_plaintext(envelope)
+            and envelope.event_type != EventType.RUN_REDACTED
+        ):
+            before[envelope.run_id] = min(envelope.sequence, before.get(envelope.run_id, 2**63))
+    if not before:
+        return {}
+    run_ids = sorted(before)
+    rows = conn.execute(_SEALING, {"run_ids": run_ids, "befores": [before[r] for r in run_ids]})
+    sealing: dict[str, SealedBy] = {}
+    for *stored, key_id in sorted(rows, key=lambda row: (row[0], row[1])):
+        sealing.setdefault(stored[0], SealedBy(StoredEvent(*stored), key_id))
+    return sealing
+
+
 def _record_violations(conn: Connection, violations: Sequence[Violation]) -> None:
     if not violations:
         return
@@ -315,6 +427,23 @@ def _record_violations(conn: Connection, violations: Sequence[Violation]) -> Non
 
 def _warn(violation: Violation) -> None:
     incoming, existing = violation.incoming, violation.existing
+    if violation.kind == PLAINTEXT_IN_SEALED_RUN:
+        log.warning(
+            "integrity violation (%s): run %s sequence %d event %s at %s[%d]@%d carries a "
+            "plaintext body, but the run is sealed since sequence %d (event %s); the event "
+            "was appended by someone other than the run's recorder and is left out of the "
+            "runs view",
+            violation.kind,
+            incoming.envelope.run_id,
+            incoming.envelope.sequence,
+            incoming.envelope.event_id,
+            incoming.topic,
+            incoming.partition,
+            incoming.offset,
+            existing.sequence,
+            existing.event_id,
+        )
+        return
     log.warning(
         "integrity violation (%s): run %s sequence %d event %s at %s[%d]@%d has "
         "input %s output %s chain %s; stored event %s has input %s output %s chain %s",

@@ -614,7 +614,7 @@ def plan_start(
         crossing,
         options,
         snapshot.parent_run_id,
-        snapshot.code_version,
+        crossing.attributes["code_version"],  # as recorded: scrubbed like the body
         event_id,
         first,
         store_key,
@@ -623,20 +623,10 @@ def plan_start(
 
 def _start_crossing(snapshot: RunSnapshot, scrub: Scrub) -> b.Crossing:
     fired: set[str] = set()
-    flags, changes = snapshot.flags, snapshot.changes
-    if scrub.version >= 2:  # flags and changes are free text a caller may fill with secrets
-        flags = scrub.value(dict(flags), fired)
-        changes = scrub.value(dict(changes), fired)
     started = b.run_started(
-        code_version=snapshot.code_version,
         input=scrub.encoded(snapshot.input, fired, path="input"),
-        prompt_templates=snapshot.prompt_templates,
-        tool_schemas=snapshot.tool_schemas,
-        model_ids=snapshot.model_ids,
-        flags=flags,
-        permissions=snapshot.permissions,
         parent_run_id=snapshot.parent_run_id,
-        changes=changes,
+        **scrub.snapshot(snapshot, fired),
     )
     rules = scrub.rules_text()
     if rules is not None:

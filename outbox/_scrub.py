@@ -111,6 +111,30 @@ class Scrub:
         fired.update(redacted.fired)
         return redacted.value
 
+    def snapshot(self, snapshot: Any, fired: set[str]) -> dict[str, Any]:
+        """The fields of a run's input snapshot (a ``RunSnapshot``) that ``run.started``
+        records besides its input, as recorded: from version 2 on each is scrubbed on its
+        own (code version, prompt template ids and digests, tool schemas, model ids,
+        flags, permissions, changes), since a caller may fill any with free text. The
+        input is scrubbed in its tagged encoding (:meth:`encoded`); the parent run id is
+        a run id, kept as the run's own id is. Replay never compares these fields: it
+        reads them back from ``run.started``."""
+        fields: dict[str, Any] = {
+            "code_version": snapshot.code_version,
+            "prompt_templates": dict(snapshot.prompt_templates),
+            "tool_schemas": dict(snapshot.tool_schemas),
+            "model_ids": list(snapshot.model_ids),
+            "flags": dict(snapshot.flags),
+            "permissions": list(snapshot.permissions),
+            "changes": dict(snapshot.changes),
+        }
+        if self.version < 2:
+            return fields
+        scrubbed = {name: self.value(value, fired) for name, value in fields.items()}
+        scrubbed["model_ids"] = tuple(scrubbed["model_ids"])
+        scrubbed["permissions"] = tuple(scrubbed["permissions"])
+        return scrubbed
+
     def encoded(self, value: Any, fired: set[str], *, path: str) -> Any:
         """``value`` in the tagged encoding that keeps its type, then scrubbed (the tags
         and typed scalars kept: redaction applies to strings).

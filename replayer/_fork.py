@@ -46,6 +46,7 @@ from agent_blackbox.schemas import (
     EventType,
     PayloadPipeline,
     Settings,
+    refusing_plaintext,
 )
 
 ForkFactory = Callable[..., AgentEntry]
@@ -109,7 +110,7 @@ class RecordedTools:
         if mode != "recorded" and fallback is None:
             raise ForkError(f"tools {mode!r} need a live fallback (LiveTools(), say)")
         opener = pipeline or PayloadPipeline()
-        envelopes = list(parent)
+        envelopes = list(refusing_plaintext(parent))
         first = envelopes[0] if envelopes else None
         scrub = Scrub(None) if first is None else Scrub.recorded_in(first.attributes)
         self._contract = Contract(scrub, run_digest(first, digests))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_blackbox.outbox import completion_view
 from agent_blackbox.outbox.contract import Scrub
-from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline
+from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline, refusing_plaintext
 
 if TYPE_CHECKING:
     from agent_blackbox.replayer._fork import ForkResult
@@ -173,7 +173,7 @@ def fork_diff(
 ) -> ForkDiff:
     """``fork`` next to the recorded ``parent`` (its envelopes, opened with ``pipeline``)."""
     opener = pipeline or PayloadPipeline()
-    envelopes = list(parent)
+    envelopes = list(refusing_plaintext(parent))
     scrub = Scrub.recorded_in(envelopes[0].attributes) if envelopes else Scrub(None)
     recorded = _Recorded.read(envelopes, opener)
     fork_tools = [

@@ -14,7 +14,7 @@ from typing import Any
 
 from agent_blackbox.replayer._fork import ForkError
 from agent_blackbox.replayer._fork_diff import llm_summary, recorded_response
-from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline
+from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline, refusing_plaintext
 
 IGNORED_FIELDS = ("id", "created", "system_fingerprint")
 """What differs between two answers to the same request by design: never compared."""
@@ -81,7 +81,7 @@ def reexecute(
     """
     opener = pipeline or PayloadPipeline()
     diffs = []
-    for envelope in events:
+    for envelope in refusing_plaintext(events):
         if envelope.event_type != EventType.LLM_CALL:
             continue
         body = opener.unpack(envelope)

@@ -59,12 +59,14 @@ from agent_blackbox.outbox.contract import (
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     HMAC_PREFIX,
+    PLAIN_ENCODING,
     BlackboxError,
     Digester,
     Envelope,
     EventType,
     KeyUnavailable,
     PayloadPipeline,
+    SealedRunGuard,
     UnknownSchemaVersion,
     canonical_text,
     digest,
@@ -242,7 +244,8 @@ class ReplayDivergence(BlackboxError):
 class ReplaySetupError(BlackboxError):
     """Replay could not check the run, through no fault of the agent's code: a body
     stored out of line without a blob reader, a sealed run without its key, an event
-    this release cannot read. Never a divergence; the replay reports it as an error."""
+    this release cannot read, a plaintext body in a run that has a data key. Never a
+    divergence; the replay reports it as an error."""
 
 
 class DigestKeys(Protocol):
@@ -321,7 +324,7 @@ class ReplayRun:
         stall_timeout: float = 10.0,
         reveal_values: bool = False,
     ) -> None:
-        self._events: Iterator[Envelope] = iter(events)
+        self._events: Iterator[Envelope] = self._guarded(events)
         self._pipeline = pipeline or PayloadPipeline()
         self._blobs = blobs
         self._own: deque[Envelope] = deque()
@@ -365,7 +368,7 @@ class ReplayRun:
         """The first state and content divergence, by level; replay went on past them."""
         # An event no release of ours can read stops the replay for good, also when the
         # agent code catches the error: nothing after it can be checked.
-        self._unreadable: UnknownSchemaVersion | None = None
+        self._unreadable: BlackboxError | None = None
         self.setup_error: BlackboxError | None = None
         """Why the replay could not go on, kept also when the agent's code caught it."""
         self.limitations: list[tuple[int, str]] = []
@@ -382,6 +385,21 @@ class ReplayRun:
         self._contract = Contract(Scrub.recorded_in(started.attributes), self._digest)
         self.snapshot_body = body
         """The recorded ``run.started`` body: the run's input snapshot."""
+
+    def _guarded(self, events: Iterable[Envelope]) -> Iterator[Envelope]:
+        """The log's events as read, in sequence order. A plaintext body in a run that
+        has a data key (an event someone else appended) stops the replay for good, with
+        an error naming the event: the run cannot be checked, and that is not the
+        code's fault."""
+        guard = SealedRunGuard()
+        for envelope in events:
+            if guard.key_id is None or envelope.payload_encoding == PLAIN_ENCODING:
+                refusal = guard.refusal(envelope)
+                if refusal is not None:
+                    error = ReplaySetupError(str(refusal))
+                    self._unreadable = error
+                    raise self._setup(error) from refusal
+            yield envelope
 
     @property
     def run_id(self) -> str:

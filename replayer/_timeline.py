@@ -20,6 +20,8 @@ from agent_blackbox.schemas import (
     Envelope,
     EventType,
     PayloadPipeline,
+    PlaintextInSealedRun,
+    SealedRunGuard,
     Settings,
     llm_reply,
     safe_console,
@@ -34,22 +36,35 @@ def timeline_table(
     run_id: str, events: Iterable[Envelope], *, pipeline: PayloadPipeline | None = None
 ) -> Table:
     """The run as a table: sequence, type, time, attributes and, with ``pipeline``, a
-    shortened body. Every value from the log passes :func:`agent_blackbox.schemas.safe_text`."""
+    shortened body. Every value from the log passes :func:`agent_blackbox.schemas.safe_text`.
+
+    An event with a plaintext body in a run that has a data key (appended by someone
+    other than the run's recorder) is marked refused, and its body is never shown.
+    """
     table = Table(title=f"Run {safe_text(run_id)}")
     for column in ("seq", "event", "recorded at", "attributes", *(("body",) if pipeline else ())):
         table.add_column(column, overflow="fold")
+    guard = SealedRunGuard()
     for envelope in events:
+        refusal = guard.refusal(envelope)
         attributes = ", ".join(f"{k}={v}" for k, v in sorted(envelope.attributes.items()))
         row = [
             str(envelope.sequence),
-            safe_text(envelope.event_type),
+            safe_text(envelope.event_type) + (" (refused)" if refusal else ""),
             envelope.recorded_at.isoformat(timespec="milliseconds"),
             safe_text(attributes, limit=BODY_LIMIT),
         ]
         if pipeline is not None:
-            row.append(_body(envelope, pipeline))
+            row.append(_refused(refusal) if refusal else _body(envelope, pipeline))
         table.add_row(*row)
     return table
+
+
+def _refused(refusal: PlaintextInSealedRun) -> str:
+    return safe_text(
+        f"(refused: plaintext body in a run sealed under data key {refusal.key_id} since "
+        f"sequence {refusal.sealed_at}; not written by the run's recorder)"
+    )
 
 
 def _body(envelope: Envelope, pipeline: PayloadPipeline) -> str:

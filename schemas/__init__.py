@@ -84,6 +84,14 @@ from agent_blackbox.schemas._payload import (
     Sealer,
 )
 from agent_blackbox.schemas._registry import ENVELOPE, SchemaEntry, SchemaRegistry, default_registry
+from agent_blackbox.schemas._sealed_runs import (
+    PLAINTEXT_IN_SEALED_RUN,
+    PlaintextInSealedRun,
+    SealedRunGuard,
+    is_plaintext,
+    is_sealed,
+    refusing_plaintext,
+)
 from agent_blackbox.schemas._settings import DEFAULT_DATABASE_URL, DEFAULT_KAFKA_BOOTSTRAP, Settings
 from agent_blackbox.schemas.event_types import EventType
 
@@ -97,6 +105,7 @@ __all__ = [
     "GENESIS_CHAIN_HASH",
     "HMAC_PREFIX",
     "LLM_CALL_VERSION",
+    "PLAINTEXT_IN_SEALED_RUN",
     "PLAIN_ENCODING",
     "REDACTED_SIGNED_VERSION",
     "SINGLE_OBJECT_MAGIC",
@@ -126,11 +135,13 @@ __all__ = [
     "NotSerialisable",
     "PayloadContext",
     "PayloadPipeline",
+    "PlaintextInSealedRun",
     "PlaintextSealer",
     "SchemaEntry",
     "SchemaIdResolver",
     "SchemaRegistry",
     "Sealed",
+    "SealedRunGuard",
     "Sealer",
     "Settings",
     "SigningKeyError",
@@ -149,12 +160,15 @@ __all__ = [
     "digest",
     "digest_bytes",
     "incompatibilities",
+    "is_plaintext",
+    "is_sealed",
     "key_fingerprint",
     "llm_call_v1_to_v2",
     "llm_reply",
     "llm_tool_call",
     "llm_usage",
     "next_chain_hash",
+    "refusing_plaintext",
     "safe_console",
     "safe_text",
     "tool_call_views",

@@ -250,3 +250,31 @@ def test_a_snapshots_flags_and_a_transitions_reason_are_scrubbed_and_still_repla
     assert bodies[EventType.RUN_STARTED]["flags"]["beta"] == "on"
     assert "ann@example.com" not in bodies[EventType.STATE_TRANSITION]["reason"]
     assert replay_run(recorder.events, agent).passed
+
+
+def test_every_snapshot_field_is_scrubbed_in_the_body_and_the_attributes() -> None:
+    from agent_blackbox.outbox import MemoryRecorder, RunSnapshot
+    from agent_blackbox.replayer import replay_run
+    from agent_blackbox.schemas import PayloadPipeline
+
+    def agent(run: Any, input: Any) -> Any:
+        return "ok"
+
+    recorder = MemoryRecorder(redaction=REDACTOR)
+    snapshot = RunSnapshot(
+        code_version=f"build?api_key={SK}",
+        input={"q": 1},
+        prompt_templates={"greeting": f"sha {SK}", JWT: "d"},
+        tool_schemas={"lookup": f"v1 password={SECRET}"},
+        model_ids=(f"gpt?token={SECRET}",),
+        flags={"db_password": SECRET},
+        permissions=(f"scope bearer {JWT}",),
+        changes={"model": f"key {SK}"},
+    )
+    recorder.record(agent, snapshot, agent_id="snap")
+    started = recorder.events[0]
+    recorded = json.dumps(PayloadPipeline().unpack(started)) + json.dumps(started.attributes)
+    for secret in (SK, JWT, SECRET):
+        assert secret not in recorded
+    assert PayloadPipeline().unpack(started)["tool_schemas"][0]["name"] == "lookup"
+    assert replay_run(recorder.events, agent).passed
