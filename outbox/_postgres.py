@@ -100,12 +100,7 @@ _APPEND = text(
     """
 )
 
-_INSERT_BLOB = text(
-    """
-    INSERT INTO blackbox.blobs (digest, data, size) VALUES (:digest, :data, :size)
-    ON CONFLICT (digest) DO NOTHING
-    """
-)
+_INSERT_BLOB = text("SELECT blackbox.store_blob(:digest, :data)")
 
 _INTENT = text(
     """
@@ -204,7 +199,7 @@ def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
     envelope = event.envelope
     if event.blob is not None:
         ref, data = event.blob
-        yield _INSERT_BLOB, {"digest": ref, "data": data, "size": len(data)}
+        yield _INSERT_BLOB, {"digest": ref, "data": data}
     is_transition = envelope.event_type == "state.transition"
     row = {
         "run_id": identity.run_id,

@@ -290,3 +290,23 @@ def test_readers_see_only_their_granted_tenants(
     assert seen(login("blackbox_replayer", tenant=TENANT_B)) == {run_b}
     assert seen(login("blackbox_reader", tenant=EVERY_TENANT)) == {run_a, run_b}
     assert seen(login("blackbox_reader")) == set()
+
+
+def test_writer_stores_bodies_only_under_their_own_digest(
+    login: Login, engine: Engine, settings: Settings
+) -> None:
+    """Large bodies go out of line through the writer's function, which refuses bytes
+    under a digest that is not theirs (a planted blob would replace a later body)."""
+    writer = login("blackbox_writer", tenant=TENANT_A)
+    run = Recorder(writer, settings=settings).start_run(
+        RunSnapshot(code_version="sec.1", input={}), agent_id="a", tenant_id=TENANT_A
+    )
+    big = "x" * (settings.blob_threshold_bytes + 10)
+    assert run.call("echo", lambda text: text, big) == big
+    planted = "sha256:" + hashlib.sha256(b"the real body").hexdigest()
+    with writer.connect() as conn, pytest.raises(Exception, match="does not match the digest"):
+        conn.execute(text("SELECT blackbox.store_blob(:d, 'forged')"), {"d": planted})
+    with engine.connect() as conn:
+        blobs = conn.execute(text("SELECT digest FROM blackbox.blobs")).scalars().all()
+    assert len(blobs) == 1
+    assert planted not in blobs

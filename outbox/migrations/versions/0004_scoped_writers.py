@@ -9,9 +9,10 @@ Revises: 0003
   the session's user; the schema's owner and superusers always may.
 - ``blackbox.run_writers`` keeps, per run, the SHA-256 of the writer credential: a
   random secret the recorder makes at ``start_run`` (or at a take-over) and never stores.
-- The writer role loses INSERT and UPDATE on ``runs``, ``outbox``, ``effects`` and
-  ``data_keys``. It writes only through SECURITY DEFINER functions with a pinned
-  ``search_path``: ``start_run`` (tenant granted), ``store_data_key``, ``append_event``
+- The writer role loses INSERT and UPDATE on ``runs``, ``outbox``, ``effects``,
+  ``data_keys`` and ``blobs``. It writes only through SECURITY DEFINER functions with a pinned
+  ``search_path``: ``start_run`` (tenant granted), ``store_data_key``, ``store_blob``
+  (content-addressed: only under the digest of its bytes), ``append_event``
   (credential, status ``running``, the run's own data key when it has one: a
   sealed run refuses a plaintext body) and ``take_over_run`` (a new writer for a crashed
   run of a granted tenant; the old credential stops working).
@@ -101,7 +102,9 @@ def upgrade() -> None:
 def _scope_roles() -> None:
     writer = "blackbox_writer"
     op.execute(f"REVOKE INSERT, UPDATE ON {SCHEMA}.runs, {SCHEMA}.effects FROM {writer}")
-    op.execute(f"REVOKE INSERT ON {SCHEMA}.outbox, {SCHEMA}.data_keys FROM {writer}")
+    op.execute(
+        f"REVOKE INSERT ON {SCHEMA}.outbox, {SCHEMA}.data_keys, {SCHEMA}.blobs FROM {writer}"
+    )
     for signature, roles in _GRANTS.items():
         op.execute(f"REVOKE ALL ON FUNCTION {SCHEMA}.{signature} FROM PUBLIC")
         for role in roles:
@@ -125,6 +128,7 @@ _GRANTS = {
         "blackbox_writer",
     ),
     "store_data_key(text, bytea, text, text, text, bytea)": ("blackbox_writer",),
+    "store_blob(text, bytea)": ("blackbox_writer",),
     "take_over_run(text, bytea)": ("blackbox_writer",),
     "append_event(text, bytea, smallint, bigint, text, text, text, uuid, bytea, text, text, "
     "text, text, text)": ("blackbox_writer",),
@@ -207,6 +211,22 @@ _FUNCTIONS = [
         VALUES (p_key_id, p_run_id, p_tenant_id, p_kek_version, p_wrapped);
     END $$
     """,
+    # Content-addressed: a body is stored only under its own digest, so no writer can
+    # plant other bytes under the digest a later event will name.
+    f"""
+    CREATE FUNCTION {SCHEMA}.store_blob(p_digest text, p_data bytea)
+    RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    BEGIN
+        IF p_digest IS DISTINCT FROM 'sha256:' || encode(sha256(p_data), 'hex') THEN
+            RAISE EXCEPTION 'blob % does not match the digest of its content',
+                quote_literal(left(p_digest, 80)) USING ERRCODE = '22023';
+        END IF;
+        INSERT INTO {SCHEMA}.blobs (digest, data, size)
+        VALUES (p_digest, p_data, length(p_data))
+        ON CONFLICT (digest) DO NOTHING;
+    END $$
+    """,
     # One guarded UPDATE does the common case; only when it matched nothing is the reason
     # looked up (a refusal, or false: another attempt moved the run on).
     f"""
@@ -285,4 +305,4 @@ def downgrade() -> None:
     op.drop_table("tenant_grants", schema=SCHEMA)
     writer = "blackbox_writer"
     op.execute(f"GRANT INSERT, UPDATE ON {SCHEMA}.runs, {SCHEMA}.effects TO {writer}")
-    op.execute(f"GRANT INSERT ON {SCHEMA}.outbox, {SCHEMA}.data_keys TO {writer}")
+    op.execute(f"GRANT INSERT ON {SCHEMA}.outbox, {SCHEMA}.data_keys, {SCHEMA}.blobs TO {writer}")
