@@ -30,7 +30,6 @@ from agent_blackbox.outbox._core import (
     RunOptions,
     RunSnapshot,
     StartPlan,
-    keys_from_env,
 )
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
 from agent_blackbox.outbox._postgres import PostgresLog
@@ -175,7 +174,7 @@ class Recorder(SyncRecorder):
         ``BLACKBOX_KEK``)."""
         settings = settings or Settings.from_env()
         engine = create_engine(settings.database_url, pool_size=10, max_overflow=20)
-        return cls(engine, settings=settings, keys=keys_from_env())
+        return cls(engine, settings=settings, keys=DataKeyStore.from_env())
 
 
 class Run:
