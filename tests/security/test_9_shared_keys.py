@@ -9,6 +9,8 @@ half opens them, through the audited functions.
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +21,17 @@ from sqlalchemy.exc import ProgrammingError
 
 from agent_blackbox.cli.main import main
 from agent_blackbox.keystore import (
+    SEALED_ENCODING,
     DataKeyStore,
     KeystoreError,
     LocalKeyProvider,
+    PublicKeyProvider,
     WrapOnly,
     WrappedKey,
     tenant_aad,
     wrapping_aad,
 )
-from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
+from agent_blackbox.outbox import AgentRun, AsyncRecorder, Recorder, RunSnapshot
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import Settings
 from tests.security._keys import envelopes, key_pair_files, replaying, table
@@ -164,3 +168,34 @@ def test_a_symmetric_deployment_rotates_to_wrap_only_agents(
     for events in (old, new):
         report = replay_run(events, agent, **replaying(replayer, private, "after rotation"))
         assert report.passed, report.divergence and report.divergence.describe()
+
+
+def test_recorders_built_from_an_agent_hosts_settings_are_wrap_only(
+    engine: Engine,
+    settings: Settings,
+    login: Login,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    private, public = key_pair_files(tmp_path)
+    monkeypatch.delenv("BLACKBOX_KEK", raising=False)
+    monkeypatch.delenv("BLACKBOX_KEK_FILE", raising=False)
+    monkeypatch.setenv("BLACKBOX_KEK_PUBLIC_FILE", str(public))
+    writer = login("blackbox_writer", tenant=TENANT_A)
+    as_writer = replace(settings, database_url=writer.url.render_as_string(hide_password=False))
+    recorder = Recorder.from_settings(as_writer)
+    async_recorder = AsyncRecorder.from_settings(as_writer)
+    try:
+        for built in (recorder, async_recorder):
+            assert built.keys is not None
+            assert isinstance(built.keys.provider, PublicKeyProvider)
+        run, _ = recorder.record(agent, SNAPSHOT, agent_id="keys-9", tenant_id=TENANT_A)
+    finally:
+        recorder.engine.dispose()
+        asyncio.run(async_recorder.engine.dispose())
+    events = envelopes(engine, run.run_id)
+    assert {e.payload_encoding for e in events} == {SEALED_ENCODING}
+    assert all(e.output_digest.startswith("hmac-sha256:") for e in events)
+    replayer = login("blackbox_replayer", tenant=TENANT_A)
+    report = replay_run(events, agent, **replaying(replayer, private, "finding 9 settings"))
+    assert report.passed, report.divergence and report.divergence.describe()
