@@ -37,7 +37,10 @@ call with credentials stored where the function can reach them (a non-superuser 
 must give a password in the connection string), it needs the extension in every
 database, including managed ones that may not offer it, and a dropped second connection
 would either lose the row or block the unwrap anyway. The two-step way costs one
-committed round trip per run read, not per key.
+committed round trip per run read, not per key. A writer's fetch of its own tenant's
+digest key stays one step (an audit row in its transaction, and the server log line,
+which no rollback removes): the writer is entitled to it, since it records that tenant's
+plaintext anyway, and the grant check is what keeps other tenants' keys from it.
 
 The purpose is checked in SQL too (:func:`blackbox.purpose_problem`): 3 to 500
 characters, no control, format, line or paragraph separator characters, so no caller
@@ -100,8 +103,8 @@ def upgrade() -> None:
     )
     op.execute(f"REVOKE ALL ON {SCHEMA}.tenant_digest_keys FROM PUBLIC")
     op.execute(f"REVOKE ALL ON {SCHEMA}.tenant_keys FROM blackbox_writer")
-    op.execute(f"DROP FUNCTION {SCHEMA}.unwrap_data_key(text, text, text)")
-    op.execute(f"DROP FUNCTION {SCHEMA}.unwrap_tenant_key(text, text)")
+    op.execute(f"DROP FUNCTION IF EXISTS {SCHEMA}.unwrap_data_key(text, text, text)")
+    op.execute(f"DROP FUNCTION IF EXISTS {SCHEMA}.unwrap_tenant_key(text, text)")
     _purpose_problem()
     _request_key_access()
     _unwrap_data_key()
