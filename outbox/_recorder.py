@@ -170,8 +170,8 @@ class Recorder(SyncRecorder):
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Recorder:
         """A recorder with its own engine for ``settings.database_url``; runs are
-        encrypted when key-encryption keys are configured (``BLACKBOX_KEK_FILE`` or
-        ``BLACKBOX_KEK``)."""
+        encrypted when key-encryption keys are configured: ``BLACKBOX_KEK_PUBLIC_FILE``
+        on agent hosts (wrap-only), or ``BLACKBOX_KEK_FILE`` / ``BLACKBOX_KEK``."""
         settings = settings or Settings.from_env()
         engine = create_engine(settings.database_url, pool_size=10, max_overflow=20)
         return cls(engine, settings=settings, keys=DataKeyStore.from_env())
