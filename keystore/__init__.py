@@ -1,8 +1,10 @@
 """Keys: envelope encryption of recorded bodies, the data-key store, key providers.
 
 Each run is sealed under its own data key (AES-256-GCM); data keys are stored wrapped by
-a versioned key-encryption key from a :class:`KeyProvider`; a replayer unwraps them only
-through the audited database function; destroying a run's keys makes its bodies
+a versioned key-encryption key from a :class:`KeyProvider`. Agents are given only the
+public half of a key pair KEK (:class:`PublicKeyProvider`): they wrap new data keys and
+unwrap none; a replayer holding the private half (:class:`LocalKeyProvider`) unwraps them
+only through the audited database functions; destroying a run's keys makes its bodies
 unreadable everywhere they were copied (crypto-shredding).
 """
 
@@ -15,6 +17,7 @@ from agent_blackbox.keystore._errors import (
     KeystoreError,
     UnknownKeyVersion,
     UnsafeKeyFile,
+    WrapOnly,
     WrongKey,
 )
 from agent_blackbox.keystore._postgres import (
@@ -26,9 +29,16 @@ from agent_blackbox.keystore._postgres import (
     has_keys_txn,
     key_owners_txn,
     purpose_problem,
+    tenant_aad,
     wrapping_aad,
 )
-from agent_blackbox.keystore._provider import KeyProvider, LocalKeyProvider, WrappedKey
+from agent_blackbox.keystore._provider import (
+    KeyProvider,
+    LocalKeyProvider,
+    PublicKeyProvider,
+    WrappedKey,
+    provider_from_env,
+)
 from agent_blackbox.keystore._sealer import (
     LEGACY_SEALED_ENCODING,
     SEALED_ENCODING,
@@ -51,8 +61,10 @@ __all__ = [
     "KeystoreError",
     "LocalKeyProvider",
     "OpeningKeys",
+    "PublicKeyProvider",
     "UnknownKeyVersion",
     "UnsafeKeyFile",
+    "WrapOnly",
     "WrappedKey",
     "WrongKey",
     "destroy_key_ids_txn",
@@ -60,6 +72,8 @@ __all__ = [
     "forget_destroyed_keys_txn",
     "has_keys_txn",
     "key_owners_txn",
+    "provider_from_env",
     "purpose_problem",
+    "tenant_aad",
     "wrapping_aad",
 ]

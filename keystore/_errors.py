@@ -39,3 +39,8 @@ class AccessDenied(KeystoreError, KeyUnavailable):
 
 class KeyDestroyed(DataKeyMissing):
     """The data key was destroyed on purpose (retention or a deletion request)."""
+
+
+class WrapOnly(KeystoreError, KeyUnavailable):
+    """This host holds only the public half of a key-encryption key: it wraps new data
+    keys and unwraps none (what agents are given)."""

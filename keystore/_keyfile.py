@@ -86,3 +86,51 @@ def read_key_file(path: Path) -> bytes:
         raise
     with os.fdopen(descriptor, "rb") as source:
         return source.read()
+
+
+# Bits of the mode that let anyone but the owner change the file.
+_OTHERS_WRITE = 0o022
+
+
+def write_public_file(path: Path, content: bytes) -> None:
+    """Write the public key file ``path`` atomically (mode 0644: anyone may read it,
+    only its owner change it), through the same unique temporary file as key files."""
+    write_key_file(path, content)
+    try:
+        os.chmod(path, 0o644, follow_symlinks=False)
+    except OSError as exc:
+        raise KeyProviderError(f"cannot make {path} readable: {exc.strerror}") from exc
+
+
+def read_public_file(path: Path) -> bytes:
+    """The bytes of the public key file ``path``.
+
+    Anyone may read a public key, but whoever can change it chooses whom new data keys
+    are wrapped for: a file its group or others may write is refused.
+
+    Raises:
+        UnsafeKeyFile: ``path`` is a symbolic link, not a regular file, or writable by
+            its group or by others.
+        KeyProviderError: ``path`` cannot be read.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as exc:
+        if path.is_symlink():
+            raise UnsafeKeyFile(
+                f"the public key file {path} is a symbolic link; refusing to follow it: "
+                "point the setting at the file itself"
+            ) from exc
+        raise KeyProviderError(f"cannot read the public key file {path}: {exc.strerror}") from exc
+    with os.fdopen(descriptor, "rb") as source:
+        mode = os.fstat(source.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnsafeKeyFile(f"the public key file {path} is not a regular file")
+        if mode & _OTHERS_WRITE:
+            raise UnsafeKeyFile(
+                f"the public key file {path} can be changed by others (mode "
+                f"{stat.S_IMODE(mode):04o}), who could swap in their own key; "
+                f"`chmod 644 {path}`"
+            )
+        return source.read()

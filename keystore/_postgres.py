@@ -1,8 +1,10 @@
 """The data-key store in Postgres (``blackbox.data_keys``), and audited unwrapping.
 
-Writers insert wrapped keys and never read them back. A replayer obtains a wrapped key
-only through ``blackbox.unwrap_data_key(run, key, purpose)``, a database function that
-writes an access-audit row on every call; retention destroys keys for good.
+Writers insert wrapped keys and never read them back; they get their tenant's digest key
+through ``blackbox.tenant_digest_key`` only. A replayer obtains a wrapped key only
+through an access request committed first (``blackbox.request_key_access``, which
+writes the audit row no rollback can take back) and then
+``blackbox.unwrap_data_key(run, key, request)``; retention destroys keys for good.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 import unicodedata
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, TextClause, text
@@ -21,8 +23,15 @@ from agent_blackbox.keystore._errors import (
     DataKeyMissing,
     KeyDestroyed,
     KeystoreError,
+    UnknownKeyVersion,
+    WrapOnly,
 )
-from agent_blackbox.keystore._provider import KEY_BYTES, KeyProvider, WrappedKey
+from agent_blackbox.keystore._provider import (
+    KEY_BYTES,
+    KeyProvider,
+    WrappedKey,
+    provider_from_env,
+)
 from agent_blackbox.schemas import DataKey, KeyedDigest
 
 # Through the write side's function: it stores a key only for a run whose writer
@@ -32,9 +41,10 @@ _INSERT = text(
     ":kek_version, :wrapped)"
 )
 
+_REQUEST = text("SELECT blackbox.request_key_access(:purpose, :run_id, :tenant_id)")
 _UNWRAP = text(
     "SELECT key_id, kek_version, wrapped, destroyed_at "
-    "FROM blackbox.unwrap_data_key(:run_id, :key_id, :purpose)"
+    "FROM blackbox.unwrap_data_key(:run_id, :key_id, :request)"
 )
 
 _DESTROY = text(
@@ -72,19 +82,25 @@ _REWRAP = text(
 )
 
 
-_NEW_TENANT_KEY = text(
-    """
-    INSERT INTO blackbox.tenant_keys (tenant_id, kek_version, wrapped)
-    VALUES (:tenant_id, :kek_version, :wrapped) ON CONFLICT (tenant_id) DO NOTHING
-    """
+_TENANT_DIGEST_KEY = text(
+    "SELECT secret, kek_version, wrapped "
+    "FROM blackbox.tenant_digest_key(:t, :secret, :kek_version, :wrapped)"
 )
-_TENANT_KEY = text("SELECT kek_version, wrapped FROM blackbox.tenant_keys WHERE tenant_id = :t")
-_UNWRAP_TENANT = text("SELECT kek_version, wrapped FROM blackbox.unwrap_tenant_key(:t, :purpose)")
+_UNWRAP_TENANT = text("SELECT kek_version, wrapped FROM blackbox.unwrap_tenant_key(:t, :request)")
 
 
 _OLD_TENANT_KEYS = text(
-    "SELECT tenant_id, kek_version, wrapped FROM blackbox.tenant_keys "
-    "WHERE kek_version <> :version FOR UPDATE"
+    """
+    SELECT t.tenant_id, t.kek_version, t.wrapped, d.tenant_id IS NOT NULL
+      FROM blackbox.tenant_keys t
+      LEFT JOIN blackbox.tenant_digest_keys d ON d.tenant_id = t.tenant_id
+     WHERE t.kek_version <> :version OR d.tenant_id IS NULL
+       FOR UPDATE OF t
+    """
+)
+_STORE_DIGEST_SECRET = text(
+    "INSERT INTO blackbox.tenant_digest_keys (tenant_id, secret) VALUES (:t, :secret) "
+    "ON CONFLICT (tenant_id) DO NOTHING"
 )
 _REWRAP_TENANT = text(
     "UPDATE blackbox.tenant_keys SET kek_version = :kek_version, wrapped = :wrapped "
@@ -128,17 +144,46 @@ class DataKeyStore:
         }
         return key, (_INSERT, params)
 
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DataKeyStore | None:
+        """The store of the key provider the environment configures (see
+        :func:`provider_from_env`: ``BLACKBOX_KEK_PUBLIC_FILE`` on agent hosts); None
+        when none is (runs are recorded plain)."""
+        provider = provider_from_env(environ)
+        return None if provider is None else cls(provider)
+
     def tenant_digest_txn(self, conn: Connection, tenant_id: str) -> KeyedDigest:
-        """The keyed digest of ``tenant_id``'s sensitive runs, its key created on first use
-        (concurrent writers agree: the first insert wins, everyone reads it back)."""
-        wrapped = self.provider.wrap(os.urandom(KEY_BYTES), aad=tenant_aad(tenant_id))
-        params = {"tenant_id": tenant_id, "kek_version": wrapped.kek_version}
-        conn.execute(_NEW_TENANT_KEY, {**params, "wrapped": wrapped.blob})
-        version, blob = conn.execute(_TENANT_KEY, {"t": tenant_id}).one()
-        secret = self.provider.unwrap(
-            WrappedKey(str(version), bytes(blob)), aad=tenant_aad(tenant_id)
-        )
-        return KeyedDigest(secret)
+        """The keyed digest of ``tenant_id``'s runs, through the audited
+        ``blackbox.tenant_digest_key`` (the session user must be granted the tenant).
+
+        The first writer of a tenant makes its key: a fresh one is offered, with its copy
+        wrapped under the current KEK for the replayer; concurrent writers agree (the
+        first insert wins, everyone gets it back).
+
+        Raises:
+            AccessDenied: the session user is not granted ``tenant_id``.
+            WrapOnly: the tenant's key predates the raw copy agents read and this host
+                cannot unwrap the wrapped one (run ``blackbox keys rotate`` once).
+        """
+        secret = os.urandom(KEY_BYTES)
+        wrapped = self.provider.wrap(secret, aad=tenant_aad(tenant_id))
+        params = {"t": tenant_id, "secret": secret, "kek_version": wrapped.kek_version}
+        try:
+            row = conn.execute(_TENANT_DIGEST_KEY, {**params, "wrapped": wrapped.blob}).one()
+        except DBAPIError as exc:
+            raise _refusal(exc, f"tenant {tenant_id} digest key") from exc
+        if row[0] is not None:
+            return KeyedDigest(bytes(row[0]))
+        try:  # made before revision 0005: only the wrapped copy exists
+            stored = WrappedKey(str(row[1]), bytes(row[2]))
+            return KeyedDigest(self.provider.unwrap(stored, aad=tenant_aad(tenant_id)))
+        except (WrapOnly, UnknownKeyVersion) as exc:
+            raise WrapOnly(
+                f"tenant {tenant_id}'s digest key was made by an earlier release and is "
+                f"stored only wrapped, which this host cannot open ({exc}): run `blackbox "
+                "keys rotate` once with the replayer's BLACKBOX_KEK_FILE to store the copy "
+                "agents read"
+            ) from exc
 
     def destroy_txn(
         self, conn: Connection, run_ids: Sequence[str], *, reason: str
@@ -148,8 +193,10 @@ class DataKeyStore:
 
     def rotate(self, engine: Engine, *, batch: int = 500) -> int:
         """Re-wrap every live data key (and tenant digest key) not yet under the current
-        KEK version; events are not touched. Needs the owner role (it reads wrapped keys
-        directly). Returns how many keys were re-wrapped."""
+        KEK version, and store the raw copy agents read of digest keys that lack one;
+        events are not touched. Needs the owner role (it reads wrapped keys directly)
+        and a provider that unwraps (the private halves). Returns how many keys were
+        re-wrapped or completed."""
         version, after, done = self.provider.current_version, "", 0
         while True:
             with engine.begin() as conn:
@@ -174,14 +221,17 @@ class DataKeyStore:
     def _rotate_tenant_keys(self, engine: Engine, version: str) -> int:
         with engine.begin() as conn:
             rows = conn.execute(_OLD_TENANT_KEYS, {"version": version}).all()
-            for tenant_id, kek_version, blob in rows:
+            for tenant_id, kek_version, blob, has_secret in rows:
                 aad = tenant_aad(str(tenant_id))
                 secret = self.provider.unwrap(WrappedKey(str(kek_version), bytes(blob)), aad=aad)
-                rewrapped = self.provider.wrap(secret, aad=aad, version=version)
-                conn.execute(
-                    _REWRAP_TENANT,
-                    {"t": tenant_id, "kek_version": version, "wrapped": rewrapped.blob},
-                )
+                if not has_secret:  # the copy wrap-only agents read (a key made before 0005)
+                    conn.execute(_STORE_DIGEST_SECRET, {"t": tenant_id, "secret": secret})
+                if kek_version != version:
+                    rewrapped = self.provider.wrap(secret, aad=aad, version=version)
+                    conn.execute(
+                        _REWRAP_TENANT,
+                        {"t": tenant_id, "kek_version": version, "wrapped": rewrapped.blob},
+                    )
         return len(rows)
 
 
@@ -230,12 +280,17 @@ def forget_destroyed_keys_txn(conn: Connection, run_ids: Sequence[str]) -> None:
 
 class AuditedKeys:
     """Opening keys for a replayer: each data key is unwrapped once, through the audited
-    database function, for the purpose given.
+    database functions, for the purpose given.
+
+    Reading a run's (or a tenant's) keys takes two steps: an access request, committed
+    in a transaction of its own (so the audit keeps it whatever happens next), then the
+    unwraps, each naming that request. One request covers every key of its run.
 
     Args:
-        engine: a connection as the replayer role (or any role granted the function).
-        provider: the key-encryption keys.
-        purpose: why the bodies are read (recorded in the access audit with every unwrap).
+        engine: a connection as the replayer role (or any role granted the functions),
+            granted the tenants whose runs it reads.
+        provider: the key-encryption keys (the private halves).
+        purpose: why the bodies are read (recorded in the access audit).
     """
 
     def __init__(self, engine: Engine, provider: KeyProvider, *, purpose: str) -> None:
@@ -245,6 +300,7 @@ class AuditedKeys:
         self.purpose = purpose
         self._cache: dict[str, bytes] = {}
         self._tenants: dict[str, KeyedDigest] = {}
+        self._requests: dict[tuple[str | None, str | None], int] = {}
 
     @staticmethod
     def check_purpose(purpose: str) -> None:
@@ -262,8 +318,9 @@ class AuditedKeys:
         cached = self._cache.get(key_id)
         if cached is not None:
             return cached
-        row = self._fetch(run_id, key_id)
         where = f"run {run_id} key {key_id}"
+        request = self._request(where, run_id=run_id)
+        row = self._call(_UNWRAP, {"run_id": run_id, "key_id": key_id, "request": request}, where)
         if row is None:
             raise DataKeyMissing(f"{where}: no such data key in the key store")
         _, kek_version, blob, destroyed_at = row
@@ -291,7 +348,8 @@ class AuditedKeys:
         if cached is not None:
             return cached
         where = f"tenant {tenant_id} digest key"
-        row = self._call(_UNWRAP_TENANT, {"t": tenant_id, "purpose": self.purpose}, where)
+        request = self._request(where, tenant_id=tenant_id)
+        row = self._call(_UNWRAP_TENANT, {"t": tenant_id, "request": request}, where)
         if row is None:
             raise DataKeyMissing(f"{where}: no such key in the key store")
         try:
@@ -303,26 +361,40 @@ class AuditedKeys:
         self._tenants[tenant_id] = digest = KeyedDigest(secret)
         return digest
 
-    def _fetch(self, run_id: str, key_id: str) -> Any:
-        params = {"run_id": run_id, "key_id": key_id, "purpose": self.purpose}
-        return self._call(_UNWRAP, params, f"run {run_id} key {key_id}")
+    def _request(
+        self, where: str, *, run_id: str | None = None, tenant_id: str | None = None
+    ) -> int:
+        """The committed access request for ``run_id`` or ``tenant_id`` (made once)."""
+        scope = (run_id, tenant_id)
+        request = self._requests.get(scope)
+        if request is None:
+            params = {"purpose": self.purpose, "run_id": run_id, "tenant_id": tenant_id}
+            row = self._call(_REQUEST, params, where)  # committed when _call returns
+            self._requests[scope] = request = int(row[0])
+        return request
 
     def _call(self, statement: TextClause, params: dict[str, Any], where: str) -> Any:
         try:
             with self._engine.begin() as conn:
                 return conn.execute(statement, params).first()
         except DBAPIError as exc:
-            code = getattr(exc.orig, "sqlstate", None)
-            if code == "42501":
-                raise AccessDenied(
-                    f"{where}: this database role may not unwrap keys; connect as a role "
-                    "granted blackbox_replayer"
-                ) from exc
-            if code == "22023":
-                raise AccessDenied(f"{where}: {exc.orig}") from exc
-            raise KeystoreError(f"{where}: the key store failed: {exc.orig}") from exc
+            raise _refusal(exc, where) from exc
         except SQLAlchemyError as exc:
             raise KeystoreError(f"{where}: the key store failed: {exc}") from exc
+
+
+def _refusal(exc: DBAPIError, where: str) -> KeystoreError:
+    """What the key store's refusal ``exc`` means, as the error a caller can act on."""
+    code = getattr(exc.orig, "sqlstate", None)
+    detail = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+    if code == "42501":
+        return AccessDenied(
+            f"{where}: this database role may not read it ({detail}); connect as a role "
+            "granted blackbox_replayer (blackbox_writer to record) and granted the tenant"
+        )
+    if code in ("22023", "55000"):
+        return AccessDenied(f"{where}: {detail}")
+    return KeystoreError(f"{where}: the key store failed: {detail}")
 
 
 PURPOSE_MIN_CHARS = 3

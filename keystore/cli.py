@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from sqlalchemy import create_engine
@@ -12,7 +14,19 @@ from agent_blackbox.keystore._errors import KeyProviderError
 from agent_blackbox.keystore._keyfile import write_key_file
 from agent_blackbox.keystore._postgres import DataKeyStore
 from agent_blackbox.keystore._provider import LocalKeyProvider
-from agent_blackbox.schemas import BlackboxError, CheckpointSigner, Settings, safe_console
+from agent_blackbox.schemas import (
+    BlackboxError,
+    CheckpointSigner,
+    Settings,
+    safe_console,
+    safe_text,
+)
+
+
+def could_not_run(message: object) -> NoReturn:
+    """Say on standard error why the command could not run, and exit 2."""
+    safe_console(stderr=True).print(f"[red]error:[/] {safe_text(str(message))}", soft_wrap=True)
+    sys.exit(2)
 
 
 @click.group("keys")
@@ -26,18 +40,45 @@ def keys_group() -> None:
 @click.option(
     "--add", is_flag=True, help="Add a new current version to the existing key file PATH."
 )
-def keys_init(path: Path, version: str, add: bool) -> None:
-    """Write a key file with a fresh AES-256 KEK (owner-only permissions)."""
+@click.option(
+    "--pair",
+    is_flag=True,
+    help="Make the version an X25519 key pair: PATH keeps the private half (replayer), "
+    "PATH with .pub.json the public half (agents: wrap only).",
+)
+def keys_init(path: Path, version: str, add: bool, pair: bool) -> None:
+    """Write a key file with a fresh KEK (owner-only permissions): a symmetric AES-256
+    key, or with --pair a key pair whose public half agents get."""
     if os.path.lexists(path) and not add:
-        raise click.ClickException(f"{path} exists; pass --add to add version {version} to it")
+        could_not_run(f"{path} exists; pass --add to add version {version} to it")
+    public = public_path(path)
+    if pair and not add and os.path.lexists(public):
+        could_not_run(f"{public} exists; move it away or pass --add")
     try:
-        LocalKeyProvider.write_file(path, version=version, add_to=path if add else None)
+        LocalKeyProvider.write_file(path, version=version, add_to=path if add else None, pair=pair)
+        if pair:
+            LocalKeyProvider.from_file(path).write_public_file(public)
     except (KeyProviderError, OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    safe_console().print(
-        f"KEK version {version} written to {path}; set BLACKBOX_KEK_FILE={path} for agents, "
-        "the relay-side jobs and the replayer, and keep a copy somewhere safe"
-    )
+        could_not_run(exc)
+    console = safe_console()
+    if pair:
+        console.print(
+            f"KEK version {version} (key pair) written: private half {path} for the replayer "
+            f"and `blackbox keys rotate` (BLACKBOX_KEK_FILE={path}); public half {public} for "
+            f"agent hosts (BLACKBOX_KEK_PUBLIC_FILE={public}: they wrap and unwrap nothing). "
+            "Keep a copy of the private file somewhere safe"
+        )
+    else:
+        console.print(
+            f"KEK version {version} written to {path}; set BLACKBOX_KEK_FILE={path} for "
+            "agents, the relay-side jobs and the replayer, and keep a copy somewhere safe "
+            "(--pair makes a key pair, so that agents hold only its public half)"
+        )
+
+
+def public_path(path: Path) -> Path:
+    """Where ``keys init --pair`` writes the public half of the key file ``path``."""
+    return path.with_name(path.name.removesuffix(".json") + ".pub.json")
 
 
 @keys_group.command("signing")
@@ -47,7 +88,7 @@ def keys_signing(path: Path) -> None:
     public = path.with_suffix(".pub.pem")
     for target in (path, public):
         if os.path.lexists(target):
-            raise click.ClickException(f"{target} exists; choose another path")
+            could_not_run(f"{target} exists; choose another path")
     signer = CheckpointSigner.generate()
     try:
         write_key_file(path, signer.private_key_pem())
@@ -57,9 +98,9 @@ def keys_signing(path: Path) -> None:
         with os.fdopen(os.open(public, flags, 0o644), "wb") as out:
             out.write(signer.public_key_pem())
     except OSError as exc:
-        raise click.ClickException(f"cannot write {public}: {exc.strerror}") from exc
+        could_not_run(f"cannot write {public}: {exc.strerror}")
     except KeyProviderError as exc:
-        raise click.ClickException(str(exc)) from exc
+        could_not_run(exc)
     safe_console().print(
         f"signing key {signer.key_id}: {path} (for `blackbox sign` only; agents never get "
         f"it), public key {public} (for `blackbox verify`: BLACKBOX_SIGNING_PUBLIC_KEYS)"
@@ -68,16 +109,20 @@ def keys_signing(path: Path) -> None:
 
 @keys_group.command("rotate")
 def keys_rotate() -> None:
-    """Re-wrap every data key under the current KEK version of BLACKBOX_KEK_FILE."""
-    provider = LocalKeyProvider.from_env()
+    """Re-wrap every data key under the current KEK version of BLACKBOX_KEK_FILE (and
+    store the copy wrap-only agents read of digest keys made by earlier releases)."""
+    try:
+        provider = LocalKeyProvider.from_env()
+    except BlackboxError as exc:
+        could_not_run(exc)
     if provider is None:
-        raise click.ClickException("set BLACKBOX_KEK_FILE (holding the old and the new version)")
+        could_not_run("set BLACKBOX_KEK_FILE (holding the old and the new version)")
     engine = create_engine(Settings.from_env().database_url)
     try:
         with safe_console(stderr=True).status(f"re-wrapping under {provider.current_version}"):
             count = DataKeyStore(provider).rotate(engine)
     except BlackboxError as exc:
-        raise click.ClickException(str(exc)) from exc
+        could_not_run(exc)
     finally:
         engine.dispose()
     safe_console().print(f"{count} keys re-wrapped under KEK version {provider.current_version}")

@@ -27,7 +27,6 @@ from agent_blackbox.outbox._core import (
     RunOptions,
     RunSnapshot,
     StartPlan,
-    keys_from_env,
 )
 from agent_blackbox.outbox._effects import EffectReceipt
 from agent_blackbox.outbox._postgres import AsyncPostgresLog
@@ -160,7 +159,7 @@ class AsyncRecorder(AsyncRecorderBase):
 
         settings = settings or Settings.from_env()
         engine = create_async_engine(settings.database_url, pool_size=10)
-        return cls(engine, settings=settings, keys=keys_from_env())
+        return cls(engine, settings=settings, keys=DataKeyStore.from_env())
 
 
 class AsyncRun:

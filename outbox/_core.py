@@ -475,14 +475,19 @@ class RecorderBase:
         self.nondeterminism = mode_from(config.get("nondeterminism"))
 
     def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:
-        """The digest of runs of ``classification``: SHA-256, or the tenant's keyed digest
-        once fetched; None when it must be fetched first (:meth:`remember_digest`).
+        """The digest of runs of ``classification``: the tenant's keyed digest once fetched
+        (every run of a recorder with keys, but classes opted out in
+        ``Settings.plain_digest_classes``), else SHA-256; None when it must be fetched
+        first (:meth:`remember_digest`).
 
         Raises:
             KeystoreError: the class takes keyed digests and this recorder has no keys.
         """
-        # Pseudonyms are keyed by the tenant's key: their runs take keyed digests too.
-        if not self.settings.keyed_digests(classification) and not self.scrub.pseudonymous:
+        # Every run of a recorder with keys takes keyed digests unless its class opted
+        # out; pseudonyms are keyed by the tenant's key, so their runs take them too.
+        encrypted = self.keys is not None
+        keyed = self.settings.digest_keyed(classification, encrypted=encrypted)
+        if not keyed and not self.scrub.pseudonymous:
             return digest
         if self.keys is None:
             raise KeystoreError(

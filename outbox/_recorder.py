@@ -30,7 +30,6 @@ from agent_blackbox.outbox._core import (
     RunOptions,
     RunSnapshot,
     StartPlan,
-    keys_from_env,
 )
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
 from agent_blackbox.outbox._postgres import PostgresLog
@@ -171,11 +170,11 @@ class Recorder(SyncRecorder):
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Recorder:
         """A recorder with its own engine for ``settings.database_url``; runs are
-        encrypted when key-encryption keys are configured (``BLACKBOX_KEK_FILE`` or
-        ``BLACKBOX_KEK``)."""
+        encrypted when key-encryption keys are configured: ``BLACKBOX_KEK_PUBLIC_FILE``
+        on agent hosts (wrap-only), or ``BLACKBOX_KEK_FILE`` / ``BLACKBOX_KEK``."""
         settings = settings or Settings.from_env()
         engine = create_engine(settings.database_url, pool_size=10, max_overflow=20)
-        return cls(engine, settings=settings, keys=keys_from_env())
+        return cls(engine, settings=settings, keys=DataKeyStore.from_env())
 
 
 class Run:

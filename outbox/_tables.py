@@ -122,6 +122,9 @@ access_audit = Table(
     Column("tenant_id", Text),
     Column("key_id", Text),
     Column("outcome", Text, nullable=False),
+    # The transaction that wrote a ``requested`` row: an unwrap is granted only against a
+    # request whose transaction committed (revision 0005).
+    Column("request_xact", BigInteger),
     Index("access_audit_run", "run_id", "at"),
 )
 
@@ -145,6 +148,16 @@ tenant_keys = Table(
     Column("tenant_id", Text, primary_key=True),
     Column("kek_version", Text, nullable=False),
     Column("wrapped", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# The raw digest keys agents get through ``blackbox.tenant_digest_key``; no role is
+# granted this table (revision 0005). ``tenant_keys`` keeps each one wrapped under a KEK.
+tenant_digest_keys = Table(
+    "tenant_digest_keys",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("secret", LargeBinary, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 

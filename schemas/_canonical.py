@@ -75,16 +75,19 @@ class KeyedDigest:
     digests of sensitive runs, so a low-entropy value (a yes/no, a card's last four)
     cannot be found by hashing guesses. Call it like :func:`digest`."""
 
-    __slots__ = ("_key",)
+    __slots__ = ("_keyed",)
 
     def __init__(self, key: bytes) -> None:
         if len(key) < 32:
             raise ValueError("a digest key needs at least 32 bytes")
-        self._key = key
+        # The key's inner and outer pads are hashed once here; each digest copies that
+        # state instead of keying a new HMAC (about a third of its cost on small values).
+        self._keyed = hmac.new(key, digestmod=hashlib.sha256)
 
     def __call__(self, value: Any, *, path: str = "$") -> str:
-        data = canonical_json(value, path=path)
-        return HMAC_PREFIX + hmac.new(self._key, data, hashlib.sha256).hexdigest()
+        mac = self._keyed.copy()
+        mac.update(canonical_json(value, path=path))
+        return HMAC_PREFIX + mac.hexdigest()
 
     def __repr__(self) -> str:
         return "KeyedDigest(<key>)"

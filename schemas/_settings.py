@@ -38,11 +38,26 @@ class Settings:
     consumer_group: str = "blackbox-views"
     schema_registry_url: str | None = None
     keyed_digest_classes: str = "sensitive,restricted"
-    """Classifications whose digests are HMAC-SHA256 under the tenant's key (comma list)."""
+    """Classifications whose digests must be HMAC-SHA256 under the tenant's key (comma
+    list): a recorder without keys refuses their runs. A recorder with keys takes keyed
+    digests for every classification anyway, but those of :attr:`plain_digest_classes`."""
+    plain_digest_classes: str = ""
+    """Classifications whose runs keep plain SHA-256 digests although the recorder has
+    keys: an explicit opt-in (comma list, ``*`` for all), for digests that must be
+    compared across tenants. Never applies to :attr:`keyed_digest_classes`. Runs recorded
+    without keys always take plain digests: their bodies are plaintext anyway."""
 
     def keyed_digests(self, classification: str) -> bool:
-        """Whether runs of ``classification`` take keyed digests."""
-        return classification in {c.strip() for c in self.keyed_digest_classes.split(",")}
+        """Whether runs of ``classification`` must take keyed digests."""
+        return classification in _classes(self.keyed_digest_classes)
+
+    def digest_keyed(self, classification: str, *, encrypted: bool) -> bool:
+        """Whether a run of ``classification`` takes keyed digests, recorded by a recorder
+        that has keys (``encrypted``) or not."""
+        if self.keyed_digests(classification):
+            return True
+        plain = _classes(self.plain_digest_classes)
+        return encrypted and "*" not in plain and classification not in plain
 
     @property
     def dlq_topic(self) -> str:
@@ -67,6 +82,10 @@ class Settings:
             current = getattr(defaults, name)
             values[name] = _positive_int(name, raw) if isinstance(current, int) else raw
         return replace(defaults, **values)  # type: ignore[arg-type]
+
+
+def _classes(listed: str) -> set[str]:
+    return {c.strip() for c in listed.split(",") if c.strip()}
 
 
 def _from_former_names(env: Mapping[str, str]) -> dict[str, str]:

@@ -96,7 +96,8 @@ def provider() -> LocalKeyProvider:
 
 @pytest.fixture
 def login(database_url: str, engine: Engine) -> Iterator[Any]:
-    """Engines for login users granted one of the roles; dropped afterwards."""
+    """Engines for login users granted one of the roles and the tenant ``default``;
+    dropped afterwards."""
     made: list[tuple[str, Engine]] = []
 
     def connect(role: str) -> Engine:
@@ -113,6 +114,7 @@ def login(database_url: str, engine: Engine) -> Iterator[Any]:
     for user, user_engine in made:
         user_engine.dispose()
         with engine.begin() as conn:
+            conn.execute(text(f"DROP OWNED BY {user}"))
             conn.execute(text(f"DROP ROLE IF EXISTS {user}"))
 
 
@@ -147,15 +149,20 @@ def test_reader_cannot_obtain_a_body_or_a_key(
         "SELECT data FROM blackbox.blobs",
         "SELECT wrapped FROM blackbox.data_keys",
         "SELECT * FROM blackbox.access_audit",
-        f"SELECT * FROM blackbox.unwrap_data_key('{run_id}', 'dk', 'curious')",
+        f"SELECT blackbox.request_key_access('curious', '{run_id}')",
+        f"SELECT * FROM blackbox.unwrap_data_key('{run_id}', 'dk', 1)",
     )
-    pipeline = PayloadPipeline(sealer=AesGcmSealer(AuditedKeys(reader, provider, purpose="peek")))
-    # Access refused is the replay's error, never a divergence, and names run and key.
-    report = replay_run(_envelopes(engine, run_id), agent, pipeline=pipeline)
+    keys = AuditedKeys(reader, provider, purpose="peek")
+    events = _envelopes(engine, run_id)
+    # Access refused is the replay's error, never a divergence, and names what it wanted.
+    report = replay_run(
+        events, agent, pipeline=PayloadPipeline(sealer=AesGcmSealer(keys)), digests=keys
+    )
     assert report.result == "ERROR"
     assert report.error is not None
-    assert report.error.startswith("AccessDenied: ")
-    assert f"run {run_id} key dk-" in report.error
+    assert report.error.startswith("AccessDenied: tenant default digest key")
+    with pytest.raises(AccessDenied, match=f"run {run_id} key dk-"):
+        keys.opening_key(run_id, str(events[1].key_id))
 
 
 def test_writer_records_but_reads_no_key_back(
@@ -196,7 +203,8 @@ def test_relay_moves_the_outbox_and_reads_nothing_else(
         "SELECT wrapped FROM blackbox.tenant_keys",
         "SELECT * FROM blackbox.access_audit",
         "UPDATE blackbox.outbox SET envelope = ''::bytea",
-        f"SELECT * FROM blackbox.unwrap_data_key('{run_id}', 'dk', 'curious')",
+        f"SELECT blackbox.request_key_access('curious', '{run_id}')",
+        f"SELECT * FROM blackbox.unwrap_data_key('{run_id}', 'dk', 1)",
     )
 
 
@@ -208,15 +216,26 @@ def test_every_unwrap_is_audited_and_the_run_replays(
     events = _envelopes(engine, run_id)
     for attempt in range(2):
         keys = AuditedKeys(replayer, provider, purpose=f"incident 4411 #{attempt}")
-        report = replay_run(events, agent, pipeline=PayloadPipeline(sealer=AesGcmSealer(keys)))
+        pipeline = PayloadPipeline(sealer=AesGcmSealer(keys))
+        report = replay_run(events, agent, pipeline=pipeline, digests=keys)
         assert report.passed, report.divergence and report.divergence.describe()
     with engine.connect() as conn:
         audit = conn.execute(
-            text("SELECT principal, purpose, run_id, key_id, outcome FROM blackbox.access_audit")
+            text(
+                "SELECT principal, purpose, run_id, tenant_id, key_id, outcome "
+                "FROM blackbox.access_audit WHERE principal <> current_user ORDER BY id"
+            )
         ).all()
-    user = replayer.url.username
-    assert sorted(audit) == [
-        (user, f"incident 4411 #{i}", run_id, events[0].key_id, "granted") for i in range(2)
+    user, key_id = replayer.url.username, events[0].key_id
+    assert audit == [
+        row
+        for i in range(2)
+        for row in [
+            (user, f"incident 4411 #{i}", None, "default", None, "requested"),
+            (user, f"incident 4411 #{i}", None, "default", None, "digest key"),
+            (user, f"incident 4411 #{i}", run_id, "default", None, "requested"),
+            (user, f"incident 4411 #{i}", run_id, "default", key_id, "granted"),
+        ]
     ]
     with pytest.raises(AccessDenied, match="purpose"):
         AuditedKeys(replayer, provider, purpose=" ")
@@ -255,7 +274,7 @@ def test_rotation_rewraps_keys_and_leaves_events_alone(
     before = _envelopes(engine, run_id)
     v2 = _kek()
     rotated = LocalKeyProvider({"v1": V1, "v2": v2}, current="v2")
-    assert DataKeyStore(rotated).rotate(engine) == 1
+    assert DataKeyStore(rotated).rotate(engine) == 2  # the run's data key, the digest key
     assert DataKeyStore(rotated).rotate(engine) == 0  # nothing left under v1
     with engine.connect() as conn:
         assert conn.execute(text("SELECT kek_version FROM blackbox.data_keys")).scalars().all() == [
@@ -264,7 +283,8 @@ def test_rotation_rewraps_keys_and_leaves_events_alone(
     assert _envelopes(engine, run_id) == before
     only_v2 = LocalKeyProvider({"v2": v2})
     keys = AuditedKeys(login("blackbox_replayer"), only_v2, purpose="after rotation")
-    report = replay_run(before, agent, pipeline=PayloadPipeline(sealer=AesGcmSealer(keys)))
+    opened = PayloadPipeline(sealer=AesGcmSealer(keys))
+    report = replay_run(before, agent, pipeline=opened, digests=keys)
     assert report.passed, report.divergence and report.divergence.describe()
 
 
@@ -292,9 +312,17 @@ def test_sensitive_runs_take_keyed_digests_and_replay_through_audited_tenant_key
     assert f"run {run.run_id} of tenant default" in unkeyed.error
     with engine.connect() as conn:
         outcomes = conn.execute(
-            text("SELECT tenant_id, outcome FROM blackbox.access_audit WHERE key_id IS NULL")
+            text(
+                "SELECT run_id IS NULL, tenant_id, outcome FROM blackbox.access_audit "
+                "WHERE key_id IS NULL ORDER BY id"
+            )
         ).all()
-    assert outcomes == [("default", "digest key")]
+    assert outcomes == [
+        (True, "default", "digest key to writer"),
+        (True, "default", "requested"),
+        (True, "default", "digest key"),
+        (False, "default", "requested"),
+    ]
     with pytest.raises(KeystoreError, match="take keyed digests"):
         Recorder(engine, settings=settings).start_run(
             snapshot, agent_id="keys", classification="sensitive"

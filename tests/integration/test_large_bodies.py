@@ -148,7 +148,7 @@ def test_a_sealed_reply_over_the_ceiling_is_truncated_sealed_and_replays(
 
     keys = AuditedKeys(engine, provider, purpose="large reply replay")
     pipeline = PayloadPipeline(sealer=AesGcmSealer(keys))
-    report = replay_run(events, entry, pipeline=pipeline, blobs=PostgresBlobs(engine))
+    report = replay_run(events, entry, pipeline=pipeline, blobs=PostgresBlobs(engine), digests=keys)
     assert report.result == "LIMITED", report.to_dict()
     assert report.levels == {"control_flow": "pass", "state": "pass", "content": "limited"}
 

@@ -157,8 +157,11 @@ def test_key_problems_are_errors_naming_the_run_never_divergences(
     assert sealed.exit_code == 2, sealed.output
     [line, _] = _lines(sealed)
     assert line["result"] == "ERROR"
-    assert line["error"].startswith("ReplaySetupError: ")
-    assert f"run {run.run_id} is encrypted" in line["error"]
+    # Without keys, the run's keyed digests are the first thing it cannot check.
+    assert line["error"].startswith("KeyUnavailable: ")
+    assert (
+        f"run {run.run_id} of tenant default was digested under the tenant's key" in (line["error"])
+    )
     assert line["divergence"] is None
 
     env["BLACKBOX_KEK"] = f"v1:{base64.b64encode(kek).decode()}"

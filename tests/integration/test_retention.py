@@ -84,6 +84,12 @@ def _pipeline(engine: Engine, purpose: str) -> PayloadPipeline:
     return PayloadPipeline(sealer=AesGcmSealer(AuditedKeys(engine, PROVIDER, purpose=purpose)))
 
 
+def _opening(engine: Engine, purpose: str) -> dict[str, Any]:
+    """A replay's pipeline and digest keys: runs recorded with keys take keyed digests."""
+    keys = AuditedKeys(engine, PROVIDER, purpose=purpose)
+    return {"pipeline": PayloadPipeline(sealer=AesGcmSealer(keys)), "digests": keys}
+
+
 def test_forget_destroys_a_subjects_bodies_everywhere(engine: Engine, settings: Settings) -> None:
     alice = [_record(engine, settings, "alice") for _ in range(2)]
     bob = _record(engine, settings, "bob")
@@ -104,7 +110,7 @@ def test_forget_destroys_a_subjects_bodies_everywhere(engine: Engine, settings: 
         for source in (now[run_id], copy[run_id]):  # the topic today, and the old copy
             with pytest.raises(KeyDestroyed, match=f"run {run_id} key dk-"):
                 _pipeline(engine, "forget test").unpack(source[1])
-        limited = replay_run(now[run_id], agent, pipeline=_pipeline(engine, "limited"))
+        limited = replay_run(now[run_id], agent, **_opening(engine, "limited"))
         assert limited.result == "LIMITED", limited.to_dict()
         assert limited.levels == {
             "control_flow": "pass",
@@ -113,7 +119,7 @@ def test_forget_destroys_a_subjects_bodies_everywhere(engine: Engine, settings: 
         }
         assert limited.limited is not None
         assert "destroyed" in limited.limited
-    kept = replay_run(copy[bob], agent, pipeline=_pipeline(engine, "bob still replays"))
+    kept = replay_run(copy[bob], agent, **_opening(engine, "bob still replays"))
     assert kept.result == "PASS", kept.divergence and kept.divergence.describe()
 
     build_views(settings, engine, expect=14)
@@ -146,7 +152,7 @@ def test_forget_destroys_a_subjects_bodies_everywhere(engine: Engine, settings: 
     for run_id in alice:
         with pytest.raises(KeyDestroyed):
             _pipeline(engine, "after restore").unpack(copy[run_id][1])
-    assert replay_run(copy[bob], agent, pipeline=_pipeline(engine, "after restore")).passed
+    assert replay_run(copy[bob], agent, **_opening(engine, "after restore")).passed
 
 
 def test_retention_shreds_expired_bodies_then_deletes_expired_metadata(

@@ -1,0 +1,105 @@
+"""Finding 12: ``keys init`` left the KEK world-readable when a stale temporary file
+existed and followed a planted symlink; ``from_file`` loaded a 0644 key silently.
+
+Driven through the CLI an operator uses; the key files' own code is in
+``keystore/_keyfile.py``.
+"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import Engine
+
+from agent_blackbox.cli.main import main
+from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider, UnsafeKeyFile
+from agent_blackbox.outbox import Recorder, RunSnapshot
+from agent_blackbox.schemas import Settings
+from tests.security._keys import table
+
+pytestmark = pytest.mark.integration
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def _init(path: Path, *more: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["keys", "init", str(path), *more])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["symmetric", "key pair"])
+@pytest.mark.parametrize("stale", ["symlink to a victim", "world-readable file"])
+def test_keys_init_with_a_stale_temporary_file_writes_an_owner_only_key(
+    tmp_path: Path, stale: str, pair: bool
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious", encoding="utf-8")
+    victim.chmod(0o644)
+    path = tmp_path / "kek.json"
+    leftover = path.with_suffix(".tmp")  # where the old code put its temporary file
+    if stale == "symlink to a victim":
+        leftover.symlink_to(victim)
+    else:
+        leftover.write_text("{}", encoding="utf-8")
+        leftover.chmod(0o644)
+    code, output = _init(path, *(["--pair"] if pair else []))
+    assert code == 0, output
+    assert not path.is_symlink()
+    assert _mode(path) == 0o600
+    assert LocalKeyProvider.from_file(path).current_version == "v1"
+    assert victim.read_text(encoding="utf-8") == "precious"
+    assert _mode(victim) == 0o644  # neither written nor narrowed through the link
+
+
+@pytest.mark.parametrize("dangling", [False, True], ids=["to a file", "dangling"])
+def test_keys_init_refuses_a_planted_symlink(tmp_path: Path, dangling: bool) -> None:
+    victim = tmp_path / "victim"
+    if not dangling:
+        victim.write_text("precious", encoding="utf-8")
+    path = tmp_path / "kek.json"
+    path.symlink_to(victim)
+    for more in ([], ["--pair"], ["--add"]):
+        code, output = _init(path, *more)
+        assert code == 2, output  # could not run
+        if dangling:
+            assert not victim.exists()
+        else:
+            assert victim.read_text(encoding="utf-8") == "precious"
+    # The public half of a key pair is not written through a planted link either.
+    real = tmp_path / "real.json"
+    public_victim = tmp_path / "public-victim"
+    (tmp_path / "real.pub.json").symlink_to(public_victim)
+    code, output = _init(real, "--pair")
+    assert code == 2
+    assert "exists" in output
+    assert not real.exists()
+    assert not public_victim.exists()
+
+
+def test_a_key_file_others_can_read_is_refused_and_nothing_is_done(
+    engine: Engine, settings: Settings, tmp_path: Path
+) -> None:
+    path = tmp_path / "kek.json"
+    assert _init(path)[0] == 0
+    recorder = Recorder(
+        engine, settings=settings, keys=DataKeyStore(LocalKeyProvider.from_file(path))
+    )
+    recorder.start_run(RunSnapshot(code_version="keys.12"), agent_id="keys-12")
+    before = table(engine, "SELECT key_id, kek_version, wrapped FROM blackbox.data_keys")
+    path.chmod(0o644)
+    code, output = _init(path, "--add", "--version", "v2")
+    assert code == 2
+    assert "chmod 600" in output
+    env = {"BLACKBOX_KEK_FILE": str(path), "BLACKBOX_DATABASE_URL": settings.database_url}
+    rotated = CliRunner(env=env).invoke(main, ["keys", "rotate"])
+    assert rotated.exit_code == 2
+    assert "readable or writable by others" in rotated.output
+    assert "chmod 600" in rotated.output
+    assert table(engine, "SELECT key_id, kek_version, wrapped FROM blackbox.data_keys") == before
+    with pytest.raises(UnsafeKeyFile, match="chmod 600"):
+        LocalKeyProvider.from_file(path)
