@@ -1,7 +1,7 @@
 """Row-level security on the views: readers and replayers see their granted tenants' runs.
 
-Revision ID: 0005_views
-Revises: 0004_views
+Revision ID: 0006_views
+Revises: 0005_views
 
 The grants are the write side's (``blackbox.tenant_grants``, asked through
 ``blackbox.granted_tenants()``); where the views live in a database without the write
@@ -17,8 +17,8 @@ import logging
 from alembic import op
 from sqlalchemy import text
 
-revision = "0005_views"
-down_revision: str | None = "0004_views"
+revision = "0006_views"
+down_revision: str | None = "0005_views"
 branch_labels: str | None = None
 depends_on: str | None = None
 
