@@ -39,6 +39,12 @@ class Settings:
     schema_registry_url: str | None = None
     keyed_digest_classes: str = "sensitive,restricted"
     """Classifications whose digests are HMAC-SHA256 under the tenant's key (comma list)."""
+    checkpoint_every_events: int = 1000
+    """The checkpoint signer signs a running run's head again once it has grown by this
+    many events (and the database agrees with it), so a long run is covered as it goes."""
+    checkpoint_every_seconds: int = 60
+    """... or once its head has stayed unsigned this long: a run that crashed, or waits,
+    is covered up to its last event about a minute after it stopped."""
 
     def keyed_digests(self, classification: str) -> bool:
         """Whether runs of ``classification`` take keyed digests."""
