@@ -224,10 +224,20 @@ class _Known:
                     f"at sequence {last} the log's chain hash is {walk.chain}, "
                     f"blackbox.runs has {_show(head.chain_head)}",
                 )
-        before = db.before
-        if before is not None and before.last_sequence > last and db.pending_before == 0:
-            return _truncated(last, f"blackbox.runs committed {before.last_sequence} events")
+        if self._missing(walk, db):
+            assert db.before is not None
+            return _truncated(last, f"blackbox.runs committed {db.before.last_sequence} events")
         return None
+
+    @staticmethod
+    def _missing(walk: _Walk, db: DatabaseCheck) -> bool:
+        """Whether events the database committed before the log was read are not in it
+        and none of them still waits in the outbox. When the outbox cannot be read (the
+        reader role may not), an ended run's events are taken as published."""
+        before = db.before
+        if before is None or before.last_sequence <= walk.last_sequence:
+            return False
+        return db.pending_before == 0 or (db.pending_before is None and before.ended)
 
     def unverified_from(self, walk: _Walk, covered: int) -> int | None:
         """The first sequence not vouched for, or None when every event is."""

@@ -129,10 +129,16 @@ def violations(engine: Engine, run_id: str) -> list[tuple[str, int]]:
         return [(str(k), int(s)) for k, s in rows]
 
 
-def verify(settings: Settings, key: SigningKey, *args: str) -> tuple[int, list[dict[str, Any]]]:
-    """``blackbox verify ARGS --json``: its exit code and reports."""
+def verify(
+    settings: Settings, key: SigningKey, *args: str, as_user: Engine | None = None
+) -> tuple[int, list[dict[str, Any]]]:
+    """``blackbox verify ARGS --json`` (connected as ``as_user``'s login, else as the
+    owner): its exit code and reports."""
+    url = settings.database_url
+    if as_user is not None:
+        url = as_user.url.render_as_string(hide_password=False)
     env = {
-        "BLACKBOX_DATABASE_URL": settings.database_url,
+        "BLACKBOX_DATABASE_URL": url,
         "BLACKBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "BLACKBOX_TOPIC": settings.topic,
         "BLACKBOX_SIGNING_KEY_FILE": str(key.path),

@@ -50,7 +50,8 @@ def test_events_deleted_before_publication_make_the_run_truncated(
     relay_all(settings, engine)
     build_views(settings, engine, expect=cut.events - 2 + whole.events)
 
-    code, [report] = verify(settings, key, cut.run_id)
+    reader = login("blackbox_reader", tenant=EVERY_TENANT)
+    code, [report] = verify(settings, key, cut.run_id, as_user=reader)
     assert code == 1
     assert (report["ok"], report["result"]) == (False, "truncated")
     assert report["sequence"] == cut.events - 1

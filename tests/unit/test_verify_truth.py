@@ -86,6 +86,17 @@ def test_events_still_in_the_outbox_are_unverified_not_truncated() -> None:
     assert "not published yet" in report.detail
 
 
+def test_without_the_outbox_an_ended_run_short_of_the_database_is_truncated() -> None:
+    ended = _db(len(EVENTS), pending=0)
+    unknown = replace(ended, pending_before=None)
+    assert _verify(EVENTS[:4], database=unknown).problem == Problem.TRUNCATED
+    head = RecordedHead(len(EVENTS), LAST.chain_hash, ended=False)
+    running = DatabaseCheck(head, head, pending_before=None)
+    report = _verify(EVENTS[:4], database=running)
+    assert report.sound
+    assert report.result == "unverified"
+
+
 def test_a_log_shorter_than_the_index_says_is_truncated() -> None:
     report = _verify(EVENTS[:5], indexed_events=6)
     assert (report.problem, report.sequence) == (Problem.TRUNCATED, 6)
