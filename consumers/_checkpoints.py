@@ -293,11 +293,16 @@ def _settle(
         head = batch.heads[run_id]
         if not head.unsigned:
             continue
-        verdict = judge(head, stored.get(run_id), policy=batch.policy, now=batch.now, sweep=sweep)
+        known = stored.get(run_id)
+        if head.tenant_id is None and known is not None:
+            # A head the first signer stored has no tenant; the chain hash binds every
+            # event's tenant, so a head equal to the database's is of the database's.
+            head.tenant_id = known.tenant_id
+        verdict = judge(head, known, policy=batch.policy, now=batch.now, sweep=sweep)
         if verdict.finding is not None:
             head.broken_at = head.last_sequence
             head.check_after = None
-            batch.flags.append(_refused(head, verdict, latest.get(run_id), stored.get(run_id)))
+            batch.flags.append(_refused(head, verdict, latest.get(run_id), known))
         elif verdict.sign:
             _sign(batch, head, finished=verdict.finished)
         elif sweep:

@@ -8,6 +8,7 @@ holds, flags what it refuses, and ``verify`` checks the database too.
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -16,8 +17,9 @@ import pytest
 from sqlalchemy import Engine
 
 from agent_blackbox.consumers import ViewRunIndex, load_checkpoint
+from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import Recorder
-from agent_blackbox.schemas import EventType, Settings
+from agent_blackbox.schemas import PLAIN_ENCODING, Envelope, EventType, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._views import build_views
 from tests.security._signing import (
@@ -76,6 +78,15 @@ def test_a_run_forged_in_the_topic_is_not_signed_and_does_not_verify(
     assert (code, report["result"], report["checkpoint"]) == (0, "ok", "valid")
 
 
+def _continued(events: list[Envelope], **changes: object) -> Envelope:
+    """A new event chained onto the last of ``events``: what a producer can forge."""
+    last = events[-1]
+    forged = replace(
+        last, event_id=str(uuid.uuid4()), sequence=last.sequence + 1, chain_hash="", **changes
+    )
+    return replace(forged, chain_hash=forged.expected_chain_hash(last.chain_hash))
+
+
 def test_a_forged_end_of_another_agents_crashed_run_is_not_signed(
     settings: Settings, engine: Engine, tmp_path: Path
 ) -> None:
@@ -86,15 +97,7 @@ def test_a_forged_end_of_another_agents_crashed_run_is_not_signed(
     events = topic_events(settings, run_id, expect=last)
 
     # A correctly chained run.finished appended to the crashed run, through the topic.
-    ending = replace(
-        events[-1],
-        event_id=str(uuid.uuid4()),
-        sequence=last + 1,
-        event_type=EventType.RUN_FINISHED,
-        chain_hash="",
-    )
-    ending = replace(ending, chain_hash=ending.expected_chain_hash(events[-1].chain_hash))
-    produce(settings, [ending])
+    produce(settings, [_continued(events, event_type=EventType.RUN_FINISHED)])
     build_views(settings, engine, expect=last + 1)
 
     sign_until(
@@ -110,3 +113,38 @@ def test_a_forged_end_of_another_agents_crashed_run_is_not_signed(
     code, [report] = verify(settings, key, run_id)
     assert code == 1
     assert (report["result"], report["sequence"]) == ("ahead_of_database", last + 1)
+
+
+def test_a_plaintext_event_in_a_sealed_run_is_refused_by_signer_and_verify(
+    settings: Settings, engine: Engine, tmp_path: Path
+) -> None:
+    key = signing_key(tmp_path)
+    keys = DataKeyStore(LocalKeyProvider({"v1": os.urandom(32)}))
+    run_id, last = crashed_run(Recorder(engine, settings=settings, keys=keys))
+    relay_all(settings, engine)
+    events = topic_events(settings, run_id, expect=last)
+    assert all(e.key_id is not None for e in events)
+
+    # A chained event with a plaintext body in the run sealed under its data key.
+    plain = _continued(
+        events,
+        key_id=None,
+        payload_encoding=PLAIN_ENCODING,
+        payload=b"plaintext the reader would show",
+    )
+    produce(settings, [plain])
+    build_views(settings, engine, expect=last + 1)
+
+    sign_until(
+        settings,
+        engine,
+        key.signer,
+        lambda: violations(engine, run_id),
+        what="the plaintext event refused",
+    )
+    assert violations(engine, run_id) == [("plaintext_in_sealed_run", last + 1)]
+    assert load_checkpoint(engine, run_id) is None
+
+    code, [report] = verify(settings, key, run_id)
+    assert code == 1
+    assert (report["result"], report["sequence"]) == ("plaintext_in_sealed_run", last + 1)

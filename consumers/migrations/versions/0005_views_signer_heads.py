@@ -53,6 +53,14 @@ def upgrade() -> None:
           FROM {SCHEMA}.checkpoints c WHERE c.run_id = h.run_id
         """
     )
+    # Heads the first signer never signed (running or crashed runs) are due at once, so
+    # the sweep covers the history that is already there.
+    op.execute(
+        f"""
+        UPDATE {SCHEMA}.chain_heads SET check_after = now()
+         WHERE broken_at IS NULL AND last_sequence > signed_sequence
+        """
+    )
 
 
 def downgrade() -> None:
