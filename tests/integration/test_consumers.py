@@ -232,7 +232,7 @@ def test_migrate_views_is_idempotent(views_engine: Engine) -> None:
     migrate_views(_url(views_engine))
     migrate_views(_url(views_engine))
     query = text("SELECT version_num FROM blackbox_views.alembic_version_views")
-    assert scalar(views_engine, query) == "0004_views"
+    assert scalar(views_engine, query) == "0005_views"
 
 
 def test_envelopes_land_in_the_views(
