@@ -106,12 +106,13 @@ class ChainHead:
 
 
 def follow(head: ChainHead, envelope: Envelope) -> Step:
-    """Extend ``head`` by ``envelope`` when it is the next link of the chain."""
-    if head.broken_at is not None:
-        return Step.IGNORED
+    """Extend ``head`` by ``envelope`` when it is the next link of the chain. A repeat
+    is reported as such even in a refused run, so a conflicting one is still flagged."""
     sequence = envelope.sequence
     if sequence <= head.last_sequence:
         return Step.REPEAT
+    if head.broken_at is not None:
+        return Step.IGNORED
     if (
         sequence != head.last_sequence + 1
         or envelope.chain_hash != envelope.expected_chain_hash(head.chain_head)
