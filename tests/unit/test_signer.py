@@ -7,7 +7,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from click.testing import CliRunner
 
+from agent_blackbox.cli import main
 from agent_blackbox.consumers._signing import (
     ChainHead,
     CheckpointPolicy,
@@ -172,3 +174,11 @@ def test_a_checkpoint_says_whether_the_run_finished() -> None:
     assert b"finished" not in legacy.message()
     with pytest.raises(Exception, match="finished"):
         Checkpoint.from_record({**mid.to_record(), "finished": "yes"})
+
+
+def test_sign_refuses_a_bad_policy_before_connecting() -> None:
+    result = CliRunner().invoke(main, ["sign", "--every-seconds", "0"])
+    assert result.exit_code == 2
+    assert "--every-seconds" in result.output
+    help_text = CliRunner().invoke(main, ["sign", "--help"]).output
+    assert "--every-events" in help_text
