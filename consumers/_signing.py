@@ -17,6 +17,7 @@ from agent_blackbox.outbox import RunHead
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     PLAIN_ENCODING,
+    BlackboxError,
     Envelope,
     EventType,
     Settings,
@@ -115,7 +116,7 @@ def follow(head: ChainHead, envelope: Envelope) -> Step:
         return Step.IGNORED
     if (
         sequence != head.last_sequence + 1
-        or envelope.chain_hash != envelope.expected_chain_hash(head.chain_head)
+        or not _chains(envelope, head.chain_head)
         or (head.tenant_id is not None and envelope.tenant_id != head.tenant_id)
     ):
         head.broken_at = sequence
@@ -128,6 +129,13 @@ def follow(head: ChainHead, envelope: Envelope) -> Step:
     head.sealed = head.sealed or envelope.key_id is not None
     head.finished = head.finished or envelope.event_type == EventType.RUN_FINISHED
     return Step.ADVANCED
+
+
+def _chains(envelope: Envelope, previous: str) -> bool:
+    try:
+        return envelope.chain_hash == envelope.expected_chain_hash(previous)
+    except (BlackboxError, TypeError, ValueError, AttributeError):
+        return False  # a field off its type cannot be hashed: it was tampered with
 
 
 def is_plaintext(envelope: Envelope) -> bool:

@@ -182,3 +182,10 @@ def test_sign_refuses_a_bad_policy_before_connecting() -> None:
     assert "--every-seconds" in result.output
     help_text = CliRunner().invoke(main, ["sign", "--help"]).output
     assert "--every-events" in help_text
+
+
+def test_an_event_that_cannot_be_hashed_breaks_the_chain_instead_of_the_signer() -> None:
+    head = _followed(EVENTS[:2])
+    odd = replace(EVENTS[2], attributes={"tool": object()})  # type: ignore[dict-item]
+    assert follow(head, odd) is Step.BROKEN
+    assert head.broken_at == 3
