@@ -14,7 +14,12 @@ through the caller's connection and never commits.
 
 from agent_blackbox.broker import KafkaUnavailable
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
-from agent_blackbox.consumers._checkpoints import CheckpointConsumer, load_checkpoint, sign_batch
+from agent_blackbox.consumers._checkpoints import (
+    CheckpointConsumer,
+    load_checkpoint,
+    sign_batch,
+    sweep_heads,
+)
 from agent_blackbox.consumers._dead_letters import (
     DLQ_OFFSET,
     DLQ_PARTITION,
@@ -53,6 +58,7 @@ from agent_blackbox.consumers._retention import (
 )
 from agent_blackbox.consumers._run_index import IndexedRun, ViewRunIndex
 from agent_blackbox.consumers._runtime import ConsumerRuntime, Screen, ViewConsumer
+from agent_blackbox.consumers._signing import CheckpointPolicy, SignerFinding
 from agent_blackbox.consumers._summary import (
     RunRow,
     ViewsSummary,
@@ -76,6 +82,7 @@ __all__ = [
     "VIEWS_SCHEMA",
     "BatchOutcome",
     "CheckpointConsumer",
+    "CheckpointPolicy",
     "ConsumerError",
     "ConsumerMetrics",
     "ConsumerRuntime",
@@ -99,6 +106,7 @@ __all__ = [
     "RetentionReport",
     "RunRow",
     "Screen",
+    "SignerFinding",
     "ViewConsumer",
     "ViewRunIndex",
     "ViewStoreUnavailable",
@@ -119,6 +127,7 @@ __all__ = [
     "runs_view",
     "shred_run_txn",
     "sign_batch",
+    "sweep_heads",
     "views_screen",
     "views_summary_txn",
 ]

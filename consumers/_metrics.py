@@ -92,6 +92,10 @@ class ConsumerMetrics:
         self._dead_lettered.inc(outcome.dead_lettered)
         self._seconds.observe(seconds)
 
+    def violations_found(self, count: int) -> None:
+        """Count integrity violations found outside a batch (the signer's sweep)."""
+        self._violations.inc(count)
+
     def batch_failed(self) -> None:
         """Count a batch that was rolled back."""
         self._failed.inc()

@@ -119,8 +119,20 @@ chain_heads = Table(
     Column("last_sequence", BigInteger, nullable=False),
     Column("chain_head", Text, nullable=False),
     Column("broken_at", BigInteger),
+    Column("tenant_id", Text),
+    Column("finished", Boolean, nullable=False, server_default=text("false")),
+    Column("sealed", Boolean, nullable=False, server_default=text("false")),
+    Column("signed_sequence", BigInteger, nullable=False, server_default=text("0")),
+    Column("check_after", DateTime(timezone=True)),
+    Index(
+        "ix_chain_heads_check_after",
+        "check_after",
+        postgresql_where=text("check_after IS NOT NULL AND broken_at IS NULL"),
+    ),
 )
-"""The checkpoint signer's position in each run's hash chain."""
+"""The checkpoint signer's position in each run's hash chain: how far it followed the
+chain, whether it saw run.finished and a data key, how far it last signed and when an
+unsigned head is next due to be compared with ``blackbox.runs``."""
 
 checkpoints = Table(
     "checkpoints",
@@ -132,5 +144,8 @@ checkpoints = Table(
     Column("signer_key_id", Text, nullable=False),
     Column("signature", Text, nullable=False),
     Column("signed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished", Boolean),
 )
-"""One signed chain head per finished run (Ed25519, base64)."""
+"""The latest signed chain head of each run (Ed25519, base64): at its end, or mid-run
+(``finished`` false) for a run still running or one that crashed. NULL ``finished``: a
+first-form checkpoint, signed only at a run's end."""

@@ -29,6 +29,7 @@ from agent_blackbox.consumers._retention import (
     RetentionReport,
 )
 from agent_blackbox.consumers._runtime import ViewConsumer
+from agent_blackbox.consumers._signing import CheckpointPolicy
 from agent_blackbox.schemas import (
     BlackboxError,
     CheckpointSigner,
@@ -314,16 +315,39 @@ def _print_ignored(report: LedgerReport, console: Console) -> None:
 
 @click.command("sign")
 @until_idle_option
-def sign_command(until_idle: float | None) -> None:
-    """Sign each run's chain head when it ends (key: BLACKBOX_SIGNING_KEY_FILE)."""
+@click.option(
+    "--every-events",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Sign a running run's head again after this many events "
+    "(default BLACKBOX_CHECKPOINT_EVERY_EVENTS, 1000).",
+)
+@click.option(
+    "--every-seconds",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Sign a head left unsigned this long, e.g. a crashed run's "
+    "(default BLACKBOX_CHECKPOINT_EVERY_SECONDS, 60).",
+)
+def sign_command(
+    until_idle: float | None, every_events: int | None, every_seconds: int | None
+) -> None:
+    """Sign each run's chain head when it ends, and mid-run, when blackbox.runs holds
+    the same head (key: BLACKBOX_SIGNING_KEY_FILE)."""
     console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     stop = threading.Event()
     try:
         signer = CheckpointSigner.from_env()
+        default = CheckpointPolicy.from_settings(settings)
+        policy = CheckpointPolicy(
+            every_events or default.every_events,
+            float(every_seconds or default.every_seconds),
+        )
         migrate_views(settings.database_url)
         console.log(f"signing chain heads of [bold]{settings.topic}[/] as {signer.key_id}")
-        with _stop_on_signals(stop), CheckpointConsumer(settings, signer) as consumer:
+        consumer = CheckpointConsumer(settings, signer, policy=policy)
+        with _stop_on_signals(stop), consumer:
             total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
         could_not_run(console, exc)
@@ -331,5 +355,6 @@ def sign_command(until_idle: float | None) -> None:
         idle_notice(console, until_idle)
     click.echo(
         f"{total.messages:,} messages: {total.inserted:,} chained, {total.duplicates:,} "
-        f"repeats, {total.violations:,} chain breaks (those runs are not signed)"
+        f"repeats, {total.violations:,} integrity violations (those runs are not signed; "
+        "see blackbox_views.integrity_violations)"
     )

@@ -24,6 +24,8 @@ from ._errors import PayloadTooLarge as PayloadTooLarge
 from ._errors import RecordedError as RecordedError
 from ._errors import RunNotActive as RunNotActive
 from ._errors import WriterRefused as WriterRefused
+from ._heads import RunHead as RunHead
+from ._heads import run_heads_txn as run_heads_txn
 from ._llm import completion_view as completion_view
 from ._memory import AsyncMemoryRecorder as AsyncMemoryRecorder
 from ._memory import MemoryRecorder as MemoryRecorder

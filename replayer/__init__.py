@@ -49,7 +49,14 @@ from agent_blackbox.replayer._sources import (
     read_archive,
     write_archive,
 )
-from agent_blackbox.replayer._verify import CheckpointStatus, Problem, VerifyReport, verify_run
+from agent_blackbox.replayer._verify import (
+    CheckpointStatus,
+    DatabaseCheck,
+    Problem,
+    RecordedHead,
+    VerifyReport,
+    verify_run,
+)
 
 __all__ = [
     "LEVEL_NAMES",
@@ -61,6 +68,7 @@ __all__ = [
     "CallSite",
     "Change",
     "CheckpointStatus",
+    "DatabaseCheck",
     "DigestKeys",
     "Divergence",
     "DivergenceKind",
@@ -73,6 +81,7 @@ __all__ = [
     "NondeterminismPolicy",
     "Problem",
     "ReadSide",
+    "RecordedHead",
     "RecordedTools",
     "ReplayDivergence",
     "ReplayOptions",

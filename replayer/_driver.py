@@ -330,7 +330,7 @@ def _limited(
         "only; state and content cannot be checked and the agent's code was not driven."
     )
     divergence = None
-    if not verified.ok and verified.problem is not None:
+    if verified.problem is not None:
         kind = (
             DivergenceKind.SEQUENCE_GAP
             if verified.problem == "sequence_gap"

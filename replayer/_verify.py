@@ -6,20 +6,30 @@ It checks that sequences are contiguous from 1, that every chain hash is the one
 chain computes (so a changed byte anywhere in an envelope or its inline payload is
 found at its own sequence), that out-of-line bodies hash to their ``payload_ref``,
 and, given a signed :class:`~agent_blackbox.schemas.Checkpoint`, that a known signer signed exactly
-this log's head. It needs no data key, never opens a payload, and never puts payload
-content in its report.
+this log's head (or, for a mid-run checkpoint, a prefix of it). Given what the write
+side's database and the events index know of the run, it also finds a log that is
+shorter than they say (``truncated``), one the database never committed, and a run the
+database does not know. A sound log that no genuine checkpoint covers to its last event
+is ``unverified``: sound as far as the chain can tell, but not vouched for. It needs no
+data key, never opens a payload, and never puts payload content in its report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from agent_blackbox.replayer._replay import BlobReader
+from agent_blackbox.replayer._verify_report import (
+    CheckpointStatus,
+    DatabaseCheck,
+    Problem,
+    RecordedHead,
+    VerifyReport,
+)
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
+    PLAIN_ENCODING,
     BlackboxError,
     Checkpoint,
     CheckpointVerifier,
@@ -30,93 +40,14 @@ from agent_blackbox.schemas import (
     safe_text,
 )
 
-
-class Problem(StrEnum):
-    """What is wrong with a stored run; :attr:`VerifyReport.sequence` says where."""
-
-    NO_EVENTS = "no_events"
-    """The stream held no event at all."""
-    WRONG_RUN = "wrong_run"
-    """An envelope of another run is in the stream."""
-    SEQUENCE_GAP = "sequence_gap"
-    """An event is missing, repeated or out of order (or its sequence was changed)."""
-    BROKEN_CHAIN = "broken_chain"
-    """An event's chain hash is not the one the chain computes: the event, its inline
-    payload or its chain hash was changed after it was written."""
-    MISSING_PAYLOAD = "missing_payload"
-    """An event has neither an inline payload nor a ``payload_ref``."""
-    PAYLOAD_MISMATCH = "payload_mismatch"
-    """A body stored out of line is missing, unreadable, or does not hash to its ref."""
-    UNFINISHED = "unfinished"
-    """No ``run.finished`` event; a failure only with ``require_finished``."""
-    CHECKPOINT_MISSING = "checkpoint_missing"
-    """No checkpoint was given though one was required."""
-    CHECKPOINT_MISMATCH = "checkpoint_mismatch"
-    """A genuine checkpoint signed another run, tenant, length or head than the log's."""
-    FORGED_CHECKPOINT = "forged_checkpoint"
-    """The checkpoint's signature does not verify under any known signer key."""
-
-
-class CheckpointStatus(StrEnum):
-    """What became of the checkpoint; a ``str``, so it compares equal to its value."""
-
-    VALID = "valid"
-    """Genuine, and it signed exactly this log's run, tenant, last sequence and head."""
-    MISSING = "missing"
-    """No checkpoint was given."""
-    FORGED = "forged"
-    """Its signature does not verify."""
-    MISMATCH = "mismatch"
-    """Genuine, but what it signed is not this log."""
-    NOT_CHECKED = "not checked"
-    """Genuine, but the log went wrong before the signed head could be compared."""
-
-
-@dataclass(frozen=True, slots=True)
-class VerifyReport:
-    """The result of verifying one run. ``detail`` names sequences, digests and ids,
-    never payload content, and is already safe to print (see
-    :func:`agent_blackbox.schemas.safe_text`)."""
-
-    run_id: str
-    events: int
-    """Envelopes read; the walk stops at the first problem in the log."""
-    problem: Problem | None = None
-    """The first problem found, or None when the run verified."""
-    sequence: int | None = None
-    """The first sequence at which the log is not sound: the bad event's, or the
-    missing one's. None for problems of the run as a whole."""
-    detail: str = ""
-    checkpoint: CheckpointStatus = CheckpointStatus.MISSING
-    finished: bool = False
-    """Whether the sound part of the log holds a ``run.finished`` event."""
-    last_sequence: int = 0
-    """The last event verified sound (0 when none was)."""
-    chain_head: str | None = None
-    """The chain hash of event :attr:`last_sequence`: what a signer signs."""
-    unchecked_blobs: int = 0
-    """Events whose out-of-line body was not checked because no blob reader was given."""
-
-    @property
-    def ok(self) -> bool:
-        """Whether the run verified: no problem found."""
-        return self.problem is None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready values."""
-        return {
-            "run_id": self.run_id,
-            "ok": self.ok,
-            "events": self.events,
-            "problem": None if self.problem is None else str(self.problem),
-            "sequence": self.sequence,
-            "detail": self.detail,
-            "checkpoint": str(self.checkpoint),
-            "finished": self.finished,
-            "last_sequence": self.last_sequence,
-            "chain_head": self.chain_head,
-            "unchecked_blobs": self.unchecked_blobs,
-        }
+__all__ = [
+    "CheckpointStatus",
+    "DatabaseCheck",
+    "Problem",
+    "RecordedHead",
+    "VerifyReport",
+    "verify_run",
+]
 
 
 def verify_run(
@@ -128,6 +59,8 @@ def verify_run(
     verifier: CheckpointVerifier | None = None,
     require_checkpoint: bool = False,
     require_finished: bool = False,
+    database: DatabaseCheck | Callable[[], DatabaseCheck] | None = None,
+    indexed_events: int | None = None,
 ) -> VerifyReport:
     """Verify one run's stored envelopes, streamed in sequence order.
 
@@ -139,10 +72,17 @@ def verify_run(
        checkpoint's, event ``last_sequence`` carries the signed head, and only
        ``run.redacted`` events (appended when keys are destroyed) follow it.
        The walk stops at the first problem.
+       A plaintext body after a sealed one is a problem (``run.redacted`` excepted).
     3. At the end: there were events, the log reaches the signed sequence, the
        checkpoint is genuine, a checkpoint was given if required, and a
        ``run.finished`` was seen if required. A run without ``run.finished`` (still
        running, or its process died) is otherwise not a failure: ``finished`` says so.
+    4. Against ``database`` and ``indexed_events``: the database knows the run, holds
+       no fewer events than the log and the same chain hash where their ends meet, and
+       neither knows events the log lacks (``truncated``).
+    5. A sound log is ``unverified`` from the first sequence no genuine checkpoint
+       covers: after a final checkpoint only ``run.redacted`` may follow, after a
+       mid-run one anything may, unvouched.
 
     Args:
         events: the run's envelopes in sequence order; read once.
@@ -153,6 +93,10 @@ def verify_run(
         verifier: the signers' public keys; required with ``checkpoint``.
         require_checkpoint: report ``checkpoint_missing`` when none is given.
         require_finished: report ``unfinished`` when no ``run.finished`` was seen.
+        database: what ``blackbox.runs`` said of the run around the read, if asked;
+            a callable is called once, after the log was read (so it can read the
+            database's head after the walk).
+        indexed_events: how many events the events index holds for the run, if asked.
 
     Raises:
         ValueError: a checkpoint was given without a verifier.
@@ -173,6 +117,7 @@ def verify_run(
         checkpoint=checkpoint,
         require_checkpoint=require_checkpoint,
         require_finished=require_finished,
+        known=_Known(database, indexed_events),
     )
 
 
@@ -186,8 +131,9 @@ def _finish(
     checkpoint: Checkpoint | None,
     require_checkpoint: bool,
     require_finished: bool,
+    known: _Known,
 ) -> VerifyReport:
-    """Step 3 of :func:`verify_run`, on a log found sound event by event."""
+    """Steps 3 to 5 of :func:`verify_run`, on a log found sound event by event."""
     found: _Found | None = None
     if walk.events == 0:
         found = (Problem.NO_EVENTS, None, "the stream holds no event of the run")
@@ -203,9 +149,125 @@ def _finish(
             None,
             f"no run.finished event; the log ends at sequence {walk.last_sequence}",
         )
-    if found is None:
-        return walk.report(None, None, "", signed=signed, checkpoint=checkpoint)
-    return walk.report(*found, signed=signed, checkpoint=checkpoint)
+    covered = 0 if signed is None else signed.covered(walk.last_sequence)
+    if found is None and walk.events:
+        found = known.check(walk, vouched=covered == walk.last_sequence and signed_final(signed))
+    if found is not None:
+        return walk.report(*found, signed=signed, checkpoint=checkpoint)
+    report = walk.report(None, None, "", signed=signed, checkpoint=checkpoint)
+    unverified = known.unverified_from(walk, covered)
+    if unverified is None:
+        return report
+    return replace(
+        report, unverified_from=unverified, detail=known.unverified_detail(walk, covered)
+    )
+
+
+def signed_final(signed: _Signed | None) -> bool:
+    """Whether a genuine checkpoint signed the run's end (not a mid-run head)."""
+    return signed is not None and signed.status == CheckpointStatus.VALID and signed.final
+
+
+class _Known:
+    """Step 4 and 5: what the database and the events index know of the run."""
+
+    __slots__ = ("_database", "_indexed", "_lookup")
+
+    def __init__(
+        self, database: DatabaseCheck | Callable[[], DatabaseCheck] | None, indexed: int | None
+    ) -> None:
+        self._lookup = database
+        self._database: DatabaseCheck | None = None
+        self._indexed = indexed
+
+    def _db(self) -> DatabaseCheck | None:
+        if self._database is None and self._lookup is not None:
+            lookup = self._lookup
+            self._database = lookup if isinstance(lookup, DatabaseCheck) else lookup()
+        return self._database
+
+    def check(self, walk: _Walk, *, vouched: bool) -> _Found | None:
+        """A problem the log has against them, or None."""
+        last = walk.last_sequence
+        if self._indexed is not None and self._indexed > last:
+            return _truncated(last, f"the events index knows {self._indexed} events")
+        db = self._db()
+        if db is None:
+            return None
+        if db.before is None and db.after is None:
+            if vouched:  # signed when the database knew it; retention deleted it since
+                return None
+            return (
+                Problem.NOT_IN_DATABASE,
+                None,
+                f"blackbox.runs has no run {_show(walk.run_id)} and no final checkpoint "
+                "vouches for it: it was never recorded through the write side",
+            )
+        return self._against_database(walk, db)
+
+    def _against_database(self, walk: _Walk, db: DatabaseCheck) -> _Found | None:
+        last = walk.last_sequence
+        after = db.after or db.before
+        assert after is not None
+        if last > after.last_sequence:
+            return (
+                Problem.AHEAD_OF_DATABASE,
+                after.last_sequence + 1,
+                f"the log holds {last} events, blackbox.runs committed "
+                f"{after.last_sequence}: events past it were never recorded",
+            )
+        for head in (db.before, db.after):
+            if head is not None and head.last_sequence == last and head.chain_head != walk.chain:
+                return (
+                    Problem.HEAD_MISMATCH,
+                    last,
+                    f"at sequence {last} the log's chain hash is {walk.chain}, "
+                    f"blackbox.runs has {_show(head.chain_head)}",
+                )
+        if self._missing(walk, db):
+            assert db.before is not None
+            return _truncated(last, f"blackbox.runs committed {db.before.last_sequence} events")
+        return None
+
+    @staticmethod
+    def _missing(walk: _Walk, db: DatabaseCheck) -> bool:
+        """Whether events the database committed before the log was read are not in it
+        and none of them still waits in the outbox. When the outbox cannot be read (the
+        reader role may not), an ended run's events are taken as published."""
+        before = db.before
+        if before is None or before.last_sequence <= walk.last_sequence:
+            return False
+        return db.pending_before == 0 or (db.pending_before is None and before.ended)
+
+    def unverified_from(self, walk: _Walk, covered: int) -> int | None:
+        """The first sequence not vouched for, or None when every event is."""
+        if covered < walk.last_sequence or self._unpublished(walk):
+            return covered + 1
+        return None
+
+    def unverified_detail(self, walk: _Walk, covered: int) -> str:
+        waiting = ""
+        if self._unpublished(walk):
+            waiting = (
+                "; blackbox.runs counts events past the log's end that the relay has not "
+                "published yet"
+            )
+        if covered == 0:
+            return f"no checkpoint covers the run's events{waiting}"
+        return f"a checkpoint covers events 1 to {covered}, not the rest{waiting}"
+
+    def _unpublished(self, walk: _Walk) -> bool:
+        db = self._db()
+        before = None if db is None else db.before
+        return before is not None and before.last_sequence > walk.last_sequence
+
+
+def _truncated(last: int, who: str) -> _Found:
+    return (
+        Problem.TRUNCATED,
+        last + 1,
+        f"{who}, the log holds {last}: events from {last + 1} on were removed or never published",
+    )
 
 
 class _Walk:
@@ -214,6 +276,7 @@ class _Walk:
     __slots__ = (
         "_blobs",
         "_chain",
+        "_sealed",
         "events",
         "finished",
         "last_sequence",
@@ -225,6 +288,7 @@ class _Walk:
         self.run_id = run_id
         self._blobs = blobs
         self._chain = GENESIS_CHAIN_HASH
+        self._sealed = False
         self.events = 0
         self.last_sequence = 0
         self.finished = False
@@ -241,10 +305,12 @@ class _Walk:
             or self._sequence(envelope, at)
             or self._chained(envelope, at)
             or self._body(envelope, at)
+            or self._sealing(envelope, at)
         )
         if found is None:
             self.last_sequence = at
             self._chain = envelope.chain_hash
+            self._sealed = self._sealed or envelope.key_id is not None
             self.finished = self.finished or envelope.event_type == EventType.RUN_FINISHED
         return found
 
@@ -286,6 +352,27 @@ class _Walk:
             f"event {at} ({_show(envelope.event_type)}) carries chain hash "
             f"{_show(envelope.chain_hash)}, the chain computes {expected}: the event or "
             "its payload was changed after it was written",
+        )
+
+    @property
+    def chain(self) -> str:
+        """The chain hash of the last event found sound."""
+        return self._chain
+
+    def _sealing(self, envelope: Envelope, at: int) -> _Found | None:
+        # run.redacted is appended plain once the keys are gone, by design.
+        if (
+            not self._sealed
+            or envelope.key_id is not None
+            or envelope.payload_encoding != PLAIN_ENCODING
+            or envelope.event_type == EventType.RUN_REDACTED
+        ):
+            return None
+        return (
+            Problem.PLAINTEXT_IN_SEALED_RUN,
+            at,
+            f"event {at} ({_show(envelope.event_type)}) carries a plaintext body in a run "
+            "whose earlier events were sealed with a data key: refused unread",
         )
 
     def _body(self, envelope: Envelope, at: int) -> _Found | None:
@@ -380,13 +467,29 @@ class _Signed:
                     f"{at}, the log has {envelope.chain_hash}: the log was rewritten",
                 )
             self.status = CheckpointStatus.VALID
-        elif at > signed.last_sequence and envelope.event_type != EventType.RUN_REDACTED:
+        elif (
+            at > signed.last_sequence
+            and signed.final
+            and envelope.event_type != EventType.RUN_REDACTED
+        ):
             return self._mismatch(
                 at,
                 f"event {at} ({_show(envelope.event_type)}) follows the signed head at "
                 f"sequence {signed.last_sequence}; only run.redacted may",
             )
         return None
+
+    @property
+    def final(self) -> bool:
+        """Whether the checkpoint signed the run's end."""
+        return self._checkpoint.final
+
+    def covered(self, last_sequence: int) -> int:
+        """How many of the log's ``last_sequence`` sound events the checkpoint vouches
+        for: after a final head, the ``run.redacted`` notes that follow it too."""
+        if self.status != CheckpointStatus.VALID:
+            return 0
+        return last_sequence if self.final else min(last_sequence, self._checkpoint.last_sequence)
 
     def see_nothing(self) -> None:
         """An empty log: a genuine checkpoint says it should not be."""

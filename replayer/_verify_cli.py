@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from itertools import chain, groupby
+from itertools import groupby
 from pathlib import Path
 
 import click
@@ -14,14 +14,19 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import SQLAlchemyError
 
-from agent_blackbox.outbox import PostgresBlobs
+from agent_blackbox.outbox import PostgresBlobs, pending_events_txn, run_heads_txn
 from agent_blackbox.replayer._index import RunIndex, read_side
 from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
-from agent_blackbox.replayer._verify import VerifyReport, verify_run
+from agent_blackbox.replayer._verify import (
+    DatabaseCheck,
+    RecordedHead,
+    VerifyReport,
+    verify_run,
+)
 from agent_blackbox.schemas import (
     BlackboxError,
-    Checkpoint,
     CheckpointSigner,
     CheckpointVerifier,
     Envelope,
@@ -54,28 +59,49 @@ def checkpoint_verifier() -> CheckpointVerifier | None:
     help="Verify runs in an Avro archive instead of the topic.",
 )
 @click.option("--require-checkpoint", is_flag=True, help="A run without a signed checkpoint fails.")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="An unverified run (sound, but no checkpoint covers its last event) fails too.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 def verify_command(
-    run_id: str | None, every: bool, archive: Path | None, require_checkpoint: bool, as_json: bool
+    run_id: str | None,
+    every: bool,
+    archive: Path | None,
+    require_checkpoint: bool,
+    strict: bool,
+    as_json: bool,
 ) -> None:
     """Check contiguous sequences, chain hashes, out-of-line bodies and the signed
-    checkpoint of RUN_ID (or --all); name the first bad event. Needs no data key.
+    checkpoint of RUN_ID (or --all) against blackbox.runs and the events index; name the
+    first bad event. Needs no data key.
 
-    Exit status: 0 when every run verifies, 1 when one does not, 2 when it cannot run.
+    A run is ok when it is sound and a checkpoint covers its last event; unverified
+    when it is sound but none does (no checkpoint yet, or a mid-run one); otherwise the
+    problem found, e.g. truncated when the database or the index knows more events.
+
+    Exit status: 0 when no run has a problem (unverified runs are reported; with
+    --strict they fail), 1 when one does, 2 when it cannot run.
     """
     console = safe_console(stderr=True)
     if every == (run_id is not None):
         raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
     try:
         verifier = checkpoint_verifier()
+        if require_checkpoint and verifier is None:
+            raise BlackboxError(
+                f"--require-checkpoint needs the signers' public keys: set {PUBLIC_KEYS_ENV}"
+            )
         settings = Settings.from_env()
         engine = create_engine(settings.database_url)
         try:
             index = read_side().run_index(engine)
+            check = _Check(engine, index, verifier, require_checkpoint, archive is None)
             runs = _runs(settings, index, archive, run_id)
             reports = [
-                _verify(events, engine, index, verifier, require_checkpoint, archive is None)
-                for events in (track(runs, "verifying", console=console) if every else runs)
+                check.run(rid, events)
+                for rid, events in (track(runs, "verifying", console=console) if every else runs)
             ]
         finally:
             engine.dispose()
@@ -89,47 +115,82 @@ def verify_command(
         click.echo(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
         _print(reports, safe_console())
-    sys.exit(0 if all(r.ok for r in reports) else 1)
+    failed = any(r.problem is not None or (strict and not r.ok) for r in reports)
+    sys.exit(1 if failed else 0)
 
 
 def _runs(
     settings: Settings, index: RunIndex, archive: Path | None, run_id: str | None
-) -> Iterator[Iterator[Envelope]]:
+) -> Iterator[tuple[str, Iterator[Envelope]]]:
     if archive is not None:
-        for _, events in groupby(read_archive(archive, run_id=run_id), key=lambda e: e.run_id):
-            yield events
+        for rid, events in groupby(read_archive(archive, run_id=run_id), key=lambda e: e.run_id):
+            yield rid, events
         return
     ids = [run_id] if run_id is not None else index.runs(finished_only=False)
     for rid in ids:
-        yield iter(KafkaRunSource(settings, index, rid))
+        yield rid, iter(KafkaRunSource(settings, index, rid))
 
 
-def _verify(
-    events: Iterator[Envelope],
-    engine: Engine,
-    index: RunIndex,
-    verifier: CheckpointVerifier | None,
-    require_checkpoint: bool,
-    with_blobs: bool,
-) -> VerifyReport:
-    first = next(events, None)
-    if first is None:
-        return verify_run(iter(()))
-    checkpoint: Checkpoint | None = None
-    if verifier is not None:
-        checkpoint = index.checkpoint(first.run_id)
-    elif require_checkpoint:
-        raise BlackboxError(
-            f"--require-checkpoint needs the signers' public keys: set {PUBLIC_KEYS_ENV}"
+class _Check:
+    """One run's verification with everything the command knows of it."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        index: RunIndex,
+        verifier: CheckpointVerifier | None,
+        require_checkpoint: bool,
+        with_blobs: bool,
+    ) -> None:
+        self._engine = engine
+        self._index = index
+        self._verifier = verifier
+        self._require_checkpoint = require_checkpoint
+        self._blobs = PostgresBlobs(engine) if with_blobs else None
+
+    def run(self, run_id: str, events: Iterator[Envelope]) -> VerifyReport:
+        """1. The database's head before the log is read. 2. The index and the
+        checkpoint. 3. The walk, with the database's head after it."""
+        before = self._head(run_id)
+        pending = self._pending(run_id)
+        location = self._index.locate(run_id)
+        checkpoint = None if self._verifier is None else self._index.checkpoint(run_id)
+
+        def database() -> DatabaseCheck:  # called once the log was read
+            return DatabaseCheck(before, self._head(run_id), pending)
+
+        return verify_run(
+            events,
+            run_id=run_id,
+            blobs=self._blobs,
+            checkpoint=checkpoint,
+            verifier=self._verifier if checkpoint is not None else None,
+            require_checkpoint=self._require_checkpoint,
+            indexed_events=None if location is None else location.events,
+            database=database,
         )
-    return verify_run(
-        chain([first], events),
-        run_id=first.run_id,
-        blobs=PostgresBlobs(engine) if with_blobs else None,
-        checkpoint=checkpoint,
-        verifier=verifier if checkpoint is not None else None,
-        require_checkpoint=require_checkpoint,
-    )
+
+    def _head(self, run_id: str) -> RecordedHead | None:
+        try:
+            with self._engine.connect() as conn:
+                head = run_heads_txn(conn, [run_id]).get(run_id)
+        except SQLAlchemyError as exc:
+            cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            raise BlackboxError(
+                f"cannot read blackbox.runs to cross-check run {safe_text(run_id)}: {cause}; "
+                "connect as a role that may read runs (blackbox_reader, granted the run's "
+                "tenant)"
+            ) from exc
+        if head is None:
+            return None
+        return RecordedHead(head.last_sequence, head.chain_head, ended=not head.running)
+
+    def _pending(self, run_id: str) -> int | None:
+        try:  # the reader may not see the outbox: then it is not known
+            with self._engine.connect() as conn:
+                return pending_events_txn(conn, [run_id])
+        except SQLAlchemyError:
+            return None
 
 
 def _print(reports: list[VerifyReport], console: Console) -> None:
@@ -137,12 +198,21 @@ def _print(reports: list[VerifyReport], console: Console) -> None:
     for column in ("run", "result", "events", "first bad event", "checkpoint", "detail"):
         table.add_column(column)
     for r in reports:
-        result = "[green]OK[/]" if r.ok else f"[red]{r.problem}[/]"
+        if r.ok:
+            result = "[green]OK[/]"
+        elif r.problem is None:
+            result = "[yellow]unverified[/]"
+        else:
+            result = f"[red]{r.problem}[/]"
         where = "" if r.sequence is None else str(r.sequence)
         # detail is escaped already (safe_text in verify_run)
         table.add_row(
             safe_text(r.run_id), result, str(r.events), where, str(r.checkpoint), r.detail
         )
     console.print(table)
-    bad = sum(not r.ok for r in reports)
-    console.print(f"{len(reports) - bad}/{len(reports)} runs verified")
+    bad = sum(r.problem is not None for r in reports)
+    unverified = sum(r.problem is None and not r.ok for r in reports)
+    console.print(
+        f"{len(reports) - bad - unverified}/{len(reports)} runs verified, "
+        f"{unverified} unverified, {bad} with a problem"
+    )

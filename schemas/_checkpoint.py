@@ -40,7 +40,12 @@ from agent_blackbox.schemas._canonical import canonical_json
 from agent_blackbox.schemas._errors import BlackboxError
 
 CHECKPOINT_PURPOSE = "agent-blackbox checkpoint v1"
-"""Bound into every signed message, so the signature means "this is a checkpoint"."""
+"""Bound into every signed message, so the signature means "this is a checkpoint".
+Checkpoints of this first form were signed only when a run had finished."""
+
+CHECKPOINT_PURPOSE_V2 = "agent-blackbox checkpoint v2"
+"""The purpose of checkpoints that say whether the run had finished (mid-run checkpoints
+cover a running or crashed run's head so far)."""
 
 SIGNING_KEY_FILE_ENV = "BLACKBOX_SIGNING_KEY_FILE"
 """Environment variable naming the signer's PEM private key file."""
@@ -88,20 +93,31 @@ class Checkpoint:
     chain_head: str
     signer_key_id: str
     signature: bytes = b""
+    finished: bool | None = None
+    """Whether the run had ended when its head was signed: False for a mid-run
+    checkpoint (a running, crashed or abandoned run, covered up to ``last_sequence``).
+    None on checkpoints of the first form, which were signed only at a run's end."""
+
+    @property
+    def final(self) -> bool:
+        """Whether the run had ended when it was signed (first-form checkpoints had)."""
+        return self.finished is not False
 
     def message(self) -> bytes:
         """The bytes the signature is over: canonical JSON of every field but the
         signature, plus ``purpose`` so the signature cannot stand for another message."""
-        return canonical_json(
-            {
-                "purpose": CHECKPOINT_PURPOSE,
-                "run_id": self.run_id,
-                "tenant_id": self.tenant_id,
-                "last_sequence": self.last_sequence,
-                "chain_head": self.chain_head,
-                "signer_key_id": self.signer_key_id,
-            }
-        )
+        fields: dict[str, Any] = {
+            "purpose": CHECKPOINT_PURPOSE,
+            "run_id": self.run_id,
+            "tenant_id": self.tenant_id,
+            "last_sequence": self.last_sequence,
+            "chain_head": self.chain_head,
+            "signer_key_id": self.signer_key_id,
+        }
+        if self.finished is not None:
+            fields["purpose"] = CHECKPOINT_PURPOSE_V2
+            fields["finished"] = self.finished
+        return canonical_json(fields)
 
     def to_record(self) -> dict[str, Any]:
         """The checkpoint as JSON-ready values (the signature in standard base64), for a
@@ -113,6 +129,7 @@ class Checkpoint:
             "chain_head": self.chain_head,
             "signer_key_id": self.signer_key_id,
             "signature": base64.b64encode(self.signature).decode("ascii"),
+            "finished": self.finished,
         }
 
     @classmethod
@@ -133,6 +150,9 @@ class Checkpoint:
         sequence = record.get("last_sequence")
         if type(sequence) is not int:
             raise ForgedCheckpoint(run_name, key_name, "record field 'last_sequence' is not an int")
+        finished = record.get("finished")
+        if finished is not None and type(finished) is not bool:
+            raise ForgedCheckpoint(run_name, key_name, "record field 'finished' is not a bool")
         try:
             signature = base64.b64decode(record["signature"], validate=True)
         except (binascii.Error, ValueError) as exc:
@@ -144,6 +164,7 @@ class Checkpoint:
             chain_head=record["chain_head"],
             signer_key_id=record["signer_key_id"],
             signature=signature,
+            finished=finished,
         )
 
 
@@ -238,10 +259,17 @@ class CheckpointSigner:
         return self._key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
 
     def sign(
-        self, *, run_id: str, tenant_id: str, last_sequence: int, chain_head: str
+        self,
+        *,
+        run_id: str,
+        tenant_id: str,
+        last_sequence: int,
+        chain_head: str,
+        finished: bool | None = None,
     ) -> Checkpoint:
         """A signed checkpoint of run ``run_id`` at event ``last_sequence``, whose chain
-        hash is ``chain_head``.
+        hash is ``chain_head``; ``finished`` says whether the run had ended (None signs
+        the first form, which means it had).
 
         Raises:
             ValueError: ``last_sequence`` is below 1 or ``chain_head`` is not 64 hex
@@ -257,6 +285,7 @@ class CheckpointSigner:
             last_sequence=last_sequence,
             chain_head=chain_head,
             signer_key_id=self._key_id,
+            finished=finished,
         )
         return replace(unsigned, signature=self._key.sign(unsigned.message()))
 

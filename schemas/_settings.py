@@ -46,6 +46,12 @@ class Settings:
     keys: an explicit opt-in (comma list, ``*`` for all), for digests that must be
     compared across tenants. Never applies to :attr:`keyed_digest_classes`. Runs recorded
     without keys always take plain digests: their bodies are plaintext anyway."""
+    checkpoint_every_events: int = 1000
+    """The checkpoint signer signs a running run's head again once it has grown by this
+    many events (and the database agrees with it), so a long run is covered as it goes."""
+    checkpoint_every_seconds: int = 60
+    """... or once its head has stayed unsigned this long: a run that crashed, or waits,
+    is covered up to its last event about a minute after it stopped."""
 
     def keyed_digests(self, classification: str) -> bool:
         """Whether runs of ``classification`` must take keyed digests."""

@@ -120,7 +120,10 @@ def _found_at(report: VerifyReport, sequence: int, problem: Problem | None = Non
 
 def test_a_clean_run_verifies() -> None:
     report = _verify(EVENTS)
-    assert report.ok
+    assert report.sound
+    assert not report.ok  # no checkpoint vouches for it
+    assert report.result == "unverified"
+    assert report.unverified_from == 1
     assert report.problem is None
     assert report.events == len(EVENTS)
     assert report.run_id == RUN
@@ -131,11 +134,13 @@ def test_a_clean_run_verifies() -> None:
     assert report.unchecked_blobs == 0
     assert report.to_dict() == {
         "run_id": RUN,
-        "ok": True,
+        "ok": False,
+        "result": "unverified",
+        "unverified_from": 1,
         "events": 6,
         "problem": None,
         "sequence": None,
-        "detail": "",
+        "detail": "no checkpoint covers the run's events",
         "checkpoint": "missing",
         "finished": True,
         "last_sequence": 6,
@@ -149,13 +154,13 @@ def test_the_golden_runs_verify() -> None:
     assert runs
     for events in runs:
         report = verify_run(events)
-        assert report.ok, report
+        assert report.sound, report
         assert report.events == len(events)
 
 
 def test_without_a_blob_reader_out_of_line_bodies_are_counted_as_unchecked() -> None:
     report = verify_run(EVENTS)
-    assert report.ok
+    assert report.sound
     assert report.unchecked_blobs == 1
 
 
@@ -262,7 +267,7 @@ def test_a_deleted_event_is_a_gap_where_it_was() -> None:
 
 def test_a_deleted_last_event_is_only_seen_as_unfinished_or_by_a_checkpoint() -> None:
     report = _verify(EVENTS[:-1])
-    assert report.ok
+    assert report.sound
     assert not report.finished
     unfinished = _verify(EVENTS[:-1], require_finished=True)
     assert unfinished.problem == Problem.UNFINISHED
@@ -375,7 +380,7 @@ def test_events_after_the_signed_head_are_a_mismatch() -> None:
 
 
 def test_a_missing_checkpoint_when_required() -> None:
-    assert _verify(EVENTS).ok
+    assert _verify(EVENTS).sound
     report = _verify(EVENTS, require_checkpoint=True, verifier=VERIFIER)
     assert report.problem == Problem.CHECKPOINT_MISSING
     assert report.checkpoint == "missing"
@@ -384,7 +389,7 @@ def test_a_missing_checkpoint_when_required() -> None:
 def test_a_rewritten_log_does_not_match_its_checkpoint() -> None:
     checkpoint = _checkpoint(EVENTS)
     rewritten = _chain([*EVENTS[:2], replace(EVENTS[2], agent_id="forger"), *EVENTS[3:]])
-    assert verify_run(rewritten, blobs=Blobs()).ok  # the chain alone cannot tell
+    assert verify_run(rewritten, blobs=Blobs()).sound  # the chain alone cannot tell
     report = _verify(rewritten, checkpoint=checkpoint, verifier=VERIFIER)
     _found_at(report, len(EVENTS), Problem.CHECKPOINT_MISMATCH)
     assert report.checkpoint == "mismatch"
@@ -459,6 +464,6 @@ def test_a_long_run_verifies_in_constant_memory() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert report.ok
+    assert report.sound
     assert report.events == 5_000
     assert peak < 200_000  # holding these 5,000 events would take about 1.8 MB
