@@ -310,3 +310,30 @@ def test_writer_stores_bodies_only_under_their_own_digest(
         blobs = conn.execute(text("SELECT digest FROM blackbox.blobs")).scalars().all()
     assert len(blobs) == 1
     assert planted not in blobs
+
+
+def test_reader_replayer_and_relay_write_nothing(
+    login: Login, engine: Engine, settings: Settings, crashed_run_of_a: str
+) -> None:
+    """Only writers may call the write functions; no other role changes a run either."""
+    forged = _forged_finish(engine, crashed_run_of_a, settings)
+    before = _state(engine)
+    for role in ("blackbox_reader", "blackbox_replayer", "blackbox_relay"):
+        other = login(role, tenant=TENANT_A)
+        for attack, params in (
+            (APPEND, forged),
+            (
+                text(
+                    "SELECT blackbox.start_run('x', 'tenant-a', 'x', '{}', 'x', NULL, NULL, "
+                    "'internal', 'standard', sha256('x'))"
+                ),
+                {},
+            ),
+            (text("UPDATE blackbox.runs SET status = 'succeeded'"), {}),
+        ):
+            with (
+                other.connect() as conn,
+                pytest.raises(ProgrammingError, match="permission denied"),
+            ):
+                conn.execute(attack, params)
+    assert _state(engine) == before
