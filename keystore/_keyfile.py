@@ -61,6 +61,19 @@ def read_key_file(path: Path) -> bytes:
             (or written) by its group or by others.
         KeyProviderError: ``path`` cannot be read.
     """
+    return _read_checked(
+        path,
+        "key file",
+        _NOT_OWNER,
+        "is readable or writable by others (mode {mode}); restrict it to its owner with "
+        "`chmod 600 {path}`",
+    )
+
+
+def _read_checked(path: Path, what: str, forbidden: int, refusal: str) -> bytes:
+    """The bytes of the regular file ``path``, opened without following a link, refused
+    when its mode has any bit of ``forbidden`` (``refusal`` says why: ``{mode}`` and
+    ``{path}`` are filled in)."""
     # O_NONBLOCK: a FIFO planted at the path is refused below instead of hanging the open.
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
@@ -68,19 +81,17 @@ def read_key_file(path: Path) -> bytes:
     except OSError as exc:
         if path.is_symlink():
             raise UnsafeKeyFile(
-                f"the key file {path} is a symbolic link; refusing to follow it: point "
-                "the setting at the file itself"
+                f"the {what} {path} is a symbolic link; refusing to follow it: point the "
+                "setting at the file itself"
             ) from exc
-        raise KeyProviderError(f"cannot read the key file {path}: {exc.strerror}") from exc
+        raise KeyProviderError(f"cannot read the {what} {path}: {exc.strerror}") from exc
     try:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
-            raise UnsafeKeyFile(f"the key file {path} is not a regular file; point at the file")
-        if mode & _NOT_OWNER:
-            raise UnsafeKeyFile(
-                f"the key file {path} is readable or writable by others (mode "
-                f"{stat.S_IMODE(mode):04o}); restrict it to its owner with `chmod 600 {path}`"
-            )
+            raise UnsafeKeyFile(f"the {what} {path} is not a regular file; point at the file")
+        if mode & forbidden:
+            shown = f"{stat.S_IMODE(mode):04o}"
+            raise UnsafeKeyFile(f"the {what} {path} " + refusal.format(mode=shown, path=path))
     except BaseException:
         os.close(descriptor)
         raise
@@ -113,24 +124,10 @@ def read_public_file(path: Path) -> bytes:
             its group or by others.
         KeyProviderError: ``path`` cannot be read.
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        descriptor = os.open(path, flags)
-    except OSError as exc:
-        if path.is_symlink():
-            raise UnsafeKeyFile(
-                f"the public key file {path} is a symbolic link; refusing to follow it: "
-                "point the setting at the file itself"
-            ) from exc
-        raise KeyProviderError(f"cannot read the public key file {path}: {exc.strerror}") from exc
-    with os.fdopen(descriptor, "rb") as source:
-        mode = os.fstat(source.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise UnsafeKeyFile(f"the public key file {path} is not a regular file")
-        if mode & _OTHERS_WRITE:
-            raise UnsafeKeyFile(
-                f"the public key file {path} can be changed by others (mode "
-                f"{stat.S_IMODE(mode):04o}), who could swap in their own key; "
-                f"`chmod 644 {path}`"
-            )
-        return source.read()
+    return _read_checked(
+        path,
+        "public key file",
+        _OTHERS_WRITE,
+        "can be changed by others (mode {mode}), who could swap in their own key; "
+        "`chmod 644 {path}`",
+    )
