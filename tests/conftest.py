@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 
 from agent_blackbox.consumers import migrate_views
-from agent_blackbox.outbox import migrate_write_side
+from agent_blackbox.outbox import grant_tenant_txn, migrate_write_side
 from agent_blackbox.schemas import Settings
 from agent_blackbox.stack import LocalKafka, LocalStack, StackPorts
 
@@ -145,3 +145,33 @@ def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]
         yield broker
     finally:
         broker.stop()
+
+
+Login = Callable[..., Engine]
+"""``login(role, *, tenant=None) -> Engine`` (the :func:`login` fixture)."""
+
+
+@pytest.fixture
+def login(engine: Engine, database_url: str) -> Iterator[Login]:
+    """Engines for fresh login users in a role (``blackbox_writer``, ``blackbox_reader``,
+    ``blackbox_replayer``, ``blackbox_relay``), granted ``tenant`` when one is given;
+    the users are dropped at the end of the test."""
+    made: list[tuple[str, Engine]] = []
+
+    def connect(role: str, *, tenant: str | None = None) -> Engine:
+        user = f"sec_{role.removeprefix('blackbox_')}_{uuid.uuid4().hex[:8]}"
+        with engine.begin() as conn:
+            conn.execute(text(f"CREATE ROLE {user} LOGIN IN ROLE {role}"))
+            if tenant is not None:
+                grant_tenant_txn(conn, user, tenant)
+        user_engine = create_engine(make_url(database_url).set(username=user, password=None))
+        made.append((user, user_engine))
+        return user_engine
+
+    yield connect
+    for user, user_engine in made:
+        user_engine.dispose()
+        with engine.begin() as conn:
+            conn.execute(text(f"REASSIGN OWNED BY {user} TO CURRENT_USER"))
+            conn.execute(text(f"DROP OWNED BY {user}"))
+            conn.execute(text(f"DROP ROLE IF EXISTS {user}"))

@@ -8,13 +8,10 @@ what each may and may not reach.
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import ProgrammingError
 
 from agent_blackbox.keystore import (
@@ -34,7 +31,6 @@ from agent_blackbox.outbox import (
     AgentRun,
     Recorder,
     RunSnapshot,
-    grant_tenant_txn,
 )
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import replay_run
@@ -95,27 +91,9 @@ def provider() -> LocalKeyProvider:
 
 
 @pytest.fixture
-def login(database_url: str, engine: Engine) -> Iterator[Any]:
-    """Engines for login users granted one of the roles and the tenant ``default``;
-    dropped afterwards."""
-    made: list[tuple[str, Engine]] = []
-
-    def connect(role: str) -> Engine:
-        user = f"u_{role.removeprefix('blackbox_')}_{uuid.uuid4().hex[:8]}"
-        with engine.begin() as conn:
-            conn.execute(text(f"CREATE ROLE {user} LOGIN IN ROLE {role}"))
-            grant_tenant_txn(conn, user, EVERY_TENANT)
-        url = make_url(database_url).set(username=user, password=None)
-        user_engine = create_engine(url)
-        made.append((user, user_engine))
-        return user_engine
-
-    yield connect
-    for user, user_engine in made:
-        user_engine.dispose()
-        with engine.begin() as conn:
-            conn.execute(text(f"DROP OWNED BY {user}"))
-            conn.execute(text(f"DROP ROLE IF EXISTS {user}"))
+def login(login: Any) -> Any:
+    """Login users of a role, granted every tenant."""
+    return lambda role: login(role, tenant=EVERY_TENANT)
 
 
 def test_encrypted_run_stores_no_plaintext_body(

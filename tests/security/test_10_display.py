@@ -22,8 +22,9 @@ from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
+from tests.conftest import Login
 from tests.integration._views import build_views
-from tests.security.conftest import TENANT_A, Login
+from tests.security.conftest import TENANT_A
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,9 @@ from sqlalchemy.exc import DBAPIError
 from agent_blackbox.keystore import AccessDenied, AuditedKeys, DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.schemas import Settings
+from tests.conftest import Login
 from tests.security._keys import key_pair_files, table
-from tests.security.conftest import TENANT_A, TENANT_B, Login
+from tests.security.conftest import TENANT_A, TENANT_B
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,9 @@ from agent_blackbox.keystore import (
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.replayer import read_archive
 from agent_blackbox.schemas import Envelope, PayloadPipeline, Settings
+from tests.conftest import Login
 from tests.security._keys import envelopes, key_pair_files
-from tests.security.conftest import TENANT_A, TENANT_B, Login
+from tests.security.conftest import TENANT_A, TENANT_B
 
 pytestmark = pytest.mark.integration
 

@@ -35,9 +35,10 @@ from agent_blackbox.schemas import (
     EventType,
     Settings,
 )
+from tests.conftest import Login
 from tests.integration._kafka import read_topic
 from tests.integration._views import build_views, view_runs
-from tests.security.conftest import TENANT_A, Login
+from tests.security.conftest import TENANT_A
 
 pytestmark = pytest.mark.integration
 

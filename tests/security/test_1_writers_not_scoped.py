@@ -33,8 +33,9 @@ from agent_blackbox.outbox._postgres import load_run_txn
 from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
+from tests.conftest import Login
 from tests.integration._views import build_views
-from tests.security.conftest import TENANT_A, TENANT_B, Login
+from tests.security.conftest import TENANT_A, TENANT_B
 
 pytestmark = pytest.mark.integration
 

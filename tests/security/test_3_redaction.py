@@ -27,10 +27,11 @@ from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.outbox.integrations.openai import capture_openai
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings
+from tests.conftest import Login
 from tests.integration._kafka import read_topic
 from tests.integration._openai_server import OpenAIServer
 from tests.integration._views import build_views
-from tests.security.conftest import TENANT_A, Login
+from tests.security.conftest import TENANT_A
 
 pytestmark = pytest.mark.integration
 

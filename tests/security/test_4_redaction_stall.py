@@ -20,7 +20,8 @@ from sqlalchemy import Engine, text
 
 from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.schemas import Settings
-from tests.security.conftest import TENANT_A, Login
+from tests.conftest import Login
+from tests.security.conftest import TENANT_A
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -17,6 +17,7 @@ from agent_blackbox.consumers import CheckpointPolicy, ViewRunIndex, load_checkp
 from agent_blackbox.outbox import EVERY_TENANT, Recorder
 from agent_blackbox.replayer import write_archive
 from agent_blackbox.schemas import Settings
+from tests.conftest import Login
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._views import build_views
 from tests.security._signing import (
@@ -27,7 +28,6 @@ from tests.security._signing import (
     topic_events,
     verify,
 )
-from tests.security.conftest import Login
 
 pytestmark = pytest.mark.integration
 

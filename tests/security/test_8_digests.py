@@ -22,10 +22,11 @@ from agent_blackbox.outbox import AgentRun, MemoryRecorder, Recorder, RunSnapsho
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import Envelope, Settings
+from tests.conftest import Login
 from tests.integration._kafka import read_topic
 from tests.integration._views import build_views
 from tests.security._keys import envelopes, key_pair_files, replaying, table
-from tests.security.conftest import TENANT_A, TENANT_B, Login
+from tests.security.conftest import TENANT_A, TENANT_B
 
 pytestmark = pytest.mark.integration
 

@@ -34,8 +34,9 @@ from agent_blackbox.keystore import (
 from agent_blackbox.outbox import AgentRun, AsyncRecorder, Recorder, RunSnapshot
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import Settings
+from tests.conftest import Login
 from tests.security._keys import envelopes, key_pair_files, replaying, table
-from tests.security.conftest import TENANT_A, TENANT_B, Login
+from tests.security.conftest import TENANT_A, TENANT_B
 
 pytestmark = pytest.mark.integration
 
