@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agent_blackbox.keystore import (
@@ -56,11 +56,11 @@ from agent_blackbox.replayer import (
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     Envelope,
-    EnvelopeCodec,
     PayloadPipeline,
     Settings,
     UndecodableMessage,
 )
+from tests.integration._outbox import outbox_envelopes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -200,15 +200,9 @@ class Harness:
 
 
 def _outbox_reader(engine: Engine) -> Callable[[str], list[Envelope]]:
-    codec = EnvelopeCodec()
 
     def read(run_id: str) -> list[Envelope]:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY sequence"),
-                {"r": run_id},
-            ).scalars()
-            return [codec.decode(bytes(row)) for row in rows]
+        return outbox_envelopes(engine, run_id)
 
     return read
 

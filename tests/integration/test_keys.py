@@ -36,12 +36,12 @@ from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import (
     Envelope,
-    EnvelopeCodec,
     PayloadPipeline,
     Settings,
     digest,
 )
 from tests.integration._kafka import read_topic
+from tests.integration._outbox import outbox_envelopes
 
 pytestmark = pytest.mark.integration
 
@@ -66,13 +66,7 @@ def _record(engine: Engine, settings: Settings, provider: LocalKeyProvider) -> s
 
 
 def _envelopes(engine: Engine, run_id: str) -> list[Envelope]:
-    codec = EnvelopeCodec()
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY sequence"),
-            {"r": run_id},
-        ).scalars()
-        return [codec.decode(row) for row in rows]
+    return outbox_envelopes(engine, run_id)
 
 
 def _denied(engine: Engine, *queries: str) -> None:

@@ -22,9 +22,10 @@ from agent_blackbox.keystore import (
 from agent_blackbox.outbox import MemoryRecorder, PostgresBlobs, Recorder, RunSnapshot
 from agent_blackbox.outbox.integrations.openai import capture_openai
 from agent_blackbox.replayer import DivergenceKind, replay_run
-from agent_blackbox.schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings, llm_reply
+from agent_blackbox.schemas import Envelope, PayloadPipeline, Settings, llm_reply
 from tests.integration._agents import LARGE_REPLY_QUESTION, large_reply, large_reply_agent
 from tests.integration._openai_server import OpenAIServer
+from tests.integration._outbox import outbox_envelopes
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +33,7 @@ MIB = 1024 * 1024
 
 
 def _envelopes(engine: Engine, run_id: str) -> list[Envelope]:
-    codec = EnvelopeCodec()
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY sequence"),
-            {"r": run_id},
-        ).scalars()
-        return [codec.decode(bytes(row)) for row in rows]
+    return outbox_envelopes(engine, run_id)
 
 
 def _blob_size(engine: Engine, ref: str) -> int:

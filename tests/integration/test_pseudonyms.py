@@ -8,12 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from agent_blackbox.keystore import AesGcmSealer, AuditedKeys, DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import AgentRun, Recorder, Redactor, RunSnapshot
 from agent_blackbox.replayer import DivergenceKind, ReplayReport, replay_run
-from agent_blackbox.schemas import Envelope, EnvelopeCodec, PayloadPipeline, Settings
+from agent_blackbox.schemas import Envelope, PayloadPipeline, Settings
+from tests.integration._outbox import outbox_envelopes
 
 pytestmark = pytest.mark.integration
 
@@ -38,13 +39,7 @@ def agent_seeing(seen: list[dict[str, Any]]) -> Callable[[AgentRun, Any], Any]:
 
 
 def _events(engine: Engine, run_id: str) -> list[Envelope]:
-    codec = EnvelopeCodec()
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY sequence"),
-            {"r": run_id},
-        ).scalars()
-        return [codec.decode(row) for row in rows]
+    return outbox_envelopes(engine, run_id)
 
 
 def _record(

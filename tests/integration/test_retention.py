@@ -38,12 +38,12 @@ from agent_blackbox.schemas import (
     CheckpointSigner,
     CheckpointVerifier,
     Envelope,
-    EnvelopeCodec,
     EventType,
     PayloadPipeline,
     Settings,
 )
 from tests.integration._kafka import read_topic
+from tests.integration._outbox import outbox_envelopes
 from tests.integration._views import build_views
 
 pytestmark = pytest.mark.integration
@@ -276,12 +276,7 @@ def test_forget_signs_its_run_redacted_note_with_the_signers_key(
     }
     result = CliRunner(env=env).invoke(main, ["forget", "--subject", subject])
     assert result.exit_code == 0, result.output
-    with engine.connect() as conn:
-        stored = conn.execute(
-            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY sequence"),
-            {"r": run_id},
-        ).scalars()
-        note = [EnvelopeCodec().decode(bytes(value)) for value in stored][-1]
+    note = outbox_envelopes(engine, run_id)[-1]
     assert (note.event_type, note.body_version) == (EventType.RUN_REDACTED, 2)
     [entry] = entries_of([note], PayloadPipeline())
     verifier = CheckpointVerifier({signer.key_id: signer.public_key})

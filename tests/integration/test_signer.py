@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from agent_blackbox.consumers import (
     BatchOutcome,
@@ -21,8 +21,9 @@ from agent_blackbox.consumers import (
     sweep_heads,
 )
 from agent_blackbox.outbox import Recorder
-from agent_blackbox.schemas import CheckpointSigner, EnvelopeCodec, Settings
+from agent_blackbox.schemas import CheckpointSigner, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
+from tests.integration._outbox import outbox_envelopes
 from tests.security._signing import crashed_run, violations
 
 pytestmark = pytest.mark.integration
@@ -33,13 +34,7 @@ LATER = datetime.now(UTC) + timedelta(hours=1)
 
 
 def _delivered(engine: Engine, run_id: str) -> list[Delivered]:
-    codec = EnvelopeCodec()
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY sequence"),
-            {"r": run_id},
-        ).scalars()
-        envelopes = [codec.decode(row) for row in rows]
+    envelopes = outbox_envelopes(engine, run_id)
     return [Delivered(e, "events", 0, 100 + e.sequence) for e in envelopes]
 
 

@@ -11,7 +11,8 @@ from sqlalchemy import Engine, text
 
 from agent_blackbox.cli.main import main
 from agent_blackbox.keystore import AesGcmSealer, AuditedKeys, LocalKeyProvider
-from agent_blackbox.schemas import Envelope, EnvelopeCodec, PayloadPipeline
+from agent_blackbox.schemas import Envelope, PayloadPipeline
+from tests.integration._outbox import outbox_envelopes
 
 
 def key_pair_files(folder: Path, *more: str) -> tuple[Path, Path]:
@@ -25,13 +26,7 @@ def key_pair_files(folder: Path, *more: str) -> tuple[Path, Path]:
 
 def envelopes(engine: Engine, run_id: str) -> list[Envelope]:
     """The run's events still in the outbox, in sequence order (read as the owner)."""
-    codec = EnvelopeCodec()
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY sequence"),
-            {"r": run_id},
-        ).scalars()
-        return [codec.decode(row) for row in rows]
+    return outbox_envelopes(engine, run_id)
 
 
 def replaying(engine: Engine, private: Path, purpose: str) -> dict[str, Any]:

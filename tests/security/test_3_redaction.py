@@ -30,6 +30,7 @@ from agent_blackbox.schemas import Envelope, EnvelopeCodec, PayloadPipeline, Set
 from tests.conftest import Login
 from tests.integration._kafka import read_topic
 from tests.integration._openai_server import OpenAIServer
+from tests.integration._outbox import outbox_rows
 from tests.integration._views import build_views
 from tests.security.conftest import TENANT_A
 
@@ -150,12 +151,7 @@ def test_no_secret_of_finding_3_survives_anywhere(
     )
     codec = EnvelopeCodec()
 
-    with engine.connect() as conn:  # the outbox rows, before the relay publishes them
-        rows = conn.execute(
-            text("SELECT envelope FROM blackbox.outbox WHERE run_id = :r ORDER BY sequence"),
-            {"r": run_id},
-        ).scalars()
-        raw_rows = [bytes(row) for row in rows]
+    raw_rows = outbox_rows(engine, run_id)  # before the relay publishes them
     outbox = [codec.decode(row) for row in raw_rows]
     assert len(outbox) == 6
     assert _leaks(_bytes_texts(raw_rows)) == []
