@@ -36,7 +36,12 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import APPEND_ATTEMPTS, RunCore, StartPlan
-from agent_blackbox.outbox._errors import DatabaseUnavailable, RunNotActive, WriterRefused
+from agent_blackbox.outbox._errors import (
+    ConcurrentRunWriter,
+    DatabaseUnavailable,
+    RunNotActive,
+    WriterRefused,
+)
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._steps import Stepper
 from agent_blackbox.outbox._writer import (
@@ -79,7 +84,7 @@ _APPEND_AS_WRITER = text(
     SELECT blackbox.append_event(
         :run_id, :credential, CAST(:shard AS smallint), :sequence, :chain_hash, :status,
         :state, CAST(:event_id AS uuid), :envelope, :key_id, :effect, :effect_key,
-        :effect_status, :external_id)
+        :effect_status, :external_id, :event_type, :body_version, :recorded_at)
     """
 )
 
@@ -245,7 +250,15 @@ def _effect_row(event: PreparedEvent) -> dict[str, Any]:
 
 
 def _as_writer(envelope: Envelope, identity: RunIdentity) -> dict[str, Any]:
-    return {"credential": identity.credential, "key_id": envelope.key_id}
+    """The writer's credential, and the envelope fields ``append_event`` checks its bytes
+    against (with the run, sequence and event id)."""
+    return {
+        "credential": identity.credential,
+        "key_id": envelope.key_id,
+        "event_type": str(envelope.event_type),
+        "body_version": envelope.body_version,
+        "recorded_at": envelope.recorded_at_us,
+    }
 
 
 def _credential_hash(identity: RunIdentity) -> bytes:
@@ -339,17 +352,20 @@ async def execute_async(conn: AsyncConnection, plan: Plan[T]) -> T:
 
 _NOT_ALLOWED = "42501"
 _NOT_RUNNING = "55000"
+_IN_USE = "55006"
 
 
-def _refusal(exc: DBAPIError) -> WriterRefused | RunNotActive | None:
+def _refusal(exc: DBAPIError) -> WriterRefused | RunNotActive | ConcurrentRunWriter | None:
     """The writer's error for a refusal by the write functions (None: not a refusal)."""
     code = getattr(exc.orig, "sqlstate", None)
-    if code not in (_NOT_ALLOWED, _NOT_RUNNING):
+    if code not in (_NOT_ALLOWED, _NOT_RUNNING, _IN_USE):
         return None
     diagnostic = getattr(exc.orig, "diag", None)
     message = getattr(diagnostic, "message_primary", None) or str(exc.orig).splitlines()[0]
     if code == _NOT_RUNNING:
         return RunNotActive(message)
+    if code == _IN_USE:
+        return ConcurrentRunWriter(message)
     return WriterRefused(
         f"{message}; nothing was recorded. A recorder appends only to runs it started "
         "(resume a crashed run with Recorder.resume), for tenants granted to its database "

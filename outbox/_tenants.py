@@ -20,6 +20,7 @@ _GRANT = text(
     "INSERT INTO blackbox.tenant_grants (role_name, tenant_id) VALUES (:role, :tenant) "
     "ON CONFLICT DO NOTHING"
 )
+_ROLE_EXISTS = text("SELECT 1 FROM pg_roles WHERE rolname = :role")
 _REVOKE = text("DELETE FROM blackbox.tenant_grants WHERE role_name = :role AND tenant_id = :tenant")
 _GRANTS = text(
     "SELECT role_name, tenant_id FROM blackbox.tenant_grants "
@@ -35,8 +36,17 @@ def _checked(role: str, tenant_id: str) -> None:
 
 
 def grant_tenant_txn(conn: Connection, role: str, tenant_id: str) -> None:
-    """Let ``role`` (a login user or a group role) act for ``tenant_id`` (``*``: all)."""
+    """Let ``role`` (a login user or a group role) act for ``tenant_id`` (``*``: all).
+
+    Raises:
+        ValueError: ``role`` is not a role of this cluster, or the names are malformed.
+    """
     _checked(role, tenant_id)
+    if conn.execute(_ROLE_EXISTS, {"role": role}).first() is None:
+        raise ValueError(
+            f"there is no role {role!r} in this database cluster: create it first "
+            f"(CREATE ROLE {role} LOGIN IN ROLE blackbox_writer, or _reader, _replayer)"
+        )
     conn.execute(_GRANT, {"role": role, "tenant": tenant_id})
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 from typing import Any
 
 import pytest
@@ -22,10 +23,12 @@ from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import (
     EVERY_TENANT,
     AgentRun,
+    ConcurrentRunWriter,
     Recorder,
     RunNotActive,
     RunSnapshot,
     WriterRefused,
+    grant_tenant_txn,
 )
 from agent_blackbox.outbox._boundaries import run_finished
 from agent_blackbox.outbox._core import new_factory, utc_now
@@ -87,13 +90,16 @@ def _forged_finish(engine: Engine, run_id: str, settings: Settings) -> dict[str,
         "chain_hash": envelope.chain_hash,
         "event_id": envelope.event_id,
         "envelope": event.encoded,
+        "event_type": str(envelope.event_type),
+        "body_version": envelope.body_version,
+        "recorded_at": envelope.recorded_at_us,
     }
 
 
 APPEND = text(
     "SELECT blackbox.append_event(:run_id, :credential, CAST(:shard AS smallint), :sequence, "
     ":chain_hash, 'succeeded', NULL, CAST(:event_id AS uuid), :envelope, NULL, NULL, NULL, "
-    "NULL, NULL)"
+    "NULL, NULL, :event_type, :body_version, :recorded_at)"
 )
 
 
@@ -338,3 +344,75 @@ def test_reader_replayer_and_relay_write_nothing(
             ):
                 conn.execute(attack, params)
     assert _state(engine) == before
+
+
+def test_own_credential_does_not_carry_another_runs_envelope(
+    login: Login, engine: Engine, settings: Settings, crashed_run_of_a: str
+) -> None:
+    """The outbox row is its run's: an envelope naming another run (or tenant, sequence or
+    event id) is refused even under a valid credential, so the relay never publishes it
+    under this run's key."""
+    writer = login("blackbox_writer", tenant=TENANT_B)
+    own = Recorder(writer, settings=settings).start_run(
+        RunSnapshot(code_version="sec.1", input={}), agent_id="b", tenant_id=TENANT_B
+    )
+    forged = _forged_finish(engine, crashed_run_of_a, settings)  # names tenant A's run
+    with engine.connect() as conn:
+        head = load_run_txn(conn, own.run_id, shards=settings.outbox_shards)
+    smuggled = {
+        **forged,
+        "run_id": own.run_id,
+        "credential": own.core.identity.credential,
+        "shard": head.identity.shard,
+        "sequence": head.cursor.sequence + 1,
+    }
+    before = _state(engine)
+    for params in (smuggled, {**smuggled, "event_id": str(uuid.uuid4())}):
+        refused = pytest.raises(ProgrammingError, match="does not carry that run")
+        with writer.connect() as conn, refused:
+            conn.execute(APPEND, params)
+    assert _state(engine) == before
+    own.now()  # the run itself carries on
+
+
+def test_another_login_cannot_take_over_a_live_run(
+    login: Login, engine: Engine, settings: Settings
+) -> None:
+    """A take-over is for crashed runs: another login of the same tenant is refused while
+    the run is recent (its writer may be alive); the same login (a restarted process)
+    may at once; once the run was quiet long enough, another login may too."""
+    first_login = login("blackbox_writer", tenant=TENANT_A)
+    other_login = login("blackbox_writer", tenant=TENANT_A)
+    live = Recorder(first_login, settings=settings).start_run(
+        RunSnapshot(code_version="sec.1", input={}), agent_id="a", tenant_id=TENANT_A
+    )
+    with pytest.raises(ConcurrentRunWriter, match="may still be recording"):
+        Recorder(other_login, settings=settings).resume(live.run_id)
+    live.now()  # the live writer was not fenced out
+    restarted = Recorder(first_login, settings=settings).resume(live.run_id)
+    restarted.now()
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE blackbox.runs SET updated_at = now() - interval '2 minutes'"),
+        )
+    taken = Recorder(other_login, settings=settings).resume(live.run_id)
+    taken.now()
+    with pytest.raises(WriterRefused):
+        restarted.now()
+
+
+def test_a_grant_of_a_missing_or_dropped_role_breaks_no_reader(
+    login: Login, engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BLACKBOX_DATABASE_URL", settings.database_url)
+    typo = CliRunner().invoke(main, ["tenants", "grant", "no_such_role", TENANT_A])
+    assert typo.exit_code == 2
+    assert "there is no role 'no_such_role'" in typo.output
+    with engine.begin() as conn:
+        conn.execute(text("CREATE ROLE doomed_role NOLOGIN"))
+        grant_tenant_txn(conn, "doomed_role", TENANT_A)
+        conn.execute(text("DROP ROLE doomed_role"))
+    run_id = _record(login("blackbox_writer", tenant=TENANT_A), settings, TENANT_A)
+    reader = login("blackbox_reader", tenant=TENANT_A)
+    with reader.connect() as conn:
+        assert conn.execute(text("SELECT run_id FROM blackbox.runs")).scalars().all() == [run_id]

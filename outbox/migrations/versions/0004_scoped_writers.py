@@ -49,16 +49,13 @@ def upgrade() -> None:
     )
     # SECURITY DEFINER: callers may not read the grants table, only ask about themselves.
     # session_user, not current_user: inside a definer function current_user is the owner.
+    # Roles are matched by oid through a join, so a grant to a role that was dropped (or
+    # never existed) is simply not one of the session's, never an error.
     op.execute(
         f"""
-        CREATE FUNCTION {SCHEMA}.granted_tenant(p_tenant_id text) RETURNS boolean
+        CREATE FUNCTION {SCHEMA}.owns_schema() RETURNS boolean
         LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-            SELECT EXISTS (
-                       SELECT 1 FROM {SCHEMA}.tenant_grants g
-                        WHERE g.tenant_id IN (p_tenant_id, '*')
-                          AND EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = g.role_name)
-                          AND pg_has_role(session_user, g.role_name, 'MEMBER'))
-                OR EXISTS (SELECT 1 FROM pg_roles r
+            SELECT EXISTS (SELECT 1 FROM pg_roles r
                             WHERE r.rolname = session_user AND r.rolsuper)
                 OR EXISTS (SELECT 1 FROM pg_namespace n
                             WHERE n.nspname = '{SCHEMA}'
@@ -66,16 +63,25 @@ def upgrade() -> None:
         $$
         """
     )
-    # The whole list once per statement (a scalar subquery in a policy is an InitPlan),
-    # rather than a function call per row of a large scan.
     op.execute(
         f"""
         CREATE FUNCTION {SCHEMA}.granted_tenants() RETURNS text[]
         LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
             SELECT coalesce(array_agg(DISTINCT g.tenant_id), '{{}}')
-              FROM {SCHEMA}.tenant_grants g
-             WHERE EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = g.role_name)
-               AND pg_has_role(session_user, g.role_name, 'MEMBER')
+              FROM {SCHEMA}.tenant_grants g JOIN pg_roles r ON r.rolname = g.role_name
+             WHERE pg_has_role(session_user, r.oid, 'MEMBER')
+        $$
+        """
+    )
+    # The policies call granted_tenants() once per statement (a scalar subquery in a
+    # policy is an InitPlan), rather than a function call per row of a large scan.
+    op.execute(
+        f"""
+        CREATE FUNCTION {SCHEMA}.granted_tenant(p_tenant_id text) RETURNS boolean
+        LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+            SELECT p_tenant_id = ANY ({SCHEMA}.granted_tenants())
+                OR '*' = ANY ({SCHEMA}.granted_tenants())
+                OR {SCHEMA}.owns_schema()
         $$
         """
     )
@@ -122,6 +128,7 @@ def _scope_roles() -> None:
 
 _ALL_ROLES = ("blackbox_writer", "blackbox_reader", "blackbox_replayer", "blackbox_relay")
 _GRANTS = {
+    "owns_schema()": _ALL_ROLES,
     "granted_tenant(text)": _ALL_ROLES,
     "granted_tenants()": _ALL_ROLES,
     "start_run(text, text, text, text[], text, text, text, text, text, bytea)": (
@@ -131,12 +138,44 @@ _GRANTS = {
     "store_blob(text, bytea)": ("blackbox_writer",),
     "take_over_run(text, bytea)": ("blackbox_writer",),
     "append_event(text, bytea, smallint, bigint, text, text, text, uuid, bytea, text, text, "
-    "text, text, text)": ("blackbox_writer",),
+    "text, text, text, text, integer, bigint)": ("blackbox_writer",),
+    "avro_long(bigint)": (),
+    "avro_string(text)": (),
 }
 
 _REFUSE = "USING ERRCODE = '42501'"
 
+TAKE_OVER_AFTER_S = 60
+"""How long a run must have been quiet before another login may take it over."""
+
 _FUNCTIONS = [
+    # Avro's binary encoding of a long (zigzag, then 7 bits a byte, low first) and of a
+    # string (its UTF-8 length as a long, then the bytes): what append_event checks an
+    # envelope's first fields against.
+    f"""
+    CREATE FUNCTION {SCHEMA}.avro_long(p_value bigint) RETURNS bytea
+    LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+    DECLARE
+        v_rest bigint := (p_value << 1) # (p_value >> 63);
+        v_out bytea := ''::bytea;
+    BEGIN
+        IF v_rest < 0 THEN
+            RAISE EXCEPTION 'avro_long: % is out of range', p_value USING ERRCODE = '22003';
+        END IF;
+        WHILE v_rest >= 128 LOOP
+            v_out := v_out || set_byte('\\x00'::bytea, 0, ((v_rest & 127) | 128)::integer);
+            v_rest := v_rest >> 7;
+        END LOOP;
+        RETURN v_out || set_byte('\\x00'::bytea, 0, v_rest::integer);
+    END $$
+    """,
+    f"""
+    CREATE FUNCTION {SCHEMA}.avro_string(p_value text) RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+        SELECT {SCHEMA}.avro_long(octet_length(convert_to(p_value, 'UTF8')))
+               || convert_to(p_value, 'UTF8')
+    $$
+    """,
     f"""
     CREATE FUNCTION {SCHEMA}.start_run(
         p_run_id text, p_tenant_id text, p_agent_id text, p_subject_ids text[],
@@ -171,9 +210,13 @@ _FUNCTIONS = [
     DECLARE
         v_tenant text;
         v_status text;
+        v_updated timestamptz;
+        v_writer text;
     BEGIN
-        SELECT r.tenant_id, r.status INTO v_tenant, v_status
-          FROM {SCHEMA}.runs r WHERE r.run_id = p_run_id FOR UPDATE;
+        SELECT r.tenant_id, r.status, r.updated_at, w.writer
+          INTO v_tenant, v_status, v_updated, v_writer
+          FROM {SCHEMA}.runs r LEFT JOIN {SCHEMA}.run_writers w USING (run_id)
+         WHERE r.run_id = p_run_id FOR UPDATE OF r;
         IF NOT FOUND OR NOT {SCHEMA}.granted_tenant(v_tenant) THEN
             RAISE EXCEPTION 'run % does not exist or is not of a tenant granted to role %',
                 quote_literal(p_run_id), session_user {_REFUSE};
@@ -181,6 +224,16 @@ _FUNCTIONS = [
         IF v_status <> 'running' THEN
             RAISE EXCEPTION 'run % is %; only running runs resume',
                 quote_literal(p_run_id), v_status USING ERRCODE = '55000';
+        END IF;
+        -- Another login takes over only a run that went quiet: its writer may still be
+        -- alive. The same login (a restarted process) may at once; so may the owner.
+        IF v_writer IS DISTINCT FROM session_user
+           AND v_updated > now() - interval '{TAKE_OVER_AFTER_S} seconds'
+           AND NOT {SCHEMA}.owns_schema() THEN
+            RAISE EXCEPTION 'run % had an event % ago and its writer is another login (%): '
+                'it may still be recording; take it over once it has been quiet for '
+                '{TAKE_OVER_AFTER_S} seconds', quote_literal(p_run_id),
+                date_trunc('second', now() - v_updated), v_writer USING ERRCODE = '55006';
         END IF;
         IF p_credential_hash IS NULL OR length(p_credential_hash) <> 32 THEN
             RAISE EXCEPTION 'a writer needs the SHA-256 of its credential' USING ERRCODE = '22023';
@@ -234,13 +287,15 @@ _FUNCTIONS = [
         p_run_id text, p_credential bytea, p_shard smallint, p_sequence bigint,
         p_chain_hash text, p_status text, p_state text, p_event_id uuid, p_envelope bytea,
         p_key_id text, p_effect text, p_effect_key text, p_effect_status text,
-        p_external_id text)
+        p_external_id text, p_event_type text, p_body_version integer, p_recorded_at bigint)
     RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     DECLARE
         v_status text;
         v_last bigint;
         v_hash bytea;
+        v_tenant text;
+        v_head bytea;
     BEGIN
         UPDATE {SCHEMA}.runs r
            SET last_sequence = p_sequence, chain_head = p_chain_hash,
@@ -254,7 +309,8 @@ _FUNCTIONS = [
                     THEN NOT EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k WHERE k.run_id = p_run_id)
                     ELSE EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k
                                   WHERE k.key_id = p_key_id AND k.run_id = p_run_id)
-               END;
+               END
+        RETURNING r.tenant_id INTO v_tenant;
         IF NOT FOUND THEN
             SELECT r.status, r.last_sequence, w.credential_hash
               INTO v_status, v_last, v_hash
@@ -278,12 +334,25 @@ _FUNCTIONS = [
             END IF;
             RETURN false;
         END IF;
+        -- The envelope must say what the row says: its event id, run, sequence and the
+        -- run's tenant, in the first fields of its Avro record (after the 10-byte
+        -- single-object header). Otherwise the relay would publish, under this run's key,
+        -- an event of another run or tenant. The raise undoes the UPDATE above.
+        v_head := {SCHEMA}.avro_string(p_event_id::text) || {SCHEMA}.avro_string(p_run_id)
+            || {SCHEMA}.avro_long(p_sequence) || {SCHEMA}.avro_string(p_event_type)
+            || {SCHEMA}.avro_long(p_body_version) || {SCHEMA}.avro_long(p_recorded_at)
+            || {SCHEMA}.avro_string(v_tenant);
+        IF substring(p_envelope FROM 1 FOR 2) IS DISTINCT FROM '\\xc301'::bytea
+           OR substring(p_envelope FROM 11 FOR length(v_head)) IS DISTINCT FROM v_head THEN
+            RAISE EXCEPTION 'the envelope of run % sequence % does not carry that run, '
+                'sequence, event id and tenant', quote_literal(p_run_id), p_sequence {_REFUSE};
+        END IF;
         INSERT INTO {SCHEMA}.outbox (shard, run_id, sequence, event_id, envelope)
         VALUES (p_shard, p_run_id, p_sequence, p_event_id, p_envelope);
-        IF p_effect_key IS NOT NULL AND p_effect IS NOT NULL THEN
+        IF p_event_type = 'effect.intent' AND p_effect_key IS NOT NULL THEN
             INSERT INTO {SCHEMA}.effects (run_id, idempotency_key, effect, intent_sequence)
             VALUES (p_run_id, p_effect_key, p_effect, p_sequence);
-        ELSIF p_effect_key IS NOT NULL THEN
+        ELSIF p_event_type = 'effect.receipt' AND p_effect_key IS NOT NULL THEN
             UPDATE {SCHEMA}.effects
                SET status = p_effect_status, external_id = p_external_id, updated_at = now()
              WHERE run_id = p_run_id AND idempotency_key = p_effect_key;
