@@ -207,11 +207,15 @@ def wrong_partition(records: Sequence[Delivered], partitions: Mapping[str, int])
     """The violations of ``records`` that are not on the partition their run's key maps
     to, for the topics whose partition count ``partitions`` gives."""
     violations: list[Violation] = []
+    homes: dict[tuple[str, str], int] = {}  # a batch holds few runs: hash each once
     for record in records:
         count = partitions.get(record.topic)
         if count is None:
             continue
-        expected = run_partition(record.envelope.run_id, count)
+        where = (record.topic, record.envelope.run_id)
+        expected = homes.get(where)
+        if expected is None:
+            expected = homes[where] = run_partition(record.envelope.run_id, count)
         if record.partition != expected:
             detail = (
                 f"it is on partition {record.partition}, but the run's key maps to "
