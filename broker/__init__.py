@@ -1,5 +1,6 @@
 """The Kafka edge every part uses: clients built from :class:`~agent_blackbox.schemas.Settings`,
-topic creation, bounded reads of partitions, and one error type.
+topic creation, bounded reads of partitions, where a run's key puts it, and one error
+type.
 
 Every ``confluent_kafka`` failure leaves this package as :class:`KafkaUnavailable`, naming
 what was being done and what to check. The relay, the consumers, the replayer's run
@@ -16,6 +17,12 @@ from agent_blackbox.broker._clients import (
     producer_config,
 )
 from agent_blackbox.broker._errors import KafkaUnavailable, kafka_errors
+from agent_blackbox.broker._partitioning import (
+    murmur2,
+    partition_count,
+    partition_of,
+    run_partition,
+)
 from agent_blackbox.broker._reader import read_ranges, watermarks
 from agent_blackbox.broker._topics import ensure_topics
 
@@ -25,10 +32,14 @@ __all__ = [
     "broker_answers",
     "ensure_topics",
     "kafka_errors",
+    "murmur2",
     "new_admin",
     "new_consumer",
     "new_producer",
+    "partition_count",
+    "partition_of",
     "producer_config",
     "read_ranges",
+    "run_partition",
     "watermarks",
 ]

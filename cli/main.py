@@ -9,14 +9,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from types import FrameType
 
 import click
 from prometheus_client import start_http_server
 from rich.console import Console
 from rich.logging import RichHandler
-from sqlalchemy import create_engine
+from sqlalchemy import Engine, create_engine
 
+from agent_blackbox.broker import partition_count
 from agent_blackbox.consumers import ViewRunIndex, migrate_views
 from agent_blackbox.consumers.cli import (
     consume_command,
@@ -53,7 +55,7 @@ console = safe_console(stderr=True)
 def main(ctx: click.Context, verbose: bool) -> None:
     """agent-blackbox: a flight recorder for AI agents."""
     # The composition root: the replayer reads runs through the read side's run index.
-    ctx.obj = ReadSide(run_index=ViewRunIndex)
+    ctx.obj = ReadSide(run_index=_run_index)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(message)s",
@@ -61,6 +63,13 @@ def main(ctx: click.Context, verbose: bool) -> None:
     )
     # Alembic narrates every step at INFO; the commands say what was migrated.
     logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _run_index(engine: Engine) -> ViewRunIndex:
+    """The views' run index, which asks the broker for a topic's partition count when a
+    run is indexed on several partitions (to read the one its key maps to)."""
+    settings = Settings.from_env()
+    return ViewRunIndex(engine, partition_count=partial(partition_count, settings))
 
 
 main.add_command(stack_group, "stack")

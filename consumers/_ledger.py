@@ -166,15 +166,18 @@ def entry_problem(
     if not entry.key_ids:
         return "it names no data key"
     return (
-        _authenticity_problem(entry, facts, verifier)
+        authenticity_problem(entry, facts, verifier)
         or _chain_problem(entry, facts.head)
         or _ownership_problem(entry, facts)
     )
 
 
-def _authenticity_problem(
+def authenticity_problem(
     entry: LedgerEntry, facts: DatabaseFacts, verifier: CheckpointVerifier | None
 ) -> str | None:
+    """Why ``entry`` is not known to be the retention job's: neither the database's
+    ledger (``facts.ledger_key_ids``) records its keys destroyed, nor does a signature
+    under ``verifier`` vouch for it; None when one of them does."""
     if facts.ledger_key_ids.issuperset(entry.key_ids):
         return None  # the database itself records this destruction
     statement = entry.statement()
@@ -255,25 +258,31 @@ def entries_of(envelopes: Iterable[Envelope], pipeline: PayloadPipeline) -> Iter
     follows: dict[str, _Follow] = {}
     for envelope in envelopes:
         chained = follows.setdefault(envelope.run_id, _Follow()).advance(envelope)
-        if envelope.event_type != EventType.RUN_REDACTED:
-            continue
-        try:
-            body = pipeline.unpack(envelope)
-        except BlackboxError as exc:
-            yield LedgerEntry(envelope.run_id, (), "", None, envelope, unreadable=str(exc))
-            continue
-        signature = body.get("signature")
-        yield LedgerEntry(
-            run_id=envelope.run_id,
-            key_ids=tuple(body["key_ids"]),
-            reason=str(body["reason"]),
-            subject_id=body["subject_id"],
-            envelope=envelope,
-            chained_in_topic=chained,
-            retention_class=body.get("retention_class"),
-            signer_key_id=body.get("signer_key_id"),
-            signature=bytes(signature) if signature is not None else None,
-        )
+        if envelope.event_type == EventType.RUN_REDACTED:
+            yield note_entry(envelope, pipeline, chained_in_topic=chained)
+
+
+def note_entry(
+    envelope: Envelope, pipeline: PayloadPipeline, *, chained_in_topic: bool = False
+) -> LedgerEntry:
+    """The ledger entry a ``run.redacted`` note states (marked unreadable when its body
+    cannot be read)."""
+    try:
+        body = pipeline.unpack(envelope)
+    except BlackboxError as exc:
+        return LedgerEntry(envelope.run_id, (), "", None, envelope, unreadable=str(exc))
+    signature = body.get("signature")
+    return LedgerEntry(
+        run_id=envelope.run_id,
+        key_ids=tuple(body["key_ids"]),
+        reason=str(body["reason"]),
+        subject_id=body["subject_id"],
+        envelope=envelope,
+        chained_in_topic=chained_in_topic,
+        retention_class=body.get("retention_class"),
+        signer_key_id=body.get("signer_key_id"),
+        signature=bytes(signature) if signature is not None else None,
+    )
 
 
 def ledger_entries(settings: Settings, *, timeout_s: float = 30.0) -> Iterator[LedgerEntry]:

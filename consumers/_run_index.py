@@ -1,17 +1,26 @@
 """The run index over the views: where each run is in the topic, which runs there are,
-their signed checkpoints. The replayer reads runs through it (its ``RunIndex`` port)."""
+their signed checkpoints. The replayer reads runs through it (its ``RunIndex`` port).
+
+A run lives on the partition its key maps to. The views consumer never indexes an
+event found elsewhere; an index built before it flagged them may still hold such
+events, and then the run's own partition is the one read (with the topic's partition
+count, when the index was given a way to learn it).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
+from agent_blackbox.broker import run_partition
 from agent_blackbox.consumers._checkpoints import load_checkpoint
 from agent_blackbox.consumers._errors import ViewStoreUnavailable
-from agent_blackbox.schemas import BlackboxError, Checkpoint
+from agent_blackbox.schemas import BlackboxError, Checkpoint, safe_text
 
 _LOCATE = text(
     """
@@ -49,17 +58,27 @@ class IndexedRun:
 
 
 class ViewRunIndex:
-    """The run index of the views in ``engine`` (the events index and the runs view)."""
+    """The run index of the views in ``engine`` (the events index and the runs view).
 
-    def __init__(self, engine: Engine) -> None:
+    Args:
+        partition_count: the number of partitions of a topic (e.g.
+            :func:`agent_blackbox.broker.partition_count`); asked only for a run the
+            index holds on more than one partition, to pick the one its key maps to.
+    """
+
+    def __init__(
+        self, engine: Engine, *, partition_count: Callable[[str], int] | None = None
+    ) -> None:
         self._engine = engine
+        self._partition_count = partition_count
 
     def locate(self, run_id: str) -> IndexedRun | None:
         """Where ``run_id`` is; None when the events index does not know it.
 
         Raises:
             ViewStoreUnavailable: the index cannot be read.
-            BlackboxError: the run is indexed on more than one partition.
+            BlackboxError: the run is indexed on more than one partition, none of them
+                the one its key maps to, or without a partition count to tell.
         """
         try:
             with self._engine.connect() as conn:
@@ -68,11 +87,30 @@ class ViewRunIndex:
             raise _unreadable("the events index", exc) from exc
         if not rows:
             return None
-        if len(rows) > 1:
-            raise BlackboxError(f"run {run_id} is indexed on {len(rows)} partitions; expected one")
-        topic, partition, first, last, count, agent_id = rows[0]
+        topic, partition, first, last, count, agent_id = (
+            rows[0] if len(rows) == 1 else self._own_partition(run_id, rows)
+        )
         return IndexedRun(
             run_id, agent_id, str(topic), int(partition), int(first), int(last), int(count)
+        )
+
+    def _own_partition(self, run_id: str, rows: Sequence[Any]) -> Any:
+        """Of a run's rows on several partitions, the one on the partition its key maps to."""
+        where = ", ".join(f"{safe_text(r[0])}[{r[1]}]" for r in rows)
+        if self._partition_count is None:
+            raise BlackboxError(
+                f"run {safe_text(run_id)} is indexed on {len(rows)} partitions ({where}); "
+                "events of it on a partition its key does not map to were not produced by "
+                "the relay. Rebuild the views with `blackbox consume` (it flags such "
+                "events) or read the index with a partition count"
+            )
+        for row in rows:
+            if int(row[1]) == run_partition(run_id, self._partition_count(str(row[0]))):
+                return row
+        raise BlackboxError(
+            f"run {safe_text(run_id)} is indexed on {len(rows)} partitions ({where}), none "
+            "of them the one its key maps to; check the integrity violations of the views "
+            "(blackbox_views.integrity_violations, kind wrong_partition)"
         )
 
     def runs(

@@ -29,6 +29,7 @@ from agent_blackbox.broker import (
     ensure_topics,
     kafka_errors,
     new_consumer,
+    partition_count,
 )
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
 from agent_blackbox.consumers._dead_letters import DeadLetterWriter, Poison
@@ -47,8 +48,15 @@ from agent_blackbox.consumers._offsets import (
     advance_offsets,
     load_offsets,
 )
+from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.consumers._views import apply_batch, views_screen
-from agent_blackbox.schemas import BlackboxError, Envelope, EnvelopeCodec, Settings
+from agent_blackbox.schemas import (
+    BlackboxError,
+    CheckpointVerifier,
+    Envelope,
+    EnvelopeCodec,
+    Settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +403,14 @@ class ViewConsumer(ConsumerRuntime):
     """The consumer that builds the runs view and the events index.
 
     Call :func:`agent_blackbox.consumers.migrate_views` once before starting it.
+
+    Events on another partition than their run's key maps to are flagged and left out
+    (the topic's partition count is read from the broker on every assignment), and a
+    ``run.redacted`` is acted on only when the write side confirms it.
+
+    Args:
+        verifier: the retention job's public keys, which confirm a signed
+            ``run.redacted`` where this database holds no deletion ledger.
     """
 
     def __init__(
@@ -407,10 +423,13 @@ class ViewConsumer(ConsumerRuntime):
         batch_size: int = 2000,
         registry: CollectorRegistry | None = None,
         client_config: ClientConfig | None = None,
+        verifier: CheckpointVerifier | None = None,
     ) -> None:
+        self._redactions = RedactionCheck(verifier)
+        self._partitions: dict[str, int] = {}
         super().__init__(
             settings,
-            apply_batch,
+            self._project,
             name="views",
             group_id=group_id,
             screen=views_screen,
@@ -420,6 +439,15 @@ class ViewConsumer(ConsumerRuntime):
             registry=registry,
             client_config=client_config,
         )
+
+    def _project(self, conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
+        for topic in {r.topic for r in records} - self._partitions.keys():
+            self._partitions[topic] = partition_count(self._settings, topic)
+        return apply_batch(conn, records, partitions=self._partitions, redactions=self._redactions)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+        self._partitions.clear()  # a topic may have grown: read its count again
+        super()._on_assign(consumer, partitions)
 
 
 def _kafka_partition(tp: TopicPartition, offset: int | None) -> KafkaPartition:

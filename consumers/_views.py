@@ -10,14 +10,20 @@ A plaintext body in a run that has a data key was not written by the run's recor
 (see :mod:`agent_blackbox.schemas`' ``SealedRunGuard``): the event stays in the events
 index, which says where every event of the topic lives, but it is recorded as an
 integrity violation and left out of the runs view, so a forged ``run.finished`` does
-not end a run.
+not end a run. So is a ``run.redacted`` the write side does not confirm (see
+:class:`~agent_blackbox.consumers._redacted_views.RedactionCheck`): it shreds nothing.
+
+The relay puts every event of a run on the partition its key maps to. An event found
+on another partition was produced by someone else: it is recorded as a violation and
+not indexed at all, so the run index keeps one partition per run and readers never
+see it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -37,9 +43,14 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql import Select, column
 
+from agent_blackbox.broker import run_partition
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered
 from agent_blackbox.consumers._errors import ProjectionFailed
-from agent_blackbox.consumers._redacted_views import SHREDDED_DIGEST, scrub_redacted_runs_txn
+from agent_blackbox.consumers._redacted_views import (
+    SHREDDED_DIGEST,
+    RedactionCheck,
+    scrub_redacted_runs_txn,
+)
 from agent_blackbox.consumers._tables import (
     VIEWS_SCHEMA,
     events_index,
@@ -60,6 +71,10 @@ RUNNING = "running"
 FINISHED_WITHOUT_STATUS = "finished"
 DIGEST_MISMATCH = "digest_mismatch"
 EVENT_ID_REUSED = "event_id_reused"
+WRONG_PARTITION = "wrong_partition"
+"""An event on another partition than the one its run's key maps to."""
+UNCONFIRMED_REDACTION = "unconfirmed_redaction"
+"""A ``run.redacted`` that neither the deletion ledger nor a signature confirms."""
 _MAX_BIGINT = 2**63 - 1
 
 
@@ -89,11 +104,13 @@ class StoredEvent:
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """An incoming event that collides with a stored one but is not the same event."""
+    """An incoming event that collides with a stored one but is not the same event, or
+    that the views do not trust (``detail`` then says why)."""
 
     kind: str
     incoming: Delivered
     existing: StoredEvent
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,36 +132,115 @@ class RunDelta:
     """When the run's keys were destroyed (a ``run.redacted`` in this batch)."""
 
 
-def apply_batch(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
+def apply_batch(
+    conn: Connection,
+    records: Sequence[Delivered],
+    *,
+    partitions: Mapping[str, int] | None = None,
+    redactions: RedactionCheck | None = None,
+) -> BatchOutcome:
     """Project ``records`` into the views through ``conn``; the caller commits.
 
-    1. Keep the first record of each ``(run_id, sequence)``; later ones are repeats.
-    2. Bulk-insert the firsts into the events index, skipping any that collide.
-    3. Look up the stored rows of everything that collided (and of the repeats).
-    4. Same digests and chain hash: a duplicate, ignored. Different: a violation row.
-    5. A new event with a plaintext body in a run that has a data key: a violation row.
-    6. Upsert each run touched by a newly inserted event (but those of step 5), once.
-    7. A run shredded by a newly inserted ``run.redacted``: replace its digests.
+    1. Set aside, as violations, events on another partition than their run's key maps
+       to (by each topic's partition count in ``partitions``, when given).
+    2. Keep the first record of each ``(run_id, sequence)``; later ones are repeats.
+    3. Bulk-insert the firsts into the events index, skipping any that collide.
+    4. Look up the stored rows of everything that collided (and of the repeats).
+    5. Same digests and chain hash: a duplicate, ignored. Different: a violation row.
+    6. A new event with a plaintext body in a run that has a data key, or a new
+       ``run.redacted`` that ``redactions`` does not confirm: a violation row.
+    7. Upsert each run touched by a newly inserted event (but those of step 6), once.
+    8. A run shredded by a newly inserted, confirmed ``run.redacted``: replace its digests.
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database refused a statement; the caller
             rolls back and retries the batch.
         ProjectionFailed: a collision whose stored row cannot be found.
     """
-    firsts, repeats = split_repeats(records)
+    misplaced = wrong_partition(records, partitions or {})
+    set_aside = {id(v.incoming) for v in misplaced}
+    firsts, repeats = split_repeats([r for r in records if id(r) not in set_aside])
     inserted_keys = _insert_events(conn, firsts)
     inserted = [r for r in firsts if r.key in inserted_keys]
     colliding = [r for r in firsts if r.key not in inserted_keys] + repeats
     duplicates, violations = classify_collisions(colliding, _stored_rows(conn, colliding))
     refused = refused_plaintext(inserted, _sealing_rows(conn, inserted))
-    violations.extend(refused)
+    notes = _Notes.check(conn, redactions or RedactionCheck(), inserted, violations)
+    refused += unconfirmed_redactions(inserted, notes.unconfirmed)
+    violations += misplaced + refused
     _record_violations(conn, violations)
     untrusted = {v.incoming.key for v in refused}
-    _upsert_runs(conn, aggregate_runs(r.envelope for r in inserted if r.key not in untrusted))
-    scrub_redacted_runs_txn(conn, (r.envelope for r in inserted if r.key not in untrusted))
+    trusted = [r.envelope for r in inserted if r.key not in untrusted]
+    _upsert_runs(conn, aggregate_runs(trusted))
+    _upsert_runs(conn, [replace(d, event_count=0) for d in aggregate_runs(notes.displaced)])
+    scrub_redacted_runs_txn(conn, trusted + notes.displaced)
     return BatchOutcome(
         inserted=len(inserted), duplicates=len(duplicates), violations=len(violations)
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Notes:
+    """The ``run.redacted`` of a batch as the write side judged them."""
+
+    unconfirmed: Mapping[str, str]
+    """Event id → why the write side does not confirm the note."""
+    displaced: list[Envelope]
+    """Confirmed notes that collided with another event at their sequence (one forged
+    there first): not indexed, but their run was shredded all the same."""
+
+    @classmethod
+    def check(
+        cls,
+        conn: Connection,
+        redactions: RedactionCheck,
+        inserted: Sequence[Delivered],
+        violations: Sequence[Violation],
+    ) -> _Notes:
+        collided = [v.incoming.envelope for v in violations]
+        collided = [e for e in collided if e.event_type == EventType.RUN_REDACTED]
+        unconfirmed = redactions.unconfirmed(conn, [r.envelope for r in inserted] + collided)
+        return cls(unconfirmed, [e for e in collided if e.event_id not in unconfirmed])
+
+
+def wrong_partition(records: Sequence[Delivered], partitions: Mapping[str, int]) -> list[Violation]:
+    """The violations of ``records`` that are not on the partition their run's key maps
+    to, for the topics whose partition count ``partitions`` gives."""
+    violations: list[Violation] = []
+    homes: dict[tuple[str, str], int] = {}  # a batch holds few runs: hash each once
+    for record in records:
+        count = partitions.get(record.topic)
+        if count is None:
+            continue
+        where = (record.topic, record.envelope.run_id)
+        expected = homes.get(where)
+        if expected is None:
+            expected = homes[where] = run_partition(record.envelope.run_id, count)
+        if record.partition != expected:
+            detail = (
+                f"it is on partition {record.partition}, but the run's key maps to "
+                f"partition {expected} of {count}: the relay did not produce it"
+            )
+            violations.append(Violation(WRONG_PARTITION, record, _nothing(record), detail))
+    return violations
+
+
+def unconfirmed_redactions(
+    records: Sequence[Delivered], unconfirmed: Mapping[str, str]
+) -> list[Violation]:
+    """The violations of the ``run.redacted`` among ``records`` whose event id
+    ``unconfirmed`` names, with its reason."""
+    return [
+        Violation(UNCONFIRMED_REDACTION, r, _nothing(r), unconfirmed[r.envelope.event_id])
+        for r in records
+        if r.envelope.event_id in unconfirmed
+    ]
+
+
+def _nothing(record: Delivered) -> StoredEvent:
+    """No stored event: the violation concerns the incoming event alone."""
+    envelope = record.envelope
+    return StoredEvent(envelope.run_id, envelope.sequence, envelope.event_id, "", "", "")
 
 
 def views_screen(envelope: Envelope) -> str | None:
@@ -427,6 +523,20 @@ def _record_violations(conn: Connection, violations: Sequence[Violation]) -> Non
 
 def _warn(violation: Violation) -> None:
     incoming, existing = violation.incoming, violation.existing
+    if violation.detail:
+        log.warning(
+            "integrity violation (%s): run %s sequence %d event %s at %s[%d]@%d: %s; the "
+            "views do not act on it",
+            violation.kind,
+            incoming.envelope.run_id,
+            incoming.envelope.sequence,
+            incoming.envelope.event_id,
+            incoming.topic,
+            incoming.partition,
+            incoming.offset,
+            violation.detail,
+        )
+        return
     if violation.kind == PLAINTEXT_IN_SEALED_RUN:
         log.warning(
             "integrity violation (%s): run %s sequence %d event %s at %s[%d]@%d carries a "

@@ -102,7 +102,8 @@ def consume_command(group: str | None, until_idle: float | None) -> None:
         console.log(
             f"consuming [bold]{settings.topic}[/] as group [bold]{settings.consumer_group}[/]"
         )
-        with _stop_on_signals(stop), ViewConsumer(settings) as consumer:
+        verifier = _deletion_verifier()
+        with _stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
             total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
         could_not_run(console, exc)

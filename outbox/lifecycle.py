@@ -35,6 +35,7 @@ __all__ = [
     "append_redaction_txn",
     "delete_run_metadata_txn",
     "ledger_key_ids_txn",
+    "ledger_readable_txn",
     "lock_run_txn",
     "mark_abandoned_txn",
     "retention_classes_txn",
@@ -256,6 +257,14 @@ _LEDGER_KEYS = text(
      WHERE run_id = :run_id AND action IN ('shred_keys', 'reapply')
     """
 )
+# A views database may be one without the write side, or read as a role without the
+# ledger: then it cannot confirm a deletion, and asking must not abort the transaction.
+_LEDGER_READABLE = text(
+    """
+    SELECT COALESCE(has_table_privilege(to_regclass('blackbox.deletion_ledger'), 'SELECT'),
+                    false)
+    """
+)
 _RUN_HEAD = text(
     "SELECT tenant_id, last_sequence, chain_head FROM blackbox.runs WHERE run_id = :run_id"
 )
@@ -275,6 +284,12 @@ def ledger_key_ids_txn(conn: Connection, run_id: str) -> frozenset[str]:
     """The data keys of ``run_id`` that this database's deletion ledger says were
     destroyed (by a shredding or a re-application)."""
     return frozenset(str(k) for k in conn.execute(_LEDGER_KEYS, {"run_id": run_id}).scalars())
+
+
+def ledger_readable_txn(conn: Connection) -> bool:
+    """Whether this database holds the write side's deletion ledger and the session may
+    read it (so :func:`ledger_key_ids_txn` can confirm a destruction)."""
+    return bool(conn.execute(_LEDGER_READABLE).scalar())
 
 
 def run_head_txn(conn: Connection, run_id: str) -> RunHead | None:

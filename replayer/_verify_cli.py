@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from itertools import groupby
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from agent_blackbox.replayer._verify import (
     VerifyReport,
     verify_run,
 )
+from agent_blackbox.replayer._verify_report import Problem
 from agent_blackbox.schemas import (
     BlackboxError,
     CheckpointSigner,
@@ -81,6 +83,9 @@ def verify_command(
     when it is sound but none does (no checkpoint yet, or a mid-run one); otherwise the
     problem found, e.g. truncated when the database or the index knows more events.
 
+    With --all, a run that cannot be read (its index entry or its log) is reported as
+    unreadable, with the reason, and the others are still verified.
+
     Exit status: 0 when no run has a problem (unverified runs are reported; with
     --strict they fail), 1 when one does, 2 when it cannot run.
     """
@@ -99,10 +104,13 @@ def verify_command(
             index = read_side().run_index(engine)
             check = _Check(engine, index, verifier, require_checkpoint, archive is None)
             runs = _runs(settings, index, archive, run_id)
-            reports = [
-                check.run(rid, events)
-                for rid, events in (track(runs, "verifying", console=console) if every else runs)
-            ]
+            if every:
+                reports = [
+                    check.each(rid, opened)
+                    for rid, opened in track(runs, "verifying", console=console)
+                ]
+            else:
+                reports = [check.run(rid, opened()) for rid, opened in runs]
         finally:
             engine.dispose()
     except BlackboxError as exc:
@@ -119,16 +127,24 @@ def verify_command(
     sys.exit(1 if failed else 0)
 
 
+Opener = Callable[[], Iterator[Envelope]]
+"""Opens one run's log (the index is asked where it is only then)."""
+
+
 def _runs(
     settings: Settings, index: RunIndex, archive: Path | None, run_id: str | None
-) -> Iterator[tuple[str, Iterator[Envelope]]]:
+) -> Iterator[tuple[str, Opener]]:
     if archive is not None:
         for rid, events in groupby(read_archive(archive, run_id=run_id), key=lambda e: e.run_id):
-            yield rid, events
+            yield rid, partial(iter, list(events))
         return
     ids = [run_id] if run_id is not None else index.runs(finished_only=False)
     for rid in ids:
-        yield rid, iter(KafkaRunSource(settings, index, rid))
+        yield rid, partial(_topic_log, settings, index, rid)
+
+
+def _topic_log(settings: Settings, index: RunIndex, run_id: str) -> Iterator[Envelope]:
+    return iter(KafkaRunSource(settings, index, run_id))
 
 
 class _Check:
@@ -169,6 +185,19 @@ class _Check:
             indexed_events=None if location is None else location.events,
             database=database,
         )
+
+    def each(self, run_id: str, opened: Opener) -> VerifyReport:
+        """:meth:`run` as one run among many: a run whose log or index entry cannot be
+        read is reported as such, so that the others are still verified."""
+        try:
+            return self.run(run_id, opened())
+        except BlackboxError as exc:
+            return VerifyReport(
+                run_id,
+                0,
+                problem=Problem.UNREADABLE,
+                detail=f"cannot read the run: {safe_text(exc, limit=300)}",
+            )
 
     def _head(self, run_id: str) -> RecordedHead | None:
         try:

@@ -43,6 +43,8 @@ class Problem(StrEnum):
     """At the database's last sequence the log carries another chain hash."""
     PLAINTEXT_IN_SEALED_RUN = "plaintext_in_sealed_run"
     """A plaintext body follows an event sealed with a data key."""
+    UNREADABLE = "unreadable"
+    """The run's index entry or its log could not be read (the detail says why)."""
 
 
 class CheckpointStatus(StrEnum):

@@ -7,38 +7,15 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from agent_blackbox.broker import murmur2, partition_of
+
+__all__ = ["murmur2", "murmur2_partition", "read_topic"]
 from agent_blackbox.schemas import Envelope, EnvelopeCodec
 
 
 def murmur2_partition(key: bytes, partitions: int) -> int:
     """The partition Kafka's default (murmur2) partitioner picks for ``key``."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
-
-
-def murmur2(key: bytes) -> int:
-    """Kafka's ``Utils.murmur2`` of ``key``, as an unsigned 32-bit integer."""
-    seed, m, mask = 0x9747B28C, 0x5BD1E995, 0xFFFFFFFF
-    length = len(key)
-    h = (seed ^ length) & mask
-    for i in range(0, length - length % 4, 4):
-        k = int.from_bytes(key[i : i + 4], "little")
-        k = (k * m) & mask
-        k ^= k >> 24
-        k = (k * m) & mask
-        h = ((h * m) & mask) ^ k
-    tail = length & ~3
-    rest = length % 4
-    if rest == 3:
-        h ^= key[tail + 2] << 16
-    if rest >= 2:
-        h ^= key[tail + 1] << 8
-    if rest >= 1:
-        h ^= key[tail]
-        h = (h * m) & mask
-    h ^= h >> 13
-    h = (h * m) & mask
-    h ^= h >> 15
-    return h
+    return partition_of(key, partitions)
 
 
 def read_topic(

@@ -122,8 +122,16 @@ def make_consumer(
 
 @pytest.fixture
 def producer(consumer_settings: Settings) -> Iterator[Callable[..., Offsets]]:
-    """Produce ``(key, value)`` pairs; returns the last offset + 1 of each partition."""
-    client = Producer({"bootstrap.servers": consumer_settings.kafka_bootstrap, "acks": "all"})
+    """Produce ``(key, value)`` pairs as the relay does (key = run id, murmur2: the
+    views flag an event on another partition); returns the last offset + 1 of each
+    partition."""
+    client = Producer(
+        {
+            "bootstrap.servers": consumer_settings.kafka_bootstrap,
+            "acks": "all",
+            "partitioner": "murmur2_random",
+        }
+    )
     delivered: list[Message] = []
 
     def on_delivery(error: Any, message: Message) -> None:
