@@ -35,6 +35,7 @@ from agent_blackbox.schemas import (
     CheckpointSigner,
     CheckpointVerifier,
     Settings,
+    permission_refused,
     safe_console,
     safe_text,
 )
@@ -105,6 +106,8 @@ def consume_command(group: str | None, until_idle: float | None) -> None:
         with _stop_on_signals(stop), ViewConsumer(settings) as consumer:
             total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(console, exc)
     if until_idle is not None and not stop.is_set():
         idle_notice(console, until_idle)
@@ -206,7 +209,9 @@ def retention_run(every: float | None) -> None:
                 if every is None or stop.wait(every):
                     return
     except BlackboxError as exc:
-        raise click.ClickException(safe_text(exc)) from exc
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
+        could_not_run(console, exc)
 
 
 @click.command("forget")
@@ -225,7 +230,9 @@ def forget_command(subject_id: str, as_json: bool) -> None:
     try:
         report = _retention_job(settings).forget(subject_id)
     except BlackboxError as exc:
-        raise click.ClickException(safe_text(exc)) from exc
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
+        could_not_run(safe_console(stderr=True), exc)
     if as_json:
         rows = [
             {"run_id": r.run_id, "key_ids": list(r.key_ids), "encrypted": r.encrypted}
@@ -285,6 +292,8 @@ def ledger_reapply() -> None:
         with console.status(f"checking and re-applying {len(entries)} notes"):
             report = reapply_ledger(engine, entries, verifier=verifier)
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(console, exc)
     _print_ignored(report, console)
     click.echo(
@@ -350,6 +359,8 @@ def sign_command(
         with _stop_on_signals(stop), consumer:
             total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(console, exc)
     if until_idle is not None and not stop.is_set():
         idle_notice(console, until_idle)

@@ -18,6 +18,7 @@ from agent_blackbox.schemas import (
     BlackboxError,
     CheckpointSigner,
     Settings,
+    permission_refused,
     safe_console,
     safe_text,
 )
@@ -114,6 +115,8 @@ def keys_rotate() -> None:
     try:
         provider = LocalKeyProvider.from_env()
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(exc)
     if provider is None:
         could_not_run("set BLACKBOX_KEK_FILE (holding the old and the new version)")
@@ -122,6 +125,8 @@ def keys_rotate() -> None:
         with safe_console(stderr=True).status(f"re-wrapping under {provider.current_version}"):
             count = DataKeyStore(provider).rotate(engine)
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(exc)
     finally:
         engine.dispose()

@@ -51,8 +51,15 @@ from agent_blackbox.schemas._errors import (
     KeyUnavailable,
     MigrationFailed,
     NotSerialisable,
+    PermissionRefused,
     UndecodableMessage,
     UnknownSchemaVersion,
+    permission_refused,
+)
+from agent_blackbox.schemas._keyfile import (
+    OTHERS_WRITE_FORBIDDEN,
+    OWNER_ONLY_FORBIDDEN,
+    read_checked_file,
 )
 from agent_blackbox.schemas._llm_call import (
     LLM_CALL_VERSION,
@@ -105,6 +112,8 @@ __all__ = [
     "GENESIS_CHAIN_HASH",
     "HMAC_PREFIX",
     "LLM_CALL_VERSION",
+    "OTHERS_WRITE_FORBIDDEN",
+    "OWNER_ONLY_FORBIDDEN",
     "PLAINTEXT_IN_SEALED_RUN",
     "PLAIN_ENCODING",
     "REDACTED_SIGNED_VERSION",
@@ -135,6 +144,7 @@ __all__ = [
     "NotSerialisable",
     "PayloadContext",
     "PayloadPipeline",
+    "PermissionRefused",
     "PlaintextInSealedRun",
     "PlaintextSealer",
     "SchemaEntry",
@@ -168,6 +178,8 @@ __all__ = [
     "llm_tool_call",
     "llm_usage",
     "next_chain_hash",
+    "permission_refused",
+    "read_checked_file",
     "refusing_plaintext",
     "safe_console",
     "safe_text",
