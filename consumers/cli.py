@@ -199,7 +199,8 @@ def retention_run(every: float | None) -> None:
                     f"{len(report.redacted)} runs shredded, "
                     f"{len(report.metadata_deleted)} runs' metadata deleted"
                     + (
-                        f"; unknown classes kept: {safe_text(', '.join(report.unknown_classes))}"
+                        "; runs of classes the policy does not define were held to the "
+                        f"standard class's periods: {safe_text(', '.join(report.unknown_classes))}"
                         if report.unknown_classes
                         else ""
                     )
