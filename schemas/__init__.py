@@ -7,13 +7,16 @@ This package is a leaf: it imports no other part of agent_blackbox.
 from agent_blackbox.schemas._canonical import (
     DIGEST_PREFIX,
     HMAC_PREFIX,
+    MAX_VALUE_DEPTH,
     Digester,
     JsonValue,
     KeyedDigest,
     canonical_json,
     canonical_text,
+    deepest_path,
     digest,
     digest_bytes,
+    too_deep,
 )
 from agent_blackbox.schemas._checkpoint import (
     Checkpoint,
@@ -112,6 +115,7 @@ __all__ = [
     "GENESIS_CHAIN_HASH",
     "HMAC_PREFIX",
     "LLM_CALL_VERSION",
+    "MAX_VALUE_DEPTH",
     "OTHERS_WRITE_FORBIDDEN",
     "OWNER_ONLY_FORBIDDEN",
     "PLAINTEXT_IN_SEALED_RUN",
@@ -164,6 +168,7 @@ __all__ = [
     "check_registry",
     "choice_view",
     "completion_view",
+    "deepest_path",
     "default_migrators",
     "default_registry",
     "deletion_statement",
@@ -183,5 +188,6 @@ __all__ = [
     "refusing_plaintext",
     "safe_console",
     "safe_text",
+    "too_deep",
     "tool_call_views",
 ]
