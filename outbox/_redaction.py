@@ -470,18 +470,19 @@ class Redactor:
             return True
         return False
 
-    def redact(self, value: Any) -> Redacted:
+    def redact(self, value: Any, *, path: str = "$") -> Redacted:
         """Return a redacted deep copy of ``value`` (tuples become lists); never mutates it.
 
         Raises:
             NotSerialisable: lists and mappings in ``value`` nest deeper than
-                :data:`~agent_blackbox.schemas.MAX_VALUE_DEPTH` (naming where).
+                :data:`~agent_blackbox.schemas.MAX_VALUE_DEPTH` (naming where, from
+                ``path``, the value's own name).
         """
         fired: set[str] = set()
         try:
             redacted = self._walk(value, self._paths, fired, 0, 0)
         except _TooDeep:
-            raise too_deep(deepest_path(value) or "$") from None
+            raise too_deep(deepest_path(value, path=path) or path) from None
         return Redacted(redacted, tuple(sorted(fired)))
 
     def _walk(self, value: Any, live: _Live, fired: set[str], depth: int, level: int) -> Any:

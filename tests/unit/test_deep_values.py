@@ -73,6 +73,7 @@ def test_deep_tool_arguments_are_refused_before_the_tool_runs() -> None:
     _, said = recorder.record(agent, RunSnapshot(code_version="deep"), agent_id="deep")
     assert ran == []
     assert f"more than {MAX_VALUE_DEPTH} levels" in said
+    assert said.startswith("search.arguments.args[0].a.a")
     assert [e for e in recorder.events if e.event_type == "tool.call"] == []
 
 
