@@ -91,7 +91,7 @@ def _refused(command: str, refusal: str) -> None:
     safe_console(stderr=True).print(
         f"[red]error:[/] the database refused `blackbox {safe_text(command)}` "
         f"({_login()}): {safe_text(refusal)}. Retrying cannot help: run it as {role} "
-        '(README, "Which role each process connects as"); what was refused changed '
+        '(README, "Which role each process connects as"); the refused statement changed '
         "nothing",
         soft_wrap=True,
     )
