@@ -10,7 +10,7 @@ gives the command.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from sqlalchemy.engine import make_url
@@ -86,11 +86,11 @@ def _login() -> str:
     return f"login {user!r}" if user else "its login"
 
 
-def _refused(command: str, refusal: str) -> None:
+def _refused(command: str, refusal: str) -> NoReturn:
     role = role_for(command.split(" ")[0])
     safe_console(stderr=True).print(
         f"[red]error:[/] the database refused `blackbox {safe_text(command)}` "
-        f"({_login()}): {safe_text(refusal)}. Retrying cannot help: run it as {role} "
+        f"({safe_text(_login())}): {safe_text(refusal)}. Retrying cannot help: run it as {role} "
         '(README, "Which role each process connects as"); the refused statement changed '
         "nothing",
         soft_wrap=True,
