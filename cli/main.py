@@ -19,6 +19,7 @@ from rich.logging import RichHandler
 from sqlalchemy import Engine, create_engine
 
 from agent_blackbox.broker import partition_count
+from agent_blackbox.cli._roles import RoleCheckedGroup
 from agent_blackbox.consumers import ViewRunIndex, migrate_views
 from agent_blackbox.consumers.cli import (
     consume_command,
@@ -42,14 +43,14 @@ from agent_blackbox.replayer.cli import (
     timeline_command,
     verify_command,
 )
-from agent_blackbox.schemas import BlackboxError, Settings, safe_console
+from agent_blackbox.schemas import BlackboxError, Settings, permission_refused, safe_console
 from agent_blackbox.schemas.cli import schemas_group
 from agent_blackbox.stack.cli import stack_group
 
 console = safe_console(stderr=True)
 
 
-@click.group()
+@click.group(cls=RoleCheckedGroup)
 @click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
@@ -134,6 +135,8 @@ def relay(
         with _stop_on_signals(stop), _RelayWatch(worker, stop, until_idle, log) as watch:
             worker.run(stop)
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(log, exc)
     if watch.idle:
         idle_notice(log, watch.idle)
@@ -240,4 +243,6 @@ def _guarded(work: Callable[[], object]) -> None:
     try:
         work()
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(console, exc)

@@ -70,11 +70,30 @@ class RetentionClass:
     metadata: timedelta
 
 
+FALLBACK_CLASS = "standard"
+"""The class whose periods apply to a run naming a class the policy does not define."""
+
+
 @dataclass(frozen=True, slots=True)
 class RetentionPolicy:
     """The retention classes by name (a run names its class when it starts)."""
 
     classes: Mapping[str, RetentionClass]
+
+    def for_unknown(self, name: str) -> RetentionClass:
+        """The periods a run of the undefined class ``name`` is held to: the
+        ``standard`` class's, or (a policy without one) the shortest of each period.
+
+        An agent chooses its run's class, so a made-up name must not keep its runs
+        for ever; it gets no longer than the defined classes give."""
+        fallback = self.classes.get(FALLBACK_CLASS)
+        if fallback is not None:
+            return RetentionClass(name, fallback.bodies, fallback.metadata)
+        return RetentionClass(
+            name,
+            min(c.bodies for c in self.classes.values()),
+            min(c.metadata for c in self.classes.values()),
+        )
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> RetentionPolicy:
@@ -93,6 +112,11 @@ class RetentionPolicy:
                     f"metadata_days ({metadata})"
                 )
             classes[name] = RetentionClass(name, timedelta(days=bodies), timedelta(days=metadata))
+        if not classes:
+            raise RetentionConfigError(
+                "the retention policy defines no class; define at least "
+                f"{FALLBACK_CLASS!r} (bodies_days, metadata_days)"
+            )
         return cls(classes)
 
     @classmethod
@@ -130,7 +154,8 @@ class RetentionReport:
     redacted: tuple[Redaction, ...] = ()
     metadata_deleted: tuple[str, ...] = ()
     unknown_classes: tuple[str, ...] = field(default=())
-    """Retention classes runs name that the policy does not define: their runs are kept."""
+    """Retention classes runs name that the policy does not define: their runs were held
+    to the ``standard`` class's periods (:meth:`RetentionPolicy.for_unknown`)."""
     still_running: tuple[str, ...] = ()
     """Runs a deletion request could not shred yet: they are still recording, and their
     writer holds the key. Forget again once they end (or are marked abandoned)."""
@@ -259,7 +284,9 @@ class RetentionJob:
         self._batch = batch
 
     def run_once(self) -> RetentionReport:
-        """Shred every run whose bodies expired, then delete expired metadata."""
+        """Shred every run whose bodies expired, then delete expired metadata. Runs of
+        a class the policy does not define are held to the ``standard`` class's periods
+        and their classes reported (``unknown_classes``)."""
         now = self._clock()
         with self._engine.begin() as conn:
             abandoned = mark_abandoned_txn(conn, before=now - self.abandon_after, limit=10_000)
@@ -268,7 +295,8 @@ class RetentionJob:
         unknown = tuple(sorted(c for c in named if c not in self.policy.classes))
         redacted: list[Redaction] = []
         deleted: list[str] = []
-        for retention in self.policy.classes.values():
+        classes = [*self.policy.classes.values(), *map(self.policy.for_unknown, unknown)]
+        for retention in classes:
             redacted += self._expire_bodies(retention, now - retention.bodies)
             deleted += self._expire_metadata(retention, now - retention.metadata)
         return RetentionReport(tuple(redacted), tuple(deleted), unknown, abandoned=tuple(abandoned))

@@ -35,6 +35,7 @@ from agent_blackbox.schemas import (
     CheckpointSigner,
     CheckpointVerifier,
     Settings,
+    permission_refused,
     safe_console,
     safe_text,
 )
@@ -106,6 +107,8 @@ def consume_command(group: str | None, until_idle: float | None) -> None:
         with _stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
             total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(console, exc)
     if until_idle is not None and not stop.is_set():
         idle_notice(console, until_idle)
@@ -197,7 +200,8 @@ def retention_run(every: float | None) -> None:
                     f"{len(report.redacted)} runs shredded, "
                     f"{len(report.metadata_deleted)} runs' metadata deleted"
                     + (
-                        f"; unknown classes kept: {safe_text(', '.join(report.unknown_classes))}"
+                        "; runs of classes the policy does not define were held to the "
+                        f"standard class's periods: {safe_text(', '.join(report.unknown_classes))}"
                         if report.unknown_classes
                         else ""
                     )
@@ -207,7 +211,9 @@ def retention_run(every: float | None) -> None:
                 if every is None or stop.wait(every):
                     return
     except BlackboxError as exc:
-        raise click.ClickException(safe_text(exc)) from exc
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
+        could_not_run(console, exc)
 
 
 @click.command("forget")
@@ -226,7 +232,9 @@ def forget_command(subject_id: str, as_json: bool) -> None:
     try:
         report = _retention_job(settings).forget(subject_id)
     except BlackboxError as exc:
-        raise click.ClickException(safe_text(exc)) from exc
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
+        could_not_run(safe_console(stderr=True), exc)
     if as_json:
         rows = [
             {"run_id": r.run_id, "key_ids": list(r.key_ids), "encrypted": r.encrypted}
@@ -286,6 +294,8 @@ def ledger_reapply() -> None:
         with console.status(f"checking and re-applying {len(entries)} notes"):
             report = reapply_ledger(engine, entries, verifier=verifier)
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(console, exc)
     _print_ignored(report, console)
     click.echo(
@@ -351,6 +361,8 @@ def sign_command(
         with _stop_on_signals(stop), consumer:
             total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(console, exc)
     if until_idle is not None and not stop.is_set():
         idle_notice(console, until_idle)

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import tempfile
 from pathlib import Path
 
 from agent_blackbox.keystore._errors import KeyProviderError, UnsafeKeyFile
+from agent_blackbox.schemas import (
+    OTHERS_WRITE_FORBIDDEN,
+    OWNER_ONLY_FORBIDDEN,
+    read_checked_file,
+)
 
-# Bits of the mode that let anyone but the owner read, write or run the file.
-_NOT_OWNER = 0o077
+_NOT_OWNER = OWNER_ONLY_FORBIDDEN
 
 
 def write_key_file(path: Path, content: bytes) -> None:
@@ -71,36 +74,19 @@ def read_key_file(path: Path) -> bytes:
 
 
 def _read_checked(path: Path, what: str, forbidden: int, refusal: str) -> bytes:
-    """The bytes of the regular file ``path``, opened without following a link, refused
-    when its mode has any bit of ``forbidden`` (``refusal`` says why: ``{mode}`` and
-    ``{path}`` are filled in)."""
-    # O_NONBLOCK: a FIFO planted at the path is refused below instead of hanging the open.
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        descriptor = os.open(path, flags)
-    except OSError as exc:
-        if path.is_symlink():
-            raise UnsafeKeyFile(
-                f"the {what} {path} is a symbolic link; refusing to follow it: point the "
-                "setting at the file itself"
-            ) from exc
-        raise KeyProviderError(f"cannot read the {what} {path}: {exc.strerror}") from exc
-    try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            raise UnsafeKeyFile(f"the {what} {path} is not a regular file; point at the file")
-        if mode & forbidden:
-            shown = f"{stat.S_IMODE(mode):04o}"
-            raise UnsafeKeyFile(f"the {what} {path} " + refusal.format(mode=shown, path=path))
-    except BaseException:
-        os.close(descriptor)
-        raise
-    with os.fdopen(descriptor, "rb") as source:
-        return source.read()
+    """The bytes of the regular file ``path`` (see :func:`read_checked_file`), refused
+    with :class:`UnsafeKeyFile` when it is a link, not regular or has a ``forbidden`` bit."""
+    return read_checked_file(
+        path,
+        what=what,
+        forbidden=forbidden,
+        refusal=refusal,
+        unsafe=UnsafeKeyFile,
+        unreadable=KeyProviderError,
+    )
 
 
-# Bits of the mode that let anyone but the owner change the file.
-_OTHERS_WRITE = 0o022
+_OTHERS_WRITE = OTHERS_WRITE_FORBIDDEN
 
 
 def write_public_file(path: Path, content: bytes) -> None:

@@ -18,6 +18,7 @@ from agent_blackbox.schemas import (
     BlackboxError,
     CheckpointSigner,
     Settings,
+    permission_refused,
     safe_console,
     safe_text,
 )
@@ -65,15 +66,25 @@ def keys_init(path: Path, version: str, add: bool, pair: bool) -> None:
         console.print(
             f"KEK version {version} (key pair) written: private half {path} for the replayer "
             f"and `blackbox keys rotate` (BLACKBOX_KEK_FILE={path}); public half {public} for "
-            f"agent hosts (BLACKBOX_KEK_PUBLIC_FILE={public}: they wrap and unwrap nothing). "
-            "Keep a copy of the private file somewhere safe"
+            f"agent hosts (BLACKBOX_KEK_PUBLIC_FILE={public}: with it they can wrap new data "
+            "keys but unwrap none). Keep a copy of the private file somewhere safe"
         )
     else:
         console.print(
-            f"KEK version {version} written to {path}; set BLACKBOX_KEK_FILE={path} for "
-            "agents, the relay-side jobs and the replayer, and keep a copy somewhere safe "
-            "(--pair makes a key pair, so that agents hold only its public half)"
+            f"KEK version {version} (symmetric) written to {path}: set "
+            f"BLACKBOX_KEK_FILE={path} for the replayer and `blackbox keys rotate` only, and "
+            "keep a copy somewhere safe. Agent hosts should not get this file (whoever holds "
+            "it can unwrap every data key): add a key pair for them with `blackbox keys init "
+            f"--pair --add --version {_next_version(version)} {path}`, run `blackbox keys "
+            "rotate`, and give agents "
+            "its public half (BLACKBOX_KEK_PUBLIC_FILE)"
         )
+
+
+def _next_version(version: str) -> str:
+    """A version name to suggest beside ``version`` (``v1`` → ``v2``)."""
+    number = version.removeprefix("v")
+    return f"v{int(number) + 1}" if number.isdigit() else f"{version}-pair"
 
 
 def public_path(path: Path) -> Path:
@@ -114,6 +125,8 @@ def keys_rotate() -> None:
     try:
         provider = LocalKeyProvider.from_env()
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(exc)
     if provider is None:
         could_not_run("set BLACKBOX_KEK_FILE (holding the old and the new version)")
@@ -122,6 +135,8 @@ def keys_rotate() -> None:
         with safe_console(stderr=True).status(f"re-wrapping under {provider.current_version}"):
             count = DataKeyStore(provider).rotate(engine)
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         could_not_run(exc)
     finally:
         engine.dispose()

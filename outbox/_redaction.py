@@ -34,7 +34,13 @@ from typing import Any, TypeAlias
 
 import re2  # type: ignore[import-untyped]
 
-from agent_blackbox.schemas import BlackboxError, canonical_text
+from agent_blackbox.schemas import (
+    MAX_VALUE_DEPTH,
+    BlackboxError,
+    canonical_text,
+    deepest_path,
+    too_deep,
+)
 
 PLACEHOLDER_PREFIX = "[redacted:"
 REDACTION_VERSION = 2
@@ -87,6 +93,11 @@ CREDENTIAL_KEYS = frozenset(
 )
 """Mapping keys (normalised: lower case, ``-`` and spaces as ``_``) whose whole value is a
 credential. ``token`` alone is not one: LLM responses use it for text tokens."""
+
+
+class _TooDeep(Exception):
+    """Raised inside a walk that went past :data:`MAX_VALUE_DEPTH`; :meth:`Redactor.redact`
+    turns it into ``NotSerialisable`` naming the path (the walk keeps no paths)."""
 
 
 class RedactionConfigError(BlackboxError, ValueError):
@@ -434,7 +445,7 @@ class Redactor:
         path = (os.environ if environ is None else environ).get("BLACKBOX_REDACTION_FILE")
         return cls.from_file(Path(path)) if path else cls()
 
-    def inert(self, value: Any) -> bool:
+    def inert(self, value: Any, depth: int = 0) -> bool:
         """Whether no rule can fire anywhere in ``value``, checked far faster than
         :meth:`redact` runs: scalars, strings too short for any detector, and lists of
         them, when no path rule is configured. Mappings always go through :meth:`redact`
@@ -451,28 +462,44 @@ class Redactor:
         if kind in _INERT_SCALARS:
             return True
         if kind is list or kind is tuple:
+            if depth >= MAX_VALUE_DEPTH:
+                return False  # redact() names where it is too deep
             for item in value:  # noqa: SIM110 -- a loop: all() over a generator costs more
-                if not self.inert(item):
+                if not self.inert(item, depth + 1):
                     return False
             return True
         return False
 
-    def redact(self, value: Any) -> Redacted:
-        """Return a redacted deep copy of ``value`` (tuples become lists); never mutates it."""
-        fired: set[str] = set()
-        return Redacted(self._walk(value, self._paths, fired), tuple(sorted(fired)))
+    def redact(self, value: Any, *, path: str = "$") -> Redacted:
+        """Return a redacted deep copy of ``value`` (tuples become lists); never mutates it.
 
-    def _walk(self, value: Any, live: _Live, fired: set[str], depth: int = 0) -> Any:
+        Raises:
+            NotSerialisable: lists and mappings in ``value`` nest deeper than
+                :data:`~agent_blackbox.schemas.MAX_VALUE_DEPTH` (naming where, from
+                ``path``, the value's own name).
+        """
+        fired: set[str] = set()
+        try:
+            redacted = self._walk(value, self._paths, fired, 0, 0)
+        except _TooDeep:
+            raise too_deep(deepest_path(value, path=path) or path) from None
+        return Redacted(redacted, tuple(sorted(fired)))
+
+    def _walk(self, value: Any, live: _Live, fired: set[str], depth: int, level: int) -> Any:
+        # depth: how many JSON strings deep this value was parsed from; level: how deeply
+        # it sits in lists and mappings (bounded, so no value can exhaust the stack).
         if isinstance(value, str):
             if len(value) < _MIN_LENGTH:
                 return value
             if self._version == 1:
                 return self._scrub(value, fired)
-            return self._string(value, fired, depth)
+            return self._string(value, fired, depth, level)
+        if isinstance(value, dict | list | tuple) and level >= MAX_VALUE_DEPTH:
+            raise _TooDeep
         if isinstance(value, dict):
-            return self._mapping(value, live, fired, depth)
+            return self._mapping(value, live, fired, depth, level + 1)
         if isinstance(value, (list, tuple)):
-            return self._sequence(value, live, fired, depth)
+            return self._sequence(value, live, fired, depth, level + 1)
         # type() rather than isinstance: True is an int, and never a card number.
         if type(value) is int and self._card_ints and value in _CARD_INTS and self._card(value):
             fired.add("card_number")
@@ -487,7 +514,9 @@ class Redactor:
             return _is_credential_key(key)
         return isinstance(key, str) and _is_secret_name(key)
 
-    def _child(self, key: object, item: Any, live: _Live, fired: set[str], depth: int) -> Any:
+    def _child(
+        self, key: object, item: Any, live: _Live, fired: set[str], depth: int, level: int
+    ) -> Any:
         if live:
             live, ended = _advance(live, key)
             if ended:
@@ -495,10 +524,10 @@ class Redactor:
                 if "path" in self._pseudonyms:
                     return self._stand_in("path", canonical_text(item))
                 return _PATH_PLACEHOLDER
-        return self._walk(item, live, fired, depth)
+        return self._walk(item, live, fired, depth, level)
 
     def _mapping(
-        self, value: dict[Any, Any], live: _Live, fired: set[str], depth: int
+        self, value: dict[Any, Any], live: _Live, fired: set[str], depth: int, level: int
     ) -> dict[Any, Any]:
         # A header as {"name": "Authorization", "value": "..."} hides its secret in "value".
         secret_value = self._credential_key(value.get("name")) and "value" in value
@@ -513,7 +542,7 @@ class Redactor:
                 fired.add(CREDENTIAL)
                 out[key] = _CREDENTIAL_PLACEHOLDER
             else:
-                out[key] = self._child(key, item, live, fired, depth)
+                out[key] = self._child(key, item, live, fired, depth, level)
         return out
 
     def _key_of(self, key: str, out: Mapping[Any, Any], fired: set[str]) -> str:
@@ -529,14 +558,19 @@ class Redactor:
         return candidate
 
     def _sequence(
-        self, value: list[Any] | tuple[Any, ...], live: _Live, fired: set[str], depth: int
+        self,
+        value: list[Any] | tuple[Any, ...],
+        live: _Live,
+        fired: set[str],
+        depth: int,
+        level: int,
     ) -> list[Any]:
         # A header as ["Authorization", "..."] keeps its name and loses its value.
         header = len(value) == 2 and self._credential_key(value[0])
         items = value[:1] if header else value
         # Path segments are strings; the index is only turned into one when a path needs it.
         out = [
-            self._child(str(i) if live else i, item, live, fired, depth)
+            self._child(str(i) if live else i, item, live, fired, depth, level)
             for i, item in enumerate(items)
         ]
         if header:
@@ -561,7 +595,7 @@ class Redactor:
             fired.update(hits)
             hits.clear()
 
-    def _string(self, value: str, fired: set[str], depth: int) -> str:
+    def _string(self, value: str, fired: set[str], depth: int, level: int) -> str:
         """A string (version 2): JSON inside it parsed and scanned, else scanned as text;
         a string longer than :data:`SCAN_CAP` is scanned as text, window by window."""
         if len(value) > SCAN_CAP:
@@ -574,7 +608,10 @@ class Redactor:
                 parsed = None
             if isinstance(parsed, (dict, list)):
                 inner: set[str] = set()
-                scrubbed = self._walk(parsed, (), inner, depth + 1)
+                try:
+                    scrubbed = self._walk(parsed, (), inner, depth + 1, level)
+                except _TooDeep:  # JSON nested too deeply to walk: scanned as text
+                    return self._text(value, fired)
                 if not inner:
                     return value
                 fired.update(inner)

@@ -103,11 +103,16 @@ class Scrub:
         """The rules as ``run.started`` records them."""
         return None if self._redactor is None else canonical_text(self._redactor.config)
 
-    def value(self, value: Any, fired: set[str]) -> Any:
-        """``value`` with every rule applied; the rules that fired are added to ``fired``."""
+    def value(self, value: Any, fired: set[str], *, path: str = "$") -> Any:
+        """``value`` with every rule applied; the rules that fired are added to ``fired``.
+
+        Raises:
+            NotSerialisable: ``value`` nests too deeply to walk (naming where, from
+                ``path``).
+        """
         if self._redactor is None or self._redactor.inert(value):
             return value
-        redacted = self._redactor.redact(value)
+        redacted = self._redactor.redact(value, path=path)
         fired.update(redacted.fired)
         return redacted.value
 
@@ -143,17 +148,27 @@ class Scrub:
             NotSerialisable: ``value`` would not come back with its type (names ``path``).
         """
         encoded = encode_value(value, path=path)
-        scrubbed = self.value(encoded, fired)
+        scrubbed = self.value(encoded, fired, path=path)
         return encoded if scrubbed is encoded else restore_tags(encoded, scrubbed)
 
     def arguments(
-        self, args: tuple[Any, ...], kwargs: Mapping[str, Any], fired: set[str]
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        fired: set[str],
+        *,
+        path: str = "$",
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Positional and keyword arguments, scrubbed as one value (so ``api_key=`` and a
-        path rule like ``kwargs.customer.email`` apply)."""
+        path rule like ``kwargs.customer.email`` apply); ``path`` names them in errors.
+
+        Raises:
+            NotSerialisable: an argument nests too deeply to walk.
+        """
         if not kwargs and (self._redactor is None or self._redactor.inert(args)):
             return args, {}
-        scrubbed = self.value({"args": list(args), "kwargs": dict(kwargs)}, fired)
+        wrapped = {"args": list(args), "kwargs": dict(kwargs)}
+        scrubbed = self.value(wrapped, fired, path=path)
         return tuple(scrubbed["args"]), scrubbed["kwargs"]
 
     def error(self, error: BaseException | None, fired: set[str]) -> BaseException | None:

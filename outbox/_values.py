@@ -36,7 +36,13 @@ from enum import Enum
 from typing import Any, Generic, TypeVar
 
 from agent_blackbox.outbox._errors import RecordedError
-from agent_blackbox.schemas import BlackboxError, NotSerialisable, canonical_text
+from agent_blackbox.schemas import (
+    MAX_VALUE_DEPTH,
+    BlackboxError,
+    NotSerialisable,
+    canonical_text,
+    too_deep,
+)
 
 __all__ = [
     "DEFAULT_CONVERTERS",
@@ -181,7 +187,7 @@ def encode_value(
         NotSerialisable: naming the path of the first value that would not come back
             with its type, and how to make it recordable.
     """
-    return _Encoder(converters).encode(value, path)
+    return _Encoder(converters).encode(value, path, 0)
 
 
 class _Encoder:
@@ -190,67 +196,77 @@ class _Encoder:
     def __init__(self, converters: Converters) -> None:
         self._converters = converters
 
-    def encode(self, value: Any, path: str) -> Any:
+    def encode(self, value: Any, path: str, depth: int) -> Any:
         kind = type(value)
         if kind is str or kind is int or kind is bool or value is None:
             return value
         if kind is float:
             return value if math.isfinite(value) else {TAG: "float", "value": repr(value)}
+        if depth >= MAX_VALUE_DEPTH:  # every other kind may hold values: stop before the stack
+            raise too_deep(path)
         if kind is list:
-            return [self.encode(item, f"{path}[{i}]") for i, item in enumerate(value)]
+            return [self.encode(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
         if kind is dict:
-            return self._dict(value, path)
+            return self._dict(value, path, depth)
         converter = self._converters.get(kind)
         if converter is not None:
-            recorded = self.encode(converter.to_recorded(value), path)
+            recorded = self.encode(converter.to_recorded(value), path, depth + 1)
             return {TAG: "custom", _CLASS: converter.name, "value": recorded}
         scalar = _SCALARS.get(kind)
         if scalar is not None:
             return {TAG: scalar[0], **scalar[1](value)}
         if kind is tuple:
-            return {TAG: "tuple", "items": self._items(value, path)}
+            return {TAG: "tuple", "items": self._items(value, path, depth)}
         if kind is set or kind is frozenset:
-            items = sorted(self._items(value, path), key=canonical_text)
+            items = sorted(self._items(value, path, depth), key=canonical_text)
             return {TAG: kind.__name__, "items": items}
-        return self._classed(value, path)
+        return self._classed(value, path, depth)
 
-    def _items(self, values: Any, path: str) -> list[Any]:
-        return [self.encode(item, f"{path}[{i}]") for i, item in enumerate(values)]
+    def _items(self, values: Any, path: str, depth: int) -> list[Any]:
+        return [self.encode(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(values)]
 
-    def _dict(self, value: dict[Any, Any], path: str) -> Any:
+    def _dict(self, value: dict[Any, Any], path: str, depth: int) -> Any:
+        below = depth + 1
         if TAG not in value and all(type(key) is str for key in value):
-            return {key: self.encode(item, f"{path}.{key}") for key, item in value.items()}
+            return {key: self.encode(item, f"{path}.{key}", below) for key, item in value.items()}
         pairs = [
-            [self.encode(key, f"{path}.<key {i}>"), self.encode(item, f"{path}.{key}")]
+            [
+                self.encode(key, f"{path}.<key {i}>", below),
+                self.encode(item, f"{path}.{key}", below),
+            ]
             for i, (key, item) in enumerate(value.items())
         ]
         return {TAG: "dict", "items": pairs}
 
-    def _classed(self, value: Any, path: str) -> Any:
+    def _classed(self, value: Any, path: str, depth: int) -> Any:
         cls = type(value)
         if isinstance(value, Enum):
             return {TAG: "enum", _CLASS: _importable(cls, path), "name": value.name}
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-            return self._object("dataclass", cls, fields, path)
+            return self._object("dataclass", cls, fields, path, depth)
         if isinstance(value, tuple) and hasattr(cls, "_fields"):
             return {
                 TAG: "namedtuple",
                 _CLASS: _importable(cls, path),
-                "items": self._items(value, path),
+                "items": self._items(value, path, depth),
             }
         pydantic = sys.modules.get("pydantic")  # no model exists unless it was imported
         if pydantic is not None and isinstance(value, pydantic.BaseModel):
             fields = {name: getattr(value, name) for name in type(value).model_fields}
             fields.update(value.model_extra or {})
-            return self._object("pydantic", cls, fields, path)
+            return self._object("pydantic", cls, fields, path, depth)
         article = "an" if cls.__qualname__[:1].lower() in "aeiou" else "a"
         raise NotSerialisable(
             path, f"{article} {cls.__qualname__} would not come back the same", _HOW
         )
 
-    def _object(self, tag: str, cls: type[Any], fields: Mapping[str, Any], path: str) -> Any:
-        encoded = {name: self.encode(item, f"{path}.{name}") for name, item in fields.items()}
+    def _object(
+        self, tag: str, cls: type[Any], fields: Mapping[str, Any], path: str, depth: int
+    ) -> Any:
+        encoded = {
+            name: self.encode(item, f"{path}.{name}", depth + 1) for name, item in fields.items()
+        }
         return {TAG: tag, _CLASS: _importable(cls, path), **encoded}
 
 

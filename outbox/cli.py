@@ -15,7 +15,7 @@ from agent_blackbox.outbox._tenants import (
     revoke_tenant_txn,
     tenant_grants_txn,
 )
-from agent_blackbox.schemas import Settings, safe_console, safe_text
+from agent_blackbox.schemas import Settings, permission_refused, safe_console, safe_text
 
 
 @click.group("tenants")
@@ -42,6 +42,8 @@ def _apply(action: str, role: str, tenant: str) -> bool:
 
 
 def _could_not_run(exc: SQLAlchemyError, doing: str) -> NoReturn:
+    if permission_refused(exc) is not None:
+        raise exc  # the top-level command names the role to run as
     first = str(exc).splitlines()[0]
     safe_console(stderr=True).print(
         f"[red]could not {doing} the grants:[/] {safe_text(first)}; run as the schema's owner "

@@ -132,18 +132,17 @@ class Contract:
             NotSerialisable: an argument is not JSON (before the tool is called).
         """
         fired: set[str] = set()
-        args, kwargs = self.scrub.arguments(args, kwargs, fired)
+        path = f"{tool}.arguments"
+        args, kwargs = self.scrub.arguments(args, kwargs, fired, path=path)
         inputs = b.tool_input(tool, args, kwargs)
-        return self._ask(
-            EventType.TOOL_CALL, inputs, path=f"{tool}.arguments", value=(args, kwargs), fired=fired
-        )
+        return self._ask(EventType.TOOL_CALL, inputs, path=path, value=(args, kwargs), fired=fired)
 
     def llm(self, provider: str, model: str | None, request: Mapping[str, Any]) -> Ask:
         """An LLM call; ``value`` is the scrubbed request. The model is the one named,
         else the request's own, else ``unknown``."""
         chosen = model or str(request.get("model", "unknown"))
         fired: set[str] = set()
-        scrubbed = self.scrub.value(dict(request), fired)
+        scrubbed = self.scrub.value(dict(request), fired, path="llm.request")
         inputs = llm_input(provider, chosen, scrubbed)
         return self._ask(
             EventType.LLM_CALL, inputs, path="llm.request", value=scrubbed, fired=fired
@@ -163,8 +162,12 @@ class Contract:
             NotSerialisable: the query or the filters are not JSON (before the search).
         """
         fired: set[str] = set()
-        query = self.scrub.value(query, fired)
-        filters = None if filters is None else self.scrub.value(dict(filters), fired)
+        query = self.scrub.value(query, fired, path=f"{index}.query")
+        filters = (
+            None
+            if filters is None
+            else self.scrub.value(dict(filters), fired, path=f"{index}.filters")
+        )
         inputs = b.retrieval_input(index, index_version, query, filters, top_k)
         return self._ask(
             EventType.RETRIEVAL,
@@ -192,7 +195,7 @@ class Contract:
     def intent(self, effect: str, idempotency_key: str, arguments: Mapping[str, Any]) -> Ask:
         """The intent of a side effect; ``value`` is the scrubbed arguments."""
         fired: set[str] = set()
-        scrubbed = self.scrub.value(dict(arguments), fired)
+        scrubbed = self.scrub.value(dict(arguments), fired, path=f"{effect}.arguments")
         inputs = b.intent_input(effect, idempotency_key, scrubbed)
         return self._ask(
             EventType.EFFECT_INTENT, inputs, path=f"{effect}.arguments", value=scrubbed, fired=fired
@@ -209,7 +212,7 @@ class Contract:
         """A state transition; ``value`` is the scrubbed state, whose digest (over
         ``{"state": ...}``) is the recorded output digest."""
         fired: set[str] = set()
-        scrubbed = self.scrub.value(state, fired)
+        scrubbed = self.scrub.value(state, fired, path=f"{to_state}.state")
         if reason is not None and self.scrub.version >= 2:  # v1 runs recorded it as given
             reason = self.scrub.value(reason, fired)
         inputs = b.transition_input(from_state, to_state, reason)
@@ -242,7 +245,7 @@ class Contract:
     ) -> Ending:
         """The end of a run with ``status``; see :meth:`ending`."""
         fired: set[str] = set()
-        output = self.scrub.value(output, fired)
+        output = self.scrub.value(output, fired, path="run.output")
         error = self.scrub.error(error, fired)
         ask = self._endings.get(status) or self._fixed_ask(
             self._endings, status, EventType.RUN_FINISHED, b.finished_input(status)

@@ -27,6 +27,7 @@ from agent_blackbox.schemas import (
     Envelope,
     EventType,
     Settings,
+    permission_refused,
     safe_console,
     safe_text,
 )
@@ -140,6 +141,8 @@ def fork_command(
         )
         diff = fork_diff(parent, result, pipeline=reading.pipeline)
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         console.print(f"[red]error:[/] {safe_text(str(exc))}")
         sys.exit(2)
     finally:
@@ -283,6 +286,8 @@ def reexecute_command(
         send = openai_sender(base_url, os.environ.get(api_key_env, "not-set"))
         diffs = reexecute(_progress(events, console), send, pipeline=pipeline)
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         console.print(f"[red]error:[/] {safe_text(str(exc))}")
         sys.exit(2)
     finally:

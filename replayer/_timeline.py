@@ -24,6 +24,7 @@ from agent_blackbox.schemas import (
     SealedRunGuard,
     Settings,
     llm_reply,
+    permission_refused,
     safe_console,
     safe_text,
 )
@@ -72,7 +73,7 @@ def _body(envelope: Envelope, pipeline: PayloadPipeline) -> str:
         return safe_text(f"(out of line: {envelope.payload_ref})")
     try:
         body = pipeline.unpack(envelope)
-    except BlackboxError as exc:
+    except BlackboxError as exc:  # a refusal too: shown in place of that body
         return safe_text(f"({type(exc).__name__}: {exc})", limit=BODY_LIMIT)
     if envelope.event_type == EventType.LLM_CALL:
         body = _llm_shown(body)
@@ -107,6 +108,8 @@ def timeline_command(run_id: str, bodies: bool, purpose: str | None, archive: Pa
         pipeline = opening(lambda: engine, purpose=purpose).pipeline if bodies and purpose else None
         safe_console().print(timeline_table(run_id, events, pipeline=pipeline))
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         console.print(f"[red]error:[/] {safe_text(exc)}")
         sys.exit(2)
     finally:

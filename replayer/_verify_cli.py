@@ -33,6 +33,7 @@ from agent_blackbox.schemas import (
     CheckpointVerifier,
     Envelope,
     Settings,
+    permission_refused,
     safe_console,
     safe_text,
 )
@@ -114,6 +115,8 @@ def verify_command(
         finally:
             engine.dispose()
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         console.print(f"[red]error:[/] {safe_text(exc)}")
         sys.exit(2)
     if not reports:

@@ -37,7 +37,14 @@ from agent_blackbox.replayer._sandbox import POLICIES, NondeterminismPolicy
 from agent_blackbox.replayer._sources import KafkaRunSource, SourceError, read_archive
 from agent_blackbox.replayer._timeline import timeline_command
 from agent_blackbox.replayer._verify_cli import verify_command
-from agent_blackbox.schemas import BlackboxError, Envelope, Settings, safe_console, safe_text
+from agent_blackbox.schemas import (
+    BlackboxError,
+    Envelope,
+    Settings,
+    permission_refused,
+    safe_console,
+    safe_text,
+)
 
 __all__ = [
     "fork_command",
@@ -148,6 +155,8 @@ def replay_command(
         for report in _reports(run_id, scope, archive, registry, purpose, how):
             out.run(report)
     except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise  # the top-level command names the role to run as
         out.fail(str(exc))
     except KeyboardInterrupt:
         out.fail(f"interrupted after {out.replayed} runs; the summary covers those")

@@ -7,13 +7,16 @@ This package is a leaf: it imports no other part of agent_blackbox.
 from agent_blackbox.schemas._canonical import (
     DIGEST_PREFIX,
     HMAC_PREFIX,
+    MAX_VALUE_DEPTH,
     Digester,
     JsonValue,
     KeyedDigest,
     canonical_json,
     canonical_text,
+    deepest_path,
     digest,
     digest_bytes,
+    too_deep,
 )
 from agent_blackbox.schemas._checkpoint import (
     Checkpoint,
@@ -51,8 +54,15 @@ from agent_blackbox.schemas._errors import (
     KeyUnavailable,
     MigrationFailed,
     NotSerialisable,
+    PermissionRefused,
     UndecodableMessage,
     UnknownSchemaVersion,
+    permission_refused,
+)
+from agent_blackbox.schemas._keyfile import (
+    OTHERS_WRITE_FORBIDDEN,
+    OWNER_ONLY_FORBIDDEN,
+    read_checked_file,
 )
 from agent_blackbox.schemas._llm_call import (
     LLM_CALL_VERSION,
@@ -105,6 +115,9 @@ __all__ = [
     "GENESIS_CHAIN_HASH",
     "HMAC_PREFIX",
     "LLM_CALL_VERSION",
+    "MAX_VALUE_DEPTH",
+    "OTHERS_WRITE_FORBIDDEN",
+    "OWNER_ONLY_FORBIDDEN",
     "PLAINTEXT_IN_SEALED_RUN",
     "PLAIN_ENCODING",
     "REDACTED_SIGNED_VERSION",
@@ -135,6 +148,7 @@ __all__ = [
     "NotSerialisable",
     "PayloadContext",
     "PayloadPipeline",
+    "PermissionRefused",
     "PlaintextInSealedRun",
     "PlaintextSealer",
     "SchemaEntry",
@@ -154,6 +168,7 @@ __all__ = [
     "check_registry",
     "choice_view",
     "completion_view",
+    "deepest_path",
     "default_migrators",
     "default_registry",
     "deletion_statement",
@@ -168,8 +183,11 @@ __all__ = [
     "llm_tool_call",
     "llm_usage",
     "next_chain_hash",
+    "permission_refused",
+    "read_checked_file",
     "refusing_plaintext",
     "safe_console",
     "safe_text",
+    "too_deep",
     "tool_call_views",
 ]

@@ -23,6 +23,13 @@ JsonValue: TypeAlias = (
 
 DIGEST_PREFIX = "sha256:"
 
+MAX_VALUE_DEPTH = 100
+"""How deeply lists and mappings may nest in a recorded value. Every walk over a value
+(canonical JSON, the tagged encoding, redaction) refuses a deeper one with
+:class:`NotSerialisable` instead of running out of stack; a fixed number, so a value
+recorded is a value replayed, whatever the caller's stack depth. Redaction takes up to
+four frames a level: 100 levels stay well inside Python's default recursion limit."""
+
 # What json.dumps(value, **these options) builds on every call, built once.
 _ENCODER = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -51,7 +58,7 @@ def canonical_json(value: Any, *, path: str = "$") -> bytes:
     """
     if _C_ENCODER is not None and _plain(value):
         return "".join(_C_ENCODER(value, 0)).encode("utf-8")
-    _check(value, path)  # raises naming the path, or lets a subclass or Mapping through
+    _check(value, path, 0)  # raises naming the path, or lets a subclass or Mapping through
     return _ENCODER.encode(value).encode("utf-8")
 
 
@@ -108,34 +115,37 @@ _sha256 = hashlib.sha256
 _SCALARS = frozenset({str, int, bool, type(None)})
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: Any, depth: int = 0) -> bool:
     """Whether ``value`` is built of exactly dict, list, tuple, str, int, bool, None and
     finite floats with str keys: the common case, which :func:`_check` always passes.
 
     Checking exact types, without building a path for every value, is several times
     faster than :func:`_check`; anything else (NaN, a subclass, another Mapping) is
-    left to :func:`_check`, which names the path of a bad value.
+    left to :func:`_check`, which names the path of a bad value (or of one nested deeper
+    than :data:`MAX_VALUE_DEPTH`).
     """
     kind = type(value)
     if kind in _SCALARS:
         return True
     if kind is float:
         return math.isfinite(value)
+    if depth >= MAX_VALUE_DEPTH:
+        return False  # too deep for the fast path: _check names where
     if kind is dict:
         for key, item in value.items():
-            if type(key) is not str or (type(item) not in _SCALARS and not _plain(item)):
+            if type(key) is not str or (type(item) not in _SCALARS and not _plain(item, depth + 1)):
                 return False
         return True
     if kind is list or kind is tuple:
         # A loop, not all(): a generator costs more than the walk over a short list.
-        for item in value:  # noqa: SIM110
-            if type(item) not in _SCALARS and not _plain(item):
+        for item in value:
+            if type(item) not in _SCALARS and not _plain(item, depth + 1):
                 return False
         return True
     return False
 
 
-def _check(value: Any, path: str) -> None:
+def _check(value: Any, path: str, depth: int) -> None:
     # Walk before dumping so the error can name where the bad value sits; json's own
     # TypeError names only the type.
     if value is None or isinstance(value, bool | int | str):
@@ -144,14 +154,50 @@ def _check(value: Any, path: str) -> None:
         if not math.isfinite(value):
             raise NotSerialisable(path, f"{value!r} is not a finite number")
         return
+    if isinstance(value, Mapping | list | tuple) and depth >= MAX_VALUE_DEPTH:
+        raise too_deep(path)
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise NotSerialisable(path, f"key {key!r} is a {type(key).__name__}, not a str")
-            _check(item, f"{path}.{key}")
+            _check(item, f"{path}.{key}", depth + 1)
         return
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            _check(item, f"{path}[{index}]")
+            _check(item, f"{path}[{index}]", depth + 1)
         return
     raise NotSerialisable(path, f"a {type(value).__name__} is not JSON-serialisable")
+
+
+_PATH_SHOWN = 48
+
+
+def too_deep(path: str) -> NotSerialisable:
+    """The refusal of a value whose list or mapping at ``path`` lies deeper than
+    :data:`MAX_VALUE_DEPTH` (a long path is shortened in the middle)."""
+    shown = path if len(path) <= 2 * _PATH_SHOWN else f"{path[:_PATH_SHOWN]}…{path[-_PATH_SHOWN:]}"
+    return NotSerialisable(
+        shown,
+        f"lists and mappings nest more than {MAX_VALUE_DEPTH} levels deep here",
+        "Flatten the value, or record a summary of it (a count, a digest, the first levels), "
+        "before it crosses a recorded boundary.",
+    )
+
+
+def deepest_path(value: Any, *, path: str = "$") -> str | None:
+    """The path of the first list or mapping in ``value`` that lies deeper than
+    :data:`MAX_VALUE_DEPTH`, or None; walked without recursion, so any depth is safe.
+    For walks that count depth but not paths (redaction): they find the path here."""
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while stack:
+        current, where, depth = stack.pop()
+        if isinstance(current, Mapping):
+            children: list[tuple[Any, str]] = [(v, f"{where}.{k}") for k, v in current.items()]
+        elif isinstance(current, list | tuple):
+            children = [(v, f"{where}[{i}]") for i, v in enumerate(current)]
+        else:
+            continue
+        if depth >= MAX_VALUE_DEPTH:
+            return where
+        stack.extend((child, at, depth + 1) for child, at in reversed(children))
+    return None

@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 from agent_blackbox.schemas._canonical import canonical_json
 from agent_blackbox.schemas._errors import BlackboxError
+from agent_blackbox.schemas._keyfile import OWNER_ONLY_FORBIDDEN, read_checked_file
 
 CHECKPOINT_PURPOSE = "agent-blackbox checkpoint v1"
 """Bound into every signed message, so the signature means "this is a checkpoint".
@@ -197,7 +198,7 @@ class CheckpointSigner:
             SigningKeyError: naming the file: missing, unreadable, not a PEM private
                 key, encrypted, or not Ed25519.
         """
-        data = _read_key_file(path)
+        data = _read_private_key_file(path)
         try:
             key = load_pem_private_key(data, password=None)
         except TypeError as exc:  # cryptography's word for "encrypted, no password given"
@@ -411,6 +412,24 @@ def key_fingerprint(public_key: Ed25519PublicKey) -> str:
     of the SHA-256 of its raw 32 bytes."""
     raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
     return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _read_private_key_file(path: StrPath) -> bytes:
+    """The signer's key file, read like a key-encryption key file: never through a link,
+    and refused when its group or others may read it (whoever reads it can sign)."""
+
+    def hinted(message: str) -> SigningKeyError:
+        return SigningKeyError(f"{message}; {_KEY_HINT}")
+
+    return read_checked_file(
+        Path(path),
+        what="signing key file",
+        forbidden=OWNER_ONLY_FORBIDDEN,
+        refusal="is readable or writable by others (mode {mode}), and whoever reads it can "
+        "sign checkpoints and deletion notes; restrict it to its owner with `chmod 600 {path}`",
+        unsafe=SigningKeyError,
+        unreadable=hinted,
+    )
 
 
 def _read_key_file(path: StrPath) -> bytes:

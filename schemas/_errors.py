@@ -90,3 +90,47 @@ class MigrationFailed(BlackboxError):
             "the stored body is damaged or the migrator has a bug (originals are never "
             "rewritten, so fixing the migrator fixes every read)"
         )
+
+
+INSUFFICIENT_PRIVILEGE = "42501"
+"""The SQLSTATE Postgres gives every "permission denied" (and the write functions'
+refusals)."""
+
+
+class PermissionRefused(BlackboxError):
+    """The database refused the session user a privilege the work needs: the process
+    connects as the wrong role, or its login lacks a grant. Retrying cannot help."""
+
+
+def permission_refused(exc: BaseException) -> str | None:
+    """The database's refusal line when ``exc`` or anything it was raised from (its
+    ``__cause__``, ``__context__``, or a driver error it wraps as ``orig``) is a
+    permission error (SQLSTATE 42501, or a message saying "permission denied"); None
+    otherwise.
+
+    Read from attributes only, so the leaf package needs no database driver.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    ours: str | None = None
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        code = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+        if code == INSUFFICIENT_PRIVILEGE:
+            return _first_line(current)  # the database's own words, wherever they are
+        if isinstance(current, PermissionRefused) and ours is None:
+            ours = _first_line(current)
+        pending.extend(
+            e
+            for e in (getattr(current, "orig", None), current.__cause__, current.__context__)
+            if isinstance(e, BaseException)
+        )
+    return ours
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

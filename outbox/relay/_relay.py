@@ -29,7 +29,7 @@ from agent_blackbox.broker import KafkaUnavailable, ensure_topics, new_producer,
 from agent_blackbox.outbox._postgres import pending_events_txn
 from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
-from agent_blackbox.schemas import Settings
+from agent_blackbox.schemas import PermissionRefused, Settings, permission_refused
 
 log = logging.getLogger("blackbox.relay")
 
@@ -148,7 +148,14 @@ class Relay:
     # Loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Relay until ``stop`` is set; in-flight deliveries finish before returning."""
+        """Relay until ``stop`` is set; in-flight deliveries finish before returning.
+
+        A database or Kafka that is away is retried with backoff.
+
+        Raises:
+            PermissionRefused: the database refused the session user (not the relay's
+                role): retrying cannot help, so the relay stops at once.
+        """
         failures = 0
         try:
             while not stop.is_set():
@@ -156,6 +163,12 @@ class Relay:
                 try:
                     moved = self.drain_once(stop)
                 except (SQLAlchemyError, KafkaUnavailable) as exc:
+                    if refusal := permission_refused(exc):
+                        raise PermissionRefused(
+                            f"the database refused relay {self.owner}: {refusal}; the relay "
+                            "reads, publishes and deletes outbox rows and keeps shard leases: "
+                            "connect as a login in the blackbox_relay role"
+                        ) from exc
                     failures += 1
                     delay = min(0.2 * 2**failures, 5.0)
                     log.warning("%s; retrying in %.1fs", _first_line(exc), delay)

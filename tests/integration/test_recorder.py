@@ -22,6 +22,13 @@ from agent_blackbox.schemas import EnvelopeCodec, NotSerialisable, PayloadPipeli
 pytestmark = pytest.mark.integration
 
 
+def _nested(levels: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
 def _events(engine: Engine, run_id: str) -> list[tuple[int, str]]:
     codec = EnvelopeCodec()
     with engine.connect() as conn:
@@ -38,7 +45,9 @@ def _events(engine: Engine, run_id: str) -> list[tuple[int, str]]:
         (object(), "a object is not JSON-serialisable"),
         (float("nan"), "nan is not a finite number"),
         ({1: "x"}, "key 1 is a int"),
+        (_nested(3_000), "nest more than 100 levels deep"),
     ],
+    ids=["object", "nan", "int key", "3000 levels deep"],
 )
 def test_bad_argument_is_refused_before_the_tool_runs(
     engine: Engine, settings: Settings, argument: Any, complaint: str
@@ -53,6 +62,17 @@ def test_bad_argument_is_refused_before_the_tool_runs(
     assert _events(engine, run.run_id) == [(1, "run.started")]
     run.call("lookup", lambda value: value, 1)  # the run goes on, at the next sequence
     assert _events(engine, run.run_id) == [(1, "run.started"), (2, "tool.call")]
+
+
+def test_a_deeply_nested_result_is_a_recorded_error(engine: Engine, settings: Settings) -> None:
+    run = Recorder(engine, settings=settings).start_run(
+        RunSnapshot(code_version="v1"), agent_id="a"
+    )
+    with pytest.raises(NotSerialisable, match=r"lookup\.result\.rows\.a\.a.*100 levels"):
+        run.call("lookup", lambda: {"rows": _nested(3_000)})
+    assert _events(engine, run.run_id) == [(1, "run.started"), (2, "tool.call")]
+    run.finish(output="handled")
+    assert _events(engine, run.run_id)[-1] == (3, "run.finished")
 
 
 def test_unserialisable_result_is_a_recorded_error_and_oversized_body_writes_nothing(

@@ -229,6 +229,31 @@ def test_retention_marks_a_silent_running_run_abandoned_and_then_shreds_it(
         Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER)).resume(crashed)
 
 
+def test_a_run_of_a_class_the_policy_does_not_define_expires_like_a_standard_one(
+    engine: Engine, settings: Settings
+) -> None:
+    """An agent names its run's class: a made-up one must not exempt it from retention."""
+    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER))
+    snapshot = RunSnapshot(code_version="retention.1", input={"who": "frank"})
+    run, _ = recorder.record(
+        agent, snapshot, agent_id="retention", retention_class="keep-forever-please"
+    )
+    start = datetime.now(UTC)
+
+    def job(days: int) -> RetentionJob:
+        at = start + timedelta(days=days)
+        return RetentionJob(engine, policy=POLICY, settings=settings, clock=lambda: at)
+
+    early = job(29).run_once()
+    assert early.redacted == ()
+    assert early.unknown_classes == ("keep-forever-please",)
+    shredded = job(31).run_once()  # the standard class's 30 days
+    assert [(r.run_id, r.reason) for r in shredded.redacted] == [(run.run_id, "retention")]
+    assert shredded.unknown_classes == ("keep-forever-please",)
+    _relay(engine, settings)
+    assert job(401).run_once().metadata_deleted == (run.run_id,)
+
+
 def test_the_forget_table_escapes_a_hostile_run_id(engine: Engine, settings: Settings) -> None:
     from click.testing import CliRunner
 

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.integration
 def signing_key(tmp_path: Path) -> tuple[CheckpointSigner, Path]:
     signer = CheckpointSigner.generate(key_id="signer-1")
     path = tmp_path / "signing.pem"
+    path.touch(mode=0o600)
     path.write_bytes(signer.private_key_pem())
     return signer, path
 

@@ -103,3 +103,46 @@ def test_a_key_file_others_can_read_is_refused_and_nothing_is_done(
     assert table(engine, "SELECT key_id, kek_version, wrapped FROM blackbox.data_keys") == before
     with pytest.raises(UnsafeKeyFile, match="chmod 600"):
         LocalKeyProvider.from_file(path)
+
+
+def test_a_signing_key_file_others_can_read_is_refused_by_sign_and_forget(
+    engine: Engine, settings: Settings, tmp_path: Path
+) -> None:
+    key = tmp_path / "signing.pem"
+    made = CliRunner().invoke(main, ["keys", "signing", str(key)])
+    assert made.exit_code == 0, made.output
+    assert _mode(key) == 0o600
+    kek = tmp_path / "kek.json"
+    assert _init(kek)[0] == 0
+    recorder = Recorder(
+        engine, settings=settings, keys=DataKeyStore(LocalKeyProvider.from_file(kek))
+    )
+    subject = "subject-12"
+    recorder.start_run(
+        RunSnapshot(code_version="keys.12"), agent_id="keys-12", subject_ids=(subject,)
+    ).finish(output={"ok": True})
+    keys_before = table(engine, "SELECT key_id, wrapped FROM blackbox.data_keys")
+    ledger_before = table(engine, "SELECT * FROM blackbox.deletion_ledger")
+    key.chmod(0o644)  # what a careless copy leaves: anyone on the host could sign
+    env = {
+        "BLACKBOX_SIGNING_KEY_FILE": str(key),
+        "BLACKBOX_DATABASE_URL": settings.database_url,
+        "BLACKBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "BLACKBOX_TOPIC": settings.topic,
+    }
+    for command in (["sign", "--until-idle", "1"], ["forget", "--subject", subject]):
+        result = CliRunner(env=env).invoke(main, command)
+        assert result.exit_code == 2, (command, result.output)
+        assert "readable or writable by others (mode 0644)" in result.output
+        assert f"chmod 600 {key}" in result.output.replace("\n", "")
+    assert table(engine, "SELECT key_id, wrapped FROM blackbox.data_keys") == keys_before
+    assert table(engine, "SELECT * FROM blackbox.deletion_ledger") == ledger_before
+    link = tmp_path / "link.pem"
+    link.symlink_to(key)
+    key.chmod(0o600)
+    refused = CliRunner(env={**env, "BLACKBOX_SIGNING_KEY_FILE": str(link)}).invoke(
+        main, ["forget", "--subject", subject]
+    )
+    assert refused.exit_code == 2, refused.output
+    assert "symbolic link" in refused.output
+    assert table(engine, "SELECT key_id, wrapped FROM blackbox.data_keys") == keys_before

@@ -43,6 +43,12 @@ def _verifier(*signers: CheckpointSigner) -> CheckpointVerifier:
     return CheckpointVerifier({s.key_id: s.public_key for s in signers})
 
 
+def _write_key(path: Path, content: bytes) -> None:
+    """A key file as `blackbox keys signing` leaves it: readable by its owner only."""
+    path.touch(mode=0o600)
+    path.write_bytes(content)
+
+
 def _pem(key: Ed25519PrivateKey) -> bytes:
     return key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
 
@@ -182,7 +188,7 @@ def test_the_signer_refuses_a_head_that_cannot_be_one() -> None:
 def test_key_id_defaults_to_a_fingerprint_of_the_public_key(tmp_path: Path) -> None:
     key = Ed25519PrivateKey.generate()
     path = tmp_path / "signing.pem"
-    path.write_bytes(_pem(key))
+    _write_key(path, _pem(key))
     signer = CheckpointSigner.from_pem_file(path)
     assert signer.key_id == key_fingerprint(key.public_key())
     assert signer.key_id.startswith("ed25519:")
@@ -192,7 +198,7 @@ def test_key_id_defaults_to_a_fingerprint_of_the_public_key(tmp_path: Path) -> N
 
 def test_pem_files_on_both_sides(tmp_path: Path) -> None:
     key_file = tmp_path / "signing.pem"
-    key_file.write_bytes(_pem(Ed25519PrivateKey.generate()))
+    _write_key(key_file, _pem(Ed25519PrivateKey.generate()))
     signer = CheckpointSigner.from_pem_file(key_file)
     public_file = tmp_path / "signing.pub.pem"
     public_file.write_bytes(signer.public_key_pem())
@@ -205,7 +211,7 @@ def test_pem_files_on_both_sides(tmp_path: Path) -> None:
 
 def test_from_env_reads_the_key_file_and_key_id(tmp_path: Path) -> None:
     path = tmp_path / "k.pem"
-    path.write_bytes(_pem(Ed25519PrivateKey.generate()))
+    _write_key(path, _pem(Ed25519PrivateKey.generate()))
     env = {"BLACKBOX_SIGNING_KEY_FILE": str(path), "BLACKBOX_SIGNING_KEY_ID": "env-id"}
     assert CheckpointSigner.from_env(env).key_id == "env-id"
     assert CheckpointSigner.from_env(env, key_id="arg-id").key_id == "arg-id"
@@ -229,7 +235,7 @@ def test_a_missing_key_file_is_named(tmp_path: Path) -> None:
 
 def test_a_file_that_is_not_a_key_is_named(tmp_path: Path) -> None:
     path = tmp_path / "junk.pem"
-    path.write_bytes(b"not a key at all")
+    _write_key(path, b"not a key at all")
     with pytest.raises(SigningKeyError, match=r"junk\.pem does not hold a PEM private key"):
         CheckpointSigner.from_pem_file(path)
     with pytest.raises(SigningKeyError, match=r"junk\.pem does not hold a PEM public key"):
@@ -238,7 +244,7 @@ def test_a_file_that_is_not_a_key_is_named(tmp_path: Path) -> None:
 
 def test_a_private_key_is_not_accepted_as_a_public_one(tmp_path: Path) -> None:
     path = tmp_path / "private.pem"
-    path.write_bytes(_pem(Ed25519PrivateKey.generate()))
+    _write_key(path, _pem(Ed25519PrivateKey.generate()))
     with pytest.raises(SigningKeyError, match="never its private key"):
         CheckpointVerifier.from_pem_files([path])
 
@@ -246,7 +252,7 @@ def test_a_private_key_is_not_accepted_as_a_public_one(tmp_path: Path) -> None:
 def test_a_key_of_another_algorithm_is_named(tmp_path: Path) -> None:
     ec = generate_private_key(SECP256R1())
     path = tmp_path / "ec.pem"
-    path.write_bytes(ec.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    _write_key(path, ec.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
     with pytest.raises(SigningKeyError, match=r"ec\.pem holds a .*not an Ed25519 key"):
         CheckpointSigner.from_pem_file(path)
     public = tmp_path / "ec.pub.pem"
@@ -260,8 +266,8 @@ def test_a_key_of_another_algorithm_is_named(tmp_path: Path) -> None:
 def test_an_encrypted_key_file_is_named(tmp_path: Path) -> None:
     path = tmp_path / "locked.pem"
     key = Ed25519PrivateKey.generate()
-    path.write_bytes(
-        key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, BestAvailableEncryption(b"pw"))
+    _write_key(
+        path, key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, BestAvailableEncryption(b"pw"))
     )
     with pytest.raises(SigningKeyError, match=r"locked\.pem is encrypted"):
         CheckpointSigner.from_pem_file(path)
@@ -270,3 +276,27 @@ def test_an_encrypted_key_file_is_named(tmp_path: Path) -> None:
 def test_the_signer_never_shows_its_key() -> None:
     signer = CheckpointSigner.generate(key_id="k")
     assert repr(signer) == "CheckpointSigner(key_id='k', <private key>)"
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_a_signing_key_file_others_can_read_is_refused(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "signing.pem"
+    _write_key(path, _pem(Ed25519PrivateKey.generate()))
+    path.chmod(mode)
+    with pytest.raises(SigningKeyError, match=rf"mode 0{mode:o}.*chmod 600"):
+        CheckpointSigner.from_pem_file(path)
+    with pytest.raises(SigningKeyError, match="chmod 600"):
+        CheckpointSigner.from_env({"BLACKBOX_SIGNING_KEY_FILE": str(path)})
+
+
+def test_a_signing_key_file_that_is_a_link_or_not_a_file_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real.pem"
+    _write_key(real, _pem(Ed25519PrivateKey.generate()))
+    link = tmp_path / "signing.pem"
+    link.symlink_to(real)
+    with pytest.raises(SigningKeyError, match="symbolic link"):
+        CheckpointSigner.from_pem_file(link)
+    folder = tmp_path / "folder.pem"
+    folder.mkdir(mode=0o700)
+    with pytest.raises(SigningKeyError, match="not a regular file"):
+        CheckpointSigner.from_pem_file(folder)

@@ -142,3 +142,18 @@ def test_keys_signing_does_not_write_through_a_planted_public_key_symlink(tmp_pa
     assert "signing.pub.pem exists" in result.output
     assert victim.read_text(encoding="utf-8") == "precious"
     assert not (tmp_path / "signing.pem").exists()  # nothing half-written
+
+
+def test_keys_init_tells_who_gets_which_file(tmp_path: Path) -> None:
+    symmetric = CliRunner().invoke(main, ["keys", "init", str(tmp_path / "kek.json")])
+    assert symmetric.exit_code == 0, symmetric.output
+    said = " ".join(symmetric.output.split())
+    assert "for agents" not in said
+    assert "Agent hosts should not get this file" in said
+    assert "--pair --add --version v2" in said
+    assert "BLACKBOX_KEK_PUBLIC_FILE" in said
+    pair = CliRunner().invoke(main, ["keys", "init", "--pair", str(tmp_path / "pair.json")])
+    assert pair.exit_code == 0, pair.output
+    said = " ".join(pair.output.split())
+    assert "wrap and unwrap nothing" not in said
+    assert "can wrap new data keys but unwrap none" in said

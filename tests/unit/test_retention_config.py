@@ -6,7 +6,11 @@ from datetime import timedelta
 
 import pytest
 
-from agent_blackbox.consumers._retention import RetentionConfigError, abandon_after_from_env
+from agent_blackbox.consumers._retention import (
+    RetentionConfigError,
+    RetentionPolicy,
+    abandon_after_from_env,
+)
 
 
 def test_a_day_by_default_and_hours_from_the_environment() -> None:
@@ -18,3 +22,26 @@ def test_a_day_by_default_and_hours_from_the_environment() -> None:
 def test_anything_but_a_positive_number_is_refused_naming_the_variable(raw: str) -> None:
     with pytest.raises(RetentionConfigError, match="BLACKBOX_ABANDON_AFTER_HOURS"):
         abandon_after_from_env({"BLACKBOX_ABANDON_AFTER_HOURS": raw})
+
+
+def test_an_undefined_class_gets_the_standard_periods() -> None:
+    policy = RetentionPolicy.from_env({})
+    made_up = policy.for_unknown("keep-forever")
+    assert made_up.name == "keep-forever"
+    assert (made_up.bodies, made_up.metadata) == (timedelta(days=30), timedelta(days=400))
+
+
+def test_without_a_standard_class_an_undefined_one_gets_the_shortest_periods() -> None:
+    policy = RetentionPolicy.from_mapping(
+        {
+            "short": {"bodies_days": 3, "metadata_days": 900},
+            "long": {"bodies_days": 90, "metadata_days": 100},
+        }
+    )
+    made_up = policy.for_unknown("x")
+    assert (made_up.bodies, made_up.metadata) == (timedelta(days=3), timedelta(days=100))
+
+
+def test_a_policy_without_any_class_is_refused() -> None:
+    with pytest.raises(RetentionConfigError, match="defines no class"):
+        RetentionPolicy.from_mapping({})

@@ -1,0 +1,99 @@
+"""A value nested deeper than MAX_VALUE_DEPTH is refused with NotSerialisable naming where,
+by every walk over values, never a bare RecursionError; the recorder refuses such tool
+arguments before the tool runs and records such a result as an unserialisable result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent_blackbox.outbox import AgentRun, MemoryRecorder, Redactor, RunSnapshot
+from agent_blackbox.outbox._values import encode_value
+from agent_blackbox.replayer import replay_run
+from agent_blackbox.schemas import (
+    MAX_VALUE_DEPTH,
+    NotSerialisable,
+    PayloadPipeline,
+    canonical_json,
+    deepest_path,
+    digest,
+)
+
+DEEP = 3_000
+
+
+def _nested(levels: int, *, kind: str = "dict") -> Any:
+    value: Any = "bottom"
+    for _ in range(levels):
+        value = {"a": value} if kind == "dict" else [value]
+    return value
+
+
+@pytest.mark.parametrize("kind", ["dict", "list"])
+@pytest.mark.parametrize(
+    "walk",
+    [canonical_json, digest, encode_value, lambda v: Redactor().redact(v)],
+    ids=["canonical_json", "digest", "encode_value", "redact"],
+)
+def test_every_walk_refuses_a_deep_value_naming_the_path(kind: str, walk: Any) -> None:
+    with pytest.raises(NotSerialisable, match=f"more than {MAX_VALUE_DEPTH} levels") as caught:
+        walk(_nested(DEEP, kind=kind))
+    assert caught.value.path.startswith("$.a.a" if kind == "dict" else "$[0][0]")
+    assert len(str(caught.value)) < 400  # the path is shortened, never 3,000 levels long
+
+
+def test_the_deepest_allowed_value_passes_every_walk() -> None:
+    value = _nested(MAX_VALUE_DEPTH)
+    assert canonical_json(value).count(b"{") == MAX_VALUE_DEPTH
+    assert encode_value(value) == value
+    assert Redactor().redact(value).value == value
+    assert deepest_path(value) is None
+    assert deepest_path(_nested(MAX_VALUE_DEPTH + 1)) == "$" + ".a" * MAX_VALUE_DEPTH
+
+
+def test_deep_json_inside_a_string_is_scanned_as_text() -> None:
+    text = "[" * 500 + '"mail bob@example.com"' + "]" * 500
+    redacted = Redactor().redact({"arguments": text})
+    assert "bob@example.com" not in redacted.value["arguments"]
+    assert "email" in redacted.fired
+
+
+def test_deep_tool_arguments_are_refused_before_the_tool_runs() -> None:
+    ran: list[Any] = []
+
+    def agent(run: AgentRun, _: Any) -> str:
+        try:
+            run.call("search", lambda query: ran.append(query), _nested(DEEP))
+        except NotSerialisable as exc:
+            return str(exc)
+        return "not refused"
+
+    recorder = MemoryRecorder()
+    _, said = recorder.record(agent, RunSnapshot(code_version="deep"), agent_id="deep")
+    assert ran == []
+    assert f"more than {MAX_VALUE_DEPTH} levels" in said
+    assert said.startswith("search.arguments.args[0].a.a")
+    assert [e for e in recorder.events if e.event_type == "tool.call"] == []
+
+
+def test_a_deep_tool_result_is_recorded_as_an_unserialisable_result_and_replays() -> None:
+    caught: list[NotSerialisable] = []
+
+    def agent(run: AgentRun, _: Any) -> str:
+        try:
+            run.call("fetch", lambda: {"rows": _nested(DEEP)})
+        except NotSerialisable as exc:
+            caught.append(exc)
+            return "handled"
+        return "not raised"
+
+    recorder = MemoryRecorder()
+    recorder.record(agent, RunSnapshot(code_version="deep"), agent_id="deep")
+    [tool] = [e for e in recorder.events if e.event_type == "tool.call"]
+    body = PayloadPipeline().unpack(tool)
+    assert body["result_json"] is None
+    assert body["error"]["kind"] == "unserialisable_result"
+    assert "fetch.result.rows.a.a" in str(caught[0])
+    assert replay_run(list(recorder.events), agent).passed
+    assert str(caught[1]) == str(caught[0])
