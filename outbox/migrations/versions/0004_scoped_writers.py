@@ -139,8 +139,7 @@ _GRANTS = {
     "take_over_run(text, bytea)": ("blackbox_writer",),
     "append_event(text, bytea, smallint, bigint, text, text, text, uuid, bytea, text, text, "
     "text, text, text, text, integer, bigint)": ("blackbox_writer",),
-    "avro_long(bigint)": (),
-    "avro_string(text)": (),
+    "avro_head(text, text[])": (),
 }
 
 _REFUSE = "USING ERRCODE = '42501'"
@@ -149,32 +148,41 @@ TAKE_OVER_AFTER_S = 60
 """How long a run must have been quiet before another login may take it over."""
 
 _FUNCTIONS = [
-    # Avro's binary encoding of a long (zigzag, then 7 bits a byte, low first) and of a
-    # string (its UTF-8 length as a long, then the bytes): what append_event checks an
-    # envelope's first fields against.
+    # The first fields of an envelope's Avro record, as append_event expects them: each
+    # of ``p_fields`` is a string (``s`` in ``p_kinds``: its UTF-8 length, then the bytes)
+    # or a long (``l``), every length and long in Avro's zigzag varint (7 bits a byte,
+    # low first). One PL/pgSQL call without a SET clause: a call per field, or a SET,
+    # cost several times the encoding (it uses built-ins only, on append_event's pinned
+    # search_path).
     f"""
-    CREATE FUNCTION {SCHEMA}.avro_long(p_value bigint) RETURNS bytea
-    LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+    CREATE FUNCTION {SCHEMA}.avro_head(p_kinds text, p_fields text[]) RETURNS bytea
+    LANGUAGE plpgsql IMMUTABLE STRICT AS $$
     DECLARE
-        v_rest bigint := (p_value << 1) # (p_value >> 63);
         v_out bytea := ''::bytea;
+        v_bytes bytea;
+        v_rest bigint;
     BEGIN
-        IF v_rest < 0 THEN
-            RAISE EXCEPTION 'avro_long: % is out of range', p_value USING ERRCODE = '22003';
-        END IF;
-        WHILE v_rest >= 128 LOOP
-            v_out := v_out || set_byte('\\x00'::bytea, 0, ((v_rest & 127) | 128)::integer);
-            v_rest := v_rest >> 7;
+        FOR i IN 1 .. pg_catalog.length(p_kinds) LOOP
+            IF pg_catalog.substr(p_kinds, i, 1) = 's' THEN
+                v_bytes := pg_catalog.convert_to(p_fields[i], 'UTF8');
+                v_rest := pg_catalog.length(v_bytes);
+            ELSE
+                v_bytes := ''::bytea;
+                v_rest := p_fields[i]::bigint;
+            END IF;
+            v_rest := (v_rest << 1) # (v_rest >> 63);
+            IF v_rest < 0 THEN
+                RAISE EXCEPTION 'avro_head: field % is out of range', i USING ERRCODE = '22003';
+            END IF;
+            WHILE v_rest >= 128 LOOP
+                v_out := v_out
+                    || pg_catalog.set_byte('\\x00'::bytea, 0, ((v_rest & 127) | 128)::integer);
+                v_rest := v_rest >> 7;
+            END LOOP;
+            v_out := v_out || pg_catalog.set_byte('\\x00'::bytea, 0, v_rest::integer) || v_bytes;
         END LOOP;
-        RETURN v_out || set_byte('\\x00'::bytea, 0, v_rest::integer);
+        RETURN v_out;
     END $$
-    """,
-    f"""
-    CREATE FUNCTION {SCHEMA}.avro_string(p_value text) RETURNS bytea
-    LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
-        SELECT {SCHEMA}.avro_long(octet_length(convert_to(p_value, 'UTF8')))
-               || convert_to(p_value, 'UTF8')
-    $$
     """,
     f"""
     CREATE FUNCTION {SCHEMA}.start_run(
@@ -338,10 +346,9 @@ _FUNCTIONS = [
         -- run's tenant, in the first fields of its Avro record (after the 10-byte
         -- single-object header). Otherwise the relay would publish, under this run's key,
         -- an event of another run or tenant. The raise undoes the UPDATE above.
-        v_head := {SCHEMA}.avro_string(p_event_id::text) || {SCHEMA}.avro_string(p_run_id)
-            || {SCHEMA}.avro_long(p_sequence) || {SCHEMA}.avro_string(p_event_type)
-            || {SCHEMA}.avro_long(p_body_version) || {SCHEMA}.avro_long(p_recorded_at)
-            || {SCHEMA}.avro_string(v_tenant);
+        v_head := {SCHEMA}.avro_head('sslslls', ARRAY[p_event_id::text, p_run_id,
+            p_sequence::text, p_event_type, p_body_version::text, p_recorded_at::text,
+            v_tenant]);
         IF substring(p_envelope FROM 1 FOR 2) IS DISTINCT FROM '\\xc301'::bytea
            OR substring(p_envelope FROM 11 FOR length(v_head)) IS DISTINCT FROM v_head THEN
             RAISE EXCEPTION 'the envelope of run % sequence % does not carry that run, '
