@@ -523,54 +523,30 @@ def _record_violations(conn: Connection, violations: Sequence[Violation]) -> Non
 
 def _warn(violation: Violation) -> None:
     incoming, existing = violation.incoming, violation.existing
+    envelope = incoming.envelope
+    tail: str
+    details: tuple[Any, ...]
     if violation.detail:
-        log.warning(
-            "integrity violation (%s): run %s sequence %d event %s at %s[%d]@%d: %s; the "
-            "views do not act on it",
-            violation.kind,
-            incoming.envelope.run_id,
-            incoming.envelope.sequence,
-            incoming.envelope.event_id,
-            incoming.topic,
-            incoming.partition,
-            incoming.offset,
-            violation.detail,
+        tail, details = ": %s; the views do not act on it", (violation.detail,)
+    elif violation.kind == PLAINTEXT_IN_SEALED_RUN:
+        tail = (
+            " carries a plaintext body, but the run is sealed since sequence %d (event %s); "
+            "the event was appended by someone other than the run's recorder and is left "
+            "out of the runs view"
         )
-        return
-    if violation.kind == PLAINTEXT_IN_SEALED_RUN:
-        log.warning(
-            "integrity violation (%s): run %s sequence %d event %s at %s[%d]@%d carries a "
-            "plaintext body, but the run is sealed since sequence %d (event %s); the event "
-            "was appended by someone other than the run's recorder and is left out of the "
-            "runs view",
-            violation.kind,
-            incoming.envelope.run_id,
-            incoming.envelope.sequence,
-            incoming.envelope.event_id,
-            incoming.topic,
-            incoming.partition,
-            incoming.offset,
-            existing.sequence,
-            existing.event_id,
+        details = (existing.sequence, existing.event_id)
+    else:
+        tail = " has input %s output %s chain %s; stored event %s has input %s output %s chain %s"
+        details = (
+            *(envelope.input_digest, envelope.output_digest, envelope.chain_hash),
+            *(existing.event_id, existing.input_digest, existing.output_digest),
+            existing.chain_hash,
         )
-        return
     log.warning(
-        "integrity violation (%s): run %s sequence %d event %s at %s[%d]@%d has "
-        "input %s output %s chain %s; stored event %s has input %s output %s chain %s",
-        violation.kind,
-        incoming.envelope.run_id,
-        incoming.envelope.sequence,
-        incoming.envelope.event_id,
-        incoming.topic,
-        incoming.partition,
-        incoming.offset,
-        incoming.envelope.input_digest,
-        incoming.envelope.output_digest,
-        incoming.envelope.chain_hash,
-        existing.event_id,
-        existing.input_digest,
-        existing.output_digest,
-        existing.chain_hash,
+        "integrity violation (%s): run %s sequence %d event %s at %s[%d]@%d" + tail,
+        *(violation.kind, envelope.run_id, envelope.sequence, envelope.event_id),
+        *(incoming.topic, incoming.partition, incoming.offset),
+        *details,
     )
 
 
