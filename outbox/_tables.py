@@ -19,7 +19,7 @@ from sqlalchemy import (
     Text,
     func,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, OID, UUID
 
 SCHEMA = "blackbox"
 NOTIFY_CHANNEL = "blackbox_outbox"
@@ -166,5 +166,6 @@ tenant_grants = Table(
     metadata,
     Column("role_name", Text, primary_key=True),
     Column("tenant_id", Text, primary_key=True),
+    Column("role_oid", OID, nullable=False),
     Column("granted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

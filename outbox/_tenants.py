@@ -16,9 +16,14 @@ EVERY_TENANT = "*"
 
 _ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 
+# A grant names the role by name and oid: granting again after the role was dropped and
+# created anew refreshes the oid; until then the new role holds none of the old grants.
 _GRANT = text(
-    "INSERT INTO blackbox.tenant_grants (role_name, tenant_id) VALUES (:role, :tenant) "
-    "ON CONFLICT DO NOTHING"
+    "INSERT INTO blackbox.tenant_grants (role_name, tenant_id, role_oid) "
+    "SELECT CAST(:role AS text), CAST(:tenant AS text), oid FROM pg_roles "
+    "WHERE rolname = CAST(:role AS text) "
+    "ON CONFLICT (role_name, tenant_id) DO UPDATE SET role_oid = excluded.role_oid, "
+    "granted_at = now()"
 )
 _ROLE_EXISTS = text("SELECT 1 FROM pg_roles WHERE rolname = :role")
 _REVOKE = text("DELETE FROM blackbox.tenant_grants WHERE role_name = :role AND tenant_id = :tenant")

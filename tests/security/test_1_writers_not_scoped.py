@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.exc import ProgrammingError
 
 from agent_blackbox.cli import main
@@ -393,7 +393,7 @@ def test_another_login_cannot_take_over_a_live_run(
     restarted.now()
     with engine.begin() as conn:
         conn.execute(
-            text("UPDATE blackbox.runs SET updated_at = now() - interval '2 minutes'"),
+            text("UPDATE blackbox.runs SET updated_at = now() - interval '11 minutes'"),
         )
     taken = Recorder(other_login, settings=settings).resume(live.run_id)
     taken.now()
@@ -416,3 +416,14 @@ def test_a_grant_of_a_missing_or_dropped_role_breaks_no_reader(
     reader = login("blackbox_reader", tenant=TENANT_A)
     with reader.connect() as conn:
         assert conn.execute(text("SELECT run_id FROM blackbox.runs")).scalars().all() == [run_id]
+    # A role created again under the dropped one's name is another role: no grant.
+    with engine.begin() as conn:
+        conn.execute(text("CREATE ROLE doomed_role LOGIN IN ROLE blackbox_reader"))
+    reborn = create_engine(make_url(settings.database_url).set(username="doomed_role"))
+    try:
+        with reborn.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM blackbox.runs")).scalar_one() == 0
+    finally:
+        reborn.dispose()
+        with engine.begin() as conn:
+            conn.execute(text("DROP ROLE doomed_role"))

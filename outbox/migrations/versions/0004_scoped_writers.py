@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision = "0004"
 down_revision = "0003"
@@ -42,6 +43,9 @@ def upgrade() -> None:
         "tenant_grants",
         sa.Column("role_name", sa.Text, primary_key=True),
         sa.Column("tenant_id", sa.Text, primary_key=True),
+        # The role itself: a role dropped and created again under the same name is
+        # another role, and does not inherit the grants.
+        sa.Column("role_oid", postgresql.OID, nullable=False),
         sa.Column(
             "granted_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
@@ -68,7 +72,8 @@ def upgrade() -> None:
         CREATE FUNCTION {SCHEMA}.granted_tenants() RETURNS text[]
         LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
             SELECT coalesce(array_agg(DISTINCT g.tenant_id), '{{}}')
-              FROM {SCHEMA}.tenant_grants g JOIN pg_roles r ON r.rolname = g.role_name
+              FROM {SCHEMA}.tenant_grants g
+              JOIN pg_roles r ON r.oid = g.role_oid AND r.rolname = g.role_name
              WHERE pg_has_role(session_user, r.oid, 'MEMBER')
         $$
         """
@@ -144,7 +149,7 @@ _GRANTS = {
 
 _REFUSE = "USING ERRCODE = '42501'"
 
-TAKE_OVER_AFTER_S = 60
+TAKE_OVER_AFTER_S = 600
 """How long a run must have been quiet before another login may take it over."""
 
 _FUNCTIONS = [
@@ -302,24 +307,40 @@ _FUNCTIONS = [
         v_status text;
         v_last bigint;
         v_hash bytea;
-        v_tenant text;
-        v_head bytea;
+        v_count bigint;
     BEGIN
-        UPDATE {SCHEMA}.runs r
-           SET last_sequence = p_sequence, chain_head = p_chain_hash,
-               status = coalesce(p_status, r.status), state = coalesce(p_state, r.state),
-               updated_at = now()
-         WHERE r.run_id = p_run_id AND r.last_sequence = p_sequence - 1
-           AND r.status = 'running'
-           AND EXISTS (SELECT 1 FROM {SCHEMA}.run_writers w
-                        WHERE w.run_id = p_run_id AND w.credential_hash = sha256(p_credential))
-           AND CASE WHEN p_key_id IS NULL
-                    THEN NOT EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k WHERE k.run_id = p_run_id)
-                    ELSE EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k
-                                  WHERE k.key_id = p_key_id AND k.run_id = p_run_id)
-               END
-        RETURNING r.tenant_id INTO v_tenant;
-        IF NOT FOUND THEN
+        -- One statement in the common case: the guarded UPDATE and the outbox row. The
+        -- envelope must say what the row says (its event id, run, sequence and the run's
+        -- tenant, the first fields of its Avro record after the 10-byte single-object
+        -- header); otherwise the relay would publish, under this run's key, an event of
+        -- another run or tenant.
+        WITH advanced AS (
+            UPDATE {SCHEMA}.runs r
+               SET last_sequence = p_sequence, chain_head = p_chain_hash,
+                   status = coalesce(p_status, r.status), state = coalesce(p_state, r.state),
+                   updated_at = now()
+             WHERE r.run_id = p_run_id AND r.last_sequence = p_sequence - 1
+               AND r.status = 'running'
+               AND EXISTS (SELECT 1 FROM {SCHEMA}.run_writers w
+                            WHERE w.run_id = p_run_id
+                              AND w.credential_hash = sha256(p_credential))
+               AND CASE WHEN p_key_id IS NULL
+                        THEN NOT EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k
+                                          WHERE k.run_id = p_run_id)
+                        ELSE EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k
+                                      WHERE k.key_id = p_key_id AND k.run_id = p_run_id)
+                   END
+               AND substring(p_envelope FROM 1 FOR 2) = '\\xc301'::bytea
+               AND position({SCHEMA}.avro_head('sslslls',
+                       ARRAY[p_event_id::text, p_run_id, p_sequence::text, p_event_type,
+                             p_body_version::text, p_recorded_at::text, r.tenant_id])
+                   IN substring(p_envelope FROM 11)) = 1
+            RETURNING r.run_id
+        )
+        INSERT INTO {SCHEMA}.outbox (shard, run_id, sequence, event_id, envelope)
+        SELECT p_shard, advanced.run_id, p_sequence, p_event_id, p_envelope FROM advanced;
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+        IF v_count = 0 THEN
             SELECT r.status, r.last_sequence, w.credential_hash
               INTO v_status, v_last, v_hash
               FROM {SCHEMA}.runs r LEFT JOIN {SCHEMA}.run_writers w USING (run_id)
@@ -332,30 +353,23 @@ _FUNCTIONS = [
                 RAISE EXCEPTION 'run % is %; it takes no more events',
                     quote_literal(p_run_id), v_status USING ERRCODE = '55000';
             END IF;
-            IF v_last = p_sequence - 1 THEN
-                IF p_key_id IS NULL THEN
-                    RAISE EXCEPTION 'run % is sealed under a data key: refusing a plaintext body',
-                        quote_literal(p_run_id) {_REFUSE};
-                END IF;
+            IF v_last <> p_sequence - 1 THEN
+                RETURN false;
+            END IF;
+            IF p_key_id IS NULL AND EXISTS (SELECT 1 FROM {SCHEMA}.data_keys k
+                                             WHERE k.run_id = p_run_id) THEN
+                RAISE EXCEPTION 'run % is sealed under a data key: refusing a plaintext body',
+                    quote_literal(p_run_id) {_REFUSE};
+            END IF;
+            IF p_key_id IS NOT NULL AND NOT EXISTS (
+                SELECT 1 FROM {SCHEMA}.data_keys k
+                 WHERE k.key_id = p_key_id AND k.run_id = p_run_id) THEN
                 RAISE EXCEPTION 'key % is not a data key of run %',
                     quote_literal(p_key_id), quote_literal(p_run_id) {_REFUSE};
             END IF;
-            RETURN false;
-        END IF;
-        -- The envelope must say what the row says: its event id, run, sequence and the
-        -- run's tenant, in the first fields of its Avro record (after the 10-byte
-        -- single-object header). Otherwise the relay would publish, under this run's key,
-        -- an event of another run or tenant. The raise undoes the UPDATE above.
-        v_head := {SCHEMA}.avro_head('sslslls', ARRAY[p_event_id::text, p_run_id,
-            p_sequence::text, p_event_type, p_body_version::text, p_recorded_at::text,
-            v_tenant]);
-        IF substring(p_envelope FROM 1 FOR 2) IS DISTINCT FROM '\\xc301'::bytea
-           OR substring(p_envelope FROM 11 FOR length(v_head)) IS DISTINCT FROM v_head THEN
             RAISE EXCEPTION 'the envelope of run % sequence % does not carry that run, '
                 'sequence, event id and tenant', quote_literal(p_run_id), p_sequence {_REFUSE};
         END IF;
-        INSERT INTO {SCHEMA}.outbox (shard, run_id, sequence, event_id, envelope)
-        VALUES (p_shard, p_run_id, p_sequence, p_event_id, p_envelope);
         IF p_event_type = 'effect.intent' AND p_effect_key IS NOT NULL THEN
             INSERT INTO {SCHEMA}.effects (run_id, idempotency_key, effect, intent_sequence)
             VALUES (p_run_id, p_effect_key, p_effect, p_sequence);
