@@ -7,6 +7,7 @@ replays in bounded memory.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
@@ -23,8 +24,11 @@ from agent_blackbox.schemas import (
     Envelope,
     EnvelopeCodec,
     Settings,
+    UndecodableMessage,
     default_registry,
 )
+
+log = logging.getLogger(__name__)
 
 
 class SourceError(BlackboxError):
@@ -136,6 +140,22 @@ class KafkaRunSource:
         self.first, self.last = location.first_offset, location.last_offset
         self.count = location.events
         self.agent_id: str | None = location.agent_id
+        self.skipped: list[tuple[int | None, str]] = []
+        """Messages under the run's key that are not its events, as (offset, why): anyone
+        who can produce to the topic can write one; the view consumer dead-letters or
+        flags them, and a reader passes over them rather than stop at them."""
+
+    def _skip(self, offset: int | None, why: str) -> None:
+        self.skipped.append((offset, why))
+        log.warning(
+            "run %s: passed over %s[%d]@%s under the run's key: %s (not an event of the run: "
+            "see blackbox_views.integrity_violations and the dead-letter topic)",
+            self.run_id,
+            self.topic,
+            self.partition,
+            offset,
+            why,
+        )
 
     def __iter__(self) -> Iterator[Envelope]:
         codec = EnvelopeCodec()
@@ -147,7 +167,14 @@ class KafkaRunSource:
             for message in messages:
                 if message.key() != key:
                     continue
-                envelope = codec.decode(message.value() or b"")
+                try:
+                    envelope = codec.decode(message.value() or b"")
+                except UndecodableMessage as exc:
+                    self._skip(message.offset(), str(exc))
+                    continue
+                if envelope.run_id != self.run_id:
+                    self._skip(message.offset(), f"an envelope of run {envelope.run_id!r}")
+                    continue
                 if envelope.sequence > last_sequence:
                     last_sequence = envelope.sequence
                     yield envelope

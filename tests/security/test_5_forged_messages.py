@@ -39,7 +39,7 @@ from agent_blackbox.consumers import (
     runs_view,
 )
 from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
-from agent_blackbox.outbox import Recorder
+from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.schemas import BodyCodec, Envelope, EnvelopeCodec, EventType, Settings
 from tests.integration._agents import RecordedRun, record_ticket_runs, ticket_ids
 from tests.integration._views import build_views
@@ -263,3 +263,33 @@ def test_verify_all_reports_a_run_it_cannot_read_and_verifies_the_others(
     assert code == 1
     by_run = {r["run_id"]: r["result"] for r in reports}
     assert by_run == {first: "unverified", runs[1].run_id: "unverified", "lost-run": "unreadable"}
+
+
+def test_junk_under_a_runs_key_blocks_no_reader(
+    settings: Settings, engine: Engine, tmp_path: Path
+) -> None:
+    """Bytes that are no envelope, produced under a live run's key to its own partition
+    (between its events): the view consumer dead-letters them, and verify and timeline
+    pass over them instead of stopping at that run."""
+    key = signing_key(tmp_path)
+    run = Recorder(engine, settings=settings).start_run(
+        RunSnapshot(code_version="junk.1", input={}), agent_id="junk"
+    )
+    run.now()
+    relay_all(settings, engine)
+    producer = Producer(
+        {"bootstrap.servers": settings.kafka_bootstrap, "partitioner": "murmur2_random"}
+    )
+    producer.produce(settings.topic, b"\xc3\x01" + b"\xee" * 8 + b"junk", key=run.run_id.encode())
+    assert producer.flush(30) == 0
+    run.now()
+    run.finish(status="succeeded", output={"ok": True})
+    relay_all(settings, engine)
+    build_views(settings, engine, expect=run.last_sequence)
+
+    code, reports = verify(settings, key, run.run_id)
+    assert code == 0, reports
+    assert [r["result"] for r in reports] == ["unverified"]  # sound; nothing signed yet
+    shown = _cli(settings, "timeline", run.run_id)
+    assert shown.exit_code == 0, shown.output
+    assert "run.finished" in shown.stdout
