@@ -27,7 +27,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Engine, TextClause, text
@@ -158,7 +158,7 @@ def create_plan(start: StartPlan) -> Plan[Envelope]:
     ``run.started``."""
     identity = start.core.identity
     try:
-        yield (
+        created = yield (
             _START_RUN,
             {
                 "credential_hash": _credential_hash(identity),
@@ -175,26 +175,46 @@ def create_plan(start: StartPlan) -> Plan[Envelope]:
         )
     except IntegrityError as exc:
         raise start.exists() from exc
+    if not created.scalar_one():
+        # This writer's own run: an earlier attempt committed it, with its first event.
+        return start.core.advanced(start.first)
     if start.store_key is not None:
         yield _with_credential(start.store_key, identity)
     first = start.first
     return (yield from append_plan(start.core, start.crossing, start.event_id, first=first))
 
 
+@dataclass(slots=True)
+class Attempt:
+    """The event an append is trying to write, kept across the transaction's retries: its
+    id, recorded time and chain hash are fixed before the first try, so a retry after an
+    ambiguous commit finds that very event at the run's head and does not append it again.
+    """
+
+    event: PreparedEvent
+
+
 def append_plan(
-    core: RunCore, crossing: Crossing, event_id: str, *, first: PreparedEvent | None = None
+    core: RunCore,
+    crossing: Crossing,
+    event_id: str,
+    *,
+    first: PreparedEvent | None = None,
+    attempt: Attempt | None = None,
 ) -> Plan[Envelope]:
     """Append ``crossing`` as the run's next event, re-reading the run when its guard
     fails (a retried transaction whose first attempt committed finds itself there)."""
-    event = first or core.prepare(crossing, event_id)
+    if attempt is None:
+        attempt = Attempt(first or core.prepare(crossing, event_id))
     for _ in range(APPEND_ATTEMPTS):
+        event = attempt.event
         if (yield from _guarded_append(core.identity, event)):
             return core.advanced(event)
         row = (yield _LOAD_CURSOR, {"run_id": core.run_id}).first()
         committed = None if row is None else Cursor(int(row[0]), str(row[1]))
         if core.stale(event, committed):
             return event.envelope
-        event = core.prepare(crossing, event_id)
+        attempt.event = core.prepare(crossing, event_id)
     raise core.conflict()
 
 
@@ -402,9 +422,9 @@ def read_blob_txn(conn: Connection, ref: str) -> bytes | None:
 # The logs ---------------------------------------------------------------------------
 
 
-def retry_delay(exc: DBAPIError, attempt: int) -> float:
+def retry_delay(exc: DBAPIError, attempt: int, *, ambiguous: bool = False) -> float:
     """How long to wait before the next attempt of a transaction that failed with
-    ``exc``.
+    ``exc`` (``ambiguous``: an attempt so far failed while committing).
 
     Raises:
         DatabaseUnavailable: the failure is not transient, or that was the last attempt.
@@ -412,16 +432,24 @@ def retry_delay(exc: DBAPIError, attempt: int) -> float:
     code = getattr(exc.orig, "sqlstate", None)
     transient = exc.connection_invalidated or code in _TRANSIENT_STATES
     if not transient or attempt == TRANSIENT_RETRIES - 1:
-        raise unavailable(exc) from exc
+        raise unavailable(exc, ambiguous=ambiguous) from exc
     return 0.05 * 2.0**attempt
 
 
-def unavailable(exc: SQLAlchemyError) -> DatabaseUnavailable:
-    """What the agent is told when its event could not be written."""
+def unavailable(exc: SQLAlchemyError, *, ambiguous: bool = False) -> DatabaseUnavailable:
+    """What the agent is told when its event could not be written: that nothing was
+    recorded, or, when a commit was under way as the connection failed, that it may
+    have been."""
+    outcome = (
+        "the connection failed while the event was being committed, so it may have been "
+        "recorded; the run's next append will tell (it recognises its own event)"
+        if ambiguous
+        else "nothing was recorded for this event"
+    )
     return DatabaseUnavailable(
         f"the outbox write failed: {exc.__class__.__name__}: {str(exc).splitlines()[0]}; "
-        "nothing was recorded for this event. Check that Postgres is reachable "
-        "(BLACKBOX_DATABASE_URL) and migrated (blackbox migrate)"
+        f"{outcome}. Check that Postgres is reachable (BLACKBOX_DATABASE_URL) and migrated "
+        "(blackbox migrate)"
     )
 
 
@@ -441,12 +469,18 @@ class PostgresLog:
                     connection if isinstance(connection, Connection) else connection.connection()
                 )
                 return work(joined)
+            ambiguous = False
             for attempt in range(TRANSIENT_RETRIES):
+                committing = False
                 try:
                     with self.engine.begin() as conn:
-                        return work(conn)
+                        result = work(conn)
+                        committing = True
+                    return result
                 except DBAPIError as exc:
-                    time.sleep(retry_delay(exc, attempt))  # back off before a fresh attempt
+                    ambiguous = ambiguous or committing
+                    # back off before a fresh attempt
+                    time.sleep(retry_delay(exc, attempt, ambiguous=ambiguous))
         except SQLAlchemyError as exc:
             raise unavailable(exc) from exc
         raise AssertionError("unreachable")
@@ -457,8 +491,10 @@ class PostgresLog:
     def append(
         self, core: RunCore, crossing: Crossing, event_id: str, connection: Joinable | None
     ) -> Envelope:
+        attempt = Attempt(core.prepare(crossing, event_id))
         return self.transact(
-            lambda conn: execute(conn, append_plan(core, crossing, event_id)), connection
+            lambda conn: execute(conn, append_plan(core, crossing, event_id, attempt=attempt)),
+            connection,
         )
 
     def resume(
@@ -492,12 +528,17 @@ class AsyncPostgresLog:
         try:
             if connection is not None:
                 return await work(connection)
+            ambiguous = False
             for attempt in range(TRANSIENT_RETRIES):
+                committing = False
                 try:
                     async with self.engine.begin() as conn:
-                        return await work(conn)
+                        result = await work(conn)
+                        committing = True
+                    return result
                 except DBAPIError as exc:
-                    await asyncio.sleep(retry_delay(exc, attempt))
+                    ambiguous = ambiguous or committing
+                    await asyncio.sleep(retry_delay(exc, attempt, ambiguous=ambiguous))
         except SQLAlchemyError as exc:
             raise unavailable(exc) from exc
         raise AssertionError("unreachable")
@@ -508,9 +549,12 @@ class AsyncPostgresLog:
     async def append(
         self, core: RunCore, crossing: Crossing, event_id: str, connection: AsyncConnection | None
     ) -> Envelope:
-        return await self.transact(
-            lambda conn: execute_async(conn, append_plan(core, crossing, event_id)), connection
-        )
+        attempt = Attempt(core.prepare(crossing, event_id))
+
+        def work(conn: AsyncConnection) -> Awaitable[Envelope]:
+            return execute_async(conn, append_plan(core, crossing, event_id, attempt=attempt))
+
+        return await self.transact(work, connection)
 
     async def resume(
         self, run_id: str, *, shards: int, keys: DataKeyStore | None

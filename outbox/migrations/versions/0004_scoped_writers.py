@@ -194,7 +194,7 @@ _FUNCTIONS = [
         p_run_id text, p_tenant_id text, p_agent_id text, p_subject_ids text[],
         p_chain_head text, p_parent_run_id text, p_code_version text,
         p_classification text, p_retention_class text, p_credential_hash bytea)
-    RETURNS void
+    RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     BEGIN
         IF NOT {SCHEMA}.granted_tenant(p_tenant_id) THEN
@@ -206,6 +206,12 @@ _FUNCTIONS = [
             RAISE EXCEPTION 'a run needs the SHA-256 of its writer credential'
                 USING ERRCODE = '22023';
         END IF;
+        -- This writer's own run, committed by an earlier attempt whose commit the caller
+        -- never heard back from: false, and the caller carries on (exactly once).
+        IF EXISTS (SELECT 1 FROM {SCHEMA}.run_writers w
+                    WHERE w.run_id = p_run_id AND w.credential_hash = p_credential_hash) THEN
+            RETURN false;
+        END IF;
         INSERT INTO {SCHEMA}.runs
             (run_id, tenant_id, agent_id, subject_ids, chain_head, parent_run_id,
              code_version, classification, retention_class)
@@ -214,6 +220,7 @@ _FUNCTIONS = [
              p_code_version, p_classification, p_retention_class);
         INSERT INTO {SCHEMA}.run_writers (run_id, credential_hash, writer)
         VALUES (p_run_id, p_credential_hash, session_user);
+        RETURN true;
     END $$
     """,
     f"""
