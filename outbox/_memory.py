@@ -96,7 +96,7 @@ class MemoryLog:
         row = self._runs[envelope.run_id]
         row.cursor = Cursor(envelope.sequence, envelope.chain_hash)
         row.status = event.status or row.status
-        attributes = {**envelope.attributes, **(event.effect_ids or {})}
+        attributes = event.given_attributes
         if envelope.event_type == "state.transition":
             row.state = attributes["to_state"]
         elif envelope.event_type == "effect.intent":

@@ -180,8 +180,8 @@ def create_plan(start: StartPlan) -> Plan[Envelope]:
         return start.core.advanced(start.first)
     if start.store_key is not None:
         yield _with_credential(start.store_key, identity)
-    first = start.first
-    return (yield from append_plan(start.core, start.crossing, start.event_id, first=first))
+    attempt = Attempt(start.first)
+    return (yield from append_plan(start.core, start.crossing, start.event_id, attempt=attempt))
 
 
 @dataclass(slots=True)
@@ -199,13 +199,11 @@ def append_plan(
     crossing: Crossing,
     event_id: str,
     *,
-    first: PreparedEvent | None = None,
-    attempt: Attempt | None = None,
+    attempt: Attempt,
 ) -> Plan[Envelope]:
-    """Append ``crossing`` as the run's next event, re-reading the run when its guard
-    fails (a retried transaction whose first attempt committed finds itself there)."""
-    if attempt is None:
-        attempt = Attempt(first or core.prepare(crossing, event_id))
+    """Append ``crossing`` as the run's next event (``attempt`` holds it, prepared before
+    the first try), re-reading the run when its guard fails (a retried transaction whose
+    first attempt committed finds itself there)."""
     for _ in range(APPEND_ATTEMPTS):
         event = attempt.event
         if (yield from _guarded_append(core.identity, event)):
@@ -258,7 +256,7 @@ def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
 def _effect_row(event: PreparedEvent) -> dict[str, Any]:
     """What ``append_event`` writes to ``blackbox.effects`` with this event."""
     envelope = event.envelope
-    attributes = {**envelope.attributes, **(event.effect_ids or {})}
+    attributes = event.given_attributes
     is_intent = envelope.event_type == "effect.intent"
     is_receipt = envelope.event_type == "effect.receipt"
     return {

@@ -89,6 +89,14 @@ class PreparedEvent:
     carry them scrubbed."""
 
     @property
+    def given_attributes(self) -> dict[str, str]:
+        """The envelope's attributes with the effect ids as the agent gave them: what the
+        log's own rows (``blackbox.effects``) are written from."""
+        if self.effect_ids is None:
+            return self.envelope.attributes
+        return {**self.envelope.attributes, **self.effect_ids}
+
+    @property
     def cursor(self) -> Cursor:
         """The cursor after this event is appended."""
         return Cursor(self.envelope.sequence, self.envelope.chain_hash)
