@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 import click
 from rich.table import Table
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.outbox._tenants import (
@@ -17,6 +18,8 @@ from agent_blackbox.outbox._tenants import (
 )
 from agent_blackbox.schemas import Settings, permission_refused, safe_console, safe_text
 
+T = TypeVar("T")
+
 
 @click.group("tenants")
 def tenants_group() -> None:
@@ -25,14 +28,12 @@ def tenants_group() -> None:
     schema's owner (the migrations' user)."""
 
 
-def _apply(action: str, role: str, tenant: str) -> bool:
+def _apply(change: Callable[[Connection, str, str], T], role: str, tenant: str) -> T:
+    """``change`` in a transaction of its own; bad names are a usage error (exit 2)."""
     engine = create_engine(Settings.from_env().database_url)
     try:
         with engine.begin() as conn:
-            if action == "grant":
-                grant_tenant_txn(conn, role, tenant)
-                return True
-            return revoke_tenant_txn(conn, role, tenant)
+            return change(conn, role, tenant)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     except SQLAlchemyError as exc:
@@ -57,7 +58,7 @@ def _could_not_run(exc: SQLAlchemyError, doing: str) -> NoReturn:
 @click.argument("tenant")
 def grant(role: str, tenant: str) -> None:
     """Let ROLE (a login user or a group role) act for TENANT ('*': every tenant)."""
-    _apply("grant", role, tenant)
+    _apply(grant_tenant_txn, role, tenant)
     every = " (every tenant)" if tenant == EVERY_TENANT else ""
     safe_console().print(f"granted tenant {safe_text(tenant)}{every} to role {safe_text(role)}")
 
@@ -67,7 +68,7 @@ def grant(role: str, tenant: str) -> None:
 @click.argument("tenant")
 def revoke(role: str, tenant: str) -> None:
     """Take TENANT back from ROLE (runs it is recording carry on; new ones are refused)."""
-    if not _apply("revoke", role, tenant):
+    if not _apply(revoke_tenant_txn, role, tenant):
         safe_console(stderr=True).print(
             f"role {safe_text(role)} had no grant of tenant {safe_text(tenant)}; nothing changed"
         )
