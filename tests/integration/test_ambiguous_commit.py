@@ -9,6 +9,7 @@ connection is closed and the driver's error raised, as a network cut would.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,32 +24,22 @@ pytestmark = pytest.mark.integration
 
 
 class CommitCutter:
-    """Closes the connection after the COMMITs it is told to, then raises."""
+    """Closes the connection after each of the next ``left`` COMMITs, then raises."""
 
     def __init__(self, engine: Engine) -> None:
         self._real: Callable[[Any], None] = engine.dialect.do_commit
-        self.cut: Callable[[], bool] = lambda: False
+        self.left: float = 0
         self.cuts = 0
         engine.dialect.do_commit = self._commit  # type: ignore[method-assign]
 
     def _commit(self, dbapi_connection: Any) -> None:
         self._real(dbapi_connection)
-        if self.cut():
+        if self.left > 0:
+            self.left -= 1
             self.cuts += 1
             # the driver's own connection (what is passed in may be the pool's proxy)
             getattr(dbapi_connection, "driver_connection", dbapi_connection).close()
             raise psycopg.OperationalError("server closed the connection unexpectedly")
-
-    def once(self) -> None:
-        left = [1]
-
-        def cut() -> bool:
-            if left[0] == 0:
-                return False
-            left[0] -= 1
-            return True
-
-        self.cut = cut
 
 
 def _rows(engine: Engine, run_id: str) -> list[tuple[int, str]]:
@@ -70,7 +61,7 @@ def test_an_event_whose_commit_was_cut_is_appended_once(engine: Engine, settings
     cutter = CommitCutter(engine)
     run = Recorder(engine, settings=settings).start_run(RunSnapshot("amb.1"), agent_id="a")
     calls: list[int] = []
-    cutter.once()
+    cutter.left = 1
     assert run.call("double", lambda n: calls.append(n) or n * 2, 21) == 42
     assert cutter.cuts == 1
     assert calls == [21]  # the tool ran once; only the append was retried
@@ -83,7 +74,7 @@ def test_an_event_whose_commit_was_cut_is_appended_once(engine: Engine, settings
 
 def test_a_run_whose_start_was_cut_is_started_once(engine: Engine, settings: Settings) -> None:
     cutter = CommitCutter(engine)
-    cutter.once()
+    cutter.left = 1
     run = Recorder(engine, settings=settings).start_run(RunSnapshot("amb.1"), agent_id="a")
     assert cutter.cuts == 1
     run.now()
@@ -98,7 +89,7 @@ def test_an_effect_intent_whose_commit_was_cut_is_recorded_once(
     cutter = CommitCutter(engine)
     run = Recorder(engine, settings=settings).start_run(RunSnapshot("amb.1"), agent_id="a")
     performed: list[str] = []
-    cutter.once()
+    cutter.left = 1
     run.effect("refund", lambda key: performed.append(key), arguments={"order": "O-1"}, key="k1")
     assert performed == ["k1"]
     assert [s for s, _ in _rows(engine, run.run_id)] == [1, 2, 3]
@@ -112,10 +103,10 @@ def test_when_every_attempt_is_cut_the_error_says_it_may_have_been_recorded(
 ) -> None:
     cutter = CommitCutter(engine)
     run = Recorder(engine, settings=settings).start_run(RunSnapshot("amb.1"), agent_id="a")
-    cutter.cut = lambda: True
+    cutter.left = math.inf
     with pytest.raises(DatabaseUnavailable, match="may have been recorded"):
         run.now()
-    cutter.cut = lambda: False
+    cutter.left = 0
     run.now()  # the next append finds the first one in place and goes on after it
     rows = _rows(engine, run.run_id)
     assert [s for s, _ in rows] == [1, 2, 3]
