@@ -17,6 +17,7 @@ from agent_blackbox.broker._clients import (
     producer_config,
 )
 from agent_blackbox.broker._errors import KafkaUnavailable, kafka_errors
+from agent_blackbox.broker._fencing import LEASE_HEADER, EpochFence, LeaseStamp, read_stamp
 from agent_blackbox.broker._partitioning import (
     murmur2,
     partition_count,
@@ -27,8 +28,11 @@ from agent_blackbox.broker._reader import read_ranges, watermarks
 from agent_blackbox.broker._topics import ensure_topics
 
 __all__ = [
+    "LEASE_HEADER",
     "ClientConfig",
+    "EpochFence",
     "KafkaUnavailable",
+    "LeaseStamp",
     "broker_answers",
     "ensure_topics",
     "kafka_errors",
@@ -40,6 +44,7 @@ __all__ = [
     "partition_of",
     "producer_config",
     "read_ranges",
+    "read_stamp",
     "run_partition",
     "watermarks",
 ]
