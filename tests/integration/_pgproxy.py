@@ -1,0 +1,156 @@
+"""A TCP proxy in front of Postgres that can drop a connection right after a COMMIT.
+
+It reads the wire protocol's message frames (no TLS: connect with ``sslmode=disable``)
+and forwards them unchanged. Armed with :meth:`CommitDropper.cut`, it lets the next
+``COMMIT`` reach the server, waits until the server reports it done, and closes both
+sides before the client hears the answer: the database committed, the client sees a
+dropped connection. That is the ambiguous commit a writer must survive without appending
+twice.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+_STARTUP_MESSAGES = 1
+"""The client's first message has no type byte (the startup packet)."""
+
+
+def _read_exact(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("peer closed")
+        data += chunk
+    return bytes(data)
+
+
+def _read_frame(sock: socket.socket, *, typed: bool) -> tuple[bytes, bytes]:
+    """One message as (type byte or b"", whole frame as read)."""
+    kind = _read_exact(sock, 1) if typed else b""
+    head = _read_exact(sock, 4)
+    (length,) = struct.unpack("!i", head)
+    body = _read_exact(sock, length - 4)
+    return kind, kind + head + body
+
+
+def _is_commit(kind: bytes, frame: bytes) -> bool:
+    # Simple query "COMMIT" (how psycopg commits), or a Parse of one.
+    if kind == b"Q":
+        return frame[5:].lstrip().upper().startswith(b"COMMIT")
+    if kind == b"P":
+        name_end = frame.index(b"\x00", 5)
+        return frame[name_end + 1 :].lstrip().upper().startswith(b"COMMIT")
+    return False
+
+
+class _Link:
+    """One client connection and its server connection."""
+
+    def __init__(self, proxy: CommitDropper, client: socket.socket) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.server = socket.create_connection((proxy.upstream_host, proxy.upstream_port))
+        self.cutting = threading.Event()
+        self.closed = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._client_to_server, daemon=True).start()
+        threading.Thread(target=self._server_to_client, daemon=True).start()
+
+    def close(self) -> None:
+        self.closed = True
+        for sock in (self.client, self.server):
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with suppress(OSError):
+                sock.close()
+
+    def _client_to_server(self) -> None:
+        untyped = _STARTUP_MESSAGES
+        with suppress(OSError, ConnectionError, ValueError):
+            while not self.closed:
+                kind, frame = _read_frame(self.client, typed=untyped == 0)
+                untyped = max(untyped - 1, 0)
+                if _is_commit(kind, frame) and self.proxy.take_cut():
+                    self.cutting.set()
+                self.server.sendall(frame)
+        self.close()
+
+    def _server_to_client(self) -> None:
+        with suppress(OSError, ConnectionError):
+            while not self.closed:
+                kind, frame = _read_frame(self.server, typed=True)
+                if self.cutting.is_set():
+                    if kind == b"C" and frame[5:].startswith(b"COMMIT"):
+                        self.proxy.record_cut()
+                        break  # the server committed; the client never hears it
+                    if kind == b"E":
+                        break  # the commit failed on the server: drop all the same
+                    continue
+                self.client.sendall(frame)
+        self.close()
+
+
+class CommitDropper:
+    """Listens on a free loopback port and proxies to ``upstream_host:upstream_port``."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream_host = upstream_host
+        self.upstream_port = upstream_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._armed: float = 0
+        self.cuts = 0
+        """COMMITs that reached the server and whose answer the client never got."""
+        self._links: list[_Link] = []
+        self._stopped = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self, times: float = 1) -> None:
+        """Drop the connection after each of the next ``times`` COMMITs (``math.inf``: all)."""
+        with self._lock:
+            self._armed = times
+
+    def take_cut(self) -> bool:
+        with self._lock:
+            if self._armed <= 0:
+                return False
+            self._armed -= 1
+            return True
+
+    def record_cut(self) -> None:
+        with self._lock:
+            self.cuts += 1
+
+    def stop(self) -> None:
+        self._stopped = True
+        with suppress(OSError):
+            self._listener.close()
+        for link in self._links:
+            link.close()
+
+    def _accept(self) -> None:
+        while not self._stopped:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            link = _Link(self, client)
+            self._links.append(link)
+            link.start()
+
+
+@contextmanager
+def commit_dropper(host: str, port: int) -> Iterator[CommitDropper]:
+    proxy = CommitDropper(host, port)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
