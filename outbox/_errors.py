@@ -63,8 +63,8 @@ class EventsNotRecorded(BlackboxError):
         self.count = count
         self.cause = cause
         super().__init__(
-            f"group commit: {count} buffered event(s) of run {run_id} are not recorded: "
-            f"{cause}. They stay buffered in this process: the run's next boundary or "
+            f"group commit: {count} buffered event(s) of run {run_id} could not be "
+            f"written: {cause}. They stay buffered in this process: the run's next boundary or "
             "run.flush() tries again (and recognises events that did commit); they are "
             "lost if the process ends first"
         )

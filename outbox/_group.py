@@ -127,9 +127,9 @@ class Buffered:
 
 @dataclass(slots=True)
 class Batch:
-    """The events of one flush, kept across the retries of its transaction: a retry after
-    a commit the writer never heard back from finds the last of them at the run's head
-    and writes nothing again."""
+    """The events of one flush, kept across the retries of its transaction and across
+    failed flushes: a retry after a commit the writer never heard back from finds those
+    it committed at the run's head and writes only the rest."""
 
     entries: list[Buffered] = field(default_factory=list)
 
@@ -137,9 +137,18 @@ class Batch:
     def events(self) -> list[PreparedEvent]:
         return [entry.event for entry in self.entries]
 
-    @property
-    def last(self) -> PreparedEvent:
-        return self.entries[-1].event
+    def committed(self, head: Cursor) -> int:
+        """How many of the first events ``head`` shows committed (an earlier attempt's
+        commit the writer never heard back from): 0 when it is none of them."""
+        for position, entry in enumerate(self.entries):
+            envelope = entry.event.envelope
+            if (envelope.sequence, envelope.chain_hash) == (head.sequence, head.chain_head):
+                return position + 1
+        return 0
+
+    def drop(self, count: int) -> None:
+        """Forget the first ``count`` events: they are committed."""
+        del self.entries[:count]
 
     def rebase(self, core: RunCore, committed: Cursor) -> None:
         """Prepare every event again after ``committed`` (the run moved on under this

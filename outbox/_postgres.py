@@ -245,9 +245,11 @@ def flush_plan(core: RunCore, batch: Batch) -> Plan[None]:
 
     1. Under a savepoint, append every event in one statement.
     2. When not all of them were appended (the run is not where this writer left it),
-       undo whatever was, and re-read the run: when its head is the batch's last event,
-       an earlier attempt committed the batch; otherwise prepare the batch again after
-       the head (as a per-event append does) and go back to 1.
+       undo whatever was, and re-read the run's head.
+    3. When the head is one of the batch's events, an earlier flush committed the batch
+       up to it (the writer never heard back): done, or go back to 1 with the rest.
+       Otherwise prepare the batch again after the head (as a per-event append does)
+       and go back to 1.
     """
     for _ in range(APPEND_ATTEMPTS):
         yield _SAVEPOINT, {}
@@ -257,13 +259,16 @@ def flush_plan(core: RunCore, batch: Batch) -> Plan[None]:
         if appended:  # later guards held after earlier ones failed: not this history
             yield _BACK_TO_SAVEPOINT, {}
         row = (yield _LOAD_CURSOR, {"run_id": core.run_id}).first()
-        committed = None if row is None else Cursor(int(row[0]), str(row[1]))
-        if committed is not None and committed.chain_head == batch.last.envelope.chain_hash:
-            core.cursor = committed
-            return
-        if committed is None:
+        if row is None:
             raise RunNotActive(f"run {core.run_id} does not exist in the database")
-        batch.rebase(core, committed)
+        committed = Cursor(int(row[0]), str(row[1]))
+        done = batch.committed(committed)
+        if done == len(batch.entries):
+            return
+        if done:
+            batch.drop(done)
+        else:
+            batch.rebase(core, committed)
     raise core.conflict()
 
 
