@@ -162,8 +162,13 @@ def _memory_config(config: RecorderConfig) -> RecorderConfig:
             "a memory recorder keeps no data keys; seal with a pipeline of your own, or "
             "record encrypted runs with Recorder"
         )
-    # Not the environment's settings: a test's recorder should not depend on it.
-    return {**config, "settings": config.get("settings") or Settings()}
+    # Not the environment's settings (nor its group commit mode): a test's recorder
+    # should not depend on it.
+    return {
+        **config,
+        "settings": config.get("settings") or Settings(),
+        "group_commit": config.get("group_commit"),
+    }
 
 
 class _InMemory:
@@ -192,7 +197,8 @@ class MemoryRecorder(_InMemory, SyncRecorder):
     Args:
         sink: receives every envelope as it is recorded (default: :attr:`events`).
         config: see :class:`~agent_blackbox.outbox._core.RecorderConfig` (no ``keys``;
-            settings default to :class:`~agent_blackbox.schemas.Settings`'s defaults).
+            settings default to :class:`~agent_blackbox.schemas.Settings`'s defaults,
+            and group commit is off unless ``group_commit`` is given).
     """
 
     def __init__(

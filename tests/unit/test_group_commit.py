@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine
 
 from agent_blackbox.examples.ticket_agent import (
     KeywordModel,
@@ -24,6 +25,7 @@ from agent_blackbox.outbox import (
     EventsNotRecorded,
     GroupCommit,
     MemoryRecorder,
+    Recorder,
     RunSnapshot,
 )
 from agent_blackbox.outbox._group import Batch
@@ -211,5 +213,7 @@ def test_a_recorder_without_the_keyword_follows_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("BLACKBOX_GROUP_COMMIT", "on")
-    assert MemoryRecorder().group_commit == GroupCommit()
-    assert MemoryRecorder(group_commit=None).group_commit is None
+    engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")  # never connects
+    assert Recorder(engine).group_commit == GroupCommit()
+    assert Recorder(engine, group_commit=None).group_commit is None
+    assert MemoryRecorder().group_commit is None  # a test's recorder: not from the environment
