@@ -29,7 +29,6 @@ from agent_blackbox.outbox._core import (
     StartPlan,
 )
 from agent_blackbox.outbox._effects import EffectReceipt
-from agent_blackbox.outbox._errors import EventsNotRecorded
 from agent_blackbox.outbox._group import Batch, RunBuffer, buffered
 from agent_blackbox.outbox._postgres import AsyncPostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
@@ -373,5 +372,5 @@ class AsyncRun:
         async with self._lock:
             try:
                 await self._flush()
-            except EventsNotRecorded as exc:
+            except Exception as exc:  # the agent's task gets it, not this one
                 self.core.unreported = exc

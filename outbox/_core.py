@@ -27,7 +27,6 @@ from agent_blackbox.outbox._effects import (
     ToolPolicy,
 )
 from agent_blackbox.outbox._errors import (
-    BlackboxError,
     ConcurrentRunWriter,
     EffectRejected,
     NotSerialisable,
@@ -166,7 +165,7 @@ class RunCore:
         self.unwatch: Callable[[], None] | None = None
         """Stops watching the agent's code for unrecorded nondeterminism."""
         self.nondeterminism: NondeterminismMode = "off"
-        self.unreported: BlackboxError | None = None
+        self.unreported: Exception | None = None
         """A failure of a group flush made in the background, raised at the next boundary."""
 
     @property

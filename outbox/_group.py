@@ -227,11 +227,16 @@ class Flusher:
             self._due.pop(key, None)
 
     def _run(self) -> None:
-        while flushes := self._next():
-            # Outside the condition: a flush takes its run's lock and waits on Postgres,
-            # while the run's writer may be scheduling under that lock.
-            for flush in flushes:
-                flush()
+        try:
+            while flushes := self._next():
+                # Outside the condition: a flush takes its run's lock and waits on
+                # Postgres, while the run's writer may be scheduling under that lock.
+                for flush in flushes:
+                    flush()
+        finally:
+            with self._wake:  # however it ended, the next schedule starts a thread
+                if self._thread is threading.current_thread():
+                    self._thread = None
 
     def _next(self) -> list[Callable[[], None]]:
         """The flushes that are due, waiting for the first; empty (and the thread ends)

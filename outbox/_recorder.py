@@ -32,7 +32,6 @@ from agent_blackbox.outbox._core import (
     StartPlan,
 )
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
-from agent_blackbox.outbox._errors import EventsNotRecorded
 from agent_blackbox.outbox._group import Batch, Flusher, RunBuffer, buffered
 from agent_blackbox.outbox._postgres import PostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
@@ -440,5 +439,5 @@ class Run:
         with self._lock:
             try:
                 self._flush()
-            except EventsNotRecorded as exc:
+            except Exception as exc:  # the agent's thread gets it, not this one
                 self.core.unreported = exc
