@@ -191,7 +191,8 @@ class AsyncRun:
 
     @property
     def last_sequence(self) -> int:
-        """The sequence of the last event this writer appended."""
+        """The sequence of the last event this writer appended (in group commit mode,
+        buffered ones included)."""
         return self.core.cursor.sequence
 
     async def __aenter__(self) -> AsyncRun:

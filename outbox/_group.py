@@ -55,8 +55,17 @@ _OFF = {"", "0", "off", "false", "no"}
 
 @dataclass(frozen=True, slots=True)
 class GroupCommit:
-    """Group commit mode of a recorder (see the module's docstring for what it buffers,
-    when it flushes, and what a crash can lose).
+    """Group commit mode of a recorder: each run buffers its clock reads, random draws,
+    tool and LLM calls and retrievals, prepared as in per-event mode, and writes them in
+    one transaction before its next effect intent or receipt, state transition, joined
+    event or end, once ``max_events`` wait, ``max_delay_ms`` after the oldest, or at
+    ``run.flush()``.
+
+    What a crash can lose: only the buffered events of the crashing process, non-effect
+    events recorded since their run's last flush. Every committed run stays a contiguous
+    prefix of what the agent did, with an intact chain, and no effect intent or receipt
+    whose call returned is lost. A failed flush raises
+    :class:`~agent_blackbox.outbox.EventsNotRecorded` and keeps the events buffered.
 
     Args:
         max_delay_ms: the longest a buffered event waits before it is written.

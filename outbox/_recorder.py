@@ -216,7 +216,8 @@ class Run:
 
     @property
     def last_sequence(self) -> int:
-        """The sequence of the last event this writer appended."""
+        """The sequence of the last event this writer appended (in group commit mode,
+        buffered ones included)."""
         return self.core.cursor.sequence
 
     def __enter__(self) -> Run:
