@@ -32,6 +32,7 @@ from agent_blackbox.outbox._core import (
     StartPlan,
 )
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
+from agent_blackbox.outbox._errors import EventsNotRecorded
 from agent_blackbox.outbox._group import Batch, Flusher, RunBuffer, buffered
 from agent_blackbox.outbox._postgres import PostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
@@ -434,6 +435,8 @@ class Run:
         except BlackboxError as exc:
             raise buffer.failed(self.run_id, exc) from exc
         buffer.flushed()
+        if isinstance(self.core.unreported, EventsNotRecorded):
+            self.core.unreported = None  # those events are written now: nothing to report
 
     def _flush_due(self) -> None:
         """The timer's flush: a failure is raised at the run's next boundary."""

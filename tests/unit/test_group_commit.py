@@ -217,3 +217,15 @@ def test_a_recorder_without_the_keyword_follows_the_environment(
     assert Recorder(engine).group_commit == GroupCommit()
     assert Recorder(engine, group_commit=None).group_commit is None
     assert MemoryRecorder().group_commit is None  # a test's recorder: not from the environment
+
+
+def test_a_failed_timer_flush_is_not_reported_once_its_events_are_written() -> None:
+    recorder = MemoryRecorder(group_commit=GroupCommit(max_delay_ms=10))
+    failing = FailingFlushes(recorder.log, left=1)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    run.now()
+    _eventually(lambda: failing.left == 0 and run.core.unreported is not None)
+    run.flush()  # written after all
+    assert run.call("tool", lambda x: x, 1) == 1  # nothing left to report
+    run.finish()
+    assert _types(recorder) == ["run.started", "clock.read", "tool.call", "run.finished"]
