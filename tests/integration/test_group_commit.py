@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agent_blackbox.outbox import (
@@ -27,6 +28,7 @@ from agent_blackbox.outbox import (
     RunSnapshot,
 )
 from agent_blackbox.outbox._group import BUFFERED
+from agent_blackbox.outbox.lifecycle import append_redaction_txn
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, Settings
 from tests.integration._outbox import outbox_envelopes
 from tests.integration.test_ambiguous_commit import CommitCutter
@@ -159,6 +161,37 @@ def test_a_batch_after_a_rolled_back_joined_transition_takes_the_freed_sequence(
         "run.started",
         "clock.read",
         "random.draw",
+        "run.finished",
+    ]
+
+
+def test_a_batch_behind_an_event_appended_meanwhile_is_undone_and_written_after_it(
+    engine: Engine, settings: Settings
+) -> None:
+    run = Recorder(engine, settings=settings, group_commit=SLOW).start_run(
+        RunSnapshot("group/1"), agent_id="a"
+    )
+    for _ in range(3):
+        run.now()  # prepared as 2, 3 and 4
+    with engine.begin() as conn:  # the owner's note takes 2
+        append_redaction_txn(conn, run.run_id, reason="retention", key_ids=[], settings=settings)
+    # 2 fails its guard and 3 and 4 would pass theirs after the note: all undone, then
+    # prepared again as 3, 4 and 5, chained on the note.
+    statements: list[str] = []
+    listen = ("before_cursor_execute", lambda *args: statements.append(str(args[2])))
+    sqlalchemy_event.listen(engine, *listen)
+    try:
+        run.flush()
+    finally:
+        sqlalchemy_event.remove(engine, *listen)
+    assert sum("ROLLBACK TO SAVEPOINT" in sql for sql in statements) == 1
+    run.finish()
+    assert _types(engine, run.run_id) == [
+        "run.started",
+        "run.redacted",
+        "clock.read",
+        "clock.read",
+        "clock.read",
         "run.finished",
     ]
 
