@@ -4,7 +4,12 @@ Each writer is a thread with its own run; every call is one Postgres transaction
 a warm-up, all writers start together and time each call; the figures are p50 and p99
 per call and the events per second of all writers together.
 
+Then group commit mode against per-event mode, one writer each, in the same process:
+the events per second of each (a group run's last buffer is written inside the timing)
+and their ratio, whose target is 5.
+
     python bench/recorder.py [--events 3000] [--warmup 200] [--writers 1 8]
+                             [--group-events 20000]
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ from dataclasses import dataclass
 
 from rich.progress import Progress, TaskID
 
-from agent_blackbox.outbox import Recorder, RunSnapshot
+from agent_blackbox.outbox import GroupCommit, Recorder, RunSnapshot
 from bench._common import bench_settings, drop_runs, emit, percentile, progress, stage
 
 BENCH = "recorder"
 P50_TARGET_MS = 2.0
 P99_TARGET_MS = 10.0
+GROUP_SPEEDUP_TARGET = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,16 +66,19 @@ def write(
         latencies.append((time.perf_counter_ns() - before) / 1e6)
         if i % 100 == 99:
             bar[0].advance(bar[1], 100)
+    run.flush()  # group commit: what is still buffered is part of the work timed
     ended = time.perf_counter()
     run.finish()
     return WriterResult(run.run_id, latencies, started, ended)
 
 
-def measure(recorder: Recorder, *, writers: int, events: int, warmup: int) -> list[WriterResult]:
+def measure(
+    recorder: Recorder, *, writers: int, events: int, warmup: int, label: str = ""
+) -> list[WriterResult]:
     """Run ``writers`` concurrent writers and collect their timings."""
     start = threading.Barrier(writers)
     with progress() as display, ThreadPoolExecutor(max_workers=writers) as pool:
-        task = display.add_task(f"{writers} writer(s)", total=writers * events)
+        task = display.add_task(f"{writers} writer(s){label}", total=writers * events)
         futures = [
             pool.submit(
                 write, recorder, events=events, warmup=warmup, start=start, bar=(display, task)
@@ -81,7 +90,6 @@ def measure(recorder: Recorder, *, writers: int, events: int, warmup: int) -> li
 
 def report(writers: int, results: Sequence[WriterResult]) -> None:
     latencies = [ms for r in results for ms in r.latencies_ms]
-    wall = max(r.ended for r in results) - min(r.started for r in results)
     one = writers == 1
     emit(
         BENCH,
@@ -101,7 +109,42 @@ def report(writers: int, results: Sequence[WriterResult]) -> None:
         at_least=False,
         writers=writers,
     )
-    emit(BENCH, "events_per_s", len(latencies) / wall, unit="events/s", writers=writers)
+    emit(
+        BENCH,
+        "events_per_s",
+        rate(results),
+        unit="events/s",
+        writers=writers,
+        mode="per-event",
+    )
+
+
+def rate(results: Sequence[WriterResult]) -> float:
+    """Events per second of all writers together."""
+    wall = max(r.ended for r in results) - min(r.started for r in results)
+    return sum(len(r.latencies_ms) for r in results) / wall
+
+
+def compare_group(
+    group: Recorder, single: Sequence[WriterResult], *, events: int, warmup: int
+) -> list[WriterResult]:
+    """One writer in group commit mode, against ``single``, one writer's results in
+    per-event mode: its rate and the ratio of the two."""
+    with stage("recorder, 1 writer, group commit mode"):
+        grouped = measure(group, writers=1, events=events, warmup=warmup, label=", group")
+    per_event_rate, group_rate = rate(single), rate(grouped)
+    emit(BENCH, "events_per_s", group_rate, unit="events/s", writers=1, mode="group")
+    emit(
+        BENCH,
+        "group_speedup",
+        group_rate / per_event_rate,
+        unit="x",
+        target=GROUP_SPEEDUP_TARGET,
+        writers=1,
+        max_delay_ms=int(GroupCommit().max_delay_ms),
+        max_events=GroupCommit().max_events,
+    )
+    return grouped
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -109,15 +152,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=3_000, help="timed calls per writer")
     parser.add_argument("--warmup", type=int, default=200, help="untimed calls per writer")
     parser.add_argument("--writers", type=int, nargs="+", default=[1, 8])
+    parser.add_argument(
+        "--group-events", type=int, default=20_000, help="timed calls in group commit mode"
+    )
     args = parser.parse_args(argv)
-    recorder = Recorder.from_settings(bench_settings(BENCH))
+    settings = bench_settings(BENCH)
+    base = Recorder.from_settings(settings)
+    # Each mode chosen here, whatever BLACKBOX_GROUP_COMMIT says.
+    recorder = Recorder(base.engine, settings=settings, keys=base.keys, group_commit=None)
+    group = Recorder(base.engine, settings=settings, keys=base.keys, group_commit=GroupCommit())
     run_ids: list[str] = []
+    single: list[WriterResult] = []
     try:
-        for writers in args.writers:
+        # One writer last, so that group commit mode runs right after it.
+        for writers in sorted(set(args.writers) | {1}, reverse=True):
             with stage(f"recorder, {writers} writer(s)"):
                 results = measure(recorder, writers=writers, events=args.events, warmup=args.warmup)
             run_ids += [r.run_id for r in results]
             report(writers, results)
+            single = results
+        grouped = compare_group(group, single, events=args.group_events, warmup=args.warmup)
+        run_ids += [r.run_id for r in grouped]
     finally:
         drop_runs(recorder.engine, run_ids)
         recorder.engine.dispose()

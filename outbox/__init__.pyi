@@ -19,11 +19,13 @@ from ._errors import BlackboxError as BlackboxError
 from ._errors import ConcurrentRunWriter as ConcurrentRunWriter
 from ._errors import DatabaseUnavailable as DatabaseUnavailable
 from ._errors import EffectRejected as EffectRejected
+from ._errors import EventsNotRecorded as EventsNotRecorded
 from ._errors import NotSerialisable as NotSerialisable
 from ._errors import PayloadTooLarge as PayloadTooLarge
 from ._errors import RecordedError as RecordedError
 from ._errors import RunNotActive as RunNotActive
 from ._errors import WriterRefused as WriterRefused
+from ._group import GroupCommit as GroupCommit
 from ._heads import RunHead as RunHead
 from ._heads import run_heads_txn as run_heads_txn
 from ._llm import completion_view as completion_view

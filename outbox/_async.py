@@ -29,10 +29,12 @@ from agent_blackbox.outbox._core import (
     StartPlan,
 )
 from agent_blackbox.outbox._effects import EffectReceipt
+from agent_blackbox.outbox._errors import EventsNotRecorded
+from agent_blackbox.outbox._group import Batch, RunBuffer, buffered
 from agent_blackbox.outbox._postgres import AsyncPostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._writer import new_event_id
-from agent_blackbox.schemas import DataKey, Digester, Envelope, Settings
+from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -52,6 +54,10 @@ class AsyncRunLog(Protocol):
         self, core: RunCore, crossing: Crossing, event_id: str, connection: Any
     ) -> Envelope:
         """Append the next event of the run of ``core``."""
+        ...
+
+    async def flush(self, core: RunCore, batch: Batch) -> None:
+        """Append the buffered events of ``batch`` (group commit), all or none."""
         ...
 
     async def resume(
@@ -128,6 +134,10 @@ class AsyncRecorderBase(RecorderBase):
         """Append one event of the run of ``core``, in its own transaction or the caller's."""
         return await self._log.append(core, crossing, event_id, connection)
 
+    async def flush(self, core: RunCore, batch: Batch) -> None:
+        """Append a run's buffered events (group commit) in one transaction."""
+        await self._log.flush(core, batch)
+
     async def _digest_for(self, options: RunOptions) -> Digester:
         known = self.cached_digest(options.tenant_id, options.classification)
         if known is not None:
@@ -171,6 +181,9 @@ class AsyncRun:
         self.core = core
         self._lock = asyncio.Lock()
         self._random = random.Random()
+        group = recorder.group_commit
+        self._buffer = None if group is None else RunBuffer(group)
+        self._timer: asyncio.Task[None] | None = None
 
     @property
     def run_id(self) -> str:
@@ -179,7 +192,8 @@ class AsyncRun:
 
     @property
     def last_sequence(self) -> int:
-        """The sequence of the last event this writer appended."""
+        """The sequence of the last event this writer appended (in group commit mode,
+        buffered ones included)."""
         return self.core.cursor.sequence
 
     async def __aenter__(self) -> AsyncRun:
@@ -314,9 +328,53 @@ class AsyncRun:
     async def _drive(self, boundary: steps.Steps[T]) -> T:
         return await steps.drive_async(boundary, self._append)
 
+    async def flush(self) -> None:
+        """Write the events this run buffered (group commit mode) now; see
+        ``Run.flush``."""
+        async with self._lock:
+            await self._flush()
+
     async def _append(self, step: steps.Append) -> Envelope:
         async with self._lock:
             self.core.check_active()
+            if self._buffer is not None:
+                if step.connection is None and buffered(step.crossing):
+                    return await self._buffered(self._buffer, step.crossing)
+                await self._flush()  # everything before an effect, a transition, a joined event
             return await self._recorder.append(
                 self.core, step.crossing, new_event_id(), step.connection
             )
+
+    async def _buffered(self, buffer: RunBuffer, crossing: Crossing) -> Envelope:
+        if buffer.full:
+            await self._flush()
+        envelope = buffer.add(self.core, crossing, new_event_id())
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().create_task(self._flush_later(buffer.delay_s))
+        return envelope
+
+    async def _flush(self) -> None:
+        """Write the buffer (under the run's lock)."""
+        buffer = self._buffer
+        if buffer is None or not len(buffer):
+            return
+        if self._timer is not None:  # still sleeping: the buffer is written here
+            self._timer.cancel()
+            self._timer = None
+        try:
+            await self._recorder.flush(self.core, buffer.batch)
+        except BlackboxError as exc:
+            raise buffer.failed(self.run_id, exc) from exc
+        buffer.flushed()
+        if isinstance(self.core.unreported, EventsNotRecorded):
+            self.core.unreported = None  # those events are written now: nothing to report
+
+    async def _flush_later(self, delay_s: float) -> None:
+        """The timer's flush: a failure is raised at the run's next boundary."""
+        await asyncio.sleep(delay_s)
+        self._timer = None  # past its sleep, the timer is not cancelled any more
+        async with self._lock:
+            try:
+                await self._flush()
+            except Exception as exc:  # the agent's task gets it, not this one
+                self.core.unreported = exc

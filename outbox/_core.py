@@ -32,6 +32,7 @@ from agent_blackbox.outbox._errors import (
     NotSerialisable,
     RunNotActive,
 )
+from agent_blackbox.outbox._group import GroupCommit
 from agent_blackbox.outbox._llm import llm_call
 from agent_blackbox.outbox._placement import Place, Placement
 from agent_blackbox.outbox._recovery import StoredRun
@@ -164,6 +165,8 @@ class RunCore:
         self.unwatch: Callable[[], None] | None = None
         """Stops watching the agent's code for unrecorded nondeterminism."""
         self.nondeterminism: NondeterminismMode = "off"
+        self.unreported: Exception | None = None
+        """A failure of a group flush made in the background, raised at the next boundary."""
 
     @property
     def run_id(self) -> str:
@@ -186,10 +189,15 @@ class RunCore:
         self.unwatch = watch_recording(self.nondeterminism, module)
 
     def check_active(self) -> None:
+        """Raise when the run takes no more events, or (once) the failure of a group
+        flush made in the background since the last boundary."""
         if self.finished:
             raise RunNotActive(
                 f"run {self.run_id} is finished; start a new run to record more events"
             )
+        if self.unreported is not None:
+            failure, self.unreported = self.unreported, None
+            raise failure
 
     def prepare(self, crossing: b.Crossing, event_id: str) -> PreparedEvent:
         ids = {
@@ -443,6 +451,10 @@ class RecorderConfig(TypedDict, total=False):
             random, UUIDs or the environment directly (``NondeterminismWarning``, or
             ``UnrecordedNondeterminism`` raised at the read); default from
             ``BLACKBOX_RECORD_NONDETERMINISM``, else ``off``.
+        group_commit: buffer each run's non-effect events and write them many to a
+            transaction (:class:`~agent_blackbox.outbox.GroupCommit`); None for one
+            transaction per event; when omitted, from ``BLACKBOX_GROUP_COMMIT``
+            (off when unset). A crash loses the buffered events of the crashing process.
     """
 
     settings: Settings | None
@@ -453,6 +465,7 @@ class RecorderConfig(TypedDict, total=False):
     keys: DataKeyStore | None
     redaction: Redactor | None
     nondeterminism: NondeterminismMode | None
+    group_commit: GroupCommit | None
 
 
 class RecorderBase:
@@ -473,6 +486,9 @@ class RecorderBase:
         self.tools: ToolPolicy = config.get("tools") or LiveTools()
         self.effects: EffectPolicy = config.get("effects") or LiveEffects()
         self.nondeterminism = mode_from(config.get("nondeterminism"))
+        self.group_commit = (
+            config["group_commit"] if "group_commit" in config else GroupCommit.from_env()
+        )
 
     def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:
         """The digest of runs of ``classification``: the tenant's keyed digest once fetched

@@ -9,6 +9,7 @@ __all__ = [
     "ConcurrentRunWriter",
     "DatabaseUnavailable",
     "EffectRejected",
+    "EventsNotRecorded",
     "NotSerialisable",
     "PayloadTooLarge",
     "RecordedError",
@@ -46,6 +47,27 @@ class WriterRefused(BlackboxError):
 
 class ConcurrentRunWriter(BlackboxError):
     """Another writer advanced the same run; each run must have one writer at a time."""
+
+
+class EventsNotRecorded(BlackboxError):
+    """In group commit mode, buffered events of a run could not be written.
+
+    ``count`` events are not recorded (or, when ``cause`` says a commit was cut, may have
+    been); they stay buffered in this process, and the run's next boundary or
+    ``run.flush()`` writes them, or finds them committed. They are lost if the process
+    ends first. ``cause`` is the error of the flush.
+    """
+
+    def __init__(self, run_id: str, count: int, cause: BlackboxError) -> None:
+        self.run_id = run_id
+        self.count = count
+        self.cause = cause
+        super().__init__(
+            f"group commit: {count} buffered event(s) of run {run_id} could not be "
+            f"written: {cause}. They stay buffered in this process: the run's next boundary or "
+            "run.flush() tries again (and recognises events that did commit); they are "
+            "lost if the process ends first"
+        )
 
 
 class EffectRejected(BlackboxError):

@@ -17,6 +17,7 @@ from agent_blackbox.outbox._async import AsyncRecorderBase
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import RecorderConfig, RunCore, StartPlan
 from agent_blackbox.outbox._errors import RunNotActive
+from agent_blackbox.outbox._group import Batch
 from agent_blackbox.outbox._recorder import SyncRecorder
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._writer import Cursor, PreparedEvent, RunIdentity
@@ -58,6 +59,10 @@ class MemoryLog:
         _refuse_transaction(connection)
         return self._store(core, core.prepare(crossing, event_id))
 
+    def flush(self, core: RunCore, batch: Batch) -> None:
+        for event in batch.events:  # prepared in order already: the cursor stays
+            self._keep(event)
+
     def resume(
         self, run_id: str, *, shards: int, keys: DataKeyStore | None
     ) -> tuple[StoredRun, DataKey | None]:
@@ -84,12 +89,14 @@ class MemoryLog:
         return self.blobs[ref]
 
     def _store(self, core: RunCore, event: PreparedEvent) -> Envelope:
+        self._keep(event)
+        return core.advanced(event)
+
+    def _keep(self, event: PreparedEvent) -> None:
         if event.blob is not None:
             self.blobs[event.blob[0]] = event.blob[1]
         self._sink(event.envelope)
-        envelope = core.advanced(event)
-        self._note(envelope, event)
-        return envelope
+        self._note(event.envelope, event)
 
     def _note(self, envelope: Envelope, event: PreparedEvent) -> None:
         """Keep the run row and the effects as the Postgres log's statements do."""
@@ -129,6 +136,9 @@ class AsyncMemoryLog:
     ) -> Envelope:
         return self._log.append(core, crossing, event_id, connection)
 
+    async def flush(self, core: RunCore, batch: Batch) -> None:
+        self._log.flush(core, batch)
+
     async def resume(
         self, run_id: str, *, shards: int, keys: DataKeyStore | None
     ) -> tuple[StoredRun, DataKey | None]:
@@ -152,8 +162,13 @@ def _memory_config(config: RecorderConfig) -> RecorderConfig:
             "a memory recorder keeps no data keys; seal with a pipeline of your own, or "
             "record encrypted runs with Recorder"
         )
-    # Not the environment's settings: a test's recorder should not depend on it.
-    return {**config, "settings": config.get("settings") or Settings()}
+    # Not the environment's settings (nor its group commit mode): a test's recorder
+    # should not depend on it.
+    return {
+        **config,
+        "settings": config.get("settings") or Settings(),
+        "group_commit": config.get("group_commit"),
+    }
 
 
 class _InMemory:
@@ -182,7 +197,8 @@ class MemoryRecorder(_InMemory, SyncRecorder):
     Args:
         sink: receives every envelope as it is recorded (default: :attr:`events`).
         config: see :class:`~agent_blackbox.outbox._core.RecorderConfig` (no ``keys``;
-            settings default to :class:`~agent_blackbox.schemas.Settings`'s defaults).
+            settings default to :class:`~agent_blackbox.schemas.Settings`'s defaults,
+            and group commit is off unless ``group_commit`` is given).
     """
 
     def __init__(

@@ -42,6 +42,7 @@ from agent_blackbox.outbox._errors import (
     RunNotActive,
     WriterRefused,
 )
+from agent_blackbox.outbox._group import Batch
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._steps import Stepper
 from agent_blackbox.outbox._writer import (
@@ -104,6 +105,29 @@ _APPEND = text(
     SELECT :shard, run_id, :sequence, CAST(:event_id AS uuid), :envelope FROM advanced
     """
 )
+
+# A group flush: append_event once per event, in sequence order (the order of the arrays),
+# in one statement; the count of events it appended tells whether every guard held.
+_APPEND_BATCH = text(
+    """
+    SELECT count(*) FILTER (WHERE appended) FROM (
+        SELECT blackbox.append_event(
+            :run_id, :credential, CAST(:shard AS smallint), e.sequence, e.chain_hash,
+            CAST(NULL AS text), CAST(NULL AS text), e.event_id, e.envelope, e.key_id,
+            CAST(NULL AS text), CAST(NULL AS text), CAST(NULL AS text), CAST(NULL AS text),
+            e.event_type, e.body_version, e.recorded_at) AS appended
+          FROM unnest(
+            CAST(:sequences AS bigint[]), CAST(:chain_hashes AS text[]),
+            CAST(:event_ids AS uuid[]), CAST(:envelopes AS bytea[]), CAST(:key_ids AS text[]),
+            CAST(:event_types AS text[]), CAST(:body_versions AS integer[]),
+            CAST(:recorded_ats AS bigint[]))
+            AS e(sequence, chain_hash, event_id, envelope, key_id, event_type, body_version,
+                 recorded_at)
+    ) AS batch
+    """
+)
+_SAVEPOINT = text("SAVEPOINT blackbox_flush")
+_BACK_TO_SAVEPOINT = text("ROLLBACK TO SAVEPOINT blackbox_flush")
 
 _INSERT_BLOB = text("SELECT blackbox.store_blob(:digest, :data)")
 
@@ -214,6 +238,69 @@ def append_plan(
             return event.envelope
         attempt.event = core.prepare(crossing, event_id)
     raise core.conflict()
+
+
+def flush_plan(core: RunCore, batch: Batch) -> Plan[None]:
+    """Append the buffered events of ``batch`` (group commit), all or none.
+
+    1. Under a savepoint, append every event in one statement.
+    2. When not all of them were appended (the run is not where this writer left it),
+       undo whatever was, and re-read the run's head.
+    3. When the head is one of the batch's events, an earlier flush committed the batch
+       up to it (the writer never heard back): done, or go back to 1 with the rest.
+       Otherwise prepare the batch again after the head (as a per-event append does)
+       and go back to 1.
+    """
+    for _ in range(APPEND_ATTEMPTS):
+        yield _SAVEPOINT, {}
+        appended = yield from _append_batch(core.identity, batch.events)
+        if appended == len(batch.entries):
+            return
+        if appended:  # later guards held after earlier ones failed: not this history
+            yield _BACK_TO_SAVEPOINT, {}
+        row = (yield _LOAD_CURSOR, {"run_id": core.run_id}).first()
+        if row is None:
+            raise RunNotActive(f"run {core.run_id} does not exist in the database")
+        committed = Cursor(int(row[0]), str(row[1]))
+        done = batch.committed(committed)
+        if done == len(batch.entries):
+            return
+        if done:
+            batch.drop(done)
+        else:
+            batch.rebase(core, committed)
+    raise core.conflict()
+
+
+def _append_batch(identity: RunIdentity, events: list[PreparedEvent]) -> Plan[int]:
+    """How many of ``events`` were appended, in order, each under its guard."""
+    for event in events:
+        if event.blob is not None:
+            ref, data = event.blob
+            yield _INSERT_BLOB, {"digest": ref, "data": data}
+    if identity.credential is None:  # the owner's path: one guarded statement each
+        count = 0
+        for event in events:
+            count += bool((yield from _guarded_append(identity, event)))
+        return count
+    envelopes = [event.envelope for event in events]
+    appended = yield (
+        _APPEND_BATCH,
+        {
+            "run_id": identity.run_id,
+            "credential": identity.credential,
+            "shard": identity.shard,
+            "sequences": [e.sequence for e in envelopes],
+            "chain_hashes": [e.chain_hash for e in envelopes],
+            "event_ids": [e.event_id for e in envelopes],
+            "envelopes": [event.encoded for event in events],
+            "key_ids": [e.key_id for e in envelopes],
+            "event_types": [str(e.event_type) for e in envelopes],
+            "body_versions": [e.body_version for e in envelopes],
+            "recorded_ats": [e.recorded_at_us for e in envelopes],
+        },
+    )
+    return int(appended.scalar_one())
 
 
 def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
@@ -495,6 +582,10 @@ class PostgresLog:
             connection,
         )
 
+    def flush(self, core: RunCore, batch: Batch) -> None:
+        """Append a run's buffered events in one transaction of the log's own."""
+        self.transact(lambda conn: execute(conn, flush_plan(core, batch)))
+
     def resume(
         self, run_id: str, *, shards: int, keys: DataKeyStore | None
     ) -> tuple[StoredRun, DataKey | None]:
@@ -553,6 +644,10 @@ class AsyncPostgresLog:
             return execute_async(conn, append_plan(core, crossing, event_id, attempt=attempt))
 
         return await self.transact(work, connection)
+
+    async def flush(self, core: RunCore, batch: Batch) -> None:
+        """See :meth:`PostgresLog.flush`."""
+        await self.transact(lambda conn: execute_async(conn, flush_plan(core, batch)))
 
     async def resume(
         self, run_id: str, *, shards: int, keys: DataKeyStore | None

@@ -32,10 +32,12 @@ from agent_blackbox.outbox._core import (
     StartPlan,
 )
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
+from agent_blackbox.outbox._errors import EventsNotRecorded
+from agent_blackbox.outbox._group import Batch, Flusher, RunBuffer, buffered
 from agent_blackbox.outbox._postgres import PostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._writer import new_event_id
-from agent_blackbox.schemas import DataKey, Digester, Envelope, Settings
+from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
 
 if TYPE_CHECKING:
     from agent_blackbox.outbox._postgres import Joinable
@@ -53,6 +55,10 @@ class RunLog(Protocol):
 
     def append(self, core: RunCore, crossing: Crossing, event_id: str, connection: Any) -> Envelope:
         """Append the next event of the run of ``core``."""
+        ...
+
+    def flush(self, core: RunCore, batch: Batch) -> None:
+        """Append the buffered events of ``batch`` (group commit), all or none."""
         ...
 
     def resume(
@@ -77,6 +83,7 @@ class SyncRecorder(RecorderBase):
     def __init__(self, log: RunLog, **config: Unpack[RecorderConfig]) -> None:
         super().__init__(**config)
         self._log = log
+        self.flusher = Flusher()
 
     def start_run(
         self,
@@ -145,6 +152,10 @@ class SyncRecorder(RecorderBase):
         """Append one event of the run of ``core``, in its own transaction or the caller's."""
         return self._log.append(core, crossing, event_id, connection)
 
+    def flush(self, core: RunCore, batch: Batch) -> None:
+        """Append a run's buffered events (group commit) in one transaction."""
+        self._log.flush(core, batch)
+
     def _digest_for(self, options: RunOptions) -> Digester:
         known = self.cached_digest(options.tenant_id, options.classification)
         if known is not None:
@@ -183,6 +194,11 @@ class Run:
     Use it as a context manager: leaving the block records ``run.finished``, as
     ``failed`` when an exception escapes. A run has one writer at a time; its methods
     are safe to call from several threads of that writer.
+
+    When its recorder is in group commit mode
+    (:class:`~agent_blackbox.outbox.GroupCommit`), clock reads, random draws, tool and
+    LLM calls and retrievals are buffered and written many to a transaction; a crash
+    loses those recorded since the run's last flush, never an effect's intent or receipt.
     """
 
     def __init__(self, recorder: SyncRecorder, core: RunCore) -> None:
@@ -191,6 +207,8 @@ class Run:
         self._lock = threading.RLock()
         self._joined: Joinable | None = None
         self._random = random.Random()
+        group = recorder.group_commit
+        self._buffer = None if group is None else RunBuffer(group)
 
     @property
     def run_id(self) -> str:
@@ -199,7 +217,8 @@ class Run:
 
     @property
     def last_sequence(self) -> int:
-        """The sequence of the last event this writer appended."""
+        """The sequence of the last event this writer appended (in group commit mode,
+        buffered ones included)."""
         return self.core.cursor.sequence
 
     def __enter__(self) -> Run:
@@ -378,8 +397,51 @@ class Run:
     def _drive(self, boundary: steps.Steps[T]) -> T:
         return steps.drive(boundary, self._append)
 
+    def flush(self) -> None:
+        """Write the events this run buffered (group commit mode) now; nothing to do in
+        per-event mode.
+
+        Raises:
+            EventsNotRecorded: the flush failed; the events stay buffered.
+        """
+        with self._lock:
+            self._flush()
+
     def _append(self, step: steps.Append) -> Envelope:
         with self._lock:
             self.core.check_active()
             target = step.connection if step.connection is not None else self._joined
+            if self._buffer is not None:
+                if target is None and buffered(step.crossing):
+                    return self._buffered(self._buffer, step.crossing)
+                self._flush()  # everything before an effect, a transition, a joined event
             return self._recorder.append(self.core, step.crossing, new_event_id(), target)
+
+    def _buffered(self, buffer: RunBuffer, crossing: Crossing) -> Envelope:
+        if buffer.full:
+            self._flush()
+        envelope = buffer.add(self.core, crossing, new_event_id())
+        self._recorder.flusher.schedule(self, buffer.deadline, self._flush_due)
+        return envelope
+
+    def _flush(self) -> None:
+        """Write the buffer (under the run's lock)."""
+        buffer = self._buffer
+        if buffer is None or not len(buffer):
+            return
+        self._recorder.flusher.cancel(self)
+        try:
+            self._recorder.flush(self.core, buffer.batch)
+        except BlackboxError as exc:
+            raise buffer.failed(self.run_id, exc) from exc
+        buffer.flushed()
+        if isinstance(self.core.unreported, EventsNotRecorded):
+            self.core.unreported = None  # those events are written now: nothing to report
+
+    def _flush_due(self) -> None:
+        """The timer's flush: a failure is raised at the run's next boundary."""
+        with self._lock:
+            try:
+                self._flush()
+            except Exception as exc:  # the agent's thread gets it, not this one
+                self.core.unreported = exc

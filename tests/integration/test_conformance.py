@@ -40,6 +40,7 @@ from agent_blackbox.outbox import (
     AsyncRecorder,
     EffectOutcome,
     EffectRejected,
+    GroupCommit,
     MemoryRecorder,
     RecordedError,
     Recorder,
@@ -64,7 +65,16 @@ from tests.integration._outbox import outbox_envelopes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-RECORDERS = ["memory", "async-memory", "postgres", "async-postgres"]
+RECORDERS = [
+    "memory",
+    "async-memory",
+    "postgres",
+    "async-postgres",
+    "postgres-group",
+    "async-postgres-group",
+]
+GROUP = GroupCommit(max_delay_ms=5)
+"""Group commit mode (``-group``): its envelopes must be per-event mode's."""
 OPTIONS = RunOptions(
     agent_id="conformance-agent",
     tenant_id="tenant-c",
@@ -222,12 +232,15 @@ def _harness(kind: str, request: pytest.FixtureRequest) -> Iterator[Harness]:
         return
     settings: Settings = request.getfixturevalue("settings")
     engine: Engine = request.getfixturevalue("engine")
-    if kind == "postgres":
-        yield Harness(Recorder(engine, settings=settings), _outbox_reader(engine))
+    group = GROUP if kind.endswith("-group") else None
+    if kind.startswith("postgres"):
+        recorder = Recorder(engine, settings=settings, group_commit=group)
+        yield Harness(recorder, _outbox_reader(engine))
         return
     async_engine = create_async_engine(settings.database_url)
     try:
-        yield Harness(AsyncRecorder(async_engine, settings=settings), _outbox_reader(engine))
+        async_recorder = AsyncRecorder(async_engine, settings=settings, group_commit=group)
+        yield Harness(async_recorder, _outbox_reader(engine))
     finally:
         asyncio.run(async_engine.dispose())
 

@@ -1,0 +1,231 @@
+"""Group commit mode (issue 12, item 8) on the memory recorders: what is buffered, when
+it is written, that the record is the one per-event mode makes, and what a failed flush
+tells the agent."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine
+
+from agent_blackbox.examples.ticket_agent import (
+    KeywordModel,
+    Notifier,
+    TicketAgent,
+    replay_entry,
+    sample_tickets,
+)
+from agent_blackbox.outbox import (
+    AsyncMemoryRecorder,
+    DatabaseUnavailable,
+    EventsNotRecorded,
+    GroupCommit,
+    MemoryRecorder,
+    Recorder,
+    RunSnapshot,
+)
+from agent_blackbox.outbox._group import Batch
+from agent_blackbox.outbox._memory import MemoryLog
+from agent_blackbox.replayer import replay_run
+
+SNAPSHOT = RunSnapshot(code_version="group/1")
+SLOW = GroupCommit(max_delay_ms=60_000, max_events=1_000)
+"""Flushes only at the points the mode defines: the timer never fires during a test."""
+
+
+def _types(recorder: MemoryRecorder | AsyncMemoryRecorder) -> list[str]:
+    return [str(e.event_type) for e in recorder.events]
+
+
+def _eventually(condition: Callable[[], bool], *, within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.005)
+
+
+def test_a_group_run_records_what_a_per_event_run_records_and_replays() -> None:
+    recorded = {}
+    for mode, group in (("per-event", None), ("group", GroupCommit(max_events=3))):
+        recorder = MemoryRecorder(group_commit=group)
+        agent = TicketAgent(sample_tickets(1), KeywordModel(), Notifier())
+        snapshot = agent.snapshot("T-00000")
+        run, _ = recorder.record(agent.run, snapshot, agent_id="ticket-agent", run_id="run-1")
+        assert [e.sequence for e in recorder.events] == list(range(1, run.last_sequence + 1))
+        report = replay_run(recorder.events, replay_entry)
+        assert report.passed, report.divergence and report.divergence.describe()
+        recorded[mode] = [(e.sequence, e.event_type) for e in recorder.events]
+    assert recorded["group"] == recorded["per-event"]
+
+
+def test_non_effects_wait_for_the_next_effect_which_commits_after_them() -> None:
+    recorder = MemoryRecorder(group_commit=SLOW)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    run.now()
+    run.random()
+    run.call("echo", lambda x: x, 1)
+    assert _types(recorder) == ["run.started"]  # buffered
+    run.effect("mail", lambda key: None, arguments={"to": "x"})
+    assert _types(recorder) == [
+        "run.started",
+        "clock.read",
+        "random.draw",
+        "tool.call",
+        "effect.intent",
+        "effect.receipt",
+    ]
+    run.uuid()
+    run.transition("done", state={"ok": True})
+    run.monotonic()
+    run.finish()
+    assert _types(recorder)[6:] == ["random.draw", "state.transition", "clock.read", "run.finished"]
+    assert [e.sequence for e in recorder.events] == list(range(1, 11))
+
+
+def test_a_full_buffer_is_written_at_the_next_crossing() -> None:
+    recorder = MemoryRecorder(group_commit=GroupCommit(max_delay_ms=60_000, max_events=3))
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    for _ in range(3):
+        run.now()
+    assert len(recorder.events) == 1
+    run.now()  # the buffer held three: written before the fourth is kept
+    assert len(recorder.events) == 4
+    run.flush()
+    assert len(recorder.events) == 5
+
+
+def test_the_timer_writes_a_waiting_buffer_without_another_boundary() -> None:
+    recorder = MemoryRecorder(group_commit=GroupCommit(max_delay_ms=20, max_events=1_000))
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    run.now()
+    _eventually(lambda: len(recorder.events) == 2)
+    run.finish()
+
+
+def test_the_async_timer_writes_a_waiting_buffer() -> None:
+    async def scenario() -> list[str]:
+        recorder = AsyncMemoryRecorder(group_commit=GroupCommit(max_delay_ms=20))
+        run = await recorder.start_run(SNAPSHOT, agent_id="a")
+        await run.now()
+        await run.random()
+        assert len(recorder.events) == 1
+        deadline = time.monotonic() + 5
+        while len(recorder.events) < 3:
+            assert time.monotonic() < deadline, "the timer did not flush"
+            await asyncio.sleep(0.005)
+        await run.effect("mail", lambda key: None, arguments={})
+        await run.finish()
+        return _types(recorder)
+
+    types = asyncio.run(scenario())
+    assert types == [
+        "run.started",
+        "clock.read",
+        "random.draw",
+        "effect.intent",
+        "effect.receipt",
+        "run.finished",
+    ]
+
+
+class FailingFlushes:
+    """Makes the next ``left`` flushes of a memory log fail as a lost database would."""
+
+    def __init__(self, log: MemoryLog, left: int) -> None:
+        self.left = left
+        self._real = log.flush
+        log.flush = self._flush  # type: ignore[method-assign]
+
+    def _flush(self, core: Any, batch: Batch) -> None:
+        if self.left > 0:
+            self.left -= 1
+            raise DatabaseUnavailable("the outbox write failed; nothing was recorded")
+        self._real(core, batch)
+
+
+def test_a_failed_flush_names_what_is_not_recorded_and_keeps_it_for_the_next() -> None:
+    recorder = MemoryRecorder(group_commit=SLOW)
+    FailingFlushes(recorder.log, left=1)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    run.now()
+    run.now()
+    performed: list[str] = []
+    with pytest.raises(EventsNotRecorded, match="2 buffered event") as raised:
+        run.effect("mail", performed.append, arguments={})
+    assert raised.value.count == 2
+    assert isinstance(raised.value.cause, DatabaseUnavailable)
+    assert performed == []  # no intent, so no effect, behind unrecorded events
+    run.effect("mail", performed.append, arguments={})
+    assert len(performed) == 1
+    assert _types(recorder) == [
+        "run.started",
+        "clock.read",
+        "clock.read",
+        "effect.intent",
+        "effect.receipt",
+    ]
+
+
+def test_a_failed_timer_flush_is_raised_at_the_next_boundary() -> None:
+    recorder = MemoryRecorder(group_commit=GroupCommit(max_delay_ms=10))
+    failing = FailingFlushes(recorder.log, left=1)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    run.now()
+    _eventually(lambda: failing.left == 0)
+    _eventually(lambda: run.core.unreported is not None)
+    called: list[int] = []
+    with pytest.raises(EventsNotRecorded, match="1 buffered event"):
+        run.call("tool", called.append, 1)
+    assert called == []  # raised before the tool ran
+    run.finish()  # the buffer is written first
+    assert _types(recorder) == ["run.started", "clock.read", "run.finished"]
+
+
+def test_the_mode_is_read_from_the_environment() -> None:
+    assert GroupCommit.from_env({}) is None
+    assert GroupCommit.from_env({"BLACKBOX_GROUP_COMMIT": "off"}) is None
+    assert GroupCommit.from_env({"BLACKBOX_GROUP_COMMIT": "on"}) == GroupCommit()
+    chosen = GroupCommit.from_env(
+        {
+            "BLACKBOX_GROUP_COMMIT": "on",
+            "BLACKBOX_GROUP_COMMIT_MS": "5",
+            "BLACKBOX_GROUP_COMMIT_EVENTS": "10",
+        }
+    )
+    assert chosen == GroupCommit(max_delay_ms=5, max_events=10)
+    with pytest.raises(ValueError, match="BLACKBOX_GROUP_COMMIT='maybe'"):
+        GroupCommit.from_env({"BLACKBOX_GROUP_COMMIT": "maybe"})
+    with pytest.raises(ValueError, match="BLACKBOX_GROUP_COMMIT_EVENTS='many'"):
+        GroupCommit.from_env(
+            {"BLACKBOX_GROUP_COMMIT": "on", "BLACKBOX_GROUP_COMMIT_EVENTS": "many"}
+        )
+    with pytest.raises(ValueError, match="max_events must be an integer > 0"):
+        GroupCommit(max_events=0)
+    with pytest.raises(ValueError, match="max_delay_ms must be > 0"):
+        GroupCommit(max_delay_ms=0)
+
+
+def test_a_recorder_without_the_keyword_follows_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BLACKBOX_GROUP_COMMIT", "on")
+    engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")  # never connects
+    assert Recorder(engine).group_commit == GroupCommit()
+    assert Recorder(engine, group_commit=None).group_commit is None
+    assert MemoryRecorder().group_commit is None  # a test's recorder: not from the environment
+
+
+def test_a_failed_timer_flush_is_not_reported_once_its_events_are_written() -> None:
+    recorder = MemoryRecorder(group_commit=GroupCommit(max_delay_ms=10))
+    failing = FailingFlushes(recorder.log, left=1)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    run.now()
+    _eventually(lambda: failing.left == 0 and run.core.unreported is not None)
+    run.flush()  # written after all
+    assert run.call("tool", lambda x: x, 1) == 1  # nothing left to report
+    run.finish()
+    assert _types(recorder) == ["run.started", "clock.read", "tool.call", "run.finished"]
