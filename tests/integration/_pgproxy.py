@@ -16,6 +16,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+from sqlalchemy import URL
+
 _STARTUP_MESSAGES = 1
 """The client's first message has no type byte (the startup packet)."""
 
@@ -154,3 +156,10 @@ def commit_dropper(host: str, port: int) -> Iterator[CommitDropper]:
         yield proxy
     finally:
         proxy.stop()
+
+
+def through(url: URL, proxy: CommitDropper) -> str:
+    """``url`` (with its password) pointed at the proxy, without TLS."""
+    proxied = url.set(host="127.0.0.1", port=proxy.port)
+    proxied = proxied.update_query_dict({"sslmode": "disable", "gssencmode": "disable"})
+    return proxied.render_as_string(hide_password=False)

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from agent_blackbox.outbox import AsyncRecorder, DatabaseUnavailable, Recorder, RunSnapshot
 from agent_blackbox.schemas import Settings
-from tests.integration._pgproxy import CommitDropper, commit_dropper
+from tests.integration._pgproxy import CommitDropper, commit_dropper, through
 
 pytestmark = pytest.mark.integration
 
@@ -32,17 +32,9 @@ def proxy(engine: Engine) -> Iterator[CommitDropper]:
         yield dropper
 
 
-def _through(engine: Engine, proxy: CommitDropper, *, drivername: str | None = None) -> str:
-    url = engine.url.set(host="127.0.0.1", port=proxy.port)
-    url = url.update_query_dict({"sslmode": "disable", "gssencmode": "disable"})
-    if drivername:
-        url = url.set(drivername=drivername)
-    return url.render_as_string(hide_password=False)
-
-
 @pytest.fixture
 def writer(engine: Engine, proxy: CommitDropper) -> Iterator[Engine]:
-    proxied = create_engine(_through(engine, proxy))
+    proxied = create_engine(through(engine.url, proxy))
     yield proxied
     proxied.dispose()
 
@@ -147,7 +139,7 @@ def test_the_async_recorder_appends_a_cut_event_once(
     engine: Engine, proxy: CommitDropper, settings: Settings
 ) -> None:
     async def scenario() -> str:
-        writer = create_async_engine(_through(engine, proxy))
+        writer = create_async_engine(through(engine.url, proxy))
         try:
             recorder = AsyncRecorder(writer, settings=settings)
             run = await recorder.start_run(RunSnapshot("amb.1"), agent_id="a")

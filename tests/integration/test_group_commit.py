@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -31,7 +31,7 @@ from agent_blackbox.outbox._group import BUFFERED
 from agent_blackbox.outbox.lifecycle import append_redaction_txn
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, Settings
 from tests.integration._outbox import outbox_envelopes
-from tests.integration.test_ambiguous_commit import CommitCutter
+from tests.integration._pgproxy import commit_dropper, through
 
 pytestmark = pytest.mark.integration
 
@@ -123,22 +123,29 @@ def test_an_async_run_commits_its_buffer_the_same_way(settings: Settings, engine
 
 
 def test_a_flush_whose_commit_was_cut_is_written_once(engine: Engine, settings: Settings) -> None:
-    cutter = CommitCutter(engine)
-    run = Recorder(engine, settings=settings, group_commit=SLOW).start_run(
-        RunSnapshot("group/1"), agent_id="a"
-    )
-    for _ in range(5):
-        run.now()
-    cutter.left = 1
-    run.flush()  # committed, heard as lost, retried: the retry finds the batch in place
-    assert cutter.cuts == 1
-    cutter.left = math.inf
-    run.now()
-    with pytest.raises(EventsNotRecorded, match=r"1 buffered event.*may have been recorded"):
-        run.flush()
-    cutter.left = 0
-    run.now()
-    run.finish()
+    url = engine.url
+    with commit_dropper(url.host or "127.0.0.1", url.port or 5432) as proxy:
+        writer = create_engine(through(url, proxy))
+        try:
+            run = Recorder(writer, settings=settings, group_commit=SLOW).start_run(
+                RunSnapshot("group/1"), agent_id="a"
+            )
+            for _ in range(5):
+                run.now()
+            proxy.cut(1)
+            run.flush()  # committed, heard as lost, retried: the retry finds the batch in place
+            assert proxy.cuts == 1
+            proxy.cut(math.inf)
+            run.now()
+            with pytest.raises(
+                EventsNotRecorded, match=r"1 buffered event.*may have been recorded"
+            ):
+                run.flush()
+            proxy.cut(0)
+            run.now()
+            run.finish()
+        finally:
+            writer.dispose()
     events = _checked(engine, run.run_id)
     assert len(events) == 9
     assert len({e.event_id for e in events}) == 9
