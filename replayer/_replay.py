@@ -457,6 +457,10 @@ class ReplayRun:
         _, body, output = self._take(ask.event_type, ask.input_digest, ask)
         return self._hits(body, output)
 
+    def flush(self) -> None:
+        """Nothing is buffered in replay: the recording run's group-commit flush, kept so
+        that agent code calling it replays unchanged."""
+
     def now(self) -> datetime:
         """The recorded wall-clock reading."""
         return datetime.fromtimestamp(
@@ -1192,6 +1196,9 @@ class AsyncReplayRun:
         ask = replay._contract.retrieval(index, index_version, query, filters, top_k)
         _, body, output = await replay._take_async(ask)
         return replay._hits(body, output)
+
+    async def flush(self) -> None:
+        """Nothing is buffered in replay (see :meth:`ReplayRun.flush`)."""
 
     async def now(self) -> datetime:
         """The recorded wall-clock reading."""

@@ -229,3 +229,20 @@ def test_a_failed_timer_flush_is_not_reported_once_its_events_are_written() -> N
     assert run.call("tool", lambda x: x, 1) == 1  # nothing left to report
     run.finish()
     assert _types(recorder) == ["run.started", "clock.read", "tool.call", "run.finished"]
+
+
+def test_agent_code_that_flushes_replays_unchanged() -> None:
+    def agent(run: Any, _input: Any) -> float:
+        value = run.random()
+        run.flush()
+        return float(value)
+
+    async def async_agent(run: Any, _input: Any) -> float:
+        value = await run.random()
+        await run.flush()
+        return float(value)
+
+    recorder = MemoryRecorder(group_commit=SLOW)
+    recorder.record(agent, SNAPSHOT, agent_id="a", run_id="run-1")
+    assert replay_run(recorder.events, agent).passed
+    assert replay_run(recorder.events, async_agent).passed
