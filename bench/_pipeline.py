@@ -22,12 +22,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, create_engine, text
 
@@ -439,25 +438,6 @@ class Worker:
         return self._log.read().decode("utf-8", "replace")
 
 
-@contextmanager
-def workers(
-    settings: Settings, command: str, count: int, *args: str, prefix: str
-) -> Iterator[list[Worker]]:
-    """``count`` processes of ``blackbox <command> <args>``, stopped on leaving."""
-    with ExitStack() as stack:
-        started: list[Worker] = []
-        for i in range(count):
-            worker = Worker([command, *args], worker_env(settings), name=f"{prefix}-{i}")
-            stack.callback(worker.stop)
-            started.append(worker)
-        yield started
-
-
-def relay_args(name: str) -> list[str]:
-    """Arguments of one bench relay: its lease owner id."""
-    return ["--relay-id", name]
-
-
 def wait_for(condition: Any, *, timeout: float, what: str, every: float = 0.1) -> None:
     """Wait until ``condition()`` holds; raise naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -506,15 +486,22 @@ def outbox_rows(engine: Engine) -> int:
 
 
 class PlainWatcher(threading.Thread):
-    """A plain consumer assigned every partition of the topic from the start (no group
-    join): the time each message came out of ``poll()``.
+    """A plain consumer assigned every partition of the topic from the start (or the
+    end), without a group join: the time each message came out of ``poll()``.
 
     Messages are kept raw while watching and decoded afterwards, so the loop does
     nothing but poll and take the time.
     """
 
-    def __init__(self, settings: Settings, *, overrides: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        overrides: Mapping[str, Any] | None = None,
+        from_end: bool = False,
+    ) -> None:
         super().__init__(name="plain-watcher", daemon=True)
+        start = OFFSET_END if from_end else OFFSET_BEGINNING
         self._consumer = Consumer(
             {
                 "bootstrap.servers": settings.kafka_bootstrap,
@@ -524,10 +511,7 @@ class PlainWatcher(threading.Thread):
             }
         )
         self._consumer.assign(
-            [
-                TopicPartition(settings.topic, p, OFFSET_BEGINNING)
-                for p in range(settings.partitions)
-            ]
+            [TopicPartition(settings.topic, p, start) for p in range(settings.partitions)]
         )
         self._stop_event = threading.Event()
         self._received: list[tuple[float, int, bytes]] = []
