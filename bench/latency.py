@@ -25,8 +25,8 @@ histogram from the same run (one sample per batch, its oldest row, from the row'
 ``created_at``, the start of the writer's transaction, to the broker's
 acknowledgement; percentiles interpolated inside its buckets).
 
-A second phase (unless ``--no-views``) adds a view consumer in its own process, polling
-as ``blackbox consume`` does, and times commit → the run's row in the runs view covering
+The ``views`` phase (``--phases``) adds a view consumer in its own process, polling as
+``blackbox consume`` does, and times commit → the run's row in the runs view covering
 the event, by polling that view every 5 ms (``view_commit_to_visible_ms``, reported, not
 targeted; the plain figure of the same phase is printed too).
 
@@ -34,7 +34,7 @@ Client and session settings can be overridden to show what each costs, e.g.
 ``--producer linger.ms=0``, ``--relay-session synchronous_commit=off``,
 ``--consumer fetch.wait.max.ms=10``, ``--view-poll-timeout 0.01``.
 
-    python -m bench.latency [--rate 1000] [--seconds 20] [--runs 10] [--no-views]
+    python -m bench.latency [--rate 1000] [--seconds 20] [--runs 20] [--phases plain,views]
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from agent_blackbox.consumers import migrate_views
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import RelayOptions
 from agent_blackbox.schemas import Settings
-from bench import _pipeline
+from bench import _pipeline, _spawned
 from bench._common import (
     bench_settings,
     console,
@@ -108,7 +108,7 @@ class Phase:
     """Commit → the relay's ``produce()`` (the message's create time)."""
     delivery: _pipeline.Latencies
     """The relay's ``produce()`` → the plain consumer's ``poll()``."""
-    relay: _pipeline.RelayFigures
+    relay: _spawned.RelayFigures
     views: _pipeline.Latencies | None = None
     view_poll_ms: float = 0.0
 
@@ -141,7 +141,7 @@ def measure(
     3. Run the writers; wait until every event they committed was seen.
     4. Stop everything; the relay reports its histogram.
     """
-    relay = _pipeline.relay_process(
+    relay = _spawned.relay_process(
         settings,
         owner=f"bench-latency-{settings.topic}",
         options=tuning.relay,
@@ -154,7 +154,7 @@ def measure(
     try:
         watcher.start()
         if views:
-            consumer = _pipeline.views_process(
+            consumer = _spawned.views_process(
                 settings,
                 group_id=group_id,
                 batch_size=tuning.view_batch,
@@ -187,7 +187,7 @@ def measure(
         view_seen = view_watcher.stop() if views else {}
         if consumer is not None:
             consumer.stop()
-        relay_figures: _pipeline.RelayFigures = relay.stop()
+        relay_figures: _spawned.RelayFigures = relay.stop()
     return Phase(
         written=written,
         plain=_pipeline.Latencies.between(written, plain_seen, warmup_s=warmup_s),
@@ -240,6 +240,7 @@ def report(phase: Phase, *, name: str, tuning: Tuning) -> None:
     out("relay_publish_latency_mean_ms", mean_ms, unit="ms")
     per_batch = phase.relay.published / max(phase.relay.count, 1)
     out("relay_events_per_batch", per_batch, unit="events")
+    report_relay_time(phase.relay, out)
     for q in (50, 99):
         out(
             "writer_append_ms",
@@ -258,6 +259,24 @@ def report(phase: Phase, *, name: str, tuning: Tuning) -> None:
                 missing=phase.views.missing,
                 view_poll_ms=f"{phase.view_poll_ms + 5.0:.1f}",
             )
+
+
+def report_relay_time(relay: _spawned.RelayFigures, out: Any) -> None:
+    """Where a relay batch's time goes: its mean, each kind of statement and COMMIT
+    (mean per call), and what is left for producing and awaiting acknowledgements."""
+    batches = max(relay.batches, 1)
+    batch_ms = relay.batch_seconds * 1000 / batches
+    out("relay_batch_ms", batch_ms, unit="ms", batches=int(relay.batches))
+    for part, spent in sorted(relay.database.items()):
+        out("relay_database_ms", spent.ms / spent.calls, unit="ms", part=part, calls=spent.calls)
+    # Every batch reads once, deletes once and commits the delete; empty reads (the relay
+    # looking again before it waits) are outside the batches, so reads count at their mean.
+    database_ms = sum(
+        relay.database[part].ms / relay.database[part].calls
+        for part in ("read", "delete", "commit after delete")
+        if part in relay.database
+    )
+    out("relay_produce_and_ack_ms", batch_ms - database_ms, unit="ms")
 
 
 def _settings_pairs(pairs: Sequence[str], flag: str) -> dict[str, Any]:
@@ -279,7 +298,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Tuning]:
     parser.add_argument("--runs", type=int, default=20, help="concurrent runs (threads)")
     parser.add_argument("--writers", type=int, default=2, help="writer processes")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds left out")
-    parser.add_argument("--no-views", action="store_true", help="skip the view phase")
+    parser.add_argument(
+        "--phases", default="plain,views", help="plain (relay + plain consumer), views (+ views)"
+    )
     for flag in ("--producer", "--consumer", "--view-consumer", "--relay-session"):
         parser.add_argument(flag, action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--relay-idle-wait", type=float, default=None, metavar="SECONDS")
@@ -320,9 +341,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     settings = bench_settings(BENCH)
     engine = create_engine(settings.database_url)
-    phases = [("plain", settings)]
-    if not args.no_views:
-        phases.append(("views", replace(settings, topic=fresh_topic(f"{BENCH}-views"))))
+    asked = [name.strip() for name in args.phases.split(",") if name.strip()]
+    if not asked or set(asked) - {"plain", "views"}:
+        raise SystemExit(f"--phases {args.phases!r}: name plain, views or both")
+    phases = [(name, replace(settings, topic=fresh_topic(f"{BENCH}-{name}"))) for name in asked]
     tag = uuid.uuid4().hex[:8]
     agent_ids = [f"bench-latency-{name}-{tag}" for name, _ in phases]
     group_ids = [f"blackbox.bench.latency.{name}.{tag}" for name, _ in phases]
