@@ -370,10 +370,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         for (_, each), group_id in zip(phases, group_ids, strict=True):
             clean_views(engine, topic=each.topic, group_id=group_id, run_ids=run_ids)
         drop_runs(engine, run_ids)
-        topics = [each.topic for _, each in phases] + [each.dlq_topic for _, each in phases]
+        topics = [each.topic for _, each in phases]
+        topics += [each.dlq_topic for name, each in phases if name == "views"]
         delete_topics(settings, topics)
-        for group_id in group_ids[1:]:
-            delete_group(settings, group_id)
+        for (name, _), group_id in zip(phases, group_ids, strict=True):
+            if name == "views":
+                delete_group(settings, group_id)
         engine.dispose()
 
 
