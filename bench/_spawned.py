@@ -227,10 +227,27 @@ def views_process(
 ) -> Spawned:
     """A :class:`~agent_blackbox.consumers.ViewConsumer` in its own process, polling as
     ``blackbox consume`` does (``poll_once(poll_timeout_s)`` in a loop) with librdkafka
-    ``overrides``; :meth:`Spawned.stop` returns the events it inserted."""
+    ``overrides``; :meth:`Spawned.stop` returns its :class:`ViewFigures`."""
     return Spawned(
         _views, settings, group_id, batch_size, poll_timeout_s, dict(overrides), name="views"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ViewFigures:
+    """Where a view consumer's time went: its committed batches, the messages in them,
+    the seconds ``poll_once`` took for them in all, and the time of its database work
+    (statements and COMMITs, as for the relay)."""
+
+    batches: int
+    messages: int
+    poll_seconds: float
+    database: dict[str, StatementTime]
+
+    @property
+    def database_ms(self) -> float:
+        """Milliseconds of database work per batch."""
+        return sum(t.ms for t in self.database.values()) / max(self.batches, 1)
 
 
 def _views(
@@ -240,16 +257,25 @@ def _views(
     batch_size: int,
     poll_timeout_s: float,
     overrides: dict[str, Any],
-) -> int:
-    inserted = 0
+) -> ViewFigures:
+    engine = create_engine(settings.database_url, pool_pre_ping=True)
+    batches = messages = 0
+    seconds = 0.0
     with ViewConsumer(
         settings,
         group_id=group_id,
+        engine=engine,
         batch_size=batch_size,
         client_config=overrides,
         registry=CollectorRegistry(),
     ) as consumer:
+        consumer.poll_once(poll_timeout_s)  # joins the group: not counted
+        database = time_statements(engine)
         while not stop.is_set():
+            began = time.perf_counter()
             if outcome := consumer.poll_once(poll_timeout_s):
-                inserted += outcome.inserted
-    return inserted
+                seconds += time.perf_counter() - began
+                batches += 1
+                messages += outcome.messages
+    engine.dispose()
+    return ViewFigures(batches, messages, seconds, dict(database))

@@ -23,12 +23,16 @@ create time (taken by the relay's client at ``produce()``, in milliseconds):
 ``relay_publish_latency_ms``: the relay's ``blackbox_publish_latency_seconds``
 histogram from the same run (one sample per batch, its oldest row, from the row's
 ``created_at``, the start of the writer's transaction, to the broker's
-acknowledgement; percentiles interpolated inside its buckets).
+acknowledgement; percentiles interpolated inside its buckets), and where the relay's
+batches spent their time (``relay_batch_ms``, ``relay_database_ms`` per statement kind
+and COMMIT, ``relay_produce_and_ack_ms``: the rest).
 
 The ``views`` phase (``--phases``) adds a view consumer in its own process, polling as
 ``blackbox consume`` does, and times commit → the run's row in the runs view covering
 the event, by polling that view every 5 ms (``view_commit_to_visible_ms``, reported, not
-targeted; the plain figure of the same phase is printed too).
+targeted; the plain figure of the same phase is printed too), with where the view
+consumer's batches spent their time (``view_batch_*``: in the database, and outside it:
+the wait in ``consume()``, decoding, projecting).
 
 Client and session settings can be overridden to show what each costs, e.g.
 ``--producer linger.ms=0``, ``--relay-session synchronous_commit=off``,
@@ -110,6 +114,7 @@ class Phase:
     """The relay's ``produce()`` → the plain consumer's ``poll()``."""
     relay: _spawned.RelayFigures
     views: _pipeline.Latencies | None = None
+    view_consumer: _spawned.ViewFigures | None = None
     view_poll_ms: float = 0.0
 
 
@@ -151,6 +156,7 @@ def measure(
     watcher = _pipeline.PlainWatcher(settings, overrides=tuning.consumer)
     view_watcher = _pipeline.ViewWatcher(settings.database_url, agent_id=agent_id)
     consumer = None
+    view_figures = None
     try:
         watcher.start()
         if views:
@@ -186,7 +192,7 @@ def measure(
         plain_seen, produced = watcher.stop()
         view_seen = view_watcher.stop() if views else {}
         if consumer is not None:
-            consumer.stop()
+            view_figures = consumer.stop()
         relay_figures: _spawned.RelayFigures = relay.stop()
     return Phase(
         written=written,
@@ -199,6 +205,7 @@ def measure(
         ),
         relay=relay_figures,
         views=_pipeline.Latencies.between(written, view_seen, warmup_s=warmup_s) if views else None,
+        view_consumer=view_figures,
         view_poll_ms=statistics.fmean(view_watcher.poll_ms) if view_watcher.poll_ms else 0.0,
     )
 
@@ -259,6 +266,14 @@ def report(phase: Phase, *, name: str, tuning: Tuning) -> None:
                 missing=phase.views.missing,
                 view_poll_ms=f"{phase.view_poll_ms + 5.0:.1f}",
             )
+    if (consumer := phase.view_consumer) is not None and consumer.batches:
+        poll_ms = consumer.poll_seconds * 1000 / consumer.batches
+        out("view_batch_ms", poll_ms, unit="ms", batches=consumer.batches)
+        out("view_batch_messages", consumer.messages / consumer.batches, unit="messages")
+        out("view_batch_database_ms", consumer.database_ms, unit="ms")
+        # What poll_once spent outside the database: waiting in consume() for the batch
+        # (up to the poll timeout unless the batch fills), decoding and projecting.
+        out("view_batch_outside_database_ms", poll_ms - consumer.database_ms, unit="ms")
 
 
 def report_relay_time(relay: _spawned.RelayFigures, out: Any) -> None:
