@@ -1,4 +1,4 @@
-"""Run every bench in sequence: ``python -m bench``.
+"""Run every bench in sequence: ``python -m bench``, or some: ``python -m bench NAME...``.
 
 Figures go to stdout as JSON lines, progress and timings to stderr. A bench that fails
 is reported and the others still run; the exit status is 1 if any failed.
@@ -10,7 +10,18 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import concurrency, imports, recorder, redaction, relay, replay, sealing, views
+from bench import (
+    concurrency,
+    imports,
+    latency,
+    recorder,
+    redaction,
+    relay,
+    replay,
+    scaleout,
+    sealing,
+    views,
+)
 from bench._common import console
 
 BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
@@ -22,12 +33,19 @@ BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "views": views.main,
     "replay": replay.main,
     "concurrency": concurrency.main,
+    "latency": latency.main,
+    "scaleout": scaleout.main,
 }
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    names = list(sys.argv[1:] if argv is None else argv) or list(BENCHES)
+    if unknown := [name for name in names if name not in BENCHES]:
+        console.print(f"unknown bench {', '.join(unknown)}; the benches: {', '.join(BENCHES)}")
+        return 2
     failed: list[str] = []
-    for name, bench in BENCHES.items():
+    for name in names:
+        bench = BENCHES[name]
         started = time.perf_counter()
         try:
             bench([])
