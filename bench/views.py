@@ -25,6 +25,7 @@ from sqlalchemy import Engine, create_engine, func, select
 from agent_blackbox.broker import ensure_topics
 from agent_blackbox.consumers import (
     ViewConsumer,
+    ViewRunIndex,
     consumer_offsets,
     events_index,
     integrity_violations,
@@ -92,7 +93,7 @@ def read_runs(settings: Settings, engine: Engine, run_ids: Sequence[str]) -> lis
     took = []
     for run_id in run_ids:
         started = time.perf_counter()
-        source = KafkaRunSource(settings, engine, run_id)
+        source = KafkaRunSource(settings, ViewRunIndex(engine), run_id)
         if (read := sum(1 for _ in source)) != source.count:
             raise RuntimeError(f"run {run_id}: read {read} events, the index holds {source.count}")
         took.append((time.perf_counter() - started) * 1000)

@@ -6,13 +6,14 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -56,6 +57,44 @@ same meaning, the same output (progress on stderr, one summary line on stdout) a
 same exit statuses for all."""
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def membership_options(command: F) -> F:
+    """``--instance-id`` and ``--session-timeout`` of the consumers' commands."""
+    command = click.option(
+        "--session-timeout",
+        type=click.FloatRange(min=1),
+        default=None,
+        metavar="SECONDS",
+        help="How long the group waits for a silent member before moving its partitions "
+        "(default BLACKBOX_CONSUMER_SESSION_TIMEOUT_MS, 6 s; the broker's "
+        "group.min.session.timeout.ms is the floor).",
+    )(command)
+    return click.option(
+        "--instance-id",
+        default=None,
+        help="Static group membership: restarted with the same id, the consumer gets its "
+        "partitions back at once. Give every consumer of a group its own (default "
+        "BLACKBOX_CONSUMER_INSTANCE_ID, else NAME@HOST); an empty value joins without one.",
+    )(command)
+
+
+def with_membership(
+    settings: Settings, *, name: str, instance_id: str | None, session_timeout: float | None
+) -> Settings:
+    """``settings`` with the group membership the command line asked for."""
+    chosen = settings.consumer_instance_id if instance_id is None else instance_id
+    if chosen is None:
+        chosen = f"{name}@{socket.gethostname()}"
+    timeout_ms = settings.consumer_session_timeout_ms
+    if session_timeout is not None:
+        timeout_ms = round(session_timeout * 1000)
+    return dataclasses.replace(
+        settings, consumer_instance_id=chosen, consumer_session_timeout_ms=timeout_ms
+    )
+
+
 def idle_notice(console: Console, seconds: float) -> None:
     """What a worker says when ``--until-idle`` stops it."""
     console.log(f"idle for {seconds:g} s: stopping")
@@ -90,18 +129,32 @@ class _Progress:
 @click.command("consume")
 @click.option("--group", default=None, help="Consumer group (default: BLACKBOX_CONSUMER_GROUP).")
 @until_idle_option
-def consume_command(group: str | None, until_idle: float | None) -> None:
-    """Build the runs view and events index from the event topic."""
+@membership_options
+def consume_command(
+    group: str | None,
+    until_idle: float | None,
+    instance_id: str | None,
+    session_timeout: float | None,
+) -> None:
+    """Build the runs view and events index from the event topic.
+
+    With --until-idle it stops only once it holds partitions, nothing came for SECONDS
+    and the broker shows nothing left to read in them.
+    """
     console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     if group:
         settings = dataclasses.replace(settings, consumer_group=group)
+    settings = with_membership(
+        settings, name="views", instance_id=instance_id, session_timeout=session_timeout
+    )
     stop = threading.Event()
     started = time.monotonic()
     try:
         migrate_views(settings.database_url)
         console.log(
             f"consuming [bold]{settings.topic}[/] as group [bold]{settings.consumer_group}[/]"
+            + _member(settings)
         )
         verifier = _deletion_verifier()
         with _stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
@@ -120,8 +173,13 @@ def _summary(total: BatchOutcome) -> str:
     return (
         f"{total.messages:,} messages: {total.inserted:,} events inserted, "
         f"{total.duplicates:,} duplicates, {total.violations:,} integrity violations, "
-        f"{total.dead_lettered:,} dead-lettered"
+        f"{total.dead_lettered:,} dead-lettered, {total.stale:,} stale relay copies dropped"
     )
+
+
+def _member(settings: Settings) -> str:
+    member = settings.consumer_instance_id
+    return f" (member [bold]{safe_text(member)}[/])" if member else ""
 
 
 @contextmanager
@@ -326,6 +384,7 @@ def _print_ignored(report: LedgerReport, console: Console) -> None:
 
 @click.command("sign")
 @until_idle_option
+@membership_options
 @click.option(
     "--every-events",
     type=click.IntRange(min=1),
@@ -341,12 +400,21 @@ def _print_ignored(report: LedgerReport, console: Console) -> None:
     "(default BLACKBOX_CHECKPOINT_EVERY_SECONDS, 60).",
 )
 def sign_command(
-    until_idle: float | None, every_events: int | None, every_seconds: int | None
+    until_idle: float | None,
+    every_events: int | None,
+    every_seconds: int | None,
+    instance_id: str | None,
+    session_timeout: float | None,
 ) -> None:
     """Sign each run's chain head when it ends, and mid-run, when blackbox.runs holds
     the same head (key: BLACKBOX_SIGNING_KEY_FILE)."""
     console = safe_console(stderr=True, log_path=False)
-    settings = Settings.from_env()
+    settings = with_membership(
+        Settings.from_env(),
+        name="checkpoints",
+        instance_id=instance_id,
+        session_timeout=session_timeout,
+    )
     stop = threading.Event()
     try:
         signer = CheckpointSigner.from_env()
@@ -356,7 +424,10 @@ def sign_command(
             float(every_seconds or default.every_seconds),
         )
         migrate_views(settings.database_url)
-        console.log(f"signing chain heads of [bold]{settings.topic}[/] as {signer.key_id}")
+        console.log(
+            f"signing chain heads of [bold]{settings.topic}[/] as {signer.key_id}"
+            + _member(settings)
+        )
         consumer = CheckpointConsumer(settings, signer, policy=policy)
         with _stop_on_signals(stop), consumer:
             total = consumer.run(stop, until_idle, on_batch=_Progress(console))
@@ -369,5 +440,6 @@ def sign_command(
     click.echo(
         f"{total.messages:,} messages: {total.inserted:,} chained, {total.duplicates:,} "
         f"repeats, {total.violations:,} integrity violations (those runs are not signed; "
-        "see blackbox_views.integrity_violations)"
+        f"see blackbox_views.integrity_violations), {total.stale:,} stale relay copies "
+        "dropped"
     )
