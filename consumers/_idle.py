@@ -44,6 +44,8 @@ class IdleClock:
         self._clock = clock
         self._since: float | None = None
         self._noted = clock()
+        self.drained: list[tuple[str, int]] = []
+        """The partitions read to their end when :meth:`finished` said to stop."""
 
     def reset(self) -> None:
         """Something was consumed."""
@@ -66,8 +68,8 @@ class IdleClock:
             return False
         lag = self._runtime.lag()
         if lag == 0:
-            held = len(self._runtime.assigned)
-            log.info("consumer %s: all %d assigned partitions read to their end", name, held)
+            self.drained = self._runtime.assigned
+            log.info("consumer %s: %d partitions read to their end", name, len(self.drained))
             return True
         behind = "its lag is unknown" if lag is None else f"{lag:,} messages are still unread"
         log.info(

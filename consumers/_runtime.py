@@ -137,6 +137,8 @@ class ConsumerRuntime:
         self._fence = EpochFence()
         self._kafka_commits: dict[TopicPartition, int] = {}
         self._kafka_committed_at = 0.0
+        self.drained: list[TopicPartition] = []
+        """The partitions read to their end when :meth:`run` last stopped for idleness."""
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -232,6 +234,7 @@ class ConsumerRuntime:
                 if on_batch is not None:
                     on_batch(outcome)
             elif idle.finished():
+                self.drained = idle.drained
                 break
         return total
 

@@ -29,7 +29,7 @@ from agent_blackbox.consumers._retention import (
     RetentionPolicy,
     RetentionReport,
 )
-from agent_blackbox.consumers._runtime import ViewConsumer
+from agent_blackbox.consumers._runtime import ConsumerRuntime, ViewConsumer
 from agent_blackbox.consumers._signing import CheckpointPolicy
 from agent_blackbox.schemas import (
     BlackboxError,
@@ -95,9 +95,10 @@ def with_membership(
     )
 
 
-def idle_notice(console: Console, seconds: float) -> None:
-    """What a worker says when ``--until-idle`` stops it."""
-    console.log(f"idle for {seconds:g} s: stopping")
+def idle_notice(console: Console, seconds: float, *, detail: str = "") -> None:
+    """What a worker says when ``--until-idle`` stops it (``detail``: what it had
+    finished, e.g. " with 3 partitions read to their end")."""
+    console.log(f"idle for {seconds:g} s{detail}: stopping")
 
 
 def could_not_run(console: Console, exc: BlackboxError) -> NoReturn:
@@ -164,7 +165,7 @@ def consume_command(
             raise  # the top-level command names the role to run as
         could_not_run(console, exc)
     if until_idle is not None and not stop.is_set():
-        idle_notice(console, until_idle)
+        idle_notice(console, until_idle, detail=_drained(consumer))
     elapsed = time.monotonic() - started
     click.echo(f"{_summary(total)} in {elapsed:.1f} s")
 
@@ -175,6 +176,11 @@ def _summary(total: BatchOutcome) -> str:
         f"{total.duplicates:,} duplicates, {total.violations:,} integrity violations, "
         f"{total.dead_lettered:,} dead-lettered, {total.stale:,} stale relay copies dropped"
     )
+
+
+def _drained(consumer: ConsumerRuntime) -> str:
+    held = consumer.drained
+    return f" with {len(held)} assigned partitions read to their end" if held else ""
 
 
 def _member(settings: Settings) -> str:
@@ -436,7 +442,7 @@ def sign_command(
             raise  # the top-level command names the role to run as
         could_not_run(console, exc)
     if until_idle is not None and not stop.is_set():
-        idle_notice(console, until_idle)
+        idle_notice(console, until_idle, detail=_drained(consumer))
     click.echo(
         f"{total.messages:,} messages: {total.inserted:,} chained, {total.duplicates:,} "
         f"repeats, {total.violations:,} integrity violations (those runs are not signed; "
