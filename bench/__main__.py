@@ -10,7 +10,17 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import concurrency, imports, recorder, redaction, relay, replay, sealing, views
+from bench import (
+    concurrency,
+    consumer_resume,
+    imports,
+    recorder,
+    redaction,
+    relay,
+    replay,
+    sealing,
+    views,
+)
 from bench._common import console
 
 BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
@@ -20,6 +30,7 @@ BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "redaction": redaction.main,
     "relay": relay.main,
     "views": views.main,
+    "consumer_resume": consumer_resume.main,
     "replay": replay.main,
     "concurrency": concurrency.main,
 }
