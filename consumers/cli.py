@@ -97,8 +97,8 @@ def with_membership(
 
 def idle_notice(console: Console, seconds: float, *, detail: str = "") -> None:
     """What a worker says when ``--until-idle`` stops it (``detail``: what it had
-    finished, e.g. " with 3 partitions read to their end")."""
-    console.log(f"idle for {seconds:g} s{detail}: stopping")
+    finished, e.g. " (3 assigned partitions read to their end)")."""
+    console.log(f"idle for {seconds:g} s: stopping{detail}")
 
 
 def could_not_run(console: Console, exc: BlackboxError) -> NoReturn:
@@ -180,7 +180,7 @@ def _summary(total: BatchOutcome) -> str:
 
 def _drained(consumer: ConsumerRuntime) -> str:
     held = consumer.drained
-    return f" with {len(held)} assigned partitions read to their end" if held else ""
+    return f" ({len(held)} assigned partitions read to their end)" if held else ""
 
 
 def _member(settings: Settings) -> str:
