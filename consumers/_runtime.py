@@ -347,7 +347,9 @@ class ConsumerRuntime:
     def _kafka_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             return
-        if error.fatal():
+        # A fenced static member gets its fatal error as a message whose own flag may
+        # not say so; the client is unusable either way.
+        if error.fatal() or error.code() == KafkaError._FATAL:
             hint = (
                 f"; if another consumer of group {self.group_id!r} runs with instance id "
                 f"{self.instance_id!r}, give each its own (--instance-id)"

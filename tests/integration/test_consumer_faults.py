@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, func, select
 
-from agent_blackbox.broker import LeaseStamp, ensure_topics
+from agent_blackbox.broker import KafkaUnavailable, LeaseStamp, ensure_topics
 from agent_blackbox.consumers import (
     BatchOutcome,
     CheckpointConsumer,
@@ -398,3 +398,25 @@ def test_views_stay_exact_while_members_join_and_leave_under_load(
         assert (row.status, row.event_count, row.last_sequence) == ("succeeded", 42, 42)
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(integrity_violations)).scalar() == 0
+
+
+def test_two_consumers_with_one_instance_id_stop_with_a_clear_error(
+    topic_settings: Settings,
+) -> None:
+    first = ViewConsumer(topic_settings, registry=CollectorRegistry(), instance_id="same")
+    second = ViewConsumer(topic_settings, registry=CollectorRegistry(), instance_id="same")
+    failures: list[KafkaUnavailable] = []
+
+    def step() -> None:
+        for consumer in (first, second):
+            try:
+                consumer.poll_once(0.2)
+            except KafkaUnavailable as exc:
+                failures.append(exc)
+
+    try:
+        drive_until(lambda: bool(failures), 60, step=step)
+    finally:
+        first.close()
+        second.close()
+    assert "give each its own (--instance-id)" in str(failures[0])
