@@ -60,8 +60,17 @@ same exit statuses for all."""
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def membership_options(command: F) -> F:
-    """``--instance-id`` and ``--session-timeout`` of the consumers' commands."""
+def membership_options(name: str) -> Callable[[F], F]:
+    """``--instance-id`` and ``--session-timeout`` of a consumer command; ``name`` is the
+    consumer's name, the default instance id's first part."""
+
+    def decorate(command: F) -> F:
+        return _membership_options(command, name)
+
+    return decorate
+
+
+def _membership_options(command: F, name: str) -> F:
     command = click.option(
         "--session-timeout",
         type=click.FloatRange(min=1),
@@ -76,7 +85,7 @@ def membership_options(command: F) -> F:
         default=None,
         help="Static group membership: restarted with the same id, the consumer gets its "
         "partitions back at once. Give every consumer of a group its own (default "
-        "BLACKBOX_CONSUMER_INSTANCE_ID, else NAME@HOST); an empty value joins without one.",
+        f"BLACKBOX_CONSUMER_INSTANCE_ID, else {name}@HOST); an empty value joins without one.",
     )(command)
 
 
@@ -130,7 +139,7 @@ class _Progress:
 @click.command("consume")
 @click.option("--group", default=None, help="Consumer group (default: BLACKBOX_CONSUMER_GROUP).")
 @until_idle_option
-@membership_options
+@membership_options("views")
 def consume_command(
     group: str | None,
     until_idle: float | None,
@@ -390,7 +399,7 @@ def _print_ignored(report: LedgerReport, console: Console) -> None:
 
 @click.command("sign")
 @until_idle_option
-@membership_options
+@membership_options("checkpoints")
 @click.option(
     "--every-events",
     type=click.IntRange(min=1),
