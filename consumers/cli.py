@@ -6,12 +6,11 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
@@ -23,6 +22,7 @@ from sqlalchemy import create_engine
 from agent_blackbox.consumers._batch import BatchOutcome
 from agent_blackbox.consumers._checkpoints import CheckpointConsumer
 from agent_blackbox.consumers._ledger import LedgerReport, ledger_entries, reapply_ledger
+from agent_blackbox.consumers._membership import host_member_id
 from agent_blackbox.consumers._migrate import migrate_views
 from agent_blackbox.consumers._retention import (
     RetentionJob,
@@ -84,24 +84,30 @@ def _membership_options(command: F, name: str) -> F:
         "--instance-id",
         default=None,
         help="Static group membership: restarted with the same id, the consumer gets its "
-        "partitions back at once. Give every consumer of a group its own (default "
-        f"BLACKBOX_CONSUMER_INSTANCE_ID, else {name}@HOST); an empty value joins without one.",
+        "partitions back at once. Unique per consumer of a group (default "
+        f"BLACKBOX_CONSUMER_INSTANCE_ID, else {name}@HOST, {name}@HOST#2 for a second one "
+        "running on the host, ...); an empty value joins without one.",
     )(command)
 
 
-def with_membership(
+@contextmanager
+def membership(
     settings: Settings, *, name: str, instance_id: str | None, session_timeout: float | None
-) -> Settings:
-    """``settings`` with the group membership the command line asked for."""
-    chosen = settings.consumer_instance_id if instance_id is None else instance_id
-    if chosen is None:
-        chosen = f"{name}@{socket.gethostname()}"
+) -> Iterator[Settings]:
+    """``settings`` with the group membership the command line asked for; without an
+    instance id, this process's slot on the host (see :func:`host_member_id`) is held
+    while the block runs."""
     timeout_ms = settings.consumer_session_timeout_ms
     if session_timeout is not None:
         timeout_ms = round(session_timeout * 1000)
-    return dataclasses.replace(
-        settings, consumer_instance_id=chosen, consumer_session_timeout_ms=timeout_ms
+    chosen = settings.consumer_instance_id if instance_id is None else instance_id
+    slot = (
+        nullcontext(chosen) if chosen is not None else host_member_id(name, settings.consumer_group)
     )
+    with slot as member:
+        yield dataclasses.replace(
+            settings, consumer_instance_id=member, consumer_session_timeout_ms=timeout_ms
+        )
 
 
 def idle_notice(console: Console, seconds: float, *, detail: str = "") -> None:
@@ -155,20 +161,20 @@ def consume_command(
     settings = Settings.from_env()
     if group:
         settings = dataclasses.replace(settings, consumer_group=group)
-    settings = with_membership(
-        settings, name="views", instance_id=instance_id, session_timeout=session_timeout
-    )
     stop = threading.Event()
     started = time.monotonic()
     try:
-        migrate_views(settings.database_url)
-        console.log(
-            f"consuming [bold]{settings.topic}[/] as group [bold]{settings.consumer_group}[/]"
-            + _member(settings)
-        )
-        verifier = _deletion_verifier()
-        with _stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
-            total = consumer.run(stop, until_idle, on_batch=_Progress(console))
+        with membership(
+            settings, name="views", instance_id=instance_id, session_timeout=session_timeout
+        ) as settings:
+            migrate_views(settings.database_url)
+            console.log(
+                f"consuming [bold]{settings.topic}[/] as group "
+                f"[bold]{settings.consumer_group}[/]" + _member(settings)
+            )
+            verifier = _deletion_verifier()
+            with _stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
+                total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as
@@ -424,28 +430,28 @@ def sign_command(
     """Sign each run's chain head when it ends, and mid-run, when blackbox.runs holds
     the same head (key: BLACKBOX_SIGNING_KEY_FILE)."""
     console = safe_console(stderr=True, log_path=False)
-    settings = with_membership(
-        Settings.from_env(),
-        name="checkpoints",
-        instance_id=instance_id,
-        session_timeout=session_timeout,
-    )
     stop = threading.Event()
     try:
-        signer = CheckpointSigner.from_env()
-        default = CheckpointPolicy.from_settings(settings)
-        policy = CheckpointPolicy(
-            every_events or default.every_events,
-            float(every_seconds or default.every_seconds),
-        )
-        migrate_views(settings.database_url)
-        console.log(
-            f"signing chain heads of [bold]{settings.topic}[/] as {signer.key_id}"
-            + _member(settings)
-        )
-        consumer = CheckpointConsumer(settings, signer, policy=policy)
-        with _stop_on_signals(stop), consumer:
-            total = consumer.run(stop, until_idle, on_batch=_Progress(console))
+        with membership(
+            Settings.from_env(),
+            name="checkpoints",
+            instance_id=instance_id,
+            session_timeout=session_timeout,
+        ) as settings:
+            signer = CheckpointSigner.from_env()
+            default = CheckpointPolicy.from_settings(settings)
+            policy = CheckpointPolicy(
+                every_events or default.every_events,
+                float(every_seconds or default.every_seconds),
+            )
+            migrate_views(settings.database_url)
+            console.log(
+                f"signing chain heads of [bold]{settings.topic}[/] as {signer.key_id}"
+                + _member(settings)
+            )
+            consumer = CheckpointConsumer(settings, signer, policy=policy)
+            with _stop_on_signals(stop), consumer:
+                total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as

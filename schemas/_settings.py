@@ -45,8 +45,8 @@ class Settings:
     consumer_instance_id: str | None = None
     """Static group membership: a consumer that restarts with the same id gets its
     partitions back at once, without a rebalance or waiting out its old session. Unique
-    per member of a group; ``blackbox consume`` defaults it to the consumer's name and
-    the host's name."""
+    per member of a group; ``blackbox consume`` and ``sign`` default it to the consumer's
+    name and the host's name (``#2``, ``#3``... for more running on the host at once)."""
     schema_registry_url: str | None = None
     keyed_digest_classes: str = "sensitive,restricted"
     """Classifications whose digests must be HMAC-SHA256 under the tenant's key (comma

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from agent_blackbox.broker import LeaseStamp
 from agent_blackbox.consumers import BatchOutcome, ConsumerRuntime
 from agent_blackbox.consumers._idle import IdleClock
-from agent_blackbox.consumers.cli import with_membership
+from agent_blackbox.consumers._membership import host_member_id
+from agent_blackbox.consumers.cli import membership
 from agent_blackbox.schemas import Settings
 
 TOPIC = "events"
@@ -152,23 +154,34 @@ def test_without_max_idle_it_never_finishes() -> None:
     assert consumer.asked == 0
 
 
-def test_membership_defaults_to_a_static_id_per_host_and_can_be_turned_off() -> None:
-    chosen = with_membership(Settings(), name="views", instance_id=None, session_timeout=None)
-    assert chosen.consumer_instance_id == f"views@{socket.gethostname()}"
-    assert chosen.consumer_session_timeout_ms == 6000
+def test_each_consumer_process_on_a_host_gets_its_own_stable_id(tmp_path: Path) -> None:
+    host = socket.gethostname()
+    with host_member_id("views", "g", directory=tmp_path) as first:
+        with host_member_id("views", "g", directory=tmp_path) as second:
+            assert (first, second) == (f"views@{host}", f"views@{host}#2")
+        with host_member_id("views", "g", directory=tmp_path) as again:
+            assert again == f"views@{host}#2"  # the slot freed is taken again
+        with host_member_id("views", "other", directory=tmp_path) as other_group:
+            assert other_group == f"views@{host}"
+    with host_member_id("views", "g", directory=tmp_path) as restarted:
+        assert restarted == f"views@{host}"
+
+
+def test_membership_takes_the_flag_then_the_variable_then_a_host_slot() -> None:
+    with membership(Settings(), name="views", instance_id=None, session_timeout=None) as chosen:
+        assert chosen.consumer_instance_id is not None
+        assert chosen.consumer_instance_id.startswith(f"views@{socket.gethostname()}")
+        assert chosen.consumer_session_timeout_ms == 6000
     from_env = Settings.from_env({"BLACKBOX_CONSUMER_INSTANCE_ID": "views-a"})
-    chosen = with_membership(from_env, name="views", instance_id=None, session_timeout=7.5)
-    assert (chosen.consumer_instance_id, chosen.consumer_session_timeout_ms) == ("views-a", 7500)
-    dynamic = with_membership(from_env, name="views", instance_id="", session_timeout=None)
-    assert _runtime()._consumer_config().get("group.instance.id") is None
-    assert (
-        "group.instance.id"
-        not in ConsumerRuntime(
-            dynamic,
-            lambda _c, _r: BatchOutcome(),
-            name="x",
-            registry=CollectorRegistry(),
-        )._consumer_config()
-    )
-    static = _runtime(instance_id="views-b")._consumer_config()
-    assert static["group.instance.id"] == "views-b"
+    with membership(from_env, name="views", instance_id=None, session_timeout=7.5) as chosen:
+        assert (chosen.consumer_instance_id, chosen.consumer_session_timeout_ms) == (
+            "views-a",
+            7500,
+        )
+    with membership(from_env, name="views", instance_id="", session_timeout=None) as dynamic:
+        runtime = ConsumerRuntime(
+            dynamic, lambda _c, _r: BatchOutcome(), name="x", registry=CollectorRegistry()
+        )
+        assert "group.instance.id" not in runtime._consumer_config()
+    assert "group.instance.id" not in _runtime()._consumer_config()
+    assert _runtime(instance_id="views-b")._consumer_config()["group.instance.id"] == "views-b"
