@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from bench import (
     concurrency,
+    consumer_resume,
     imports,
     latency,
     recorder,
@@ -31,6 +32,7 @@ BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "redaction": redaction.main,
     "relay": relay.main,
     "views": views.main,
+    "consumer_resume": consumer_resume.main,
     "replay": replay.main,
     "concurrency": concurrency.main,
     "latency": latency.main,

@@ -9,27 +9,39 @@ Then the index is used as replay uses it: ``run_read_ms`` is the time to read on
 back from the topic through the index (the median and p95 of a sample of runs, each
 written interleaved with all the others, as concurrent writers leave them).
 
-    python bench/views.py [--events 50000]
+Last, ``visible_ms``: a caught-up view consumer while events are published at a steady
+rate (``--rate`` events/s, the relay's producer settings), the time from handing an
+event to the producer to the commit of the batch that put it into the views (p50, p99).
+
+    python -m bench.views [--events 50000] [--rate 1000] [--seconds 10]
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Connection, Engine, create_engine, func, select
 
-from agent_blackbox.broker import ensure_topics
+from agent_blackbox.broker import ensure_topics, new_producer, producer_config
 from agent_blackbox.consumers import (
+    BatchOutcome,
+    ConsumerRuntime,
+    Delivered,
     ViewConsumer,
+    ViewRunIndex,
+    apply_batch,
     consumer_offsets,
     events_index,
     integrity_violations,
     migrate_views,
     runs_view,
+    views_screen,
 )
 from agent_blackbox.replayer import KafkaRunSource
 from agent_blackbox.schemas import Settings
@@ -39,13 +51,15 @@ from bench._common import (
     delete_group,
     delete_topics,
     emit,
+    fresh_topic,
     percentile,
     progress,
     stage,
 )
 
 BENCH = "views"
-EVENTS_TARGET = 5_000.0
+EVENTS_TARGET = 20_000.0
+VISIBLE_P99_TARGET_MS = 50.0
 DEADLINE_S = 300.0
 SAMPLE_RUNS = 20
 
@@ -92,7 +106,7 @@ def read_runs(settings: Settings, engine: Engine, run_ids: Sequence[str]) -> lis
     took = []
     for run_id in run_ids:
         started = time.perf_counter()
-        source = KafkaRunSource(settings, engine, run_id)
+        source = KafkaRunSource(settings, ViewRunIndex(engine), run_id)
         if (read := sum(1 for _ in source)) != source.count:
             raise RuntimeError(f"run {run_id}: read {read} events, the index holds {source.count}")
         took.append((time.perf_counter() - started) * 1000)
@@ -108,12 +122,77 @@ def clean_views(engine: Engine, *, topic: str, group_id: str, run_ids: Sequence[
         conn.execute(consumer_offsets.delete().where(consumer_offsets.c.group_id == group_id))
 
 
+def visible_ms(
+    settings: Settings, rows: Sequence[_synthetic.Row], *, group_id: str, rate: float
+) -> list[float]:
+    """Publish ``rows`` at ``rate`` events/s to a caught-up view consumer; for each, the
+    milliseconds from handing it to the producer to the commit that applied it."""
+    sent: dict[str, float] = {}
+    applied: list[Delivered] = []
+    latencies: list[float] = []
+
+    def project(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
+        applied.extend(records)
+        return apply_batch(conn, records)
+
+    consumer = ConsumerRuntime(
+        settings,
+        project,
+        name="views-latency",
+        group_id=group_id,
+        screen=views_screen,
+        registry=CollectorRegistry(),
+    )
+    with consumer:
+        deadline = time.perf_counter() + 60
+        while not consumer.assigned or consumer.lag() != 0:  # join and catch up first
+            if time.perf_counter() > deadline:
+                raise RuntimeError("the latency consumer got no partitions in 60 s")
+            consumer.poll_once(0.1)
+        publisher = threading.Thread(target=_publish, args=(settings, rows, rate, sent))
+        publisher.start()
+        try:
+            deadline = time.perf_counter() + len(rows) / rate + 60
+            while len(latencies) < len(rows) and time.perf_counter() < deadline:
+                applied.clear()
+                if consumer.poll_once(0.5) is None:  # as run() polls
+                    continue
+                now = time.perf_counter()
+                latencies += [(now - sent[r.envelope.event_id]) * 1000 for r in applied]
+        finally:
+            publisher.join()
+    if len(latencies) < len(rows):
+        raise RuntimeError(f"only {len(latencies)} of {len(rows)} events became visible")
+    return latencies
+
+
+def _publish(
+    settings: Settings, rows: Sequence[_synthetic.Row], rate: float, sent: dict[str, float]
+) -> None:
+    """Hand ``rows`` to a producer with the relay's settings, ``rate`` per second, in
+    ticks of 10 ms."""
+    producer = new_producer(settings, producer_config(settings))
+    started = time.perf_counter()
+    for index, row in enumerate(rows):
+        due = started + index / rate
+        if (wait := due - time.perf_counter()) > 0:
+            time.sleep(wait)  # pacing the publisher, not synchronisation
+        sent[row.event_id] = time.perf_counter()
+        producer.produce(settings.topic, key=row.run_id.encode(), value=row.envelope)
+        producer.poll(0)
+    producer.flush(60)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--rate", type=float, default=1_000.0, help="events/s for visible_ms")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long to publish")
     args = parser.parse_args(argv)
     settings = bench_settings(BENCH)
     group_id = f"blackbox.bench.views.{uuid.uuid4().hex[:12]}"
+    latency = replace(settings, topic=fresh_topic("views.latency"))
+    latency_group = f"{group_id}.latency"
     engine = create_engine(settings.database_url)
     rows: list[_synthetic.Row] = []
     try:
@@ -136,11 +215,35 @@ def main(argv: Sequence[str] | None = None) -> None:
             took = read_runs(settings, engine, sample)
         for q in (50, 95):
             emit(BENCH, "run_read_ms", percentile(took, q), unit="ms", percentile=q)
+        steady = list(
+            _synthetic.rows(
+                template, events=int(args.rate * args.seconds), shards=settings.outbox_shards
+            )
+        )
+        rows += steady
+        ensure_topics(latency, {latency.topic: latency.partitions})
+        with stage(f"publish {len(steady)} events at {args.rate:g}/s to a caught-up consumer"):
+            took = visible_ms(latency, steady, group_id=latency_group, rate=args.rate)
+        for q, target in ((50, None), (99, VISIBLE_P99_TARGET_MS)):
+            emit(
+                BENCH,
+                "visible_ms",
+                percentile(took, q),
+                unit="ms",
+                target=target,
+                at_least=False,
+                percentile=q,
+                rate=int(args.rate),
+            )
     finally:
         run_ids = sorted({row.run_id for row in rows})
         clean_views(engine, topic=settings.topic, group_id=group_id, run_ids=run_ids)
-        delete_topics(settings, [settings.topic, settings.dlq_topic])
+        clean_views(engine, topic=latency.topic, group_id=latency_group, run_ids=run_ids)
+        delete_topics(
+            settings, [settings.topic, settings.dlq_topic, latency.topic, latency.dlq_topic]
+        )
         delete_group(settings, group_id)
+        delete_group(settings, latency_group)
         engine.dispose()
 
 

@@ -67,6 +67,12 @@ def new_consumer(
     """A consumer in ``group_id`` that commits nothing by itself (offsets are stored
     where the caller decides) and starts from the earliest offset.
 
+    Its group session and heartbeat come from ``settings`` (a short session lets another
+    member take over a dead consumer's partitions within seconds). A fetch is answered
+    as soon as one byte is there, so an event is visible as soon as it is published;
+    an idle fetch is held by the broker at most 100 ms, because a fetch in flight delays
+    fetching a partition that was just assigned or rewound.
+
     Raises:
         KafkaUnavailable: the configuration is refused.
     """
@@ -75,6 +81,13 @@ def new_consumer(
         "group.id": group_id,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
+        "session.timeout.ms": settings.consumer_session_timeout_ms,
+        # Several heartbeats must fit in a session, whichever of the two was shortened.
+        "heartbeat.interval.ms": min(
+            settings.consumer_heartbeat_ms, max(1, settings.consumer_session_timeout_ms // 3)
+        ),
+        "fetch.min.bytes": 1,
+        "fetch.wait.max.ms": 100,
         **(config or {}),
     }
     with kafka_errors("could not create a Kafka consumer", hint="check the client settings"):

@@ -46,7 +46,7 @@ from agent_blackbox.consumers._ledger import (
 )
 from agent_blackbox.consumers._metrics import ConsumerMetrics
 from agent_blackbox.consumers._migrate import migrate_views
-from agent_blackbox.consumers._offsets import OffsetsMoved, load_offsets
+from agent_blackbox.consumers._offsets import OffsetsMoved, load_fences, load_offsets
 from agent_blackbox.consumers._retention import (
     Redaction,
     RetentionClass,
@@ -121,6 +121,7 @@ __all__ = [
     "integrity_violations",
     "ledger_entries",
     "load_checkpoint",
+    "load_fences",
     "load_offsets",
     "migrate_views",
     "reapply_ledger",

@@ -27,20 +27,23 @@ class Delivered:
 
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
-    """What one batch did: new events, ignored duplicates, integrity violations, poison.
+    """What one batch did: new events, ignored duplicates, integrity violations, poison,
+    and stale copies (published by a relay after its lease had moved on) dropped unread.
 
-    ``dead_lettered`` is filled in by the consumer runtime, never by a projection.
+    ``dead_lettered`` and ``stale`` are filled in by the consumer runtime, never by a
+    projection.
     """
 
     inserted: int = 0
     duplicates: int = 0
     violations: int = 0
     dead_lettered: int = 0
+    stale: int = 0
 
     @property
     def messages(self) -> int:
         """Every message the batch accounted for, whatever became of it."""
-        return self.inserted + self.duplicates + self.violations + self.dead_lettered
+        return self.inserted + self.duplicates + self.violations + self.dead_lettered + self.stale
 
     def __add__(self, other: BatchOutcome) -> BatchOutcome:
         return BatchOutcome(
@@ -48,6 +51,7 @@ class BatchOutcome:
             duplicates=self.duplicates + other.duplicates,
             violations=self.violations + other.violations,
             dead_lettered=self.dead_lettered + other.dead_lettered,
+            stale=self.stale + other.stale,
         )
 
 

@@ -451,6 +451,7 @@ class CheckpointConsumer(ConsumerRuntime):
         engine: Engine | None = None,
         registry: CollectorRegistry | None = None,
         policy: CheckpointPolicy | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self._policy = policy or CheckpointPolicy.from_settings(settings)
         self._signer = signer
@@ -461,6 +462,7 @@ class CheckpointConsumer(ConsumerRuntime):
             group_id=group_id or f"{settings.consumer_group}-checkpoints",
             engine=engine,
             registry=registry,
+            instance_id=instance_id,
         )
         self._next_sweep = 0.0
 

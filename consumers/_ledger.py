@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine
 
-from agent_blackbox.broker import read_ranges, watermarks
+from agent_blackbox.broker import EpochFence, read_ranges, watermarks
 from agent_blackbox.keystore import destroy_key_ids_txn, key_owners_txn
 from agent_blackbox.outbox.lifecycle import (
     RunHead,
@@ -298,10 +298,14 @@ def ledger_entries(settings: Settings, *, timeout_s: float = 30.0) -> Iterator[L
 
 def _topic_envelopes(settings: Settings, timeout_s: float) -> Iterator[Envelope]:
     codec = EnvelopeCodec()
+    fence = EpochFence()  # a stale relay's late copy is not read (see broker._fencing)
     ends = watermarks(settings, settings.topic, timeout_s=timeout_s)
     for message in read_ranges(settings, settings.topic, ends, timeout_s=timeout_s):
+        headers = message.headers()
+        if isinstance(headers, dict):  # the client hands a list; typed as either
+            headers = list(headers.items())
         value = message.value()
-        if not value:
+        if not value or not fence.admit(message.partition() or 0, headers):
             continue
         try:
             yield codec.decode(value)

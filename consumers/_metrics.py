@@ -25,6 +25,7 @@ class _Families:
     duplicates: Counter
     violations: Counter
     dead_lettered: Counter
+    stale: Counter
     failed_batches: Counter
     batch_seconds: Histogram
 
@@ -52,6 +53,10 @@ def _create(registry: CollectorRegistry) -> _Families:
         duplicates=counter("duplicates", "Re-delivered events ignored as duplicates."),
         violations=counter("integrity_violations", "Events colliding with different digests."),
         dead_lettered=counter("dead_lettered", "Poison messages written to the DLQ topic."),
+        stale=counter(
+            "stale_dropped",
+            "Stale relay copies (lease epoch older than one already read) dropped unapplied.",
+        ),
         failed_batches=counter("failed_batches", "Batches rolled back and rewound."),
         batch_seconds=Histogram(
             "blackbox_consumer_batch_seconds",
@@ -80,6 +85,7 @@ class ConsumerMetrics:
         self._duplicates = families.duplicates.labels(**labels)
         self._violations = families.violations.labels(**labels)
         self._dead_lettered = families.dead_lettered.labels(**labels)
+        self._stale = families.stale.labels(**labels)
         self._failed = families.failed_batches.labels(**labels)
         self._seconds = families.batch_seconds.labels(**labels)
 
@@ -90,6 +96,7 @@ class ConsumerMetrics:
         self._duplicates.inc(outcome.duplicates)
         self._violations.inc(outcome.violations)
         self._dead_lettered.inc(outcome.dead_lettered)
+        self._stale.inc(outcome.stale)
         self._seconds.observe(seconds)
 
     def violations_found(self, count: int) -> None:

@@ -1,5 +1,9 @@
 """Kafka offsets kept in Postgres, in the same transaction as the rows they produced.
 
+Beside each offset lies the consumer's epoch fence for that partition (the newest relay
+lease epoch read per outbox shard), written by the same statement, so the offset and
+the judgement of what is stale move together.
+
 Every advance is a compare-and-set against the value this consumer last read or
 wrote. If another member of the group (a zombie that missed a rebalance, say) moved
 a partition in between, the advance fails, the whole transaction rolls back, and
@@ -8,8 +12,8 @@ the consumer rewinds to what is stored: two writers can never both apply a batch
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, func, select, update
 from sqlalchemy.dialects import postgresql as pg
@@ -35,12 +39,14 @@ class OffsetsMoved(ConsumerError):
 
 @dataclass(frozen=True, slots=True)
 class OffsetMove:
-    """Advance one partition from ``expected`` (``None``: nothing stored yet) to ``next_offset``."""
+    """Advance one partition from ``expected`` (``None``: nothing stored yet) to
+    ``next_offset``, storing ``lease_epochs`` (shard -> newest epoch) beside it."""
 
     topic: str
     partition: int
     expected: int | None
     next_offset: int
+    lease_epochs: Mapping[int, int] = field(default_factory=dict)
 
 
 def load_offsets(
@@ -60,6 +66,26 @@ def load_offsets(
     for topic, partition, next_offset in conn.execute(query):
         if (topic, partition) in found:
             found[(topic, partition)] = next_offset
+    return found
+
+
+def load_fences(
+    conn: Connection, *, group_id: str, partitions: Iterable[TopicPartition]
+) -> dict[TopicPartition, dict[int, int]]:
+    """The stored fence of each partition (shard -> newest epoch), empty where none."""
+    wanted = sorted(set(partitions))
+    found: dict[TopicPartition, dict[int, int]] = {tp: {} for tp in wanted}
+    if not wanted:
+        return found
+    c = consumer_offsets.c
+    query = select(c.topic, c.partition, c.lease_epochs).where(
+        c.group_id == group_id,
+        c.topic.in_({topic for topic, _ in wanted}),
+        c.partition.in_({partition for _, partition in wanted}),
+    )
+    for topic, partition, epochs in conn.execute(query):
+        if (topic, partition) in found:
+            found[(topic, partition)] = {int(shard): int(e) for shard, e in epochs.items()}
     return found
 
 
@@ -89,6 +115,7 @@ def _advance(conn: Connection, group_id: str, move: OffsetMove) -> int:
                 topic=move.topic,
                 partition=move.partition,
                 next_offset=move.next_offset,
+                lease_epochs=_json(move.lease_epochs),
             )
             .on_conflict_do_nothing()
             .returning(c.partition)
@@ -102,6 +129,14 @@ def _advance(conn: Connection, group_id: str, move: OffsetMove) -> int:
             c.partition == move.partition,
             c.next_offset == move.expected,
         )
-        .values(next_offset=move.next_offset, updated_at=func.now())
+        .values(
+            next_offset=move.next_offset,
+            lease_epochs=_json(move.lease_epochs),
+            updated_at=func.now(),
+        )
     )
     return conn.execute(later).rowcount
+
+
+def _json(epochs: Mapping[int, int]) -> dict[str, int]:
+    return {str(shard): epoch for shard, epoch in sorted(epochs.items())}

@@ -5,7 +5,13 @@ and a batch is always committed or rolled back before ``consume()`` is called ag
 so a revocation never finds work in flight and the simpler protocol loses nothing.
 The offsets Kafka would normally keep live in ``blackbox_views.consumer_offsets``,
 written in the same transaction as the rows they produced; Kafka's own committed
-offsets are only updated afterwards, for lag dashboards, and never read.
+offsets are only updated afterwards (at most once a second), for lag dashboards, and
+never read.
+
+Every message passes the consumer's epoch fence before anything else sees it: a copy
+that a relay published after its lease had moved on (its epoch is older than one already
+read for its shard in that partition) is dropped, counted and never projected. The
+fence is stored beside the offsets, so a restart or another member judges the same.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlch
 
 from agent_blackbox.broker import (
     ClientConfig,
+    EpochFence,
     KafkaUnavailable,
     ensure_topics,
     kafka_errors,
@@ -40,12 +47,14 @@ from agent_blackbox.consumers._errors import (
     ViewsNotMigrated,
     ViewStoreUnavailable,
 )
+from agent_blackbox.consumers._idle import IdleClock
 from agent_blackbox.consumers._metrics import ConsumerMetrics
 from agent_blackbox.consumers._offsets import (
     OffsetMove,
     OffsetsMoved,
     TopicPartition,
     advance_offsets,
+    load_fences,
     load_offsets,
 )
 from agent_blackbox.consumers._redacted_views import RedactionCheck
@@ -66,22 +75,29 @@ Screen = Callable[[Envelope], str | None]
 _MISSING_RELATION = {"42P01", "3F000", "42703"}  # undefined table, schema, column
 _RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed)
 _MAX_BACKOFF_S = 30.0
+_KAFKA_COMMIT_EVERY_S = 1.0
 
 
 @dataclass(slots=True)
 class _Batch:
     records: list[Delivered] = field(default_factory=list)
     poison: list[Poison] = field(default_factory=list)
+    stale: int = 0
     next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 class ConsumerRuntime:
     """Consumes the event topic and applies each batch with a projection, exactly once.
 
-    Each batch: poison messages go to the dead-letter topic (acknowledged first),
-    then one transaction advances the stored offsets (compare-and-set), applies the
-    projection and commits. Any failure rolls everything back and rewinds the
-    consumer to the stored offsets.
+    Each batch: stale relay copies are dropped, poison messages go to the dead-letter
+    topic (acknowledged first), then one transaction advances the stored offsets and
+    fences (compare-and-set), applies the projection and commits. Any failure rolls
+    everything back and rewinds the consumer to the stored offsets and fences.
+
+    Args:
+        instance_id: static group membership (``group.instance.id``): a consumer that
+            restarts with the same id gets its partitions back without a rebalance.
+            Default: ``settings.consumer_instance_id``; ``""`` joins without one.
     """
 
     def __init__(
@@ -97,6 +113,7 @@ class ConsumerRuntime:
         batch_size: int = 2000,
         registry: CollectorRegistry | None = None,
         client_config: ClientConfig | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self._settings = settings
         self._projection = projection
@@ -108,6 +125,8 @@ class ConsumerRuntime:
         self._codec = codec or EnvelopeCodec()
         self._batch_size = batch_size
         self._client_config = dict(client_config or {})
+        chosen = settings.consumer_instance_id if instance_id is None else instance_id
+        self.instance_id = chosen or None
         self._metrics = ConsumerMetrics(
             consumer=name, group=self.group_id, topic=settings.topic, registry=registry
         )
@@ -115,6 +134,11 @@ class ConsumerRuntime:
         self._dead_letters: DeadLetterWriter | None = None
         self._positions: dict[TopicPartition, int | None] = {}
         self._unsynced: set[TopicPartition] = set()
+        self._fence = EpochFence()
+        self._kafka_commits: dict[TopicPartition, int] = {}
+        self._kafka_committed_at = 0.0
+        self.drained: list[TopicPartition] = []
+        """The partitions read to their end when :meth:`run` last stopped for idleness."""
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -149,6 +173,7 @@ class ConsumerRuntime:
         self._closed = True
         if self._consumer is not None:
             try:
+                self._commit_to_kafka()
                 self._consumer.close()
             except (KafkaException, RuntimeError) as exc:
                 log.warning("consumer %s did not close cleanly: %s", self.name, exc)
@@ -173,7 +198,12 @@ class ConsumerRuntime:
         on_batch: Callable[[BatchOutcome], None] | None = None,
         poll_timeout_s: float = 0.5,
     ) -> BatchOutcome:
-        """Consume until ``stop`` is set or nothing arrived for ``max_idle_s`` seconds.
+        """Consume until ``stop`` is set or, with ``max_idle_s``, until it is idle.
+
+        Idle means: partitions are assigned, nothing arrived for ``max_idle_s`` seconds
+        and the broker's high watermarks show nothing left to read in any of them. The
+        idle clock starts only once partitions are assigned (a consumer waiting for a
+        rebalance is not idle), and a consumer that knows of lag keeps consuming.
 
         A lost database or an unacknowledged dead letter is retried with backoff;
         the batch in progress when ``stop`` is set is still committed.
@@ -186,7 +216,7 @@ class ConsumerRuntime:
         """
         stop = stop or threading.Event()
         total = BatchOutcome()
-        last_progress = time.monotonic()
+        idle = IdleClock(self, max_idle_s)
         failures = 0
         while not stop.is_set():
             try:
@@ -200,12 +230,41 @@ class ConsumerRuntime:
                 outcome = None
             if outcome is not None:
                 total += outcome
-                last_progress = time.monotonic()
+                idle.reset()
                 if on_batch is not None:
                     on_batch(outcome)
-            elif max_idle_s is not None and time.monotonic() - last_progress >= max_idle_s:
+            elif idle.finished():
+                self.drained = idle.drained
                 break
         return total
+
+    @property
+    def assigned(self) -> list[TopicPartition]:
+        """The partitions this consumer holds now."""
+        return sorted(self._positions)
+
+    @property
+    def stale_dropped(self) -> int:
+        """Stale relay copies the fence has refused since this consumer started (a
+        copy in a batch that was rolled back and read again counts each time)."""
+        return self._fence.dropped
+
+    def lag(self, *, timeout_s: float = 5.0) -> int | None:
+        """Messages of the assigned partitions not yet applied, from the broker's high
+        watermarks; ``None`` when nothing is assigned or the broker did not answer."""
+        if self._consumer is None or not self._positions:
+            return None
+        behind = 0
+        try:
+            for tp, position in list(self._positions.items()):
+                low, high = self._consumer.get_watermark_offsets(
+                    KafkaPartition(*tp), timeout=timeout_s, cached=False
+                )
+                behind += max(0, high - (low if position is None else max(position, low)))
+        except KafkaException as exc:
+            log.warning("consumer %s: could not read the high watermarks: %s", self.name, exc)
+            return None
+        return behind
 
     def poll_once(self, timeout: float) -> BatchOutcome | None:
         """Consume and commit at most one batch.
@@ -248,9 +307,17 @@ class ConsumerRuntime:
     # -- one batch --------------------------------------------------------------------
 
     def _consume(self, timeout: float) -> list[Message]:
+        """Wait up to ``timeout`` for one message, then take what is already fetched.
+
+        Waiting for a full batch would hold a message that arrived alone for the whole
+        timeout; taking what the client has prefetched keeps batches large under load.
+        """
         assert self._consumer is not None
         with kafka_errors(f"consumer {self.name!r} failed", hint="restart it"):
-            return self._consumer.consume(num_messages=self._batch_size, timeout=timeout)
+            first = self._consumer.poll(timeout)
+            if first is None or self._batch_size == 1:
+                return [] if first is None else [first]
+            return [first, *self._consumer.consume(num_messages=self._batch_size - 1, timeout=0)]
 
     def _sort(self, messages: Sequence[Message]) -> _Batch:
         batch = _Batch()
@@ -263,19 +330,33 @@ class ConsumerRuntime:
             offset = message.offset() or 0
             if not self._owns(tp, offset):
                 continue
+            batch.next_offsets[tp] = offset + 1
+            headers = message.headers()
+            if isinstance(headers, dict):  # the client hands a list; typed as either
+                headers = list(headers.items())
+            if not self._fence.admit(tp[1], headers):
+                batch.stale += 1
+                continue
             decoded = self._decode(message.value())
             if isinstance(decoded, str):
                 batch.poison.append(Poison.of(message, decoded))
             else:
                 batch.records.append(Delivered(decoded, tp[0], tp[1], offset))
-            batch.next_offsets[tp] = offset + 1
         return batch
 
     def _kafka_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             return
-        if error.fatal():
-            raise KafkaUnavailable(f"consumer {self.name!r} failed fatally: {error.str()}")
+        # A fenced static member gets its fatal error as a message whose own flag may
+        # not say so; the client is unusable either way.
+        if error.fatal() or error.code() == KafkaError._FATAL:
+            hint = (
+                f"; if another consumer of group {self.group_id!r} runs with instance id "
+                f"{self.instance_id!r}, give each its own (--instance-id)"
+                if self.instance_id
+                else ""
+            )
+            raise KafkaUnavailable(f"consumer {self.name!r} failed fatally: {error.str()}{hint}")
         log.warning("consumer %s: Kafka reported %s; skipping it", self.name, error.str())
 
     def _owns(self, tp: TopicPartition, offset: int) -> bool:
@@ -304,21 +385,32 @@ class ConsumerRuntime:
         assert self._dead_letters is not None
         self._dead_letters.send(batch.poison)
         moves = [
-            OffsetMove(tp[0], tp[1], self._positions[tp], next_offset)
+            OffsetMove(tp[0], tp[1], self._positions[tp], next_offset, self._fence.state(tp[1]))
             for tp, next_offset in batch.next_offsets.items()
         ]
         with self._transaction() as conn:
             advance_offsets(conn, group_id=self.group_id, moves=moves)
             outcome = self._projection(conn, batch.records) if batch.records else BatchOutcome()
-        return replace(outcome, dead_lettered=len(batch.poison))
+        return replace(outcome, dead_lettered=len(batch.poison), stale=batch.stale)
 
     def _committed(self, batch: _Batch, outcome: BatchOutcome, seconds: float) -> None:
         self._positions.update(batch.next_offsets)
         self._metrics.batch_committed(outcome, seconds)
+        self._kafka_commits.update(batch.next_offsets)
+        if time.monotonic() - self._kafka_committed_at >= _KAFKA_COMMIT_EVERY_S:
+            self._commit_to_kafka()
+
+    def _commit_to_kafka(self) -> None:
+        """Informational only (lag dashboards): the database holds the offsets that count."""
         assert self._consumer is not None
-        try:  # informational only: the database holds the offsets that count
+        held = {tp: o for tp, o in self._kafka_commits.items() if tp in self._positions}
+        self._kafka_commits.clear()
+        self._kafka_committed_at = time.monotonic()
+        if not held:
+            return
+        try:
             self._consumer.commit(
-                offsets=[KafkaPartition(t, p, o) for (t, p), o in batch.next_offsets.items()],
+                offsets=[KafkaPartition(t, p, o) for (t, p), o in held.items()],
                 asynchronous=True,
             )
         except KafkaException as exc:
@@ -332,6 +424,7 @@ class ConsumerRuntime:
 
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
+        self._fence.forget(p for _, p in tps)
         try:
             stored = self._load(tps)
         except ConsumerError as exc:
@@ -350,10 +443,11 @@ class ConsumerRuntime:
         for p in partitions:
             self._positions.pop((p.topic, p.partition), None)
             self._unsynced.discard((p.topic, p.partition))
+        self._fence.forget(p.partition for p in partitions)
         consumer.unassign()
 
     def _sync(self) -> None:
-        """Rewind every assigned partition to its stored offset."""
+        """Rewind every assigned partition to its stored offset and fence."""
         assert self._consumer is not None
         stored = self._load(list(self._positions))
         for tp, offset in stored.items():
@@ -365,8 +459,15 @@ class ConsumerRuntime:
         log.info("consumer %s rewound to %s", self.name, _describe(stored))
 
     def _load(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """The stored offsets of ``tps``; their fences are reset to the stored ones
+        (what a rolled-back batch admitted is forgotten with it)."""
         with self._transaction() as conn:
-            return load_offsets(conn, group_id=self.group_id, partitions=tps)
+            offsets = load_offsets(conn, group_id=self.group_id, partitions=tps)
+            fences = load_fences(conn, group_id=self.group_id, partitions=tps)
+        for (_, partition), epochs in fences.items():
+            self._fence.forget([partition])
+            self._fence.restore(partition, epochs)
+        return offsets
 
     # -- the database edge --------------------------------------------------------------
 
@@ -392,9 +493,11 @@ class ConsumerRuntime:
             raise ProjectionFailed(_refused(self.name, exc)) from exc
 
     def _consumer_config(self) -> dict[str, str | int | float | bool]:
+        static = {"group.instance.id": self.instance_id} if self.instance_id else {}
         return {
             "enable.auto.offset.store": False,
             "partition.assignment.strategy": "range",
+            **static,
             **self._client_config,
         }
 
@@ -424,6 +527,7 @@ class ViewConsumer(ConsumerRuntime):
         registry: CollectorRegistry | None = None,
         client_config: ClientConfig | None = None,
         verifier: CheckpointVerifier | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self._redactions = RedactionCheck(verifier)
         self._partitions: dict[str, int] = {}
@@ -438,6 +542,7 @@ class ViewConsumer(ConsumerRuntime):
             batch_size=batch_size,
             registry=registry,
             client_config=client_config,
+            instance_id=instance_id,
         )
 
     def _project(self, conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:

@@ -21,6 +21,7 @@ from sqlalchemy import (
     func,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 
 VIEWS_SCHEMA = "blackbox_views"
 """The Postgres schema that holds every read-side table."""
@@ -108,9 +109,12 @@ consumer_offsets = Table(
     Column("partition", Integer, nullable=False),
     Column("next_offset", BigInteger, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # {"<shard>": epoch}: the consumer's epoch fence for this partition (see broker).
+    Column("lease_epochs", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     PrimaryKeyConstraint("group_id", "topic", "partition"),
 )
-"""The next Kafka offset each consumer group reads, committed with the view rows."""
+"""The next Kafka offset each consumer group reads, and the newest relay lease epoch it
+read per outbox shard there, committed with the view rows."""
 
 chain_heads = Table(
     "chain_heads",

@@ -9,10 +9,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -22,13 +22,14 @@ from sqlalchemy import create_engine
 from agent_blackbox.consumers._batch import BatchOutcome
 from agent_blackbox.consumers._checkpoints import CheckpointConsumer
 from agent_blackbox.consumers._ledger import LedgerReport, ledger_entries, reapply_ledger
+from agent_blackbox.consumers._membership import host_member_id
 from agent_blackbox.consumers._migrate import migrate_views
 from agent_blackbox.consumers._retention import (
     RetentionJob,
     RetentionPolicy,
     RetentionReport,
 )
-from agent_blackbox.consumers._runtime import ViewConsumer
+from agent_blackbox.consumers._runtime import ConsumerRuntime, ViewConsumer
 from agent_blackbox.consumers._signing import CheckpointPolicy
 from agent_blackbox.schemas import (
     BlackboxError,
@@ -56,9 +57,63 @@ same meaning, the same output (progress on stderr, one summary line on stdout) a
 same exit statuses for all."""
 
 
-def idle_notice(console: Console, seconds: float) -> None:
-    """What a worker says when ``--until-idle`` stops it."""
-    console.log(f"idle for {seconds:g} s: stopping")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def membership_options(name: str) -> Callable[[F], F]:
+    """``--instance-id`` and ``--session-timeout`` of a consumer command; ``name`` is the
+    consumer's name, the default instance id's first part."""
+
+    def decorate(command: F) -> F:
+        return _membership_options(command, name)
+
+    return decorate
+
+
+def _membership_options(command: F, name: str) -> F:
+    command = click.option(
+        "--session-timeout",
+        type=click.FloatRange(min=1),
+        default=None,
+        metavar="SECONDS",
+        help="How long the group waits for a silent member before moving its partitions "
+        "(default BLACKBOX_CONSUMER_SESSION_TIMEOUT_MS, 6 s; the broker's "
+        "group.min.session.timeout.ms is the floor).",
+    )(command)
+    return click.option(
+        "--instance-id",
+        default=None,
+        help="Static group membership: restarted with the same id, the consumer gets its "
+        "partitions back at once. Unique per consumer of a group (default "
+        f"BLACKBOX_CONSUMER_INSTANCE_ID, else {name}@HOST, {name}@HOST#2 for a second one "
+        "running on the host, ...); an empty value joins without one.",
+    )(command)
+
+
+@contextmanager
+def membership(
+    settings: Settings, *, name: str, instance_id: str | None, session_timeout: float | None
+) -> Iterator[Settings]:
+    """``settings`` with the group membership the command line asked for; without an
+    instance id, this process's slot on the host (see :func:`host_member_id`) is held
+    while the block runs."""
+    timeout_ms = settings.consumer_session_timeout_ms
+    if session_timeout is not None:
+        timeout_ms = round(session_timeout * 1000)
+    chosen = settings.consumer_instance_id if instance_id is None else instance_id
+    slot = (
+        nullcontext(chosen) if chosen is not None else host_member_id(name, settings.consumer_group)
+    )
+    with slot as member:
+        yield dataclasses.replace(
+            settings, consumer_instance_id=member, consumer_session_timeout_ms=timeout_ms
+        )
+
+
+def idle_notice(console: Console, seconds: float, *, detail: str = "") -> None:
+    """What a worker says when ``--until-idle`` stops it (``detail``: what it had
+    finished, e.g. " (3 assigned partitions read to their end)")."""
+    console.log(f"idle for {seconds:g} s: stopping{detail}")
 
 
 def could_not_run(console: Console, exc: BlackboxError) -> NoReturn:
@@ -90,8 +145,18 @@ class _Progress:
 @click.command("consume")
 @click.option("--group", default=None, help="Consumer group (default: BLACKBOX_CONSUMER_GROUP).")
 @until_idle_option
-def consume_command(group: str | None, until_idle: float | None) -> None:
-    """Build the runs view and events index from the event topic."""
+@membership_options("views")
+def consume_command(
+    group: str | None,
+    until_idle: float | None,
+    instance_id: str | None,
+    session_timeout: float | None,
+) -> None:
+    """Build the runs view and events index from the event topic.
+
+    With --until-idle it stops only once it holds partitions, nothing came for SECONDS
+    and the broker shows nothing left to read in them.
+    """
     console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     if group:
@@ -99,19 +164,23 @@ def consume_command(group: str | None, until_idle: float | None) -> None:
     stop = threading.Event()
     started = time.monotonic()
     try:
-        migrate_views(settings.database_url)
-        console.log(
-            f"consuming [bold]{settings.topic}[/] as group [bold]{settings.consumer_group}[/]"
-        )
-        verifier = _deletion_verifier()
-        with _stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
-            total = consumer.run(stop, until_idle, on_batch=_Progress(console))
+        with membership(
+            settings, name="views", instance_id=instance_id, session_timeout=session_timeout
+        ) as settings:
+            migrate_views(settings.database_url)
+            console.log(
+                f"consuming [bold]{settings.topic}[/] as group "
+                f"[bold]{settings.consumer_group}[/]" + _member(settings)
+            )
+            verifier = _deletion_verifier()
+            with _stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
+                total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as
         could_not_run(console, exc)
     if until_idle is not None and not stop.is_set():
-        idle_notice(console, until_idle)
+        idle_notice(console, until_idle, detail=_drained(consumer))
     elapsed = time.monotonic() - started
     click.echo(f"{_summary(total)} in {elapsed:.1f} s")
 
@@ -120,8 +189,18 @@ def _summary(total: BatchOutcome) -> str:
     return (
         f"{total.messages:,} messages: {total.inserted:,} events inserted, "
         f"{total.duplicates:,} duplicates, {total.violations:,} integrity violations, "
-        f"{total.dead_lettered:,} dead-lettered"
+        f"{total.dead_lettered:,} dead-lettered, {total.stale:,} stale relay copies dropped"
     )
+
+
+def _drained(consumer: ConsumerRuntime) -> str:
+    held = consumer.drained
+    return f" ({len(held)} assigned partitions read to their end)" if held else ""
+
+
+def _member(settings: Settings) -> str:
+    member = settings.consumer_instance_id
+    return f" (member [bold]{safe_text(member)}[/])" if member else ""
 
 
 @contextmanager
@@ -326,6 +405,7 @@ def _print_ignored(report: LedgerReport, console: Console) -> None:
 
 @click.command("sign")
 @until_idle_option
+@membership_options("checkpoints")
 @click.option(
     "--every-events",
     type=click.IntRange(min=1),
@@ -341,33 +421,46 @@ def _print_ignored(report: LedgerReport, console: Console) -> None:
     "(default BLACKBOX_CHECKPOINT_EVERY_SECONDS, 60).",
 )
 def sign_command(
-    until_idle: float | None, every_events: int | None, every_seconds: int | None
+    until_idle: float | None,
+    every_events: int | None,
+    every_seconds: int | None,
+    instance_id: str | None,
+    session_timeout: float | None,
 ) -> None:
     """Sign each run's chain head when it ends, and mid-run, when blackbox.runs holds
     the same head (key: BLACKBOX_SIGNING_KEY_FILE)."""
     console = safe_console(stderr=True, log_path=False)
-    settings = Settings.from_env()
     stop = threading.Event()
     try:
-        signer = CheckpointSigner.from_env()
-        default = CheckpointPolicy.from_settings(settings)
-        policy = CheckpointPolicy(
-            every_events or default.every_events,
-            float(every_seconds or default.every_seconds),
-        )
-        migrate_views(settings.database_url)
-        console.log(f"signing chain heads of [bold]{settings.topic}[/] as {signer.key_id}")
-        consumer = CheckpointConsumer(settings, signer, policy=policy)
-        with _stop_on_signals(stop), consumer:
-            total = consumer.run(stop, until_idle, on_batch=_Progress(console))
+        with membership(
+            Settings.from_env(),
+            name="checkpoints",
+            instance_id=instance_id,
+            session_timeout=session_timeout,
+        ) as settings:
+            signer = CheckpointSigner.from_env()
+            default = CheckpointPolicy.from_settings(settings)
+            policy = CheckpointPolicy(
+                every_events or default.every_events,
+                float(every_seconds or default.every_seconds),
+            )
+            migrate_views(settings.database_url)
+            console.log(
+                f"signing chain heads of [bold]{settings.topic}[/] as {signer.key_id}"
+                + _member(settings)
+            )
+            consumer = CheckpointConsumer(settings, signer, policy=policy)
+            with _stop_on_signals(stop), consumer:
+                total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as
         could_not_run(console, exc)
     if until_idle is not None and not stop.is_set():
-        idle_notice(console, until_idle)
+        idle_notice(console, until_idle, detail=_drained(consumer))
     click.echo(
         f"{total.messages:,} messages: {total.inserted:,} chained, {total.duplicates:,} "
         f"repeats, {total.violations:,} integrity violations (those runs are not signed; "
-        "see blackbox_views.integrity_violations)"
+        f"see blackbox_views.integrity_violations), {total.stale:,} stale relay copies "
+        "dropped"
     )

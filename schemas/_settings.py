@@ -36,6 +36,17 @@ class Settings:
     database's 1 GiB value limit. ``BLACKBOX_MAX_PAYLOAD_BYTES``, its former name, is
     still read when this one is not set."""
     consumer_group: str = "blackbox-views"
+    consumer_session_timeout_ms: int = 6000
+    """How long the group waits for a silent consumer before giving its partitions to
+    another member. 6 s is the broker's smallest allowed session by default; heartbeats
+    come from the client's own thread, so a slow batch never counts as silence."""
+    consumer_heartbeat_ms: int = 1000
+    """How often a consumer tells the group it is alive (well inside the session)."""
+    consumer_instance_id: str | None = None
+    """Static group membership: a consumer that restarts with the same id gets its
+    partitions back at once, without a rebalance or waiting out its old session. Unique
+    per member of a group; ``blackbox consume`` and ``sign`` default it to the consumer's
+    name and the host's name (``#2``, ``#3``... for more running on the host at once)."""
     schema_registry_url: str | None = None
     keyed_digest_classes: str = "sensitive,restricted"
     """Classifications whose digests must be HMAC-SHA256 under the tenant's key (comma
