@@ -122,7 +122,6 @@ def verify_command(
         raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
     if workers is not None and not every:
         raise click.UsageError("--workers needs --all")
-    skipped: list[SkippedMessage] = []
     try:
         verifier = checkpoint_verifier()
         if require_checkpoint and verifier is None:
@@ -137,7 +136,7 @@ def verify_command(
             check = _Check(engine, index, verifier, require_checkpoint, archive is None)
             if every and archive is None:
                 work = VerifyWork(side, require_checkpoint)
-                reports = _scanned(settings, index, work, workers, skipped, console)
+                reports = _scanned(settings, index, work, workers, console)
             elif every:
                 assert archive is not None
                 runs = _runs(archive, run_id)
@@ -164,13 +163,11 @@ def verify_command(
         click.echo(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
         _print(reports, safe_console())
-        _print_skipped(
-            [*skipped, *(m for r in reports for m in r.skipped_messages)], safe_console()
-        )
+        _print_skipped([m for r in reports for m in r.skipped_messages], safe_console())
     failed = any(
         r.problem is not None or r.skipped_messages or (strict and not r.ok) for r in reports
     )
-    sys.exit(1 if failed or skipped else 0)
+    sys.exit(1 if failed else 0)
 
 
 def _scanned(
@@ -178,11 +175,12 @@ def _scanned(
     index: RunIndex,
     work: VerifyWork,
     workers: int | None,
-    skipped: list[SkippedMessage],
     console: Console,
 ) -> list[VerifyReport]:
-    """Every indexed run verified in one pass over the topic, in the index's order; the
-    messages passed over go to ``skipped`` (those under no indexed run's key too).
+    """Every indexed run verified in one pass over the topic, in the index's order.
+
+    A message passed over is listed in the report of the run whose key it carries; one
+    under no verified run's key makes a row of its own (``unreadable``, by key).
 
     Raises:
         BlackboxError: the index or the topic's partitions cannot be read.
@@ -192,13 +190,14 @@ def _scanned(
         return []
     scan = HistoryScan(settings, work, wanted=frozenset(ids), workers=workers)
     found: dict[str, VerifyReport] = {}
+    skipped: dict[str, list[SkippedMessage]] = {}
     columns = (TextColumn("verifying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("verify", total=None)
         scan.on_progress = lambda n: progress.update(task, total=scan.total or None, completed=n)
         for item in scan:
             if isinstance(item, SkippedMessage):
-                skipped.append(item)
+                skipped.setdefault(item.key or "", []).append(item)
             else:
                 found[item.run_id] = item.result  # a late re-read replaces the first
     for failed in scan.failed:
@@ -208,7 +207,21 @@ def _scanned(
         )
     if scan.dropped:
         console.print(f"{scan.dropped} stale copies (a relay past its lease) were dropped")
-    return [found[rid] for rid in ids]
+    reports = [found[rid] for rid in ids]
+    for i, report in enumerate(reports):
+        if passed_over := skipped.pop(report.run_id, None):
+            reports[i] = replace(report, skipped_messages=tuple(passed_over))
+    for key, messages in skipped.items():
+        reports.append(
+            VerifyReport(
+                key,
+                0,
+                problem=Problem.UNREADABLE,
+                detail=f"{len(messages)} messages under this key are not events of any run",
+                skipped_messages=tuple(messages),
+            )
+        )
+    return reports
 
 
 @dataclass(frozen=True, slots=True)
