@@ -12,7 +12,9 @@ there, marked unfinished. Every message passes, in order:
 2. decoding: a message that is not an envelope (random bytes, an unknown schema
    fingerprint or framing, an empty value, truncated Avro) is skipped and reported as a
    :class:`SkippedMessage`, and so is an envelope under another run's key;
-3. de-duplication: the first copy of each sequence counts, as :class:`KafkaRunSource`
+3. placement: a run is read only in the partition its key maps to (as the run index
+   reads it), so an event written to another partition is passed over and reported;
+4. de-duplication: the first copy of each sequence counts, as :class:`KafkaRunSource`
    does.
 
 A finished run that has events after its ``run.finished`` (the ``run.redacted`` note
@@ -35,7 +37,13 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import Message
 
-from agent_blackbox.broker import EpochFence, KafkaUnavailable, read_ranges, watermarks
+from agent_blackbox.broker import (
+    EpochFence,
+    KafkaUnavailable,
+    partition_of,
+    read_ranges,
+    watermarks,
+)
 from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
@@ -138,6 +146,7 @@ def assemble(
     fence: EpochFence,
     wanted: Collection[str] | None = None,
     codec: EnvelopeCodec | None = None,
+    partitions: int | None = None,
 ) -> Iterator[AssembledRun | SkippedMessage | LateEvents]:
     """The runs of one partition's messages (read in offset order), each as soon as it
     is finished, the unfinished ones at the end; every message passed over; and, at
@@ -149,8 +158,13 @@ def assemble(
         fence: the fence of this reader; asked for every message.
         wanted: only these runs are assembled (None: every run).
         codec: decodes envelopes (a new one by default).
+        partitions: the topic's partition count: a run's events are read only in the
+            partition its key maps to, as the run index does; copies written elsewhere
+            are passed over and reported (None: not checked).
     """
     codec = codec or EnvelopeCodec()
+    foreign: dict[str, int] = {}
+    """Runs whose key maps to another partition → that partition."""
     open_runs: dict[str, AssembledRun] = {}
     done: dict[str, int] = {}
     """Handed-off run → its last sequence; only the ids stay in memory."""
@@ -180,6 +194,15 @@ def assemble(
             continue
         run = open_runs.get(run_id)
         if run is None:
+            home = foreign.get(run_id)
+            if home is None and partitions is not None:
+                home = partition_of(run_id.encode("utf-8"), partitions)
+                if home != partition:
+                    foreign[run_id] = home
+            if home is not None and home != partition:
+                why = f"an event of run {run_id!r}, whose key maps to partition {home}"
+                yield SkippedMessage(partition, offset, why, key)
+                continue
             run = open_runs[run_id] = AssembledRun(run_id, partition)
         if envelope.sequence <= run.last_sequence:
             continue  # a duplicate: the first copy of each sequence counts
@@ -268,6 +291,8 @@ class HistoryScan(Generic[R]):
     on_progress: Callable[[int], None] | None = None
     total: int = 0
     """Messages the scan will read (known once iteration started)."""
+    partitions: int = 0
+    """The topic's partition count (known once iteration started)."""
     messages: int = 0
     dropped: int = 0
     """Messages the epoch fences refused (a stale relay's copies)."""
@@ -278,11 +303,9 @@ class HistoryScan(Generic[R]):
         """Raises:
         KafkaUnavailable: the topic's partitions cannot be listed (nothing was read).
         """
-        ranges = {
-            p: (low, high)
-            for p, (low, high) in watermarks(self.settings, self.settings.topic).items()
-            if high > low
-        }
+        marks = watermarks(self.settings, self.settings.topic)
+        self.partitions = len(marks)
+        ranges = {p: (low, high) for p, (low, high) in marks.items() if high > low}
         self.total = sum(high - low for low, high in ranges.values())
         plans = _share(ranges, self.workers or os.cpu_count() or 1)
         seen: set[str] = set()
@@ -333,7 +356,11 @@ def _share(ranges: dict[int, tuple[int, int]], workers: int) -> list[Plan]:
 
 
 def _scan(
-    settings: Settings, handler: RunHandler[Any], plan: Plan, wanted: frozenset[str] | None
+    settings: Settings,
+    handler: RunHandler[Any],
+    plan: Plan,
+    wanted: frozenset[str] | None,
+    partitions: int,
 ) -> Iterator[_Item]:
     """One worker's partitions, one after another."""
     codec = EnvelopeCodec()
@@ -343,7 +370,10 @@ def _scan(
             read_ranges(settings, settings.topic, {partition: (low, high)}, batch=FETCH_BATCH)
         )
         try:
-            for item in assemble(counted, partition, fence=fence, wanted=wanted, codec=codec):
+            runs = assemble(
+                counted, partition, fence=fence, wanted=wanted, codec=codec, partitions=partitions
+            )
+            for item in runs:
                 if isinstance(item, SkippedMessage):
                     yield item
                 elif isinstance(item, LateEvents):
@@ -377,7 +407,7 @@ class _Counted:
 
 
 def _in_process(scan: HistoryScan[Any], plan: Plan) -> Iterator[_Item]:
-    yield from _scan(scan.settings, scan.work.start(), plan, scan.wanted)
+    yield from _scan(scan.settings, scan.work.start(), plan, scan.wanted, scan.partitions)
 
 
 _DONE = "done"
@@ -388,10 +418,11 @@ def _worker(
     work: RunWork[Any],
     plan: Plan,
     wanted: frozenset[str] | None,
+    partitions: int,
     out: Any,
 ) -> None:
     try:
-        for item in _scan(settings, work.start(), plan, wanted):
+        for item in _scan(settings, work.start(), plan, wanted, partitions):
             out.put(item)
     except Exception as exc:  # reported as the worker's partitions failing
         reason = f"worker failed: {type(exc).__name__}: {exc}"
@@ -409,7 +440,7 @@ def _in_workers(scan: HistoryScan[Any], plans: list[Plan]) -> Iterator[_Item]:
     processes = [
         context.Process(
             target=_worker,
-            args=(scan.settings, scan.work, plan, scan.wanted, out),
+            args=(scan.settings, scan.work, plan, scan.wanted, scan.partitions, out),
             name=f"blackbox-history-{n}",
             daemon=True,
         )

@@ -8,7 +8,7 @@ import struct
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent_blackbox.broker import EpochFence, LeaseStamp
+from agent_blackbox.broker import EpochFence, LeaseStamp, partition_of
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
 from agent_blackbox.replayer._history import (
     AssembledRun,
@@ -177,3 +177,17 @@ def test_partitions_are_shared_so_workers_finish_together() -> None:
     assert sorted(p for plan in plans for p, _ in plan) == [0, 1, 2, 3, 4]
     assert _share(ranges, 1) == [sorted(ranges.items())]
     assert len(_share({0: (0, 5)}, 4)) == 1
+
+
+def test_a_run_is_read_only_in_the_partition_its_key_maps_to() -> None:
+    runs = [record(1) for _ in range(12)]
+    home = [r for r in runs if partition_of(r[0].run_id.encode(), 12) == PARTITION]
+    away = [r for r in runs if partition_of(r[0].run_id.encode(), 12) != PARTITION]
+    assert away  # twelve random run ids do not all map to one partition of twelve
+    msgs = messages(*(e for r in runs for e in r))
+    found = run_all(msgs, partitions=12)
+    assembled = [r.run_id for r in found if isinstance(r, AssembledRun)]
+    assert assembled == [r[0].run_id for r in home]
+    skipped = [s for s in found if isinstance(s, SkippedMessage)]
+    assert len(skipped) == sum(len(r) for r in away)
+    assert "whose key maps to partition" in skipped[0].reason
