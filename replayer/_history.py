@@ -118,9 +118,9 @@ def undecodable(message: Message, codec: EnvelopeCodec) -> tuple[Envelope | None
 def message_headers(message: Message) -> list[tuple[str, bytes | str | None]]:
     """The message's headers as pairs (the client may give a mapping)."""
     headers = message.headers()
-    if headers is None:
-        return []
-    return list(headers.items()) if isinstance(headers, dict) else list(headers)
+    if headers is None or isinstance(headers, list):
+        return headers or []  # as the client gives them: no copy per message
+    return list(headers.items())
 
 
 def message_key(message: Message) -> str | None:
