@@ -223,8 +223,9 @@ class RunHandler(Protocol[R_co]):
         """The run's result; never raises for a problem of the run's own."""
         ...
 
-    def missing(self, run_id: str, why: str) -> R_co:
-        """The result of a wanted run the scan did not find (``why`` says so)."""
+    def missing(self, run_id: str, why: str, *, unread: bool) -> R_co:
+        """The result of a wanted run the scan did not find (``why`` says so);
+        ``unread`` when a partition could not be read to its end (the run may be there)."""
         ...
 
     def late(self, run_id: str) -> R_co | None:
@@ -339,7 +340,7 @@ class HistoryScan(Generic[R]):
         )
         handler = self.work.start()
         for run_id in absent:
-            yield Handled(run_id, handler.missing(run_id, why))
+            yield Handled(run_id, handler.missing(run_id, why, unread=bool(self.failed)))
 
 
 def _share(ranges: dict[int, tuple[int, int]], workers: int) -> list[Plan]:

@@ -249,7 +249,10 @@ class _VerifyHandler:
     def handle(self, run: AssembledRun) -> VerifyReport:
         return self.check.each(run.run_id, partial(iter, run.events))
 
-    def missing(self, run_id: str, why: str) -> VerifyReport:
+    def missing(self, run_id: str, why: str, *, unread: bool) -> VerifyReport:
+        if unread:  # the run may well be in the part that could not be read
+            detail = f"cannot read the run: {safe_text(why, limit=300)}"
+            return VerifyReport(run_id, 0, problem=Problem.UNREADABLE, detail=detail)
         report = self.check.each(run_id, partial(iter, []))
         return replace(report, detail=f"{report.detail}; run {safe_text(run_id)} {safe_text(why)}")
 

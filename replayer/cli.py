@@ -294,7 +294,7 @@ class _ReplayHandler:
     def handle(self, run: AssembledRun) -> ReplayReport:
         return self.replayer.replay(run.run_id, partial(_opened, run.events, run.agent_id))
 
-    def missing(self, run_id: str, why: str) -> ReplayReport:
+    def missing(self, run_id: str, why: str, *, unread: bool) -> ReplayReport:
         return ReplayReport(run_id, None, 0, error=f"SourceError: run {run_id} {why}")
 
     def late(self, run_id: str) -> None:

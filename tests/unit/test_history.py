@@ -5,19 +5,27 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent_blackbox.broker import EpochFence, LeaseStamp, partition_of
+import pytest
+
+from agent_blackbox.broker import EpochFence, KafkaUnavailable, LeaseStamp, partition_of
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
+from agent_blackbox.replayer import _history as history
 from agent_blackbox.replayer._history import (
     AssembledRun,
+    Handled,
+    HistoryScan,
     LateEvents,
+    PartitionFailed,
     SkippedMessage,
+    _lost_workers,
     _share,
     assemble,
 )
-from agent_blackbox.schemas import Envelope, EnvelopeCodec, EventType
+from agent_blackbox.schemas import Envelope, EnvelopeCodec, EventType, Settings
 
 CODEC = EnvelopeCodec()
 PARTITION = 3
@@ -31,6 +39,7 @@ class FakeMessage:
     _value: bytes | None
     _offset: int
     _headers: list[tuple[str, bytes | str | None]] | None = None
+    _partition: int = PARTITION
 
     def key(self) -> bytes | None:
         return self._key
@@ -42,7 +51,7 @@ class FakeMessage:
         return self._offset
 
     def partition(self) -> int:
-        return PARTITION
+        return self._partition
 
     def headers(self) -> list[tuple[str, bytes | str | None]] | None:
         return self._headers
@@ -191,3 +200,83 @@ def test_a_run_is_read_only_in_the_partition_its_key_maps_to() -> None:
     skipped = [s for s in found if isinstance(s, SkippedMessage)]
     assert len(skipped) == sum(len(r) for r in away)
     assert "whose key maps to partition" in skipped[0].reason
+
+
+@dataclass
+class Collecting:
+    """A handler that says what it was given."""
+
+    def start(self) -> Collecting:
+        return self
+
+    def handle(self, run: AssembledRun) -> str:
+        return f"handled {len(run.events)} finished={run.finished}"
+
+    def missing(self, run_id: str, why: str, *, unread: bool) -> str:
+        return f"missing unread={unread}"
+
+    def late(self, run_id: str) -> str | None:
+        return None
+
+
+def test_a_scan_hands_back_every_run_and_names_the_ones_it_could_not_find(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b = record(1), record(2)
+    while _home(b) == _home(a):
+        b = record(2)
+    held: dict[int, list[FakeMessage]] = {0: [], 1: [], 2: []}
+    held[_home(a)] = messages(*a, (b"x", b"junk"))
+    held[_home(b)] = messages(*b[:-1])
+
+    def read(settings: Any, topic: str, ranges: Any, **_: Any) -> Iterator[FakeMessage]:
+        [(partition, (low, high))] = ranges.items()
+        for message in held[partition][low:high]:
+            yield replace(message, _partition=partition)
+        if partition == _home(b) and broken:
+            raise KafkaUnavailable("the broker went away")
+
+    marks = {p: (0, len(m)) for p, m in held.items()}
+    monkeypatch.setattr(history, "watermarks", lambda *_, **__: marks)
+    monkeypatch.setattr(history, "read_ranges", read)
+    settings = Settings()
+    wanted = frozenset({a[0].run_id, b[0].run_id, "gone"})
+
+    broken = False
+    scan = HistoryScan(settings, Collecting(), wanted=wanted, workers=1)
+    found = list(scan)
+    results = {h.run_id: h.result for h in found if isinstance(h, Handled)}
+    assert results == {
+        a[0].run_id: "handled 3 finished=True",
+        b[0].run_id: "handled 3 finished=False",
+        "gone": "missing unread=False",
+    }
+    assert [(s.partition, s.offset, s.key) for s in scan.skipped] == [(_home(a), 3, "x")]
+    assert (scan.total, scan.messages, scan.partitions, scan.failed) == (7, 7, 3, [])
+
+    broken = True
+    scan = HistoryScan(settings, Collecting(), wanted=wanted, workers=1)
+    results = {h.run_id: h.result for h in scan if isinstance(h, Handled)}
+    assert results[b[0].run_id] == results["gone"] == "missing unread=True"
+    assert scan.failed == [PartitionFailed(_home(b), "the broker went away")]
+
+
+def _home(run: list[Envelope]) -> int:
+    return partition_of(run[0].run_id.encode(), 3)
+
+
+def test_a_killed_worker_fails_its_partitions() -> None:
+    @dataclass
+    class Exited:
+        exitcode: int | None
+
+    plan = [(0, (0, 5)), (3, (0, 2))]
+    watched: list[tuple[Any, Any]] = [(Exited(None), plan), (Exited(0), plan), (Exited(-9), plan)]
+    lost = list(_lost_workers(watched))
+    assert lost == [
+        [
+            PartitionFailed(0, "worker exited with status -9"),
+            PartitionFailed(3, "worker exited with status -9"),
+        ]
+    ]
+    assert [w.exitcode for w, _ in watched] == [None, 0]
