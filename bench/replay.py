@@ -20,7 +20,9 @@ run); ``short_run_s``, from opening the archive of a short run to its PASS repor
 12 partitions under the run's key, with a lease stamp, as the relay does) replayed the
 way ``blackbox replay --all`` does it: one pass over the topic, ``--workers`` processes
 (one per core by default), from the start of the scan (worker start-up included) to the
-last run's report. The topic is deleted afterwards.
+last run's report; ``history_events_per_cpu_s``, the same events over the CPU time of
+the scan and its workers together (what the rate would be with a core per worker and
+nothing else running). The topic is deleted afterwards.
 
     python -m bench.replay [--events 1000000] [--bounded 250000] [--short 10000] [--repeat 3]
                            [--history 100000] [--run-events 100] [--workers N]
@@ -278,13 +280,15 @@ def produce_history(settings: Settings, events: int, run_events: int) -> int:
     return runs
 
 
-def replay_history(settings: Settings, *, workers: int | None) -> tuple[int, int, float]:
+def replay_history(settings: Settings, *, workers: int | None) -> tuple[int, int, float, float]:
     """Replay every run of ``settings.topic`` as ``replay --all`` does; (runs, events,
-    seconds). Raises when a run did not pass."""
+    seconds, CPU seconds of this process and its workers). Raises when a run did not
+    pass."""
     how = Replaying()
     work = ReplayWork((f"{BENCH}=bench.replay:loop_agent",), "bench of history replay", how)
     scan = HistoryScan(settings, work, workers=workers)
     runs, failed = 0, []
+    cpu = _cpu_seconds()
     started = time.perf_counter()
     for item in scan:
         if isinstance(item, SkippedMessage):
@@ -296,7 +300,15 @@ def replay_history(settings: Settings, *, workers: int | None) -> tuple[int, int
     seconds = time.perf_counter() - started
     if failed or scan.failed:
         raise RuntimeError(f"history replay did not pass: {failed[:3]} {scan.failed}")
-    return runs, scan.messages, seconds
+    return runs, scan.messages, seconds, _cpu_seconds() - cpu
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that ended (the scan's workers)."""
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def history_figure(events: int, run_events: int, workers: int | None) -> None:
@@ -305,7 +317,7 @@ def history_figure(events: int, run_events: int, workers: int | None) -> None:
         with stage(f"producing a history of {events:,} events to {settings.topic}"):
             produced_runs = produce_history(settings, events, run_events)
         with stage("replaying the history from the topic"):
-            runs, read, seconds = replay_history(settings, workers=workers)
+            runs, read, seconds, cpu = replay_history(settings, workers=workers)
     finally:
         delete_topics(settings, [settings.topic])
     if runs != produced_runs:
@@ -321,6 +333,9 @@ def history_figure(events: int, run_events: int, workers: int | None) -> None:
         workers=workers or (os.cpu_count() or 1),
         partitions=PARTITIONS,
     )
+    # On a machine others are busy on, the rate above falls with the share of the cores
+    # the scan gets; events per CPU-second (all workers' together) says what it costs.
+    emit(BENCH, "history_events_per_cpu_s", read / cpu, unit="events/s", events=read)
 
 
 # Figures -------------------------------------------------------------------------------
