@@ -58,6 +58,9 @@ R_co = TypeVar("R_co", covariant=True)
 
 FETCH_BATCH = 5_000
 """Messages asked of the broker per call: a whole history is being read, not one run."""
+PER_WORKER = 20_000
+"""Messages below which one more worker process is not started by default: starting one
+(a fresh interpreter importing the replayer) costs about as much as reading that many."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +284,8 @@ class HistoryScan(Generic[R]):
         work: makes each worker's handler.
         wanted: only these runs (None: every run the topic holds). A wanted run not
             found is handed to the handler's ``missing``.
-        workers: worker processes (default: one per core); 1 reads in this process.
+        workers: worker processes; 1 reads in this process. By default one per core,
+            but no more than one per :data:`PER_WORKER` messages.
         on_progress: called with the messages read so far, as the scan goes.
     """
 
@@ -308,7 +312,7 @@ class HistoryScan(Generic[R]):
         self.partitions = len(marks)
         ranges = {p: (low, high) for p, (low, high) in marks.items() if high > low}
         self.total = sum(high - low for low, high in ranges.values())
-        plans = _share(ranges, self.workers or os.cpu_count() or 1)
+        plans = _share(ranges, self.workers or _default_workers(self.total))
         seen: set[str] = set()
         items = _in_process(self, plans[0]) if len(plans) == 1 else _in_workers(self, plans)
         for item in items:
@@ -341,6 +345,10 @@ class HistoryScan(Generic[R]):
         handler = self.work.start()
         for run_id in absent:
             yield Handled(run_id, handler.missing(run_id, why, unread=bool(self.failed)))
+
+
+def _default_workers(messages: int) -> int:
+    return max(1, min(os.cpu_count() or 1, messages // PER_WORKER))
 
 
 def _share(ranges: dict[int, tuple[int, int]], workers: int) -> list[Plan]:

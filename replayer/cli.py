@@ -96,7 +96,7 @@ T = TypeVar("T")
     type=click.IntRange(min=1),
     default=None,
     help="With --all from the topic: worker processes replaying partitions in parallel "
-    "[default: one per core].",
+    "[default: one per core, fewer for a short history].",
 )
 @click.option(
     "--archive",

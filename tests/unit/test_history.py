@@ -21,6 +21,7 @@ from agent_blackbox.replayer._history import (
     LateEvents,
     PartitionFailed,
     SkippedMessage,
+    _default_workers,
     _lost_workers,
     _share,
     assemble,
@@ -186,6 +187,11 @@ def test_partitions_are_shared_so_workers_finish_together() -> None:
     assert sorted(p for plan in plans for p, _ in plan) == [0, 1, 2, 3, 4]
     assert _share(ranges, 1) == [sorted(ranges.items())]
     assert len(_share({0: (0, 5)}, 4)) == 1
+
+
+def test_a_short_history_is_read_in_process_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert [_default_workers(n) for n in (0, 19_999, 40_000, 10**6)] == [1, 1, 2, 4]
 
 
 def test_a_run_is_read_only_in_the_partition_its_key_maps_to() -> None:
