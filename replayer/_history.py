@@ -28,8 +28,10 @@ not in the order they started.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
+import pickle
 import queue
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +54,8 @@ from agent_blackbox.schemas import (
     Settings,
     UndecodableMessage,
 )
+
+log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -314,6 +318,13 @@ class HistoryScan(Generic[R]):
         self.total = sum(high - low for low, high in ranges.values())
         plans = _share(ranges, self.workers or _default_workers(self.total))
         seen: set[str] = set()
+        if len(plans) > 1 and not _picklable(self.work):
+            log.warning(
+                "reading %s in this process: %r cannot be sent to worker processes",
+                self.settings.topic,
+                self.work,
+            )
+            plans = [sorted(p for plan in plans for p in plan)]
         items = _in_process(self, plans[0]) if len(plans) == 1 else _in_workers(self, plans)
         for item in items:
             if isinstance(item, _Progress):
@@ -345,6 +356,14 @@ class HistoryScan(Generic[R]):
         handler = self.work.start()
         for run_id in absent:
             yield Handled(run_id, handler.missing(run_id, why, unread=bool(self.failed)))
+
+
+def _picklable(work: object) -> bool:
+    try:
+        pickle.dumps(work)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def _default_workers(messages: int) -> int:

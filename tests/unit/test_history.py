@@ -260,6 +260,12 @@ def test_a_scan_hands_back_every_run_and_names_the_ones_it_could_not_find(
     assert [(s.partition, s.offset, s.key) for s in scan.skipped] == [(_home(a), 3, "x")]
     assert (scan.total, scan.messages, scan.partitions, scan.failed) == (7, 7, 3, [])
 
+    # Work that cannot be sent to a worker process is done in this one.
+    unpicklable = Collecting()
+    unpicklable.note = lambda: None  # type: ignore[attr-defined]
+    scan = HistoryScan(settings, unpicklable, wanted=wanted, workers=2)
+    assert {h.run_id: h.result for h in scan if isinstance(h, Handled)} == results
+
     broken = True
     scan = HistoryScan(settings, Collecting(), wanted=wanted, workers=1)
     results = {h.run_id: h.result for h in scan if isinstance(h, Handled)}
