@@ -240,6 +240,10 @@ class RunHandler(Protocol[R_co]):
         off at, replacing the one :meth:`handle` gave; None keeps that one."""
         ...
 
+    def close(self) -> None:
+        """Release what the handler holds (its database connections)."""
+        ...
+
 
 class RunWork(Protocol[R_co]):
     """How a worker process makes its handler: a picklable recipe (settings, options),
@@ -354,8 +358,11 @@ class HistoryScan(Generic[R]):
             "index's, or the topic recreated?"
         )
         handler = self.work.start()
-        for run_id in absent:
-            yield Handled(run_id, handler.missing(run_id, why, unread=bool(self.failed)))
+        try:
+            for run_id in absent:
+                yield Handled(run_id, handler.missing(run_id, why, unread=bool(self.failed)))
+        finally:
+            handler.close()
 
 
 def _picklable(work: object) -> bool:
@@ -390,7 +397,20 @@ def _scan(
     wanted: frozenset[str] | None,
     partitions: int,
 ) -> Iterator[_Item]:
-    """One worker's partitions, one after another."""
+    """One worker's partitions, one after another; closes ``handler`` at the end."""
+    try:
+        yield from _scan_partitions(settings, handler, plan, wanted, partitions)
+    finally:
+        handler.close()
+
+
+def _scan_partitions(
+    settings: Settings,
+    handler: RunHandler[Any],
+    plan: Plan,
+    wanted: frozenset[str] | None,
+    partitions: int,
+) -> Iterator[_Item]:
     codec = EnvelopeCodec()
     for partition, (low, high) in plan:
         fence = EpochFence()

@@ -24,7 +24,6 @@ from rich.progress import (
 from rich.table import Table
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.pool import NullPool
 
 from agent_blackbox.outbox import PostgresBlobs, pending_events_txn, run_heads_txn
 from agent_blackbox.replayer._history import (
@@ -234,10 +233,11 @@ class VerifyWork:
 
     def start(self) -> RunHandler[VerifyReport]:
         settings = Settings.from_env()
-        engine = create_engine(settings.database_url, poolclass=NullPool)
+        # A small pool: every run is checked against blackbox.runs and the index.
+        engine = create_engine(settings.database_url, pool_size=2)
         index = self.side.run_index(engine)
         check = _Check(engine, index, checkpoint_verifier(), self.require_checkpoint, True)
-        return _VerifyHandler(check, settings, index)
+        return _VerifyHandler(check, settings, index, engine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +245,10 @@ class _VerifyHandler:
     check: _Check
     settings: Settings
     index: RunIndex
+    engine: Engine
+
+    def close(self) -> None:
+        self.engine.dispose()
 
     def handle(self, run: AssembledRun) -> VerifyReport:
         return self.check.each(run.run_id, partial(iter, run.events))

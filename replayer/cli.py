@@ -16,8 +16,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import create_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Engine, create_engine
 
 from agent_blackbox.outbox import PostgresBlobs
 from agent_blackbox.replayer._access import opening, purpose_option
@@ -276,7 +275,8 @@ class ReplayWork:
     skip_unknown: bool = True
 
     def start(self) -> RunHandler[ReplayReport]:
-        engine = create_engine(Settings.from_env().database_url, poolclass=NullPool)
+        # A small pool: every run of the worker may read blobs or unwrap a key.
+        engine = create_engine(Settings.from_env().database_url, pool_size=2)
         replayer = BatchReplayer(
             _registry(self.agent_paths),
             opening(lambda: engine, purpose=self.purpose),
@@ -284,12 +284,16 @@ class ReplayWork:
             skip_unknown=self.skip_unknown,
             how=self.how,
         )
-        return _ReplayHandler(replayer)
+        return _ReplayHandler(replayer, engine)
 
 
 @dataclass(frozen=True, slots=True)
 class _ReplayHandler:
     replayer: BatchReplayer
+    engine: Engine
+
+    def close(self) -> None:
+        self.engine.dispose()
 
     def handle(self, run: AssembledRun) -> ReplayReport:
         return self.replayer.replay(run.run_id, partial(_opened, run.events, run.agent_id))

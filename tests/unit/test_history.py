@@ -224,6 +224,9 @@ class Collecting:
     def late(self, run_id: str) -> str | None:
         return None
 
+    def close(self) -> None:
+        self.closed = True
+
 
 def test_a_scan_hands_back_every_run_and_names_the_ones_it_could_not_find(
     monkeypatch: pytest.MonkeyPatch,
@@ -249,8 +252,10 @@ def test_a_scan_hands_back_every_run_and_names_the_ones_it_could_not_find(
     wanted = frozenset({a[0].run_id, b[0].run_id, "gone"})
 
     broken = False
-    scan = HistoryScan(settings, Collecting(), wanted=wanted, workers=1)
+    work = Collecting()
+    scan = HistoryScan(settings, work, wanted=wanted, workers=1)
     found = list(scan)
+    assert getattr(work, "closed", False)  # its connections are released
     results = {h.run_id: h.result for h in found if isinstance(h, Handled)}
     assert results == {
         a[0].run_id: "handled 3 finished=True",
