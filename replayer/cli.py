@@ -433,6 +433,11 @@ class _Output:
             click.echo(json.dumps(line, default=str))
         elif self._tally.filters is not None and self._tally.runs:
             _print_summary(line, self._tally.reasons, self._out)
+        if not self._json and (skipped := len(self._tally.unreadable)):
+            self._err.print(
+                f"{skipped} messages of the topic were skipped: they are not events "
+                "(listed above; --json lists them in the summary)"
+            )
         return int(line["exit_code"])
 
 
