@@ -157,3 +157,8 @@ def test_verify_and_replay_skip_poison_and_never_use_a_stale_copy(
     [line, summary] = _lines(single)
     assert (line["result"], line["events"]) == ("PASS", 11)
     _assert_poison_listed(summary["skipped_messages"], target)
+
+    text = runner.invoke(main, ["replay", target])
+    assert text.exit_code == 0, text.output
+    assert "PASS" in text.stdout
+    assert "7 messages of the topic were skipped" in text.stderr
