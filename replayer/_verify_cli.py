@@ -257,8 +257,9 @@ class _VerifyHandler:
         if unread:  # the run may well be in the part that could not be read
             detail = f"cannot read the run: {safe_text(why, limit=300)}"
             return VerifyReport(run_id, 0, problem=Problem.UNREADABLE, detail=detail)
-        report = self.check.each(run_id, partial(iter, []))
-        return replace(report, detail=f"{report.detail}; run {safe_text(run_id)} {safe_text(why)}")
+        # Not in the topic where the scan looked: judged as a single verify judges it
+        # (not indexed: unreadable; indexed, but its events are gone: truncated).
+        return self.check.each(run_id, partial(_topic_log, self.settings, self.index, run_id))
 
     def late(self, run_id: str) -> VerifyReport:
         # Rare (retention appended run.redacted after run.finished): read the run whole
