@@ -48,9 +48,14 @@ from typing import Any
 
 from agent_blackbox.broker import LeaseStamp, ensure_topics, new_producer, producer_config
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
-from agent_blackbox.replayer import read_archive, replay_run, write_archive
+from agent_blackbox.replayer import (
+    HistoryScan,
+    SkippedMessage,
+    read_archive,
+    replay_run,
+    write_archive,
+)
 from agent_blackbox.replayer._batch import Replaying
-from agent_blackbox.replayer._history import HistoryScan, SkippedMessage
 from agent_blackbox.replayer.cli import ReplayWork
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, Settings
 from agent_blackbox.stack import StackSettings
