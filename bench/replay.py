@@ -1,4 +1,5 @@
-"""Replay throughput and peak memory: one long run re-driven from an Avro archive.
+"""Replay throughput and peak memory: one long run re-driven from an Avro archive, and
+a whole history replayed from Kafka.
 
 A run of the loop agent below is recorded with the MemoryRecorder straight into an
 Avro archive, once per event count, under ``<cache>/bench/``. Recording streams: the
@@ -14,12 +15,24 @@ that process and of one replaying a run a quarter as long, with ``replay_rss_gro
 how much of it the replay added (about the same for both: memory does not grow with the
 run); ``short_run_s``, from opening the archive of a short run to its PASS report.
 
+``history_events_per_s``: a generated history (``--history`` events in runs of
+``--run-events``, recorded with the MemoryRecorder and produced to a fresh topic of
+12 partitions under the run's key, with a lease stamp, as the relay does) replayed the
+way ``blackbox replay --all`` does it: one pass over the topic, ``--workers`` processes
+(one per core by default), from the start of the scan (worker start-up included) to the
+last run's report; ``history_events_per_cpu_s``, the same events over the CPU time of
+the scan and its workers together (what the rate would be with a core per worker and
+nothing else running). The topic is deleted afterwards.
+
     python -m bench.replay [--events 1000000] [--bounded 250000] [--short 10000] [--repeat 3]
+                           [--history 100000] [--run-events 100] [--workers N]
+                           [--only archive|history]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import resource
 import statistics
@@ -28,19 +41,29 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from agent_blackbox.broker import LeaseStamp, ensure_topics, new_producer, producer_config
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
-from agent_blackbox.replayer import read_archive, replay_run, write_archive
-from agent_blackbox.schemas import Envelope
+from agent_blackbox.replayer import (
+    HistoryScan,
+    SkippedMessage,
+    read_archive,
+    replay_run,
+    write_archive,
+)
+from agent_blackbox.replayer._batch import Replaying
+from agent_blackbox.replayer.cli import ReplayWork
+from agent_blackbox.schemas import Envelope, EnvelopeCodec, Settings
 from agent_blackbox.stack import StackSettings
-from bench._common import console, emit, progress, stage
+from bench._common import PARTITIONS, bench_settings, console, delete_topics, emit, progress, stage
 
 BENCH = "replay"
 THROUGHPUT_TARGET = 30_000.0
+HISTORY_TARGET = 20_000.0
 PEAK_TARGET_MB = 300.0
 SHORT_TARGET_S = 1.0
 CODE_VERSION = "bench-loop-agent.4"
@@ -228,6 +251,98 @@ def _peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes there, KiB here
 
 
+# A history replayed from Kafka --------------------------------------------------------
+
+
+def produce_history(settings: Settings, events: int, run_events: int) -> int:
+    """Record ``events`` events in runs of ``run_events`` of :func:`loop_agent` and
+    produce them to ``settings.topic`` as the relay would; returns how many runs."""
+    ensure_topics(settings, {settings.topic: PARTITIONS})
+    producer = new_producer(settings, producer_config(settings))
+    codec = EnvelopeCodec()
+    stamp: list[tuple[str, str | bytes | None]] = [LeaseStamp(0, 1).header()]
+
+    def produce(envelope: Envelope) -> None:
+        key = envelope.run_id.encode()
+        while True:
+            try:
+                producer.produce(settings.topic, codec.encode(envelope), key, headers=stamp)
+                return
+            except BufferError:  # the local queue is full: let deliveries drain it
+                producer.poll(0.1)
+
+    recorder = MemoryRecorder(sink=produce)
+    runs = max(1, events // run_events)
+    with progress() as bar:
+        task = bar.add_task(f"recording {runs:,} runs of {run_events} events", total=runs)
+        for _ in range(runs):
+            snapshot = RunSnapshot(code_version=CODE_VERSION, input={"events": run_events})
+            recorder.record(loop_agent, snapshot, agent_id=BENCH)
+            producer.poll(0)
+            bar.advance(task)
+    if producer.flush(120) != 0:
+        raise RuntimeError(f"the broker did not take the history of {settings.topic}")
+    return runs
+
+
+def replay_history(settings: Settings, *, workers: int | None) -> tuple[int, int, float, float]:
+    """Replay every run of ``settings.topic`` as ``replay --all`` does; (runs, events,
+    seconds, CPU seconds of this process and its workers). Raises when a run did not
+    pass."""
+    how = Replaying()
+    work = ReplayWork((f"{BENCH}=bench.replay:loop_agent",), "bench of history replay", how)
+    scan = HistoryScan(settings, work, workers=workers)
+    runs, failed = 0, []
+    cpu = _cpu_seconds()
+    started = time.perf_counter()
+    for item in scan:
+        if isinstance(item, SkippedMessage):
+            failed.append(item.describe())
+            continue
+        runs += 1
+        if not item.result.passed:
+            failed.append(f"{item.run_id}: {item.result.error or item.result.divergence}")
+    seconds = time.perf_counter() - started
+    if failed or scan.failed:
+        raise RuntimeError(f"history replay did not pass: {failed[:3]} {scan.failed}")
+    return runs, scan.messages, seconds, _cpu_seconds() - cpu
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that ended (the scan's workers)."""
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def history_figure(events: int, run_events: int, workers: int | None) -> None:
+    settings = replace(bench_settings("history"), partitions=PARTITIONS)
+    try:
+        with stage(f"producing a history of {events:,} events to {settings.topic}"):
+            produced_runs = produce_history(settings, events, run_events)
+        with stage("replaying the history from the topic"):
+            runs, read, seconds, cpu = replay_history(settings, workers=workers)
+    finally:
+        delete_topics(settings, [settings.topic])
+    if runs != produced_runs:
+        raise RuntimeError(f"replayed {runs} runs of the {produced_runs} produced")
+    emit(
+        BENCH,
+        "history_events_per_s",
+        read / seconds,
+        unit="events/s",
+        target=HISTORY_TARGET,
+        events=read,
+        runs=runs,
+        workers=workers or (os.cpu_count() or 1),
+        partitions=PARTITIONS,
+    )
+    # On a machine others are busy on, the rate above falls with the share of the cores
+    # the scan gets; events per CPU-second (all workers' together) says what it costs.
+    emit(BENCH, "history_events_per_cpu_s", read / cpu, unit="events/s", events=read)
+
+
 # Figures -------------------------------------------------------------------------------
 
 
@@ -244,7 +359,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--cache", type=Path, default=None, help="archive folder (default: <cache>/bench)"
     )
+    parser.add_argument("--history", type=int, default=100_000, help="events of the history")
+    parser.add_argument("--run-events", type=int, default=100, help="events per history run")
+    parser.add_argument("--workers", type=int, default=None, help="history replay workers")
+    parser.add_argument("--only", choices=("archive", "history"), default=None)
     args = parser.parse_args(argv)
+    if args.only != "archive":
+        history_figure(args.history, args.run_events, args.workers)
+    if args.only == "history":
+        return
     cache = args.cache or StackSettings.from_env().cache_dir / "bench"
     archives = [archive_of(n, cache) for n in (args.events, args.bounded, args.short)]
     results: list[Replayed] = []

@@ -1,7 +1,8 @@
 """Offline replay: re-drive an agent's own code from a recorded run, report PASS or the
-first divergence. Reads runs from Kafka (located through a :class:`RunIndex`, which the
-read side implements), from Avro archives, or from envelopes in memory; nothing external
-is ever called. Replay mode itself (:class:`ReplayRun`) lives here, beside its reports.
+first divergence. Reads runs from Kafka (one located through a :class:`RunIndex`, which
+the read side implements, or a whole history in one pass: :class:`HistoryScan`), from
+Avro archives, or from envelopes in memory; nothing external is ever called. Replay mode
+itself (:class:`ReplayRun`) lives here, beside its reports.
 """
 
 from agent_blackbox.replayer._driver import (
@@ -21,6 +22,15 @@ from agent_blackbox.replayer._fork import (
     fork_run,
 )
 from agent_blackbox.replayer._fork_diff import ForkDiff, fork_diff
+from agent_blackbox.replayer._history import (
+    AssembledRun,
+    Handled,
+    HistoryScan,
+    PartitionFailed,
+    RunHandler,
+    RunWork,
+    SkippedMessage,
+)
 from agent_blackbox.replayer._index import ReadSide, RunIndex, RunLocation
 from agent_blackbox.replayer._reexecute import CallDiff, reexecute
 from agent_blackbox.replayer._registry import (
@@ -62,6 +72,7 @@ __all__ = [
     "LEVEL_NAMES",
     "AgentEntry",
     "AgentRegistry",
+    "AssembledRun",
     "AsyncReplayRun",
     "BlobReader",
     "CallDiff",
@@ -75,10 +86,13 @@ __all__ = [
     "ForkDiff",
     "ForkError",
     "ForkResult",
+    "Handled",
+    "HistoryScan",
     "KafkaRunSource",
     "MissingEntryPoint",
     "Nondeterminism",
     "NondeterminismPolicy",
+    "PartitionFailed",
     "Problem",
     "ReadSide",
     "RecordedHead",
@@ -88,8 +102,11 @@ __all__ = [
     "ReplayReport",
     "ReplayRun",
     "ReplaySetupError",
+    "RunHandler",
     "RunIndex",
     "RunLocation",
+    "RunWork",
+    "SkippedMessage",
     "SourceError",
     "ToolMode",
     "ToolNotRecorded",

@@ -20,6 +20,7 @@ from typing import Any
 
 from agent_blackbox.replayer._access import Opening
 from agent_blackbox.replayer._driver import replay_run
+from agent_blackbox.replayer._history import SkippedMessage
 from agent_blackbox.replayer._registry import AgentRegistry, MissingEntryPoint
 from agent_blackbox.replayer._replay import BlobReader
 from agent_blackbox.replayer._report import ReplayReport
@@ -193,6 +194,9 @@ class Tally:
     skipped: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
     """Failing or skipped run id → why, in a few words."""
+    unreadable: list[SkippedMessage] = field(default_factory=list)
+    """Messages of the topic passed over because they are not events (reported, not
+    findings of a replay: the run's own events were all read)."""
 
     def add(self, report: ReplayReport) -> None:
         self.results[report.result] += 1
@@ -249,6 +253,7 @@ class Tally:
             },
             "failing_run_ids": list(self.failing),
             "skipped_run_ids": list(self.skipped),
+            "skipped_messages": [m.to_dict() for m in self.unreadable],
             "filters": self.filters,
             "error": error,
             "exit_code": self.exit_code(error=error),

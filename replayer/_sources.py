@@ -16,7 +16,13 @@ from typing import Any
 from fastavro import parse_schema, reader, writer
 from fastavro.read import SchemaResolutionError
 
-from agent_blackbox.broker import KafkaUnavailable, read_ranges
+from agent_blackbox.broker import EpochFence, KafkaUnavailable, read_ranges
+from agent_blackbox.replayer._history import (
+    SkippedMessage,
+    message_headers,
+    message_key,
+    undecodable,
+)
 from agent_blackbox.replayer._index import RunIndex
 from agent_blackbox.schemas import (
     ENVELOPE,
@@ -24,7 +30,6 @@ from agent_blackbox.schemas import (
     Envelope,
     EnvelopeCodec,
     Settings,
-    UndecodableMessage,
     default_registry,
 )
 
@@ -117,8 +122,11 @@ class KafkaRunSource:
     """A run read back from the event topic, located through a run index.
 
     The index says which partition holds the run and between which offsets, so only
-    that stretch of one partition is read, never the whole topic. Duplicates left by a
-    relay crash are skipped (the first copy of each sequence wins).
+    that stretch of one partition is read, never the whole topic. A stale relay's
+    copies are dropped by an :class:`~agent_blackbox.broker.EpochFence` (see
+    :attr:`fence`), duplicates left by a relay crash are skipped (the first copy of
+    each sequence wins), and a message under the run's key that is not one of its
+    events is passed over and listed in :attr:`skipped`.
 
     Raises:
         SourceError: the index does not know the run.
@@ -140,16 +148,17 @@ class KafkaRunSource:
         self.first, self.last = location.first_offset, location.last_offset
         self.count = location.events
         self.agent_id: str | None = location.agent_id
-        self.skipped: list[tuple[int | None, str]] = []
-        """Messages under the run's key that are not its events, as (offset, why): anyone
-        who can produce to the topic can write one; the view consumer dead-letters or
-        flags them, and a reader passes over them rather than stop at them."""
+        self.skipped: list[SkippedMessage] = []
+        """Messages under the run's key that are not its events: anyone who can produce
+        to the topic can write one; the view consumer dead-letters or flags them, and a
+        reader passes over them rather than stop at them."""
+        self.fence = EpochFence()
+        """The fence of this read: :attr:`EpochFence.dropped` counts stale copies."""
 
-    def _skip(self, offset: int | None, why: str) -> None:
-        self.skipped.append((offset, why))
-        log.warning(
-            "run %s: passed over %s[%d]@%s under the run's key: %s (not an event of the run: "
-            "see blackbox_views.integrity_violations and the dead-letter topic)",
+    def _skip(self, offset: int, why: str) -> None:
+        self.skipped.append(SkippedMessage(self.partition, offset, why, self.run_id))
+        log.debug(
+            "run %s: passed over %s[%d]@%s under the run's key: %s",
             self.run_id,
             self.topic,
             self.partition,
@@ -159,21 +168,23 @@ class KafkaRunSource:
 
     def __iter__(self) -> Iterator[Envelope]:
         codec = EnvelopeCodec()
-        key = self.run_id.encode("utf-8")
         last_sequence = 0
         stretch = {self.partition: (self.first, self.last + 1)}
         messages = read_ranges(self._settings, self.topic, stretch, timeout_s=self.timeout_s)
         try:
             for message in messages:
-                if message.key() != key:
+                # Fenced before the key is looked at: the fence must see every message
+                # of the partition in offset order to know its shards' newest epochs.
+                if not self.fence.admit(self.partition, message_headers(message)):
                     continue
-                try:
-                    envelope = codec.decode(message.value() or b"")
-                except UndecodableMessage as exc:
-                    self._skip(message.offset(), str(exc))
+                if message_key(message) != self.run_id:
+                    continue
+                envelope, why = undecodable(message, codec)
+                if envelope is None:
+                    self._skip(message.offset() or 0, why)
                     continue
                 if envelope.run_id != self.run_id:
-                    self._skip(message.offset(), f"an envelope of run {envelope.run_id!r}")
+                    self._skip(message.offset() or 0, f"an envelope of run {envelope.run_id!r}")
                     continue
                 if envelope.sequence > last_sequence:
                     last_sequence = envelope.sequence

@@ -6,19 +6,33 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import groupby
 from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import track
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    track,
+)
 from rich.table import Table
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.outbox import PostgresBlobs, pending_events_txn, run_heads_txn
-from agent_blackbox.replayer._index import RunIndex, read_side
+from agent_blackbox.replayer._history import (
+    AssembledRun,
+    HistoryScan,
+    RunHandler,
+    SkippedMessage,
+)
+from agent_blackbox.replayer._index import ReadSide, RunIndex, read_side
 from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
 from agent_blackbox.replayer._verify import (
     DatabaseCheck,
@@ -67,6 +81,13 @@ def checkpoint_verifier() -> CheckpointVerifier | None:
     is_flag=True,
     help="An unverified run (sound, but no checkpoint covers its last event) fails too.",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --all from the topic: worker processes verifying partitions in parallel "
+    "[default: one per core, fewer for a short history].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 def verify_command(
     run_id: str | None,
@@ -74,6 +95,7 @@ def verify_command(
     archive: Path | None,
     require_checkpoint: bool,
     strict: bool,
+    workers: int | None,
     as_json: bool,
 ) -> None:
     """Check contiguous sequences, chain hashes, out-of-line bodies and the signed
@@ -84,15 +106,21 @@ def verify_command(
     when it is sound but none does (no checkpoint yet, or a mid-run one); otherwise the
     problem found, e.g. truncated when the database or the index knows more events.
 
-    With --all, a run that cannot be read (its index entry or its log) is reported as
-    unreadable, with the reason, and the others are still verified.
+    With --all, the runs the events index lists are read from the topic in one pass,
+    partition by partition, by --workers processes; a run that cannot be read is
+    reported as unreadable, with the reason, and the others are still verified. A
+    message of the topic that is not an event (undecodable, or an envelope under
+    another run's key) is skipped and listed: a finding.
 
-    Exit status: 0 when no run has a problem (unverified runs are reported; with
-    --strict they fail), 1 when one does, 2 when it cannot run.
+    Exit status: 0 when no run has a problem and no message was skipped (unverified
+    runs are reported; with --strict they fail), 1 when one does or one was, 2 when it
+    cannot run.
     """
     console = safe_console(stderr=True)
     if every == (run_id is not None):
         raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
+    if workers is not None and not every:
+        raise click.UsageError("--workers needs --all")
     try:
         verifier = checkpoint_verifier()
         if require_checkpoint and verifier is None:
@@ -102,16 +130,24 @@ def verify_command(
         settings = Settings.from_env()
         engine = create_engine(settings.database_url)
         try:
-            index = read_side().run_index(engine)
+            side = read_side()
+            index = side.run_index(engine)
             check = _Check(engine, index, verifier, require_checkpoint, archive is None)
-            runs = _runs(settings, index, archive, run_id)
-            if every:
+            if every and archive is None:
+                work = VerifyWork(side, require_checkpoint)
+                reports = _scanned(settings, index, work, workers, console)
+            elif every:
+                assert archive is not None
+                runs = _runs(archive, run_id)
                 reports = [
                     check.each(rid, opened)
                     for rid, opened in track(runs, "verifying", console=console)
                 ]
+            elif archive is None:
+                assert run_id is not None
+                reports = [check.single(run_id, settings)]
             else:
-                reports = [check.run(rid, opened()) for rid, opened in runs]
+                reports = [check.run(rid, opened()) for rid, opened in _runs(archive, run_id)]
         finally:
             engine.dispose()
     except BlackboxError as exc:
@@ -126,24 +162,118 @@ def verify_command(
         click.echo(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
         _print(reports, safe_console())
-    failed = any(r.problem is not None or (strict and not r.ok) for r in reports)
+        _print_skipped([m for r in reports for m in r.skipped_messages], safe_console())
+    failed = any(
+        r.problem is not None or r.skipped_messages or (strict and not r.ok) for r in reports
+    )
     sys.exit(1 if failed else 0)
+
+
+def _scanned(
+    settings: Settings,
+    index: RunIndex,
+    work: VerifyWork,
+    workers: int | None,
+    console: Console,
+) -> list[VerifyReport]:
+    """Every indexed run verified in one pass over the topic, in the index's order.
+
+    A message passed over is listed in the report of the run whose key it carries; one
+    under no verified run's key makes a row of its own (``unreadable``, by key).
+
+    Raises:
+        BlackboxError: the index or the topic's partitions cannot be read.
+    """
+    ids = index.runs(finished_only=False)
+    if not ids:
+        return []
+    scan = HistoryScan(settings, work, wanted=frozenset(ids), workers=workers)
+    found: dict[str, VerifyReport] = {}
+    skipped: dict[str, list[SkippedMessage]] = {}
+    columns = (TextColumn("verifying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("verify", total=None)
+        scan.on_progress = lambda n: progress.update(task, total=scan.total or None, completed=n)
+        for item in scan:
+            if isinstance(item, SkippedMessage):
+                skipped.setdefault(item.key or "", []).append(item)
+            else:
+                found[item.run_id] = item.result  # a late re-read replaces the first
+    for failed in scan.failed:
+        console.print(
+            f"[red]error:[/] partition {failed.partition} was not read to its end: "
+            f"{safe_text(failed.reason)}"
+        )
+    if scan.dropped:
+        console.print(f"{scan.dropped} stale copies (a relay past its lease) were dropped")
+    reports = [found[rid] for rid in ids]
+    for i, report in enumerate(reports):
+        if passed_over := skipped.pop(report.run_id, None):
+            reports[i] = replace(report, skipped_messages=tuple(passed_over))
+    for key, messages in skipped.items():
+        reports.append(
+            VerifyReport(
+                key,
+                0,
+                problem=Problem.UNREADABLE,
+                detail=f"{len(messages)} messages under this key are not events of any run",
+                skipped_messages=tuple(messages),
+            )
+        )
+    return reports
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyWork:
+    """What a worker of ``verify --all`` needs (picklable: each worker process makes
+    its own connection, run index and checkpoint verifier from it)."""
+
+    side: ReadSide
+    require_checkpoint: bool
+
+    def start(self) -> RunHandler[VerifyReport]:
+        settings = Settings.from_env()
+        # A small pool: every run is checked against blackbox.runs and the index.
+        engine = create_engine(settings.database_url, pool_size=2)
+        index = self.side.run_index(engine)
+        check = _Check(engine, index, checkpoint_verifier(), self.require_checkpoint, True)
+        return _VerifyHandler(check, settings, index, engine)
+
+
+@dataclass(frozen=True, slots=True)
+class _VerifyHandler:
+    check: _Check
+    settings: Settings
+    index: RunIndex
+    engine: Engine
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def handle(self, run: AssembledRun) -> VerifyReport:
+        return self.check.each(run.run_id, partial(iter, run.events))
+
+    def missing(self, run_id: str, why: str, *, unread: bool) -> VerifyReport:
+        if unread:  # the run may well be in the part that could not be read
+            detail = f"cannot read the run: {safe_text(why, limit=300)}"
+            return VerifyReport(run_id, 0, problem=Problem.UNREADABLE, detail=detail)
+        # Not in the topic where the scan looked: judged as a single verify judges it
+        # (not indexed: unreadable; indexed, but its events are gone: truncated).
+        return self.check.each(run_id, partial(_topic_log, self.settings, self.index, run_id))
+
+    def late(self, run_id: str) -> VerifyReport:
+        # Rare (retention appended run.redacted after run.finished): read the run whole
+        # through the index, as a single verify does.
+        return self.check.each(run_id, partial(_topic_log, self.settings, self.index, run_id))
 
 
 Opener = Callable[[], Iterator[Envelope]]
 """Opens one run's log (the index is asked where it is only then)."""
 
 
-def _runs(
-    settings: Settings, index: RunIndex, archive: Path | None, run_id: str | None
-) -> Iterator[tuple[str, Opener]]:
-    if archive is not None:
-        for rid, events in groupby(read_archive(archive, run_id=run_id), key=lambda e: e.run_id):
-            yield rid, partial(iter, list(events))
-        return
-    ids = [run_id] if run_id is not None else index.runs(finished_only=False)
-    for rid in ids:
-        yield rid, partial(_topic_log, settings, index, rid)
+def _runs(archive: Path, run_id: str | None) -> Iterator[tuple[str, Opener]]:
+    for rid, events in groupby(read_archive(archive, run_id=run_id), key=lambda e: e.run_id):
+        yield rid, partial(iter, list(events))
 
 
 def _topic_log(settings: Settings, index: RunIndex, run_id: str) -> Iterator[Envelope]:
@@ -189,6 +319,17 @@ class _Check:
             database=database,
         )
 
+    def single(self, run_id: str, settings: Settings) -> VerifyReport:
+        """:meth:`run` on the run's stretch of the topic, found through the index; the
+        messages under its key that are not its events are listed in the report.
+
+        Raises:
+            BlackboxError: the index does not know the run, or its log cannot be read.
+        """
+        source = KafkaRunSource(settings, self._index, run_id)
+        report = self.run(run_id, iter(source))
+        return replace(report, skipped_messages=tuple(source.skipped))
+
     def each(self, run_id: str, opened: Opener) -> VerifyReport:
         """:meth:`run` as one run among many: a run whose log or index entry cannot be
         read is reported as such, so that the others are still verified."""
@@ -223,6 +364,17 @@ class _Check:
                 return pending_events_txn(conn, [run_id])
         except SQLAlchemyError:
             return None
+
+
+def _print_skipped(skipped: list[SkippedMessage], console: Console) -> None:
+    if not skipped:
+        return
+    table = Table(title="Messages skipped: not events (a finding)")
+    for column in ("partition", "offset", "key", "reason"):
+        table.add_column(column, overflow="fold")
+    for m in skipped:
+        table.add_row(str(m.partition), str(m.offset), safe_text(m.key or ""), safe_text(m.reason))
+    console.print(table)
 
 
 def _print(reports: list[VerifyReport], console: Console) -> None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from agent_blackbox.replayer._history import SkippedMessage
+
 
 class Problem(StrEnum):
     """What is wrong with a stored run; :attr:`VerifyReport.sequence` says where."""
@@ -115,6 +117,9 @@ class VerifyReport:
     unverified_from: int | None = None
     """The first sequence no genuine checkpoint covers, when the log is sound but not
     vouched for to its end (no checkpoint, or a mid-run one); None otherwise."""
+    skipped_messages: tuple[SkippedMessage, ...] = ()
+    """Messages under the run's key that are not its events, passed over: a finding of
+    the topic's, though the run's own log may be sound."""
 
     @property
     def sound(self) -> bool:
@@ -149,4 +154,5 @@ class VerifyReport:
             "last_sequence": self.last_sequence,
             "chain_head": self.chain_head,
             "unchecked_blobs": self.unchecked_blobs,
+            "skipped_messages": [m.to_dict() for m in self.skipped_messages],
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from itertools import chain, groupby
@@ -15,7 +16,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import create_engine
+from sqlalchemy import Engine, create_engine
 
 from agent_blackbox.outbox import PostgresBlobs
 from agent_blackbox.replayer._access import opening, purpose_option
@@ -30,6 +31,13 @@ from agent_blackbox.replayer._batch import (
     run_line,
 )
 from agent_blackbox.replayer._fork_cli import fork_command, reexecute_command
+from agent_blackbox.replayer._history import (
+    AssembledRun,
+    Handled,
+    HistoryScan,
+    RunHandler,
+    SkippedMessage,
+)
 from agent_blackbox.replayer._index import RunIndex, read_side
 from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_replay_entry
 from agent_blackbox.replayer._report import ReplayReport
@@ -83,6 +91,13 @@ T = TypeVar("T")
     help="With --all: replay forks too (runs re-executed from a parent; left out by default).",
 )
 @click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --all from the topic: worker processes replaying partitions in parallel "
+    "[default: one per core, fewer for a short history].",
+)
+@click.option(
     "--archive",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
@@ -124,6 +139,7 @@ def replay_command(
     since: datetime | None,
     limit: int,
     include_forks: bool,
+    workers: int | None,
     archive: Path | None,
     purpose: str,
     as_json: bool,
@@ -136,6 +152,10 @@ def replay_command(
     Entry points come from --agent or BLACKBOX_AGENTS (name=module:function,...). With
     --all, runs of an agent without an entry point are SKIPPED and the batch goes on.
 
+    With --all, the runs the events index lists are read from the topic in one pass,
+    partition by partition, by --workers processes; a message that is not an event
+    (undecodable) is skipped and listed in the summary.
+
     \b
     Exit status:
       0  every run passed (PASS or LIMITED)
@@ -145,15 +165,22 @@ def replay_command(
     """
     if every == (run_id is not None):
         raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
-    if not every and (agent_id or since or include_forks or limit != DEFAULT_LIMIT):
-        raise click.UsageError("--agent-id, --since, --limit and --include-forks need --all")
+    if not every and (
+        agent_id or since or include_forks or limit != DEFAULT_LIMIT or workers is not None
+    ):
+        raise click.UsageError(
+            "--agent-id, --since, --limit, --include-forks and --workers need --all"
+        )
     scope = RunFilter(agent_id, since, limit, include_forks) if every else None
     out = _Output(as_json, Tally(filters=scope.describe() if scope else None))
     try:
-        registry = _registry(agent_paths)
         how = Replaying(nondeterminism, agent_modules, show_values)
-        for report in _reports(run_id, scope, archive, registry, purpose, how):
-            out.run(report)
+        work = ReplayWork(agent_paths, purpose, how, skip_unknown=scope is not None)
+        for item in _reports(run_id, scope, archive, work, workers):
+            if isinstance(item, SkippedMessage):
+                out.skip(item)
+            else:
+                out.run(item)
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as
@@ -188,41 +215,121 @@ def _reports(
     run_id: str | None,
     scope: RunFilter | None,
     archive: Path | None,
-    registry: AgentRegistry,
-    purpose: str,
-    how: Replaying,
-) -> Iterator[ReplayReport]:
-    """Each run's report as it is replayed.
+    work: ReplayWork,
+    workers: int | None,
+) -> Iterator[ReplayReport | SkippedMessage]:
+    """Each run's report as it is replayed, and each message of the topic passed over.
 
     Raises:
         BlackboxError: the batch could not start (no run matched, the index or the
-            keys cannot be read); a problem of one run is that run's report instead.
+            keys cannot be read, the topic cannot be listed); a problem of one run is
+            that run's report instead.
     """
     settings = Settings.from_env()
     engine = create_engine(settings.database_url)
     console = safe_console(stderr=True)
     try:
-        reading = opening(lambda: engine, purpose=purpose)
+        registry = _registry(work.agent_paths)
+        reading = opening(lambda: engine, purpose=work.purpose)
         if archive is not None:
-            replayer = BatchReplayer(registry, reading, skip_unknown=scope is not None, how=how)
+            replayer = BatchReplayer(
+                registry, reading, skip_unknown=work.skip_unknown, how=work.how
+            )
             runs = _archive_runs(archive, run_id, scope)
             for rid, opened in _progress(runs, None, console):
                 yield replayer.replay(rid, opened)
             return
-        replayer = BatchReplayer(
-            registry, reading, PostgresBlobs(engine), skip_unknown=scope is not None, how=how
-        )
         index = read_side().run_index(engine)
-        ids = [run_id] if run_id is not None else _indexed_runs(index, scope)
-        for rid in _progress(iter(ids), len(ids) if scope else None, console):
-            yield replayer.replay(rid, partial(_kafka_run, settings, index, rid))
+        if scope is not None:
+            ids = _indexed_runs(index, scope)
+            scan = HistoryScan(settings, work, wanted=frozenset(ids), workers=workers)
+            for item in _scanning(scan, console):
+                yield item if isinstance(item, SkippedMessage) else item.result
+            return
+        assert run_id is not None
+        replayer = BatchReplayer(
+            registry, reading, PostgresBlobs(engine), skip_unknown=False, how=work.how
+        )
+        sources: list[KafkaRunSource] = []
+
+        def open_run() -> OpenedRun:  # located through the index, one stretch read
+            source = KafkaRunSource(settings, index, run_id)
+            sources.append(source)
+            return source, source.agent_id
+
+        yield replayer.replay(run_id, open_run)
+        for source in sources:
+            yield from source.skipped
     finally:
         engine.dispose()
 
 
-def _kafka_run(settings: Settings, index: RunIndex, run_id: str) -> OpenedRun:
-    source = KafkaRunSource(settings, index, run_id)
-    return source, source.agent_id
+@dataclass(frozen=True, slots=True)
+class ReplayWork:
+    """What a worker of ``replay --all`` needs to replay runs (picklable: each worker
+    process builds its own registry, keys and database connection from it)."""
+
+    agent_paths: tuple[str, ...]
+    purpose: str
+    how: Replaying
+    skip_unknown: bool = True
+
+    def start(self) -> RunHandler[ReplayReport]:
+        # A small pool: every run of the worker may read blobs or unwrap a key.
+        engine = create_engine(Settings.from_env().database_url, pool_size=2)
+        replayer = BatchReplayer(
+            _registry(self.agent_paths),
+            opening(lambda: engine, purpose=self.purpose),
+            PostgresBlobs(engine),
+            skip_unknown=self.skip_unknown,
+            how=self.how,
+        )
+        return _ReplayHandler(replayer, engine)
+
+
+@dataclass(frozen=True, slots=True)
+class _ReplayHandler:
+    replayer: BatchReplayer
+    engine: Engine
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def handle(self, run: AssembledRun) -> ReplayReport:
+        return self.replayer.replay(run.run_id, partial(_opened, run.events, run.agent_id))
+
+    def missing(self, run_id: str, why: str, *, unread: bool) -> ReplayReport:
+        return ReplayReport(run_id, None, 0, error=f"SourceError: run {run_id} {why}")
+
+    def late(self, run_id: str) -> None:
+        return None  # the agent's run ended at run.finished; what follows is not replayed
+
+
+def _scanning(scan: HistoryScan[T], console: Console) -> Iterator[Handled[T] | SkippedMessage]:
+    """The scan's items, with a progress bar of the messages read."""
+    columns = (
+        TextColumn("reading the topic"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("scan", total=None)
+
+        def advanced(messages: int) -> None:
+            progress.update(task, total=scan.total or None, completed=messages)
+
+        scan.on_progress = advanced
+        yield from scan
+    for failed in scan.failed:
+        console.print(
+            f"[red]error:[/] partition {failed.partition} of {safe_text(scan.settings.topic)} "
+            f"was not read to its end: {safe_text(failed.reason)}"
+        )
+    if scan.dropped:
+        console.print(
+            f"{scan.dropped} stale copies (from a relay that had lost its lease) were dropped"
+        )
 
 
 def _indexed_runs(index: RunIndex, scope: RunFilter | None) -> list[str]:
@@ -291,6 +398,13 @@ class _Output:
         self._out = safe_console()
         self._err = safe_console(stderr=True, soft_wrap=True)
 
+    def skip(self, message: SkippedMessage) -> None:
+        """A message of the topic that is not an event was passed over."""
+        self._tally.unreadable.append(message)
+        self._err.print(
+            f"[yellow]skipped[/] a message that is not an event: {safe_text(message.describe())}"
+        )
+
     def run(self, report: ReplayReport) -> None:
         self._tally.add(report)
         single = self._tally.filters is None
@@ -319,6 +433,11 @@ class _Output:
             click.echo(json.dumps(line, default=str))
         elif self._tally.filters is not None and self._tally.runs:
             _print_summary(line, self._tally.reasons, self._out)
+        if not self._json and (skipped := len(self._tally.unreadable)):
+            self._err.print(
+                f"{skipped} messages of the topic were skipped: they are not events "
+                "(listed above; --json lists them in the summary)"
+            )
         return int(line["exit_code"])
 
 

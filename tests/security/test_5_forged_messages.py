@@ -214,10 +214,13 @@ def test_an_event_on_the_wrong_partition_blocks_no_reader(
     assert located.partition != wrong
 
     code, reports = verify(settings, key, "--all")
-    assert code == 0
+    assert code == 1  # the misplaced event is a finding, listed; the run is still read
     by_run = {r["run_id"]: r for r in reports}
     assert set(by_run) == {r.run_id for r in runs}
     assert {r["result"] for r in reports} == {"unverified"}  # sound; nothing signed yet
+    [misplaced] = by_run[target.run_id]["skipped_messages"]
+    assert misplaced["partition"] == wrong
+    assert "whose key maps to partition" in misplaced["reason"]
 
     single = _cli(settings, "replay", target.run_id)
     assert single.exit_code == 0, single.output
@@ -270,7 +273,7 @@ def test_junk_under_a_runs_key_blocks_no_reader(
 ) -> None:
     """Bytes that are no envelope, produced under a live run's key to its own partition
     (between its events): the view consumer dead-letters them, and verify and timeline
-    pass over them instead of stopping at that run."""
+    pass over them instead of stopping at that run (verify lists them, a finding)."""
     key = signing_key(tmp_path)
     run = Recorder(engine, settings=settings).start_run(
         RunSnapshot(code_version="junk.1", input={}), agent_id="junk"
@@ -288,8 +291,11 @@ def test_junk_under_a_runs_key_blocks_no_reader(
     build_views(settings, engine, expect=run.last_sequence)
 
     code, reports = verify(settings, key, run.run_id)
-    assert code == 0, reports
+    assert code == 1, reports  # the junk is a finding: the report still comes, listing it
     assert [r["result"] for r in reports] == ["unverified"]  # sound; nothing signed yet
+    [junk] = reports[0]["skipped_messages"]
+    assert junk["key"] == run.run_id
+    assert "unknown writer schema fingerprint" in junk["reason"]
     shown = _cli(settings, "timeline", run.run_id)
     assert shown.exit_code == 0, shown.output
     assert "run.finished" in shown.stdout

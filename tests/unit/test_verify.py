@@ -146,6 +146,7 @@ def test_a_clean_run_verifies() -> None:
         "last_sequence": 6,
         "chain_head": EVENTS[-1].chain_hash,
         "unchecked_blobs": 0,
+        "skipped_messages": [],
     }
 
 
