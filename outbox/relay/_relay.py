@@ -34,7 +34,9 @@ so they are published in order once the broker is back. One rare case remains: t
 producer may time out an earlier queued message of a partition and still deliver a
 later one (its timeout scan and a reconnect racing). The later event then precedes the
 earlier one in the topic; readers order by sequence, and the relay counts the case
-(``blackbox_relay_order_gaps``) and logs it.
+(``blackbox_relay_order_gaps``) and logs it. A request already sent but answered only
+after the timeout is reported timed out although the broker may have written it: its
+rows stay and are published again, duplicates that readers absorb.
 """
 
 from __future__ import annotations
