@@ -47,7 +47,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -211,7 +212,11 @@ class Relay:
         self._stamps: dict[int, tuple[str, bytes]] = {}
         self._epochs: dict[int, int] = {}
         self._next_check = -math.inf
+        self._over_share = False
         self._seeded = False
+        # Lease state is renewed by a heartbeat thread while the loop publishes (see
+        # _heartbeats); the lock keeps one renewal or fence at a time.
+        self._lease_lock = threading.RLock()
         self._depth_at = -math.inf
         self._listener: psycopg.Connection[Any] | None = None
         self._topic_ready = False
@@ -242,47 +247,83 @@ class Relay:
             PermissionRefused: the database refused the session user (not the relay's
                 role): retrying cannot help, so the relay stops at once.
         """
-        failures = 0
         try:
-            while not stop.is_set():
-                refused, timed_out = self.failed_deliveries, self.timed_out
-                try:
-                    if self.drain_once(stop) == 0:
-                        self._wait_for_work(stop)
-                except (SQLAlchemyError, KafkaUnavailable) as exc:
-                    if refusal := permission_refused(exc):
-                        raise PermissionRefused(
-                            f"the database refused relay {self.owner}: {refusal}; the relay "
-                            "reads, publishes and deletes outbox rows and keeps shard leases: "
-                            "connect as a login in the blackbox_relay role"
-                        ) from exc
-                    failures += 1
-                    delay = min(0.2 * 2**failures, 5.0)
-                    log.warning("%s; retrying in %.1fs", _first_line(exc), delay)
-                    self._close_listener()
-                    stop.wait(delay)
-                    continue
-                if self.failed_deliveries > refused:
-                    # Kafka refused deliveries for good (topic deleted, not authorised):
-                    # their rows stay; back off instead of hammering the broker.
-                    failures += 1
-                    stop.wait(min(0.5 * 2**failures, 30.0))
-                    continue
-                if self.timed_out > timed_out:
-                    # Kafka is slow or away: each try already waited a message timeout.
-                    failures += 1
-                    stop.wait(min(0.1 * 2**failures, 2.0))
-                    continue
-                failures = 0
+            with self._heartbeats():
+                self._loop(stop)
         finally:
             self.close()
+
+    def _loop(self, stop: threading.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            refused, timed_out = self.failed_deliveries, self.timed_out
+            try:
+                if self.drain_once(stop) == 0:
+                    self._wait_for_work(stop)
+            except (SQLAlchemyError, KafkaUnavailable) as exc:
+                if refusal := permission_refused(exc):
+                    raise PermissionRefused(
+                        f"the database refused relay {self.owner}: {refusal}; the relay "
+                        "reads, publishes and deletes outbox rows and keeps shard leases: "
+                        "connect as a login in the blackbox_relay role"
+                    ) from exc
+                failures += 1
+                delay = min(0.2 * 2**failures, 5.0)
+                log.warning("%s; retrying in %.1fs", _first_line(exc), delay)
+                self._close_listener()
+                stop.wait(delay)
+                continue
+            if self.failed_deliveries > refused:
+                # Kafka refused deliveries for good (topic deleted, not authorised):
+                # their rows stay; back off instead of hammering the broker.
+                failures += 1
+                stop.wait(min(0.5 * 2**failures, 30.0))
+                continue
+            if self.timed_out > timed_out:
+                # Kafka is slow or away: each try already waited a message timeout.
+                failures += 1
+                stop.wait(min(0.1 * 2**failures, 2.0))
+                continue
+            failures = 0
+
+    @contextmanager
+    def _heartbeats(self) -> Iterator[None]:
+        """Renew leases and heartbeat from a thread of its own while the block runs, so
+        that a slow read or delete of a large batch does not let the leases run out.
+
+        A process that freezes stops both, as it must. Handing shards back stays with
+        the loop, between batches, when nothing is queued.
+        """
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(max(self._next_check - time.monotonic(), 0.01)):
+                try:
+                    self._keep_leases(may_release=False)
+                except SQLAlchemyError as exc:
+                    log.warning("could not renew leases: %s", _first_line(exc))
+                    self._next_check = time.monotonic() + self.timing.heartbeat_s / 2
+                with self._lease_lock:
+                    if self._shards and self._deadline.expired(time.monotonic()):
+                        self._fence("its leases could not be renewed before they ran out")
+
+        thread = threading.Thread(target=beat, name=f"heartbeat {self.owner}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=30)
 
     def drain_once(self, stop: threading.Event | None = None) -> int:
         """Publish one batch from the leased shards: the number of rows it published, and
         at least 1 when it read rows it had to leave in the outbox (0: nothing to do)."""
+        if self._over_share and len(self._producer) == 0:
+            self._next_check = -math.inf  # hand shards back now, nothing is queued
         self._keep_leases(may_release=len(self._producer) == 0)
-        if self._shards and self._deadline.expired(time.monotonic()):
-            self._fence("its leases ran out before they were renewed")
+        with self._lease_lock:
+            if self._shards and self._deadline.expired(time.monotonic()):
+                self._fence("its leases ran out before they were renewed")
         self._observe_depth()
         if not self._shards:
             return 0
@@ -311,12 +352,13 @@ class Relay:
         """Publish until the leased shards are empty or ``timeout`` passes (for tools)."""
         deadline = time.monotonic() + timeout
         total = 0
-        while time.monotonic() < deadline:
-            before = self.published
-            moved = self.drain_once()
-            total += self.published - before
-            if moved == 0 and self._shards:
-                return total
+        with self._heartbeats():
+            while time.monotonic() < deadline:
+                before = self.published
+                moved = self.drain_once()
+                total += self.published - before
+                if moved == 0 and self._shards:
+                    return total
         return total
 
     def close(self) -> None:
@@ -356,12 +398,12 @@ class Relay:
     def _publish(self, rows: Sequence[Any], stop: threading.Event | None) -> _Batch:
         batch = _Batch(rows=rows)
         topic = self.settings.topic
-        stamps = self._stamps
-        produce_until = self._deadline.produce_until
+        deadline = self._deadline
         clock = time.monotonic
         for row in rows:
-            stamp = stamps.get(row[5])
-            if stamp is None or clock() >= produce_until:
+            # Read afresh per row: the heartbeat thread renews (or fences) meanwhile.
+            stamp = self._stamps.get(row[5])
+            if stamp is None or clock() >= deadline.produce_until:
                 # No lease valid long enough for this row's message to settle in time:
                 # it (and every later row) waits for the next renewal.
                 batch.cut = True
@@ -429,8 +471,9 @@ class Relay:
             except SQLAlchemyError as exc:
                 log.warning("could not renew leases: %s", _first_line(exc))
                 self._next_check = now + self.timing.heartbeat_s / 2
-            if self._shards and self._deadline.expired(time.monotonic()):
-                self._fence("its leases could not be renewed before they ran out")
+            with self._lease_lock:
+                if self._shards and self._deadline.expired(time.monotonic()):
+                    self._fence("its leases could not be renewed before they ran out")
 
     def _account(self, batch: _Batch) -> None:
         self.published += len(batch.acked)
@@ -462,7 +505,8 @@ class Relay:
 
     def _fence(self, reason: str) -> None:
         """Stop producing at once and purge what is queued: the leases cannot be shown
-        valid. The purged rows stay in the outbox for whichever relay holds them next."""
+        valid. The purged rows stay in the outbox for whichever relay holds them next.
+        Called with the lease lock held."""
         queued = len(self._producer)
         self._producer.purge(in_queue=True, in_flight=False, blocking=True)
         left = len(self._producer)
@@ -496,6 +540,10 @@ class Relay:
     def _keep_leases(self, *, may_release: bool) -> None:
         """Heartbeat and renew when due; claim or (with ``may_release``, when nothing is
         queued) hand back shards towards a fair share."""
+        with self._lease_lock:
+            self._renew_if_due(may_release=may_release)
+
+    def _renew_if_due(self, *, may_release: bool) -> None:
         started = time.monotonic()
         if started < self._next_check:
             return
@@ -509,11 +557,13 @@ class Relay:
             lost = sorted(set(self._shards) - held.keys())
             peers = int(conn.execute(_LIVE_PEERS, params).scalar_one())
             fair = math.ceil(shards / (1 + peers))
+            self._over_share = len(held) > fair
             if len(held) > fair and may_release:
                 # Hand shards back so a relay that just started gets its share.
                 keep = sorted(held)[:fair]
                 conn.execute(_RELEASE, {"me": self.owner, "keep": keep})
                 held = {s: held[s] for s in keep}
+                self._over_share = False
             elif len(held) < fair:
                 claimed = conn.execute(_CLAIM, {**params, "wanted": fair - len(held)})
                 held.update({int(s): int(e) for s, e in claimed})
@@ -560,9 +610,12 @@ class Relay:
                     if self._shards != before:
                         return  # new shards to drain
                     continue
+                before = self._shards
                 slice_s = min(deadline, self._next_check, now + 0.25) - now
                 for _ in listener.notifies(timeout=max(slice_s, 0.0), stop_after=1):
                     return
+                if self._shards != before or self._over_share:
+                    return  # the heartbeat took shards, or some are to be handed back
         except psycopg.Error as exc:
             log.warning("LISTEN failed (%s); falling back to polling", exc)
             self._close_listener()
