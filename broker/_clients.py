@@ -27,8 +27,9 @@ def producer_config(
     ``message_timeout_ms`` bounds how long a message may wait in the producer before it
     is failed (0: forever, an outage only delays delivery). The relay ties it to its
     lease, so that nothing it queued outlives the lease (see ``outbox.relay``); a failed
-    delivery leaves its row in the outbox. ``linger.ms`` is short: a commit waits for
-    it when the outbox is nearly empty, while a full batch fills requests without it.
+    delivery leaves its row in the outbox. ``linger.ms`` is 1: every partition's last
+    request of a relay batch (a few hundred events, under ``batch.size``) waits for it,
+    and so does each small batch of a nearly empty outbox, the commit-to-visible path.
     """
     config: dict[str, Any] = {
         "bootstrap.servers": settings.kafka_bootstrap,
@@ -37,7 +38,7 @@ def producer_config(
         "partitioner": "murmur2_random",
         "max.in.flight.requests.per.connection": 5,
         "message.timeout.ms": message_timeout_ms,
-        "linger.ms": 5,
+        "linger.ms": 1,
         "batch.num.messages": 10_000,
         "queue.buffering.max.messages": 500_000,
         "compression.type": "lz4",
