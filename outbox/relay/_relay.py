@@ -304,9 +304,7 @@ class Relay:
                 except SQLAlchemyError as exc:
                     log.warning("could not renew leases: %s", _first_line(exc))
                     self._next_check = time.monotonic() + self.timing.heartbeat_s / 2
-                with self._lease_lock:
-                    if self._shards and self._deadline.expired(time.monotonic()):
-                        self._fence("its leases could not be renewed before they ran out")
+                self._fence_if_expired("its leases could not be renewed before they ran out")
 
         thread = threading.Thread(target=beat, name=f"heartbeat {self.owner}", daemon=True)
         thread.start()
@@ -321,10 +319,8 @@ class Relay:
         at least 1 when it read rows it had to leave in the outbox (0: nothing to do)."""
         if self._over_share and len(self._producer) == 0:
             self._next_check = -math.inf  # hand shards back now, nothing is queued
-        self._keep_leases(may_release=len(self._producer) == 0)
-        with self._lease_lock:
-            if self._shards and self._deadline.expired(time.monotonic()):
-                self._fence("its leases ran out before they were renewed")
+        self._keep_leases(may_release=len(self._producer) == 0, wait=False)
+        self._fence_if_expired("its leases ran out before they were renewed")
         self._observe_depth()
         if not self._shards:
             return 0
@@ -472,13 +468,11 @@ class Relay:
                     batch.pending,
                 )
             try:
-                self._keep_leases(may_release=False)
+                self._keep_leases(may_release=False, wait=False)
             except SQLAlchemyError as exc:
                 log.warning("could not renew leases: %s", _first_line(exc))
                 self._next_check = now + self.timing.heartbeat_s / 2
-            with self._lease_lock:
-                if self._shards and self._deadline.expired(time.monotonic()):
-                    self._fence("its leases could not be renewed before they ran out")
+            self._fence_if_expired("its leases could not be renewed before they ran out")
 
     def _account(self, batch: _Batch) -> None:
         self.published += len(batch.acked)
@@ -507,6 +501,12 @@ class Relay:
                 "the earlier ones follow them in the topic (readers order by sequence)",
                 gaps,
             )
+
+    def _fence_if_expired(self, reason: str) -> None:
+        if self._shards and self._deadline.expired(time.monotonic()):
+            with self._lease_lock:  # checked again: a renewal may have just finished
+                if self._shards and self._deadline.expired(time.monotonic()):
+                    self._fence(reason)
 
     def _fence(self, reason: str) -> None:
         """Stop producing at once and purge what is queued: the leases cannot be shown
@@ -542,11 +542,18 @@ class Relay:
         self._keep_leases(may_release=len(self._producer) == 0)
         return list(self._shards)
 
-    def _keep_leases(self, *, may_release: bool) -> None:
+    def _keep_leases(self, *, may_release: bool, wait: bool = True) -> None:
         """Heartbeat and renew when due; claim or (with ``may_release``, when nothing is
-        queued) hand back shards towards a fair share."""
-        with self._lease_lock:
+        queued) hand back shards towards a fair share. Without ``wait`` nothing is done
+        while another thread renews (the loop does not stall behind the heartbeat)."""
+        if time.monotonic() < self._next_check:
+            return
+        if not self._lease_lock.acquire(blocking=wait):
+            return
+        try:
             self._renew_if_due(may_release=may_release)
+        finally:
+            self._lease_lock.release()
 
     def _renew_if_due(self, *, may_release: bool) -> None:
         started = time.monotonic()
@@ -596,35 +603,27 @@ class Relay:
     # Idle -------------------------------------------------------------------------
 
     def _wait_for_work(self, stop: threading.Event) -> None:
-        """Sleep until a writer's NOTIFY or the polling interval, whichever comes first,
-        heartbeating meanwhile.
+        """Sleep until a writer's NOTIFY or the polling interval, whichever comes first;
+        the heartbeat thread renews the leases meanwhile.
 
-        The wait is cut in short slices so that a stop request is seen promptly.
+        The wait is cut in short slices so that a stop request, shards the heartbeat
+        took, or a share to hand back are seen promptly.
         """
         deadline = time.monotonic() + self.options.idle_wait_s
+        before = self._shards
         try:
             listener = self._listen()
             self.idle = True
             while not stop.is_set():
-                now = time.monotonic()
-                if now >= deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._shards != before or self._over_share:
                     return
-                if now >= self._next_check:
-                    before = self._shards
-                    self._keep_leases(may_release=len(self._producer) == 0)
-                    if self._shards != before:
-                        return  # new shards to drain
-                    continue
-                before = self._shards
-                slice_s = min(deadline, self._next_check, now + 0.25) - now
-                for _ in listener.notifies(timeout=max(slice_s, 0.0), stop_after=1):
+                for _ in listener.notifies(timeout=min(remaining, 0.25), stop_after=1):
                     return
-                if self._shards != before or self._over_share:
-                    return  # the heartbeat took shards, or some are to be handed back
         except psycopg.Error as exc:
             log.warning("LISTEN failed (%s); falling back to polling", exc)
             self._close_listener()
-            stop.wait(max(min(deadline, self._next_check) - time.monotonic(), 0.0))
+            stop.wait(max(deadline - time.monotonic(), 0.0))
         finally:
             self.idle = False
 
