@@ -84,3 +84,13 @@ def test_order_gaps_count_acknowledged_events_after_a_failed_one_of_their_run() 
     assert order_gaps(rows, acked=[2, 3, 4], failed=[1, 5]) == 2
     assert order_gaps(rows, acked=[1, 2, 3, 4], failed=[5]) == 0
     assert order_gaps(rows, acked=[], failed=[1, 2, 3, 4, 5]) == 0
+
+
+def test_relay_command_refuses_a_heartbeat_that_cannot_work() -> None:
+    from click.testing import CliRunner
+
+    from agent_blackbox.cli import main
+
+    result = CliRunner().invoke(main, ["relay", "--lease-ttl", "2", "--heartbeat", "1.5"])
+    assert result.exit_code == 2, result.output
+    assert "renew more often than every 0.8 s" in result.output
