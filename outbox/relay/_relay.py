@@ -17,16 +17,19 @@ shows a lease lost, or the deadline comes without a renewal (database away, rene
 too slow), it stops producing and purges what it queued; those rows stay for the next
 owner. A relay frozen by SIGSTOP cannot purge, but nothing it queued outlives the
 message timeout, which ends before its lease does; on SIGCONT the producer fails what
-it still held (the rows stay) and the relay, finding its deadline passed, fences itself.
-Messages already *sent* before a freeze reach the broker then, before the next owner
-can claim the shard. Leases are handed back (fair share, shutdown) only when nothing is
-queued or in flight.
+it still held (its timeout scan runs before it sends again) and the relay, finding its
+deadline passed, fences itself; the rows stay. Messages already *sent* before a freeze
+reach the broker then, before the next owner can claim the shard. A request the
+producer had built but not yet written when the process froze may still go out on
+resume: that narrow case is what the readers' fence is for. Leases are handed back
+(fair share, shutdown) only when nothing is queued or in flight.
 
 Failover. Relays heartbeat (``relay_members``) and renew their leases in one
-transaction every heartbeat; leases and heartbeat expire one TTL after it. A relay
-killed outright stops renewing, and a live relay, which schedules a look at the moment
-the soonest foreign lease runs out, takes its shards within a TTL plus a query. An idle
-relay keeps heartbeating while it waits for a writer's NOTIFY.
+transaction every heartbeat, from a thread of their own so that a slow batch does not
+delay it; leases and heartbeat expire one TTL after it. A relay killed outright stops
+renewing, and a live relay, which schedules a look at the moment the soonest foreign
+lease runs out, takes its shards within a TTL plus a query. An idle relay keeps
+heartbeating while it waits for a writer's NOTIFY.
 
 Broker outages. With a finite message timeout an outage fails deliveries instead of
 holding them: the rows stay in the outbox and the next batch reads them again first,
