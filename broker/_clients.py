@@ -16,13 +16,20 @@ ClientConfig = Mapping[str, str | int | float | bool]
 """Extra librdkafka settings (security, tuning) merged into a client's configuration."""
 
 
-def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+def producer_config(
+    settings: Settings, *, message_timeout_ms: int = 0, **overrides: Any
+) -> dict[str, Any]:
     """The settings of a producer whose deliveries are the log (the relay's).
 
     The choices are what the ordering guarantee rests on: the idempotent producer keeps
     per-partition order across retries, ``acks=all`` makes an acknowledged event
-    durable, ``murmur2_random`` puts a run on the partition Java clients would, and an
-    unlimited message timeout means an outage only delays delivery, never fails it.
+    durable, and ``murmur2_random`` puts a run on the partition Java clients would.
+    ``message_timeout_ms`` bounds how long a message may wait in the producer before it
+    is failed (0: forever, an outage only delays delivery). The relay ties it to its
+    lease, so that nothing it queued outlives the lease (see ``outbox.relay``); a failed
+    delivery leaves its row in the outbox. ``linger.ms`` is 1: every partition's last
+    request of a relay batch (a few hundred events, under ``batch.size``) waits for it,
+    and so does each small batch of a nearly empty outbox, the commit-to-visible path.
     """
     config: dict[str, Any] = {
         "bootstrap.servers": settings.kafka_bootstrap,
@@ -30,8 +37,8 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         "acks": "all",
         "partitioner": "murmur2_random",
         "max.in.flight.requests.per.connection": 5,
-        "message.timeout.ms": 0,
-        "linger.ms": 5,
+        "message.timeout.ms": message_timeout_ms,
+        "linger.ms": 1,
         "batch.num.messages": 10_000,
         "queue.buffering.max.messages": 500_000,
         "compression.type": "lz4",

@@ -105,13 +105,26 @@ def migrate() -> None:
 @main.command()
 @click.option("--relay-id", default=None, help="Lease owner id (default host:pid).")
 @click.option("--batch-size", default=5_000, show_default=True, help="Rows per batch.")
-@click.option("--lease-ttl", default=10.0, show_default=True, help="Shard lease seconds.")
+@click.option(
+    "--lease-ttl",
+    default=2.0,
+    show_default=True,
+    help="Seconds a shard lease lasts without renewal: a relay that dies is replaced "
+    "about this long after its last heartbeat.",
+)
+@click.option(
+    "--heartbeat",
+    default=None,
+    type=float,
+    help="Seconds between lease renewals (default: a fifth of the lease).",
+)
 @click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics here.")
 @until_idle_option
 def relay(
     relay_id: str | None,
     batch_size: int,
     lease_ttl: float,
+    heartbeat: float | None,
     metrics_port: int | None,
     until_idle: float | None,
 ) -> None:
@@ -127,8 +140,13 @@ def relay(
     started = time.monotonic()
     try:
         engine = create_engine(settings.database_url, pool_size=4)
-        options = replace(RelayOptions(), batch_size=batch_size, lease_ttl_s=lease_ttl)
-        worker = Relay(engine, settings=settings, owner=relay_id, options=options)
+        options = replace(
+            RelayOptions(), batch_size=batch_size, lease_ttl_s=lease_ttl, heartbeat_s=heartbeat
+        )
+        try:
+            worker = Relay(engine, settings=settings, owner=relay_id, options=options)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
         if metrics_port is not None:
             start_http_server(metrics_port, addr="127.0.0.1", registry=worker.metrics.registry)
         log.log(f"relay {worker.owner}: outbox → {settings.kafka_bootstrap} topic {settings.topic}")

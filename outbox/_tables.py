@@ -75,6 +75,7 @@ relay_leases = Table(
     Column("shard", SmallInteger, primary_key=True),
     Column("owner", Text),
     Column("expires_at", DateTime(timezone=True)),
+    Column("epoch", BigInteger, nullable=False, server_default="0"),
 )
 
 relay_members = Table(

@@ -17,6 +17,10 @@ class RelayMetrics:
     delivery_failures: Counter
     publish_latency: Histogram
     batch_seconds: Histogram
+    fenced: Counter
+    purged: Counter
+    delivery_timeouts: Counter
+    order_gaps: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> RelayMetrics:
@@ -44,6 +48,28 @@ class RelayMetrics:
             batch_seconds=Histogram(
                 "blackbox_relay_batch_seconds",
                 "Read, produce, acknowledge and delete of one batch",
+                registry=registry,
+            ),
+            fenced=Counter(
+                "blackbox_relay_fenced",
+                "Times the relay stopped publishing: a lease lost or not renewed in time",
+                registry=registry,
+            ),
+            purged=Counter(
+                "blackbox_relay_purged_messages",
+                "Queued messages purged when the relay fenced itself; their rows stay",
+                registry=registry,
+            ),
+            delivery_timeouts=Counter(
+                "blackbox_delivery_timeouts",
+                "Deliveries not settled within the message timeout (Kafka slow or away); "
+                "their rows stay and are published again in order",
+                registry=registry,
+            ),
+            order_gaps=Counter(
+                "blackbox_relay_order_gaps",
+                "Events acknowledged after an earlier event of their run timed out: the "
+                "earlier one is published again after them",
                 registry=registry,
             ),
         )

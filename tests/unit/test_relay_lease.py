@@ -1,0 +1,96 @@
+"""The relay's lease deadline: when it may produce, when it must fence itself."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
+from agent_blackbox.outbox.relay._relay import order_gaps
+
+
+def test_default_timing_scales_with_the_lease() -> None:
+    timing = LeaseTiming.for_ttl(2.0)
+    assert (timing.heartbeat_s, timing.margin_s, timing.message_timeout_s) == pytest.approx(
+        (0.4, 0.2, 1.0)
+    )
+    assert timing.message_timeout_ms == 1000
+    # A relay renewing on time can always produce, with a heartbeat of slack.
+    assert timing.heartbeat_s * 2 + timing.margin_s + timing.message_timeout_s <= timing.ttl_s
+
+
+@pytest.mark.parametrize("ttl", [0.0, -1.0, math.nan, math.inf])
+def test_unusable_ttl_is_refused(ttl: float) -> None:
+    with pytest.raises(ValueError, match="lease TTL"):
+        LeaseTiming.for_ttl(ttl)
+
+
+@pytest.mark.parametrize("heartbeat", [0.0, -0.1, 0.8, 1.5])
+def test_heartbeat_that_leaves_no_time_to_produce_is_refused(heartbeat: float) -> None:
+    with pytest.raises(ValueError, match=r"renew more often than every 0\.8 s"):
+        LeaseTiming.for_ttl(2.0, heartbeat)
+
+
+def test_nothing_may_be_produced_before_the_first_renewal() -> None:
+    deadline = LeaseDeadline(LeaseTiming.for_ttl(2.0))
+    assert not deadline.may_produce(0.0)
+    assert deadline.expired(0.0)
+
+
+def test_a_message_produced_in_the_window_settles_before_the_lease_can_move() -> None:
+    timing = LeaseTiming.for_ttl(2.0)
+    deadline = LeaseDeadline(timing)
+    deadline.renewed(started_at=100.0)  # others may claim at 102.0 at the earliest
+    assert deadline.may_produce(100.0)
+    assert deadline.may_produce(100.79)
+    assert not deadline.may_produce(100.8)  # 100.8 + 1.0 timeout + 0.2 margin = 102.0
+    last = deadline.produce_until
+    assert last + timing.message_timeout_s + timing.margin_s == pytest.approx(102.0)
+
+
+def test_the_relay_fences_itself_a_margin_before_the_lease_ends() -> None:
+    deadline = LeaseDeadline(LeaseTiming.for_ttl(2.0))
+    deadline.renewed(started_at=100.0)
+    assert not deadline.expired(101.79)
+    assert deadline.expired(101.8)
+    assert deadline.expired(105.0)
+    deadline.renewed(started_at=101.5)  # a late renewal moves the deadline on
+    assert not deadline.expired(103.0)
+    assert deadline.may_produce(101.5)
+
+
+def test_a_slow_renewal_counts_from_when_it_started() -> None:
+    deadline = LeaseDeadline(LeaseTiming.for_ttl(2.0))
+    # The renewing transaction started at 100 and returned at 101.9: the database's
+    # expiry is no earlier than 102, so the relay may not produce any more.
+    deadline.renewed(started_at=100.0)
+    assert not deadline.may_produce(101.9)
+    assert deadline.expired(101.9)
+
+
+def test_lapse_forbids_producing_until_renewed() -> None:
+    deadline = LeaseDeadline(LeaseTiming.for_ttl(2.0))
+    deadline.renewed(started_at=100.0)
+    deadline.lapse()
+    assert not deadline.may_produce(100.0)
+    assert deadline.expired(100.0)
+
+
+def test_order_gaps_count_acknowledged_events_after_a_failed_one_of_their_run() -> None:
+    rows = [(1, "a"), (2, "b"), (3, "a"), (4, "a"), (5, "b"), (6, "c")]
+    # Run a: 1 failed, 3 and 4 acknowledged after it. Run b: 2 acked, 5 failed: no gap.
+    # Row 6 was never produced (neither acked nor failed).
+    assert order_gaps(rows, acked=[2, 3, 4], failed=[1, 5]) == 2
+    assert order_gaps(rows, acked=[1, 2, 3, 4], failed=[5]) == 0
+    assert order_gaps(rows, acked=[], failed=[1, 2, 3, 4, 5]) == 0
+
+
+def test_relay_command_refuses_a_heartbeat_that_cannot_work() -> None:
+    from click.testing import CliRunner
+
+    from agent_blackbox.cli import main
+
+    result = CliRunner().invoke(main, ["relay", "--lease-ttl", "2", "--heartbeat", "1.5"])
+    assert result.exit_code == 2, result.output
+    assert "renew more often than every 0.8 s" in result.output
