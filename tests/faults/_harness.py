@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from sqlalchemy import Engine, create_engine, func, make_url, select, text
+from sqlalchemy.pool import NullPool
 
+from agent_blackbox.broker import new_admin
 from agent_blackbox.consumers import events_index, migrate_views
 from agent_blackbox.outbox import (
     BlackboxError,
@@ -149,7 +151,8 @@ class FaultStack:
     def database(self) -> Iterator[str]:
         """A fresh database cloned from the template, dropped at the end."""
         name = f"fault_{uuid.uuid4().hex[:12]}"
-        admin = create_engine(self.postgres.url, isolation_level="AUTOCOMMIT")
+        # No pool: a scenario may restart Postgres under a pooled connection.
+        admin = create_engine(self.postgres.url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
         try:
             with admin.connect() as conn:
                 conn.execute(text(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}"))
@@ -274,6 +277,17 @@ def scenario(stack: FaultStack, name: str, log_dir: Path) -> Iterator[Scenario]:
             for worker in current.workers:
                 worker.close()
             engine.dispose()
+            _delete_topics(settings)
+
+
+def _delete_topics(settings: Settings) -> None:
+    """Drop a finished scenario's topics, so a broker restarted later recovers less."""
+    admin = new_admin(settings.kafka_bootstrap)
+    topics = [settings.topic, f"{settings.topic}.dlq"]
+    existing = set(admin.list_topics(timeout=10).topics)
+    futures = admin.delete_topics([t for t in topics if t in existing], operation_timeout=30)
+    for future in futures.values():
+        future.result(timeout=60)
 
 
 class Load:
