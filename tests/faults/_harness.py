@@ -308,6 +308,8 @@ class Load:
             threading.Thread(target=self._write, name=f"writer-{i}", daemon=True)
             for i in range(writers)
         ]
+        self._going = threading.Event()
+        self._going.set()
         self.events = 0
         """Events whose append returned (what committed may be more: see the check)."""
         self.failures = 0
@@ -318,8 +320,16 @@ class Load:
             thread.start()
         return self
 
+    def hold(self) -> None:
+        """Writers finish the run they are in, then wait for :meth:`release`."""
+        self._going.clear()
+
+    def release(self) -> None:
+        self._going.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._going.set()
         for thread in self._threads:
             thread.join(timeout=120)
         assert not any(t.is_alive() for t in self._threads), "a writer did not stop"
@@ -334,6 +344,7 @@ class Load:
 
     def _write(self) -> None:
         while not self._stop.is_set():
+            self._going.wait()
             try:
                 self._one_run()
             except BlackboxError as exc:

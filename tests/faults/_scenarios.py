@@ -15,7 +15,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 from sqlalchemy import create_engine, make_url, text
 
-from agent_blackbox.broker import partition_of
+from agent_blackbox.broker import new_admin, partition_of
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from tests.faults._check import Figures, after_heal, stale_so_far, takeover
 from tests.faults._harness import FaultStack, Load, Scenario, Worker, eventually, scenario
@@ -180,10 +180,12 @@ def broker_kill(stack: FaultStack, log_dir: Path, events: int) -> Figures:
             stack.kafka.kill()
             waiting = current.outbox_rows()
             eventually(
-                lambda: current.outbox_rows() > waiting + 50, timeout=60, what="outbox growing"
+                lambda: current.outbox_rows() > waiting + 200, timeout=60, what="outbox growing"
             )
+            load.hold()  # enough waits for the broker: the outage need not grow the history
             restarted = time.monotonic()
             stack.kafka.start()
+            load.release()
             peak = current.outbox_rows()
             eventually(lambda: current.outbox_rows() < peak, timeout=120, what="relay resumed")
             figures.takeovers_s.append(time.monotonic() - restarted)
@@ -223,16 +225,35 @@ def consumer_kill(stack: FaultStack, log_dir: Path, events: int) -> Figures:
         def fault(number: int, load: Load) -> None:
             before = current.indexed()
             eventually(lambda: current.indexed() > before, timeout=60, what="consumer busy")
+            dead = set(_members(current))
             live[0].kill()
             killed_at = time.monotonic()
             live[0] = current.consumer(f"views-{number + 2}")
+            load.hold()  # while the group waits for the dead member: no need to grow
+            try:
+                eventually(
+                    lambda: (now := _members(current)) and not dead & set(now),
+                    timeout=120,
+                    what="the new consumer alone in the group",
+                    interval=0.5,
+                )
+            finally:
+                load.release()
             after = current.indexed()
-            eventually(lambda: current.indexed() > after, timeout=120, what="consumer resumed")
+            eventually(lambda: current.indexed() > after, timeout=60, what="consumer resumed")
             figures.takeovers_s.append(time.monotonic() - killed_at)
 
         _loaded(current, figures, events, fault)
 
     return _run(stack, log_dir, "consumer_kill", events, body)
+
+
+def _members(current: Scenario) -> list[str]:
+    """The member ids of the view consumers' group that hold partitions."""
+    admin = new_admin(current.settings.kafka_bootstrap)
+    group = current.settings.consumer_group
+    description = admin.describe_consumer_groups([group])[group].result(timeout=30)
+    return [m.member_id for m in description.members if m.assignment.topic_partitions]
 
 
 HOLD_S = 5.0
