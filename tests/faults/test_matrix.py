@@ -19,9 +19,9 @@ from tests.faults._check import Figures
 from tests.faults._harness import FaultStack
 from tests.faults._scenarios import SCENARIOS
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(600)]
 
-SHORT_EVENTS = 1_500
+SHORT_EVENTS = 1_000
 """Events per scenario in the short form: enough for several batches per relay."""
 
 Run = Callable[[str], Figures]
