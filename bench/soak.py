@@ -99,6 +99,11 @@ def main(argv: Sequence[str] = ()) -> int:
                 ticker.start()
                 try:
                     figures = SCENARIOS[name](stack, Path(logs), each)
+                except Exception as exc:  # one scenario's harness failure: go on with the rest
+                    console.print_exception()
+                    figures = Figures(
+                        scenario=name, notes={"error": f"{type(exc).__name__}: {exc}"}
+                    )
                 finally:
                     done.set()
                 print(json.dumps({"bench": "soak", **json.loads(figures.json_line())}), flush=True)

@@ -76,6 +76,8 @@ class Figures:
 
     def problems(self) -> list[str]:
         """Every guarantee the check found broken, in words (empty when all held)."""
+        if "error" in self.notes:
+            return [f"the scenario did not complete: {self.notes['error']}"]
         found = [
             f"{name} = {value}"
             for name in ("lost", "phantom", "reordered", "stale_applied", "committed_twice")

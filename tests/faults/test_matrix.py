@@ -92,6 +92,18 @@ def test_a_paused_relay_publishes_nothing_after_newer_events(run_scenario: Run) 
     assert figures.stale_published == 0, figures.json_line()
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="relay: a relay paused inside a transaction (its delete or lease update) keeps "
+    "its row locks, so the relay that took its shards publishes but cannot delete, and "
+    "the outbox stops shrinking until the paused one resumes; whether a pause lands "
+    "inside that transaction is a matter of timing, hence not strict",
+)
+def test_a_paused_relay_does_not_stall_the_relay_that_took_over(run_scenario: Run) -> None:
+    figures = run_scenario("paused_relay")
+    assert figures.notes.get("stalled_takeovers", 0) == 0, figures.json_line()
+
+
 def test_poison_messages_are_skipped_by_every_reader(run_scenario: Run) -> None:
     figures = run_scenario("poison")
     _holds(figures)  # the views and verify --all among them
