@@ -161,24 +161,26 @@ STALL_S = 15.0
 def _pause_once(current: Scenario, paused: Worker, figures: Figures) -> None:
     """Pause relay-a until relay-b took its shards and published past it, then resume.
 
-    A new owner that holds every shard but cannot shrink the outbox within
-    :data:`STALL_S` is stalled by the paused relay (its open transaction's locks) and
-    counted in ``notes["stalled_takeovers"]``; the pause then ends anyway.
+    A takeover the paused relay stalls (the new owner cannot claim every shard, or holds
+    them but cannot shrink the outbox, within :data:`STALL_S`: the paused relay's open
+    transaction keeps its locks) is counted in ``notes["stalled_takeovers"]``; the pause
+    then ends anyway.
     """
     eventually(lambda: current.shards_held("relay-a") > 0, timeout=30, what="relay-a holds")
     paused.pause()
     stopped_at = time.monotonic()
     try:
-        figures.takeovers_s.append(takeover(current, "relay-b", since=stopped_at))
+        figures.takeovers_s.append(
+            takeover(current, "relay-b", since=stopped_at, timeout=STALL_S + LEASE_TTL_S)
+        )
         waiting = current.outbox_rows()
-        try:
-            eventually(
-                lambda: current.outbox_rows() < waiting or waiting == 0,
-                timeout=STALL_S,
-                what="relay-b publishing",
-            )
-        except AssertionError:
-            figures.notes["stalled_takeovers"] = figures.notes.get("stalled_takeovers", 0) + 1
+        eventually(
+            lambda: current.outbox_rows() < waiting or waiting == 0,
+            timeout=STALL_S,
+            what="relay-b publishing",
+        )
+    except AssertionError:
+        figures.notes["stalled_takeovers"] = figures.notes.get("stalled_takeovers", 0) + 1
     finally:
         paused.resume()
     # Back in the game once its deliveries settled: what it had queued has landed.

@@ -94,10 +94,10 @@ def test_a_paused_relay_publishes_nothing_after_newer_events(run_scenario: Run) 
 
 @pytest.mark.xfail(
     strict=False,
-    reason="relay: a relay paused inside a transaction (its delete or lease update) keeps "
-    "its row locks, so the relay that took its shards publishes but cannot delete, and "
-    "the outbox stops shrinking until the paused one resumes; whether a pause lands "
-    "inside that transaction is a matter of timing, hence not strict",
+    reason="relay: a relay paused inside a transaction keeps its row locks: paused in its "
+    "lease renewal, the other relay cannot claim its shards; paused in its delete, the "
+    "other publishes the same rows but cannot delete them; either way until the paused "
+    "one resumes. Whether a pause lands inside one is a matter of timing: not strict",
 )
 def test_a_paused_relay_does_not_stall_the_relay_that_took_over(run_scenario: Run) -> None:
     figures = run_scenario("paused_relay")
