@@ -11,7 +11,7 @@ MANIFEST := $(VENV)/.package-files
 $(shell mkdir -p $(VENV) && find $(PARTS) -type f -not -path '*/__pycache__/*' 2>/dev/null | sort > $(MANIFEST).new && (cmp -s $(MANIFEST).new $(MANIFEST) || mv $(MANIFEST).new $(MANIFEST)); rm -f $(MANIFEST).new)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint bench up down status clean
+.PHONY: help demo test lint bench soak up down status clean
 
 help: ## List the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict
 
 bench: $(STAMP) up ## Run the benchmarks against the local stack (JSON lines on stdout)
 	$(BIN)/python -m bench
+
+soak: $(STAMP) ## The fault matrix over 1M events on its own services (SOAK_EVENTS=N; JSON lines)
+	$(BIN)/python -m bench.soak
 
 up: $(STAMP) ## Start the local stack (Postgres and Kafka on loopback)
 	$(BIN)/blackbox stack up
