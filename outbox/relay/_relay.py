@@ -121,7 +121,16 @@ _READ = text(
     "SELECT id, run_id, event_id::text, envelope, created_at, shard FROM blackbox.outbox "
     "WHERE shard = ANY(:shards) ORDER BY id LIMIT :limit"
 )
-_ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
+# Every transaction of the relay that takes row locks (lease renewal and claims, deletes)
+# bounds how long it may sit idle: a relay frozen inside one (SIGSTOP, a VM pause) would
+# otherwise hold its lease rows, so no other relay could claim them (the claim skips
+# locked rows), or its outbox rows, so the next owner's deletes would wait. The server
+# ends such a session after the bound, well before the frozen relay's leases run out.
+_BOUNDED = text("SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, true)")
+_ASYNC_COMMIT = text(
+    "SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, true), "
+    "set_config('synchronous_commit', 'off', true)"
+)
 # Fenced by the leases this relay still holds. The lease set is computed once, as an
 # array, so the planner probes the primary key per id instead of per id and lease.
 _DELETE = text(
@@ -212,6 +221,7 @@ class Relay:
             logger=logging.getLogger("blackbox.relay.librdkafka"),
         )
         self._deadline = LeaseDeadline(self.timing)
+        self._idle_bound = {"idle_ms": str(self.timing.message_timeout_ms)}
         self._shards: list[int] = []
         self._stamps: dict[int, tuple[str, bytes]] = {}
         self._epochs: dict[int, int] = {}
@@ -343,7 +353,7 @@ class Relay:
                 # The next batch need not wait for this commit to reach the disk: a
                 # delete lost in a database crash only publishes those rows again
                 # (duplicates, which readers absorb), never loses one.
-                conn.execute(_ASYNC_COMMIT)
+                conn.execute(_ASYNC_COMMIT, self._idle_bound)
                 conn.execute(_DELETE, {"ids": batch.acked, "me": self.owner})
         self._account(batch)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
@@ -565,6 +575,7 @@ class Relay:
         shards = self.settings.outbox_shards
         params = {"me": self.owner, "ttl": self.timing.ttl_s, "shards": shards}
         with self.engine.begin() as conn:
+            conn.execute(_BOUNDED, self._idle_bound)
             if not self._seeded:
                 conn.execute(_SEED_LEASES, {"shards": shards})
             conn.execute(_HEARTBEAT, params)

@@ -82,23 +82,11 @@ def test_a_paused_relays_copies_are_never_applied(run_scenario: Run) -> None:
     assert figures.views_exact
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 12 item 2 (relay fencing) not merged: a relay paused past its lease "
-    "publishes what it had queued after the new owner's newer events",
-)
 def test_a_paused_relay_publishes_nothing_after_newer_events(run_scenario: Run) -> None:
     figures = run_scenario("paused_relay")
     assert figures.stale_published == 0, figures.json_line()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="relay: a relay paused inside a transaction keeps its row locks: paused in its "
-    "lease renewal, the other relay cannot claim its shards; paused in its delete, the "
-    "other publishes the same rows but cannot delete them; either way until the paused "
-    "one resumes. Whether a pause lands inside one is a matter of timing: not strict",
-)
 def test_a_paused_relay_does_not_stall_the_relay_that_took_over(run_scenario: Run) -> None:
     figures = run_scenario("paused_relay")
     assert figures.notes.get("stalled_takeovers", 0) == 0, figures.json_line()
