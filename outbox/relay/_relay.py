@@ -174,13 +174,54 @@ class _Batch:
     produced: int = 0
     """Rows produced, the first ones of ``rows``."""
     acked: list[int] = field(default_factory=list)
+    """Row ids Kafka acknowledged, known once the batch settled (``settle``)."""
     failed: list[int] = field(default_factory=list)
+    """Row ids whose delivery failed, known once the batch settled."""
+    failed_events: list[str] = field(default_factory=list)
     refused: int = 0
     timed_out: int = 0
     purged: int = 0
     pending: int = 0
     cut: bool = False
     """Rows were left unproduced: the lease deadline came first."""
+    on_delivery: Any = None
+    """``delivered``, bound once: the one delivery callback of all the batch's messages."""
+
+    def __post_init__(self) -> None:
+        self.on_delivery = self.delivered
+
+    def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        """A delivery report (inside ``poll``). Kept minimal: it runs once per event; a
+        failed one is told apart by its event id header."""
+        self.pending -= 1
+        if err is None:
+            return
+        event_id = _text(dict(msg.headers() or ()).get(EVENT_ID_HEADER))
+        self.failed_events.append(event_id)
+        code = err.code()
+        if code == _TIMED_OUT:
+            self.timed_out += 1
+        elif code in _PURGED:
+            self.purged += 1
+        else:
+            self.refused += 1
+            log.error(
+                "delivery of event %s (run %s) failed: %s",
+                event_id,
+                _text(msg.key()),
+                err,
+            )
+
+    def settle(self) -> None:
+        """Sort the produced rows into acknowledged and failed; a row still unsettled
+        (shutdown cut the wait) is neither, and stays in the outbox."""
+        produced = self.rows[: self.produced]
+        if self.failed_events:
+            by_event = {row[2]: row[0] for row in produced}
+            self.failed = [by_event[e] for e in self.failed_events if e in by_event]
+        if self.pending == 0:
+            failed = set(self.failed)
+            self.acked = [row[0] for row in produced if row[0] not in failed]
 
 
 _TIMED_OUT = KafkaError._MSG_TIMED_OUT
@@ -249,6 +290,8 @@ class Relay:
         self._next_check = -math.inf
         self._over_share = False
         self._seeded = False
+        self._beating = False
+        """True while the heartbeat thread renews the leases (``_heartbeats``)."""
         # Lease state is renewed by a heartbeat thread while the loop publishes (see
         # _heartbeats); the lock keeps one renewal or fence at a time.
         self._lease_lock = threading.RLock()
@@ -348,9 +391,11 @@ class Relay:
 
         thread = threading.Thread(target=beat, name=f"heartbeat {self.owner}", daemon=True)
         thread.start()
+        self._beating = True
         try:
             yield
         finally:
+            self._beating = False
             done.set()
             thread.join(timeout=30)
 
@@ -367,9 +412,14 @@ class Relay:
         Returns the number of rows produced or settled, and at least 1 when it read rows
         it had to leave in the outbox (0: nothing to do and nothing in flight).
         """
-        if self._over_share and len(self._producer) == 0:
-            self._next_check = -math.inf  # hand shards back now, nothing is queued
-        self._keep_leases(may_release=len(self._producer) == 0, wait=False)
+        if self._over_share:
+            # Shards are to be handed back, which waits for nothing to be queued.
+            self._settle(stop, keep=0)
+            if len(self._producer) == 0:
+                self._next_check = -math.inf  # hand shards back now
+        if not self._beating or self._next_check == -math.inf:
+            # Renewing is the heartbeat thread's when it runs; handing back is ours.
+            self._keep_leases(may_release=len(self._producer) == 0, wait=False)
         self._fence_if_expired("its leases ran out before they were renewed")
         self._observe_depth()
         shards = self._shards
@@ -485,30 +535,14 @@ class Relay:
         return batch
 
     def _produce(self, topic: str, row: Any, stamp: tuple[str, bytes], batch: _Batch) -> None:
-        row_id, run_id, event_id = row[0], row[1], row[2]
-
-        # Kept minimal: it runs once per event, inside poll().
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            batch.pending -= 1
-            if err is None:
-                batch.acked.append(row_id)
-                return
-            batch.failed.append(row_id)
-            code = err.code()
-            if code == _TIMED_OUT:
-                batch.timed_out += 1
-            elif code in _PURGED:
-                batch.purged += 1
-            else:
-                batch.refused += 1
-                log.error("delivery of event %s (run %s) failed: %s", event_id, run_id, err)
-
         produce = self._producer.produce
-        key = run_id.encode()
-        headers = [(EVENT_ID_HEADER, event_id.encode()), stamp]
+        key = row[1].encode()
+        headers = [(EVENT_ID_HEADER, row[2].encode()), stamp]
         while True:
             try:
-                produce(topic, value=row[3], key=key, on_delivery=delivered, headers=headers)
+                produce(
+                    topic, value=row[3], key=key, on_delivery=batch.on_delivery, headers=headers
+                )
                 batch.pending += 1
                 return
             except BufferError:
@@ -538,6 +572,8 @@ class Relay:
                     if now >= grace:
                         left = sum(b.pending for b in window)
                         log.warning("shutting down with %d deliveries unconfirmed", left)
+                        for each in window:
+                            each.settle()
                         done.extend(window)
                         window.clear()
                         break
@@ -548,14 +584,16 @@ class Relay:
                         self.settings.kafka_bootstrap,
                         sum(b.pending for b in window),
                     )
-                try:
-                    self._keep_leases(may_release=False, wait=False)
-                except SQLAlchemyError as exc:
-                    log.warning("could not renew leases: %s", _first_line(exc))
-                    self._next_check = now + self.timing.heartbeat_s / 2
+                if not self._beating:
+                    try:
+                        self._keep_leases(may_release=False, wait=False)
+                    except SQLAlchemyError as exc:
+                        log.warning("could not renew leases: %s", _first_line(exc))
+                        self._next_check = now + self.timing.heartbeat_s / 2
                 self._fence_if_expired("its leases could not be renewed before they ran out")
                 continue
             done.append(window.popleft())
+            batch.settle()
             if batch.failed or batch.cut:
                 keep = 0
         if not window:
@@ -767,6 +805,12 @@ def order_gaps(rows: Sequence[Any], acked: Sequence[int], failed: Sequence[int])
         elif row_id in acked_ids and run_id in first_failed:
             gaps += 1
     return gaps
+
+
+def _text(value: str | bytes | None) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value or ""
 
 
 def _first_line(exc: BaseException) -> str:
