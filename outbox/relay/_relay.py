@@ -7,6 +7,15 @@ report succeeded, so nothing committed is lost. A shard is read by the one relay
 holds its lease, and deletes are fenced by that lease. And a relay publishes only under
 a lease it can show valid, stamping each message with the lease's epoch.
 
+Pipelining. Batches overlap: the next batch is read after the last row produced and
+produced while the deliveries of the one before still arrive (``pipeline_batches``); a
+batch's acknowledged rows are deleted once all its deliveries settled. The read also
+counts, in its own snapshot, the rows at or below the last one produced; more than are
+in flight means a writer committed a lower id late (or an acknowledged row outlived a
+fenced delete), and the relay then settles everything and reads from the lowest id
+again, as it does after a failed or cut batch or a change of shards: a run's later
+event never overtakes an earlier one that was committed before it became visible.
+
 Fencing. Every claim of a shard raises its epoch (``relay_leases.epoch``); the relay
 stamps each message with ``LeaseStamp(shard, epoch)`` beside the event id, so readers
 (``broker.EpochFence``) drop a copy published under an older epoch after a newer one.
