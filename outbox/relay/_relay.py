@@ -7,6 +7,15 @@ report succeeded, so nothing committed is lost. A shard is read by the one relay
 holds its lease, and deletes are fenced by that lease. And a relay publishes only under
 a lease it can show valid, stamping each message with the lease's epoch.
 
+Pipelining. Batches overlap: the next batch is read after the last row produced and
+produced while the deliveries of the one before still arrive (``pipeline_batches``); a
+batch's acknowledged rows are deleted once all its deliveries settled. The read also
+counts, in its own snapshot, the rows at or below the last one produced; more than are
+in flight means a writer committed a lower id late (or an acknowledged row outlived a
+fenced delete), and the relay then settles everything and reads from the lowest id
+again, as it does after a failed or cut batch or a change of shards: a run's later
+event never overtakes an earlier one that was committed before it became visible.
+
 Fencing. Every claim of a shard raises its epoch (``relay_leases.epoch``); the relay
 stamps each message with ``LeaseStamp(shard, epoch)`` beside the event id, so readers
 (``broker.EpochFence``) drop a copy published under an older epoch after a newer one.
@@ -50,6 +59,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -117,10 +127,24 @@ _RELEASE = text(
     "UPDATE blackbox.relay_leases SET owner = NULL, expires_at = NULL "
     "WHERE owner = :me AND NOT shard = ANY(:keep)"
 )
-_READ = text(
-    "SELECT id, run_id, event_id::text, envelope, created_at, shard FROM blackbox.outbox "
-    "WHERE shard = ANY(:shards) ORDER BY id LIMIT :limit"
-)
+# The rows after the last one produced (``:after``), and, in the same snapshot, how many
+# rows of these shards lie at or below it: more than the relay has in flight means a
+# writer committed a lower id late (see ``_read``). The rows must come from the primary
+# key in order, the scan stopping at the limit: ``shard + 0`` keeps them from the
+# (shard, id) index, and ``_NO_SORT`` keeps the planner (whose row estimates lag behind
+# a fast-changing outbox) from reading every row after ``:after`` to sort them, which
+# made each read cost in proportion to the whole outbox.
+# Run on the driver's cursor with binary results: envelopes arrive as they are stored
+# (no hex text to decode) and times as numbers.
+_READ = """
+    SELECT id, run_id, event_id::text, envelope, created_at, shard,
+           (SELECT count(*) FROM blackbox.outbox
+             WHERE shard = ANY(%(shards)s) AND id <= %(after)s) AS below
+      FROM blackbox.outbox
+     WHERE shard + 0 = ANY(%(shards)s) AND id > %(after)s
+     ORDER BY id LIMIT %(limit)s
+"""
+_NO_SORT = "SET LOCAL enable_sort = off"
 # Every transaction of the relay that takes row locks (lease renewal and claims, deletes)
 # bounds how long it may sit idle: a relay frozen inside one (SIGSTOP, a VM pause) would
 # otherwise hold its lease rows, so no other relay could claim them (the claim skips
@@ -157,19 +181,65 @@ class RelayOptions:
     shutdown_grace_s: float = 10.0
     """How long SIGTERM waits for deliveries in flight."""
     depth_every_s: float = 5.0
+    pipeline_batches: int = 2
+    """Batches produced and not yet settled at most: the next batch is read and produced
+    while the deliveries of the one before are still arriving (1: one at a time)."""
 
 
 @dataclass(slots=True)
 class _Batch:
     rows: Sequence[Any]
+    produced: int = 0
+    """Rows produced, the first ones of ``rows``."""
     acked: list[int] = field(default_factory=list)
+    """Row ids Kafka acknowledged, known once the batch settled (``settle``)."""
     failed: list[int] = field(default_factory=list)
+    """Row ids whose delivery failed, known once the batch settled."""
+    failed_events: list[str] = field(default_factory=list)
     refused: int = 0
     timed_out: int = 0
     purged: int = 0
     pending: int = 0
     cut: bool = False
     """Rows were left unproduced: the lease deadline came first."""
+    on_delivery: Any = None
+    """``delivered``, bound once: the one delivery callback of all the batch's messages."""
+
+    def __post_init__(self) -> None:
+        self.on_delivery = self.delivered
+
+    def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        """A delivery report (inside ``poll``). Kept minimal: it runs once per event; a
+        failed one is told apart by its event id header."""
+        self.pending -= 1
+        if err is None:
+            return
+        event_id = _text(dict(msg.headers() or ()).get(EVENT_ID_HEADER))
+        self.failed_events.append(event_id)
+        code = err.code()
+        if code == _TIMED_OUT:
+            self.timed_out += 1
+        elif code in _PURGED:
+            self.purged += 1
+        else:
+            self.refused += 1
+            log.error(
+                "delivery of event %s (run %s) failed: %s",
+                event_id,
+                _text(msg.key()),
+                err,
+            )
+
+    def settle(self) -> None:
+        """Sort the produced rows into acknowledged and failed; a row still unsettled
+        (shutdown cut the wait) is neither, and stays in the outbox."""
+        produced = self.rows[: self.produced]
+        if self.failed_events:
+            by_event = {row[2]: row[0] for row in produced}
+            self.failed = [by_event[e] for e in self.failed_events if e in by_event]
+        if self.pending == 0:
+            failed = set(self.failed)
+            self.acked = [row[0] for row in produced if row[0] not in failed]
 
 
 _TIMED_OUT = KafkaError._MSG_TIMED_OUT
@@ -188,7 +258,8 @@ class Relay:
             lease's and cannot be overridden).
 
     Raises:
-        ValueError: lease timing that cannot work, or a message timeout override.
+        ValueError: lease timing that cannot work, a message timeout override, or fewer
+            than one batch in the pipeline.
     """
 
     def __init__(
@@ -206,6 +277,11 @@ class Relay:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.options = options or RelayOptions()
         self.timing = LeaseTiming.for_ttl(self.options.lease_ttl_s, self.options.heartbeat_s)
+        if self.options.pipeline_batches < 1:
+            raise ValueError(
+                f"pipeline_batches {self.options.pipeline_batches!r} leaves no batch to "
+                "publish: give 1 (one batch at a time) or more"
+            )
         overrides = dict(producer_overrides or {})
         if "message.timeout.ms" in overrides:
             raise ValueError(
@@ -224,10 +300,17 @@ class Relay:
         self._idle_bound = {"idle_ms": str(self.timing.message_timeout_ms)}
         self._shards: list[int] = []
         self._stamps: dict[int, tuple[str, bytes]] = {}
+        # Batches produced and not yet settled, oldest first; reads go on after the last
+        # row produced (``_after``, 0: from the lowest id) of the shards ``_after_shards``.
+        self._window: deque[_Batch] = deque()
+        self._after = 0
+        self._after_shards: list[int] = []
         self._epochs: dict[int, int] = {}
         self._next_check = -math.inf
         self._over_share = False
         self._seeded = False
+        self._beating = False
+        """True while the heartbeat thread renews the leases (``_heartbeats``)."""
         # Lease state is renewed by a heartbeat thread while the loop publishes (see
         # _heartbeats); the lock keeps one renewal or fence at a time.
         self._lease_lock = threading.RLock()
@@ -299,6 +382,12 @@ class Relay:
                 stop.wait(min(0.1 * 2**failures, 2.0))
                 continue
             failures = 0
+        # Settle the batches still in flight (within the shutdown grace) so that their
+        # acknowledged rows are deleted, not published again by the next relay.
+        try:
+            self._settle(stop, keep=0)
+        except SQLAlchemyError as exc:
+            log.warning("could not delete the last acknowledged rows: %s", _first_line(exc))
 
     @contextmanager
     def _heartbeats(self) -> Iterator[None]:
@@ -321,46 +410,78 @@ class Relay:
 
         thread = threading.Thread(target=beat, name=f"heartbeat {self.owner}", daemon=True)
         thread.start()
+        self._beating = True
         try:
             yield
         finally:
+            self._beating = False
             done.set()
             thread.join(timeout=30)
 
     def drain_once(self, stop: threading.Event | None = None) -> int:
-        """Publish one batch from the leased shards: the number of rows it published, and
-        at least 1 when it read rows it had to leave in the outbox (0: nothing to do)."""
-        if self._over_share and len(self._producer) == 0:
-            self._next_check = -math.inf  # hand shards back now, nothing is queued
-        self._keep_leases(may_release=len(self._producer) == 0, wait=False)
+        """Read and produce the next batch of the leased shards, and settle earlier ones.
+
+        Batches are pipelined: the next batch is read after the last row produced and
+        produced while the deliveries of the one before are still arriving (at most
+        ``RelayOptions.pipeline_batches`` unsettled); a batch's acknowledged rows are
+        deleted once all its deliveries settled. A failed or cut batch, a change of
+        shards, or a row committed late below the last one read drains the pipeline
+        and starts again from the lowest id, which keeps every run's order.
+
+        Returns the number of rows produced or settled, and at least 1 when it read rows
+        it had to leave in the outbox (0: nothing to do and nothing in flight).
+        """
+        if self._over_share:
+            # Shards are to be handed back, which waits for nothing to be queued.
+            self._settle(stop, keep=0)
+            if len(self._producer) == 0:
+                self._next_check = -math.inf  # hand shards back now
+        if not self._beating or self._next_check == -math.inf:
+            # Renewing is the heartbeat thread's when it runs; handing back is ours.
+            self._keep_leases(may_release=len(self._producer) == 0, wait=False)
         self._fence_if_expired("its leases ran out before they were renewed")
         self._observe_depth()
-        if not self._shards:
-            return 0
+        shards = self._shards
+        if shards != self._after_shards:
+            # Another set of shards: read it from its lowest id, once nothing is in flight.
+            settled = self._settle(stop, keep=0)
+            self._after_shards = shards
+            if not shards:
+                return settled
         if not self._topic_ready:
             ensure_topics(self.settings, {self.settings.topic: self.settings.partitions})
             self._topic_ready = True
         started = time.perf_counter()
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                _READ, {"shards": self._shards, "limit": self.options.batch_size}
-            ).all()
+        rows = self._read(shards)
+        if rows is None:
+            # A writer committed a row below the last one read: settle everything in
+            # flight, then read from the lowest id again (that row comes first).
+            return max(self._settle(stop, keep=0), 1)
         if not rows:
-            return 0
+            return self._settle(stop, keep=0)
         batch = self._publish(rows, stop)
-        if batch.acked:
-            with self.engine.begin() as conn:
-                # The next batch need not wait for this commit to reach the disk: a
-                # delete lost in a database crash only publishes those rows again
-                # (duplicates, which readers absorb), never loses one.
-                conn.execute(_ASYNC_COMMIT, self._idle_bound)
-                conn.execute(_DELETE, {"ids": batch.acked, "me": self.owner})
-        self._account(batch)
+        if batch.produced:
+            self._after = rows[batch.produced - 1][0]
+        settled = self._settle(stop, keep=0 if batch.cut else self.options.pipeline_batches - 1)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         if batch.cut:
             self._next_check = -math.inf  # renew before the next batch
-        # Rows read but left (cut, failed) are no idle outbox: report at least one.
-        return len(batch.acked) or int(batch.cut or bool(batch.failed))
+        # Rows read but left (cut) are no idle outbox: report at least one.
+        return max(batch.produced, settled, int(batch.cut))
+
+    def _read(self, shards: list[int]) -> Sequence[Any] | None:
+        """The next rows of ``shards`` after the last one produced; None when a row at or
+        below it is in the outbox that the relay has not produced (committed late, or
+        acknowledged rows whose delete the lease no longer covered)."""
+        params = {"shards": shards, "after": self._after, "limit": self.options.batch_size}
+        with self.engine.connect() as conn:
+            driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+            with driver.cursor() as cursor:
+                cursor.execute(_NO_SORT)
+                rows = cursor.execute(_READ, params, binary=True).fetchall()
+        if rows and rows[0][6] > sum(b.produced for b in self._window):
+            return None
+        return rows
 
     def drain(self, *, timeout: float = 60.0) -> int:
         """Publish until the leased shards are empty or ``timeout`` passes (for tools)."""
@@ -402,6 +523,8 @@ class Relay:
                 len(self._producer),
             )
         self._shards, self._stamps, self._epochs = [], {}, {}
+        self._window.clear()  # what was acknowledged and not deleted is published again
+        self._after, self._after_shards = 0, []
         self._deadline.lapse()
         # Shut the client down now: left to garbage collection, its threads go on
         # reconnecting (and logging) after the broker is gone.
@@ -410,7 +533,10 @@ class Relay:
     # Publishing -------------------------------------------------------------------
 
     def _publish(self, rows: Sequence[Any], stop: threading.Event | None) -> _Batch:
+        """Produce ``rows`` in order while the leases allow; the batch joins the window
+        of batches in flight (its deliveries are settled by ``_settle``)."""
         batch = _Batch(rows=rows)
+        self._window.append(batch)
         topic = self.settings.topic
         deadline = self._deadline
         clock = time.monotonic
@@ -423,69 +549,91 @@ class Relay:
                 batch.cut = True
                 break
             self._produce(topic, row, stamp, batch)
-        self._await_deliveries(batch, stop)
+            batch.produced += 1
+        self._producer.poll(0)  # serve the deliveries of earlier batches
         return batch
 
     def _produce(self, topic: str, row: Any, stamp: tuple[str, bytes], batch: _Batch) -> None:
-        row_id, run_id, event_id, envelope, _, _ = row
-
-        # Kept minimal: it runs once per event, inside poll().
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            batch.pending -= 1
-            if err is None:
-                batch.acked.append(row_id)
-                return
-            batch.failed.append(row_id)
-            code = err.code()
-            if code == _TIMED_OUT:
-                batch.timed_out += 1
-            elif code in _PURGED:
-                batch.purged += 1
-            else:
-                batch.refused += 1
-                log.error("delivery of event %s (run %s) failed: %s", event_id, run_id, err)
-
+        produce = self._producer.produce
+        key = row[1].encode()
+        headers = [(EVENT_ID_HEADER, row[2].encode()), stamp]
         while True:
             try:
-                self._producer.produce(
-                    topic,
-                    key=run_id.encode("utf-8"),
-                    value=envelope,
-                    headers=[(EVENT_ID_HEADER, event_id.encode("ascii")), stamp],
-                    on_delivery=delivered,
+                produce(
+                    topic, value=row[3], key=key, on_delivery=batch.on_delivery, headers=headers
                 )
                 batch.pending += 1
                 return
             except BufferError:
                 self._producer.poll(0.05)  # the local queue is full; let deliveries drain
 
-    def _await_deliveries(self, batch: _Batch, stop: threading.Event | None) -> None:
-        # Every message settles within the message timeout (delivered, failed or
-        # purged); failed rows stay in the outbox and later batches read them first,
-        # which keeps every run's order. Shutdown cuts the wait after a grace period.
-        deadline: float | None = None
+    def _settle(self, stop: threading.Event | None, *, keep: int) -> int:
+        """Wait until at most ``keep`` batches are in flight, oldest first, then delete the
+        rows Kafka acknowledged (fenced by the leases still held) and account.
+
+        Every message settles within the message timeout (delivered, failed or purged).
+        A batch with a failed delivery settles every later one too and the next read
+        starts from the lowest id again: failed rows stay in the outbox and are read
+        first, which keeps every run's order. Shutdown cuts the wait after a grace
+        period. Returns the rows acknowledged, and at least 1 when rows were left.
+        """
+        window = self._window
+        done: list[_Batch] = []
+        grace: float | None = None
         warned_at = time.monotonic()
-        while batch.pending > 0:
-            self._producer.poll(0.05)
-            now = time.monotonic()
-            if stop is not None and stop.is_set():
-                deadline = deadline or now + self.options.shutdown_grace_s
-                if now >= deadline:
-                    log.warning("shutting down with %d deliveries unconfirmed", batch.pending)
-                    return
-            if now - warned_at > 5.0:
-                warned_at = now
-                log.warning(
-                    "waiting for Kafka at %s: %d deliveries in flight",
-                    self.settings.kafka_bootstrap,
-                    batch.pending,
-                )
-            try:
-                self._keep_leases(may_release=False, wait=False)
-            except SQLAlchemyError as exc:
-                log.warning("could not renew leases: %s", _first_line(exc))
-                self._next_check = now + self.timing.heartbeat_s / 2
-            self._fence_if_expired("its leases could not be renewed before they ran out")
+        while len(window) > keep:
+            batch = window[0]
+            if batch.pending > 0:
+                self._producer.poll(0.05)
+                now = time.monotonic()
+                if stop is not None and stop.is_set():
+                    grace = grace or now + self.options.shutdown_grace_s
+                    if now >= grace:
+                        left = sum(b.pending for b in window)
+                        log.warning("shutting down with %d deliveries unconfirmed", left)
+                        for each in window:
+                            each.settle()
+                        done.extend(window)
+                        window.clear()
+                        break
+                if now - warned_at > 5.0:
+                    warned_at = now
+                    log.warning(
+                        "waiting for Kafka at %s: %d deliveries in flight",
+                        self.settings.kafka_bootstrap,
+                        sum(b.pending for b in window),
+                    )
+                if not self._beating:
+                    try:
+                        self._keep_leases(may_release=False, wait=False)
+                    except SQLAlchemyError as exc:
+                        log.warning("could not renew leases: %s", _first_line(exc))
+                        self._next_check = now + self.timing.heartbeat_s / 2
+                self._fence_if_expired("its leases could not be renewed before they ran out")
+                continue
+            done.append(window.popleft())
+            batch.settle()
+            if batch.failed or batch.cut:
+                keep = 0
+        if not window:
+            self._after = 0
+        if not done:
+            return 0
+        acked = [row_id for b in done for row_id in b.acked]
+        if acked:
+            with self.engine.begin() as conn:
+                # The next batch need not wait for this commit to reach the disk: a
+                # delete lost in a database crash only publishes those rows again
+                # (duplicates, which readers absorb), never loses one.
+                conn.execute(_ASYNC_COMMIT, self._idle_bound)
+                conn.execute(_DELETE, {"ids": acked, "me": self.owner})
+        for b in done:
+            self._account(b)
+        if any(b.failed for b in done):
+            rows = [row for b in done for row in b.rows[: b.produced]]
+            failed = [row_id for b in done for row_id in b.failed]
+            self._count_order_gaps(order_gaps(rows, acked, failed))
+        return len(acked) or int(any(b.failed or b.cut for b in done))
 
     def _account(self, batch: _Batch) -> None:
         self.published += len(batch.acked)
@@ -506,7 +654,8 @@ class Relay:
                 self.timing.message_timeout_s,
                 self.settings.kafka_bootstrap,
             )
-        gaps = order_gaps(batch.rows, batch.acked, batch.failed) if batch.failed else 0
+
+    def _count_order_gaps(self, gaps: int) -> None:
         if gaps:
             self.metrics.order_gaps.inc(gaps)
             log.error(
@@ -676,6 +825,12 @@ def order_gaps(rows: Sequence[Any], acked: Sequence[int], failed: Sequence[int])
         elif row_id in acked_ids and run_id in first_failed:
             gaps += 1
     return gaps
+
+
+def _text(value: str | bytes | None) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value or ""
 
 
 def _first_line(exc: BaseException) -> str:

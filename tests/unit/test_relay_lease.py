@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import pytest
+from confluent_kafka import KafkaError, Message
+from sqlalchemy import Engine
 
+from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
-from agent_blackbox.outbox.relay._relay import order_gaps
+from agent_blackbox.outbox.relay._relay import EVENT_ID_HEADER, _Batch, order_gaps
 
 
 def test_default_timing_scales_with_the_lease() -> None:
@@ -94,3 +98,39 @@ def test_relay_command_refuses_a_heartbeat_that_cannot_work() -> None:
     result = CliRunner().invoke(main, ["relay", "--lease-ttl", "2", "--heartbeat", "1.5"])
     assert result.exit_code == 2, result.output
     assert "renew more often than every 0.8 s" in result.output
+
+
+class _Report:
+    """A delivery report's message, as far as the relay reads it."""
+
+    def __init__(self, event_id: str) -> None:
+        self._headers = [(EVENT_ID_HEADER, event_id.encode()), ("blackbox.lease", b"0:1")]
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._headers
+
+    def key(self) -> bytes:
+        return b"run"
+
+
+def test_a_settled_batch_sorts_its_produced_rows_into_acked_and_failed() -> None:
+    rows = [(i, "run", f"event-{i}", b"", None, 0) for i in (10, 11, 12, 13)]
+    batch = _Batch(rows=rows, produced=3, pending=3)  # row 13 was cut, never produced
+    batch.on_delivery(None, cast(Message, _Report("event-10")))
+    batch.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), cast(Message, _Report("event-11")))
+    batch.on_delivery(None, cast(Message, _Report("event-12")))
+    batch.settle()
+    assert (batch.acked, batch.failed, batch.timed_out, batch.pending) == ([10, 12], [11], 1, 0)
+
+
+def test_a_batch_cut_short_by_shutdown_deletes_nothing_unsettled() -> None:
+    rows = [(i, "run", f"event-{i}", b"", None, 0) for i in (1, 2)]
+    batch = _Batch(rows=rows, produced=2, pending=2)
+    batch.on_delivery(None, cast(Message, _Report("event-1")))
+    batch.settle()  # one delivery still unconfirmed: nothing is known acknowledged
+    assert (batch.acked, batch.failed) == ([], [])
+
+
+def test_a_pipeline_without_batches_is_refused() -> None:
+    with pytest.raises(ValueError, match="pipeline_batches"):
+        Relay(cast(Engine, None), options=RelayOptions(pipeline_batches=0))
