@@ -29,6 +29,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     Connection,
+    CursorResult,
     Executable,
     Table,
     Text,
@@ -422,9 +423,12 @@ def _execute_arrays(
     compiled once per ``name`` and its array placeholders (each cast to its array type
     in the statement) switched to the binary format. Any other driver is given the
     statement as it is.
+
+    Returns:
+        The statement's rows (none when it returns none).
     """
     if conn.dialect.driver != "psycopg":
-        return conn.execute(statement, arrays).all()
+        return _rows(conn.execute(statement, arrays))
     sql = _BINARY_SQL.get(name)
     if sql is None:
         sql = str(cast(ClauseElement, statement).compile(dialect=conn.dialect))
@@ -434,7 +438,11 @@ def _execute_arrays(
                 raise ProjectionFailed(f"statement {name!r} has no array parameter {param!r}")
             sql = sql.replace(placeholder, f"%({param})b")
         _BINARY_SQL[name] = sql
-    return conn.exec_driver_sql(sql, arrays).all()
+    return _rows(conn.exec_driver_sql(sql, arrays))
+
+
+def _rows(result: CursorResult[Any]) -> Sequence[Any]:
+    return result.all() if result.returns_rows else []
 
 
 _BINARY_SQL: dict[str, str] = {}
