@@ -25,6 +25,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -217,7 +218,7 @@ def wrong_partition(records: Sequence[Delivered], partitions: Mapping[str, int])
         where = (record.topic, record.envelope.run_id)
         expected = homes.get(where)
         if expected is None:
-            expected = homes[where] = run_partition(record.envelope.run_id, count)
+            expected = homes[where] = _home(record.envelope.run_id, count)
         if record.partition != expected:
             detail = (
                 f"it is on partition {record.partition}, but the run's key maps to "
@@ -225,6 +226,12 @@ def wrong_partition(records: Sequence[Delivered], partitions: Mapping[str, int])
             )
             violations.append(Violation(WRONG_PARTITION, record, _nothing(record), detail))
     return violations
+
+
+@lru_cache(maxsize=65_536)
+def _home(run_id: str, partitions: int) -> int:
+    """:func:`run_partition`, remembered: a run's events arrive over many batches."""
+    return run_partition(run_id, partitions)
 
 
 def unconfirmed_redactions(
@@ -253,6 +260,8 @@ def views_screen(envelope: Envelope) -> str | None:
     """
     if not 1 <= envelope.sequence <= _MAX_BIGINT:
         return f"sequence {envelope.sequence} is outside 1..{_MAX_BIGINT}"
+    if "\x00" not in "".join([value for _, value in _texts(envelope) if value is not None]):
+        return None  # the common case: one search over all fields, then no loop
     for name, value in _texts(envelope):
         if value is not None and "\x00" in value:
             return f"envelope field {name} contains a NUL character"
@@ -358,16 +367,27 @@ def aggregate_runs(envelopes: Iterable[Envelope]) -> list[RunDelta]:
 
 def _run_delta(envelopes: list[Envelope]) -> RunDelta:
     first = envelopes[0]
-    started = _last_of_type(envelopes, EventType.RUN_STARTED)
-    finished = _last_of_type(envelopes, EventType.RUN_FINISHED)
-    redacted = _last_of_type(envelopes, EventType.RUN_REDACTED)
+    last_sequence = first.sequence
+    last_event_at = first.recorded_at
+    # The last event of each type that changes the run, by sequence.
+    marks: dict[str, Envelope] = {}
+    for envelope in envelopes:
+        last_sequence = max(last_sequence, envelope.sequence)
+        last_event_at = max(last_event_at, envelope.recorded_at)
+        if envelope.event_type in _RUN_MARKS:
+            seen = marks.get(envelope.event_type)
+            if seen is None or envelope.sequence > seen.sequence:
+                marks[envelope.event_type] = envelope
+    started = marks.get(EventType.RUN_STARTED)
+    finished = marks.get(EventType.RUN_FINISHED)
+    redacted = marks.get(EventType.RUN_REDACTED)
     return RunDelta(
         run_id=first.run_id,
         tenant_id=first.tenant_id,
         agent_id=first.agent_id,
         event_count=len(envelopes),
-        last_sequence=max(e.sequence for e in envelopes),
-        last_event_at=max(e.recorded_at for e in envelopes),
+        last_sequence=last_sequence,
+        last_event_at=last_event_at,
         started_at=started.recorded_at if started else None,
         code_version=started.attributes.get("code_version") if started else None,
         parent_run_id=started.attributes.get("parent_run_id") if started else None,
@@ -377,9 +397,7 @@ def _run_delta(envelopes: list[Envelope]) -> RunDelta:
     )
 
 
-def _last_of_type(envelopes: list[Envelope], event_type: EventType) -> Envelope | None:
-    matching = [e for e in envelopes if e.event_type == event_type]
-    return max(matching, key=lambda e: e.sequence) if matching else None
+_RUN_MARKS = frozenset({EventType.RUN_STARTED, EventType.RUN_FINISHED, EventType.RUN_REDACTED})
 
 
 def _texts(envelope: Envelope) -> Iterable[tuple[str, str | None]]:
