@@ -260,8 +260,16 @@ def views_screen(envelope: Envelope) -> str | None:
     """
     if not 1 <= envelope.sequence <= _MAX_BIGINT:
         return f"sequence {envelope.sequence} is outside 1..{_MAX_BIGINT}"
-    if "\x00" not in "".join([value for _, value in _texts(envelope) if value is not None]):
-        return None  # the common case: one search over all fields, then no loop
+    attributes = envelope.attributes
+    every = (
+        *(envelope.event_id, envelope.run_id, envelope.event_type, envelope.tenant_id),
+        *(envelope.agent_id, envelope.input_digest, envelope.output_digest),
+        *(envelope.chain_hash, envelope.key_id, envelope.payload_ref),
+        *(attributes.get("code_version"), attributes.get("parent_run_id")),
+        attributes.get("status"),
+    )
+    if "\x00" not in "".join(filter(None, every)):
+        return None  # the common case: one search over every field _texts names
     for name, value in _texts(envelope):
         if value is not None and "\x00" in value:
             return f"envelope field {name} contains a NUL character"
