@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql as pg
 
 from agent_blackbox.consumers._errors import ConsumerError
@@ -93,49 +93,80 @@ def advance_offsets(conn: Connection, *, group_id: str, moves: Sequence[OffsetMo
     """Compare-and-set each partition's offset; the caller commits.
 
     Partitions are advanced in sorted order so concurrent writers lock rows in the
-    same order and cannot deadlock.
+    same order and cannot deadlock. The advances of partitions that already hold an
+    offset (every batch but a partition's first) go in one round trip.
 
     Raises:
         OffsetsMoved: a partition no longer holds the expected offset.
     """
-    for move in sorted(moves, key=lambda m: (m.topic, m.partition)):
-        if _advance(conn, group_id, move) != 1:
+    ordered = sorted(moves, key=lambda m: (m.topic, m.partition))
+    for move in ordered:
+        if move.expected is None and _first(conn, group_id, move) != 1:
             raise OffsetsMoved(group_id, move)
+    later = [m for m in ordered if m.expected is not None]
+    if not later:
+        return
+    params = [
+        {
+            "b_group": group_id,
+            "b_topic": m.topic,
+            "b_partition": m.partition,
+            "b_expected": m.expected,
+            "b_next": m.next_offset,
+            "b_epochs": _json(m.lease_epochs),
+        }
+        for m in later
+    ]
+    if conn.execute(_LATER, params).rowcount != len(later):
+        raise OffsetsMoved(group_id, _moved(conn, group_id, later))
 
 
-def _advance(conn: Connection, group_id: str, move: OffsetMove) -> int:
+def _first(conn: Connection, group_id: str, move: OffsetMove) -> int:
+    # A concurrent first insert makes this one do nothing (rowcount 0) once the other
+    # commits: that is the compare-and-set failing, as intended.
     c = consumer_offsets.c
-    if move.expected is None:
-        # A concurrent first insert makes this one do nothing (rowcount 0) once the
-        # other commits: that is the compare-and-set failing, as intended.
-        first = (
-            pg.insert(consumer_offsets)
-            .values(
-                group_id=group_id,
-                topic=move.topic,
-                partition=move.partition,
-                next_offset=move.next_offset,
-                lease_epochs=_json(move.lease_epochs),
-            )
-            .on_conflict_do_nothing()
-            .returning(c.partition)
-        )
-        return len(conn.execute(first).all())
-    later = (
-        update(consumer_offsets)
-        .where(
-            c.group_id == group_id,
-            c.topic == move.topic,
-            c.partition == move.partition,
-            c.next_offset == move.expected,
-        )
+    first = (
+        pg.insert(consumer_offsets)
         .values(
+            group_id=group_id,
+            topic=move.topic,
+            partition=move.partition,
             next_offset=move.next_offset,
             lease_epochs=_json(move.lease_epochs),
-            updated_at=func.now(),
         )
+        .on_conflict_do_nothing()
+        .returning(c.partition)
     )
-    return conn.execute(later).rowcount
+    return len(conn.execute(first).all())
+
+
+_LATER = (
+    update(consumer_offsets)
+    .where(
+        consumer_offsets.c.group_id == bindparam("b_group"),
+        consumer_offsets.c.topic == bindparam("b_topic"),
+        consumer_offsets.c.partition == bindparam("b_partition"),
+        consumer_offsets.c.next_offset == bindparam("b_expected"),
+    )
+    .values(
+        next_offset=bindparam("b_next"),
+        lease_epochs=bindparam("b_epochs"),
+        updated_at=func.now(),
+    )
+)
+"""One partition's compare-and-set, executed for many partitions in one round trip."""
+
+
+def _moved(conn: Connection, group_id: str, moves: Sequence[OffsetMove]) -> OffsetMove:
+    """The move whose partition another consumer advanced (the others now hold their
+    new offsets)."""
+    stored = load_offsets(
+        conn, group_id=group_id, partitions=[(m.topic, m.partition) for m in moves]
+    )
+    for move in moves:
+        if stored[(move.topic, move.partition)] != move.next_offset:
+            return move
+    return moves[0]
 
 
 def _json(epochs: Mapping[int, int]) -> dict[str, int]:

@@ -32,16 +32,20 @@ from agent_blackbox.consumers import (
     BatchOutcome,
     ConsumerRuntime,
     Delivered,
+    OffsetsMoved,
     ViewConsumer,
     ViewStoreUnavailable,
     apply_batch,
+    consumer_offsets,
     events_index,
     integrity_violations,
+    load_fences,
     load_offsets,
     migrate_views,
     runs_view,
     views_screen,
 )
+from agent_blackbox.consumers._offsets import OffsetMove, advance_offsets
 from agent_blackbox.consumers.cli import consume_command
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, EventType, Settings
 
@@ -618,3 +622,36 @@ def test_offsets_unreadable_at_assignment_apply_nothing_until_rewound(
     assert len(failures) == 1  # the rewind's read; the assignment's read failed inside
     assert run_row(views_engine, run_id).event_count == 32
     assert count_events(views_engine, [run_id]) == 32
+
+
+def test_an_offset_another_consumer_moved_fails_the_advance_and_names_it(
+    views_engine: Engine,
+) -> None:
+    group = f"test-offsets-{uuid.uuid4().hex[:12]}"
+    with views_engine.begin() as conn:
+        advance_offsets(conn, group_id=group, moves=[OffsetMove("t", p, None, 10) for p in (0, 1)])
+    # Partition 1 was advanced by someone else in between: the batch's advance of both
+    # (one round trip) must fail on it and leave nothing changed.
+    with views_engine.begin() as conn:
+        advance_offsets(conn, group_id=group, moves=[OffsetMove("t", 1, 10, 15)])
+    moves = [OffsetMove("t", 0, 10, 20, {3: 7}), OffsetMove("t", 1, 10, 20)]
+    with pytest.raises(OffsetsMoved) as raised, views_engine.begin() as conn:
+        advance_offsets(conn, group_id=group, moves=moves)
+    assert raised.value.move.partition == 1
+    with pytest.raises(OffsetsMoved) as raised, views_engine.begin() as conn:
+        advance_offsets(conn, group_id=group, moves=[OffsetMove("t", 0, None, 30)])
+    assert raised.value.move.partition == 0
+    with views_engine.connect() as conn:
+        stored = load_offsets(conn, group_id=group, partitions=[("t", 0), ("t", 1)])
+        fences = load_fences(conn, group_id=group, partitions=[("t", 0)])
+    assert stored == {("t", 0): 10, ("t", 1): 15}
+    assert fences == {("t", 0): {}}
+    with views_engine.begin() as conn:
+        moves = [OffsetMove("t", 0, 10, 20, {3: 7}), OffsetMove("t", 1, 15, 25)]
+        advance_offsets(conn, group_id=group, moves=moves)
+        assert load_fences(conn, group_id=group, partitions=[("t", 0)]) == {("t", 0): {3: 7}}
+        assert load_offsets(conn, group_id=group, partitions=[("t", 0), ("t", 1)]) == {
+            ("t", 0): 20,
+            ("t", 1): 25,
+        }
+        conn.execute(consumer_offsets.delete().where(consumer_offsets.c.group_id == group))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -174,6 +175,34 @@ def test_screen_rejects_what_postgres_would_refuse(overrides: dict[str, Any], re
     found = views_screen(envelope(values.pop("run_id"), values.pop("sequence"), **values))
     assert found is not None
     assert reason in found
+
+
+_TEXT_FIELDS = (
+    "event_id",
+    "run_id",
+    "event_type",
+    "tenant_id",
+    "agent_id",
+    "input_digest",
+    "output_digest",
+    "chain_hash",
+    "key_id",
+    "payload_ref",
+)
+
+
+@pytest.mark.parametrize("name", [*_TEXT_FIELDS, "code_version", "parent_run_id", "status"])
+def test_screen_finds_a_nul_in_every_text_field(name: str) -> None:
+    base = envelope("r", 2, key_id="k", payload_ref="p")
+    attributes = {"code_version": "v", "parent_run_id": "q", "status": "ok"}
+    if name in _TEXT_FIELDS:
+        changes: dict[str, Any] = {name: f"x\x00{name}", "attributes": attributes}
+        found = views_screen(replace(base, **changes))
+    else:
+        found = views_screen(replace(base, attributes={**attributes, name: "x\x00"}))
+    assert found is not None
+    assert name in found
+    assert views_screen(replace(base, attributes=attributes)) is None
 
 
 def test_outcomes_add_up() -> None:
