@@ -64,6 +64,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -195,27 +196,21 @@ class _Batch:
     """Row ids Kafka acknowledged, known once the batch settled (``settle``)."""
     failed: list[int] = field(default_factory=list)
     """Row ids whose delivery failed, known once the batch settled."""
-    failed_events: list[str] = field(default_factory=list)
     refused: int = 0
     timed_out: int = 0
     purged: int = 0
     pending: int = 0
     cut: bool = False
     """Rows were left unproduced: the lease deadline came first."""
-    on_delivery: Any = None
-    """``delivered``, bound once: the one delivery callback of all the batch's messages."""
 
-    def __post_init__(self) -> None:
-        self.on_delivery = self.delivered
-
-    def delivered(self, err: KafkaError | None, msg: Message) -> None:
-        """A delivery report (inside ``poll``). Kept minimal: it runs once per event; a
-        failed one is told apart by its event id header."""
+    def delivered(self, row_id: int, err: KafkaError | None, msg: Message) -> None:
+        """A delivery report of the row ``row_id`` (inside ``poll``). Kept minimal: it
+        runs once per event. The row id travels with the callback, not in the message:
+        a failed delivery report carries no headers."""
         self.pending -= 1
         if err is None:
             return
-        event_id = _text(dict(msg.headers() or ()).get(EVENT_ID_HEADER))
-        self.failed_events.append(event_id)
+        self.failed.append(row_id)
         code = err.code()
         if code == _TIMED_OUT:
             self.timed_out += 1
@@ -224,22 +219,15 @@ class _Batch:
         else:
             self.refused += 1
             log.error(
-                "delivery of event %s (run %s) failed: %s",
-                event_id,
-                _text(msg.key()),
-                err,
+                "delivery of outbox row %d (run %s) failed: %s", row_id, _text(msg.key()), err
             )
 
     def settle(self) -> None:
         """Sort the produced rows into acknowledged and failed; a row still unsettled
         (shutdown cut the wait) is neither, and stays in the outbox."""
-        produced = self.rows[: self.produced]
-        if self.failed_events:
-            by_event = {row[2]: row[0] for row in produced}
-            self.failed = [by_event[e] for e in self.failed_events if e in by_event]
         if self.pending == 0:
             failed = set(self.failed)
-            self.acked = [row[0] for row in produced if row[0] not in failed]
+            self.acked = [row[0] for row in self.rows[: self.produced] if row[0] not in failed]
 
 
 _TIMED_OUT = KafkaError._MSG_TIMED_OUT
@@ -560,7 +548,11 @@ class Relay:
         while True:
             try:
                 produce(
-                    topic, value=row[3], key=key, on_delivery=batch.on_delivery, headers=headers
+                    topic,
+                    value=row[3],
+                    key=key,
+                    on_delivery=partial(batch.delivered, row[0]),
+                    headers=headers,
                 )
                 batch.pending += 1
                 return

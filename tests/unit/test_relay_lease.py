@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
-from agent_blackbox.outbox.relay._relay import EVENT_ID_HEADER, _Batch, order_gaps
+from agent_blackbox.outbox.relay._relay import _Batch, order_gaps
 
 
 def test_default_timing_scales_with_the_lease() -> None:
@@ -101,24 +101,25 @@ def test_relay_command_refuses_a_heartbeat_that_cannot_work() -> None:
 
 
 class _Report:
-    """A delivery report's message, as far as the relay reads it."""
+    """A delivery report's message, as far as the relay reads it: like the real one of a
+    failed delivery, it carries no headers."""
 
-    def __init__(self, event_id: str) -> None:
-        self._headers = [(EVENT_ID_HEADER, event_id.encode()), ("blackbox.lease", b"0:1")]
-
-    def headers(self) -> list[tuple[str, bytes]]:
-        return self._headers
+    def headers(self) -> None:
+        return None
 
     def key(self) -> bytes:
         return b"run"
 
 
+REPORT = cast(Message, _Report())
+
+
 def test_a_settled_batch_sorts_its_produced_rows_into_acked_and_failed() -> None:
     rows = [(i, "run", f"event-{i}", b"", None, 0) for i in (10, 11, 12, 13)]
     batch = _Batch(rows=rows, produced=3, pending=3)  # row 13 was cut, never produced
-    batch.on_delivery(None, cast(Message, _Report("event-10")))
-    batch.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), cast(Message, _Report("event-11")))
-    batch.on_delivery(None, cast(Message, _Report("event-12")))
+    batch.delivered(10, None, REPORT)
+    batch.delivered(11, KafkaError(KafkaError._MSG_TIMED_OUT), REPORT)
+    batch.delivered(12, None, REPORT)
     batch.settle()
     assert (batch.acked, batch.failed, batch.timed_out, batch.pending) == ([10, 12], [11], 1, 0)
 
@@ -126,7 +127,7 @@ def test_a_settled_batch_sorts_its_produced_rows_into_acked_and_failed() -> None
 def test_a_batch_cut_short_by_shutdown_deletes_nothing_unsettled() -> None:
     rows = [(i, "run", f"event-{i}", b"", None, 0) for i in (1, 2)]
     batch = _Batch(rows=rows, produced=2, pending=2)
-    batch.on_delivery(None, cast(Message, _Report("event-1")))
+    batch.delivered(1, None, REPORT)
     batch.settle()  # one delivery still unconfirmed: nothing is known acknowledged
     assert (batch.acked, batch.failed) == ([], [])
 
