@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import openai
 import pytest
@@ -25,14 +25,11 @@ from openai.types.responses import Response
 
 from agent_blackbox.outbox import (
     AgentRun,
-    AsyncRecorder,
-    AsyncRun,
+    AsyncMemoryRecorder,
     MemoryRecorder,
     RecordedError,
-    Run,
     RunSnapshot,
 )
-from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox.integrations.openai import (
     CapturedAsyncOpenAI,
     CapturedOpenAI,
@@ -158,21 +155,10 @@ def assert_replays(
     assert len(server.requests) == before, "a replay sent a request"
 
 
-class MemoryAsyncRun(AsyncRun):
-    """AsyncRun's own boundary code, appending to a MemoryRecorder run instead of Postgres."""
-
-    def __init__(self, run: Run) -> None:
-        super().__init__(cast(AsyncRecorder, None), run.core)
-        self._memory = run
-
-    async def _append(self, crossing: Crossing, connection: Any = None) -> Envelope:
-        return self._memory._append(crossing)
-
-
 async def record_async(agent: AsyncAgent, base_url: str) -> Recorded:
-    recorder = MemoryRecorder()
-    run = MemoryAsyncRun(
-        recorder.start_run(RunSnapshot(code_version="t", input=INPUT), agent_id="openai-agent")
+    recorder = AsyncMemoryRecorder()
+    run = await recorder.start_run(
+        RunSnapshot(code_version="t", input=INPUT), agent_id="openai-agent"
     )
     seen: list[Any] = []
     async with openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0) as sdk:
