@@ -19,7 +19,7 @@ from agent_blackbox.broker import new_admin, partition_of
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from tests.faults._check import Figures, after_heal, stale_so_far, takeover
 from tests.faults._harness import FaultStack, Load, Scenario, Worker, eventually, scenario
-from tests.faults._proxy import CommitCuttingProxy
+from tests.integration._pgproxy import CommitDropper, through
 
 ROUND_EVENTS = 10_000
 LEASE_TTL_S = 2.0
@@ -358,11 +358,10 @@ def ambiguous_commit(stack: FaultStack, log_dir: Path, events: int) -> Figures:
     every :data:`CUT_EVERY`-th COMMIT: the database committed, the writer heard an error."""
 
     def body(current: Scenario, figures: Figures, events: int) -> None:
-        port = make_url(stack.postgres.url).port
-        assert port is not None
-        proxy = CommitCuttingProxy(port, every=CUT_EVERY)
-        url = make_url(current.settings.database_url).set(port=proxy.port)
-        engine = create_engine(url, pool_size=8, max_overflow=8)
+        url = make_url(current.settings.database_url)
+        proxy = CommitDropper(url.host or "127.0.0.1", url.port or 5432)
+        proxy.cut_every(CUT_EVERY)
+        engine = create_engine(through(url, proxy), pool_size=8, max_overflow=8)
         try:
             load = current.load(engine=engine).start()
             try:
@@ -374,7 +373,7 @@ def ambiguous_commit(stack: FaultStack, log_dir: Path, events: int) -> Figures:
             assert proxy.cuts > 0, "no commit was cut: the scenario proves nothing"
         finally:
             engine.dispose()
-            proxy.close()
+            proxy.stop()
 
     return _run(stack, log_dir, "ambiguous_commit", events, body)
 

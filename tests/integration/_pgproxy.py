@@ -109,6 +109,9 @@ class CommitDropper:
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._armed: float = 0
+        self._every = 0
+        self.commits = 0
+        """COMMITs seen, cut or not."""
         self.cuts = 0
         """COMMITs that reached the server and whose answer the client never got."""
         self._links: list[_Link] = []
@@ -120,8 +123,16 @@ class CommitDropper:
         with self._lock:
             self._armed = times
 
+    def cut_every(self, every: int) -> None:
+        """Drop the connection after every ``every``-th COMMIT from now on (0: never)."""
+        with self._lock:
+            self._every = every
+
     def take_cut(self) -> bool:
         with self._lock:
+            self.commits += 1
+            if self._every and self.commits % self._every == 0:
+                return True
             if self._armed <= 0:
                 return False
             self._armed -= 1
