@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from agent_blackbox.broker import murmur2, partition_of
 
@@ -18,10 +18,10 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     return partition_of(key, partitions)
 
 
-def read_topic(
+def read_messages(
     bootstrap: str, topic: str, *, expect: int, timeout: float = 60.0
-) -> list[tuple[int, int, Envelope]]:
-    """Every message of ``topic`` as (partition, offset, envelope), at least ``expect``.
+) -> list[Message]:
+    """Every message of ``topic`` in offset order per partition, at least ``expect``.
 
     Reads until ``expect`` messages arrived and the end of every partition is reached.
     """
@@ -34,8 +34,7 @@ def read_topic(
             "enable.partition.eof": True,
         }
     )
-    codec = EnvelopeCodec()
-    out: list[tuple[int, int, Envelope]] = []
+    out: list[Message] = []
     try:
         metadata = consumer.list_topics(topic, timeout=10)
         partitions = list(metadata.topics[topic].partitions)
@@ -53,7 +52,18 @@ def read_topic(
                         continue
                     raise AssertionError(f"consume error: {error}")
                 at_end.discard(msg.partition())
-                out.append((msg.partition(), msg.offset(), codec.decode(msg.value())))
+                out.append(msg)
     finally:
         consumer.close()
     return out
+
+
+def read_topic(
+    bootstrap: str, topic: str, *, expect: int, timeout: float = 60.0
+) -> list[tuple[int, int, Envelope]]:
+    """Every message of ``topic`` as (partition, offset, envelope), at least ``expect``."""
+    codec = EnvelopeCodec()
+    return [
+        (m.partition(), m.offset(), codec.decode(m.value()))
+        for m in read_messages(bootstrap, topic, expect=expect, timeout=timeout)
+    ]

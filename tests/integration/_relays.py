@@ -15,14 +15,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from sqlalchemy import Engine, create_engine, text
 
 from agent_blackbox.broker import LeaseStamp, read_stamp
@@ -30,6 +27,7 @@ from agent_blackbox.outbox import Recorder
 from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, Settings
 from tests.integration._agents import RecordedRun, record_ticket_runs
+from tests.integration._kafka import read_messages
 
 __all__ = ["RecordedRun", "Writer", "read_published", "spawn_cli_relay", "spawn_pausing_relay"]
 
@@ -124,45 +122,15 @@ class Published:
 
 def read_published(settings: Settings, *, expect: int, timeout: float = 60.0) -> list[Published]:
     """Every message of the topic with its headers, in offset order per partition."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"reader-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
     codec = EnvelopeCodec()
     out: list[Published] = []
-    try:
-        topic = settings.topic
-        partitions = list(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        at_end: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while len(out) < expect or len(at_end) < len(partitions):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"read {len(out)} of {expect} messages from {topic}")
-            for msg in consumer.consume(1000, 0.5):
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        at_end.add(msg.partition())
-                        continue
-                    raise AssertionError(f"consume error: {error}")
-                at_end.discard(msg.partition())
-                headers = list(msg.headers() or [])
-                out.append(
-                    Published(
-                        msg.partition(),
-                        msg.offset(),
-                        read_stamp(headers),
-                        headers,
-                        codec.decode(msg.value()),
-                    )
-                )
-    finally:
-        consumer.close()
+    messages = read_messages(
+        settings.kafka_bootstrap, settings.topic, expect=expect, timeout=timeout
+    )
+    for msg in messages:
+        headers = list(msg.headers() or [])
+        envelope = codec.decode(msg.value() or b"")
+        out.append(Published(msg.partition(), msg.offset(), read_stamp(headers), headers, envelope))
     out.sort(key=lambda m: (m.partition, m.offset))
     return out
 
