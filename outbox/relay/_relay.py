@@ -15,6 +15,9 @@ in flight means a writer committed a lower id late (or an acknowledged row outli
 fenced delete), and the relay then settles everything and reads from the lowest id
 again, as it does after a failed or cut batch or a change of shards: a run's later
 event never overtakes an earlier one that was committed before it became visible.
+Reads and deletes run in order on a thread and a database session of their own (the
+outbox lane), so the database works while the relay produces: after a full batch the
+next one is read ahead, and acknowledged rows are deleted while the next batch goes out.
 
 Fencing. Every claim of a shard raises its epoch (``relay_leases.epoch``); the relay
 stamps each message with ``LeaseStamp(shard, epoch)`` beside the event id, so readers
@@ -61,16 +64,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, Message
-from sqlalchemy import Engine, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from agent_blackbox.broker import (
     KafkaUnavailable,
@@ -132,9 +135,9 @@ _RELEASE = text(
 # rows of these shards lie at or below it: more than the relay has in flight means a
 # writer committed a lower id late (see ``_read``). The rows must come from the primary
 # key in order, the scan stopping at the limit: ``shard + 0`` keeps them from the
-# (shard, id) index, and ``_NO_SORT`` keeps the planner (whose row estimates lag behind
+# (shard, id) index, and ``enable_sort`` off keeps the planner (whose row estimates lag behind
 # a fast-changing outbox) from reading every row after ``:after`` to sort them, which
-# made each read cost in proportion to the whole outbox.
+# made each read cost in proportion to the whole outbox (set for the lane's session).
 # Run on the driver's cursor with binary results: envelopes arrive as they are stored
 # (no hex text to decode) and times as numbers.
 _READ = """
@@ -145,23 +148,27 @@ _READ = """
      WHERE shard + 0 = ANY(%(shards)s) AND id > %(after)s
      ORDER BY id LIMIT %(limit)s
 """
-_NO_SORT = "SET LOCAL enable_sort = off"
+# The outbox lane's own session (see ``Relay._lane_session``): reads and deletes are
+# single statements in autocommit, one round trip each. Deletes need not wait for the
+# disk: a delete lost in a database crash only publishes those rows again (duplicates,
+# which readers absorb), never loses one. The idle bound is kept for any transaction
+# the session might be left in.
+_LANE_SESSION = text(
+    "SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, false), "
+    "set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false)"
+)
 # Every transaction of the relay that takes row locks (lease renewal and claims, deletes)
 # bounds how long it may sit idle: a relay frozen inside one (SIGSTOP, a VM pause) would
 # otherwise hold its lease rows, so no other relay could claim them (the claim skips
 # locked rows), or its outbox rows, so the next owner's deletes would wait. The server
 # ends such a session after the bound, well before the frozen relay's leases run out.
 _BOUNDED = text("SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, true)")
-_ASYNC_COMMIT = text(
-    "SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, true), "
-    "set_config('synchronous_commit', 'off', true)"
-)
 # Fenced by the leases this relay still holds. The lease set is computed once, as an
 # array, so the planner probes the primary key per id instead of per id and lease.
 _DELETE = text(
     """
     DELETE FROM blackbox.outbox
-     WHERE id = ANY(:ids)
+     WHERE id = ANY(string_to_array(:ids, ',')::bigint[])
        AND shard = ANY(ARRAY(SELECT shard FROM blackbox.relay_leases WHERE owner = :me))
     """
 )
@@ -196,6 +203,8 @@ class _Batch:
     """Row ids Kafka acknowledged, known once the batch settled (``settle``)."""
     failed: list[int] = field(default_factory=list)
     """Row ids whose delivery failed, known once the batch settled."""
+    failed_values: list[bytes] = field(default_factory=list)
+    """The values of the failed deliveries, as the reports give them."""
     refused: int = 0
     timed_out: int = 0
     purged: int = 0
@@ -203,14 +212,16 @@ class _Batch:
     cut: bool = False
     """Rows were left unproduced: the lease deadline came first."""
 
-    def delivered(self, row_id: int, err: KafkaError | None, msg: Message) -> None:
-        """A delivery report of the row ``row_id`` (inside ``poll``). Kept minimal: it
-        runs once per event. The row id travels with the callback, not in the message:
-        a failed delivery report carries no headers."""
+    def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        """A delivery report of one of the batch's messages (inside ``poll``). Kept
+        minimal, and the same bound method for every message of the batch: it runs once
+        per event, and a callback made per message costs more than the produce itself.
+        A failed report carries the message's key and value but no headers; the value
+        (an envelope, unique to its event) tells the row at ``settle``."""
         self.pending -= 1
         if err is None:
             return
-        self.failed.append(row_id)
+        self.failed_values.append(msg.value() or b"")
         code = err.code()
         if code == _TIMED_OUT:
             self.timed_out += 1
@@ -218,18 +229,34 @@ class _Batch:
             self.purged += 1
         else:
             self.refused += 1
-            log.error(
-                "delivery of outbox row %d (run %s) failed: %s", row_id, _text(msg.key()), err
-            )
+            log.error("delivery of an event of run %s failed: %s", _text(msg.key()), err)
 
     def settle(self) -> None:
         """Sort the produced rows into acknowledged and failed; a row still unsettled
-        (shutdown cut the wait) is neither, and stays in the outbox."""
+        (shutdown cut the wait) is neither, and stays in the outbox. Two rows with the
+        same value (one event in the outbox twice) both count as failed if one did:
+        published again, never lost."""
         if self.pending == 0:
+            produced = self.rows[: self.produced]
+            if self.failed_values:
+                values = set(self.failed_values)
+                self.failed = [row[0] for row in produced if row[3] in values]
             failed = set(self.failed)
-            self.acked = [row[0] for row in self.rows[: self.produced] if row[0] not in failed]
+            self.acked = [row[0] for row in produced if row[0] not in failed]
 
 
+@dataclass(frozen=True, slots=True)
+class _ReadAhead:
+    """The read of the batch after a full one, running while that one is produced."""
+
+    key: tuple[tuple[int, ...], int]
+    """The shards and the last row id it reads after."""
+    rows: Future[Sequence[Any]]
+    expected: int
+    """Rows at or below ``key``'s id that the relay itself leaves in the outbox then."""
+
+
+_Headers = list[tuple[str, str | bytes | None]]
 _TIMED_OUT = KafkaError._MSG_TIMED_OUT
 _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
@@ -302,6 +329,12 @@ class Relay:
         # Lease state is renewed by a heartbeat thread while the loop publishes (see
         # _heartbeats); the lock keeps one renewal or fence at a time.
         self._lease_lock = threading.RLock()
+        # Reads and deletes of outbox rows run in order on one thread of their own, so
+        # that the database works while this thread produces (see ``_next_rows``).
+        self._lane = ThreadPoolExecutor(1, thread_name_prefix=f"outbox {self.owner}")
+        self._ahead: _ReadAhead | None = None
+        self._deletes: deque[Future[None]] = deque()
+        self._lane_conn: Connection | None = None
         self._depth_at = -math.inf
         self._listener: psycopg.Connection[Any] | None = None
         self._topic_ready = False
@@ -419,14 +452,15 @@ class Relay:
         Returns the number of rows produced or settled, and at least 1 when it read rows
         it had to leave in the outbox (0: nothing to do and nothing in flight).
         """
+        self._deleted(wait=False)
         if self._over_share:
             # Shards are to be handed back, which waits for nothing to be queued.
             self._settle(stop, keep=0)
-            if len(self._producer) == 0:
+            if self._quiet():
                 self._next_check = -math.inf  # hand shards back now
         if not self._beating or self._next_check == -math.inf:
             # Renewing is the heartbeat thread's when it runs; handing back is ours.
-            self._keep_leases(may_release=len(self._producer) == 0, wait=False)
+            self._keep_leases(may_release=self._quiet(), wait=False)
         self._fence_if_expired("its leases ran out before they were renewed")
         self._observe_depth()
         shards = self._shards
@@ -440,7 +474,7 @@ class Relay:
             ensure_topics(self.settings, {self.settings.topic: self.settings.partitions})
             self._topic_ready = True
         started = time.perf_counter()
-        rows = self._read(shards)
+        rows = self._next_rows(shards)
         if rows is None:
             # A writer committed a row below the last one read: settle everything in
             # flight, then read from the lowest id again (that row comes first).
@@ -457,19 +491,89 @@ class Relay:
         # Rows read but left (cut) are no idle outbox: report at least one.
         return max(batch.produced, settled, int(batch.cut))
 
-    def _read(self, shards: list[int]) -> Sequence[Any] | None:
+    def _next_rows(self, shards: list[int]) -> Sequence[Any] | None:
         """The next rows of ``shards`` after the last one produced; None when a row at or
         below it is in the outbox that the relay has not produced (committed late, or
-        acknowledged rows whose delete the lease no longer covered)."""
-        params = {"shards": shards, "after": self._after, "limit": self.options.batch_size}
-        with self.engine.connect() as conn:
-            driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
-            with driver.cursor() as cursor:
-                cursor.execute(_NO_SORT)
-                rows = cursor.execute(_READ, params, binary=True).fetchall()
-        if rows and rows[0][6] > sum(b.produced for b in self._window):
+        acknowledged rows whose delete failed or the lease no longer covered).
+
+        Reads run on the outbox lane behind the deletes already handed to it, so the
+        rows counted at or below ``after`` are exactly those of the batches still in
+        the window, plus any left behind. A full batch means a backlog: the batch after
+        it is read at once, on the lane, while this one is produced, on the guess that
+        all of it will be; the guess is dropped if the relay ends up elsewhere (a cut
+        or failed batch, other shards).
+        """
+        key = (tuple(shards), self._after)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.key == key:
+            rows, expected = ahead.rows.result(), ahead.expected
+        else:
+            expected = sum(b.produced for b in self._window)
+            rows = self._lane.submit(self._read, shards, self._after).result()
+        if rows and rows[0][6] > expected:
             return None
+        if len(rows) == self.options.batch_size:
+            after = rows[-1][0]
+            self._ahead = _ReadAhead(
+                key=(tuple(shards), after),
+                rows=self._lane.submit(self._read, shards, after),
+                # Counted now: the deletes handed to the lane so far run before it.
+                expected=sum(b.produced for b in self._window) + len(rows),
+            )
         return rows
+
+    def _read(self, shards: list[int], after: int) -> Sequence[Any]:
+        """Up to a batch of rows of ``shards`` after ``after`` (on the outbox lane)."""
+        params = {"shards": shards, "after": after, "limit": self.options.batch_size}
+        conn = self._lane_session()
+        driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+        try:
+            with driver.cursor() as cursor:
+                return cursor.execute(_READ, params, binary=True).fetchall()
+        except psycopg.Error as exc:
+            self._drop_lane_session()
+            raise DBAPIError.instance(_READ, params, exc, psycopg.Error) from exc
+
+    def _delete(self, acked: list[int]) -> None:
+        """Delete acknowledged rows, fenced by the leases still held (on the outbox lane)."""
+        try:
+            ids = ",".join(map(str, acked))  # one text, not a Python-built array of ints
+            self._lane_session().execute(_DELETE, {"ids": ids, "me": self.owner})
+        except SQLAlchemyError:
+            self._drop_lane_session()
+            raise
+
+    def _lane_session(self) -> Connection:
+        """The lane's connection, in autocommit with the lane's settings; a new one after
+        an error. It never goes back to the pool (its settings would go with it)."""
+        if self._lane_conn is None:
+            conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                conn.execute(_LANE_SESSION, self._idle_bound)
+            except SQLAlchemyError:
+                conn.invalidate()
+                conn.close()
+                raise
+            self._lane_conn = conn
+        return self._lane_conn
+
+    def _drop_lane_session(self) -> None:
+        if self._lane_conn is not None:
+            self._lane_conn.invalidate()
+            self._lane_conn.close()
+            self._lane_conn = None
+
+    def _deleted(self, *, wait: bool) -> None:
+        """Collect the deletes that finished (all of them with ``wait``), raising the
+        first that failed; its rows stay and the next read finds them (see _next_rows)."""
+        deletes = self._deletes
+        while deletes and (wait or deletes[0].done()):
+            deletes.popleft().result()
+
+    def _quiet(self) -> bool:
+        """Nothing queued, in flight or waiting to be deleted: shards may be handed back
+        without the next owner publishing acknowledged rows again."""
+        return len(self._producer) == 0 and not self._deletes
 
     def drain(self, *, timeout: float = 60.0) -> int:
         """Publish until the leased shards are empty or ``timeout`` passes (for tools)."""
@@ -481,7 +585,8 @@ class Relay:
                 moved = self.drain_once()
                 total += self.published - before
                 if moved == 0 and self._shards:
-                    return total
+                    break
+        self._deleted(wait=True)
         return total
 
     def close(self) -> None:
@@ -496,6 +601,14 @@ class Relay:
         self._producer.purge(in_queue=True, in_flight=False, blocking=True)
         # In-flight requests settle (acknowledged or failed) within the message timeout.
         self._producer.flush(self.timing.message_timeout_s + self.timing.margin_s)
+        try:
+            self._deleted(wait=True)
+        except SQLAlchemyError as exc:
+            log.warning("could not delete acknowledged rows: %s", _first_line(exc))
+        self._deletes.clear()
+        self._ahead = None
+        self._lane.shutdown(wait=True)
+        self._drop_lane_session()
         settled = len(self._producer) == 0
         try:
             with self.engine.begin() as conn:
@@ -528,6 +641,8 @@ class Relay:
         topic = self.settings.topic
         deadline = self._deadline
         clock = time.monotonic
+        produce = self._producer.produce
+        delivered = batch.delivered
         for row in rows:
             # Read afresh per row: the heartbeat thread renews (or fences) meanwhile.
             stamp = self._stamps.get(row[5])
@@ -536,28 +651,33 @@ class Relay:
                 # it (and every later row) waits for the next renewal.
                 batch.cut = True
                 break
-            self._produce(topic, row, stamp, batch)
+            headers: _Headers = [(EVENT_ID_HEADER, row[2].encode()), stamp]
+            try:
+                produce(
+                    topic, value=row[3], key=row[1].encode(), on_delivery=delivered, headers=headers
+                )
+            except BufferError:
+                self._produce_when_room(topic, row, headers, batch)
+            batch.pending += 1
             batch.produced += 1
         self._producer.poll(0)  # serve the deliveries of earlier batches
         return batch
 
-    def _produce(self, topic: str, row: Any, stamp: tuple[str, bytes], batch: _Batch) -> None:
-        produce = self._producer.produce
-        key = row[1].encode()
-        headers = [(EVENT_ID_HEADER, row[2].encode()), stamp]
+    def _produce_when_room(self, topic: str, row: Any, headers: _Headers, batch: _Batch) -> None:
+        """Produce ``row`` once the local queue has room again."""
         while True:
+            self._producer.poll(0.05)  # the local queue is full; let deliveries drain
             try:
-                produce(
+                self._producer.produce(
                     topic,
                     value=row[3],
-                    key=key,
-                    on_delivery=partial(batch.delivered, row[0]),
+                    key=row[1].encode(),
+                    on_delivery=batch.delivered,
                     headers=headers,
                 )
-                batch.pending += 1
                 return
             except BufferError:
-                self._producer.poll(0.05)  # the local queue is full; let deliveries drain
+                continue
 
     def _settle(self, stop: threading.Event | None, *, keep: int) -> int:
         """Wait until at most ``keep`` batches are in flight, oldest first, then delete the
@@ -613,12 +733,9 @@ class Relay:
             return 0
         acked = [row_id for b in done for row_id in b.acked]
         if acked:
-            with self.engine.begin() as conn:
-                # The next batch need not wait for this commit to reach the disk: a
-                # delete lost in a database crash only publishes those rows again
-                # (duplicates, which readers absorb), never loses one.
-                conn.execute(_ASYNC_COMMIT, self._idle_bound)
-                conn.execute(_DELETE, {"ids": acked, "me": self.owner})
+            # Deleted on the outbox lane while the next batch is produced; reads queue
+            # behind it.
+            self._deletes.append(self._lane.submit(self._delete, acked))
         for b in done:
             self._account(b)
         if any(b.failed for b in done):
@@ -693,7 +810,8 @@ class Relay:
         returned.
         """
         self._next_check = -math.inf
-        self._keep_leases(may_release=len(self._producer) == 0)
+        self._deleted(wait=True)
+        self._keep_leases(may_release=self._quiet())
         return list(self._shards)
 
     def _keep_leases(self, *, may_release: bool, wait: bool = True) -> None:

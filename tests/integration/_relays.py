@@ -168,25 +168,44 @@ class Writer:
             raise AssertionError(f"the writer failed: {self.error!r}")
 
 
-class _PausingRelay(Relay):
-    def __init__(self, *args: Any, pause_at: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+class _PausingProducer:
+    """The relay's producer, stopping the process once after ``pause_at`` messages of
+    one batch were handed to it (``batch_started`` counts from the batch's start)."""
+
+    def __init__(self, producer: Any, pause_at: int) -> None:
+        self._producer = producer
         self._pause_at = pause_at
         self._in_batch = 0
         self._paused = False
 
-    def _publish(self, rows: Any, stop: threading.Event | None) -> Any:
+    def batch_started(self) -> None:
         self._in_batch = 0
-        return super()._publish(rows, stop)
 
-    def _produce(self, topic: str, row: Any, stamp: tuple[str, bytes], batch: Any) -> None:
-        super()._produce(topic, row, stamp, batch)
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        self._producer.produce(*args, **kwargs)
         self._in_batch += 1
         if not self._paused and self._in_batch == self._pause_at:
             self._paused = True
             print(f"pausing with {len(self._producer)} messages queued", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
             print("continued", flush=True)
+
+    def __len__(self) -> int:
+        return len(self._producer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+
+class _PausingRelay(Relay):
+    def __init__(self, *args: Any, pause_at: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pausing = _PausingProducer(self._producer, pause_at)
+        self._producer = self._pausing  # type: ignore[assignment]
+
+    def _publish(self, rows: Any, stop: threading.Event | None) -> Any:
+        self._pausing.batch_started()
+        return super()._publish(rows, stop)
 
 
 def _main(argv: list[str]) -> None:

@@ -102,7 +102,10 @@ def test_relay_command_refuses_a_heartbeat_that_cannot_work() -> None:
 
 class _Report:
     """A delivery report's message, as far as the relay reads it: like the real one of a
-    failed delivery, it carries no headers."""
+    failed delivery, it carries the key and value and no headers."""
+
+    def __init__(self, value: bytes) -> None:
+        self._value = value
 
     def headers(self) -> None:
         return None
@@ -110,24 +113,41 @@ class _Report:
     def key(self) -> bytes:
         return b"run"
 
+    def value(self) -> bytes:
+        return self._value
 
-REPORT = cast(Message, _Report())
+
+def _report(row_id: int) -> Message:
+    return cast(Message, _Report(b"envelope-%d" % row_id))
+
+
+def _rows(*ids: int) -> list[tuple[int, str, str, bytes, None, int]]:
+    return [(i, "run", f"event-{i}", b"envelope-%d" % i, None, 0) for i in ids]
 
 
 def test_a_settled_batch_sorts_its_produced_rows_into_acked_and_failed() -> None:
-    rows = [(i, "run", f"event-{i}", b"", None, 0) for i in (10, 11, 12, 13)]
-    batch = _Batch(rows=rows, produced=3, pending=3)  # row 13 was cut, never produced
-    batch.delivered(10, None, REPORT)
-    batch.delivered(11, KafkaError(KafkaError._MSG_TIMED_OUT), REPORT)
-    batch.delivered(12, None, REPORT)
+    batch = _Batch(rows=_rows(10, 11, 12, 13), produced=3, pending=3)  # 13 never produced
+    batch.delivered(None, _report(10))
+    batch.delivered(KafkaError(KafkaError._MSG_TIMED_OUT), _report(11))
+    batch.delivered(None, _report(12))
     batch.settle()
     assert (batch.acked, batch.failed, batch.timed_out, batch.pending) == ([10, 12], [11], 1, 0)
 
 
+def test_a_failed_report_marks_every_row_with_its_value_failed() -> None:
+    rows = _rows(1, 2, 3)
+    rows[2] = (3, "run", "event-1", b"envelope-1", None, 0)  # the event of row 1, again
+    batch = _Batch(rows=rows, produced=3, pending=3)
+    batch.delivered(KafkaError(KafkaError._MSG_TIMED_OUT), _report(1))
+    batch.delivered(None, _report(2))
+    batch.delivered(None, _report(1))
+    batch.settle()
+    assert (batch.acked, batch.failed) == ([2], [1, 3])  # published again, never lost
+
+
 def test_a_batch_cut_short_by_shutdown_deletes_nothing_unsettled() -> None:
-    rows = [(i, "run", f"event-{i}", b"", None, 0) for i in (1, 2)]
-    batch = _Batch(rows=rows, produced=2, pending=2)
-    batch.delivered(1, None, REPORT)
+    batch = _Batch(rows=_rows(1, 2), produced=2, pending=2)
+    batch.delivered(None, _report(1))
     batch.settle()  # one delivery still unconfirmed: nothing is known acknowledged
     assert (batch.acked, batch.failed) == ([], [])
 
