@@ -643,23 +643,32 @@ class Relay:
         clock = time.monotonic
         produce = self._producer.produce
         delivered = batch.delivered
-        for row in rows:
-            # Read afresh per row: the heartbeat thread renews (or fences) meanwhile.
-            stamp = self._stamps.get(row[5])
-            if stamp is None or clock() >= deadline.produce_until:
-                # No lease valid long enough for this row's message to settle in time:
-                # it (and every later row) waits for the next renewal.
-                batch.cut = True
-                break
-            headers: _Headers = [(EVENT_ID_HEADER, row[2].encode()), stamp]
-            try:
-                produce(
-                    topic, value=row[3], key=row[1].encode(), on_delivery=delivered, headers=headers
-                )
-            except BufferError:
-                self._produce_when_room(topic, row, headers, batch)
-            batch.pending += 1
-            batch.produced += 1
+        until = deadline.produce_until
+        produced = 0
+        try:
+            for row in rows:
+                # Read afresh per row: the heartbeat thread renews (or fences) meanwhile;
+                # the deadline only when the one read last has passed.
+                stamp = self._stamps.get(row[5])
+                now = clock()
+                if now >= until:
+                    until = deadline.produce_until
+                if stamp is None or now >= until:
+                    # No lease valid long enough for this row's message to settle in
+                    # time: it (and every later row) waits for the next renewal.
+                    batch.cut = True
+                    break
+                headers: _Headers = [(EVENT_ID_HEADER, row[2].encode()), stamp]
+                try:
+                    produce(topic, row[3], row[1].encode(), on_delivery=delivered, headers=headers)
+                except BufferError:
+                    self._produce_when_room(topic, row, headers, batch)
+                produced += 1
+        finally:
+            # Counted once: a report of this batch served meanwhile (inside a poll for
+            # room) took its pending count down already.
+            batch.produced = produced
+            batch.pending += produced
         self._producer.poll(0)  # serve the deliveries of earlier batches
         return batch
 
