@@ -512,7 +512,8 @@ class Relay:
             rows = self._lane.submit(self._read, shards, self._after).result()
         if rows and rows[0][6] > expected:
             return None
-        if len(rows) == self.options.batch_size:
+        if len(rows) == self.options.batch_size and self.options.pipeline_batches > 1:
+            # (One batch at a time reads from the lowest id after each: nothing to guess.)
             after = rows[-1][0]
             self._ahead = _ReadAhead(
                 key=(tuple(shards), after),
