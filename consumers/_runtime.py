@@ -17,6 +17,7 @@ fence is stored beside the offsets, so a restart or another member judges the sa
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -77,6 +78,7 @@ _MISSING_RELATION = {"42P01", "3F000", "42703"}  # undefined table, schema, colu
 _RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed)
 _MAX_BACKOFF_S = 30.0
 _KAFKA_COMMIT_EVERY_S = 1.0
+_SWITCH_INTERVAL_S = 0.001
 
 
 @dataclass(slots=True)
@@ -557,18 +559,27 @@ class _Pipeline:
     cover. A batch read before a rebalance is dropped unapplied (the assignment
     rewound to the stored offsets), and so is the one decoded behind a failed
     commit: the rewind that follows reads it again.
+
+    While it runs, the interpreter's switch interval is at most 1 ms: the worker takes
+    the interpreter back after every reply of the database (a dozen per batch), and
+    with the default 5 ms, each would wait for the decoding thread that long.
     """
 
     def __init__(self, runtime: ConsumerRuntime) -> None:
         self._runtime = runtime
         self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"{runtime.name}-commit")
         self._waiting: _Batch | None = None
+        self._switch_interval = sys.getswitchinterval()
 
     def __enter__(self) -> _Pipeline:
+        sys.setswitchinterval(min(self._switch_interval, _SWITCH_INTERVAL_S))
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._worker.shutdown(wait=True)
+        try:
+            self._worker.shutdown(wait=True)
+        finally:
+            sys.setswitchinterval(self._switch_interval)
 
     @property
     def holding(self) -> bool:
