@@ -242,6 +242,7 @@ class ConsumerRuntime:
             while not stop.is_set():
                 try:
                     outcome = pipeline.turn(poll_timeout_s)
+                    self._between_batches()
                     failures = 0
                 except _RETRYABLE as exc:
                     failures += 1
@@ -304,6 +305,14 @@ class ConsumerRuntime:
             ViewsNotMigrated: the view tables are missing.
             ProjectionFailed: the projection raised something unexpected.
         """
+        outcome = self._poll(timeout)
+        self._between_batches()
+        return outcome
+
+    def _between_batches(self) -> None:
+        """A subclass's periodic work: called after every poll, no batch in flight."""
+
+    def _poll(self, timeout: float) -> BatchOutcome | None:
         messages = self._receive(timeout)
         try:
             batch = self._sort(messages)
