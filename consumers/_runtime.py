@@ -17,11 +17,9 @@ fence is stored beside the offsets, so a restart or another member judges the sa
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -59,6 +57,7 @@ from agent_blackbox.consumers._offsets import (
     load_fences,
     load_offsets,
 )
+from agent_blackbox.consumers._pipeline import Pipeline
 from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.consumers._views import apply_batch, views_screen
 from agent_blackbox.schemas import (
@@ -78,7 +77,6 @@ _MISSING_RELATION = {"42P01", "3F000", "42703"}  # undefined table, schema, colu
 _RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed)
 _MAX_BACKOFF_S = 30.0
 _KAFKA_COMMIT_EVERY_S = 1.0
-_SWITCH_INTERVAL_S = 0.001
 
 
 @dataclass(slots=True)
@@ -214,8 +212,8 @@ class ConsumerRuntime:
         idle clock starts only once partitions are assigned (a consumer waiting for a
         rebalance is not idle), and a consumer that knows of lag keeps consuming.
 
-        Batches are pipelined (see :class:`_Pipeline`): each commits on a worker
-        thread while the next is read and decoded, in order, one at a time.
+        Batches are pipelined (see :mod:`agent_blackbox.consumers._pipeline`): each
+        commits on a worker thread while the next is read and decoded, in order.
 
         A lost database or an unacknowledged dead letter is retried with backoff;
         the batches in progress when ``stop`` is set are still committed.
@@ -238,7 +236,7 @@ class ConsumerRuntime:
             if on_batch is not None:
                 on_batch(outcome)
 
-        with _Pipeline(self) as pipeline:
+        with Pipeline(self) as pipeline:
             while not stop.is_set():
                 try:
                     outcome = pipeline.turn(poll_timeout_s)
@@ -555,80 +553,6 @@ class ConsumerRuntime:
             **static,
             **self._client_config,
         }
-
-
-class _Pipeline:
-    """Commits one batch on a worker thread while the next is read and decoded.
-
-    A turn: 1. consume (nothing is in flight, so rebalance callbacks find no work
-    under way); 2. hand the batch decoded last turn to the worker, its offset moves
-    taken now, from the positions its predecessor's commit left; 3. sort and decode
-    what step 1 consumed while it commits; 4. wait for the commit. The worker runs
-    one transaction at a time, in order, so offsets still commit with the rows they
-    cover. A batch read before a rebalance is dropped unapplied (the assignment
-    rewound to the stored offsets), and so is the one decoded behind a failed
-    commit: the rewind that follows reads it again.
-
-    While it runs, the interpreter's switch interval is at most 1 ms: the worker takes
-    the interpreter back after every reply of the database (a dozen per batch), and
-    with the default 5 ms, each would wait for the decoding thread that long.
-    """
-
-    def __init__(self, runtime: ConsumerRuntime) -> None:
-        self._runtime = runtime
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"{runtime.name}-commit")
-        self._waiting: _Batch | None = None
-        self._switch_interval = sys.getswitchinterval()
-
-    def __enter__(self) -> _Pipeline:
-        sys.setswitchinterval(min(self._switch_interval, _SWITCH_INTERVAL_S))
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        try:
-            self._worker.shutdown(wait=True)
-        finally:
-            sys.setswitchinterval(self._switch_interval)
-
-    @property
-    def holding(self) -> bool:
-        """Whether a decoded batch waits for its commit."""
-        return self._waiting is not None
-
-    def turn(self, timeout: float) -> BatchOutcome | None:
-        """One turn (see the class); the outcome of the batch it committed, if any."""
-        runtime = self._runtime
-        if runtime._unsynced:
-            self._waiting = None
-        messages = runtime._receive(0.0 if self._waiting is not None else timeout)
-        previous, self._waiting = self._waiting, None
-        if previous is not None and previous.assignment != runtime._assignments:
-            previous = None
-        committing = self._submit(previous) if previous is not None else None
-        try:
-            batch = runtime._sort(messages)
-        except BaseException:
-            if committing is not None and previous is not None:
-                runtime._settle(previous, committing.result)
-            runtime._batch_failed()
-            raise
-        outcome = None
-        if committing is not None and previous is not None:
-            outcome = runtime._settle(previous, committing.result)
-            if outcome is None:  # it raced another consumer: the rewind reads this again
-                return None
-        self._waiting = batch if batch.next_offsets else None
-        return outcome
-
-    def flush(self) -> BatchOutcome | None:
-        """Commit the batch still waiting, if any."""
-        waiting, self._waiting = self._waiting, None
-        if waiting is None or waiting.assignment != self._runtime._assignments:
-            return None
-        return self._runtime._settle(waiting, self._submit(waiting).result)
-
-    def _submit(self, batch: _Batch) -> Future[BatchOutcome]:
-        return self._worker.submit(self._runtime._commit, batch, self._runtime._moves(batch))
 
 
 class ViewConsumer(ConsumerRuntime):

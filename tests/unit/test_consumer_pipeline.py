@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry
 
 from agent_blackbox.consumers import BatchOutcome, ConsumerRuntime, ViewStoreUnavailable
 from agent_blackbox.consumers._offsets import OffsetMove
-from agent_blackbox.consumers._runtime import _Batch, _Pipeline
+from agent_blackbox.consumers._pipeline import Pipeline
+from agent_blackbox.consumers._runtime import _Batch
 from agent_blackbox.schemas import Settings
 from tests.unit.test_consumer_fence import TOPIC, FakeMessage
 
@@ -71,7 +72,7 @@ def _moved(runtime: Scripted) -> list[tuple[int | None, int]]:
 
 def test_batches_commit_in_order_each_from_where_the_last_left_off() -> None:
     runtime = Scripted([_messages(0, 1), _messages(2), _messages(3, 4)])
-    with _Pipeline(runtime) as pipeline:
+    with Pipeline(runtime) as pipeline:
         outcomes = [pipeline.turn(0) for _ in range(4)]
         assert pipeline.flush() is None
 
@@ -82,7 +83,7 @@ def test_batches_commit_in_order_each_from_where_the_last_left_off() -> None:
 
 def test_the_batch_left_waiting_is_committed_by_flush() -> None:
     runtime = Scripted([_messages(0, 1)])
-    with _Pipeline(runtime) as pipeline:
+    with Pipeline(runtime) as pipeline:
         assert pipeline.turn(0) is None
         assert pipeline.holding
         outcome = pipeline.flush()
@@ -94,7 +95,7 @@ def test_the_batch_left_waiting_is_committed_by_flush() -> None:
 
 def test_a_failed_commit_drops_the_batch_decoded_behind_it() -> None:
     runtime = Scripted([_messages(0, 1), _messages(2, 3), _messages(4)], fail_at=[0])
-    with _Pipeline(runtime) as pipeline:
+    with Pipeline(runtime) as pipeline:
         assert pipeline.turn(0) is None
         with pytest.raises(ViewStoreUnavailable):
             pipeline.turn(0)  # commits 0-1 (fails) while 2-3 is decoded
@@ -114,7 +115,7 @@ def test_a_batch_read_before_a_rebalance_is_not_applied() -> None:
         runtime._assignments += 1
 
     runtime.on_read[1] = rebalance  # during the poll that would hand 0-1 to the worker
-    with _Pipeline(runtime) as pipeline:
+    with Pipeline(runtime) as pipeline:
         pipeline.turn(0)
         assert pipeline.turn(0) is None
         pipeline.flush()
@@ -124,6 +125,6 @@ def test_a_batch_read_before_a_rebalance_is_not_applied() -> None:
 
 def test_the_switch_interval_is_restored() -> None:
     before = sys.getswitchinterval()
-    with _Pipeline(Scripted([])):
+    with Pipeline(Scripted([])):
         assert sys.getswitchinterval() <= 0.001
     assert sys.getswitchinterval() == before
