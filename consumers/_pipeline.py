@@ -11,6 +11,7 @@ in order, and nothing applied that a rebalance or a failure made stale.
 from __future__ import annotations
 
 import sys
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,32 @@ if TYPE_CHECKING:
     from agent_blackbox.consumers._runtime import ConsumerRuntime, _Batch
 
 _SWITCH_INTERVAL_S = 0.001
+
+
+class _SwitchInterval:
+    """The interpreter's switch interval, lowered while any pipeline of the process
+    runs and put back when the last one stops (several consumers may share a process)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved = 0.0
+
+    def lower(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._saved, _SWITCH_INTERVAL_S))
+            self._users += 1
+
+    def restore(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_switch_interval = _SwitchInterval()
 
 
 class Pipeline:
@@ -43,17 +70,16 @@ class Pipeline:
         self._runtime = runtime
         self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"{runtime.name}-commit")
         self._waiting: _Batch | None = None
-        self._switch_interval = sys.getswitchinterval()
 
     def __enter__(self) -> Pipeline:
-        sys.setswitchinterval(min(self._switch_interval, _SWITCH_INTERVAL_S))
+        _switch_interval.lower()
         return self
 
     def __exit__(self, *_exc: object) -> None:
         try:
             self._worker.shutdown(wait=True)
         finally:
-            sys.setswitchinterval(self._switch_interval)
+            _switch_interval.restore()
 
     @property
     def holding(self) -> bool:

@@ -123,8 +123,13 @@ def test_a_batch_read_before_a_rebalance_is_not_applied() -> None:
     assert _moved(runtime) == [(0, 3)]  # 2 alone, from the stored position
 
 
-def test_the_switch_interval_is_restored() -> None:
+def test_the_switch_interval_is_restored_when_the_last_pipeline_stops() -> None:
     before = sys.getswitchinterval()
-    with Pipeline(Scripted([])):
-        assert sys.getswitchinterval() <= 0.001
+    first, second = Pipeline(Scripted([])), Pipeline(Scripted([]))
+    first.__enter__()
+    second.__enter__()
+    assert sys.getswitchinterval() <= 0.001
+    first.__exit__(None, None, None)
+    assert sys.getswitchinterval() <= 0.001  # the second still runs
+    second.__exit__(None, None, None)
     assert sys.getswitchinterval() == before
