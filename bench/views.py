@@ -69,32 +69,45 @@ def build_views(settings: Settings, *, group_id: str, events: int) -> tuple[floa
     """Consume until ``events`` are in the index; (seconds to the first batch, events/s,
     the consumer's own CPU microseconds per event).
 
-    The rate leaves out the first batch, whose poll also joins the group. The CPU time
-    (this process only, not the database's) varies less than the rate on a busy machine.
+    The consumer runs as ``blackbox consume`` runs it (:meth:`ViewConsumer.run`, its
+    batches pipelined). The rate leaves out the first batch, whose poll also joins the
+    group. The CPU time (this process only, not the database's) varies less than the
+    rate on a busy machine.
     """
     opened = time.perf_counter()
     first: tuple[float, float, int] | None = None
+    last: tuple[float, float] = (opened, 0.0)
     inserted = 0
+    stop = threading.Event()
+    deadline = threading.Timer(DEADLINE_S, stop.set)
     with (
         ViewConsumer(settings, group_id=group_id, registry=CollectorRegistry()) as consumer,
         progress() as display,
     ):
         task = display.add_task("views", total=events)
-        while inserted < events:
-            if time.perf_counter() - opened > DEADLINE_S:
-                raise RuntimeError(f"only {inserted} of {events} events indexed in time")
-            outcome = consumer.poll_once(0.1)
-            if outcome is None:
-                continue
+
+        def counted(outcome: BatchOutcome) -> None:
+            nonlocal first, last, inserted
             inserted += outcome.inserted
             display.advance(task, outcome.inserted)
-            first = first or (time.perf_counter(), time.process_time(), inserted)
-        done, cpu_done = time.perf_counter(), time.process_time()
+            last = (time.perf_counter(), time.process_time())
+            first = first or (*last, inserted)
+            if inserted >= events:
+                stop.set()
+
+        deadline.start()
+        try:
+            consumer.run(stop, on_batch=counted, poll_timeout_s=0.1)
+        finally:
+            deadline.cancel()
+    if inserted < events:
+        raise RuntimeError(f"only {inserted} of {events} events indexed in time")
     assert first is not None
     first_at, cpu_at, first_count = first
     if inserted == first_count:
         raise ValueError(f"{events} events fit one batch; ask for more to measure a rate")
     measured = inserted - first_count
+    done, cpu_done = last
     return first_at - opened, measured / (done - first_at), (cpu_done - cpu_at) * 1e6 / measured
 
 

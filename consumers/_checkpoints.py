@@ -466,13 +466,10 @@ class CheckpointConsumer(ConsumerRuntime):
         )
         self._next_sweep = 0.0
 
-    def poll_once(self, timeout: float) -> BatchOutcome | None:
-        """Consume and commit at most one batch, then, when due, sign idle heads whose
-        wait ran out (see :func:`sweep_heads`); returns the batch's outcome."""
-        outcome = super().poll_once(timeout)
+    def _between_batches(self) -> None:
+        """When due, sign idle heads whose wait ran out (see :func:`sweep_heads`)."""
         if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + min(self._policy.every_seconds, 10.0) / 2
             with self._transaction() as conn:
                 swept = sweep_heads(conn, signer=self._signer, policy=self._policy)
             self._metrics.violations_found(swept.violations)
-        return outcome

@@ -57,6 +57,7 @@ from agent_blackbox.consumers._offsets import (
     load_fences,
     load_offsets,
 )
+from agent_blackbox.consumers._pipeline import Pipeline
 from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.consumers._views import apply_batch, views_screen
 from agent_blackbox.schemas import (
@@ -84,6 +85,10 @@ class _Batch:
     poison: list[Poison] = field(default_factory=list)
     stale: int = 0
     next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    assignment: int = 0
+    """The rebalance count when the batch was read: one read before a rebalance is
+    dropped unapplied (the new assignment rewinds to the stored offsets)."""
 
 
 class ConsumerRuntime:
@@ -137,6 +142,8 @@ class ConsumerRuntime:
         self._fence = EpochFence()
         self._kafka_commits: dict[TopicPartition, int] = {}
         self._kafka_committed_at = 0.0
+        self._assignments = 0
+        """Rebalances seen (each assignment and revocation counts)."""
         self.drained: list[TopicPartition] = []
         """The partitions read to their end when :meth:`run` last stopped for idleness."""
         self._closed = False
@@ -205,8 +212,11 @@ class ConsumerRuntime:
         idle clock starts only once partitions are assigned (a consumer waiting for a
         rebalance is not idle), and a consumer that knows of lag keeps consuming.
 
+        Batches are pipelined (see :mod:`agent_blackbox.consumers._pipeline`): each
+        commits on a worker thread while the next is read and decoded, in order.
+
         A lost database or an unacknowledged dead letter is retried with backoff;
-        the batch in progress when ``stop`` is set is still committed.
+        the batches in progress when ``stop`` is set are still committed.
 
         Returns:
             The sum of every committed batch's outcome.
@@ -218,24 +228,36 @@ class ConsumerRuntime:
         total = BatchOutcome()
         idle = IdleClock(self, max_idle_s)
         failures = 0
-        while not stop.is_set():
+
+        def committed(outcome: BatchOutcome) -> None:
+            nonlocal total
+            total += outcome
+            idle.reset()
+            if on_batch is not None:
+                on_batch(outcome)
+
+        with Pipeline(self) as pipeline:
+            while not stop.is_set():
+                try:
+                    outcome = pipeline.turn(poll_timeout_s)
+                    self._between_batches()
+                    failures = 0
+                except _RETRYABLE as exc:
+                    failures += 1
+                    delay = min(_MAX_BACKOFF_S, 0.2 * 2**failures)
+                    log.warning("consumer %s: %s; retrying in %.1f s", self.name, exc, delay)
+                    stop.wait(delay)
+                    outcome = None
+                if outcome is not None:
+                    committed(outcome)
+                elif not pipeline.holding and idle.finished():
+                    self.drained = idle.drained
+                    break
             try:
-                outcome = self.poll_once(poll_timeout_s)
-                failures = 0
+                if (outcome := pipeline.flush()) is not None:
+                    committed(outcome)
             except _RETRYABLE as exc:
-                failures += 1
-                delay = min(_MAX_BACKOFF_S, 0.2 * 2**failures)
-                log.warning("consumer %s: %s; retrying in %.1f s", self.name, exc, delay)
-                stop.wait(delay)
-                outcome = None
-            if outcome is not None:
-                total += outcome
-                idle.reset()
-                if on_batch is not None:
-                    on_batch(outcome)
-            elif idle.finished():
-                self.drained = idle.drained
-                break
+                log.warning("consumer %s: the last batch was not committed: %s", self.name, exc)
         return total
 
     @property
@@ -281,16 +303,37 @@ class ConsumerRuntime:
             ViewsNotMigrated: the view tables are missing.
             ProjectionFailed: the projection raised something unexpected.
         """
+        outcome = self._poll(timeout)
+        self._between_batches()
+        return outcome
+
+    def _between_batches(self) -> None:
+        """A subclass's periodic work: called after every poll, no batch in flight."""
+
+    def _poll(self, timeout: float) -> BatchOutcome | None:
+        messages = self._receive(timeout)
+        try:
+            batch = self._sort(messages)
+        except BaseException:
+            self._batch_failed()
+            raise
+        if not batch.next_offsets:
+            return None
+        moves = self._moves(batch)
+        return self._settle(batch, lambda: self._commit(batch, moves))
+
+    def _receive(self, timeout: float) -> list[Message]:
+        """Start or rewind when needed, then consume (see :meth:`_consume`)."""
         self.start()
         if self._unsynced:
             self._sync()
-        messages = self._consume(timeout)
-        started = time.monotonic()
+        return self._consume(timeout)
+
+    def _settle(self, batch: _Batch, commit: Callable[[], BatchOutcome]) -> BatchOutcome | None:
+        """Wait for ``commit`` of ``batch`` and take its result: the outcome, or
+        ``None`` when it raced another consumer (rolled back, rewound)."""
         try:
-            batch = self._sort(messages)
-            if not batch.next_offsets:
-                return None
-            outcome = self._commit(batch)
+            outcome = commit()
         except OffsetsMoved as exc:
             log.warning("consumer %s: %s", self.name, exc)
             self._batch_failed()
@@ -301,7 +344,7 @@ class ConsumerRuntime:
             # not committed: rewind before consuming again.
             self._batch_failed()
             raise
-        self._committed(batch, outcome, time.monotonic() - started)
+        self._committed(batch, outcome, time.monotonic() - batch.started)
         return outcome
 
     # -- one batch --------------------------------------------------------------------
@@ -320,7 +363,7 @@ class ConsumerRuntime:
             return [first, *self._consumer.consume(num_messages=self._batch_size - 1, timeout=0)]
 
     def _sort(self, messages: Sequence[Message]) -> _Batch:
-        batch = _Batch()
+        batch = _Batch(assignment=self._assignments)
         for message in messages:
             error = message.error()
             if error is not None:
@@ -380,14 +423,22 @@ class ConsumerRuntime:
             return f"decoder failed unexpectedly: {exc!r}"
         return (self._screen(envelope) if self._screen else None) or envelope
 
-    def _commit(self, batch: _Batch) -> BatchOutcome:
-        """1. DLQ acknowledged. 2. Offsets CAS. 3. Projection. 4. Commit."""
-        assert self._dead_letters is not None
-        self._dead_letters.send(batch.poison)
-        moves = [
+    def _moves(self, batch: _Batch) -> list[OffsetMove]:
+        """The offset advances of ``batch``, with the fence as it stands after it: taken
+        by the reading thread before the next batch is sorted (which moves the fence),
+        from the positions the previous batch's commit left."""
+        return [
             OffsetMove(tp[0], tp[1], self._positions[tp], next_offset, self._fence.state(tp[1]))
             for tp, next_offset in batch.next_offsets.items()
         ]
+
+    def _commit(self, batch: _Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
+        """1. DLQ acknowledged. 2. Offsets CAS. 3. Projection. 4. Commit.
+
+        Touches no state of the reading thread: :meth:`run` calls it on its worker.
+        """
+        assert self._dead_letters is not None
+        self._dead_letters.send(batch.poison)
         with self._transaction() as conn:
             advance_offsets(conn, group_id=self.group_id, moves=moves)
             outcome = self._projection(conn, batch.records) if batch.records else BatchOutcome()
@@ -423,6 +474,7 @@ class ConsumerRuntime:
     # -- offsets and rebalancing ----------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+        self._assignments += 1
         tps = [(p.topic, p.partition) for p in partitions]
         self._fence.forget(p for _, p in tps)
         try:
@@ -440,6 +492,7 @@ class ConsumerRuntime:
         log.info("consumer %s assigned %s", self.name, _describe(stored))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+        self._assignments += 1
         for p in partitions:
             self._positions.pop((p.topic, p.partition), None)
             self._unsynced.discard((p.topic, p.partition))
@@ -548,6 +601,14 @@ class ViewConsumer(ConsumerRuntime):
     def _project(self, conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
         for topic in {r.topic for r in records} - self._partitions.keys():
             self._partitions[topic] = partition_count(self._settings, topic)
+        # The commit need not wait for the WAL flush. A commit that a database crash
+        # loses takes its offsets with its rows (one transaction), and every later
+        # commit with it (the WAL is replayed in order), so the consumer reads the same
+        # messages again from the older offsets. Every effect of a batch is in its
+        # transaction: its dead letters were acknowledged before (as on any retry), and
+        # Kafka's committed offsets are informational, never read. Nothing is lost or
+        # counted twice; the crash costs a re-read.
+        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
         return apply_batch(conn, records, partitions=self._partitions, redactions=self._redactions)
 
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:

@@ -22,7 +22,8 @@ see it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
@@ -44,6 +45,7 @@ from sqlalchemy import (
     union,
 )
 from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement, Select, column
 
 from agent_blackbox.broker import run_partition
@@ -479,6 +481,8 @@ def _insert_events(conn: Connection, records: Sequence[Delivered]) -> set[tuple[
     if not records:
         return set()
     ordered = sorted(records, key=lambda r: r.key)  # a stable lock order across consumers
+    if conn.dialect.driver == "psycopg":
+        return _copy_events(conn, ordered)
     columns = _event_columns(ordered)
     statement = (
         pg.insert(events_index)
@@ -488,6 +492,78 @@ def _insert_events(conn: Connection, records: Sequence[Delivered]) -> set[tuple[
     )
     rows = _execute_arrays(conn, "insert_events", statement, _arrays(columns))
     return {(run_id, sequence) for run_id, sequence in rows}
+
+
+_INCOMING = "blackbox_incoming_events"
+"""A temporary table per session, emptied at every commit: the batch's events on
+their way into the index."""
+_EVENT_COLUMNS = (
+    *("run_id", "sequence", "event_id", "event_type", "body_version", "topic"),
+    *("partition", "offset", "input_digest", "output_digest", "chain_hash"),
+    *("recorded_at", "key_id", "payload_ref"),
+)
+_EVENT_TYPES = (
+    *("text", "int8", "text", "text", "int4", "text", "int4", "int8", "text", "text"),
+    *("text", "timestamptz", "text", "text"),
+)
+_QUOTED = ", ".join(f'"{name}"' for name in _EVENT_COLUMNS)
+_CREATE_INCOMING = (
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {_INCOMING} "
+    f"(LIKE {VIEWS_SCHEMA}.events) ON COMMIT DELETE ROWS"
+)
+_COPY_INCOMING = f"COPY {_INCOMING} ({_QUOTED}) FROM STDIN (FORMAT BINARY)"
+_INSERT_INCOMING = (
+    f"INSERT INTO {VIEWS_SCHEMA}.events ({_QUOTED}) "
+    f"SELECT {_QUOTED} FROM {_INCOMING} ORDER BY run_id, sequence "
+    "ON CONFLICT DO NOTHING RETURNING run_id, sequence"
+)
+
+
+def _copy_events(conn: Connection, ordered: Sequence[Delivered]) -> set[tuple[str, int]]:
+    """:func:`_insert_events` through ``COPY``: binary rows written by the driver's
+    compiled code, about a third of the client's time of the array parameters.
+
+    The batch is copied into a temporary table (created once per session, emptied at
+    every commit; a rollback takes its rows with it), then inserted from there in key
+    order, skipping the rows that collide. The statement the table is created by
+    runs every batch: one created in a transaction that rolled back is gone again.
+    """
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    with _driver_errors(conn, _COPY_INCOMING), driver.cursor() as cursor:
+        cursor.execute(_CREATE_INCOMING)
+        with cursor.copy(_COPY_INCOMING) as copy:
+            copy.set_types(_EVENT_TYPES)
+            write = copy.write_row
+            for r in ordered:
+                e = r.envelope
+                write(
+                    (
+                        *(e.run_id, e.sequence, e.event_id, e.event_type, e.body_version),
+                        *(r.topic, r.partition, r.offset, e.input_digest, e.output_digest),
+                        *(e.chain_hash, e.recorded_at, e.key_id, e.payload_ref),
+                    )
+                )
+        cursor.execute(_INSERT_INCOMING)
+        return {(run_id, sequence) for run_id, sequence in cursor.fetchall()}
+
+
+@contextmanager
+def _driver_errors(conn: Connection, statement: str) -> Iterator[None]:
+    """The driver's errors raised past SQLAlchemy, as SQLAlchemy would have raised them
+    (a lost connection invalidated), so the runtime translates them as any other."""
+    try:
+        yield
+    except Exception as exc:
+        dbapi = conn.dialect.loaded_dbapi
+        if not isinstance(exc, dbapi.Error):
+            raise
+        lost = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)
+        if lost:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(
+            statement, None, exc, dbapi.Error, connection_invalidated=lost, dialect=conn.dialect
+        ) from exc
 
 
 def _arrays(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
