@@ -42,9 +42,14 @@ class Rows:
 
     __slots__ = ("_rows", "rowcount")
 
-    def __init__(self, cursor: Any) -> None:
+    def __init__(self, cursor: Any, error: type[Exception]) -> None:
         self.rowcount: int = cursor.rowcount
-        self._rows: list[Any] = [] if cursor.description is None else cursor.fetchall()
+        try:
+            # Every statement of an append returns rows; asking the cursor for its
+            # description first would build column objects nobody reads.
+            self._rows: list[Any] = cursor.fetchall()
+        except error:  # a statement without rows (SAVEPOINT)
+            self._rows = []
 
     def scalar_one(self) -> Any:
         if len(self._rows) != 1:
@@ -81,25 +86,53 @@ class DirectTransactions:
         dispatch = self._engine.dispatch
         return bool(dispatch.before_cursor_execute or dispatch.after_cursor_execute)
 
-    def transact(self, plan: Callable[[], Plan[T]]) -> T:
+    def transact(self, plan: Callable[[], Plan[T]], *, autocommit: bool = False) -> T:
         """Run a fresh ``plan()`` in a new transaction until one commits, retrying a lost
-        connection or a serialisation failure (see :func:`retry_delay`)."""
+        connection or a serialisation failure (see :func:`retry_delay`).
+
+        With ``autocommit``, each statement of the plan commits on its own: for a plan
+        whose writes are one statement that holds together by itself (an append through
+        ``append_event``: guard, run row, outbox row and effect row in one function
+        call), that spares BEGIN and COMMIT, two of its three round trips. A connection
+        lost during a statement then leaves its outcome open, as a lost COMMIT does, and
+        the retry finds out (the plan recognises its own event at the run's head).
+        """
         ambiguous = False
         for attempt in range(TRANSIENT_RETRIES):
-            committing = False
+            committing = autocommit
             connection = self._connect()
+            restore = self._autocommit(connection) if autocommit else None
             try:
                 result = self._execute(connection, plan())
                 committing = True
                 self._commit(connection)
                 return result
             except DBAPIError as exc:
-                ambiguous = ambiguous or committing
+                # In autocommit a statement the server refused did not commit; one whose
+                # connection was lost may have.
+                open_ended = committing and (exc.connection_invalidated or not autocommit)
+                ambiguous = ambiguous or open_ended
                 delay = retry_delay(exc, attempt, ambiguous=ambiguous)
             finally:
+                if restore is not None and connection.is_valid:
+                    restore()
                 connection.close()  # back to the pool, which rolls back what did not commit
             time.sleep(delay)  # back off before a fresh attempt
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _autocommit(connection: PoolProxiedConnection) -> Callable[[], None] | None:
+        """Switch ``connection`` to autocommit; what puts it back as the pool had it
+        (None: it was in autocommit already, or the driver has no such switch)."""
+        driver = connection.dbapi_connection
+        if driver is None or getattr(driver, "autocommit", True):
+            return None
+        driver.autocommit = True
+
+        def restore() -> None:
+            driver.autocommit = False
+
+        return restore
 
     def _connect(self) -> PoolProxiedConnection:
         try:
@@ -115,7 +148,7 @@ class DirectTransactions:
             clause, params = statement
             try:
                 cursor.execute(self._compiled(clause), params)
-                walk.reply(Rows(cursor))
+                walk.reply(Rows(cursor, self._error))
             except self._error as exc:
                 translated = self._translated(exc, connection, clause)
                 if not isinstance(translated, IntegrityError):

@@ -333,6 +333,13 @@ def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
     return True
 
 
+def _stands_alone(identity: RunIdentity, event: PreparedEvent) -> bool:
+    """Whether every write of appending ``event`` is the one ``append_event`` call, which
+    holds together without a transaction around it (no out-of-line body stored first,
+    no owner's path with its separate effects row)."""
+    return identity.credential is not None and event.blob is None
+
+
 def _effect_row(event: PreparedEvent) -> dict[str, Any]:
     """What ``append_event`` writes to ``blackbox.effects`` with this event."""
     envelope = event.envelope
@@ -485,13 +492,20 @@ class PostgresLog:
         self.engine = engine
         self._direct = DirectTransactions.of(engine)
 
-    def run(self, plan: Callable[[], Plan[T]], connection: Joinable | None = None) -> T:
+    def run(
+        self,
+        plan: Callable[[], Plan[T]],
+        connection: Joinable | None = None,
+        *,
+        autocommit: bool = False,
+    ) -> T:
         """A fresh ``plan()`` executed in the caller's transaction, or in one of the log's
-        own: on the pool's DB-API connection (``_direct.py``) unless someone listens to
-        the engine's statements."""
+        own: on the pool's DB-API connection (``_direct.py``; in ``autocommit`` when
+        its writes are one self-contained statement) unless someone listens to the
+        engine's statements."""
         direct = self._direct
         if connection is None and direct is not None and not direct.watched:
-            return direct.transact(plan)
+            return direct.transact(plan, autocommit=autocommit)
         return self.transact(lambda conn: execute(conn, plan()), connection)
 
     def transact(self, work: Callable[[Connection], T], connection: Joinable | None = None) -> T:
@@ -526,7 +540,11 @@ class PostgresLog:
         self, core: RunCore, crossing: Crossing, event_id: str, connection: Joinable | None
     ) -> Envelope:
         attempt = Attempt(core.prepare(crossing, event_id))
-        return self.run(lambda: append_plan(core, crossing, event_id, attempt=attempt), connection)
+        return self.run(
+            lambda: append_plan(core, crossing, event_id, attempt=attempt),
+            connection,
+            autocommit=_stands_alone(core.identity, attempt.event),
+        )
 
     def flush(self, core: RunCore, batch: Batch) -> None:
         """Append a run's buffered events in one transaction of the log's own."""
