@@ -60,6 +60,12 @@ class Rows:
         return self._rows[0] if self._rows else None
 
 
+def _lend_back(connection: PoolProxiedConnection) -> None:
+    """Out of autocommit again, as the pool lends its connections."""
+    driver: Any = connection.dbapi_connection
+    driver.autocommit = False
+
+
 class DirectTransactions:
     """Runs plans, each in a transaction of its own, on DB-API connections of
     ``engine``'s pool, with the retries of the log's own transactions."""
@@ -99,40 +105,41 @@ class DirectTransactions:
         """
         ambiguous = False
         for attempt in range(TRANSIENT_RETRIES):
-            committing = autocommit
             connection = self._connect()
-            restore = self._autocommit(connection) if autocommit else None
+            switched = self._autocommit(connection) if autocommit else None
+            alone = switched is not None  # each statement commits by itself
+            committing = alone
             try:
                 result = self._execute(connection, plan())
                 committing = True
-                self._commit(connection)
+                if not alone:
+                    self._commit(connection)
                 return result
             except DBAPIError as exc:
                 # In autocommit a statement the server refused did not commit; one whose
                 # connection was lost may have.
-                open_ended = committing and (exc.connection_invalidated or not autocommit)
+                open_ended = committing and (exc.connection_invalidated or not alone)
                 ambiguous = ambiguous or open_ended
                 delay = retry_delay(exc, attempt, ambiguous=ambiguous)
             finally:
-                if restore is not None and connection.is_valid:
-                    restore()
+                if switched and connection.is_valid:
+                    _lend_back(connection)
                 connection.close()  # back to the pool, which rolls back what did not commit
             time.sleep(delay)  # back off before a fresh attempt
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _autocommit(connection: PoolProxiedConnection) -> Callable[[], None] | None:
-        """Switch ``connection`` to autocommit; what puts it back as the pool had it
-        (None: it was in autocommit already, or the driver has no such switch)."""
+    def _autocommit(connection: PoolProxiedConnection) -> bool | None:
+        """Put ``connection`` in autocommit: True when this switched it (and must switch it
+        back), False when it was in autocommit already, None when the driver has no such
+        switch (the plan then runs in a transaction, committed at its end)."""
         driver = connection.dbapi_connection
-        if driver is None or getattr(driver, "autocommit", True):
+        if driver is None or not hasattr(driver, "autocommit"):
             return None
+        if driver.autocommit:
+            return False
         driver.autocommit = True
-
-        def restore() -> None:
-            driver.autocommit = False
-
-        return restore
+        return True
 
     def _connect(self) -> PoolProxiedConnection:
         try:
