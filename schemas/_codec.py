@@ -128,7 +128,9 @@ class _PlainReading:
     """Reads records of a schema through its plain Avro types, then turns the values of
     its logical-type fields into what fastavro would have made of them.
 
-    fastavro's own logical readers are half the cost of decoding an envelope: a ``uuid``
+    fastavro's own logical readers cost a large part of a decode (62 against 33 us a
+    decode in a micro-benchmark on a busy machine; 17k instructions an event under
+    callgrind, about 3% of replaying it from the topic): a ``uuid``
     becomes a ``UUID`` object (parsed in Python) that the envelope turns straight back
     into its string, a ``timestamp-micros`` a datetime. Here a UUID string already in
     canonical form is kept as it is (``str(UUID(s)) == s``); any other goes through
