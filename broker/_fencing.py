@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 LEASE_HEADER = "blackbox.lease"
 
@@ -42,11 +43,18 @@ def read_stamp(headers: Headers | None) -> LeaseStamp | None:
     for name, value in headers or ():
         if name != LEASE_HEADER or value is None:
             continue
-        raw = value.decode("ascii", "replace") if isinstance(value, bytes) else value
-        shard, _, epoch = raw.partition(":")
-        if shard.isdecimal() and epoch.isdecimal():
-            return LeaseStamp(int(shard), int(epoch))
-        return None
+        return _stamp_of(value)
+    return None
+
+
+@lru_cache(maxsize=4_096)
+def _stamp_of(value: bytes | str) -> LeaseStamp | None:
+    # A topic holds a handful of distinct stamps (shards times epochs), asked for once
+    # per message by every reader: each is parsed once.
+    raw = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+    shard, _, epoch = raw.partition(":")
+    if shard.isdecimal() and epoch.isdecimal():
+        return LeaseStamp(int(shard), int(epoch))
     return None
 
 

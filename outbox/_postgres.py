@@ -36,12 +36,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import APPEND_ATTEMPTS, RunCore, StartPlan
-from agent_blackbox.outbox._errors import (
-    ConcurrentRunWriter,
-    DatabaseUnavailable,
-    RunNotActive,
-    WriterRefused,
-)
+from agent_blackbox.outbox._direct import DirectTransactions
+from agent_blackbox.outbox._errors import DatabaseUnavailable, RunNotActive
+from agent_blackbox.outbox._failures import TRANSIENT_RETRIES, refusal, retry_delay, unavailable
 from agent_blackbox.outbox._group import Batch
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._steps import Stepper
@@ -65,10 +62,6 @@ T = TypeVar("T")
 Statement = tuple[TextClause, dict[str, Any]]
 Plan = Generator[Statement, Any, T]
 """Statements to execute in order; each receives its result, the plan returns a value."""
-
-TRANSIENT_RETRIES = 3
-# serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now
-_TRANSIENT_STATES = {"40001", "40P01", "57P01", "57P02", "57P03"}
 
 _START_RUN = text(
     """
@@ -340,6 +333,13 @@ def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
     return True
 
 
+def _stands_alone(identity: RunIdentity, event: PreparedEvent) -> bool:
+    """Whether every write of appending ``event`` is the one ``append_event`` call, which
+    holds together without a transaction around it (no out-of-line body stored first,
+    no owner's path with its separate effects row)."""
+    return identity.credential is not None and event.blob is None
+
+
 def _effect_row(event: PreparedEvent) -> dict[str, Any]:
     """What ``append_event`` writes to ``blackbox.effects`` with this event."""
     envelope = event.envelope
@@ -438,7 +438,7 @@ def execute(conn: Connection, plan: Plan[T]) -> T:
         except IntegrityError as exc:
             walk.fail(exc)
         except DBAPIError as exc:
-            raise _refusal(exc) or exc from exc
+            raise refusal(exc) or exc from exc
     return walk.result()
 
 
@@ -451,31 +451,8 @@ async def execute_async(conn: AsyncConnection, plan: Plan[T]) -> T:
         except IntegrityError as exc:
             walk.fail(exc)
         except DBAPIError as exc:
-            raise _refusal(exc) or exc from exc
+            raise refusal(exc) or exc from exc
     return walk.result()
-
-
-_NOT_ALLOWED = "42501"
-_NOT_RUNNING = "55000"
-_IN_USE = "55006"
-
-
-def _refusal(exc: DBAPIError) -> WriterRefused | RunNotActive | ConcurrentRunWriter | None:
-    """The writer's error for a refusal by the write functions (None: not a refusal)."""
-    code = getattr(exc.orig, "sqlstate", None)
-    if code not in (_NOT_ALLOWED, _NOT_RUNNING, _IN_USE):
-        return None
-    diagnostic = getattr(exc.orig, "diag", None)
-    message = getattr(diagnostic, "message_primary", None) or str(exc.orig).splitlines()[0]
-    if code == _NOT_RUNNING:
-        return RunNotActive(message)
-    if code == _IN_USE:
-        return ConcurrentRunWriter(message)
-    return WriterRefused(
-        f"{message}; nothing was recorded. A recorder appends only to runs it started "
-        "(resume a crashed run with Recorder.resume), for tenants granted to its database "
-        "role (blackbox tenants grant ROLE TENANT), sealed when the run has a data key"
-    )
 
 
 def load_run_txn(conn: Connection, run_id: str, *, shards: int) -> StoredRun:
@@ -507,43 +484,29 @@ def read_blob_txn(conn: Connection, ref: str) -> bytes | None:
 # The logs ---------------------------------------------------------------------------
 
 
-def retry_delay(exc: DBAPIError, attempt: int, *, ambiguous: bool = False) -> float:
-    """How long to wait before the next attempt of a transaction that failed with
-    ``exc`` (``ambiguous``: an attempt so far failed while committing).
-
-    Raises:
-        DatabaseUnavailable: the failure is not transient, or that was the last attempt.
-    """
-    code = getattr(exc.orig, "sqlstate", None)
-    transient = exc.connection_invalidated or code in _TRANSIENT_STATES
-    if not transient or attempt == TRANSIENT_RETRIES - 1:
-        raise unavailable(exc, ambiguous=ambiguous) from exc
-    return 0.05 * 2.0**attempt
-
-
-def unavailable(exc: SQLAlchemyError, *, ambiguous: bool = False) -> DatabaseUnavailable:
-    """What the agent is told when its event could not be written: that nothing was
-    recorded, or, when a commit was under way as the connection failed, that it may
-    have been."""
-    outcome = (
-        "the connection failed while the event was being committed, so it may have been "
-        "recorded; the run's next append will tell (it recognises its own event)"
-        if ambiguous
-        else "nothing was recorded for this event"
-    )
-    return DatabaseUnavailable(
-        f"the outbox write failed: {exc.__class__.__name__}: {str(exc).splitlines()[0]}; "
-        f"{outcome}. Check that Postgres is reachable (BLACKBOX_DATABASE_URL) and migrated "
-        "(blackbox migrate)"
-    )
-
-
 class PostgresLog:
     """The sync recorder's event log: plans executed in the caller's transaction or in
     one of the log's own, retried when transient."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._direct = DirectTransactions.of(engine)
+
+    def run(
+        self,
+        plan: Callable[[], Plan[T]],
+        connection: Joinable | None = None,
+        *,
+        autocommit: bool = False,
+    ) -> T:
+        """A fresh ``plan()`` executed in the caller's transaction, or in one of the log's
+        own: on the pool's DB-API connection (``_direct.py``; in ``autocommit`` when
+        its writes are one self-contained statement) unless someone listens to the
+        engine's statements."""
+        direct = self._direct
+        if connection is None and direct is not None and not direct.watched:
+            return direct.transact(plan, autocommit=autocommit)
+        return self.transact(lambda conn: execute(conn, plan()), connection)
 
     def transact(self, work: Callable[[Connection], T], connection: Joinable | None = None) -> T:
         """Run ``work`` in the caller's transaction, or in a new one with retries (a joined
@@ -571,20 +534,21 @@ class PostgresLog:
         raise AssertionError("unreachable")
 
     def create(self, start: StartPlan, connection: Joinable | None) -> Envelope:
-        return self.transact(lambda conn: execute(conn, create_plan(start)), connection)
+        return self.run(lambda: create_plan(start), connection)
 
     def append(
         self, core: RunCore, crossing: Crossing, event_id: str, connection: Joinable | None
     ) -> Envelope:
         attempt = Attempt(core.prepare(crossing, event_id))
-        return self.transact(
-            lambda conn: execute(conn, append_plan(core, crossing, event_id, attempt=attempt)),
+        return self.run(
+            lambda: append_plan(core, crossing, event_id, attempt=attempt),
             connection,
+            autocommit=_stands_alone(core.identity, attempt.event),
         )
 
     def flush(self, core: RunCore, batch: Batch) -> None:
         """Append a run's buffered events in one transaction of the log's own."""
-        self.transact(lambda conn: execute(conn, flush_plan(core, batch)))
+        self.run(lambda: flush_plan(core, batch))
 
     def resume(
         self, run_id: str, *, shards: int, keys: DataKeyStore | None

@@ -20,10 +20,13 @@ there, marked unfinished. Every message passes, in order:
 A finished run that has events after its ``run.finished`` (the ``run.redacted`` note
 retention appends) is handled again at the partition's end, by the handler's ``late``.
 
-Partitions are shared among worker processes (one per core by default), each reading
-its partitions itself and handling their runs, so events never cross a process
-boundary; only results do. Runs are handled in the order their last event arrives,
-not in the order they started.
+Partitions are shared among readers (one per core by default): this process and worker
+processes, each reading whole partitions itself and handling their runs, so events
+never cross a process boundary; only results do. A reader takes the next partition
+(largest first) when it is done with one, so this process, which starts at once, reads
+more of them than a worker that is still starting its interpreter, and the readers
+finish together. Runs are handled in the order their last event arrives, not in the
+order they started.
 """
 
 from __future__ import annotations
@@ -278,8 +281,36 @@ class _Dropped:
     count: int
 
 
-_Item = Handled[Any] | SkippedMessage | PartitionFailed | _Progress | _Dropped
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """A reader started reading a partition."""
+
+    reader: str
+    partition: int
+    stretch: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    """A reader is done with the partition it took (read to its end, or failed)."""
+
+    reader: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    """A worker process takes no more partitions."""
+
+    reader: str
+    failure: str | None = None
+    """Why it stopped before the partitions ran out."""
+
+
+_Item = Handled[Any] | SkippedMessage | PartitionFailed | _Progress | _Dropped | _Taken | _Finished
 Plan = Sequence[tuple[int, tuple[int, int]]]
+Stretch = tuple[int, tuple[int, int]]
+"""A partition and the offsets to read of it."""
 
 
 @dataclass(slots=True)
@@ -292,8 +323,9 @@ class HistoryScan(Generic[R]):
         work: makes each worker's handler.
         wanted: only these runs (None: every run the topic holds). A wanted run not
             found is handed to the handler's ``missing``.
-        workers: worker processes; 1 reads in this process. By default one per core,
-            but no more than one per :data:`PER_WORKER` messages.
+        workers: readers: this process, and one worker process fewer (1 reads in this
+            process only). By default one per core, but no more than one per
+            :data:`PER_WORKER` messages.
         on_progress: called with the messages read so far, as the scan goes.
     """
 
@@ -320,17 +352,23 @@ class HistoryScan(Generic[R]):
         self.partitions = len(marks)
         ranges = {p: (low, high) for p, (low, high) in marks.items() if high > low}
         self.total = sum(high - low for low, high in ranges.values())
-        plans = _share(ranges, self.workers or _default_workers(self.total))
+        readers = max(1, min(self.workers or _default_workers(self.total), len(ranges)))
         seen: set[str] = set()
-        if len(plans) > 1 and not _picklable(self.work):
+        if readers > 1 and not _picklable(self.work):
             log.warning(
                 "reading %s in this process: %r cannot be sent to worker processes",
                 self.settings.topic,
                 self.work,
             )
-            plans = [sorted(p for plan in plans for p in plan)]
-        items = _in_process(self, plans[0]) if len(plans) == 1 else _in_workers(self, plans)
+            readers = 1
+        items = (
+            _in_process(self, sorted(ranges.items()))
+            if readers == 1
+            else _shared(self, largest_first(ranges), readers)
+        )
         for item in items:
+            if isinstance(item, _Taken | _Finished):
+                continue
             if isinstance(item, _Progress):
                 self.messages += item.messages
                 if self.on_progress is not None:
@@ -377,29 +415,24 @@ def _default_workers(messages: int) -> int:
     return max(1, min(os.cpu_count() or 1, messages // PER_WORKER))
 
 
-def _share(ranges: dict[int, tuple[int, int]], workers: int) -> list[Plan]:
-    """Partitions dealt to at most ``workers`` workers, largest first to the least
-    loaded, so the workers finish together."""
-    plans: list[list[tuple[int, tuple[int, int]]]] = [[] for _ in range(max(1, workers))]
-    loads = [0] * len(plans)
-    for partition, (low, high) in sorted(ranges.items(), key=lambda i: i[1][0] - i[1][1]):
-        least = loads.index(min(loads))
-        plans[least].append((partition, (low, high)))
-        loads[least] += high - low
-    used: list[Plan] = [sorted(plan) for plan in plans if plan]
-    return used or [[]]
+def largest_first(ranges: dict[int, tuple[int, int]]) -> list[Stretch]:
+    """The order readers take partitions in: largest first, so that the last ones taken
+    are short and the readers finish together."""
+    return sorted(ranges.items(), key=lambda item: (item[1][0] - item[1][1], item[0]))
 
 
 def _scan(
     settings: Settings,
     handler: RunHandler[Any],
-    plan: Plan,
+    plan: Iterable[Stretch],
     wanted: frozenset[str] | None,
     partitions: int,
+    *,
+    reader: str = "",
 ) -> Iterator[_Item]:
-    """One worker's partitions, one after another; closes ``handler`` at the end."""
+    """One reader's partitions, one after another; closes ``handler`` at the end."""
     try:
-        yield from _scan_partitions(settings, handler, plan, wanted, partitions)
+        yield from _scan_partitions(settings, handler, plan, wanted, partitions, reader)
     finally:
         handler.close()
 
@@ -407,12 +440,14 @@ def _scan(
 def _scan_partitions(
     settings: Settings,
     handler: RunHandler[Any],
-    plan: Plan,
+    plan: Iterable[Stretch],
     wanted: frozenset[str] | None,
     partitions: int,
+    reader: str,
 ) -> Iterator[_Item]:
     codec = EnvelopeCodec()
     for partition, (low, high) in plan:
+        yield _Taken(reader, partition, (low, high))
         fence = EpochFence()
         counted = _Counted(
             read_ranges(settings, settings.topic, {partition: (low, high)}, batch=FETCH_BATCH)
@@ -435,6 +470,7 @@ def _scan_partitions(
         yield _Progress(counted.take())
         if fence.dropped:
             yield _Dropped(fence.dropped)
+        yield _Finished(reader, partition)
 
 
 class _Counted:
@@ -458,70 +494,128 @@ def _in_process(scan: HistoryScan[Any], plan: Plan) -> Iterator[_Item]:
     yield from _scan(scan.settings, scan.work.start(), plan, scan.wanted, scan.partitions)
 
 
-_DONE = "done"
+def _taking(todo: Any) -> Iterator[Stretch]:
+    """The partitions a reader takes from the shared queue, until it says there are no
+    more (None)."""
+    while (stretch := todo.get()) is not None:
+        yield stretch
 
 
 def _worker(
     settings: Settings,
     work: RunWork[Any],
-    plan: Plan,
+    todo: Any,
     wanted: frozenset[str] | None,
     partitions: int,
     out: Any,
 ) -> None:
+    reader = multiprocessing.current_process().name
+    reading: int | None = None
+    failure = None
     try:
-        for item in _scan(settings, work.start(), plan, wanted, partitions):
+        for item in _scan(settings, work.start(), _taking(todo), wanted, partitions, reader=reader):
+            if isinstance(item, _Taken):
+                reading = item.partition
+            elif isinstance(item, _Finished):
+                reading = None
             out.put(item)
-    except Exception as exc:  # reported as the worker's partitions failing
-        reason = f"worker failed: {type(exc).__name__}: {exc}"
-        for partition, _ in plan:
-            out.put(PartitionFailed(partition, reason))
+    except Exception as exc:  # the partition it was reading fails; the others read the rest
+        failure = f"worker failed: {type(exc).__name__}: {exc}"
+        if reading is not None:
+            out.put(PartitionFailed(reading, failure))
+            out.put(_Finished(reader, reading))
     finally:
-        out.put(_DONE)
+        out.put(_Done(reader, failure))
 
 
-def _in_workers(scan: HistoryScan[Any], plans: list[Plan]) -> Iterator[_Item]:
+def _shared(scan: HistoryScan[Any], stretches: list[Stretch], readers: int) -> Iterator[_Item]:
+    """The partitions shared by this process and ``readers - 1`` worker processes, each
+    taking the next one from a queue when it is done with one. This process reads too,
+    and between its own items passes on what the workers sent."""
     # Spawned, not forked: a fork would copy the parent's broker client threads and
     # database connections into the child.
     context = multiprocessing.get_context("spawn")
+    todo = context.Queue()
+    for stretch in stretches:
+        todo.put(stretch)
+    for _ in range(readers):
+        todo.put(None)  # one "no more" per reader
     out = context.Queue(maxsize=10_000)
     processes = [
         context.Process(
             target=_worker,
-            args=(scan.settings, scan.work, plan, scan.wanted, scan.partitions, out),
+            args=(scan.settings, scan.work, todo, scan.wanted, scan.partitions, out),
             name=f"blackbox-history-{n}",
             daemon=True,
         )
-        for n, plan in enumerate(plans)
+        for n in range(1, readers)
     ]
     for process in processes:
         process.start()
-    watched = list(zip(processes, plans, strict=True))
+    workers = _Workers(processes, [partition for partition, _ in stretches])
     try:
-        done = lost = 0
-        while done + lost < len(processes):
-            try:
-                item = out.get(timeout=1.0)
-            except queue.Empty:
-                for failed in _lost_workers(watched):
-                    lost += 1
-                    yield from failed
-                continue
-            if isinstance(item, str) and item == _DONE:
-                done += 1
-                continue
+        mine = _scan(scan.settings, scan.work.start(), _taking(todo), scan.wanted, scan.partitions)
+        for item in mine:
+            if isinstance(item, _Finished):
+                workers.unread.discard(item.partition)
             yield item
+            yield from workers.passed_on(out, wait=False)
+        yield from workers.passed_on(out, wait=True)
+        # Taken by a worker that was lost before it could say so.
+        for partition in sorted(workers.unread):
+            yield PartitionFailed(partition, "not read: the worker that took it was lost")
     finally:
         for process in processes:
             if process.is_alive():
                 process.terminate()
             process.join(timeout=10)
         out.close()
+        todo.close()
+
+
+class _Workers:
+    """The worker processes of a shared scan, and the partition each is reading."""
+
+    def __init__(self, processes: list[Any], partitions: list[int]) -> None:
+        self._running = {process.name: process for process in processes}
+        self._reading: dict[str, list[Stretch]] = {process.name: [] for process in processes}
+        self.unread = set(partitions)
+        """Partitions no reader has finished yet (nor failed)."""
+
+    def passed_on(self, out: Any, *, wait: bool) -> Iterator[_Item]:
+        """What the workers sent, until nothing waits (``wait``: until every worker is
+        done or lost; a lost worker's partition in progress fails)."""
+        while self._running:
+            try:
+                item = out.get(timeout=1.0) if wait else out.get_nowait()
+            except queue.Empty:
+                if not wait:
+                    return
+                watched: list[tuple[Any, Plan]] = [
+                    (p, self._reading[name]) for name, p in self._running.items()
+                ]
+                for failed in _lost_workers(watched):
+                    self.unread.difference_update(f.partition for f in failed)
+                    yield from failed
+                for name in [n for n, p in self._running.items() if p.exitcode not in (None, 0)]:
+                    del self._running[name]
+                continue
+            if isinstance(item, _Taken):
+                self._reading[item.reader][:] = [(item.partition, item.stretch)]
+            elif isinstance(item, _Finished):
+                self._reading[item.reader].clear()
+                self.unread.discard(item.partition)
+            elif isinstance(item, _Done):
+                self._running.pop(item.reader, None)
+                if item.failure is not None:
+                    log.warning("%s stopped: %s", item.reader, item.failure)
+                continue
+            yield item
 
 
 def _lost_workers(watched: list[tuple[Any, Plan]]) -> Iterator[list[PartitionFailed]]:
-    """Workers that were killed (a worker that failed says so and exits 0): each one's
-    partitions, failed. A lost worker is taken off ``watched``."""
+    """Workers that were killed (a worker that failed says so and exits 0): the
+    partitions each was reading, failed. A lost worker is taken off ``watched``."""
     for entry in list(watched):
         process, plan = entry
         if process.exitcode is None or process.exitcode == 0:

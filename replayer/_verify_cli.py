@@ -85,8 +85,8 @@ def checkpoint_verifier() -> CheckpointVerifier | None:
     "--workers",
     type=click.IntRange(min=1),
     default=None,
-    help="With --all from the topic: worker processes verifying partitions in parallel "
-    "[default: one per core, fewer for a short history].",
+    help="With --all from the topic: processes verifying partitions in parallel, this one "
+    "included [default: one per core, fewer for a short history].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 def verify_command(

@@ -94,8 +94,8 @@ T = TypeVar("T")
     "--workers",
     type=click.IntRange(min=1),
     default=None,
-    help="With --all from the topic: worker processes replaying partitions in parallel "
-    "[default: one per core, fewer for a short history].",
+    help="With --all from the topic: processes replaying partitions in parallel, this one "
+    "included [default: one per core, fewer for a short history].",
 )
 @click.option(
     "--archive",

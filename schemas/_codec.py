@@ -10,11 +10,14 @@ is configured. Bodies inside an envelope are plain schemaless Avro: the envelope
 from __future__ import annotations
 
 import io
+import re
 import struct
+import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from fastavro import schemaless_reader, schemaless_writer
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from agent_blackbox.schemas._envelope import Envelope
 from agent_blackbox.schemas._envelope_reader import fits, read_envelope
@@ -51,6 +54,7 @@ class EnvelopeCodec:
             else self._registry.latest(ENVELOPE)
         )
         self._writer = entry.parsed
+        self._plain = _plain_reading(entry.parsed)
         self._prefix = SINGLE_OBJECT_MAGIC + entry.fingerprint
         self._schema_ids = schema_ids
         self._fast: dict[bytes, bool] = {}
@@ -82,11 +86,15 @@ class EnvelopeCodec:
                 return envelope
         body = io.BytesIO(data)
         body.seek(_HEADER if data[:2] == SINGLE_OBJECT_MAGIC else 5)
+        plain = self._plain if writer is self._writer else None
         try:
-            # Schema resolution only when the writer is another version: resolving a
-            # schema against itself costs a third of a decode and changes nothing.
-            reader = None if writer is self._writer else self._writer
-            record = schemaless_reader(body, writer, reader)
+            if plain is not None:
+                record = plain.read(body)
+            else:
+                # Schema resolution only when the writer is another version: resolving
+                # a schema against itself costs a third of a decode and changes nothing.
+                reader = None if writer is self._writer else self._writer
+                record = schemaless_reader(body, writer, reader)
         except Exception as exc:  # fastavro raises many types on corrupt input
             raise UndecodableMessage(f"envelope body is not valid Avro: {exc!r}") from exc
         if body.tell() != len(data):
@@ -121,6 +129,67 @@ class EnvelopeCodec:
             f"not an envelope: starts with {data[:2].hex() or 'nothing'}, expected the "
             "single-object magic c301 or the Confluent magic 00"
         )
+
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""A UUID as ``str(uuid.UUID(...))`` writes it."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class _PlainReading:
+    """Reads records of a schema through its plain Avro types, then turns the values of
+    its logical-type fields into what fastavro would have made of them.
+
+    fastavro's own logical readers cost a large part of a decode (62 against 33 us a
+    decode in a micro-benchmark on a busy machine; 17k instructions an event under
+    callgrind, about 3% of replaying it from the topic): a ``uuid``
+    becomes a ``UUID`` object (parsed in Python) that the envelope turns straight back
+    into its string, a ``timestamp-micros`` a datetime. Here a UUID string already in
+    canonical form is kept as it is (``str(UUID(s)) == s``); any other goes through
+    ``UUID`` as before, so a malformed one is refused the same way.
+    """
+
+    def __init__(self, schema: Any, uuids: tuple[str, ...], timestamps: tuple[str, ...]) -> None:
+        self._schema = schema
+        self._uuids = uuids
+        self._timestamps = timestamps
+
+    def read(self, body: io.BytesIO) -> Any:
+        record: Any = schemaless_reader(body, self._schema, None)
+        for name in self._uuids:
+            value = record[name]
+            if _CANONICAL_UUID.fullmatch(value) is None:
+                record[name] = uuid.UUID(value)
+        for name in self._timestamps:
+            record[name] = _EPOCH + timedelta(microseconds=record[name])
+        return record
+
+
+def _plain_reading(parsed: Any) -> _PlainReading | None:
+    """How to read records of the parsed record schema ``parsed`` through plain types;
+    None unless its only logical types are ``uuid`` and ``timestamp-micros`` fields of
+    its own (not nested, not in unions)."""
+    if not isinstance(parsed, dict) or parsed.get("type") != "record":
+        return None
+    fields: list[dict[str, Any]] = []
+    uuids: list[str] = []
+    timestamps: list[str] = []
+    for entry in parsed["fields"]:
+        kind: Any = entry["type"]
+        logical = kind.get("logicalType") if isinstance(kind, dict) else None
+        if logical == "uuid" and kind.get("type") == "string":
+            uuids.append(entry["name"])
+        elif logical == "timestamp-micros" and kind.get("type") == "long":
+            timestamps.append(entry["name"])
+        elif "logicalType" in repr(kind):
+            return None
+        else:
+            fields.append(entry)
+            continue
+        fields.append({**entry, "type": kind["type"]})
+    plain = {k: v for k, v in parsed.items() if not k.startswith("__")}
+    schema = parse_schema({**plain, "fields": fields}, named_schemas={})
+    return _PlainReading(schema, tuple(uuids), tuple(timestamps))
 
 
 class BodyCodec:

@@ -2,10 +2,13 @@
 
 It reads the wire protocol's message frames (no TLS: connect with ``sslmode=disable``)
 and forwards them unchanged. Armed with :meth:`CommitDropper.cut`, it lets the next
-``COMMIT`` reach the server, waits until the server reports it done, and closes both
-sides before the client hears the answer: the database committed, the client sees a
-dropped connection. That is the ambiguous commit a writer must survive without appending
-twice.
+commit reach the server, waits until the server reports it done, and closes both sides
+before the client hears the answer: the database committed, the client sees a dropped
+connection. That is the ambiguous commit a writer must survive without appending twice.
+
+A commit is a ``COMMIT``, or a statement sent outside a transaction (autocommit, as the
+recorder appends an event: one statement that commits on its own), whose answer ends
+with the server ready for the next query.
 """
 
 from __future__ import annotations
@@ -41,14 +44,21 @@ def _read_frame(sock: socket.socket, *, typed: bool) -> tuple[bytes, bytes]:
     return kind, kind + head + body
 
 
-def _is_commit(kind: bytes, frame: bytes) -> bool:
+def _commit_ends(kind: bytes, frame: bytes, *, idle: bool) -> bytes | None:
+    """The type of the server's message that says this client message committed (None:
+    it does not commit)."""
     # Simple query "COMMIT" (how psycopg commits), or a Parse of one.
-    if kind == b"Q":
-        return frame[5:].lstrip().upper().startswith(b"COMMIT")
+    if kind == b"Q" and frame[5:].lstrip().upper().startswith(b"COMMIT"):
+        return b"C"
     if kind == b"P":
         name_end = frame.index(b"\x00", 5)
-        return frame[name_end + 1 :].lstrip().upper().startswith(b"COMMIT")
-    return False
+        if frame[name_end + 1 :].lstrip().upper().startswith(b"COMMIT"):
+            return b"C"
+    # A statement bound outside a transaction (psycopg opens one with a simple "BEGIN"):
+    # autocommit, done once the server is ready for the next query.
+    if kind == b"B" and idle:
+        return b"Z"
+    return None
 
 
 class _Link:
@@ -64,6 +74,10 @@ class _Link:
         for sock in (client, self.server):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.cutting = threading.Event()
+        self.cut_at = b"C"
+        """The server's message after which a cut commit is dropped."""
+        self.idle = False
+        """No transaction is open (the server's last ReadyForQuery said so)."""
         self.closed = False
 
     def start(self) -> None:
@@ -84,7 +98,9 @@ class _Link:
             while not self.closed:
                 kind, frame = _read_frame(self.client, typed=untyped == 0)
                 untyped = max(untyped - 1, 0)
-                if _is_commit(kind, frame) and self.proxy.take_cut():
+                ends = _commit_ends(kind, frame, idle=self.idle)
+                if ends is not None and not self.cutting.is_set() and self.proxy.take_cut():
+                    self.cut_at = ends
                     self.cutting.set()
                 self.server.sendall(frame)
         self.close()
@@ -93,8 +109,10 @@ class _Link:
         with suppress(OSError, ConnectionError):
             while not self.closed:
                 kind, frame = _read_frame(self.server, typed=True)
+                if kind == b"Z":
+                    self.idle = frame[5:6] == b"I"
                 if self.cutting.is_set():
-                    if kind == b"C" and frame[5:].startswith(b"COMMIT"):
+                    if kind == self.cut_at and (kind == b"Z" or frame[5:].startswith(b"COMMIT")):
                         self.proxy.record_cut()
                         break  # the server committed; the client never hears it
                     if kind == b"E":

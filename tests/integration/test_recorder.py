@@ -238,3 +238,27 @@ def test_effect_left_open_by_a_crash_is_resolved_by_asking_the_external_system(
     ]
     with pytest.raises(RunNotActive, match="only running runs resume"):
         successor.resume(crashed.run_id)
+
+
+def test_appends_lend_the_pool_its_connections_back_in_transaction_mode(
+    settings: Settings, engine: Engine
+) -> None:
+    # An append that is one statement commits on its own (autocommit, on the pool's
+    # DB-API connection): the connection must go back to the pool as it came, so the
+    # agent's own transactions on the same engine still roll back.
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE public.orders (id text PRIMARY KEY)"))
+    run = Recorder(engine, settings=settings).start_run(RunSnapshot("lend"), agent_id="a")
+    for _ in range(3):
+        run.now()
+
+    def order_then_fail() -> None:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO public.orders VALUES ('O-1')"))
+            raise RuntimeError("the agent's transaction fails")
+
+    with pytest.raises(RuntimeError):
+        order_then_fail()
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM public.orders")).scalar_one() == 0
+    assert [seq for seq, _ in _events(engine, run.run_id)] == [1, 2, 3, 4]

@@ -178,6 +178,35 @@ def test_corrupt_envelopes_raise_a_clear_error(mangle: Any, complaint: str) -> N
         codec.decode(mangle(codec.encode(_envelope())))
 
 
+@pytest.mark.parametrize(
+    ("event_id", "read_as"),
+    [
+        ("ABCDEFAB-1234-1234-1234-1234567890AB", "abcdefab-1234-1234-1234-1234567890ab"),
+        ("{abcdefab-1234-1234-1234-1234567890ab}", "abcdefab-1234-1234-1234-1234567890ab"),
+        ("abcdefab-1234-1234-1234-1234567890ab", "abcdefab-1234-1234-1234-1234567890ab"),
+        ("not a uuid", None),
+    ],
+)
+def test_an_event_id_is_read_as_the_uuid_logical_type_reads_it(
+    event_id: str, read_as: str | None
+) -> None:
+    # The codec reads the envelope's uuid and timestamp through their plain types (half
+    # the cost of a decode) and must come to what fastavro's logical readers make of them.
+    entry = default_registry().latest("envelope")
+    body = io.BytesIO()
+    body.write(b"\xc3\x01" + entry.fingerprint)
+    record = {**_envelope().to_record(), "event_id": event_id}
+    schemaless_writer(body, entry.parsed, record)
+    if read_as is None:
+        with pytest.raises(UndecodableMessage, match="not valid Avro: ValueError"):
+            EnvelopeCodec().decode(body.getvalue())
+        return
+    decoded = EnvelopeCodec().decode(body.getvalue())
+    assert decoded.event_id == read_as
+    assert decoded.recorded_at == _envelope().recorded_at
+    assert decoded.recorded_at.tzinfo is not None
+
+
 def test_confluent_wire_format_is_read_through_a_schema_id_resolver() -> None:
     entry = default_registry().latest("envelope")
 

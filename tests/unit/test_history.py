@@ -23,8 +23,8 @@ from agent_blackbox.replayer._history import (
     SkippedMessage,
     _default_workers,
     _lost_workers,
-    _share,
     assemble,
+    largest_first,
 )
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, EventType, Settings
 
@@ -179,14 +179,10 @@ def test_events_after_run_finished_make_the_run_late() -> None:
     assert found[1:] == [LateEvents(a[0].run_id, PARTITION)]
 
 
-def test_partitions_are_shared_so_workers_finish_together() -> None:
-    ranges = {0: (0, 100), 1: (0, 10), 2: (5, 95), 3: (0, 20), 4: (0, 0)}
-    plans = _share(ranges, 2)
-    loads = sorted(sum(high - low for _, (low, high) in plan) for plan in plans)
-    assert loads == [110, 110]
-    assert sorted(p for plan in plans for p, _ in plan) == [0, 1, 2, 3, 4]
-    assert _share(ranges, 1) == [sorted(ranges.items())]
-    assert len(_share({0: (0, 5)}, 4)) == 1
+def test_readers_take_the_largest_partitions_first_so_they_finish_together() -> None:
+    ranges = {0: (0, 100), 1: (0, 10), 2: (5, 95), 3: (0, 20), 4: (0, 10)}
+    assert [p for p, _ in largest_first(ranges)] == [0, 2, 3, 1, 4]
+    assert largest_first(ranges)[0] == (0, (0, 100))
 
 
 def test_a_short_history_is_read_in_process_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

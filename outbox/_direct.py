@@ -1,0 +1,201 @@
+"""The sync event log's own transactions, run on the pool's DB-API connection.
+
+An agent pays for its recorder in CPU on every boundary, and with one transaction per
+event, the layers between a plan and the driver were a third of it: SQLAlchemy's
+``Connection``, its execution context and result for every statement, its transaction
+object for BEGIN and COMMIT. A transaction the log owns (not one an agent joined) needs
+none of what they add, so here the same plans run on the DB-API cursor of a pooled
+connection: each statement is compiled once for the engine's dialect, executed with its
+parameters as they are, and its rows handed back as a small result. What reaches the
+server is what SQLAlchemy would have sent (the same SQL and parameters, BEGIN, COMMIT;
+the driver prepares a statement it sees again, as before), and a driver error is
+translated as SQLAlchemy translates it, so the retry policy and what the agent is told
+(``_failures.py``) are the same on both paths.
+
+An engine someone listens to at the statement level (``before_cursor_execute``: tracing,
+statement counts) keeps every statement on SQLAlchemy's path, where they see it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from sqlalchemy import Engine, TextClause
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from agent_blackbox.outbox._failures import TRANSIENT_RETRIES, refusal, retry_delay, unavailable
+from agent_blackbox.outbox._steps import Stepper
+
+if TYPE_CHECKING:
+    from sqlalchemy.pool import PoolProxiedConnection
+
+    from agent_blackbox.outbox._postgres import Plan
+
+T = TypeVar("T")
+
+
+class Rows:
+    """What a statement gave, read at once: the parts of a SQLAlchemy result the plans
+    use (``scalar_one``, ``first``, ``rowcount``)."""
+
+    __slots__ = ("_rows", "rowcount")
+
+    def __init__(self, cursor: Any, error: type[Exception]) -> None:
+        self.rowcount: int = cursor.rowcount
+        try:
+            # Every statement of an append returns rows; asking the cursor for its
+            # description first would build column objects nobody reads.
+            self._rows: list[Any] = cursor.fetchall()
+        except error:  # a statement without rows (SAVEPOINT)
+            self._rows = []
+
+    def scalar_one(self) -> Any:
+        if len(self._rows) != 1:
+            raise ValueError(f"expected one row, the statement gave {len(self._rows)}")
+        return self._rows[0][0]
+
+    def first(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+
+def _lend_back(connection: PoolProxiedConnection) -> None:
+    """Out of autocommit again, as the pool lends its connections."""
+    driver: Any = connection.dbapi_connection
+    driver.autocommit = False
+
+
+class DirectTransactions:
+    """Runs plans, each in a transaction of its own, on DB-API connections of
+    ``engine``'s pool, with the retries of the log's own transactions."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._dialect = engine.dialect
+        self._error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        self._sql: dict[int, tuple[TextClause, str]] = {}
+        """Compiled SQL by statement (kept with it, so that its id stays its own)."""
+
+    @classmethod
+    def of(cls, engine: Engine) -> DirectTransactions | None:
+        """The direct path for ``engine``, or None where only SQLAlchemy's will do (an
+        async driver under a sync facade, or a paramstyle other than pyformat)."""
+        dialect = engine.dialect
+        if dialect.is_async or dialect.paramstyle != "pyformat":
+            return None
+        return cls(engine)
+
+    @property
+    def watched(self) -> bool:
+        """Someone listens to the engine's statements: they go through SQLAlchemy."""
+        dispatch = self._engine.dispatch
+        return bool(dispatch.before_cursor_execute or dispatch.after_cursor_execute)
+
+    def transact(self, plan: Callable[[], Plan[T]], *, autocommit: bool = False) -> T:
+        """Run a fresh ``plan()`` in a new transaction until one commits, retrying a lost
+        connection or a serialisation failure (see :func:`retry_delay`).
+
+        With ``autocommit``, each statement of the plan commits on its own: for a plan
+        whose writes are one statement that holds together by itself (an append through
+        ``append_event``: guard, run row, outbox row and effect row in one function
+        call), that spares BEGIN and COMMIT, two of its three round trips. A connection
+        lost during a statement then leaves its outcome open, as a lost COMMIT does, and
+        the retry finds out (the plan recognises its own event at the run's head).
+        """
+        ambiguous = False
+        for attempt in range(TRANSIENT_RETRIES):
+            connection = self._connect()
+            switched = self._autocommit(connection) if autocommit else None
+            alone = switched is not None  # each statement commits by itself
+            committing = alone
+            try:
+                result = self._execute(connection, plan())
+                committing = True
+                if not alone:
+                    self._commit(connection)
+                return result
+            except DBAPIError as exc:
+                # In autocommit a statement the server refused did not commit; one whose
+                # connection was lost may have.
+                open_ended = committing and (exc.connection_invalidated or not alone)
+                ambiguous = ambiguous or open_ended
+                delay = retry_delay(exc, attempt, ambiguous=ambiguous)
+            finally:
+                if switched and connection.is_valid:
+                    _lend_back(connection)
+                connection.close()  # back to the pool, which rolls back what did not commit
+            time.sleep(delay)  # back off before a fresh attempt
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _autocommit(connection: PoolProxiedConnection) -> bool | None:
+        """Put ``connection`` in autocommit: True when this switched it (and must switch it
+        back), False when it was in autocommit already, None when the driver has no such
+        switch (the plan then runs in a transaction, committed at its end)."""
+        driver = connection.dbapi_connection
+        if driver is None or not hasattr(driver, "autocommit"):
+            return None
+        if driver.autocommit:
+            return False
+        driver.autocommit = True
+        return True
+
+    def _connect(self) -> PoolProxiedConnection:
+        try:
+            return self._engine.raw_connection()
+        except self._error as exc:
+            raise unavailable(self._translated(exc, None, None)) from exc
+
+    def _execute(self, connection: PoolProxiedConnection, plan: Plan[T]) -> T:
+        """:func:`~agent_blackbox.outbox._postgres.execute` on the DB-API cursor."""
+        cursor = connection.cursor()
+        walk = Stepper(plan)
+        while (statement := walk.next()) is not None:
+            clause, params = statement
+            try:
+                cursor.execute(self._compiled(clause), params)
+                walk.reply(Rows(cursor, self._error))
+            except self._error as exc:
+                translated = self._translated(exc, connection, clause)
+                if not isinstance(translated, IntegrityError):
+                    raise refusal(translated) or translated from exc
+                walk.fail(translated)
+        return walk.result()
+
+    def _commit(self, connection: PoolProxiedConnection) -> None:
+        try:
+            connection.commit()
+        except self._error as exc:
+            raise self._translated(exc, connection, None) from exc
+
+    def _compiled(self, clause: TextClause) -> str:
+        known = self._sql.get(id(clause))
+        if known is None:
+            known = self._sql[id(clause)] = (clause, clause.compile(dialect=self._dialect).string)
+        return known[1]
+
+    def _translated(
+        self,
+        exc: Exception,
+        connection: PoolProxiedConnection | None,
+        clause: TextClause | None,
+    ) -> DBAPIError:
+        """``exc`` as SQLAlchemy raises it, the connection invalidated when it is lost
+        (the pool then never hands it out again)."""
+        lost = connection is not None and self._dialect.is_disconnect(
+            cast(Any, exc), connection.dbapi_connection, None
+        )
+        if lost and connection is not None:
+            connection.invalidate(exc)
+        translated = DBAPIError.instance(
+            None if clause is None else self._compiled(clause),
+            None,
+            exc,
+            self._error,
+            hide_parameters=True,
+            connection_invalidated=lost,
+            dialect=self._dialect,
+        )
+        assert isinstance(translated, DBAPIError)  # exc is a DB-API error
+        return translated
