@@ -20,7 +20,6 @@ from typing import Any, Protocol
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from agent_blackbox.schemas._envelope import Envelope
-from agent_blackbox.schemas._envelope_reader import fits, read_envelope
 from agent_blackbox.schemas._errors import BodyEncodingError, UndecodableMessage
 from agent_blackbox.schemas._registry import ENVELOPE, SchemaRegistry, default_registry
 
@@ -57,8 +56,6 @@ class EnvelopeCodec:
         self._plain = _plain_reading(entry.parsed)
         self._prefix = SINGLE_OBJECT_MAGIC + entry.fingerprint
         self._schema_ids = schema_ids
-        self._fast: dict[bytes, bool] = {}
-        """Fingerprint -> whether its schema is the one the straight reader reads."""
 
     def encode(self, envelope: Envelope) -> bytes:
         """The single-object encoding of ``envelope``."""
@@ -75,15 +72,6 @@ class EnvelopeCodec:
                 fingerprint or schema id, or corrupt Avro).
         """
         writer = self._writer_for(data)
-        if data[:2] == SINGLE_OBJECT_MAGIC:
-            fingerprint = data[2:_HEADER]
-            fast = self._fast.get(fingerprint)
-            if fast is None:
-                fast = self._fast[fingerprint] = fits(writer)
-            # The straight reader, where it reads the writer's schema: the same
-            # envelope in a fraction of the time, or None for fastavro to judge.
-            if fast and (envelope := read_envelope(data, _HEADER)) is not None:
-                return envelope
         body = io.BytesIO(data)
         body.seek(_HEADER if data[:2] == SINGLE_OBJECT_MAGIC else 5)
         plain = self._plain if writer is self._writer else None
