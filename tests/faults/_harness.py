@@ -23,13 +23,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 from sqlalchemy import Engine, create_engine, func, make_url, select, text
 from sqlalchemy.pool import NullPool
@@ -45,10 +44,10 @@ from agent_blackbox.outbox import (
 )
 from agent_blackbox.schemas import Settings
 from agent_blackbox.stack import LocalKafka, LocalPostgres
+from tests.integration._wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = "faults_template"
-T = TypeVar("T")
 
 _INSTRUMENT = [
     "CREATE TABLE public.fault_committed (event_id uuid NOT NULL, run_id text NOT NULL, "
@@ -63,24 +62,6 @@ _INSTRUMENT = [
     "CREATE TRIGGER fault_note AFTER INSERT ON blackbox.outbox "
     "FOR EACH ROW EXECUTE FUNCTION public.fault_note()",
 ]
-
-
-def eventually(
-    probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.05
-) -> T:
-    """Call ``probe`` until it returns something truthy and return that.
-
-    Raises:
-        AssertionError: naming ``what`` and the last value once ``timeout`` passed.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        last = probe()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not hold within {timeout:.0f}s (last: {last!r})")
-        time.sleep(interval)  # the polling interval of a deadline loop
 
 
 def free_port(taken: set[int]) -> int:
