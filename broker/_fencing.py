@@ -43,19 +43,30 @@ def read_stamp(headers: Headers | None) -> LeaseStamp | None:
     for name, value in headers or ():
         if name != LEASE_HEADER or value is None:
             continue
-        return _stamp_of(value)
+        if len(value) > _STAMP_MAX:
+            # Not a stamp: longer than any, and a number of thousands of digits would
+            # not even convert. Never parsed or remembered (hostile headers cannot
+            # fill the cache below).
+            return None
+        # A topic holds a handful of distinct stamps (shards times epochs), asked for
+        # once per message by every reader: each is parsed once.
+        return _remembered_stamp(value)
     return None
 
 
-@lru_cache(maxsize=4_096)
+_STAMP_MAX = 48
+"""Longer than any ``<shard>:<epoch>`` of two 64-bit numbers."""
+
+
 def _stamp_of(value: bytes | str) -> LeaseStamp | None:
-    # A topic holds a handful of distinct stamps (shards times epochs), asked for once
-    # per message by every reader: each is parsed once.
     raw = value.decode("ascii", "replace") if isinstance(value, bytes) else value
     shard, _, epoch = raw.partition(":")
     if shard.isdecimal() and epoch.isdecimal():
         return LeaseStamp(int(shard), int(epoch))
     return None
+
+
+_remembered_stamp = lru_cache(maxsize=4_096)(_stamp_of)
 
 
 class EpochFence:

@@ -48,3 +48,14 @@ def test_state_round_trips_and_forget_clears_a_partition() -> None:
     resumed = EpochFence()
     resumed.restore(2, saved)
     assert not resumed.admit(2, stamped(5, 6))
+
+
+def test_a_header_longer_than_any_stamp_is_malformed_and_not_remembered() -> None:
+    from agent_blackbox.broker import _fencing
+
+    before = _fencing._remembered_stamp.cache_info().currsize
+    hostile = b"1" * 100_000 + b":2"
+    assert read_stamp([("blackbox.lease", hostile)]) is None  # no ValueError from int()
+    assert _fencing._remembered_stamp.cache_info().currsize == before
+    assert read_stamp([("blackbox.lease", b"5:9")]) == LeaseStamp(5, 9)
+    assert _fencing._remembered_stamp.cache_info().currsize == before + 1
