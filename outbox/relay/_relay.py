@@ -67,7 +67,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -139,9 +138,13 @@ _RELEASE = text(
 # a fast-changing outbox) from reading every row after ``:after`` to sort them, which
 # made each read cost in proportion to the whole outbox (set for the lane's session).
 # Run on the driver's cursor with binary results: envelopes arrive as they are stored
-# (no hex text to decode) and times as numbers.
+# (no hex text to decode). Each row comes in the form ``produce()`` takes it, so the
+# produce loop converts nothing: the key (run id) and the event id header as UTF-8
+# bytes, made by the server, and the creation time as epoch seconds (a float costs a
+# fraction of a datetime to load, and only a batch's first is used). See ``_Row``.
 _READ = """
-    SELECT id, run_id, event_id::text, envelope, created_at, shard,
+    SELECT id, convert_to(run_id, 'UTF8'), convert_to(event_id::text, 'UTF8'), envelope,
+           date_part('epoch', created_at), shard,
            (SELECT count(*) FROM blackbox.outbox
              WHERE shard = ANY(%(shards)s) AND id <= %(after)s) AS below
       FROM blackbox.outbox
@@ -152,10 +155,19 @@ _READ = """
 # single statements in autocommit, one round trip each. Deletes need not wait for the
 # disk: a delete lost in a database crash only publishes those rows again (duplicates,
 # which readers absorb), never loses one. The idle bound is kept for any transaction
-# the session might be left in.
+# the session might be left in. Sequential scans and parallel workers are off for the
+# same reason as sorts: after a bulk insert the statistics show a large outbox, and the
+# planner counted the rows below ``:after`` with a parallel scan of the whole table
+# (dead rows included) instead of the primary key's few thousand live entries, which
+# cost more than the read itself; no read or delete of a batch makes a worker process or
+# a full scan pay. JIT is off with them: the penalty a disabled plan node carries pushes
+# every statement's estimate over the JIT threshold, and compiling took longer (about
+# 100 ms) than the deletes it compiled.
 _LANE_SESSION = text(
     "SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, false), "
-    "set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false)"
+    "set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false), "
+    "set_config('enable_seqscan', 'off', false), "
+    "set_config('max_parallel_workers_per_gather', '0', false), set_config('jit', 'off', false)"
 )
 # Every transaction of the relay that takes row locks (lease renewal and claims, deletes)
 # bounds how long it may sit idle: a relay frozen inside one (SIGSTOP, a VM pause) would
@@ -194,9 +206,15 @@ class RelayOptions:
     while the deliveries of the one before are still arriving (1: one at a time)."""
 
 
+_Row = tuple[int, bytes, bytes, bytes, float, int, int]
+"""An outbox row as ``_READ`` gives it: id, key (the run id), event id header value,
+value (the envelope), creation time (epoch seconds), shard, and the rows of the read's
+shards at or below the id it read after (the same in every row of a read)."""
+
+
 @dataclass(slots=True)
 class _Batch:
-    rows: Sequence[Any]
+    rows: Sequence[_Row]
     produced: int = 0
     """Rows produced, the first ones of ``rows``."""
     acked: list[int] = field(default_factory=list)
@@ -251,7 +269,7 @@ class _ReadAhead:
 
     key: tuple[tuple[int, ...], int]
     """The shards and the last row id it reads after."""
-    rows: Future[Sequence[Any]]
+    rows: Future[Sequence[_Row]]
     expected: int
     """Rows at or below ``key``'s id that the relay itself leaves in the outbox then."""
 
@@ -491,7 +509,7 @@ class Relay:
         # Rows read but left (cut) are no idle outbox: report at least one.
         return max(batch.produced, settled, int(batch.cut))
 
-    def _next_rows(self, shards: list[int]) -> Sequence[Any] | None:
+    def _next_rows(self, shards: list[int]) -> Sequence[_Row] | None:
         """The next rows of ``shards`` after the last one produced; None when a row at or
         below it is in the outbox that the relay has not produced (committed late, or
         acknowledged rows whose delete failed or the lease no longer covered).
@@ -523,7 +541,7 @@ class Relay:
             )
         return rows
 
-    def _read(self, shards: list[int], after: int) -> Sequence[Any]:
+    def _read(self, shards: list[int], after: int) -> Sequence[_Row]:
         """Up to a batch of rows of ``shards`` after ``after`` (on the outbox lane)."""
         params = {"shards": shards, "after": after, "limit": self.options.batch_size}
         conn = self._lane_session()
@@ -634,7 +652,7 @@ class Relay:
 
     # Publishing -------------------------------------------------------------------
 
-    def _publish(self, rows: Sequence[Any], stop: threading.Event | None) -> _Batch:
+    def _publish(self, rows: Sequence[_Row], stop: threading.Event | None) -> _Batch:
         """Produce ``rows`` in order while the leases allow; the batch joins the window
         of batches in flight (its deliveries are settled by ``_settle``)."""
         batch = _Batch(rows=rows)
@@ -645,6 +663,7 @@ class Relay:
         produce = self._producer.produce
         delivered = batch.delivered
         until = deadline.produce_until
+        header = EVENT_ID_HEADER
         produced = 0
         try:
             for row in rows:
@@ -659,9 +678,9 @@ class Relay:
                     # time: it (and every later row) waits for the next renewal.
                     batch.cut = True
                     break
-                headers: _Headers = [(EVENT_ID_HEADER, row[2].encode()), stamp]
+                headers: _Headers = [(header, row[2]), stamp]
                 try:
-                    produce(topic, row[3], row[1].encode(), on_delivery=delivered, headers=headers)
+                    produce(topic, row[3], row[1], on_delivery=delivered, headers=headers)
                 except BufferError:
                     self._produce_when_room(topic, row, headers, batch)
                 produced += 1
@@ -673,7 +692,7 @@ class Relay:
         self._producer.poll(0)  # serve the deliveries of earlier batches
         return batch
 
-    def _produce_when_room(self, topic: str, row: Any, headers: _Headers, batch: _Batch) -> None:
+    def _produce_when_room(self, topic: str, row: _Row, headers: _Headers, batch: _Batch) -> None:
         """Produce ``row`` once the local queue has room again."""
         while True:
             self._producer.poll(0.05)  # the local queue is full; let deliveries drain
@@ -681,7 +700,7 @@ class Relay:
                 self._producer.produce(
                     topic,
                     value=row[3],
-                    key=row[1].encode(),
+                    key=row[1],
                     on_delivery=batch.delivered,
                     headers=headers,
                 )
@@ -932,11 +951,11 @@ class Relay:
             self.metrics.outbox_depth.set(pending_events_txn(conn))
 
 
-def order_gaps(rows: Sequence[Any], acked: Sequence[int], failed: Sequence[int]) -> int:
+def order_gaps(rows: Sequence[Sequence[Any]], acked: Sequence[int], failed: Sequence[int]) -> int:
     """How many acknowledged rows of ``rows`` (id, run id, ...; in id order) come after a
     failed row of their run: events the topic now holds before an earlier one of theirs."""
     failed_ids, acked_ids = set(failed), set(acked)
-    first_failed: dict[str, int] = {}
+    first_failed: dict[Any, int] = {}
     gaps = 0
     for row in rows:
         row_id, run_id = row[0], row[1]
@@ -957,5 +976,6 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def _age(created_at: datetime) -> float:
-    return max((datetime.now(UTC) - created_at).total_seconds(), 0.0)
+def _age(created_at: float) -> float:
+    """Seconds since ``created_at`` (epoch seconds, the database's clock)."""
+    return max(time.time() - created_at, 0.0)
