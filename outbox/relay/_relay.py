@@ -15,9 +15,11 @@ in flight means a writer committed a lower id late (or an acknowledged row outli
 fenced delete), and the relay then settles everything and reads from the lowest id
 again, as it does after a failed or cut batch or a change of shards: a run's later
 event never overtakes an earlier one that was committed before it became visible.
-Reads and deletes run in order on a thread and a database session of their own (the
-outbox lane), so the database works while the relay produces: after a full batch the
-next one is read ahead, and acknowledged rows are deleted while the next batch goes out.
+Reads and deletes run on threads and database sessions of their own (the outbox lane,
+``_lane``), so the database works while the relay produces: after a full batch the next
+one is read ahead, and acknowledged rows are deleted while the next batch goes out. Each
+read sees every delete handed over before it and none handed over after it, which is
+what its count is compared with.
 
 Fencing. Every claim of a shard raises its epoch (``relay_leases.epoch``); the relay
 stamps each message with ``LeaseStamp(shard, epoch)`` beside the event id, so readers
@@ -64,15 +66,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, Message
-from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.broker import (
     KafkaUnavailable,
@@ -83,6 +85,7 @@ from agent_blackbox.broker import (
 )
 from agent_blackbox.outbox._postgres import pending_events_txn
 from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
+from agent_blackbox.outbox.relay._lane import OutboxLane
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
 from agent_blackbox.schemas import PermissionRefused, Settings, permission_refused
@@ -151,8 +154,8 @@ _READ = """
      WHERE shard + 0 = ANY(%(shards)s) AND id > %(after)s
      ORDER BY id LIMIT %(limit)s
 """
-# The outbox lane's own session (see ``Relay._lane_session``): reads and deletes are
-# single statements in autocommit, one round trip each. Deletes need not wait for the
+# The outbox lane's sessions (see ``_lane``): reads and deletes are single statements in
+# autocommit, one round trip each. Deletes need not wait for the
 # disk: a delete lost in a database crash only publishes those rows again (duplicates,
 # which readers absorb), never loses one. The idle bound is kept for any transaction
 # the session might be left in. Sequential scans and parallel workers are off for the
@@ -269,7 +272,7 @@ class _ReadAhead:
 
     key: tuple[tuple[int, ...], int]
     """The shards and the last row id it reads after."""
-    rows: Future[Sequence[_Row]]
+    rows: Future[list[Any]]
     expected: int
     """Rows at or below ``key``'s id that the relay itself leaves in the outbox then."""
 
@@ -349,10 +352,11 @@ class Relay:
         self._lease_lock = threading.RLock()
         # Reads and deletes of outbox rows run in order on one thread of their own, so
         # that the database works while this thread produces (see ``_next_rows``).
-        self._lane = ThreadPoolExecutor(1, thread_name_prefix=f"outbox {self.owner}")
+        self._lane = OutboxLane(
+            engine, name=self.owner, setup=_LANE_SESSION, setup_params=self._idle_bound
+        )
         self._ahead: _ReadAhead | None = None
         self._deletes: deque[Future[None]] = deque()
-        self._lane_conn: Connection | None = None
         self._depth_at = -math.inf
         self._listener: psycopg.Connection[Any] | None = None
         self._topic_ready = False
@@ -527,7 +531,7 @@ class Relay:
             rows, expected = ahead.rows.result(), ahead.expected
         else:
             expected = sum(b.produced for b in self._window)
-            rows = self._lane.submit(self._read, shards, self._after).result()
+            rows = self._read(shards, self._after).result()
         if rows and rows[0][6] > expected:
             return None
         if len(rows) == self.options.batch_size and self.options.pipeline_batches > 1:
@@ -535,52 +539,16 @@ class Relay:
             after = rows[-1][0]
             self._ahead = _ReadAhead(
                 key=(tuple(shards), after),
-                rows=self._lane.submit(self._read, shards, after),
+                rows=self._read(shards, after),
                 # Counted now: the deletes handed to the lane so far run before it.
                 expected=sum(b.produced for b in self._window) + len(rows),
             )
         return rows
 
-    def _read(self, shards: list[int], after: int) -> Sequence[_Row]:
-        """Up to a batch of rows of ``shards`` after ``after`` (on the outbox lane)."""
+    def _read(self, shards: list[int], after: int) -> Future[list[Any]]:
+        """Up to a batch of rows of ``shards`` after ``after``, read on the outbox lane."""
         params = {"shards": shards, "after": after, "limit": self.options.batch_size}
-        conn = self._lane_session()
-        driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
-        try:
-            with driver.cursor() as cursor:
-                return cursor.execute(_READ, params, binary=True).fetchall()
-        except psycopg.Error as exc:
-            self._drop_lane_session()
-            raise DBAPIError.instance(_READ, params, exc, psycopg.Error) from exc
-
-    def _delete(self, acked: list[int]) -> None:
-        """Delete acknowledged rows, fenced by the leases still held (on the outbox lane)."""
-        try:
-            ids = ",".join(map(str, acked))  # one text, not a Python-built array of ints
-            self._lane_session().execute(_DELETE, {"ids": ids, "me": self.owner})
-        except SQLAlchemyError:
-            self._drop_lane_session()
-            raise
-
-    def _lane_session(self) -> Connection:
-        """The lane's connection, in autocommit with the lane's settings; a new one after
-        an error. It never goes back to the pool (its settings would go with it)."""
-        if self._lane_conn is None:
-            conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            try:
-                conn.execute(_LANE_SESSION, self._idle_bound)
-            except SQLAlchemyError:
-                conn.invalidate()
-                conn.close()
-                raise
-            self._lane_conn = conn
-        return self._lane_conn
-
-    def _drop_lane_session(self) -> None:
-        if self._lane_conn is not None:
-            self._lane_conn.invalidate()
-            self._lane_conn.close()
-            self._lane_conn = None
+        return self._lane.read(_READ, params)
 
     def _deleted(self, *, wait: bool) -> None:
         """Collect the deletes that finished (all of them with ``wait``), raising the
@@ -626,8 +594,7 @@ class Relay:
             log.warning("could not delete acknowledged rows: %s", _first_line(exc))
         self._deletes.clear()
         self._ahead = None
-        self._lane.shutdown(wait=True)
-        self._drop_lane_session()
+        self._lane.close()
         settled = len(self._producer) == 0
         try:
             with self.engine.begin() as conn:
@@ -764,7 +731,8 @@ class Relay:
         if acked:
             # Deleted on the outbox lane while the next batch is produced; reads queue
             # behind it.
-            self._deletes.append(self._lane.submit(self._delete, acked))
+            ids = ",".join(map(str, acked))  # one text, not a Python-built array of ints
+            self._deletes.append(self._lane.delete(_DELETE, {"ids": ids, "me": self.owner}))
         for b in done:
             self._account(b)
         if any(b.failed for b in done):
