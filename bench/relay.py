@@ -2,8 +2,10 @@
 
 The outbox is filled with cloned runs of a recorded template (see ``bench._synthetic``)
 by COPY. A plain confluent-kafka producer with the relay's own config then sends the
-same keys, values and headers to one fresh topic and flushes; then the relay drains the
-outbox into another. Both rates count from the first message to the last delivery.
+same keys, values and headers (the event id and a lease stamp) to one fresh topic and
+flushes; then the relay drains the outbox into another. Both rates count from the first
+message to the last delivery. The plain producer asks for no delivery reports: it is
+what the broker and the client can do, with nothing to track or delete.
 
 The relay drains every shard, so the bench refuses to start on an outbox that holds
 rows, and nothing else may write to it while the bench runs.
@@ -107,7 +109,7 @@ def fill(engine: Engine, rows: Sequence[_synthetic.Row]) -> None:
 def plain_rate(settings: Settings, topic: str, rows: Sequence[_synthetic.Row]) -> Rate:
     """Events/s of a bare producer with the relay's config: produce all, then flush."""
     started, cpu = time.perf_counter(), time.process_time()
-    _synthetic.produce(settings, topic, rows)
+    _synthetic.produce(settings, topic, rows, stamped=True)
     return Rate.of(len(rows), time.perf_counter() - started, time.process_time() - cpu)
 
 
