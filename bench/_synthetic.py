@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from agent_blackbox.broker import new_producer, producer_config
+from agent_blackbox.broker import LeaseStamp, new_producer, producer_config
 from agent_blackbox.outbox import Recorder, Run, RunSnapshot, shard_of
 from agent_blackbox.outbox.relay import EVENT_ID_HEADER
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, EnvelopeCodec, Settings
@@ -129,22 +129,29 @@ def rows(template: Sequence[Envelope], *, events: int, shards: int) -> Iterator[
             emitted += 1
 
 
-def produce(settings: Settings, topic: str, rows: Sequence[Row]) -> None:
+def produce(settings: Settings, topic: str, rows: Sequence[Row], *, stamped: bool = False) -> None:
     """Send ``rows`` to ``topic`` as the relay does (key, value, header, its producer
     config) with a bare producer, and return once every one is acknowledged.
+
+    ``stamped`` adds the relay's lease stamp header too (epoch 1, prebuilt per shard as
+    the relay's are), so that the messages are the relay's byte for byte: for comparing
+    the two, not for a topic that a relay also publishes to (a reader's fence would
+    drop these after a relay's newer epochs).
 
     Raises:
         RuntimeError: deliveries were still outstanding after two minutes.
     """
     producer = new_producer(settings, producer_config(settings))
+    shards = range(settings.outbox_shards) if stamped else range(0)
+    stamps = {shard: LeaseStamp(shard, 1).header() for shard in shards}
     for row in rows:
+        headers = [(EVENT_ID_HEADER, row.event_id.encode("ascii"))]
+        if stamps:
+            headers.append(stamps[row.shard])
         while True:
             try:
                 producer.produce(
-                    topic,
-                    key=row.run_id.encode("utf-8"),
-                    value=row.envelope,
-                    headers=[(EVENT_ID_HEADER, row.event_id.encode("ascii"))],
+                    topic, key=row.run_id.encode("utf-8"), value=row.envelope, headers=headers
                 )
                 break
             except BufferError:

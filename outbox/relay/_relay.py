@@ -15,9 +15,11 @@ in flight means a writer committed a lower id late (or an acknowledged row outli
 fenced delete), and the relay then settles everything and reads from the lowest id
 again, as it does after a failed or cut batch or a change of shards: a run's later
 event never overtakes an earlier one that was committed before it became visible.
-Reads and deletes run in order on a thread and a database session of their own (the
-outbox lane), so the database works while the relay produces: after a full batch the
-next one is read ahead, and acknowledged rows are deleted while the next batch goes out.
+Reads and deletes run on threads and database sessions of their own (the outbox lane,
+``_lane``), so the database works while the relay produces: after a full batch the next
+one is read ahead, and acknowledged rows are deleted while the next batch goes out. Each
+read sees every delete handed over before it and none handed over after it, which is
+what its count is compared with.
 
 Fencing. Every claim of a shard raises its epoch (``relay_leases.epoch``); the relay
 stamps each message with ``LeaseStamp(shard, epoch)`` beside the event id, so readers
@@ -64,16 +66,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, Message
-from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.broker import (
     KafkaUnavailable,
@@ -84,6 +85,7 @@ from agent_blackbox.broker import (
 )
 from agent_blackbox.outbox._postgres import pending_events_txn
 from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
+from agent_blackbox.outbox.relay._lane import OutboxLane
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
 from agent_blackbox.schemas import PermissionRefused, Settings, permission_refused
@@ -139,23 +141,36 @@ _RELEASE = text(
 # a fast-changing outbox) from reading every row after ``:after`` to sort them, which
 # made each read cost in proportion to the whole outbox (set for the lane's session).
 # Run on the driver's cursor with binary results: envelopes arrive as they are stored
-# (no hex text to decode) and times as numbers.
+# (no hex text to decode). Each row comes in the form ``produce()`` takes it, so the
+# produce loop converts nothing: the key (run id) and the event id header as UTF-8
+# bytes, made by the server, and the creation time as epoch seconds (a float costs a
+# fraction of a datetime to load, and only a batch's first is used). See ``_Row``.
 _READ = """
-    SELECT id, run_id, event_id::text, envelope, created_at, shard,
+    SELECT id, convert_to(run_id, 'UTF8'), convert_to(event_id::text, 'UTF8'), envelope,
+           date_part('epoch', created_at), shard,
            (SELECT count(*) FROM blackbox.outbox
              WHERE shard = ANY(%(shards)s) AND id <= %(after)s) AS below
       FROM blackbox.outbox
      WHERE shard + 0 = ANY(%(shards)s) AND id > %(after)s
      ORDER BY id LIMIT %(limit)s
 """
-# The outbox lane's own session (see ``Relay._lane_session``): reads and deletes are
-# single statements in autocommit, one round trip each. Deletes need not wait for the
+# The outbox lane's sessions (see ``_lane``): reads and deletes are single statements in
+# autocommit, one round trip each. Deletes need not wait for the
 # disk: a delete lost in a database crash only publishes those rows again (duplicates,
 # which readers absorb), never loses one. The idle bound is kept for any transaction
-# the session might be left in.
+# the session might be left in. Sequential scans and parallel workers are off for the
+# same reason as sorts: after a bulk insert the statistics show a large outbox, and the
+# planner counted the rows below ``:after`` with a parallel scan of the whole table
+# (dead rows included) instead of the primary key's few thousand live entries, which
+# cost more than the read itself; no read or delete of a batch makes a worker process or
+# a full scan pay. JIT is off with them: the penalty a disabled plan node carries pushes
+# every statement's estimate over the JIT threshold, and compiling took longer (about
+# 100 ms) than the deletes it compiled.
 _LANE_SESSION = text(
     "SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, false), "
-    "set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false)"
+    "set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false), "
+    "set_config('enable_seqscan', 'off', false), "
+    "set_config('max_parallel_workers_per_gather', '0', false), set_config('jit', 'off', false)"
 )
 # Every transaction of the relay that takes row locks (lease renewal and claims, deletes)
 # bounds how long it may sit idle: a relay frozen inside one (SIGSTOP, a VM pause) would
@@ -192,9 +207,15 @@ class RelayOptions:
     while the deliveries of the one before are still arriving (1: one at a time)."""
 
 
+_Row = tuple[int, bytes, bytes, bytes, float, int, int]
+"""An outbox row as ``_READ`` gives it: id, key (the run id), event id header value,
+value (the envelope), creation time (epoch seconds), shard, and the rows of the read's
+shards at or below the id it read after (the same in every row of a read)."""
+
+
 @dataclass(slots=True)
 class _Batch:
-    rows: Sequence[Any]
+    rows: Sequence[_Row]
     produced: int = 0
     """Rows produced, the first ones of ``rows``."""
     acked: list[int] = field(default_factory=list)
@@ -249,7 +270,7 @@ class _ReadAhead:
 
     key: tuple[tuple[int, ...], int]
     """The shards and the last row id it reads after."""
-    rows: Future[Sequence[Any]]
+    rows: Future[list[Any]]
     expected: int
     """Rows at or below ``key``'s id that the relay itself leaves in the outbox then."""
 
@@ -329,10 +350,11 @@ class Relay:
         self._lease_lock = threading.RLock()
         # Reads and deletes of outbox rows run in order on one thread of their own, so
         # that the database works while this thread produces (see ``_next_rows``).
-        self._lane = ThreadPoolExecutor(1, thread_name_prefix=f"outbox {self.owner}")
+        self._lane = OutboxLane(
+            engine, name=self.owner, setup=_LANE_SESSION, setup_params=self._idle_bound
+        )
         self._ahead: _ReadAhead | None = None
         self._deletes: deque[Future[None]] = deque()
-        self._lane_conn: Connection | None = None
         self._depth_at = -math.inf
         self._listener: psycopg.Connection[Any] | None = None
         self._topic_ready = False
@@ -456,6 +478,7 @@ class Relay:
         Returns the number of rows produced or settled, and at least 1 when it read rows
         it had to leave in the outbox (0: nothing to do and nothing in flight).
         """
+        self._caught_up = False
         self._deleted(wait=False)
         if self._over_share:
             # Shards are to be handed back, which waits for nothing to be queued.
@@ -481,7 +504,6 @@ class Relay:
         # Listening since before this read: every row committed after the read began
         # announces itself with a NOTIFY, so a partial batch needs no read after it.
         listening = self._listener is not None and not self._listener.closed
-        self._caught_up = False
         rows = self._next_rows(shards)
         if rows is None:
             # A writer committed a row below the last one read: settle everything in
@@ -507,7 +529,7 @@ class Relay:
         # Rows read but left (cut) are no idle outbox: report at least one.
         return max(batch.produced, settled, int(batch.cut))
 
-    def _next_rows(self, shards: list[int]) -> Sequence[Any] | None:
+    def _next_rows(self, shards: list[int]) -> Sequence[_Row] | None:
         """The next rows of ``shards`` after the last one produced; None when a row at or
         below it is in the outbox that the relay has not produced (committed late, or
         acknowledged rows whose delete failed or the lease no longer covered).
@@ -525,7 +547,7 @@ class Relay:
             rows, expected = ahead.rows.result(), ahead.expected
         else:
             expected = sum(b.produced for b in self._window)
-            rows = self._lane.submit(self._read, shards, self._after).result()
+            rows = self._read(shards, self._after).result()
         if rows and rows[0][6] > expected:
             return None
         if len(rows) == self.options.batch_size and self.options.pipeline_batches > 1:
@@ -533,56 +555,16 @@ class Relay:
             after = rows[-1][0]
             self._ahead = _ReadAhead(
                 key=(tuple(shards), after),
-                rows=self._lane.submit(self._read, shards, after),
+                rows=self._read(shards, after),
                 # Counted now: the deletes handed to the lane so far run before it.
                 expected=sum(b.produced for b in self._window) + len(rows),
             )
         return rows
 
-    def _read(self, shards: list[int], after: int) -> Sequence[Any]:
-        """Up to a batch of rows of ``shards`` after ``after`` (on the outbox lane)."""
+    def _read(self, shards: list[int], after: int) -> Future[list[Any]]:
+        """Up to a batch of rows of ``shards`` after ``after``, read on the outbox lane."""
         params = {"shards": shards, "after": after, "limit": self.options.batch_size}
-        return self._on_lane(_READ, params)
-
-    def _delete(self, acked: list[int]) -> None:
-        """Delete acknowledged rows, fenced by the leases still held (on the outbox lane)."""
-        # One text, not a Python-built array of ints.
-        params = {"ids": ",".join(map(str, acked)), "me": self.owner}
-        self._on_lane(_DELETE, params)
-
-    def _on_lane(self, statement: str, params: dict[str, Any]) -> list[Any]:
-        """Run ``statement`` on the lane's connection through the driver's own cursor
-        (a statement in a steady loop: psycopg prepares it after a few runs, and the
-        lane skips SQLAlchemy's per-call work); its rows, if it returns any."""
-        conn = self._lane_session()
-        driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
-        try:
-            with driver.cursor() as cursor:
-                cursor.execute(statement, params, binary=True)
-                return cursor.fetchall() if cursor.description else []
-        except psycopg.Error as exc:
-            self._drop_lane_session()
-            raise DBAPIError.instance(statement, params, exc, psycopg.Error) from exc
-
-    def _lane_session(self) -> Connection:
-        """The lane's connection, in autocommit with the lane's settings; a new one after
-        an error. It never goes back to the pool (its settings would go with it)."""
-        if self._lane_conn is None:
-            conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            try:
-                conn.execute(_LANE_SESSION, self._idle_bound)
-            except SQLAlchemyError:
-                conn.invalidate()
-                conn.close()
-                raise
-            self._lane_conn = conn
-        return self._lane_conn
-
-    def _drop_lane_session(self) -> None:
-        if self._lane_conn is not None:
-            self._lane_conn.invalidate()
-            self._lane_conn.close()
-            self._lane_conn = None
+        return self._lane.read(_READ, params)
 
     def _deleted(self, *, wait: bool) -> None:
         """Collect the deletes that finished (all of them with ``wait``), raising the
@@ -628,8 +610,7 @@ class Relay:
             log.warning("could not delete acknowledged rows: %s", _first_line(exc))
         self._deletes.clear()
         self._ahead = None
-        self._lane.shutdown(wait=True)
-        self._drop_lane_session()
+        self._lane.close()
         settled = len(self._producer) == 0
         try:
             with self.engine.begin() as conn:
@@ -654,7 +635,7 @@ class Relay:
 
     # Publishing -------------------------------------------------------------------
 
-    def _publish(self, rows: Sequence[Any], stop: threading.Event | None) -> _Batch:
+    def _publish(self, rows: Sequence[_Row], stop: threading.Event | None) -> _Batch:
         """Produce ``rows`` in order while the leases allow; the batch joins the window
         of batches in flight (its deliveries are settled by ``_settle``)."""
         batch = _Batch(rows=rows)
@@ -665,6 +646,7 @@ class Relay:
         produce = self._producer.produce
         delivered = batch.delivered
         until = deadline.produce_until
+        header = EVENT_ID_HEADER
         produced = 0
         try:
             for row in rows:
@@ -679,9 +661,9 @@ class Relay:
                     # time: it (and every later row) waits for the next renewal.
                     batch.cut = True
                     break
-                headers: _Headers = [(EVENT_ID_HEADER, row[2].encode()), stamp]
+                headers: _Headers = [(header, row[2]), stamp]
                 try:
-                    produce(topic, row[3], row[1].encode(), on_delivery=delivered, headers=headers)
+                    produce(topic, row[3], row[1], on_delivery=delivered, headers=headers)
                 except BufferError:
                     self._produce_when_room(topic, row, headers, batch)
                 produced += 1
@@ -693,7 +675,7 @@ class Relay:
         self._producer.poll(0)  # serve the deliveries of earlier batches
         return batch
 
-    def _produce_when_room(self, topic: str, row: Any, headers: _Headers, batch: _Batch) -> None:
+    def _produce_when_room(self, topic: str, row: _Row, headers: _Headers, batch: _Batch) -> None:
         """Produce ``row`` once the local queue has room again."""
         while True:
             self._producer.poll(0.05)  # the local queue is full; let deliveries drain
@@ -701,7 +683,7 @@ class Relay:
                 self._producer.produce(
                     topic,
                     value=row[3],
-                    key=row[1].encode(),
+                    key=row[1],
                     on_delivery=batch.delivered,
                     headers=headers,
                 )
@@ -766,7 +748,8 @@ class Relay:
         if acked:
             # Deleted on the outbox lane while the next batch is produced; reads queue
             # behind it.
-            self._deletes.append(self._lane.submit(self._delete, acked))
+            ids = ",".join(map(str, acked))  # one text, not a Python-built array of ints
+            self._deletes.append(self._lane.delete(_DELETE, {"ids": ids, "me": self.owner}))
         for b in done:
             self._account(b)
         if any(b.failed for b in done):
@@ -922,9 +905,14 @@ class Relay:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._shards != before or self._over_share:
                     return
-                for _ in listener.notifies(timeout=min(remaining, 0.25), stop_after=1):
+                first = listener.notifies(timeout=min(remaining, 0.25), stop_after=1)
+                try:
+                    woken = next(first, None)
+                finally:
+                    first.close()  # it holds the connection's lock until closed
+                if woken is not None:
                     # Take the others already here too: one read covers every commit
-                    # announced so far, and each left waiting would wake a read of its own.
+                    # announced so far, and each one left waiting would wake a read.
                     for _ in listener.notifies(timeout=0.0):
                         pass
                     return
@@ -957,11 +945,11 @@ class Relay:
             self.metrics.outbox_depth.set(pending_events_txn(conn))
 
 
-def order_gaps(rows: Sequence[Any], acked: Sequence[int], failed: Sequence[int]) -> int:
+def order_gaps(rows: Sequence[Sequence[Any]], acked: Sequence[int], failed: Sequence[int]) -> int:
     """How many acknowledged rows of ``rows`` (id, run id, ...; in id order) come after a
     failed row of their run: events the topic now holds before an earlier one of theirs."""
     failed_ids, acked_ids = set(failed), set(acked)
-    first_failed: dict[str, int] = {}
+    first_failed: dict[Any, int] = {}
     gaps = 0
     for row in rows:
         row_id, run_id = row[0], row[1]
@@ -982,5 +970,6 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def _age(created_at: datetime) -> float:
-    return max((datetime.now(UTC) - created_at).total_seconds(), 0.0)
+def _age(created_at: float) -> float:
+    """Seconds since ``created_at`` (epoch seconds, the database's clock)."""
+    return max(time.time() - created_at, 0.0)

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
-from agent_blackbox.outbox.relay._relay import _Batch, order_gaps
+from agent_blackbox.outbox.relay._relay import _Batch, _Row, order_gaps
 
 
 def test_default_timing_scales_with_the_lease() -> None:
@@ -121,8 +121,8 @@ def _report(row_id: int) -> Message:
     return cast(Message, _Report(b"envelope-%d" % row_id))
 
 
-def _rows(*ids: int) -> list[tuple[int, str, str, bytes, None, int]]:
-    return [(i, "run", f"event-{i}", b"envelope-%d" % i, None, 0) for i in ids]
+def _rows(*ids: int) -> list[_Row]:
+    return [(i, b"run", b"event-%d" % i, b"envelope-%d" % i, 0.0, 0, 0) for i in ids]
 
 
 def test_a_settled_batch_sorts_its_produced_rows_into_acked_and_failed() -> None:
@@ -136,7 +136,7 @@ def test_a_settled_batch_sorts_its_produced_rows_into_acked_and_failed() -> None
 
 def test_a_failed_report_marks_every_row_with_its_value_failed() -> None:
     rows = _rows(1, 2, 3)
-    rows[2] = (3, "run", "event-1", b"envelope-1", None, 0)  # the event of row 1, again
+    rows[2] = (3, b"run", b"event-1", b"envelope-1", 0.0, 0, 0)  # the event of row 1, again
     batch = _Batch(rows=rows, produced=3, pending=3)
     batch.delivered(KafkaError(KafkaError._MSG_TIMED_OUT), _report(1))
     batch.delivered(None, _report(2))
