@@ -71,9 +71,12 @@ class EnvelopeCodec:
             UndecodableMessage: saying which check failed (framing, unknown
                 fingerprint or schema id, or corrupt Avro).
         """
-        writer = self._writer_for(data)
+        # The common case first: written by this codec's own schema version, which one
+        # comparison of the prefix tells without a look-up in the registry.
+        own = data.startswith(self._prefix)
+        writer = self._writer if own else self._writer_for(data)
         body = io.BytesIO(data)
-        body.seek(_HEADER if data[:2] == SINGLE_OBJECT_MAGIC else 5)
+        body.seek(_HEADER if own or data[:2] == SINGLE_OBJECT_MAGIC else 5)
         plain = self._plain if writer is self._writer else None
         try:
             if plain is not None:
