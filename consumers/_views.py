@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -63,6 +64,7 @@ from agent_blackbox.consumers._tables import (
     runs_view,
 )
 from agent_blackbox.schemas import (
+    PLAIN_ENCODING,
     PLAINTEXT_IN_SEALED_RUN,
     Envelope,
     EventType,
@@ -163,11 +165,16 @@ def apply_batch(
         ProjectionFailed: a collision whose stored row cannot be found.
     """
     misplaced = wrong_partition(records, partitions or {})
-    set_aside = {id(v.incoming) for v in misplaced}
-    firsts, repeats = split_repeats([r for r in records if id(r) not in set_aside])
+    if misplaced:
+        set_aside = {id(v.incoming) for v in misplaced}
+        records = [r for r in records if id(r) not in set_aside]
+    firsts, repeats = split_repeats(records)
     inserted_keys = _insert_events(conn, firsts)
-    inserted = [r for r in firsts if r.key in inserted_keys]
-    colliding = [r for r in firsts if r.key not in inserted_keys] + repeats
+    if len(inserted_keys) == len(firsts):  # the common case: every first is new
+        inserted, colliding = firsts, repeats
+    else:
+        inserted = [r for r in firsts if _key(r) in inserted_keys]
+        colliding = [r for r in firsts if _key(r) not in inserted_keys] + repeats
     duplicates, violations = classify_collisions(colliding, _stored_rows(conn, colliding))
     refused = refused_plaintext(inserted, _sealing_rows(conn, inserted))
     notes = _Notes.check(conn, redactions or RedactionCheck(), inserted, violations)
@@ -175,7 +182,7 @@ def apply_batch(
     violations += misplaced + refused
     _record_violations(conn, violations)
     untrusted = {v.incoming.key for v in refused}
-    trusted = [r.envelope for r in inserted if r.key not in untrusted]
+    trusted = [r.envelope for r in inserted if not untrusted or _key(r) not in untrusted]
     _upsert_runs(conn, aggregate_runs(trusted))
     _upsert_runs(conn, [replace(d, event_count=0) for d in aggregate_runs(notes.displaced)])
     scrub_redacted_runs_txn(conn, trusted + notes.displaced)
@@ -241,6 +248,8 @@ def unconfirmed_redactions(
 ) -> list[Violation]:
     """The violations of the ``run.redacted`` among ``records`` whose event id
     ``unconfirmed`` names, with its reason."""
+    if not unconfirmed:
+        return []
     return [
         Violation(UNCONFIRMED_REDACTION, r, _nothing(r), unconfirmed[r.envelope.event_id])
         for r in records
@@ -283,10 +292,18 @@ def split_repeats(records: Sequence[Delivered]) -> tuple[list[Delivered], list[D
     seen: set[tuple[str, int]] = set()
     firsts: list[Delivered] = []
     repeats: list[Delivered] = []
-    for record in records:
-        (repeats if record.key in seen else firsts).append(record)
-        seen.add(record.key)
+    for record, key in zip(records, map(_key, records), strict=True):
+        if key in seen:
+            repeats.append(record)
+        else:
+            seen.add(key)
+            firsts.append(record)
     return firsts, repeats
+
+
+_key = attrgetter("envelope.run_id", "envelope.sequence")
+"""``Delivered.key`` in the interpreter's compiled code: the views ask for it of
+every record several times a batch."""
 
 
 def classify_collisions(
@@ -328,6 +345,11 @@ def refused_plaintext(
 
     ``existing`` of each violation is the event that showed the run sealed.
     """
+    encodings = {r.envelope.payload_encoding for r in records}
+    if PLAIN_ENCODING not in encodings:
+        return []  # no plaintext body to refuse
+    if not sealing and encodings == {PLAIN_ENCODING}:
+        return []  # no run shows a data key, neither stored nor in the batch
     grouped: dict[str, list[Delivered]] = {}
     for record in records:
         grouped.setdefault(record.envelope.run_id, []).append(record)
@@ -382,8 +404,10 @@ def _run_delta(envelopes: list[Envelope]) -> RunDelta:
     # The last event of each type that changes the run, by sequence.
     marks: dict[str, Envelope] = {}
     for envelope in envelopes:
-        last_sequence = max(last_sequence, envelope.sequence)
-        last_event_at = max(last_event_at, envelope.recorded_at)
+        if envelope.sequence > last_sequence:
+            last_sequence = envelope.sequence
+        if envelope.recorded_at > last_event_at:
+            last_event_at = envelope.recorded_at
         if envelope.event_type in _RUN_MARKS:
             seen = marks.get(envelope.event_type)
             if seen is None or envelope.sequence > seen.sequence:
@@ -480,7 +504,7 @@ _BINARY_SQL: dict[str, str] = {}
 def _insert_events(conn: Connection, records: Sequence[Delivered]) -> set[tuple[str, int]]:
     if not records:
         return set()
-    ordered = sorted(records, key=lambda r: r.key)  # a stable lock order across consumers
+    ordered = sorted(records, key=_key)  # a stable lock order across consumers
     if conn.dialect.driver == "psycopg":
         return _copy_events(conn, ordered)
     columns = _event_columns(ordered)
@@ -537,13 +561,13 @@ def _copy_events(conn: Connection, ordered: Sequence[Delivered]) -> set[tuple[st
             write = copy.write_row
             for r in ordered:
                 e = r.envelope
-                write(
-                    (
-                        *(e.run_id, e.sequence, e.event_id, e.event_type, e.body_version),
-                        *(r.topic, r.partition, r.offset, e.input_digest, e.output_digest),
-                        *(e.chain_hash, e.recorded_at, e.key_id, e.payload_ref),
-                    )
-                )
+                # fmt: off
+                write((
+                    e.run_id, e.sequence, e.event_id, e.event_type, e.body_version,
+                    r.topic, r.partition, r.offset, e.input_digest, e.output_digest,
+                    e.chain_hash, e.recorded_at, e.key_id, e.payload_ref,
+                ))
+                # fmt: on
         cursor.execute(_INSERT_INCOMING)
         return {(run_id, sequence) for run_id, sequence in cursor.fetchall()}
 
