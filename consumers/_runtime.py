@@ -392,10 +392,10 @@ class ConsumerRuntime:
                 batch.stale += 1
                 continue
             decoded = decode(message.value())
-            if type(decoded) is str:
+            if isinstance(decoded, str):
                 batch.poison.append(Poison.of(message, decoded))
             else:
-                records.append(delivered(decoded, tp[0], tp[1], offset))  # type: ignore[arg-type]
+                records.append(delivered(decoded, tp[0], tp[1], offset))
         return batch
 
     def _floors(self) -> dict[TopicPartition, int]:
