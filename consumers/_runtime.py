@@ -38,7 +38,7 @@ from agent_blackbox.broker import (
     new_consumer,
     partition_count,
 )
-from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
+from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection, delivered
 from agent_blackbox.consumers._dead_letters import DeadLetterWriter, Poison
 from agent_blackbox.consumers._errors import (
     ConsumerError,
@@ -363,7 +363,17 @@ class ConsumerRuntime:
             return [first, *self._consumer.consume(num_messages=self._batch_size - 1, timeout=0)]
 
     def _sort(self, messages: Sequence[Message]) -> _Batch:
+        """Sort consumed ``messages`` into a batch: records, poison and stale copies.
+
+        Every message costs a few microseconds here, on the thread that also decodes:
+        what does not change within a batch (the lowest offset ours to apply of each
+        partition, the bound methods) is looked up once.
+        """
         batch = _Batch(assignment=self._assignments)
+        records, next_offsets = batch.records, batch.next_offsets
+        floors = self._floors()
+        admit = self._fence.admit
+        decode = self._decode
         for message in messages:
             error = message.error()
             if error is not None:
@@ -371,21 +381,31 @@ class ConsumerRuntime:
                 continue
             tp = (message.topic() or "", message.partition() or 0)
             offset = message.offset() or 0
-            if not self._owns(tp, offset):
+            floor = floors.get(tp)
+            if floor is None or offset < floor:
                 continue
-            batch.next_offsets[tp] = offset + 1
+            next_offsets[tp] = offset + 1
             headers = message.headers()
             if isinstance(headers, dict):  # the client hands a list; typed as either
                 headers = list(headers.items())
-            if not self._fence.admit(tp[1], headers):
+            if not admit(tp[1], headers):
                 batch.stale += 1
                 continue
-            decoded = self._decode(message.value())
+            decoded = decode(message.value())
             if isinstance(decoded, str):
                 batch.poison.append(Poison.of(message, decoded))
             else:
-                batch.records.append(Delivered(decoded, tp[0], tp[1], offset))
+                records.append(delivered(decoded, tp[0], tp[1], offset))
         return batch
+
+    def _floors(self) -> dict[TopicPartition, int]:
+        """The lowest offset of each partition whose messages are ours to apply.
+
+        Messages of revoked partitions, of partitions awaiting a rewind, or below the
+        stored offset (fetched before a seek took effect) are not.
+        """
+        unsynced = self._unsynced
+        return {tp: stored or 0 for tp, stored in self._positions.items() if tp not in unsynced}
 
     def _kafka_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
@@ -401,14 +421,6 @@ class ConsumerRuntime:
             )
             raise KafkaUnavailable(f"consumer {self.name!r} failed fatally: {error.str()}{hint}")
         log.warning("consumer %s: Kafka reported %s; skipping it", self.name, error.str())
-
-    def _owns(self, tp: TopicPartition, offset: int) -> bool:
-        # Messages of revoked partitions, of partitions awaiting a rewind, or below the
-        # stored offset (fetched before a seek took effect) are not ours to apply.
-        if tp not in self._positions or tp in self._unsynced:
-            return False
-        stored = self._positions[tp]
-        return stored is None or offset >= stored
 
     def _decode(self, value: bytes | str | None) -> Envelope | str:
         """The envelope, or the reason it cannot be projected."""

@@ -6,7 +6,7 @@ import io
 import json
 import struct
 import uuid
-from dataclasses import fields, replace
+from dataclasses import FrozenInstanceError, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -141,6 +141,16 @@ def test_envelope_record_round_trips_with_every_field_set(logical: bool) -> None
     else:
         record["recorded_at"] = envelope.recorded_at_us
     assert Envelope.from_record(record) == envelope
+
+
+def test_an_envelope_from_a_record_is_a_frozen_envelope() -> None:
+    envelope = _envelope()
+    built = Envelope.from_record(envelope.to_record())
+    assert type(built) is Envelope
+    assert built == envelope
+    with pytest.raises(FrozenInstanceError):
+        built.run_id = "another"  # type: ignore[misc]
+    assert replace(built, sequence=2).sequence == 2
 
 
 def test_envelope_round_trips_as_single_object_encoding() -> None:
