@@ -141,6 +141,14 @@ class Batch:
     it committed at the run's head and writes only the rest."""
 
     entries: list[Buffered] = field(default_factory=list)
+    since: float = 0.0
+    """When its oldest event was buffered (``time.monotonic()``)."""
+    behind: bool = False
+    """Written behind the run (a sync run's writer thread): the run prepares its next
+    events on these, so a flush that finds the run moved must not prepare them again."""
+    moved: bool = False
+    """A flush behind the run found it moved: nothing was written, and the batch must be
+    prepared again, with every event after it, by the run itself."""
 
     @property
     def events(self) -> list[PreparedEvent]:
@@ -159,23 +167,32 @@ class Batch:
         """Forget the first ``count`` events: they are committed."""
         del self.entries[:count]
 
-    def rebase(self, core: RunCore, committed: Cursor) -> None:
+    def rebase(self, core: RunCore, committed: Cursor) -> bool:
         """Prepare every event again after ``committed`` (the run moved on under this
         writer, or a joined transaction it counted on rolled back); the crossings and
-        event ids stay."""
+        event ids stay. False, and nothing prepared, for a batch written behind the run
+        (:attr:`moved`)."""
+        if self.behind:
+            self.moved = True
+            return False
         core.cursor = committed
         for entry in self.entries:
             entry.event = core.prepare(entry.crossing, entry.event_id)
             core.advanced(entry.event)
+        return True
 
 
 class RunBuffer:
-    """The buffered events of one run, and when the oldest of them is due."""
+    """The buffered events of one run, when the oldest of them is due, and (sync runs) the
+    batch a writer thread is writing behind the run."""
 
     def __init__(self, config: GroupCommit) -> None:
         self.config = config
         self.batch = Batch()
-        self.since = 0.0
+        self.in_flight: Batch | None = None
+        """The batch being written behind the run; its events come before the buffer's."""
+        self.stale = False
+        """The buffer starts with a batch that came back moved: the run writes it itself."""
 
     def __len__(self) -> int:
         return len(self.batch.entries)
@@ -191,27 +208,54 @@ class RunBuffer:
     @property
     def deadline(self) -> float:
         """When the oldest buffered event is due (``time.monotonic()``)."""
-        return self.since + self.delay_s
+        return self.batch.since + self.delay_s
 
     def add(self, core: RunCore, crossing: Crossing, event_id: str) -> Envelope:
         """Prepare ``crossing`` as the run's next event and keep it; its envelope."""
         event = core.prepare(crossing, event_id)
-        if not self.batch.entries:
-            self.since = time.monotonic()
-        self.batch.entries.append(Buffered(crossing, event_id, event))
+        batch = self.batch
+        if not batch.entries:
+            batch.since = time.monotonic()
+        batch.entries.append(Buffered(crossing, event_id, event))
         return core.advanced(event)
 
     def flushed(self) -> None:
         self.batch = Batch()
+        self.stale = False
+
+    def take(self) -> Batch:
+        """Hand the buffer to the run's writer thread: it is in flight, and the run
+        buffers its next events after it."""
+        batch, self.batch = self.batch, Batch()
+        batch.behind = True
+        self.in_flight = batch
+        return batch
+
+    def returned(self, batch: Batch) -> None:
+        """Take an in-flight batch back, unwritten, ahead of what was buffered since: the
+        same events, in the same order, with the same sequences."""
+        batch.behind = False
+        later = self.batch
+        if later.entries:
+            batch.entries += later.entries
+        self.batch = batch
+        self.stale = self.stale or batch.moved
+        batch.moved = False
 
     def failed(self, run_id: str, exc: BlackboxError) -> EventsNotRecorded:
         """The agent's error for a flush of this buffer that failed with ``exc``."""
         return EventsNotRecorded(run_id, len(self), exc)
 
 
+IDLE_S = 1.0
+"""How long a writer thread of group commit waits for work before it ends (the next
+batch starts another): a thread started per batch costs the agent a thread start, and
+waiting for the new thread to run, every few hundred events."""
+
+
 class Flusher:
     """Writes a sync recorder's buffers when their oldest event is due: one thread,
-    started when a buffer is waiting and ending when none is."""
+    started when a buffer is waiting and ending once none has waited for a second."""
 
     def __init__(self) -> None:
         self._due: dict[object, tuple[float, Callable[[], None]]] = {}
@@ -249,9 +293,9 @@ class Flusher:
 
     def _next(self) -> list[Callable[[], None]]:
         """The flushes that are due, waiting for the first; empty (and the thread ends)
-        once nothing waits."""
+        once nothing has waited for :data:`IDLE_S`."""
         with self._wake:
-            while self._due:
+            while self._due or (self._wake.wait(IDLE_S) and self._due):
                 now = time.monotonic()
                 first = min(deadline for deadline, _ in self._due.values())
                 if first <= now:
