@@ -167,7 +167,7 @@ class EventFactory:
             retention_class=identity.retention_class,
             attributes=placed_attributes(crossing.attributes, crossing.place, sequence),
         )
-        envelope = _with_chain_hash(unchained, cursor.chain_head)
+        envelope = unchained.linked(cursor.chain_head)
         status = (
             crossing.attributes.get("status") if crossing.event_type == "run.finished" else None
         )
@@ -188,12 +188,6 @@ class EventFactory:
         if len(sealed.data) > ceiling:
             raise PayloadTooLarge(crossing.event_type, len(sealed.data), ceiling)
         return crossing, sealed
-
-
-def _with_chain_hash(envelope: Envelope, previous: str) -> Envelope:
-    values = {name: getattr(envelope, name) for name in Envelope.__dataclass_fields__}
-    values["chain_hash"] = envelope.expected_chain_hash(previous)
-    return Envelope(**values)
 
 
 def new_credential() -> bytes:
