@@ -131,7 +131,13 @@ class EventFactory:
         """
         sequence = cursor.sequence + 1
         context = PayloadContext(
-            identity.run_id, sequence, event_id, identity.tenant_id, data_key=identity.data_key
+            identity.run_id,
+            sequence,
+            event_id,
+            identity.tenant_id,
+            data_key=identity.data_key,
+            event_type=crossing.event_type,
+            body_version=crossing.version,
         )
         crossing, sealed = self._packed(crossing, context)
         size = len(sealed.data)
