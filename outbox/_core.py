@@ -454,7 +454,7 @@ class RecorderConfig(TypedDict, total=False):
         group_commit: buffer each run's non-effect events and write them many to a
             transaction (:class:`~agent_blackbox.outbox.GroupCommit`); None for one
             transaction per event; when omitted, from ``BLACKBOX_GROUP_COMMIT``
-            (off when unset). A crash loses the buffered events of the crashing process.
+            (off when unset). A crash loses the unflushed events of the crashing process.
     """
 
     settings: Settings | None

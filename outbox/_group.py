@@ -15,18 +15,31 @@ times), and kept in the run's buffer; the buffer is written in one transaction:
   task per async run);
 - when the agent calls ``run.flush()``.
 
-What a crash can lose: only the buffered events of the process that crashed, that is,
-non-effect events recorded since that run's last flush (at most ``max_events`` of them,
-from at most ``max_delay_ms`` before the crash). Every committed run is still a
-contiguous prefix of what the agent did, with a valid chain, and every effect intent and
-receipt whose call returned is committed, because nothing is buffered past one. A replay
-of such a run ends where its record ends.
+A sync run writes a full or due buffer behind itself: the batch goes to the run's writer
+thread, which commits it while the agent goes on and the run buffers the next events on
+top of it (the database work releases the GIL, and Postgres runs on another core). One
+batch is in flight per run: a buffer that fills up again waits for it, and so does
+everything that must commit after the buffered events (effects, transitions, joined
+events, the end, ``run.flush()``), which then writes the rest first. The async run
+writes its buffer at the boundary that asked for it, or in its timer task.
+
+What a crash can lose: only the unflushed events of the process that crashed, that is,
+non-effect events recorded since their run's last committed flush. For a sync run those
+are the batch in flight and the buffer behind it: at most 2 × ``max_events`` events per
+run (``max_events`` for an async run). Every committed run is still a contiguous prefix
+of what the agent did, with a valid chain, and every effect intent and receipt whose
+call returned is committed, because nothing is buffered past one. A replay of such a run
+ends where its record ends.
 
 A flush that fails (after the retries of a per-event append) raises
 :class:`~agent_blackbox.outbox.EventsNotRecorded`, naming how many events are not
-recorded, at the boundary that asked for it or, for the timer's flush, at the run's next
-boundary. The events stay buffered, prepared as they were, so the next flush writes them
-or, after a commit the writer never heard back from, finds them committed.
+recorded, at the boundary that asked for it or, for a batch written behind the run or by
+the timer, at the run's next boundary. The events stay buffered, prepared as they were (a
+failed batch back ahead of what was buffered after it: the same order, sequences and
+chain), so the next flush writes them or, after a commit the writer never heard back
+from, finds them committed. A batch written behind the run that finds the run moved (a
+joined transaction it counted on rolled back) comes back unwritten, without an error,
+and the run prepares it again, with everything after it, and writes it itself.
 """
 
 from __future__ import annotations
@@ -61,10 +74,15 @@ class GroupCommit:
     event or end, once ``max_events`` wait, ``max_delay_ms`` after the oldest, or at
     ``run.flush()``.
 
-    What a crash can lose: only the buffered events of the crashing process, non-effect
-    events recorded since their run's last flush. Every committed run stays a contiguous
-    prefix of what the agent did, with an intact chain, and no effect intent or receipt
-    whose call returned is lost. A failed flush raises
+    A sync run writes a full or due buffer behind itself, in a writer thread, while it
+    buffers the next events (one batch in flight per run).
+
+    What a crash can lose: only the unflushed events of the crashing process, non-effect
+    events recorded since their run's last committed flush: for a sync run, the batch in
+    flight and the buffer behind it, at most 2 × ``max_events`` events per run
+    (``max_events`` for an async run). Every committed run stays a contiguous prefix of
+    what the agent did, with an intact chain, and no effect intent or receipt whose call
+    returned is lost. A failed flush raises
     :class:`~agent_blackbox.outbox.EventsNotRecorded` and keeps the events buffered.
 
     Args:

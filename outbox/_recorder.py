@@ -197,8 +197,10 @@ class Run:
 
     When its recorder is in group commit mode
     (:class:`~agent_blackbox.outbox.GroupCommit`), clock reads, random draws, tool and
-    LLM calls and retrievals are buffered and written many to a transaction; a crash
-    loses those recorded since the run's last flush, never an effect's intent or receipt.
+    LLM calls and retrievals are buffered and written many to a transaction, behind the
+    run by a writer thread of its own; a crash loses those not yet committed (at most
+    2 × ``max_events``: a batch in flight and the buffer), never an effect's intent or
+    receipt.
     """
 
     def __init__(self, recorder: SyncRecorder, core: RunCore) -> None:
