@@ -119,6 +119,17 @@ _APPEND_BATCH = text(
     ) AS batch
     """
 )
+_BATCH_ARRAYS = (
+    "sequences",
+    "chain_hashes",
+    "event_ids",
+    "envelopes",
+    "key_ids",
+    "event_types",
+    "body_versions",
+    "recorded_ats",
+)
+"""The array parameters of a group flush, sent in binary format (see ``_direct.py``)."""
 _SAVEPOINT = text("SAVEPOINT blackbox_flush")
 _BACK_TO_SAVEPOINT = text("ROLLBACK TO SAVEPOINT blackbox_flush")
 
@@ -491,7 +502,7 @@ class PostgresLog:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._direct = DirectTransactions.of(engine)
+        self._direct = DirectTransactions.of(engine, binary={_APPEND_BATCH: _BATCH_ARRAYS})
 
     def run(
         self,
