@@ -447,6 +447,8 @@ class Run:
         try:
             self._recorder.flush(self.core, buffer.batch)
         except BlackboxError as exc:
+            if isinstance(self.core.unreported, EventsNotRecorded):
+                self.core.unreported = None  # this error names the same events, and more
             raise buffer.failed(self.run_id, exc) from exc
         buffer.flushed()
         if isinstance(self.core.unreported, EventsNotRecorded):

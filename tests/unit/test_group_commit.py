@@ -399,3 +399,23 @@ def test_a_batch_that_comes_back_moved_is_written_by_the_run_itself() -> None:
     run.finish()
     assert gated.flushed == [[2, 3, 4, 5], [6]]
     _chained(recorder)
+
+
+def test_a_boundary_whose_flush_fails_after_the_batch_in_flight_failed_reports_it_once() -> None:
+    recorder = MemoryRecorder(group_commit=FOUR)
+    gated = GatedFlushes(recorder.log, fail=2)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    for _ in range(4):
+        run.now()
+    assert gated.entered.wait(5)
+    gated.gate.set()
+    performed: list[str] = []
+    with pytest.raises(EventsNotRecorded, match="4 buffered event"):
+        # Waits for the batch in flight (it fails, and comes back), then fails to write
+        # it with the fourth read: one error for the four, and no effect.
+        run.effect("mail", performed.append, arguments={})
+    assert performed == []
+    run.now()  # nothing stale left to report; the full buffer goes to the writer thread
+    run.finish()
+    assert gated.flushed == [[2, 3, 4, 5], [6]]
+    _chained(recorder)
