@@ -32,6 +32,7 @@ from agent_blackbox.outbox.lifecycle import append_redaction_txn
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, Settings
 from tests.integration._outbox import outbox_envelopes
 from tests.integration._pgproxy import commit_dropper, through
+from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -149,6 +150,38 @@ def test_a_flush_whose_commit_was_cut_is_written_once(engine: Engine, settings: 
     events = _checked(engine, run.run_id)
     assert len(events) == 9
     assert len({e.event_id for e in events}) == 9
+
+
+def test_a_batch_whose_commit_was_cut_behind_the_run_is_written_once(
+    engine: Engine, settings: Settings
+) -> None:
+    url = engine.url
+    group = GroupCommit(max_delay_ms=600_000, max_events=5)
+    with commit_dropper(url.host or "127.0.0.1", url.port or 5432) as proxy:
+        writer = create_engine(through(url, proxy))
+        try:
+            run = Recorder(writer, settings=settings, group_commit=group).start_run(
+                RunSnapshot("group/1"), agent_id="a"
+            )
+            for _ in range(5):
+                run.now()
+            proxy.cut(1)
+            run.now()  # 2-6 go to the writer thread: committed, heard as lost, retried
+            run.flush()  # waits for them (the retry found them in place), writes 7
+            assert proxy.cuts == 1
+            proxy.cut(math.inf)
+            for _ in range(6):
+                run.now()  # 8-12 go to the writer thread, which never hears back; 13 waits
+            eventually(lambda: run.core.unreported is not None, what="the batch to fail")
+            with pytest.raises(EventsNotRecorded, match=r"6 buffered event.*may have been"):
+                run.now()
+            proxy.cut(0)
+            run.finish()  # finds 8-12 committed, writes 13, then the end
+        finally:
+            writer.dispose()
+    events = _checked(engine, run.run_id)
+    assert len(events) == 14
+    assert len({e.event_id for e in events}) == 14
 
 
 def test_a_batch_after_a_rolled_back_joined_transition_takes_the_freed_sequence(
