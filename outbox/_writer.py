@@ -5,7 +5,6 @@ bodies and the hash chain. Where the envelopes then go is the event log's busine
 from __future__ import annotations
 
 import os
-import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,5 +204,11 @@ CREDENTIAL_BYTES = 32
 
 
 def new_event_id() -> str:
-    """A fresh, globally unique event id."""
-    return str(uuid.uuid4())
+    """A fresh, globally unique event id: a random (version 4) UUID in canonical form.
+
+    Written from 16 random bytes as ``str(uuid.uuid4())`` writes them (the version
+    nibble 4, the variant bits 10), at a third of its cost: every event takes one.
+    """
+    h = os.urandom(16).hex()
+    variant = "89ab"[int(h[16], 16) & 3]
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}"

@@ -1,5 +1,5 @@
 """The recorder's straight writer of the envelope writes the bytes fastavro writes, and
-leaves to fastavro what it does not write."""
+leaves to fastavro what it does not write; its event ids are what uuid4 makes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fastavro import schemaless_writer
 
+from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, EventType
 from agent_blackbox.schemas._envelope_writer import write_envelope
 
@@ -106,3 +107,12 @@ def test_a_field_of_the_wrong_type_is_refused_as_fastavro_refuses_it() -> None:
     envelope = _envelope(random.Random(9), sequence="5")
     with pytest.raises((TypeError, ValueError)):
         CODEC.encode(envelope)
+
+
+def test_event_ids_are_random_uuids_in_canonical_form() -> None:
+    ids = {new_event_id() for _ in range(2_000)}
+    assert len(ids) == 2_000
+    for event_id in ids:
+        parsed = uuid.UUID(event_id)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, event_id)
+    assert {event_id[19] for event_id in ids} == set("89ab")
