@@ -241,7 +241,7 @@ class RunCore:
         self, crossing: b.Crossing, ask: Ask, fired: set[str] | frozenset[str]
     ) -> b.Crossing:
         """``crossing`` with the input digest its ask took and the rules that fired."""
-        return self.scrub.mark(replace(crossing, input_digest=ask.input_digest), set(fired))
+        return self.scrub.mark(crossing.with_input_digest(ask.input_digest), set(fired))
 
     def tool_outcome(self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Outcome:
         """Check the arguments, then say how the tool's result or error becomes its
@@ -262,7 +262,7 @@ class RunCore:
                 error=scrub.error(refused or error, seen),
                 latency_ms=latency_ms,
             )
-            return replace(self._asked(built, ask, seen), raises=refused)
+            return self._asked(built, ask, seen).raising(refused)
 
         return crossing
 
@@ -298,7 +298,7 @@ class RunCore:
                 error=scrub.error(refused or error, seen),
                 latency_ms=latency_ms,
             )
-            return replace(self._asked(built, ask, seen), raises=refused)
+            return self._asked(built, ask, seen).raising(refused)
 
         return crossing
 
@@ -329,25 +329,25 @@ class RunCore:
 
     def wall_clock(self) -> b.Crossing:
         read = b.clock_read(clock="wall", value_us=time.time_ns() // 1000)
-        return replace(read, input_digest=self.contract.clock("wall").input_digest)
+        return read.with_input_digest(self.contract.clock("wall").input_digest)
 
     def monotonic_clock(self) -> b.Crossing:
         read = b.clock_read(clock="monotonic", value_us=time.monotonic_ns() // 1000)
-        return replace(read, input_digest=self.contract.clock("monotonic").input_digest)
+        return read.with_input_digest(self.contract.clock("monotonic").input_digest)
 
     def random_float(self, value: float) -> b.Crossing:
         draw = b.random_draw(kind="random", arguments={}, value=value)
-        return replace(draw, input_digest=self.contract.random("random").input_digest)
+        return draw.with_input_digest(self.contract.random("random").input_digest)
 
     def random_int(self, low: int, high: int, value: int) -> b.Crossing:
         bounds = {"low": low, "high": high}
         draw = b.random_draw(kind="randint", arguments=bounds, value=value)
-        return replace(draw, input_digest=self.contract.random("randint", bounds).input_digest)
+        return draw.with_input_digest(self.contract.random("randint", bounds).input_digest)
 
     def random_uuid(self) -> tuple[uuid.UUID, b.Crossing]:
         value = uuid.uuid4()
         draw = b.random_draw(kind="uuid4", arguments={}, value=str(value))
-        return value, replace(draw, input_digest=self.contract.random("uuid4").input_digest)
+        return value, draw.with_input_digest(self.contract.random("uuid4").input_digest)
 
     def effect_intent(
         self, effect: str, arguments: Mapping[str, Any], key: str | None, place: Place
@@ -454,7 +454,7 @@ class RecorderConfig(TypedDict, total=False):
         group_commit: buffer each run's non-effect events and write them many to a
             transaction (:class:`~agent_blackbox.outbox.GroupCommit`); None for one
             transaction per event; when omitted, from ``BLACKBOX_GROUP_COMMIT``
-            (off when unset). A crash loses the buffered events of the crashing process.
+            (off when unset). A crash loses the unflushed events of the crashing process.
     """
 
     settings: Settings | None

@@ -14,12 +14,19 @@ translated as SQLAlchemy translates it, so the retry policy and what the agent i
 
 An engine someone listens to at the statement level (``before_cursor_execute``: tracing,
 statement counts) keeps every statement on SQLAlchemy's path, where they see it.
+
+Parameters named as binary (a group flush's arrays) go to psycopg in binary format
+(``%(name)b``): SQLAlchemy's ``%(name)s`` lets psycopg choose, and for a list it chooses
+text, where each envelope of a ``bytea[]`` is escaped and each element of every array
+searched for characters to quote, in Python: 7.9 ms of the writer's CPU for a statement
+of 256 events, against 0.8 ms in binary. Only with psycopg (3), which reads that
+placeholder; the values and what the server receives are the same.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy import Engine, TextClause
@@ -70,21 +77,31 @@ class DirectTransactions:
     """Runs plans, each in a transaction of its own, on DB-API connections of
     ``engine``'s pool, with the retries of the log's own transactions."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self, engine: Engine, *, binary: Mapping[TextClause, Collection[str]] | None = None
+    ) -> None:
         self._engine = engine
         self._dialect = engine.dialect
         self._error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._sql: dict[int, tuple[TextClause, str]] = {}
         """Compiled SQL by statement (kept with it, so that its id stays its own)."""
+        self._binary = {
+            id(clause): (clause, tuple(names))
+            for clause, names in (binary or {}).items()
+            if engine.dialect.driver == "psycopg"  # the one driver that reads %(name)b
+        }
 
     @classmethod
-    def of(cls, engine: Engine) -> DirectTransactions | None:
+    def of(
+        cls, engine: Engine, *, binary: Mapping[TextClause, Collection[str]] | None = None
+    ) -> DirectTransactions | None:
         """The direct path for ``engine``, or None where only SQLAlchemy's will do (an
-        async driver under a sync facade, or a paramstyle other than pyformat)."""
+        async driver under a sync facade, or a paramstyle other than pyformat).
+        ``binary`` names, by statement, the parameters sent in binary format."""
         dialect = engine.dialect
         if dialect.is_async or dialect.paramstyle != "pyformat":
             return None
-        return cls(engine)
+        return cls(engine, binary=binary)
 
     @property
     def watched(self) -> bool:
@@ -172,7 +189,11 @@ class DirectTransactions:
     def _compiled(self, clause: TextClause) -> str:
         known = self._sql.get(id(clause))
         if known is None:
-            known = self._sql[id(clause)] = (clause, clause.compile(dialect=self._dialect).string)
+            sql = clause.compile(dialect=self._dialect).string
+            _, binary = self._binary.get(id(clause), (clause, ()))
+            for name in binary:
+                sql = sql.replace(f"%({name})s", f"%({name})b")
+            known = self._sql[id(clause)] = (clause, sql)
         return known[1]
 
     def _translated(

@@ -15,18 +15,31 @@ times), and kept in the run's buffer; the buffer is written in one transaction:
   task per async run);
 - when the agent calls ``run.flush()``.
 
-What a crash can lose: only the buffered events of the process that crashed, that is,
-non-effect events recorded since that run's last flush (at most ``max_events`` of them,
-from at most ``max_delay_ms`` before the crash). Every committed run is still a
-contiguous prefix of what the agent did, with a valid chain, and every effect intent and
-receipt whose call returned is committed, because nothing is buffered past one. A replay
-of such a run ends where its record ends.
+A sync run writes a full or due buffer behind itself: the batch goes to the run's writer
+thread, which commits it while the agent goes on and the run buffers the next events on
+top of it (the database work releases the GIL, and Postgres runs on another core). One
+batch is in flight per run: a buffer that fills up again waits for it, and so does
+everything that must commit after the buffered events (effects, transitions, joined
+events, the end, ``run.flush()``), which then writes the rest first. The async run
+writes its buffer at the boundary that asked for it, or in its timer task.
+
+What a crash can lose: only the unflushed events of the process that crashed, that is,
+non-effect events recorded since their run's last committed flush. For a sync run those
+are the batch in flight and the buffer behind it: at most 2 × ``max_events`` events per
+run (``max_events`` for an async run). Every committed run is still a contiguous prefix
+of what the agent did, with a valid chain, and every effect intent and receipt whose
+call returned is committed, because nothing is buffered past one. A replay of such a run
+ends where its record ends.
 
 A flush that fails (after the retries of a per-event append) raises
 :class:`~agent_blackbox.outbox.EventsNotRecorded`, naming how many events are not
-recorded, at the boundary that asked for it or, for the timer's flush, at the run's next
-boundary. The events stay buffered, prepared as they were, so the next flush writes them
-or, after a commit the writer never heard back from, finds them committed.
+recorded, at the boundary that asked for it or, for a batch written behind the run or by
+the timer, at the run's next boundary. The events stay buffered, prepared as they were (a
+failed batch back ahead of what was buffered after it: the same order, sequences and
+chain), so the next flush writes them or, after a commit the writer never heard back
+from, finds them committed. A batch written behind the run that finds the run moved (a
+joined transaction it counted on rolled back) comes back unwritten, without an error,
+and the run prepares it again, with everything after it, and writes it itself.
 """
 
 from __future__ import annotations
@@ -61,10 +74,15 @@ class GroupCommit:
     event or end, once ``max_events`` wait, ``max_delay_ms`` after the oldest, or at
     ``run.flush()``.
 
-    What a crash can lose: only the buffered events of the crashing process, non-effect
-    events recorded since their run's last flush. Every committed run stays a contiguous
-    prefix of what the agent did, with an intact chain, and no effect intent or receipt
-    whose call returned is lost. A failed flush raises
+    A sync run writes a full or due buffer behind itself, in a writer thread, while it
+    buffers the next events (one batch in flight per run).
+
+    What a crash can lose: only the unflushed events of the crashing process, non-effect
+    events recorded since their run's last committed flush: for a sync run, the batch in
+    flight and the buffer behind it, at most 2 × ``max_events`` events per run
+    (``max_events`` for an async run). Every committed run stays a contiguous prefix of
+    what the agent did, with an intact chain, and no effect intent or receipt whose call
+    returned is lost. A failed flush raises
     :class:`~agent_blackbox.outbox.EventsNotRecorded` and keeps the events buffered.
 
     Args:
@@ -141,6 +159,14 @@ class Batch:
     it committed at the run's head and writes only the rest."""
 
     entries: list[Buffered] = field(default_factory=list)
+    since: float = 0.0
+    """When its oldest event was buffered (``time.monotonic()``)."""
+    behind: bool = False
+    """Written behind the run (a sync run's writer thread): the run prepares its next
+    events on these, so a flush that finds the run moved must not prepare them again."""
+    moved: bool = False
+    """A flush behind the run found it moved: nothing was written, and the batch must be
+    prepared again, with every event after it, by the run itself."""
 
     @property
     def events(self) -> list[PreparedEvent]:
@@ -159,23 +185,32 @@ class Batch:
         """Forget the first ``count`` events: they are committed."""
         del self.entries[:count]
 
-    def rebase(self, core: RunCore, committed: Cursor) -> None:
+    def rebase(self, core: RunCore, committed: Cursor) -> bool:
         """Prepare every event again after ``committed`` (the run moved on under this
         writer, or a joined transaction it counted on rolled back); the crossings and
-        event ids stay."""
+        event ids stay. False, and nothing prepared, for a batch written behind the run
+        (:attr:`moved`)."""
+        if self.behind:
+            self.moved = True
+            return False
         core.cursor = committed
         for entry in self.entries:
             entry.event = core.prepare(entry.crossing, entry.event_id)
             core.advanced(entry.event)
+        return True
 
 
 class RunBuffer:
-    """The buffered events of one run, and when the oldest of them is due."""
+    """The buffered events of one run, when the oldest of them is due, and (sync runs) the
+    batch a writer thread is writing behind the run."""
 
     def __init__(self, config: GroupCommit) -> None:
         self.config = config
         self.batch = Batch()
-        self.since = 0.0
+        self.in_flight: Batch | None = None
+        """The batch being written behind the run; its events come before the buffer's."""
+        self.stale = False
+        """The buffer starts with a batch that came back moved: the run writes it itself."""
 
     def __len__(self) -> int:
         return len(self.batch.entries)
@@ -191,27 +226,54 @@ class RunBuffer:
     @property
     def deadline(self) -> float:
         """When the oldest buffered event is due (``time.monotonic()``)."""
-        return self.since + self.delay_s
+        return self.batch.since + self.delay_s
 
     def add(self, core: RunCore, crossing: Crossing, event_id: str) -> Envelope:
         """Prepare ``crossing`` as the run's next event and keep it; its envelope."""
         event = core.prepare(crossing, event_id)
-        if not self.batch.entries:
-            self.since = time.monotonic()
-        self.batch.entries.append(Buffered(crossing, event_id, event))
+        batch = self.batch
+        if not batch.entries:
+            batch.since = time.monotonic()
+        batch.entries.append(Buffered(crossing, event_id, event))
         return core.advanced(event)
 
     def flushed(self) -> None:
         self.batch = Batch()
+        self.stale = False
+
+    def take(self) -> Batch:
+        """Hand the buffer to the run's writer thread: it is in flight, and the run
+        buffers its next events after it."""
+        batch, self.batch = self.batch, Batch()
+        batch.behind = True
+        self.in_flight = batch
+        return batch
+
+    def returned(self, batch: Batch) -> None:
+        """Take an in-flight batch back, unwritten, ahead of what was buffered since: the
+        same events, in the same order, with the same sequences."""
+        batch.behind = False
+        later = self.batch
+        if later.entries:
+            batch.entries += later.entries
+        self.batch = batch
+        self.stale = self.stale or batch.moved
+        batch.moved = False
 
     def failed(self, run_id: str, exc: BlackboxError) -> EventsNotRecorded:
         """The agent's error for a flush of this buffer that failed with ``exc``."""
         return EventsNotRecorded(run_id, len(self), exc)
 
 
+IDLE_S = 1.0
+"""How long a writer thread of group commit waits for work before it ends (the next
+batch starts another): a thread started per batch costs the agent a thread start, and
+waiting for the new thread to run, every few hundred events."""
+
+
 class Flusher:
     """Writes a sync recorder's buffers when their oldest event is due: one thread,
-    started when a buffer is waiting and ending when none is."""
+    started when a buffer is waiting and ending once none has waited for a second."""
 
     def __init__(self) -> None:
         self._due: dict[object, tuple[float, Callable[[], None]]] = {}
@@ -249,9 +311,9 @@ class Flusher:
 
     def _next(self) -> list[Callable[[], None]]:
         """The flushes that are due, waiting for the first; empty (and the thread ends)
-        once nothing waits."""
+        once nothing has waited for :data:`IDLE_S`."""
         with self._wake:
-            while self._due:
+            while self._due or (self._wake.wait(IDLE_S) and self._due):
                 now = time.monotonic()
                 first = min(deadline for deadline, _ in self._due.values())
                 if first <= now:

@@ -119,6 +119,17 @@ _APPEND_BATCH = text(
     ) AS batch
     """
 )
+_BATCH_ARRAYS = (
+    "sequences",
+    "chain_hashes",
+    "event_ids",
+    "envelopes",
+    "key_ids",
+    "event_types",
+    "body_versions",
+    "recorded_ats",
+)
+"""The array parameters of a group flush, sent in binary format (see ``_direct.py``)."""
 _SAVEPOINT = text("SAVEPOINT blackbox_flush")
 _BACK_TO_SAVEPOINT = text("ROLLBACK TO SAVEPOINT blackbox_flush")
 
@@ -242,7 +253,8 @@ def flush_plan(core: RunCore, batch: Batch) -> Plan[None]:
     3. When the head is one of the batch's events, an earlier flush committed the batch
        up to it (the writer never heard back): done, or go back to 1 with the rest.
        Otherwise prepare the batch again after the head (as a per-event append does)
-       and go back to 1.
+       and go back to 1; a batch written behind its run (the run's next events are
+       prepared on it) is left as it is and marked moved, for the run to prepare again.
     """
     for _ in range(APPEND_ATTEMPTS):
         yield _SAVEPOINT, {}
@@ -260,8 +272,8 @@ def flush_plan(core: RunCore, batch: Batch) -> Plan[None]:
             return
         if done:
             batch.drop(done)
-        else:
-            batch.rebase(core, committed)
+        elif not batch.rebase(core, committed):
+            return  # moved: nothing of it is written
     raise core.conflict()
 
 
@@ -490,7 +502,7 @@ class PostgresLog:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._direct = DirectTransactions.of(engine)
+        self._direct = DirectTransactions.of(engine, binary={_APPEND_BATCH: _BATCH_ARRAYS})
 
     def run(
         self,

@@ -33,7 +33,7 @@ from agent_blackbox.outbox._core import (
 )
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
 from agent_blackbox.outbox._errors import EventsNotRecorded
-from agent_blackbox.outbox._group import Batch, Flusher, RunBuffer, buffered
+from agent_blackbox.outbox._group import IDLE_S, Batch, Flusher, RunBuffer, buffered
 from agent_blackbox.outbox._postgres import PostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._writer import new_event_id
@@ -197,14 +197,19 @@ class Run:
 
     When its recorder is in group commit mode
     (:class:`~agent_blackbox.outbox.GroupCommit`), clock reads, random draws, tool and
-    LLM calls and retrievals are buffered and written many to a transaction; a crash
-    loses those recorded since the run's last flush, never an effect's intent or receipt.
+    LLM calls and retrievals are buffered and written many to a transaction, behind the
+    run by a writer thread of its own; a crash loses those not yet committed (at most
+    2 × ``max_events``: a batch in flight and the buffer), never an effect's intent or
+    receipt.
     """
 
     def __init__(self, recorder: SyncRecorder, core: RunCore) -> None:
         self._recorder = recorder
         self.core = core
         self._lock = threading.RLock()
+        self._written = threading.Condition(self._lock)
+        """Notified when a batch written behind the run is done (group commit)."""
+        self._behind: threading.Thread | None = None
         self._joined: Joinable | None = None
         self._random = random.Random()
         group = recorder.group_commit
@@ -419,29 +424,106 @@ class Run:
 
     def _buffered(self, buffer: RunBuffer, crossing: Crossing) -> Envelope:
         if buffer.full:
-            self._flush()
+            self._settle(buffer)
+            self.core.check_active()  # the batch in flight failed: raised at this boundary
+            if buffer.stale:
+                self._flush()
+            elif buffer.full:  # (unless another thread of the run handed it off meanwhile)
+                self._hand_off(buffer)
         envelope = buffer.add(self.core, crossing, new_event_id())
-        self._recorder.flusher.schedule(self, buffer.deadline, self._flush_due)
+        if buffer.in_flight is None:  # else the writer schedules the buffer once done
+            self._recorder.flusher.schedule(self, buffer.deadline, self._flush_due)
         return envelope
 
     def _flush(self) -> None:
-        """Write the buffer (under the run's lock)."""
+        """Write the buffer, after the batch in flight (under the run's lock)."""
         buffer = self._buffer
-        if buffer is None or not len(buffer):
+        if buffer is None:
+            return
+        self._settle(buffer)
+        if not len(buffer):
             return
         self._recorder.flusher.cancel(self)
         try:
             self._recorder.flush(self.core, buffer.batch)
         except BlackboxError as exc:
+            if isinstance(self.core.unreported, EventsNotRecorded):
+                self.core.unreported = None  # this error names the same events, and more
             raise buffer.failed(self.run_id, exc) from exc
         buffer.flushed()
         if isinstance(self.core.unreported, EventsNotRecorded):
             self.core.unreported = None  # those events are written now: nothing to report
 
     def _flush_due(self) -> None:
-        """The timer's flush: a failure is raised at the run's next boundary."""
+        """The timer's flush: the buffer goes to the run's writer thread; a failure is
+        raised at the run's next boundary."""
         with self._lock:
+            buffer = self._buffer
+            if buffer is None or buffer.in_flight is not None or not len(buffer):
+                return  # (a writer that is done schedules what was buffered meanwhile)
+            if not buffer.stale:
+                self._hand_off(buffer)
+                return
             try:
                 self._flush()
             except Exception as exc:  # the agent's thread gets it, not this one
                 self.core.unreported = exc
+
+    # Writing behind the run (group commit) ----------------------------------------------
+
+    def _settle(self, buffer: RunBuffer) -> None:
+        """Wait for the batch in flight (under the run's lock, which the wait releases)."""
+        while buffer.in_flight is not None:
+            self._written.wait()
+
+    def _hand_off(self, buffer: RunBuffer) -> None:
+        """Give the buffer to the run's writer thread; nothing is in flight (under the
+        run's lock)."""
+        self._recorder.flusher.cancel(self)
+        buffer.take()
+        if self._behind is None:
+            self._behind = threading.Thread(
+                target=self._write_behind, args=(buffer,), name="blackbox-write-behind", daemon=True
+            )
+            self._behind.start()
+        else:
+            self._written.notify_all()
+
+    def _write_behind(self, buffer: RunBuffer) -> None:
+        """The run's writer thread: writes each batch handed to it while the run buffers
+        the next; ends once none came for :data:`IDLE_S` or the run finished."""
+        while (batch := self._next_behind(buffer)) is not None:
+            error: Exception | None = None
+            try:
+                self._recorder.flush(self.core, batch)
+            except Exception as exc:  # the agent's thread gets it, at its next boundary
+                error = exc
+            with self._lock:
+                self._written_behind(buffer, batch, error)
+
+    def _next_behind(self, buffer: RunBuffer) -> Batch | None:
+        with self._lock:
+            idle = False
+            while buffer.in_flight is None:
+                if idle or self.core.finished:
+                    self._behind = None
+                    return None
+                idle = not self._written.wait(IDLE_S)
+            return buffer.in_flight
+
+    def _written_behind(self, buffer: RunBuffer, batch: Batch, error: Exception | None) -> None:
+        """The batch in flight is done (under the run's lock): written, or back at the head
+        of the buffer, unwritten, with its failure for the run's next boundary."""
+        buffer.in_flight = None
+        if error is None and not batch.moved:
+            if isinstance(self.core.unreported, EventsNotRecorded):
+                self.core.unreported = None  # those events are written now
+        else:
+            buffer.returned(batch)  # (moved: the run prepares it again, and writes it)
+            if isinstance(error, BlackboxError):
+                self.core.unreported = buffer.failed(self.run_id, error)
+            elif error is not None:
+                self.core.unreported = error
+        if len(buffer) and error is None and not self.core.finished:
+            self._recorder.flusher.schedule(self, buffer.deadline, self._flush_due)
+        self._written.notify_all()

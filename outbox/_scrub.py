@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from agent_blackbox.outbox._boundaries import Crossing, error_info
@@ -190,4 +189,4 @@ class Scrub:
         if not fired:
             return crossing
         attributes = {**crossing.attributes, FIRED_ATTRIBUTE: ",".join(sorted(fired))}
-        return replace(crossing, attributes=attributes)
+        return crossing.with_attributes(attributes)

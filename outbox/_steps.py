@@ -23,7 +23,7 @@ import inspect
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -82,14 +82,14 @@ def observed(perform: Callable[[], Any], outcome: Outcome, place: Place) -> Step
     """Call ``perform`` and record what came of it, also when it raised."""
     done: Done = yield Call(perform)
     crossing = outcome(done.value, done.error, done.latency_ms)
-    yield Append(replace(crossing, place=place))
+    yield Append(crossing.placed(place))
     if crossing.raises is not None:  # the result could not be recorded: said so, and raised
         raise crossing.raises
     return done.result()
 
 
 def _placed(crossing: Crossing, place: Place) -> Crossing:
-    return replace(crossing, place=place)
+    return crossing.placed(place)
 
 
 def tool_call(

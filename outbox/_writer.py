@@ -5,7 +5,6 @@ bodies and the hash chain. Where the envelopes then go is the event log's busine
 from __future__ import annotations
 
 import os
-import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -131,7 +130,13 @@ class EventFactory:
         """
         sequence = cursor.sequence + 1
         context = PayloadContext(
-            identity.run_id, sequence, event_id, identity.tenant_id, data_key=identity.data_key
+            identity.run_id,
+            sequence,
+            event_id,
+            identity.tenant_id,
+            data_key=identity.data_key,
+            event_type=crossing.event_type,
+            body_version=crossing.version,
         )
         crossing, sealed = self._packed(crossing, context)
         size = len(sealed.data)
@@ -167,7 +172,7 @@ class EventFactory:
             retention_class=identity.retention_class,
             attributes=placed_attributes(crossing.attributes, crossing.place, sequence),
         )
-        envelope = _with_chain_hash(unchained, cursor.chain_head)
+        envelope = unchained.linked(cursor.chain_head)
         status = (
             crossing.attributes.get("status") if crossing.event_type == "run.finished" else None
         )
@@ -190,12 +195,6 @@ class EventFactory:
         return crossing, sealed
 
 
-def _with_chain_hash(envelope: Envelope, previous: str) -> Envelope:
-    values = {name: getattr(envelope, name) for name in Envelope.__dataclass_fields__}
-    values["chain_hash"] = envelope.expected_chain_hash(previous)
-    return Envelope(**values)
-
-
 def new_credential() -> bytes:
     """A fresh writer credential for a run."""
     return os.urandom(CREDENTIAL_BYTES)
@@ -205,5 +204,11 @@ CREDENTIAL_BYTES = 32
 
 
 def new_event_id() -> str:
-    """A fresh, globally unique event id."""
-    return str(uuid.uuid4())
+    """A fresh, globally unique event id: a random (version 4) UUID in canonical form.
+
+    Written from 16 random bytes as ``str(uuid.uuid4())`` writes them (the version
+    nibble 4, the variant bits 10), at a third of its cost: every event takes one.
+    """
+    h = os.urandom(16).hex()
+    variant = "89ab"[int(h[16], 16) & 3]
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}"

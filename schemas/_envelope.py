@@ -219,6 +219,21 @@ class Envelope:
         """The chain hash this envelope must carry, given the previous event's."""
         return _sha256(_fromhex(previous) + self.chain_material()).hexdigest()
 
+    def linked(self, previous: str) -> Envelope:
+        """This envelope, with the chain hash it must carry after ``previous`` written in.
+
+        Only for an envelope just built with an empty ``chain_hash`` that nothing else
+        holds yet (the writer's): it is completed in place rather than copied, 22 fields
+        a copy that cost the recorder 4% of an event.
+
+        Raises:
+            ValueError: the envelope has a chain hash already.
+        """
+        if self.chain_hash:
+            raise ValueError("linked() completes an envelope built without a chain hash")
+        _set_chain_hash(self, self.expected_chain_hash(previous))
+        return self
+
 
 _VERBATIM = bytes(sorted(set(range(256)) - {ord('"'), ord("\\")} - set(range(0x20))))
 """The bytes of UTF-8 that canonical JSON writes as they are: all but the quote, the

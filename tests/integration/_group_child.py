@@ -7,7 +7,8 @@ Two runs record at once:
   under a 20 ms / 16 events group, so the kill lands in the middle of its work;
 - the main thread records three effects and then exactly 120 clock reads under a group
   that flushes only every 50 events, says ``blocked`` and waits: at the kill, its last 20
-  reads are buffered and nothing else is.
+  reads are buffered, the 50 before them may still be in flight, and nothing else is
+  unwritten.
 
     python _group_child.py DATABASE_URL
 """

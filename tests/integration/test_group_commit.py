@@ -32,6 +32,7 @@ from agent_blackbox.outbox.lifecycle import append_redaction_txn
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, Settings
 from tests.integration._outbox import outbox_envelopes
 from tests.integration._pgproxy import commit_dropper, through
+from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -151,6 +152,38 @@ def test_a_flush_whose_commit_was_cut_is_written_once(engine: Engine, settings: 
     assert len({e.event_id for e in events}) == 9
 
 
+def test_a_batch_whose_commit_was_cut_behind_the_run_is_written_once(
+    engine: Engine, settings: Settings
+) -> None:
+    url = engine.url
+    group = GroupCommit(max_delay_ms=600_000, max_events=5)
+    with commit_dropper(url.host or "127.0.0.1", url.port or 5432) as proxy:
+        writer = create_engine(through(url, proxy))
+        try:
+            run = Recorder(writer, settings=settings, group_commit=group).start_run(
+                RunSnapshot("group/1"), agent_id="a"
+            )
+            for _ in range(5):
+                run.now()
+            proxy.cut(1)
+            run.now()  # 2-6 go to the writer thread: committed, heard as lost, retried
+            run.flush()  # waits for them (the retry found them in place), writes 7
+            assert proxy.cuts == 1
+            proxy.cut(math.inf)
+            for _ in range(6):
+                run.now()  # 8-12 go to the writer thread, which never hears back; 13 waits
+            eventually(lambda: run.core.unreported is not None, what="the batch to fail")
+            with pytest.raises(EventsNotRecorded, match=r"6 buffered event.*may have been"):
+                run.now()
+            proxy.cut(0)
+            run.finish()  # finds 8-12 committed, writes 13, then the end
+        finally:
+            writer.dispose()
+    events = _checked(engine, run.run_id)
+    assert len(events) == 14
+    assert len({e.event_id for e in events}) == 14
+
+
 def test_a_batch_after_a_rolled_back_joined_transition_takes_the_freed_sequence(
     engine: Engine, settings: Settings
 ) -> None:
@@ -170,6 +203,31 @@ def test_a_batch_after_a_rolled_back_joined_transition_takes_the_freed_sequence(
         "random.draw",
         "run.finished",
     ]
+
+
+def test_a_batch_written_behind_the_run_that_finds_it_moved_is_prepared_again(
+    engine: Engine, settings: Settings
+) -> None:
+    group = GroupCommit(max_delay_ms=600_000, max_events=2)
+    run = Recorder(engine, settings=settings, group_commit=group).start_run(
+        RunSnapshot("group/1"), agent_id="a"
+    )
+    with engine.connect() as conn:
+        transaction = conn.begin()
+        run.transition("moved", state={}, connection=conn)
+        transaction.rollback()
+    run.now()
+    run.now()  # 3 and 4, prepared after the transition this writer counted on
+    run.random()  # full: 3 and 4 go to the writer thread, which finds the run at 1
+    run.finish()  # the batch came back: the run prepares it again after 1, and writes it
+    assert _types(engine, run.run_id) == [
+        "run.started",
+        "clock.read",
+        "clock.read",
+        "random.draw",
+        "run.finished",
+    ]
+    assert len(_checked(engine, run.run_id)) == 5  # contiguous, chain intact
 
 
 def test_a_batch_behind_an_event_appended_meanwhile_is_undone_and_written_after_it(
@@ -241,11 +299,14 @@ def test_a_process_killed_mid_run_loses_only_its_buffered_non_effect_events(
         assert all(kind in BUFFERED for _, kind in lost), lost  # never an effect or an end
         if lost:  # only events after the run's last flush: none had to commit before them
             assert lost[0][0] == head + 1
-    # The steady run: three effects committed; of its 120 reads, the 100 of two full
-    # buffers committed, the last 20 (buffered at the kill) are lost.
+    # The steady run: three effects committed; of its 120 reads, the 50 of the first full
+    # buffer committed, the next 50 committed unless the kill landed while they were in
+    # flight, and the last 20 (buffered at the kill) are lost: at most 2 x max_events.
     steady = journal[blocked]
-    assert len(_checked(engine, blocked)) == 1 + 6 + 100
-    assert [kind for seq, kind in steady if seq > 107] == ["clock.read"] * 20
+    head = len(_checked(engine, blocked))
+    assert head in (1 + 6 + 50, 1 + 6 + 100)
+    assert [kind for seq, kind in steady if seq > head] == ["clock.read"] * (127 - head)
+    assert 127 - head <= 2 * 50
 
 
 def _read_journal(

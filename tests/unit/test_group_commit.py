@@ -5,6 +5,7 @@ tells the agent."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ from agent_blackbox.outbox import (
 from agent_blackbox.outbox._group import Batch
 from agent_blackbox.outbox._memory import MemoryLog
 from agent_blackbox.replayer import replay_run
+from agent_blackbox.schemas import GENESIS_CHAIN_HASH
 
 SNAPSHOT = RunSnapshot(code_version="group/1")
 SLOW = GroupCommit(max_delay_ms=60_000, max_events=1_000)
@@ -86,14 +88,14 @@ def test_non_effects_wait_for_the_next_effect_which_commits_after_them() -> None
     assert [e.sequence for e in recorder.events] == list(range(1, 11))
 
 
-def test_a_full_buffer_is_written_at_the_next_crossing() -> None:
+def test_a_full_buffer_is_written_behind_the_run_from_the_next_crossing() -> None:
     recorder = MemoryRecorder(group_commit=GroupCommit(max_delay_ms=60_000, max_events=3))
     run = recorder.start_run(SNAPSHOT, agent_id="a")
     for _ in range(3):
         run.now()
     assert len(recorder.events) == 1
-    run.now()  # the buffer held three: written before the fourth is kept
-    assert len(recorder.events) == 4
+    run.now()  # the buffer held three: handed to the writer thread, the fourth is kept
+    _eventually(lambda: len(recorder.events) == 4)
     run.flush()
     assert len(recorder.events) == 5
 
@@ -246,3 +248,174 @@ def test_agent_code_that_flushes_replays_unchanged() -> None:
     recorder.record(agent, SNAPSHOT, agent_id="a", run_id="run-1")
     assert replay_run(recorder.events, agent).passed
     assert replay_run(recorder.events, async_agent).passed
+
+
+class GatedFlushes:
+    """Holds each flush of a memory log until the test opens the gate, and fails the first
+    ``fail`` of them (after the gate) as a lost database would; says when a flush is held."""
+
+    def __init__(self, log: MemoryLog, *, fail: int = 0, moved: int = 0) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.fail = fail
+        self.moved = moved
+        self.flushed: list[list[int]] = []
+        self._real = log.flush
+        log.flush = self._flush  # type: ignore[method-assign]
+
+    def _flush(self, core: Any, batch: Batch) -> None:
+        self.entered.set()
+        assert self.gate.wait(5), "the test never opened the gate"
+        if self.fail > 0:
+            self.fail -= 1
+            raise DatabaseUnavailable("the outbox write failed; nothing was recorded")
+        if self.moved > 0 and batch.behind:  # as the Postgres log finds a run that moved
+            self.moved -= 1
+            batch.moved = True
+            return
+        self.flushed.append([entry.event.envelope.sequence for entry in batch.entries])
+        self._real(core, batch)
+
+
+def _chained(recorder: MemoryRecorder) -> None:
+    """The recorded events are contiguous from 1 and their chain holds."""
+    events = recorder.events
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+    previous = GENESIS_CHAIN_HASH
+    for event in events:
+        assert event.chain_hash == event.expected_chain_hash(previous)
+        previous = event.chain_hash
+
+
+FOUR = GroupCommit(max_delay_ms=60_000, max_events=3)
+"""Hands a batch to the writer thread at the fourth buffered event; no timer."""
+
+
+def test_the_run_buffers_behind_a_batch_in_flight() -> None:
+    recorder = MemoryRecorder(group_commit=FOUR)
+    gated = GatedFlushes(recorder.log)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    for _ in range(4):
+        run.now()  # 2, 3 and 4 handed off at the fourth, which is kept as 5
+    assert gated.entered.wait(5)
+    run.random()  # 6, buffered while 2-4 are in flight
+    assert run.last_sequence == 6
+    gated.gate.set()
+    run.finish()
+    assert gated.flushed == [[2, 3, 4], [5, 6]]
+    assert _types(recorder)[4:] == ["clock.read", "random.draw", "run.finished"]
+    _chained(recorder)
+
+
+def test_a_batch_that_fails_in_flight_comes_back_ahead_of_the_buffer() -> None:
+    recorder = MemoryRecorder(group_commit=FOUR)
+    gated = GatedFlushes(recorder.log, fail=1)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    for _ in range(4):
+        run.now()
+    assert gated.entered.wait(5)
+    run.random()  # buffered behind the batch that is going to fail
+    gated.gate.set()
+    _eventually(lambda: run.core.unreported is not None)
+    called: list[int] = []
+    with pytest.raises(EventsNotRecorded, match="5 buffered event") as raised:
+        run.call("tool", called.append, 1)
+    assert isinstance(raised.value.cause, DatabaseUnavailable)
+    assert called == []  # raised at the boundary, before its tool ran
+    assert run.last_sequence == 6  # nothing prepared again: sequences and chain stay
+    run.flush()
+    assert gated.flushed == [[2, 3, 4, 5, 6]]  # in order, the failed batch first
+    run.finish()
+    assert _types(recorder) == ["run.started"] + ["clock.read"] * 4 + [
+        "random.draw",
+        "run.finished",
+    ]
+    _chained(recorder)
+
+
+def test_a_full_buffer_behind_a_failed_batch_raises_at_the_crossing_that_fills_it() -> None:
+    recorder = MemoryRecorder(group_commit=FOUR)
+    gated = GatedFlushes(recorder.log, fail=1)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    for _ in range(4):
+        run.now()
+    assert gated.entered.wait(5)
+    run.now()
+    run.now()  # 5, 6, 7 buffered: full again while 2-4 are in flight
+    gated.gate.set()
+    with pytest.raises(EventsNotRecorded, match="6 buffered event"):
+        run.now()  # waits for the batch in flight, which failed: at most 2 x 3 kept
+    assert run.last_sequence == 7
+    run.finish()
+    assert gated.flushed == [[2, 3, 4, 5, 6, 7]]
+    _chained(recorder)
+
+
+@pytest.mark.parametrize("boundary", ["effect", "transition", "flush", "finish"])
+def test_what_is_never_buffered_waits_for_the_batch_in_flight(boundary: str) -> None:
+    recorder = MemoryRecorder(group_commit=FOUR)
+    gated = GatedFlushes(recorder.log)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    for _ in range(4):
+        run.now()
+    assert gated.entered.wait(5)
+    waiting = threading.Event()
+    settle = run._settle
+
+    def settling(buffer: Any) -> None:
+        if buffer.in_flight is not None:
+            waiting.set()  # the boundary waits for the batch: now let it be written
+        settle(buffer)
+
+    run._settle = settling  # type: ignore[method-assign]
+    opener = threading.Thread(target=lambda: waiting.wait(5) and gated.gate.set())
+    opener.start()
+    seen: list[int] = []
+    if boundary == "effect":
+        run.effect("mail", lambda key: seen.append(len(recorder.events)), arguments={})
+        assert seen == [6]  # started, the batch of three, the fourth read, the intent
+    elif boundary == "transition":
+        run.transition("done", state={})
+    elif boundary == "flush":
+        run.flush()
+    else:
+        run.finish()
+    opener.join()
+    assert gated.flushed == [[2, 3, 4], [5]]
+    _chained(recorder)
+
+
+def test_a_batch_that_comes_back_moved_is_written_by_the_run_itself() -> None:
+    recorder = MemoryRecorder(group_commit=FOUR)
+    gated = GatedFlushes(recorder.log, moved=1)
+    gated.gate.set()
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    for _ in range(4):
+        run.now()
+    _eventually(lambda: gated.moved == 0 and run._buffer is not None and len(run._buffer) == 4)
+    assert run.core.unreported is None  # nothing failed: the run prepares it again
+    run.random()  # the buffer is full: the run writes it, the batch that came back first
+    assert gated.flushed == [[2, 3, 4, 5]]
+    run.finish()
+    assert gated.flushed == [[2, 3, 4, 5], [6]]
+    _chained(recorder)
+
+
+def test_a_boundary_whose_flush_fails_after_the_batch_in_flight_failed_reports_it_once() -> None:
+    recorder = MemoryRecorder(group_commit=FOUR)
+    gated = GatedFlushes(recorder.log, fail=2)
+    run = recorder.start_run(SNAPSHOT, agent_id="a")
+    for _ in range(4):
+        run.now()
+    assert gated.entered.wait(5)
+    gated.gate.set()
+    performed: list[str] = []
+    with pytest.raises(EventsNotRecorded, match="4 buffered event"):
+        # Waits for the batch in flight (it fails, and comes back), then fails to write
+        # it with the fourth read: one error for the four, and no effect.
+        run.effect("mail", performed.append, arguments={})
+    assert performed == []
+    run.now()  # nothing stale left to report; the full buffer goes to the writer thread
+    run.finish()
+    assert gated.flushed == [[2, 3, 4, 5], [6]]
+    _chained(recorder)
