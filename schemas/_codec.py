@@ -20,7 +20,6 @@ from typing import Any, Protocol
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from agent_blackbox.schemas._envelope import Envelope
-from agent_blackbox.schemas._envelope_writer import envelope_writer
 from agent_blackbox.schemas._errors import BodyEncodingError, UndecodableMessage
 from agent_blackbox.schemas._registry import ENVELOPE, SchemaRegistry, default_registry
 
@@ -55,18 +54,11 @@ class EnvelopeCodec:
         )
         self._writer = entry.parsed
         self._plain = _plain_reading(entry.parsed)
-        fields = tuple((f["name"], f["type"]) for f in entry.parsed.get("fields", ()))
-        self._straight = envelope_writer(fields)
         self._prefix = SINGLE_OBJECT_MAGIC + entry.fingerprint
         self._schema_ids = schema_ids
 
     def encode(self, envelope: Envelope) -> bytes:
         """The single-object encoding of ``envelope``."""
-        if self._straight is not None:
-            try:
-                return self._prefix + self._straight(envelope)
-            except (TypeError, AttributeError, ValueError, OverflowError):
-                pass  # fastavro writes it, or says what is wrong with it
         out = io.BytesIO()
         out.write(self._prefix)
         schemaless_writer(out, self._writer, envelope.to_record())
