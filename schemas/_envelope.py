@@ -231,7 +231,7 @@ class Envelope:
         """
         if self.chain_hash:
             raise ValueError("linked() completes an envelope built without a chain hash")
-        _set_chain_hash(self, self.expected_chain_hash(previous))
+        object.__setattr__(self, "chain_hash", self.expected_chain_hash(previous))
         return self
 
 
