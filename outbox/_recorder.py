@@ -8,6 +8,7 @@ world; each of its boundaries is a step generator of ``_steps.py`` driven in syn
 
 from __future__ import annotations
 
+import queue
 import random
 import threading
 import uuid
@@ -210,6 +211,11 @@ class Run:
         self._written = threading.Condition(self._lock)
         """Notified when a batch written behind the run is done (group commit)."""
         self._behind: threading.Thread | None = None
+        self._handed: queue.SimpleQueue[Batch] = queue.SimpleQueue()
+        """Batches handed to the writer thread. It takes them from this queue, not under
+        the run's lock: the agent's thread holds that lock through every crossing, and a
+        writer waking on it was starved for milliseconds a batch (the run then waited
+        for a batch that had not started)."""
         self._joined: Joinable | None = None
         self._random = random.Random()
         group = recorder.group_commit
@@ -480,19 +486,17 @@ class Run:
         """Give the buffer to the run's writer thread; nothing is in flight (under the
         run's lock)."""
         self._recorder.flusher.cancel(self)
-        buffer.take()
+        self._handed.put(buffer.take())
         if self._behind is None:
             self._behind = threading.Thread(
                 target=self._write_behind, args=(buffer,), name="blackbox-write-behind", daemon=True
             )
             self._behind.start()
-        else:
-            self._written.notify_all()
 
     def _write_behind(self, buffer: RunBuffer) -> None:
         """The run's writer thread: writes each batch handed to it while the run buffers
         the next; ends once none came for :data:`IDLE_S` or the run finished."""
-        while (batch := self._next_behind(buffer)) is not None:
+        while (batch := self._next_behind()) is not None:
             error: Exception | None = None
             try:
                 self._recorder.flush(self.core, batch)
@@ -501,15 +505,18 @@ class Run:
             with self._lock:
                 self._written_behind(buffer, batch, error)
 
-    def _next_behind(self, buffer: RunBuffer) -> Batch | None:
-        with self._lock:
-            idle = False
-            while buffer.in_flight is None:
-                if idle or self.core.finished:
-                    self._behind = None
-                    return None
-                idle = not self._written.wait(IDLE_S)
-            return buffer.in_flight
+    def _next_behind(self) -> Batch | None:
+        """The next batch handed over; None (the thread ends) once none came for
+        :data:`IDLE_S`. Ending is decided under the run's lock, under which batches are
+        handed over, so a batch handed over later starts a new thread."""
+        while True:
+            try:
+                return self._handed.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._handed.empty():
+                        self._behind = None
+                        return None
 
     def _written_behind(self, buffer: RunBuffer, batch: Batch, error: Exception | None) -> None:
         """The batch in flight is done (under the run's lock): written, or back at the head
