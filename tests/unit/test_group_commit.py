@@ -31,6 +31,7 @@ from agent_blackbox.outbox import (
 )
 from agent_blackbox.outbox._group import Batch
 from agent_blackbox.outbox._memory import MemoryLog
+from agent_blackbox.outbox._recorder import Run
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH
 
@@ -291,13 +292,21 @@ FOUR = GroupCommit(max_delay_ms=60_000, max_events=3)
 """Hands a batch to the writer thread at the fourth buffered event; no timer."""
 
 
-def test_the_run_buffers_behind_a_batch_in_flight() -> None:
+def _batch_in_flight(**gated: int) -> tuple[MemoryRecorder, GatedFlushes, Run]:
+    """A run whose first batch (2, 3, 4) is held in its writer thread's flush; the fourth
+    clock read (5) is buffered behind it."""
     recorder = MemoryRecorder(group_commit=FOUR)
-    gated = GatedFlushes(recorder.log)
+    flushes = GatedFlushes(recorder.log, **gated)
     run = recorder.start_run(SNAPSHOT, agent_id="a")
     for _ in range(4):
-        run.now()  # 2, 3 and 4 handed off at the fourth, which is kept as 5
-    assert gated.entered.wait(5)
+        run.now()
+    assert flushes.entered.wait(5)
+    return recorder, flushes, run
+
+
+def test_the_run_buffers_behind_a_batch_in_flight() -> None:
+    # 2, 3 and 4 handed off at the fourth clock read, which is kept as 5.
+    recorder, gated, run = _batch_in_flight()
     run.random()  # 6, buffered while 2-4 are in flight
     assert run.last_sequence == 6
     gated.gate.set()
@@ -308,12 +317,7 @@ def test_the_run_buffers_behind_a_batch_in_flight() -> None:
 
 
 def test_a_batch_that_fails_in_flight_comes_back_ahead_of_the_buffer() -> None:
-    recorder = MemoryRecorder(group_commit=FOUR)
-    gated = GatedFlushes(recorder.log, fail=1)
-    run = recorder.start_run(SNAPSHOT, agent_id="a")
-    for _ in range(4):
-        run.now()
-    assert gated.entered.wait(5)
+    recorder, gated, run = _batch_in_flight(fail=1)
     run.random()  # buffered behind the batch that is going to fail
     gated.gate.set()
     _eventually(lambda: run.core.unreported is not None)
@@ -334,12 +338,7 @@ def test_a_batch_that_fails_in_flight_comes_back_ahead_of_the_buffer() -> None:
 
 
 def test_a_full_buffer_behind_a_failed_batch_raises_at_the_crossing_that_fills_it() -> None:
-    recorder = MemoryRecorder(group_commit=FOUR)
-    gated = GatedFlushes(recorder.log, fail=1)
-    run = recorder.start_run(SNAPSHOT, agent_id="a")
-    for _ in range(4):
-        run.now()
-    assert gated.entered.wait(5)
+    recorder, gated, run = _batch_in_flight(fail=1)
     run.now()
     run.now()  # 5, 6, 7 buffered: full again while 2-4 are in flight
     gated.gate.set()
@@ -353,12 +352,7 @@ def test_a_full_buffer_behind_a_failed_batch_raises_at_the_crossing_that_fills_i
 
 @pytest.mark.parametrize("boundary", ["effect", "transition", "flush", "finish"])
 def test_what_is_never_buffered_waits_for_the_batch_in_flight(boundary: str) -> None:
-    recorder = MemoryRecorder(group_commit=FOUR)
-    gated = GatedFlushes(recorder.log)
-    run = recorder.start_run(SNAPSHOT, agent_id="a")
-    for _ in range(4):
-        run.now()
-    assert gated.entered.wait(5)
+    recorder, gated, run = _batch_in_flight()
     waiting = threading.Event()
     settle = run._settle
 
@@ -368,7 +362,12 @@ def test_what_is_never_buffered_waits_for_the_batch_in_flight(boundary: str) -> 
         settle(buffer)
 
     run._settle = settling  # type: ignore[method-assign]
-    opener = threading.Thread(target=lambda: waiting.wait(5) and gated.gate.set())
+
+    def open_when_waiting() -> None:
+        if waiting.wait(5):
+            gated.gate.set()
+
+    opener = threading.Thread(target=open_when_waiting)
     opener.start()
     seen: list[int] = []
     if boundary == "effect":
@@ -402,12 +401,7 @@ def test_a_batch_that_comes_back_moved_is_written_by_the_run_itself() -> None:
 
 
 def test_a_boundary_whose_flush_fails_after_the_batch_in_flight_failed_reports_it_once() -> None:
-    recorder = MemoryRecorder(group_commit=FOUR)
-    gated = GatedFlushes(recorder.log, fail=2)
-    run = recorder.start_run(SNAPSHOT, agent_id="a")
-    for _ in range(4):
-        run.now()
-    assert gated.entered.wait(5)
+    recorder, gated, run = _batch_in_flight(fail=2)
     gated.gate.set()
     performed: list[str] = []
     with pytest.raises(EventsNotRecorded, match="4 buffered event"):
