@@ -48,12 +48,10 @@ class OutboxLane:
         setup: TextClause,
         setup_params: Mapping[str, Any],
     ) -> None:
-        self._engine = engine
-        self._setup, self._setup_params = setup, dict(setup_params)
         self._readers = ThreadPoolExecutor(1, thread_name_prefix=f"outbox {name}")
         self._deleters = ThreadPoolExecutor(1, thread_name_prefix=f"outbox deletes {name}")
-        self._read_conn: Connection | None = None
-        self._delete_conn: Connection | None = None
+        self._read_session = _Session(engine, setup, setup_params)
+        self._delete_session = _Session(engine, setup, setup_params)
         self._deletes: list[Future[None]] = []
         """Deletes handed over and perhaps not finished."""
         self._reads: list[threading.Event] = []
@@ -81,9 +79,8 @@ class OutboxLane:
         """Finish what was handed over, then close both sessions."""
         self._readers.shutdown(wait=True)
         self._deleters.shutdown(wait=True)
-        _drop(self._read_conn)
-        _drop(self._delete_conn)
-        self._read_conn = self._delete_conn = None
+        self._read_session.close()
+        self._delete_session.close()
 
     def _read(
         self,
@@ -95,17 +92,8 @@ class OutboxLane:
         try:
             # A delete that failed left its rows: the count shows them, which is safe.
             wait(deletes)
-            if self._read_conn is None:
-                self._read_conn = self._session()
-            try:
-                with _cursor(self._read_conn) as cursor:
-                    cursor.execute(statement, params, binary=True)
-                    ran.set()  # the snapshot is taken and the rows are here
-                    return cursor.fetchall()
-            except psycopg.Error as exc:
-                _drop(self._read_conn)
-                self._read_conn = None
-                raise DBAPIError.instance(statement, params, exc, psycopg.Error) from exc
+            # ``ran`` once the snapshot is taken and the rows are here.
+            return self._read_session.run(statement, params, binary=True, ran=ran)
         finally:
             ran.set()
 
@@ -114,36 +102,57 @@ class OutboxLane:
     ) -> None:
         for ran in reads:
             ran.wait()
-        if self._delete_conn is None:
-            self._delete_conn = self._session()
+        self._delete_session.run(statement, params)
+
+
+class _Session:
+    """One of the lane's database sessions: a connection in autocommit with the lane's
+    settings, opened when first needed and again after an error. It never goes back to
+    the pool (its settings would go with it)."""
+
+    def __init__(self, engine: Engine, setup: TextClause, setup_params: Mapping[str, Any]) -> None:
+        self._engine = engine
+        self._setup, self._setup_params = setup, dict(setup_params)
+        self._conn: Connection | None = None
+
+    def run(
+        self,
+        statement: str,
+        params: Mapping[str, Any],
+        *,
+        binary: bool = False,
+        ran: threading.Event | None = None,
+    ) -> list[Any]:
+        """Run ``statement`` on the driver's own cursor (a statement in a steady loop
+        skips SQLAlchemy's per-call work, and psycopg prepares it after a few runs); its
+        rows, if it gives any. A driver error drops the session and is raised as
+        SQLAlchemy raises it."""
+        conn = self._connect()
+        driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
         try:
-            with _cursor(self._delete_conn) as cursor:
-                cursor.execute(statement, params)
+            with driver.cursor() as cursor:
+                cursor.execute(statement, params, binary=binary)
+                if ran is not None:
+                    ran.set()
+                return cursor.fetchall() if cursor.description else []
         except psycopg.Error as exc:
-            _drop(self._delete_conn)
-            self._delete_conn = None
+            self.close()
             raise DBAPIError.instance(statement, params, exc, psycopg.Error) from exc
 
-    def _session(self) -> Connection:
-        """A connection in autocommit with the lane's settings. It never goes back to the
-        pool (its settings would go with it)."""
-        conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        try:
-            conn.execute(self._setup, self._setup_params)
-        except SQLAlchemyError:
-            _drop(conn)
-            raise
-        return conn
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.invalidate()
+            self._conn.close()
+            self._conn = None
 
-
-def _cursor(conn: Connection) -> psycopg.Cursor[Any]:
-    """The driver's own cursor: statements the lane runs in a steady loop skip
-    SQLAlchemy's per-call work, and psycopg prepares them after a few runs."""
-    driver: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
-    return driver.cursor()
-
-
-def _drop(conn: Connection | None) -> None:
-    if conn is not None:
-        conn.invalidate()
-        conn.close()
+    def _connect(self) -> Connection:
+        if self._conn is None:
+            conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                conn.execute(self._setup, self._setup_params)
+            except SQLAlchemyError:
+                conn.invalidate()
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn

@@ -348,7 +348,7 @@ class Relay:
         # Lease state is renewed by a heartbeat thread while the loop publishes (see
         # _heartbeats); the lock keeps one renewal or fence at a time.
         self._lease_lock = threading.RLock()
-        # Reads and deletes of outbox rows run in order on one thread of their own, so
+        # Reads and deletes of outbox rows run on the lane's threads and sessions, so
         # that the database works while this thread produces (see ``_next_rows``).
         self._lane = OutboxLane(
             engine, name=self.owner, setup=_LANE_SESSION, setup_params=self._idle_bound
