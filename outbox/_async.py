@@ -29,7 +29,6 @@ from agent_blackbox.outbox._core import (
     StartPlan,
 )
 from agent_blackbox.outbox._effects import EffectReceipt
-from agent_blackbox.outbox._errors import EventsNotRecorded
 from agent_blackbox.outbox._group import Batch, RunBuffer, buffered
 from agent_blackbox.outbox._postgres import AsyncPostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
@@ -366,8 +365,7 @@ class AsyncRun:
         except BlackboxError as exc:
             raise buffer.failed(self.run_id, exc) from exc
         buffer.flushed()
-        if isinstance(self.core.unreported, EventsNotRecorded):
-            self.core.unreported = None  # those events are written now: nothing to report
+        self.core.forget_unwritten()  # those events are written now: nothing to report
 
     async def _flush_later(self, delay_s: float) -> None:
         """The timer's flush: a failure is raised at the run's next boundary."""

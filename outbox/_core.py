@@ -29,6 +29,7 @@ from agent_blackbox.outbox._effects import (
 from agent_blackbox.outbox._errors import (
     ConcurrentRunWriter,
     EffectRejected,
+    EventsNotRecorded,
     NotSerialisable,
     RunNotActive,
 )
@@ -198,6 +199,12 @@ class RunCore:
         if self.unreported is not None:
             failure, self.unreported = self.unreported, None
             raise failure
+
+    def forget_unwritten(self) -> None:
+        """Drop a failed group flush's error kept for the next boundary: its events are
+        written now, or a newer error names them too."""
+        if isinstance(self.unreported, EventsNotRecorded):
+            self.unreported = None
 
     def prepare(self, crossing: b.Crossing, event_id: str) -> PreparedEvent:
         ids = {

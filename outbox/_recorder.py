@@ -33,7 +33,6 @@ from agent_blackbox.outbox._core import (
     StartPlan,
 )
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
-from agent_blackbox.outbox._errors import EventsNotRecorded
 from agent_blackbox.outbox._group import IDLE_S, Batch, Flusher, RunBuffer, buffered
 from agent_blackbox.outbox._postgres import PostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
@@ -453,12 +452,10 @@ class Run:
         try:
             self._recorder.flush(self.core, buffer.batch)
         except BlackboxError as exc:
-            if isinstance(self.core.unreported, EventsNotRecorded):
-                self.core.unreported = None  # this error names the same events, and more
+            self.core.forget_unwritten()  # this error names the same events, and more
             raise buffer.failed(self.run_id, exc) from exc
         buffer.flushed()
-        if isinstance(self.core.unreported, EventsNotRecorded):
-            self.core.unreported = None  # those events are written now: nothing to report
+        self.core.forget_unwritten()  # those events are written now: nothing to report
 
     def _flush_due(self) -> None:
         """The timer's flush: the buffer goes to the run's writer thread; a failure is
@@ -523,8 +520,7 @@ class Run:
         of the buffer, unwritten, with its failure for the run's next boundary."""
         buffer.in_flight = None
         if error is None and not batch.moved:
-            if isinstance(self.core.unreported, EventsNotRecorded):
-                self.core.unreported = None  # those events are written now
+            self.core.forget_unwritten()  # those events are written now
         else:
             buffer.returned(batch)  # (moved: the run prepares it again, and writes it)
             if isinstance(error, BlackboxError):
