@@ -88,10 +88,6 @@ def observed(perform: Callable[[], Any], outcome: Outcome, place: Place) -> Step
     return done.result()
 
 
-def _placed(crossing: Crossing, place: Place) -> Crossing:
-    return crossing.placed(place)
-
-
 def tool_call(
     core: RunCore,
     tools: ToolPolicy,
@@ -157,35 +153,35 @@ async def _finished_later(found: Awaitable[Any], finish: Callable[[Any], Any]) -
 def now(core: RunCore) -> Steps[datetime]:
     """The wall clock, UTC."""
     crossing = core.wall_clock()
-    yield Append(_placed(crossing, core.placement.begin()))
+    yield Append(crossing.placed(core.placement.begin()))
     return datetime.fromtimestamp(crossing.body["value_us"] / 1e6, UTC)
 
 
 def monotonic(core: RunCore) -> Steps[float]:
     """A monotonic clock in seconds."""
     crossing = core.monotonic_clock()
-    yield Append(_placed(crossing, core.placement.begin()))
+    yield Append(crossing.placed(core.placement.begin()))
     return float(crossing.body["value_us"]) / 1e6
 
 
 def random_float(core: RunCore, source: Random) -> Steps[float]:
     """A float in [0, 1)."""
     value = source.random()
-    yield Append(_placed(core.random_float(value), core.placement.begin()))
+    yield Append(core.random_float(value).placed(core.placement.begin()))
     return value
 
 
 def random_int(core: RunCore, source: Random, low: int, high: int) -> Steps[int]:
     """An integer in [low, high]."""
     value = source.randint(low, high)
-    yield Append(_placed(core.random_int(low, high, value), core.placement.begin()))
+    yield Append(core.random_int(low, high, value).placed(core.placement.begin()))
     return value
 
 
 def random_uuid(core: RunCore) -> Steps[uuid.UUID]:
     """A random UUID."""
     value, crossing = core.random_uuid()
-    yield Append(_placed(crossing, core.placement.begin()))
+    yield Append(crossing.placed(core.placement.begin()))
     return value
 
 
@@ -200,7 +196,7 @@ def effect(
     """``effect.intent`` commits, then ``perform(key)``, then ``effect.receipt``."""
     place = core.placement.begin()
     intent = core.effect_intent(name, arguments, key, place)
-    yield Append(_placed(intent, place))  # committed before the external call, by design
+    yield Append(intent.placed(place))  # committed before the external call, by design
     idempotency_key = intent.body["idempotency_key"]
     receipt = core.receipt(name, idempotency_key)
 
@@ -244,7 +240,7 @@ def transition(
 ) -> Steps[Envelope]:
     """``state.transition``, in the caller's transaction when ``connection`` is given."""
     crossing = core.transition(to_state, state, reason)
-    envelope: Envelope = yield Append(_placed(crossing, core.placement.begin()), connection)
+    envelope: Envelope = yield Append(crossing.placed(core.placement.begin()), connection)
     core.transitioned(crossing)
     return envelope
 
@@ -253,7 +249,7 @@ def finish(
     core: RunCore, status: str, output: Any, error: BaseException | None, connection: Any
 ) -> Steps[Envelope]:
     """``run.finished``; afterwards the run takes no more events."""
-    crossing = _placed(core.finish(status, output, error), core.placement.begin())
+    crossing = core.finish(status, output, error).placed(core.placement.begin())
     envelope: Envelope = yield Append(crossing, connection)
     core.finished = True
     return envelope
