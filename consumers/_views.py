@@ -27,7 +27,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
-from operator import attrgetter
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -50,7 +49,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement, Select, column
 
 from agent_blackbox.broker import run_partition
-from agent_blackbox.consumers._batch import BatchOutcome, Delivered
+from agent_blackbox.consumers._batch import BatchOutcome, Delivered, delivered_key
 from agent_blackbox.consumers._errors import ProjectionFailed
 from agent_blackbox.consumers._redacted_views import (
     SHREDDED_DIGEST,
@@ -173,8 +172,8 @@ def apply_batch(
     if len(inserted_keys) == len(firsts):  # the common case: every first is new
         inserted, colliding = firsts, repeats
     else:
-        inserted = [r for r in firsts if _key(r) in inserted_keys]
-        colliding = [r for r in firsts if _key(r) not in inserted_keys] + repeats
+        inserted = [r for r in firsts if delivered_key(r) in inserted_keys]
+        colliding = [r for r in firsts if delivered_key(r) not in inserted_keys] + repeats
     duplicates, violations = classify_collisions(colliding, _stored_rows(conn, colliding))
     refused = refused_plaintext(inserted, _sealing_rows(conn, inserted))
     notes = _Notes.check(conn, redactions or RedactionCheck(), inserted, violations)
@@ -182,7 +181,7 @@ def apply_batch(
     violations += misplaced + refused
     _record_violations(conn, violations)
     untrusted = {v.incoming.key for v in refused}
-    trusted = [r.envelope for r in inserted if not untrusted or _key(r) not in untrusted]
+    trusted = [r.envelope for r in inserted if not untrusted or delivered_key(r) not in untrusted]
     _upsert_runs(conn, aggregate_runs(trusted))
     _upsert_runs(conn, [replace(d, event_count=0) for d in aggregate_runs(notes.displaced)])
     scrub_redacted_runs_txn(conn, trusted + notes.displaced)
@@ -294,18 +293,13 @@ def split_repeats(records: Sequence[Delivered]) -> tuple[list[Delivered], list[D
     seen: set[tuple[str, int]] = set()
     firsts: list[Delivered] = []
     repeats: list[Delivered] = []
-    for record, key in zip(records, map(_key, records), strict=True):
+    for record, key in zip(records, map(delivered_key, records), strict=True):
         if key in seen:
             repeats.append(record)
         else:
             seen.add(key)
             firsts.append(record)
     return firsts, repeats
-
-
-_key = attrgetter("envelope.run_id", "envelope.sequence")
-"""``Delivered.key`` in the interpreter's compiled code: the views ask for it of
-every record several times a batch."""
 
 
 def classify_collisions(
@@ -511,7 +505,7 @@ _BINARY_SQL: dict[str, str] = {}
 def _insert_events(conn: Connection, records: Sequence[Delivered]) -> set[tuple[str, int]]:
     if not records:
         return set()
-    ordered = sorted(records, key=_key)  # a stable lock order across consumers
+    ordered = sorted(records, key=delivered_key)  # a stable lock order across consumers
     if conn.dialect.driver == "psycopg":
         return _copy_events(conn, ordered)
     columns = _event_columns(ordered)
