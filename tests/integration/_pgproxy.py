@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-from sqlalchemy import URL
+from sqlalchemy import URL, Engine, create_engine
 
 _STARTUP_MESSAGES = 1
 """The client's first message has no type byte (the startup packet)."""
@@ -197,3 +197,16 @@ def through(url: URL, proxy: CommitDropper) -> str:
     proxied = url.set(host="127.0.0.1", port=proxy.port)
     proxied = proxied.update_query_dict({"sslmode": "disable", "gssencmode": "disable"})
     return proxied.render_as_string(hide_password=False)
+
+
+@contextmanager
+def dropping_commits(engine: Engine) -> Iterator[tuple[CommitDropper, Engine]]:
+    """A commit dropper in front of ``engine``'s server, and an engine that connects
+    through it (disposed at the end)."""
+    url = engine.url
+    with commit_dropper(url.host or "127.0.0.1", url.port or 5432) as proxy:
+        writer = create_engine(through(url, proxy))
+        try:
+            yield proxy, writer
+        finally:
+            writer.dispose()

@@ -14,29 +14,31 @@ import math
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agent_blackbox.outbox import AsyncRecorder, DatabaseUnavailable, Recorder, RunSnapshot
 from agent_blackbox.schemas import Settings
-from tests.integration._pgproxy import CommitDropper, commit_dropper, through
+from tests.integration._pgproxy import CommitDropper, dropping_commits, through
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def proxy(engine: Engine) -> Iterator[CommitDropper]:
-    url = engine.url
-    with commit_dropper(url.host or "127.0.0.1", url.port or 5432) as dropper:
-        yield dropper
+def proxied(engine: Engine) -> Iterator[tuple[CommitDropper, Engine]]:
+    with dropping_commits(engine) as pair:
+        yield pair
 
 
 @pytest.fixture
-def writer(engine: Engine, proxy: CommitDropper) -> Iterator[Engine]:
-    proxied = create_engine(through(engine.url, proxy))
-    yield proxied
-    proxied.dispose()
+def proxy(proxied: tuple[CommitDropper, Engine]) -> CommitDropper:
+    return proxied[0]
+
+
+@pytest.fixture
+def writer(proxied: tuple[CommitDropper, Engine]) -> Engine:
+    return proxied[1]
 
 
 def _sequences(engine: Engine, run_id: str) -> list[int]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -31,7 +31,7 @@ from agent_blackbox.outbox._group import BUFFERED
 from agent_blackbox.outbox.lifecycle import append_redaction_txn
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, Settings
 from tests.integration._outbox import outbox_envelopes
-from tests.integration._pgproxy import commit_dropper, through
+from tests.integration._pgproxy import dropping_commits
 from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
@@ -124,29 +124,22 @@ def test_an_async_run_commits_its_buffer_the_same_way(settings: Settings, engine
 
 
 def test_a_flush_whose_commit_was_cut_is_written_once(engine: Engine, settings: Settings) -> None:
-    url = engine.url
-    with commit_dropper(url.host or "127.0.0.1", url.port or 5432) as proxy:
-        writer = create_engine(through(url, proxy))
-        try:
-            run = Recorder(writer, settings=settings, group_commit=SLOW).start_run(
-                RunSnapshot("group/1"), agent_id="a"
-            )
-            for _ in range(5):
-                run.now()
-            proxy.cut(1)
-            run.flush()  # committed, heard as lost, retried: the retry finds the batch in place
-            assert proxy.cuts == 1
-            proxy.cut(math.inf)
+    with dropping_commits(engine) as (proxy, writer):
+        run = Recorder(writer, settings=settings, group_commit=SLOW).start_run(
+            RunSnapshot("group/1"), agent_id="a"
+        )
+        for _ in range(5):
             run.now()
-            with pytest.raises(
-                EventsNotRecorded, match=r"1 buffered event.*may have been recorded"
-            ):
-                run.flush()
-            proxy.cut(0)
-            run.now()
-            run.finish()
-        finally:
-            writer.dispose()
+        proxy.cut(1)
+        run.flush()  # committed, heard as lost, retried: the retry finds the batch in place
+        assert proxy.cuts == 1
+        proxy.cut(math.inf)
+        run.now()
+        with pytest.raises(EventsNotRecorded, match=r"1 buffered event.*may have been recorded"):
+            run.flush()
+        proxy.cut(0)
+        run.now()
+        run.finish()
     events = _checked(engine, run.run_id)
     assert len(events) == 9
     assert len({e.event_id for e in events}) == 9
@@ -155,30 +148,25 @@ def test_a_flush_whose_commit_was_cut_is_written_once(engine: Engine, settings: 
 def test_a_batch_whose_commit_was_cut_behind_the_run_is_written_once(
     engine: Engine, settings: Settings
 ) -> None:
-    url = engine.url
     group = GroupCommit(max_delay_ms=600_000, max_events=5)
-    with commit_dropper(url.host or "127.0.0.1", url.port or 5432) as proxy:
-        writer = create_engine(through(url, proxy))
-        try:
-            run = Recorder(writer, settings=settings, group_commit=group).start_run(
-                RunSnapshot("group/1"), agent_id="a"
-            )
-            for _ in range(5):
-                run.now()
-            proxy.cut(1)
-            run.now()  # 2-6 go to the writer thread: committed, heard as lost, retried
-            run.flush()  # waits for them (the retry found them in place), writes 7
-            assert proxy.cuts == 1
-            proxy.cut(math.inf)
-            for _ in range(6):
-                run.now()  # 8-12 go to the writer thread, which never hears back; 13 waits
-            eventually(lambda: run.core.unreported is not None, what="the batch to fail")
-            with pytest.raises(EventsNotRecorded, match=r"6 buffered event.*may have been"):
-                run.now()
-            proxy.cut(0)
-            run.finish()  # finds 8-12 committed, writes 13, then the end
-        finally:
-            writer.dispose()
+    with dropping_commits(engine) as (proxy, writer):
+        run = Recorder(writer, settings=settings, group_commit=group).start_run(
+            RunSnapshot("group/1"), agent_id="a"
+        )
+        for _ in range(5):
+            run.now()
+        proxy.cut(1)
+        run.now()  # 2-6 go to the writer thread: committed, heard as lost, retried
+        run.flush()  # waits for them (the retry found them in place), writes 7
+        assert proxy.cuts == 1
+        proxy.cut(math.inf)
+        for _ in range(6):
+            run.now()  # 8-12 go to the writer thread, which never hears back; 13 waits
+        eventually(lambda: run.core.unreported is not None, what="the batch to fail")
+        with pytest.raises(EventsNotRecorded, match=r"6 buffered event.*may have been"):
+            run.now()
+        proxy.cut(0)
+        run.finish()  # finds 8-12 committed, writes 13, then the end
     events = _checked(engine, run.run_id)
     assert len(events) == 14
     assert len({e.event_id for e in events}) == 14
