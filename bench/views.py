@@ -13,8 +13,11 @@ written interleaved with all the others, as concurrent writers leave them).
 Last, ``visible_ms``: a caught-up view consumer while events are published at a steady
 rate (``--rate`` events/s, the relay's producer settings), the time from handing an
 event to the producer to the commit of the batch that put it into the views (p50, p99).
+The first ``--warmup`` seconds are published but left out of the figure, as in
+``bench.latency``: a new producer's first messages wait for its connections and the
+topic's metadata, hundreds of milliseconds that no running relay pays.
 
-    python -m bench.views [--events 50000] [--rate 1000] [--seconds 10]
+    python -m bench.views [--events 50000] [--rate 1000] [--seconds 10] [--warmup 2]
 """
 
 from __future__ import annotations
@@ -142,11 +145,12 @@ def clean_views(engine: Engine, *, topic: str, group_id: str, run_ids: Sequence[
 def visible_ms(
     settings: Settings, rows: Sequence[_synthetic.Row], *, group_id: str, rate: float
 ) -> list[float]:
-    """Publish ``rows`` at ``rate`` events/s to a caught-up view consumer; for each, the
-    milliseconds from handing it to the producer to the commit that applied it."""
+    """Publish ``rows`` at ``rate`` events/s to a caught-up view consumer; for each, in
+    the order published, the milliseconds from handing it to the producer to the commit
+    that applied it."""
     sent: dict[str, float] = {}
     applied: list[Delivered] = []
-    latencies: list[float] = []
+    latencies: dict[str, float] = {}
 
     def project(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
         applied.extend(records)
@@ -175,12 +179,14 @@ def visible_ms(
                 if consumer.poll_once(0.5) is None:  # as run() polls
                     continue
                 now = time.perf_counter()
-                latencies += [(now - sent[r.envelope.event_id]) * 1000 for r in applied]
+                for record in applied:
+                    event_id = record.envelope.event_id
+                    latencies[event_id] = (now - sent[event_id]) * 1000
         finally:
             publisher.join()
     if len(latencies) < len(rows):
         raise RuntimeError(f"only {len(latencies)} of {len(rows)} events became visible")
-    return latencies
+    return [latencies[row.event_id] for row in rows]
 
 
 def _publish(
@@ -204,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--rate", type=float, default=1_000.0, help="events/s for visible_ms")
-    parser.add_argument("--seconds", type=float, default=10.0, help="how long to publish")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long to measure")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds left out first")
     args = parser.parse_args(argv)
     settings = bench_settings(BENCH)
     group_id = f"blackbox.bench.views.{uuid.uuid4().hex[:12]}"
@@ -233,15 +240,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             took = read_runs(settings, engine, sample)
         for q in (50, 95):
             emit(BENCH, "run_read_ms", percentile(took, q), unit="ms", percentile=q)
+        warmup = int(args.rate * args.warmup)
         steady = list(
             _synthetic.rows(
-                template, events=int(args.rate * args.seconds), shards=settings.outbox_shards
+                template,
+                events=warmup + int(args.rate * args.seconds),
+                shards=settings.outbox_shards,
             )
         )
         rows += steady
         ensure_topics(latency, {latency.topic: latency.partitions})
         with stage(f"publish {len(steady)} events at {args.rate:g}/s to a caught-up consumer"):
-            took = visible_ms(latency, steady, group_id=latency_group, rate=args.rate)
+            took = visible_ms(latency, steady, group_id=latency_group, rate=args.rate)[warmup:]
         for q, target in ((50, None), (99, VISIBLE_P99_TARGET_MS)):
             emit(
                 BENCH,
