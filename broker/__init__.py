@@ -1,6 +1,6 @@
 """The Kafka edge every part uses: clients built from :class:`~agent_blackbox.schemas.Settings`,
-topic creation, bounded reads of partitions, where a run's key puts it, and one error
-type.
+topic creation, bounded reads of partitions, where a run's key puts it, one error
+type, and the heap settling every long-running stream process does before its loop.
 
 Every ``confluent_kafka`` failure leaves this package as :class:`KafkaUnavailable`, naming
 what was being done and what to check. The relay, the consumers, the replayer's run
@@ -24,6 +24,7 @@ from agent_blackbox.broker._partitioning import (
     partition_of,
     run_partition,
 )
+from agent_blackbox.broker._process import freeze_startup_heap
 from agent_blackbox.broker._reader import read_ranges, watermarks
 from agent_blackbox.broker._topics import ensure_topics
 
@@ -35,6 +36,7 @@ __all__ = [
     "LeaseStamp",
     "broker_answers",
     "ensure_topics",
+    "freeze_startup_heap",
     "kafka_errors",
     "murmur2",
     "new_admin",
