@@ -3,7 +3,7 @@ classes so that a bench can override their client and session settings, and a re
 where the relay's time goes.
 
 :func:`relay_process` runs :class:`~agent_blackbox.outbox.relay.Relay` as
-``blackbox relay`` does (its heap frozen before the loop), and times every statement
+``blackbox relay`` does (its heap settled before the loop), and times every statement
 and COMMIT on its engine with SQLAlchemy's event hooks (no change to the relay): how
 long its reads, its deletes and their COMMITs, and its lease upkeep take, beside its own
 histograms. What a batch spends outside the database is producing and waiting for the
@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, create_engine, event
 
-from agent_blackbox.broker import freeze_startup_heap
+from agent_blackbox.broker import settle_heap
 from agent_blackbox.consumers import ViewConsumer
 from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.schemas import Settings
@@ -198,7 +198,7 @@ def _relay(
         stopping.set()
 
     threading.Thread(target=relay_stop, daemon=True).start()
-    freeze_startup_heap()
+    settle_heap()
     relay.run(stopping)
     engine.dispose()
     buckets: list[tuple[float, float]] = []
@@ -274,7 +274,7 @@ def _views(
     ) as consumer:
         consumer.poll_once(poll_timeout_s)  # joins the group: not counted
         database = time_statements(engine)
-        freeze_startup_heap()
+        settle_heap()
         while not stop.is_set():
             began = time.perf_counter()
             if outcome := consumer.poll_once(poll_timeout_s):

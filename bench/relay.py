@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 from sqlalchemy import Engine, create_engine, text
 
-from agent_blackbox.broker import ensure_topics, freeze_startup_heap, read_stamp, watermarks
+from agent_blackbox.broker import ensure_topics, read_stamp, settle_heap, watermarks
 from agent_blackbox.outbox import pending_events_txn
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             fill(engine, rows)
         # As ``blackbox relay`` does before its loop; both sides then run without the
         # collector rescanning the bench's own rows.
-        freeze_startup_heap()
+        settle_heap()
         with stage("plain producer"):
             plain_side = plain_rate(settings, plain.topic, rows)
         with stage("relay drain"):

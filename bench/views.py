@@ -34,9 +34,9 @@ from sqlalchemy import Connection, Engine, create_engine, func, select
 
 from agent_blackbox.broker import (
     ensure_topics,
-    freeze_startup_heap,
     new_producer,
     producer_config,
+    settle_heap,
 )
 from agent_blackbox.consumers import (
     BatchOutcome,
@@ -104,7 +104,7 @@ def build_views(settings: Settings, *, group_id: str, events: int) -> tuple[floa
                 stop.set()
 
         deadline.start()
-        freeze_startup_heap()  # as the command does; the bench's rows are not scanned
+        settle_heap()  # as the command does; the bench's rows are not scanned
         try:
             consumer.run(stop, on_batch=counted, poll_timeout_s=0.1)
         finally:

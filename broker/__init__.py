@@ -24,7 +24,7 @@ from agent_blackbox.broker._partitioning import (
     partition_of,
     run_partition,
 )
-from agent_blackbox.broker._process import freeze_startup_heap
+from agent_blackbox.broker._process import settle_heap
 from agent_blackbox.broker._reader import read_ranges, watermarks
 from agent_blackbox.broker._topics import ensure_topics
 
@@ -36,7 +36,6 @@ __all__ = [
     "LeaseStamp",
     "broker_answers",
     "ensure_topics",
-    "freeze_startup_heap",
     "kafka_errors",
     "murmur2",
     "new_admin",
@@ -48,5 +47,6 @@ __all__ = [
     "read_ranges",
     "read_stamp",
     "run_partition",
+    "settle_heap",
     "watermarks",
 ]

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from sqlalchemy import Engine, create_engine
 
-from agent_blackbox.broker import freeze_startup_heap, partition_count
+from agent_blackbox.broker import partition_count, settle_heap
 from agent_blackbox.cli._roles import RoleCheckedGroup
 from agent_blackbox.consumers import ViewRunIndex, migrate_views
 from agent_blackbox.consumers.cli import (
@@ -151,7 +151,7 @@ def relay(
             start_http_server(metrics_port, addr="127.0.0.1", registry=worker.metrics.registry)
         log.log(f"relay {worker.owner}: outbox → {settings.kafka_bootstrap} topic {settings.topic}")
         with _stop_on_signals(stop), _RelayWatch(worker, stop, until_idle, log) as watch:
-            freeze_startup_heap()
+            settle_heap()
             worker.run(stop)
     except BlackboxError as exc:
         if permission_refused(exc) is not None:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine
 
-from agent_blackbox.broker import freeze_startup_heap
+from agent_blackbox.broker import settle_heap
 from agent_blackbox.consumers._batch import BatchOutcome
 from agent_blackbox.consumers._checkpoints import CheckpointConsumer
 from agent_blackbox.consumers._ledger import LedgerReport, ledger_entries, reapply_ledger
@@ -175,7 +175,7 @@ def consume_command(
             )
             verifier = _deletion_verifier()
             with _stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
-                freeze_startup_heap()
+                settle_heap()
                 total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
@@ -453,7 +453,7 @@ def sign_command(
             )
             consumer = CheckpointConsumer(settings, signer, policy=policy)
             with _stop_on_signals(stop), consumer:
-                freeze_startup_heap()
+                settle_heap()
                 total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
         if permission_refused(exc) is not None:

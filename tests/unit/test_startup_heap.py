@@ -1,4 +1,4 @@
-"""The heap a long-running stream process sets aside before its loop."""
+"""The heap a long-running stream process settles before its loop."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent_blackbox.broker import freeze_startup_heap
+from agent_blackbox.broker import settle_heap
 
 
 @pytest.fixture
-def unfrozen() -> Iterator[None]:
+def unsettled() -> Iterator[None]:
+    threshold = gc.get_threshold()
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.set_threshold(*threshold)
 
 
 class _Cycle:
@@ -22,14 +24,14 @@ class _Cycle:
         self.me = self
 
 
-def test_objects_alive_at_the_freeze_are_left_out_of_collections(unfrozen: None) -> None:
+def test_objects_alive_at_the_freeze_are_left_out_of_collections(unsettled: None) -> None:
     kept = [_Cycle() for _ in range(100)]
-    freeze_startup_heap()
+    settle_heap()
     assert gc.get_freeze_count() >= len(kept)
     assert not any(any(o is k for k in kept) for o in gc.get_objects(generation=2))
 
 
-def test_garbage_cycles_are_collected_before_the_freeze(unfrozen: None) -> None:
+def test_garbage_cycles_are_collected_before_the_freeze(unsettled: None) -> None:
     freed: list[int] = []
 
     class Watched(_Cycle):
@@ -37,12 +39,12 @@ def test_garbage_cycles_are_collected_before_the_freeze(unfrozen: None) -> None:
             freed.append(1)
 
     Watched()  # unreachable at once, but only the collector can free a cycle
-    freeze_startup_heap()
+    settle_heap()
     assert freed == [1]
 
 
-def test_cycles_made_after_the_freeze_are_still_collected(unfrozen: None) -> None:
-    freeze_startup_heap()
+def test_cycles_made_after_the_freeze_are_still_collected(unsettled: None) -> None:
+    settle_heap()
     freed: list[int] = []
 
     class Watched(_Cycle):
@@ -52,3 +54,9 @@ def test_cycles_made_after_the_freeze_are_still_collected(unfrozen: None) -> Non
     Watched()
     gc.collect()
     assert freed == [1]
+
+
+def test_the_young_generation_is_collected_less_often(unsettled: None) -> None:
+    older = gc.get_threshold()[1:]
+    settle_heap()
+    assert gc.get_threshold() == (50_000, *older)
