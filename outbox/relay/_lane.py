@@ -33,7 +33,8 @@ class OutboxLane:
     Args:
         engine: the write side's database.
         name: names the lane's threads (the relay's owner id).
-        setup: run once on each new session, with ``setup_params``.
+        read_setup: run once on each new reading session, with ``setup_params``.
+        delete_setup: likewise on each new deleting session.
 
     Only one thread may hand work over (the relay's loop); results and errors come
     back through the futures. A session that failed is dropped and the next statement
@@ -45,13 +46,14 @@ class OutboxLane:
         engine: Engine,
         *,
         name: str,
-        setup: TextClause,
+        read_setup: TextClause,
+        delete_setup: TextClause,
         setup_params: Mapping[str, Any],
     ) -> None:
         self._readers = ThreadPoolExecutor(1, thread_name_prefix=f"outbox {name}")
         self._deleters = ThreadPoolExecutor(1, thread_name_prefix=f"outbox deletes {name}")
-        self._read_session = _Session(engine, setup, setup_params)
-        self._delete_session = _Session(engine, setup, setup_params)
+        self._read_session = _Session(engine, read_setup, setup_params)
+        self._delete_session = _Session(engine, delete_setup, setup_params)
         self._deletes: list[Future[None]] = []
         """Deletes handed over and perhaps not finished."""
         self._reads: list[threading.Event] = []

@@ -165,29 +165,39 @@ _READ = """
 # cost more than the read itself; no read or delete of a batch makes a worker process or
 # a full scan pay. JIT is off with them: the penalty a disabled plan node carries pushes
 # every statement's estimate over the JIT threshold, and compiling took longer (about
-# 100 ms) than the deletes it compiled. Bitmap scans are off so that the count walks the
-# index: a bitmap scan visits the heap for every entry of a deleted row and leaves it as
-# it was, so each count of a drain cost more than the last (17 ms at 100k rows deleted);
-# an index scan marks the entries of rows no snapshot can see as dead, and the next count
-# steps over them (2 ms).
-_LANE_SESSION = text(
+# 100 ms) than the deletes it compiled.
+_LANE_SETTINGS = (
     "SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, false), "
     "set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false), "
-    "set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false), "
+    "set_config('enable_seqscan', 'off', false), "
     "set_config('max_parallel_workers_per_gather', '0', false), set_config('jit', 'off', false)"
 )
+_DELETE_SESSION = text(_LANE_SETTINGS)
+# The reading session plans no bitmap scans either, so that the count walks the index: a
+# bitmap scan visits the heap for every entry of a deleted row and leaves it as it was,
+# so each count of a drain cost more than the last (17 ms at 100k rows deleted); an
+# index scan marks the entries of rows no snapshot can see as dead, and the next count
+# steps over them (2 ms). The deleting session keeps them: the outbox's statistics may
+# say it is empty (vacuumed empty, then filled by a burst), and without bitmap scans the
+# planner then probed the (shard, id) index for each of a batch's ids, 2-7 s a delete.
+_READ_SESSION = text(_LANE_SETTINGS + ", set_config('enable_bitmapscan', 'off', false)")
 # Every transaction of the relay that takes row locks (lease renewal and claims, deletes)
 # bounds how long it may sit idle: a relay frozen inside one (SIGSTOP, a VM pause) would
 # otherwise hold its lease rows, so no other relay could claim them (the claim skips
 # locked rows), or its outbox rows, so the next owner's deletes would wait. The server
 # ends such a session after the bound, well before the frozen relay's leases run out.
 _BOUNDED = text("SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, true)")
+_ANALYZE = text("SELECT blackbox.analyze_outbox()")
+_ANALYZE_EVERY_S = 60.0
 # Fenced by the leases this relay still holds. The lease set is computed once, as an
-# array, so the planner probes the primary key per id instead of per id and lease.
+# array, so the planner probes the primary key per id instead of per id and lease; and it
+# is compared as ``shard + 0``, so that no index serves it: the planner cannot know that
+# the array may hold every shard, guessed it selective, and walked every row of the
+# leased shards through the (shard, id) index, comparing each with the 5,000 ids.
 _DELETE = """
     DELETE FROM blackbox.outbox
      WHERE id = ANY(string_to_array(%(ids)s, ',')::bigint[])
-       AND shard = ANY(ARRAY(SELECT shard FROM blackbox.relay_leases WHERE owner = %(me)s))
+       AND shard + 0 = ANY(ARRAY(SELECT shard FROM blackbox.relay_leases WHERE owner = %(me)s))
 """
 
 
@@ -343,6 +353,8 @@ class Relay:
         self._window: deque[_Batch] = deque()
         self._after = 0
         self._after_shards: list[int] = []
+        self._analyzed_at = -math.inf
+        self._analyzing: threading.Thread | None = None
         self._epochs: dict[int, int] = {}
         self._next_check = -math.inf
         self._over_share = False
@@ -355,7 +367,11 @@ class Relay:
         # Reads and deletes of outbox rows run on the lane's threads and sessions, so
         # that the database works while this thread produces (see ``_next_rows``).
         self._lane = OutboxLane(
-            engine, name=self.owner, setup=_LANE_SESSION, setup_params=self._idle_bound
+            engine,
+            name=self.owner,
+            read_setup=_READ_SESSION,
+            delete_setup=_DELETE_SESSION,
+            setup_params=self._idle_bound,
         )
         self._ahead: _ReadAhead | None = None
         self._deletes: deque[Future[None]] = deque()
@@ -554,6 +570,8 @@ class Relay:
             rows = self._read(shards, self._after).result()
         if rows and rows[0][6] > expected:
             return None
+        if len(rows) == self.options.batch_size:
+            self._refresh_statistics()
         if len(rows) == self.options.batch_size and self.options.pipeline_batches > 1:
             # (One batch at a time reads from the lowest id after each: nothing to guess.)
             after = rows[-1][0]
@@ -564,6 +582,32 @@ class Relay:
                 expected=sum(b.produced for b in self._window) + len(rows),
             )
         return rows
+
+    def _refresh_statistics(self) -> None:
+        """A full batch: a backlog, perhaps in an outbox whose statistics still say it is
+        empty (see migration 0008). Ask for an ANALYZE of it, at most once a minute, on a
+        thread of its own; the deletes planned after it probe the primary key."""
+        now = time.monotonic()
+        if now - self._analyzed_at < _ANALYZE_EVERY_S:
+            return
+        if self._analyzing is not None and self._analyzing.is_alive():
+            return
+        self._analyzed_at = now
+        self._analyzing = threading.Thread(
+            target=self._analyze, name=f"outbox statistics {self.owner}", daemon=True
+        )
+        self._analyzing.start()
+
+    def _analyze(self) -> None:
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(_ANALYZE)
+        except SQLAlchemyError as exc:
+            log.warning(
+                "could not refresh the outbox's statistics (%s); a backlog may drain slowly "
+                "until autovacuum analyzes the outbox: run `blackbox migrate`",
+                _first_line(exc),
+            )
 
     def _read(self, shards: list[int], after: int) -> Future[list[Any]]:
         """Up to a batch of rows of ``shards`` after ``after``, read on the outbox lane."""
@@ -615,6 +659,8 @@ class Relay:
         self._deletes.clear()
         self._ahead = None
         self._lane.close()
+        if self._analyzing is not None:
+            self._analyzing.join(timeout=10)
         settled = len(self._producer) == 0
         try:
             with self.engine.begin() as conn:
