@@ -27,19 +27,23 @@ _ANALYZED = (
 )
 
 
-def test_a_read_sees_the_deletes_handed_over_before_it_and_none_after(
-    settings: Settings, engine: Engine
-) -> None:
-    recorder = Recorder(engine, settings=settings)
-    run = recorder.start_run(RunSnapshot(code_version="v1"), agent_id="lane")
-    run.finish()
-    lane = OutboxLane(
+def _lane(engine: Engine) -> OutboxLane:
+    return OutboxLane(
         engine,
         name="test",
         read_setup=_READ_SESSION,
         delete_setup=_DELETE_SESSION,
         setup_params={"idle_ms": "5000"},
     )
+
+
+def test_a_read_sees_the_deletes_handed_over_before_it_and_none_after(
+    settings: Settings, engine: Engine
+) -> None:
+    recorder = Recorder(engine, settings=settings)
+    run = recorder.start_run(RunSnapshot(code_version="v1"), agent_id="lane")
+    run.finish()
+    lane = _lane(engine)
     try:
         paused = lane.read(_PAUSE, {})
         before = lane.read(_COUNT, {"run": run.run_id})
@@ -57,13 +61,7 @@ def test_a_failed_read_lets_the_deletes_after_it_run(settings: Settings, engine:
     recorder = Recorder(engine, settings=settings)
     run = recorder.start_run(RunSnapshot(code_version="v1"), agent_id="lane")
     run.finish()
-    lane = OutboxLane(
-        engine,
-        name="test",
-        read_setup=_READ_SESSION,
-        delete_setup=_DELETE_SESSION,
-        setup_params={"idle_ms": "5000"},
-    )
+    lane = _lane(engine)
     try:
         broken = lane.read("SELECT no_such_column FROM blackbox.outbox", {})
         deleted = lane.delete(_DELETE, {"run": run.run_id})
