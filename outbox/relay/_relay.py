@@ -572,21 +572,21 @@ class Relay:
             return None
         if len(rows) == self.options.batch_size:
             self._refresh_statistics()
-        if len(rows) == self.options.batch_size and self.options.pipeline_batches > 1:
-            # (One batch at a time reads from the lowest id after each: nothing to guess.)
-            after = rows[-1][0]
-            self._ahead = _ReadAhead(
-                key=(tuple(shards), after),
-                rows=self._read(shards, after),
-                # Counted now: the deletes handed to the lane so far run before it.
-                expected=sum(b.produced for b in self._window) + len(rows),
-            )
+            if self.options.pipeline_batches > 1:
+                # (One batch at a time reads from the lowest id after each: nothing to guess.)
+                after = rows[-1][0]
+                self._ahead = _ReadAhead(
+                    key=(tuple(shards), after),
+                    rows=self._read(shards, after),
+                    # Counted now: the deletes handed to the lane so far run before it.
+                    expected=sum(b.produced for b in self._window) + len(rows),
+                )
         return rows
 
     def _refresh_statistics(self) -> None:
         """A full batch: a backlog, perhaps in an outbox whose statistics still say it is
         empty (see migration 0008). Ask for an ANALYZE of it, at most once a minute, on a
-        thread of its own; the deletes planned after it probe the primary key."""
+        thread of its own; the statements planned after it see the backlog as it is."""
         now = time.monotonic()
         if now - self._analyzed_at < _ANALYZE_EVERY_S:
             return
