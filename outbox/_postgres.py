@@ -9,7 +9,8 @@ head, guarded by the sequence the writer expects) and inserts the outbox row onl
 the guard held.
 
 A recorder writes only through the schema's SECURITY DEFINER functions
-(``blackbox.start_run``, ``append_event``, ``take_over_run``; see migration 0004): each
+(``blackbox.start_run``, ``append_event``, ``take_over_run``, see migration 0004;
+``append_events`` for a group flush, migration 0009): each
 run has a writer credential, made here and known to the database only by its SHA-256,
 so a writer appends to the runs it started, for the tenants granted to its role, and
 never rewrites history. Jobs that run as the schema's owner (a redaction note) append
@@ -99,24 +100,15 @@ _APPEND = text(
     """
 )
 
-# A group flush: append_event once per event, in sequence order (the order of the arrays),
-# in one statement; the count of events it appended tells whether every guard held.
+# A group flush: every event of the batch in one call (migration 0009), which appends
+# them all or, when the run was not at the sequence before the first, none (0).
 _APPEND_BATCH = text(
     """
-    SELECT count(*) FILTER (WHERE appended) FROM (
-        SELECT blackbox.append_event(
-            :run_id, :credential, CAST(:shard AS smallint), e.sequence, e.chain_hash,
-            CAST(NULL AS text), CAST(NULL AS text), e.event_id, e.envelope, e.key_id,
-            CAST(NULL AS text), CAST(NULL AS text), CAST(NULL AS text), CAST(NULL AS text),
-            e.event_type, e.body_version, e.recorded_at) AS appended
-          FROM unnest(
-            CAST(:sequences AS bigint[]), CAST(:chain_hashes AS text[]),
-            CAST(:event_ids AS uuid[]), CAST(:envelopes AS bytea[]), CAST(:key_ids AS text[]),
-            CAST(:event_types AS text[]), CAST(:body_versions AS integer[]),
-            CAST(:recorded_ats AS bigint[]))
-            AS e(sequence, chain_hash, event_id, envelope, key_id, event_type, body_version,
-                 recorded_at)
-    ) AS batch
+    SELECT blackbox.append_events(
+        :run_id, :credential, CAST(:shard AS smallint), CAST(:sequences AS bigint[]),
+        CAST(:chain_hashes AS text[]), CAST(:event_ids AS uuid[]), CAST(:envelopes AS bytea[]),
+        CAST(:key_ids AS text[]), CAST(:event_types AS text[]),
+        CAST(:body_versions AS integer[]), CAST(:recorded_ats AS bigint[]))
     """
 )
 _BATCH_ARRAYS = (
@@ -247,7 +239,9 @@ def append_plan(
 def flush_plan(core: RunCore, batch: Batch) -> Plan[None]:
     """Append the buffered events of ``batch`` (group commit), all or none.
 
-    1. Under a savepoint, append every event in one statement.
+    1. Under a savepoint, append every event: in one call of ``append_events``, which
+       writes all or none, or (the owner's path, without a writer credential) one
+       guarded statement each.
     2. When not all of them were appended (the run is not where this writer left it),
        undo whatever was, and re-read the run's head.
     3. When the head is one of the batch's events, an earlier flush committed the batch
@@ -278,7 +272,9 @@ def flush_plan(core: RunCore, batch: Batch) -> Plan[None]:
 
 
 def _append_batch(identity: RunIdentity, events: list[PreparedEvent]) -> Plan[int]:
-    """How many of ``events`` were appended, in order, each under its guard."""
+    """How many of ``events`` were appended, in order: all or none under a writer
+    credential (the batch function checks each event as ``append_event`` does), else
+    each under its own guard."""
     for event in events:
         if event.blob is not None:
             ref, data = event.blob

@@ -345,7 +345,11 @@ class LocalKafka(PidService):
         server_out = self.log_dir / "server.out"
         if server_out.exists():
             server_out.replace(server_out.with_name("server.out.1"))
-        argv = [*self._jvm(java, *_JVM_HEAP, *_JVM_COLLECTOR), _MAIN_CLASS, str(self.properties_path)]
+        argv = [
+            *self._jvm(java, *_JVM_HEAP, *_JVM_COLLECTOR),
+            _MAIN_CLASS,
+            str(self.properties_path),
+        ]
         self._log_offset = file_size(self.log_dir / "server.log")
         child = start_detached(argv, log_path=server_out, cwd=self._root)
         self._child = child

@@ -218,7 +218,7 @@ def test_a_batch_written_behind_the_run_that_finds_it_moved_is_prepared_again(
     assert len(_checked(engine, run.run_id)) == 5  # contiguous, chain intact
 
 
-def test_a_batch_behind_an_event_appended_meanwhile_is_undone_and_written_after_it(
+def test_a_batch_behind_an_event_appended_meanwhile_is_prepared_again_after_it(
     engine: Engine, settings: Settings
 ) -> None:
     run = Recorder(engine, settings=settings, group_commit=SLOW).start_run(
@@ -228,8 +228,9 @@ def test_a_batch_behind_an_event_appended_meanwhile_is_undone_and_written_after_
         run.now()  # prepared as 2, 3 and 4
     with engine.begin() as conn:  # the owner's note takes 2
         append_redaction_txn(conn, run.run_id, reason="retention", key_ids=[], settings=settings)
-    # 2 fails its guard and 3 and 4 would pass theirs after the note: all undone, then
-    # prepared again as 3, 4 and 5, chained on the note.
+    # The batch (2, 3 and 4) no longer follows the run's head: nothing of it is written
+    # (not even 3 and 4, which would follow the note), and it is prepared again as 3, 4
+    # and 5, chained on the note.
     statements: list[str] = []
     listen = ("before_cursor_execute", lambda *args: statements.append(str(args[2])))
     sqlalchemy_event.listen(engine, *listen)
@@ -237,7 +238,8 @@ def test_a_batch_behind_an_event_appended_meanwhile_is_undone_and_written_after_
         run.flush()
     finally:
         sqlalchemy_event.remove(engine, *listen)
-    assert sum("ROLLBACK TO SAVEPOINT" in sql for sql in statements) == 1
+    assert sum("append_events" in sql for sql in statements) == 2
+    assert not any("ROLLBACK TO SAVEPOINT" in sql for sql in statements)  # nothing to undo
     run.finish()
     assert _types(engine, run.run_id) == [
         "run.started",
