@@ -1,17 +1,18 @@
-"""The local development stack, without Docker: PostgreSQL and a one-node Kafka (KRaft).
+"""The local development stack, without Docker: PostgreSQL, Kafka and (optionally) S3Proxy.
 
 PostgreSQL comes from the machine's Debian package and is initialised into a cache folder;
-Kafka runs from the official jars, fetched once with Maven. Everything (data, logs, pid
-files, sockets) lives under one cache folder and a set of ports, so several stacks can run
-side by side::
+Kafka (one KRaft node) runs from the official jars, fetched once with Maven; S3Proxy, an
+S3-compatible object store for backups, runs from its jar the same way, only when asked
+for. Everything (data, logs, pid files, sockets) lives under one cache folder and a set of
+ports, so several stacks can run side by side::
 
     from agent_blackbox.stack import LocalStack
 
-    endpoints = LocalStack().up()  # idempotent
-    print(endpoints.database_url, endpoints.kafka_bootstrap)
+    endpoints = LocalStack().up(with_s3=True)  # idempotent
+    print(endpoints.database_url, endpoints.kafka_bootstrap, endpoints.backup.backup_url)
 
-``BLACKBOX_DATABASE_URL`` or ``BLACKBOX_KAFKA_BOOTSTRAP`` in the environment point at
-services of your own; the stack then leaves that service alone.
+``BLACKBOX_DATABASE_URL``, ``BLACKBOX_KAFKA_BOOTSTRAP`` or ``BLACKBOX_BACKUP_URL`` in the
+environment point at services of your own; the stack then leaves that service alone.
 """
 
 from __future__ import annotations
@@ -31,14 +32,22 @@ from agent_blackbox.stack._process import (
     ServiceStatus,
     StackError,
 )
-from agent_blackbox.stack._settings import StackPorts, StackSettings, redact_password
+from agent_blackbox.stack._s3proxy import LocalS3, S3Endpoint
+from agent_blackbox.stack._settings import (
+    StackPorts,
+    StackSettings,
+    redact_password,
+    redact_url,
+)
 
 __all__ = [
     "Endpoints",
     "LocalKafka",
     "LocalPostgres",
+    "LocalS3",
     "LocalStack",
     "MissingPrerequisiteError",
+    "S3Endpoint",
     "ServiceError",
     "ServiceStatus",
     "StackError",
@@ -54,19 +63,22 @@ class Endpoints:
     Attributes:
         database_url: SQLAlchemy URL, e.g. ``postgresql+psycopg://blackbox@127.0.0.1:25432/blackbox``.
         kafka_bootstrap: ``bootstrap.servers`` value, e.g. ``127.0.0.1:29092``.
+        backup: The local object store, when S3Proxy was asked for and is not external.
     """
 
     database_url: str
     kafka_bootstrap: str
+    backup: S3Endpoint | None = None
 
 
 class LocalStack:
-    """Both services of the local stack, honouring the environment overrides.
+    """The services of the local stack, honouring the environment overrides.
 
     Args:
         cache_dir: Root folder for everything the stack writes; defaults to
             ``BLACKBOX_CACHE_DIR`` or ``<project root>/.cache/blackbox``.
-        ports: Loopback ports; defaults to 25432 (Postgres), 29092 and 29093 (Kafka).
+        ports: Loopback ports; defaults to 25432 (Postgres), 29092 and 29093 (Kafka),
+            29900 (S3Proxy).
         console: Where progress messages go (stderr by default).
         environ: The environment to read overrides from; ``os.environ`` when omitted.
     """
@@ -84,14 +96,18 @@ class LocalStack:
         cache, chosen = self._settings.cache_dir, self._settings.ports
         self.postgres = LocalPostgres(cache, chosen.postgres, console=self._console)
         self.kafka = LocalKafka(cache, chosen.kafka, chosen.controller, console=self._console)
+        self.s3 = LocalS3(cache, chosen.s3, console=self._console)
 
     @property
     def settings(self) -> StackSettings:
         """The cache folder, ports and overrides in effect."""
         return self._settings
 
-    def up(self) -> Endpoints:
+    def up(self, *, with_s3: bool = False) -> Endpoints:
         """Start whatever is not running yet; a no-op for services already up.
+
+        Args:
+            with_s3: Also start S3Proxy, the object store for backups.
 
         Returns:
             The endpoints, external ones included.
@@ -99,7 +115,7 @@ class LocalStack:
         Raises:
             StackError: a service could not be installed, started or reached.
         """
-        before = self.status()
+        before = [entry for entry in self.status() if with_s3 or entry.name != self.s3.name]
         database_url = self._settings.external_database_url
         if database_url is None:
             database_url = self.postgres.start()
@@ -112,17 +128,34 @@ class LocalStack:
             bootstrap = self.kafka.start()
         else:
             self._console.print(f"kafka: external ({bootstrap}), not started")
+        backup = self._start_s3() if with_s3 else None
         if all(entry.state != "stopped" for entry in before):
             self._console.print(f"nothing to start: {_states(before)}")
-        return Endpoints(database_url=database_url, kafka_bootstrap=bootstrap)
+        return Endpoints(database_url=database_url, kafka_bootstrap=bootstrap, backup=backup)
+
+    def _start_s3(self) -> S3Endpoint | None:
+        backup_url = self._settings.external_backup_url
+        if backup_url is None:
+            return self.s3.start()
+        self._console.print(f"s3: external ({redact_url(backup_url)}), not started")
+        return None
 
     def down(self) -> None:
         """Stop the services this stack manages; their data is kept.
+
+        S3Proxy is stopped whenever it runs, even with ``BLACKBOX_BACKUP_URL`` set: the
+        one in this cache folder is the stack's own.
 
         Raises:
             StackError: a service did not stop.
         """
         before = self.status()
+        s3_running = self.s3.is_running()
+        backup_url = self._settings.external_backup_url
+        if s3_running:
+            self.s3.stop()
+        elif backup_url is not None:
+            self._console.print(f"s3: external ({redact_url(backup_url)}), left alone")
         bootstrap = self._settings.external_kafka_bootstrap
         if bootstrap is None:
             self.kafka.stop()
@@ -133,13 +166,14 @@ class LocalStack:
             self.postgres.stop()
         else:
             self._console.print(f"postgres: external ({redact_password(database_url)}), left alone")
-        if all(entry.state != "running" for entry in before):
+        if not s3_running and all(entry.state != "running" for entry in before):
             self._console.print(f"nothing to stop: {_states(before)}")
 
     def status(self) -> list[ServiceStatus]:
         """One entry per service: running, stopped, or external."""
         database_url = self._settings.external_database_url
         bootstrap = self._settings.external_kafka_bootstrap
+        backup_url = self._settings.external_backup_url
         return [
             self.postgres.status()
             if database_url is None
@@ -147,6 +181,9 @@ class LocalStack:
             self.kafka.status()
             if bootstrap is None
             else ServiceStatus("kafka", "external", None, bootstrap, None),
+            self.s3.status()
+            if backup_url is None
+            else ServiceStatus(self.s3.name, "external", None, redact_url(backup_url), None),
         ]
 
 

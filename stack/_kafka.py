@@ -9,14 +9,10 @@ and ``server.out`` for the JVM's own output), ``server.properties`` and ``kafka.
 from __future__ import annotations
 
 import base64
-import hashlib
 import logging
-import re
 import secrets
-import shutil
 import subprocess
 import time
-from collections import deque
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
@@ -24,23 +20,23 @@ from rich.console import Console
 
 from agent_blackbox.broker import broker_answers, new_admin
 from agent_blackbox.schemas import safe_console
+from agent_blackbox.stack._maven import MavenJars
 from agent_blackbox.stack._process import (
-    MissingPrerequisiteError,
     PidFile,
     PidService,
     ServiceError,
     file_size,
+    find_java,
     kill,
-    last_lines,
     port_open,
     require_free_port,
     run_checked,
     start_detached,
-    stream_lines,
     tail_file,
     terminate,
     wait_for,
 )
+from agent_blackbox.stack._settings import KAFKA_BOOTSTRAP_ENV
 
 _RESOURCES = Path(__file__).resolve().parent / "kafka"
 POM = _RESOURCES / "pom.xml"
@@ -57,7 +53,7 @@ _JVM_COLLECTOR = (
     "-XX:InitiatingHeapOccupancyPercent=35",
     "-XX:+ExplicitGCInvokesConcurrent",
 )
-_DOWNLOADED = re.compile(r"Downloaded from [^:]+: (\S+)")
+_ELSEWHERE = f"set {KAFKA_BOOTSTRAP_ENV} to use a broker you already run"
 _client_log = logging.getLogger("agent_blackbox.stack.kafka.admin")
 
 
@@ -105,90 +101,6 @@ def render_server_properties(*, port: int, controller_port: int, log_dir: Path) 
     return "# Written by the blackbox stack launcher on every start.\n" + "\n".join(lines) + "\n"
 
 
-def downloaded_artifact(maven_line: str) -> str | None:
-    """The file name in a Maven ``Downloaded from`` line, else ``None``."""
-    match = _DOWNLOADED.search(maven_line)
-    return match.group(1).rsplit("/", 1)[-1] if match else None
-
-
-class KafkaJars:
-    """The broker's jars, copied by Maven into ``jar_dir`` once per version of the pom.
-
-    A marker file holding the pom's digest says the copy is complete; a changed pom (a
-    new Kafka version) triggers a fresh copy.
-    """
-
-    def __init__(self, jar_dir: Path, *, console: Console) -> None:
-        self._jar_dir = jar_dir
-        self._console = console
-        self._marker = jar_dir / ".complete"
-
-    @property
-    def classpath(self) -> str:
-        """The ``-cp`` value; the JVM expands the wildcard itself."""
-        return f"{self._jar_dir}/*"
-
-    def is_complete(self) -> bool:
-        """Whether the jars of the current pom are all present."""
-        return self._marker.exists() and self._marker.read_text().strip() == _pom_digest()
-
-    def ensure(self) -> None:
-        """Copy the jars unless a complete copy exists.
-
-        Raises:
-            MissingPrerequisiteError: Maven is not installed.
-            ServiceError: Maven could not resolve the jars (quoting its last lines).
-        """
-        if self.is_complete():
-            return
-        if self._jar_dir.exists():
-            shutil.rmtree(self._jar_dir)
-        self._console.print("kafka: fetching the broker's jars with Maven (first start only)")
-        self._run_maven()
-        self._marker.write_text(_pom_digest() + "\n")
-
-    def _run_maven(self) -> None:
-        argv = ["mvn", "-B", "-f", str(POM), "dependency:copy-dependencies"]
-        argv += [f"-DoutputDirectory={self._jar_dir}", "-DincludeScope=runtime"]
-        try:
-            process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )
-        except FileNotFoundError as exc:
-            raise MissingPrerequisiteError(
-                "Maven is needed once to fetch the Kafka jars: `apt-get install maven`, "
-                "or set BLACKBOX_KAFKA_BOOTSTRAP to use a broker you already run."
-            ) from exc
-        output = "\n".join(self._follow(process))
-        if process.returncode != 0:
-            raise ServiceError(
-                f"Maven could not fetch the Kafka jars (exit code {process.returncode}). "
-                f"Check network access to the Maven repository, then retry.\n"
-                f"Last output:\n{last_lines(output)}"
-            )
-
-    def _follow(self, process: subprocess.Popen[bytes]) -> deque[str]:
-        """Show Maven's downloads as they happen; keep its last lines for errors."""
-        recent: deque[str] = deque(maxlen=25)
-        count = 0
-        with process, self._console.status("kafka: resolving jars with Maven") as status:
-            for raw in stream_lines(process):
-                line = raw.decode(errors="replace").rstrip()
-                recent.append(line)
-                artifact = downloaded_artifact(line)
-                if artifact is None:
-                    continue
-                count += 1
-                status.update(f"kafka: downloaded {count} files, latest {artifact}")
-                if not self._console.is_terminal and artifact.endswith(".jar"):
-                    self._console.print(f"  downloaded {artifact}")
-        return recent
-
-
-def _pom_digest() -> str:
-    return hashlib.sha256(POM.read_bytes()).hexdigest()
-
-
 class LocalKafka(PidService):
     """A one-node Kafka broker for development, owned by one cache folder and two ports.
 
@@ -219,7 +131,14 @@ class LocalKafka(PidService):
         self._console = console or safe_console(stderr=True, soft_wrap=True)
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
-        self._jars = KafkaJars(self._root / "jars", console=self._console)
+        self._jars = MavenJars(
+            self._root / "jars",
+            pom=POM,
+            service="kafka",
+            what="the Kafka jars",
+            alternative=_ELSEWHERE,
+            console=self._console,
+        )
         self._child: subprocess.Popen[bytes] | None = None
         self._log_offset = 0  # where this launch's lines start in server.log
 
@@ -266,7 +185,7 @@ class LocalKafka(PidService):
         self._remove_stale_pid_file()
         require_free_port(self._port, service="Kafka", option="--kafka-port")
         require_free_port(self._controller_port, service="Kafka", option="--controller-port")
-        java = _java()
+        java = find_java(service="Kafka", alternative=_ELSEWHERE)
         self._jars.ensure()
         self._root.mkdir(parents=True, exist_ok=True)
         self.properties_path.write_text(self._properties())
@@ -386,13 +305,3 @@ class LocalKafka(PidService):
         log, out = self.log_dir / "server.log", self.log_dir / "server.out"
         log_tail = tail_file(log, since=self._log_offset)
         return f"Last lines of {log}:\n{log_tail}\nLast lines of {out}:\n{tail_file(out)}"
-
-
-def _java() -> str:
-    java = shutil.which("java")
-    if java is None:
-        raise MissingPrerequisiteError(
-            "Java 17 or newer is needed to run Kafka: `apt-get install openjdk-17-jre-headless`, "
-            "or set BLACKBOX_KAFKA_BOOTSTRAP to use a broker you already run."
-        )
-    return java

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,10 +45,10 @@ class ServiceStatus:
     """What ``status`` reports about one service.
 
     Attributes:
-        name: ``"postgres"`` or ``"kafka"``.
+        name: ``"postgres"``, ``"kafka"`` or ``"s3"``.
         state: ``"running"``, ``"stopped"`` or ``"external"`` (not managed here).
         pid: The process id when running locally.
-        address: The database URL or bootstrap address clients should use.
+        address: The database URL, bootstrap address or S3 endpoint clients should use.
         data_dir: Where the service keeps its data; ``None`` for external services.
     """
 
@@ -149,6 +150,25 @@ def require_free_port(port: int, *, service: str, option: str) -> None:
             f"Cannot start {service}: port 127.0.0.1:{port} is already in use by another "
             f"program. Stop that program or pick another port with {option}."
         )
+
+
+def find_java(*, service: str, alternative: str) -> str:
+    """The ``java`` program on the ``PATH``.
+
+    Args:
+        service: What needs it, for the message (``"Kafka"``).
+        alternative: What to do instead of installing Java, ending the message.
+
+    Raises:
+        MissingPrerequisiteError: there is no ``java``.
+    """
+    java = shutil.which("java")
+    if java is None:
+        raise MissingPrerequisiteError(
+            f"Java 17 or newer is needed to run {service}: "
+            f"`apt-get install openjdk-17-jre-headless`, or {alternative}."
+        )
+    return java
 
 
 def start_detached(

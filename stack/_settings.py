@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 CACHE_DIR_ENV = "BLACKBOX_CACHE_DIR"
 DATABASE_URL_ENV = "BLACKBOX_DATABASE_URL"
 KAFKA_BOOTSTRAP_ENV = "BLACKBOX_KAFKA_BOOTSTRAP"
+BACKUP_URL_ENV = "BLACKBOX_BACKUP_URL"
+# Query options whose values are never printed: a URL pasted with a signed request's
+# parameters or an access key in it must not reach a terminal or a log.
+_SECRET_OPTION = re.compile(r"(?i)secret|passw|token|signature|credential|key")
 
 
 @dataclass(frozen=True)
 class StackPorts:
     """Loopback ports of the local services.
 
-    The defaults are deliberately not the services' usual ports (5432, 9092, 9093), so the
-    stack does not collide with a PostgreSQL or Kafka the machine already runs.
+    The defaults are deliberately not the services' usual ports (5432, 9092, 9093, 80), so
+    the stack does not collide with a PostgreSQL, Kafka or web server the machine already
+    runs. ``s3`` is checked like the others even when S3Proxy is not asked for.
 
     Raises:
         ValueError: when a port is out of range or two services share a port.
@@ -27,9 +33,10 @@ class StackPorts:
     postgres: int = 25432
     kafka: int = 29092
     controller: int = 29093
+    s3: int = 29900
 
     def __post_init__(self) -> None:
-        ports = (self.postgres, self.kafka, self.controller)
+        ports = (self.postgres, self.kafka, self.controller, self.s3)
         if any(not 1 <= port <= 65535 for port in ports):
             raise ValueError(f"Ports must be between 1 and 65535, got {ports}.")
         if len(set(ports)) != len(ports):
@@ -46,12 +53,14 @@ class StackSettings:
         external_database_url: ``BLACKBOX_DATABASE_URL``; when set, Postgres is not started.
         external_kafka_bootstrap: ``BLACKBOX_KAFKA_BOOTSTRAP``; when set, Kafka is not
             started.
+        external_backup_url: ``BLACKBOX_BACKUP_URL``; when set, S3Proxy is not started.
     """
 
     cache_dir: Path
     ports: StackPorts = field(default_factory=StackPorts)
     external_database_url: str | None = None
     external_kafka_bootstrap: str | None = None
+    external_backup_url: str | None = None
 
     @classmethod
     def from_env(
@@ -74,6 +83,7 @@ class StackSettings:
             ports=ports or StackPorts(),
             external_database_url=env.get(DATABASE_URL_ENV) or None,
             external_kafka_bootstrap=env.get(KAFKA_BOOTSTRAP_ENV) or None,
+            external_backup_url=env.get(BACKUP_URL_ENV) or None,
         )
 
 
@@ -106,3 +116,17 @@ def redact_password(url: str) -> str:
         host = f"{host}:{parts.port}"
     netloc = f"{parts.username or ''}:***@{host}"
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password and every secret-looking query value (an option named
+    like a key, token, signature, credential or password) replaced by ``***``."""
+    parts = urlsplit(redact_password(url))
+    if not parts.query:
+        return urlunsplit(parts)
+    options = []
+    for option in parts.query.split("&"):
+        name, equals, _ = option.partition("=")
+        secret = equals and _SECRET_OPTION.search(unquote_plus(name))
+        options.append(f"{name}=***" if secret else option)
+    return urlunsplit(parts._replace(query="&".join(options)))

@@ -18,8 +18,13 @@ from rich.table import Table
 from rich.text import Text
 
 from agent_blackbox.schemas import safe_console
-from agent_blackbox.stack import LocalStack, ServiceStatus, StackError, StackPorts
-from agent_blackbox.stack._settings import DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV
+from agent_blackbox.stack import Endpoints, LocalStack, ServiceStatus, StackError, StackPorts
+from agent_blackbox.stack._settings import (
+    BACKUP_URL_ENV,
+    DATABASE_URL_ENV,
+    KAFKA_BOOTSTRAP_ENV,
+    redact_url,
+)
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
@@ -42,6 +47,7 @@ def _stack_options(command: _Command) -> _Command:
         click.option("--postgres-port", type=int, default=defaults.postgres, show_default=True),
         click.option("--kafka-port", type=int, default=defaults.kafka, show_default=True),
         click.option("--controller-port", type=int, default=defaults.controller, show_default=True),
+        click.option("--s3-port", type=int, default=defaults.s3, show_default=True),
     ]
     for option in reversed(options):
         command = option(command)
@@ -49,13 +55,19 @@ def _stack_options(command: _Command) -> _Command:
 
 
 def _open_stack(
-    cache_dir: Path | None, postgres_port: int, kafka_port: int, controller_port: int
+    cache_dir: Path | None,
+    postgres_port: int,
+    kafka_port: int,
+    controller_port: int,
+    s3_port: int,
 ) -> LocalStack:
     """The stack the options name. Explicit ports or ``--cache-dir`` ask for the local
     services there, so the variables pointing at external ones are set aside (and the
     command says so)."""
     try:
-        ports = StackPorts(postgres=postgres_port, kafka=kafka_port, controller=controller_port)
+        ports = StackPorts(
+            postgres=postgres_port, kafka=kafka_port, controller=controller_port, s3=s3_port
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     environ: Mapping[str, str] = os.environ
@@ -70,8 +82,8 @@ def _open_stack(
     return LocalStack(cache_dir, ports, console=_err, environ=environ)
 
 
-_EXTERNAL = (DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV)
-_LOCAL_OPTIONS = ("cache_dir", "postgres_port", "kafka_port", "controller_port")
+_EXTERNAL = (DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, BACKUP_URL_ENV)
+_LOCAL_OPTIONS = ("cache_dir", "postgres_port", "kafka_port", "controller_port", "s3_port")
 
 
 def _explicit_options() -> list[str]:
@@ -86,20 +98,34 @@ def _explicit_options() -> list[str]:
 
 @click.group(name="stack")
 def stack_group() -> None:
-    """Run PostgreSQL and Kafka locally, without Docker."""
+    """Run PostgreSQL, Kafka and (optionally) S3Proxy locally, without Docker."""
 
 
 @stack_group.command()
 @_stack_options
-def up(cache_dir: Path | None, postgres_port: int, kafka_port: int, controller_port: int) -> None:
-    """Start PostgreSQL and Kafka (a no-op for what already runs, and it says so).
+@click.option(
+    "--with-s3",
+    is_flag=True,
+    help="Also start S3Proxy, a local S3-compatible object store for backups.",
+)
+def up(
+    cache_dir: Path | None,
+    postgres_port: int,
+    kafka_port: int,
+    controller_port: int,
+    s3_port: int,
+    with_s3: bool,
+) -> None:
+    """Start PostgreSQL and Kafka, and S3Proxy with --with-s3 (a no-op for what already
+    runs, and it says so).
 
-    BLACKBOX_DATABASE_URL / BLACKBOX_KAFKA_BOOTSTRAP mark a service as external (not
-    started), unless --cache-dir or a port is given: those ask for the local services.
+    BLACKBOX_DATABASE_URL / BLACKBOX_KAFKA_BOOTSTRAP / BLACKBOX_BACKUP_URL mark a service
+    as external (not started), unless --cache-dir or a port is given: those ask for the
+    local services.
     """
-    stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port)
+    stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port, s3_port)
     try:
-        endpoints = stack.up()
+        endpoints = stack.up(with_s3=with_s3)
     except StackError as exc:
         raise click.ClickException(str(exc)) from exc
     table = Table(title="blackbox local stack", show_header=False)
@@ -107,18 +133,40 @@ def up(cache_dir: Path | None, postgres_port: int, kafka_port: int, controller_p
     table.add_column("where", overflow="fold")
     table.add_row("database url", Text(endpoints.database_url))
     table.add_row("kafka bootstrap", Text(endpoints.kafka_bootstrap))
+    if with_s3:
+        for what, where in _backup_rows(endpoints, stack.settings.external_backup_url):
+            table.add_row(what, Text(where))
     _out.print(table)
+    if endpoints.backup is not None:
+        _err.print(f"to point the backup commands at S3Proxy: . {endpoints.backup.env_file}")
+
+
+def _backup_rows(endpoints: Endpoints, external_url: str | None) -> list[tuple[str, str]]:
+    """The object store's rows of the ``up`` table: the URL and where the credentials
+    are, never the secret itself."""
+    if endpoints.backup is not None:
+        credentials = str(endpoints.backup.env_file)
+        return [("backup url", endpoints.backup.backup_url), ("backup credentials", credentials)]
+    shown = redact_url(external_url or "")
+    return [("backup url", shown), ("backup credentials", "external: AWS_* variables")]
 
 
 @stack_group.command()
 @_stack_options
-def down(cache_dir: Path | None, postgres_port: int, kafka_port: int, controller_port: int) -> None:
-    """Stop PostgreSQL and Kafka; their data is kept (says so when nothing runs).
+def down(
+    cache_dir: Path | None,
+    postgres_port: int,
+    kafka_port: int,
+    controller_port: int,
+    s3_port: int,
+) -> None:
+    """Stop PostgreSQL, Kafka and S3Proxy; their data is kept (says so when nothing runs).
 
-    External services (BLACKBOX_DATABASE_URL / BLACKBOX_KAFKA_BOOTSTRAP) are left alone,
-    unless --cache-dir or a port is given: those name the local services to stop.
+    External services (BLACKBOX_DATABASE_URL / BLACKBOX_KAFKA_BOOTSTRAP /
+    BLACKBOX_BACKUP_URL) are left alone, unless --cache-dir or a port is given: those name
+    the local services to stop. A local S3Proxy that runs is always stopped.
     """
-    stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port)
+    stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port, s3_port)
     try:
         stack.down()
     except StackError as exc:
@@ -128,10 +176,14 @@ def down(cache_dir: Path | None, postgres_port: int, kafka_port: int, controller
 @stack_group.command()
 @_stack_options
 def status(
-    cache_dir: Path | None, postgres_port: int, kafka_port: int, controller_port: int
+    cache_dir: Path | None,
+    postgres_port: int,
+    kafka_port: int,
+    controller_port: int,
+    s3_port: int,
 ) -> None:
     """Show each service's state, pid, address and data folder."""
-    stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port)
+    stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port, s3_port)
     _out.print(status_table(stack.status()))
 
 

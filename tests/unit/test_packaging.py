@@ -118,6 +118,7 @@ def test_the_wheel_installs_only_agent_blackbox_and_its_data(installed: Path) ->
         "agent_blackbox/outbox/migrations/script.py.mako",
         "agent_blackbox/consumers/migrations/versions/0001_views.py",
         "agent_blackbox/stack/kafka/pom.xml",
+        "agent_blackbox/stack/s3proxy/pom.xml",
         "agent_blackbox/stack/kafka/log4j2.xml",
     ):
         assert data in files, f"{data} is not in the wheel"

@@ -24,11 +24,8 @@ from agent_blackbox.stack import (
     StackPorts,
     StackSettings,
 )
-from agent_blackbox.stack._kafka import (
-    downloaded_artifact,
-    new_cluster_id,
-    render_server_properties,
-)
+from agent_blackbox.stack._kafka import new_cluster_id, render_server_properties
+from agent_blackbox.stack._maven import downloaded_artifact, downloading_artifact
 from agent_blackbox.stack._postgres import (
     _untraversable,
     find_bin_dir,
@@ -169,6 +166,8 @@ def test_maven_download_lines_name_the_file() -> None:
     line = "[INFO] Downloaded from repo: https://host/org/kafka_2.13-4.1.1.jar (6.6 MB at 9 MB/s)"
     assert downloaded_artifact(line) == "kafka_2.13-4.1.1.jar"
     assert downloaded_artifact("[INFO] Copying kafka-clients-4.1.1.jar to /x") is None
+    assert downloading_artifact(line) is None
+    assert downloading_artifact(line.replace("Downloaded", "Downloading")) == "kafka_2.13-4.1.1.jar"
 
 
 def test_the_newest_postgres_wins_unless_a_data_dir_asks_for_its_own(
@@ -292,6 +291,7 @@ def test_status_of_an_unstarted_stack(tmp_path: Path) -> None:
     assert [(s.name, s.state, s.pid) for s in stack.status()] == [
         ("postgres", "stopped", None),
         ("kafka", "stopped", None),
+        ("s3", "stopped", None),
     ]
 
 
@@ -301,16 +301,19 @@ def test_external_services_are_reported_and_left_alone(tmp_path: Path) -> None:
         "BLACKBOX_KAFKA_BOOTSTRAP": "broker:9092",
     }
     stack = LocalStack(tmp_path, console=QUIET, environ=env)
-    assert stack.status() == [
+    statuses = stack.status()
+    assert statuses[:2] == [
         ServiceStatus("postgres", "external", None, "postgresql+psycopg://me:***@db:5432/x", None),
         ServiceStatus("kafka", "external", None, "broker:9092", None),
     ]
+    assert (statuses[2].name, statuses[2].state) == ("s3", "stopped")
     endpoints = stack.up()  # starts nothing: both services are external
     assert endpoints.database_url == env["BLACKBOX_DATABASE_URL"]
     assert endpoints.kafka_bootstrap == "broker:9092"
     stack.down()
     assert not (tmp_path / "postgres").exists()
     assert not (tmp_path / "kafka").exists()
+    assert not (tmp_path / "s3proxy").exists()
 
 
 def test_the_status_table_says_external_with_the_address(tmp_path: Path) -> None:
@@ -325,6 +328,9 @@ EXTERNAL_ENV = {
     "BLACKBOX_DATABASE_URL": "postgresql+psycopg://me:pw@db.invalid:5432/x",
     "BLACKBOX_KAFKA_BOOTSTRAP": "broker.invalid:9092",
 }
+# Unset for every command, so a backup store configured in the developer's shell does
+# not change what these tests see.
+NO_BACKUP_URL: dict[str, str | None] = {"BLACKBOX_BACKUP_URL": None}
 
 
 def _stack_cli(*args: str, env: dict[str, str | None]) -> Result:
@@ -334,15 +340,17 @@ def _stack_cli(*args: str, env: dict[str, str | None]) -> Result:
 
 
 def test_down_with_nothing_running_says_so(tmp_path: Path) -> None:
-    env: dict[str, str | None] = {k: None for k in EXTERNAL_ENV}
+    env: dict[str, str | None] = {**NO_BACKUP_URL, **{k: None for k in EXTERNAL_ENV}}
     result = _stack_cli("down", "--cache-dir", str(tmp_path), env=env)
     assert result.exit_code == 0, result.output
-    assert "nothing to stop: postgres not running, kafka not running" in result.stderr
+    assert (
+        "nothing to stop: postgres not running, kafka not running, s3 not running" in result.stderr
+    )
     assert "ignoring" not in result.stderr  # nothing was set aside
 
 
 def test_explicit_options_set_the_external_variables_aside(tmp_path: Path) -> None:
-    env: dict[str, str | None] = {**EXTERNAL_ENV}
+    env: dict[str, str | None] = {**NO_BACKUP_URL, **EXTERNAL_ENV}
     down = _stack_cli("down", "--cache-dir", str(tmp_path), env=env)
     assert down.exit_code == 0, down.output
     assert (
@@ -358,7 +366,11 @@ def test_explicit_options_set_the_external_variables_aside(tmp_path: Path) -> No
 
 
 def test_without_explicit_options_the_variables_still_mean_external(tmp_path: Path) -> None:
-    env: dict[str, str | None] = {**EXTERNAL_ENV, "BLACKBOX_CACHE_DIR": str(tmp_path)}
+    env: dict[str, str | None] = {
+        **NO_BACKUP_URL,
+        **EXTERNAL_ENV,
+        "BLACKBOX_CACHE_DIR": str(tmp_path),
+    }
     up = _stack_cli("up", env=env)  # starts nothing: both are external
     assert up.exit_code == 0, up.output
     assert "nothing to start: postgres external, kafka external" in up.stderr
