@@ -14,6 +14,7 @@ The parts, each a subpackage with its public surface in its ``__init__``:
   retention, the checkpoint signer).
 - :mod:`agent_blackbox.replayer`: replay mode, divergence reports, run sources, fork,
   verify.
+- :mod:`agent_blackbox.backup`: backups of the event log to a folder or object storage.
 - :mod:`agent_blackbox.stack`, :mod:`agent_blackbox.cli`, :mod:`agent_blackbox.examples`:
   the local services, the ``blackbox`` command and the demo's agent.
 

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
@@ -22,7 +23,7 @@ from sqlalchemy import Engine, create_engine, make_url, text
 from agent_blackbox.consumers import migrate_views
 from agent_blackbox.outbox import grant_tenant_txn, migrate_write_side
 from agent_blackbox.schemas import Settings
-from agent_blackbox.stack import LocalKafka, LocalStack, StackPorts
+from agent_blackbox.stack import LocalKafka, LocalS3, LocalStack, StackPorts
 
 ROOT = Path(__file__).resolve().parents[1]
 # Several checkouts may share one set of services (BLACKBOX_DATABASE_URL): each names its
@@ -175,3 +176,59 @@ def login(engine: Engine, database_url: str) -> Iterator[Login]:
             conn.execute(text(f"REASSIGN OWNED BY {user} TO CURRENT_USER"))
             conn.execute(text(f"DROP OWNED BY {user}"))
             conn.execute(text(f"DROP ROLE IF EXISTS {user}"))
+
+
+@dataclass(frozen=True)
+class ObjectStore:
+    """Where the test object store listens, and the credentials it takes."""
+
+    url: str
+    """``s3://bucket/?endpoint=...``: a bucket that exists."""
+    access_key: str
+    secret_key: str
+
+
+@pytest.fixture(scope="session")
+def object_store() -> Iterator[ObjectStore]:
+    """A real S3-compatible object store: ``BLACKBOX_BACKUP_URL`` (an ``s3://`` URL, with
+    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``) when set; MinIO by testcontainers
+    when a Docker engine answers; otherwise the local stack's S3Proxy, on a test-only
+    port, stopped at the end."""
+    url = os.environ.get("BLACKBOX_BACKUP_URL", "")
+    if url.startswith("s3://"):
+        key, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+        yield ObjectStore(url, key, secret)
+        return
+    if _docker_answers():
+        yield from _minio()
+        return
+    if shutil.which("java") is None:
+        pytest.skip("no Java runtime: the object-store tests need S3Proxy (or Docker)")
+    s3 = LocalS3(_cache_dir(), 29990)
+    endpoint = s3.start()
+    try:
+        yield ObjectStore(endpoint.backup_url, endpoint.access_key, endpoint.secret_key)
+    finally:
+        s3.stop()
+
+
+def _minio() -> Iterator[ObjectStore]:
+    from testcontainers.minio import MinioContainer
+
+    with MinioContainer() as minio:
+        client = minio.get_client()
+        client.make_bucket("blackbox-backups")
+        config = minio.get_config()
+        url = f"s3://blackbox-backups/?endpoint=http://{config['endpoint']}"
+        yield ObjectStore(url, config["access_key"], config["secret_key"])
+
+
+@pytest.fixture
+def s3_url(object_store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh, empty prefix of the test object store as a backup URL; its credentials
+    are in this test's environment."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", object_store.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", object_store.secret_key)
+    parts = urlsplit(object_store.url)
+    prefix = f"{parts.path.strip('/')}/test-{uuid.uuid4().hex[:12]}".lstrip("/")
+    return urlunsplit(parts._replace(path=f"/{prefix}"))

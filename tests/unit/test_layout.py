@@ -24,6 +24,7 @@ PARTS = {
     "outbox": "outbox",
     "consumers": "consumers",
     "replayer": "replayer",
+    "backup": "backup",
     "stack": "stack",
     "cli": "cli",
     "examples": "examples",
@@ -36,6 +37,9 @@ ALLOWED = {
     "outbox": {"schemas", "keystore", "broker"},
     "consumers": {"schemas", "keystore", "broker", "outbox"},
     "replayer": {"schemas", "keystore", "broker", "outbox"},
+    # Backups and restore drills: a consumer of the topic, a restore of the write side,
+    # views rebuilt and runs replayed on the restored copy.
+    "backup": {"schemas", "keystore", "broker", "outbox", "consumers", "replayer"},
     "stack": {"schemas", "broker"},
     "examples": {"schemas", "outbox", "consumers", "stack"},
     "cli": set(PARTS) - {"cli"},
