@@ -22,8 +22,8 @@ from agent_blackbox.broker import broker_answers, new_admin
 from agent_blackbox.schemas import safe_console
 from agent_blackbox.stack._maven import MavenJars
 from agent_blackbox.stack._process import (
+    ChildService,
     PidFile,
-    PidService,
     ServiceError,
     file_size,
     find_java,
@@ -33,7 +33,6 @@ from agent_blackbox.stack._process import (
     run_checked,
     start_detached,
     tail_file,
-    terminate,
     wait_for,
 )
 from agent_blackbox.stack._settings import KAFKA_BOOTSTRAP_ENV
@@ -101,7 +100,7 @@ def render_server_properties(*, port: int, controller_port: int, log_dir: Path) 
     return "# Written by the blackbox stack launcher on every start.\n" + "\n".join(lines) + "\n"
 
 
-class LocalKafka(PidService):
+class LocalKafka(ChildService):
     """A one-node Kafka broker for development, owned by one cache folder and two ports.
 
     Args:
@@ -199,28 +198,6 @@ class LocalKafka(PidService):
         )
         return self.bootstrap
 
-    def stop(self) -> None:
-        """Shut the broker down cleanly (SIGTERM), killing it after ``stop_timeout``.
-
-        A no-op when it is not running. The data directory is kept, so a later
-        ``start()`` brings back every topic and message.
-        """
-        pid = self.pid()
-        if pid is None:
-            self._remove_stale_pid_file()
-            self._console.print("kafka: not running")
-            return
-        terminate(pid, marker=self._marker(), timeout=self._stop_timeout, child=self._own(pid))
-        self._forget()
-        self._console.print("kafka: stopped")
-
-    def kill(self) -> None:
-        """SIGKILL the broker, as a crash would; for outage tests."""
-        pid = self.pid()
-        if pid is not None:
-            kill(pid, marker=self._marker(), child=self._own(pid))
-        self._forget()
-
     # -- steps of start() ----------------------------------------------------------
 
     def _pid_file(self) -> PidFile:
@@ -228,18 +205,6 @@ class LocalKafka(PidService):
 
     def _marker(self) -> str:
         return f"{_MAIN_CLASS} {self.properties_path}"
-
-    def _own(self, pid: int) -> subprocess.Popen[bytes] | None:
-        return self._child if self._child is not None and self._child.pid == pid else None
-
-    def _forget(self) -> None:
-        self._pid_file().remove()
-        self._child = None
-
-    def _remove_stale_pid_file(self) -> None:
-        if self._pid_file().is_stale():
-            self._console.print("kafka: removing a stale pid file (its process is gone)")
-            self._pid_file().remove()
 
     def _properties(self) -> str:
         return render_server_properties(

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
+from rich.console import Console
+
 from agent_blackbox.schemas import BlackboxError
 
 POLL_INTERVAL = 0.05
@@ -357,3 +359,53 @@ class PidService(ABC):
         pid = self.pid()
         state: ServiceState = "running" if pid is not None else "stopped"
         return ServiceStatus(self.name, state, pid, self.address, self.data_dir)
+
+
+class ChildService(PidService):
+    """A server this stack launches as a child process (a JVM), stopped by signal.
+
+    Subclasses set ``_root``, ``_console``, ``_stop_timeout`` and ``_child`` (the process
+    when this object launched it) and say how to recognise their process (``_marker``).
+    """
+
+    _console: Console
+    _stop_timeout: float
+    _child: subprocess.Popen[bytes] | None
+
+    @abstractmethod
+    def _marker(self) -> str:
+        """A string of the server's command line that tells it from other processes."""
+
+    def stop(self) -> None:
+        """Shut the server down cleanly (SIGTERM), killing it after ``stop_timeout``.
+
+        A no-op when it is not running. Its data is kept: a later ``start()`` serves it
+        again.
+        """
+        pid = self.pid()
+        if pid is None:
+            self._remove_stale_pid_file()
+            self._console.print(f"{self.name}: not running")
+            return
+        terminate(pid, marker=self._marker(), timeout=self._stop_timeout, child=self._own(pid))
+        self._forget()
+        self._console.print(f"{self.name}: stopped")
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would; for outage tests."""
+        pid = self.pid()
+        if pid is not None:
+            kill(pid, marker=self._marker(), child=self._own(pid))
+        self._forget()
+
+    def _own(self, pid: int) -> subprocess.Popen[bytes] | None:
+        return self._child if self._child is not None and self._child.pid == pid else None
+
+    def _forget(self) -> None:
+        self._pid_file().remove()
+        self._child = None
+
+    def _remove_stale_pid_file(self) -> None:
+        if self._pid_file().is_stale():
+            self._console.print(f"{self.name}: removing a stale pid file (its process is gone)")
+            self._pid_file().remove()

@@ -25,8 +25,8 @@ from rich.console import Console
 from agent_blackbox.schemas import safe_console
 from agent_blackbox.stack._maven import MavenJars
 from agent_blackbox.stack._process import (
+    ChildService,
     PidFile,
-    PidService,
     ServiceError,
     file_size,
     find_java,
@@ -35,7 +35,6 @@ from agent_blackbox.stack._process import (
     require_free_port,
     start_detached,
     tail_file,
-    terminate,
     wait_for,
 )
 from agent_blackbox.stack._settings import BACKUP_URL_ENV
@@ -183,7 +182,7 @@ def render_env_file(endpoint: S3Endpoint) -> str:
     return header + "\n".join(lines) + "\n"
 
 
-class LocalS3(PidService):
+class LocalS3(ChildService):
     """S3Proxy on loopback, storing objects as files under one cache folder.
 
     Args:
@@ -293,28 +292,6 @@ class LocalS3(PidService):
         )
         return self._endpoint(credentials)
 
-    def stop(self) -> None:
-        """Shut S3Proxy down (SIGTERM), killing it after ``stop_timeout``.
-
-        A no-op when it is not running. The objects are kept, so a later ``start()``
-        serves them again with the same credentials.
-        """
-        pid = self.pid()
-        if pid is None:
-            self._remove_stale_pid_file()
-            self._console.print("s3: not running")
-            return
-        terminate(pid, marker=self._marker(), timeout=self._stop_timeout, child=self._own(pid))
-        self._forget()
-        self._console.print("s3: stopped")
-
-    def kill(self) -> None:
-        """SIGKILL S3Proxy, as a crash would; for outage tests."""
-        pid = self.pid()
-        if pid is not None:
-            kill(pid, marker=self._marker(), child=self._own(pid))
-        self._forget()
-
     # -- steps of start() ----------------------------------------------------------
 
     def _pid_file(self) -> PidFile:
@@ -322,18 +299,6 @@ class LocalS3(PidService):
 
     def _marker(self) -> str:
         return f"{_MAIN_CLASS} --properties {self.conf_path}"
-
-    def _own(self, pid: int) -> subprocess.Popen[bytes] | None:
-        return self._child if self._child is not None and self._child.pid == pid else None
-
-    def _forget(self) -> None:
-        self._pid_file().remove()
-        self._child = None
-
-    def _remove_stale_pid_file(self) -> None:
-        if self._pid_file().is_stale():
-            self._console.print("s3: removing a stale pid file (its process is gone)")
-            self._pid_file().remove()
 
     def _conf(self, credentials: S3Credentials) -> str:
         return render_s3proxy_conf(port=self._port, credentials=credentials, base_dir=self.data_dir)
