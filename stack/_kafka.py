@@ -24,16 +24,11 @@ from agent_blackbox.stack._maven import MavenJars
 from agent_blackbox.stack._process import (
     ChildService,
     PidFile,
-    ServiceError,
     file_size,
     find_java,
-    kill,
-    port_open,
     require_free_port,
     run_checked,
-    start_detached,
     tail_file,
-    wait_for,
 )
 from agent_blackbox.stack._settings import KAFKA_BOOTSTRAP_ENV
 
@@ -113,6 +108,7 @@ class LocalKafka(ChildService):
     """
 
     name = "kafka"
+    label = "Kafka"
 
     def __init__(
         self,
@@ -226,45 +222,20 @@ class LocalKafka(ChildService):
         )
 
     def _launch(self, java: str) -> None:
-        server_out = self.log_dir / "server.out"
-        if server_out.exists():
-            server_out.replace(server_out.with_name("server.out.1"))
         argv = [
             *self._jvm(java, *_JVM_HEAP, *_JVM_COLLECTOR),
             _MAIN_CLASS,
             str(self.properties_path),
         ]
         self._log_offset = file_size(self.log_dir / "server.log")
-        child = start_detached(argv, log_path=server_out, cwd=self._root)
-        self._child = child
-        self._pid_file().write(child.pid)
-        try:
-            self._wait_ready(child)
-        except BaseException:
-            kill(child.pid, marker=self._marker(), child=child)
-            self._forget()
-            raise
-
-    def _wait_ready(self, child: subprocess.Popen[bytes]) -> None:
         admin: AdminClient | None = None
 
-        def ready() -> bool:
+        def answers() -> bool:
             nonlocal admin
-            if child.poll() is not None:
-                raise ServiceError(
-                    f"Kafka exited with code {child.returncode} while starting.\n{self._logs()}"
-                )
-            if not port_open(self._port):
-                return False
             admin = admin or new_admin(self.bootstrap, logger=_client_log)
             return broker_answers(admin)
 
-        if not wait_for(ready, timeout=self._start_timeout):
-            raise ServiceError(
-                f"Kafka did not answer on {self.bootstrap} within {self._start_timeout:g}s. "
-                f"Check the logs below; a slow machine may need a longer start_timeout.\n"
-                f"{self._logs()}"
-            )
+        self._launch_child(argv, out=self.log_dir / "server.out", answers=answers)
 
     def _logs(self) -> str:
         log, out = self.log_dir / "server.log", self.log_dir / "server.out"

@@ -364,17 +364,61 @@ class PidService(ABC):
 class ChildService(PidService):
     """A server this stack launches as a child process (a JVM), stopped by signal.
 
-    Subclasses set ``_root``, ``_console``, ``_stop_timeout`` and ``_child`` (the process
-    when this object launched it) and say how to recognise their process (``_marker``).
+    Subclasses set ``_root``, ``_port``, ``_console``, the timeouts and ``_child`` (the
+    process when this object launched it), and say how to recognise their process
+    (``_marker``) and what of their logs to show when it fails (``_logs``).
     """
 
+    label: str = "the service"
+    """Its name in messages (``Kafka``, ``S3Proxy``)."""
+    _root: Path
+    _port: int
     _console: Console
+    _start_timeout: float
     _stop_timeout: float
     _child: subprocess.Popen[bytes] | None
 
     @abstractmethod
     def _marker(self) -> str:
         """A string of the server's command line that tells it from other processes."""
+
+    @abstractmethod
+    def _logs(self) -> str:
+        """The end of the server's logs, for an error message."""
+
+    def _launch_child(self, argv: Sequence[str], *, out: Path, answers: Callable[[], bool]) -> None:
+        """Start ``argv`` detached, its output in ``out`` (the previous launch's kept as
+        ``<out>.1``), and wait until its port is open and ``answers()``.
+
+        Raises:
+            ServiceError: it exited, or did not answer within the start timeout (it is
+                killed then); the message quotes the end of its logs.
+        """
+        if out.exists():
+            out.replace(out.with_name(out.name + ".1"))
+        child = start_detached(argv, log_path=out, cwd=self._root)
+        self._child = child
+        self._pid_file().write(child.pid)
+
+        def ready() -> bool:
+            if child.poll() is not None:
+                raise ServiceError(
+                    f"{self.label} exited with code {child.returncode} while starting.\n"
+                    f"{self._logs()}"
+                )
+            return port_open(self._port) and answers()
+
+        try:
+            if not wait_for(ready, timeout=self._start_timeout):
+                raise ServiceError(
+                    f"{self.label} did not answer on {self.address} within "
+                    f"{self._start_timeout:g}s. Check the logs below; a slow machine may need "
+                    f"a longer start_timeout.\n{self._logs()}"
+                )
+        except BaseException:
+            kill(child.pid, marker=self._marker(), child=child)
+            self._forget()
+            raise
 
     def stop(self) -> None:
         """Shut the server down cleanly (SIGTERM), killing it after ``stop_timeout``.

@@ -28,14 +28,9 @@ from agent_blackbox.stack._process import (
     ChildService,
     PidFile,
     ServiceError,
-    file_size,
     find_java,
-    kill,
-    port_open,
     require_free_port,
-    start_detached,
     tail_file,
-    wait_for,
 )
 from agent_blackbox.stack._settings import BACKUP_URL_ENV
 
@@ -195,6 +190,7 @@ class LocalS3(ChildService):
     """
 
     name = "s3"
+    label = "S3Proxy"
 
     def __init__(
         self,
@@ -221,7 +217,6 @@ class LocalS3(ChildService):
             console=self._console,
         )
         self._child: subprocess.Popen[bytes] | None = None
-        self._log_offset = 0  # where this launch's lines start in s3proxy.out
 
     @property
     def endpoint_url(self) -> str:
@@ -315,41 +310,16 @@ class LocalS3(ChildService):
         return endpoint
 
     def _launch(self, java: str, credentials: S3Credentials) -> None:
-        if self.log_path.exists():
-            self.log_path.replace(self.log_path.with_name("s3proxy.out.1"))
         argv = [java, *_JVM_HEAP, _QUIET_LOGGING_SETUP, "-cp", self._jars.classpath, _MAIN_CLASS]
         argv += ["--properties", str(self.conf_path)]
-        self._log_offset = file_size(self.log_path)
-        child = start_detached(argv, log_path=self.log_path, cwd=self._root)
-        self._child = child
-        self._pid_file().write(child.pid)
-        try:
-            self._wait_ready(child, credentials)
-        except BaseException:
-            kill(child.pid, marker=self._marker(), child=child)
-            self._forget()
-            raise
-
-    def _wait_ready(self, child: subprocess.Popen[bytes], credentials: S3Credentials) -> None:
         client: S3Client | None = None
 
-        def ready() -> bool:
+        def answers() -> bool:
             nonlocal client
-            if child.poll() is not None:
-                raise ServiceError(
-                    f"S3Proxy exited with code {child.returncode} while starting.\n{self._logs()}"
-                )
-            if not port_open(self._port):
-                return False
             client = client or _client(self.endpoint_url, credentials)
             return self._bucket_answers(client)
 
-        if not wait_for(ready, timeout=self._start_timeout):
-            raise ServiceError(
-                f"S3Proxy did not answer on {self.endpoint_url} within "
-                f"{self._start_timeout:g}s. Check the log below; a slow machine may need a "
-                f"longer start_timeout.\n{self._logs()}"
-            )
+        self._launch_child(argv, out=self.log_path, answers=answers)
 
     def _bucket_answers(self, client: S3Client) -> bool:
         """Whether a signed request for the bucket succeeds; ``False`` while S3Proxy
@@ -377,8 +347,8 @@ class LocalS3(ChildService):
         return True
 
     def _logs(self) -> str:
-        out = self.log_path
-        return f"Last lines of {out}:\n{tail_file(out, since=self._log_offset)}"
+        out = self.log_path  # each launch starts it afresh: all of it is this launch's
+        return f"Last lines of {out}:\n{tail_file(out)}"
 
 
 def _client(endpoint_url: str, credentials: S3Credentials) -> S3Client:
