@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from agent_blackbox.backup._store import ObjectMissing, StoreError, check_key
-
-_PARTIAL = ".partial-"
-"""Names of files being written; never listed, removed by the writer if it fails."""
+from agent_blackbox.schemas import write_owner_only
 
 
 class FolderStore:
     """Objects as files under ``root``, a key's segments as subfolders.
 
-    Each object is written to a temporary file in its folder, flushed to disk and then
-    renamed over its name, so a reader sees the whole object or none of it.
+    Each object is written to a temporary file in its folder (a name starting with a dot,
+    never listed), flushed to disk and then renamed over its name, so a reader sees the
+    whole object or none of it; objects are readable by their owner only.
 
     Args:
         root: The folder; created on the first write when it does not exist.
@@ -42,16 +40,7 @@ class FolderStore:
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor, partial = tempfile.mkstemp(prefix=_PARTIAL, dir=path.parent)
-            try:
-                with os.fdopen(descriptor, "wb") as out:
-                    out.write(data)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(partial, path)
-            except BaseException:
-                Path(partial).unlink(missing_ok=True)
-                raise
+            write_owner_only(path, data)
             _sync_folder(path.parent)
         except OSError as exc:
             raise StoreError(

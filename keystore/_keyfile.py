@@ -10,9 +10,7 @@ replaces a directory entry and never follows a link at the destination. Reading 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 from agent_blackbox.keystore._errors import KeyProviderError, UnsafeKeyFile
@@ -20,6 +18,7 @@ from agent_blackbox.schemas import (
     OTHERS_WRITE_FORBIDDEN,
     OWNER_ONLY_FORBIDDEN,
     read_checked_file,
+    write_owner_only,
 )
 
 _NOT_OWNER = OWNER_ONLY_FORBIDDEN
@@ -40,19 +39,8 @@ def write_key_file(path: Path, content: bytes) -> None:
     folder = path.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        # mkstemp opens a new random name with O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600.
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        write_owner_only(path, content)
     except OSError as exc:
-        raise KeyProviderError(f"cannot write a key file in {folder}: {exc.strerror}") from exc
-    try:
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(content)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
         raise KeyProviderError(f"cannot write the key file {path}: {exc.strerror}") from exc
 
 

@@ -63,6 +63,7 @@ from agent_blackbox.schemas._keyfile import (
     OTHERS_WRITE_FORBIDDEN,
     OWNER_ONLY_FORBIDDEN,
     read_checked_file,
+    write_owner_only,
 )
 from agent_blackbox.schemas._llm_call import (
     LLM_CALL_VERSION,
@@ -190,4 +191,5 @@ __all__ = [
     "safe_text",
     "too_deep",
     "tool_call_views",
+    "write_owner_only",
 ]

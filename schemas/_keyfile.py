@@ -1,5 +1,7 @@
 """Reading a file that holds a secret (a key-encryption key, the signer's private key):
-opened without following a link, and refused unless only its owner can read it.
+opened without following a link, and refused unless only its owner can read it; and
+writing one (a key file, the local object store's credentials, a backup object) whole,
+readable by its owner only.
 
 It lives in the leaf package so every part that loads a key file (the key store, the
 checkpoint signer) applies the same check; each names the file and raises its own error.
@@ -7,8 +9,10 @@ checkpoint signer) applies the same check; each names the file and raises its ow
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,3 +71,30 @@ def read_checked_file(
         raise
     with os.fdopen(descriptor, "rb") as source:
         return source.read()
+
+
+def write_owner_only(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically, readable and writable by its owner only.
+
+    The bytes go to a new file of a random name beside ``path`` (created 0600, with
+    ``O_EXCL``, never following a link: it never exists with wider permissions), are
+    flushed to disk, and the file is renamed over ``path``: a reader sees the old file or
+    the whole new one. A failed write leaves no temporary file behind.
+
+    Raises:
+        OSError: as the system gave it; the caller names the file in its own error.
+    """
+    descriptor, temporary = tempfile.mkstemp(
+        prefix=f".{path.name}.", suffix=".tmp", dir=path.parent
+    )
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            os.fchmod(out.fileno(), 0o600)  # a strict umask may have narrowed it further
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

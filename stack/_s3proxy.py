@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from agent_blackbox.schemas import safe_console
+from agent_blackbox.schemas import safe_console, write_owner_only
 from agent_blackbox.stack._maven import MavenJars
 from agent_blackbox.stack._process import (
     ChildService,
@@ -138,13 +138,7 @@ def write_private(path: Path, text: str) -> None:
     for a moment: the mode is set on a fresh file before the secret is written to it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    partial.unlink(missing_ok=True)  # left by a crash of an earlier process with this pid
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        os.fchmod(handle.fileno(), 0o600)  # the umask may have narrowed it further
-        handle.write(text)
-    partial.replace(path)
+    write_owner_only(path, text.encode())
 
 
 def render_s3proxy_conf(*, port: int, credentials: S3Credentials, base_dir: Path) -> str:
