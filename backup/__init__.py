@@ -1,4 +1,8 @@
-"""Backups of the event log to object storage.
+"""Backups of the event log to object storage, and checking them.
+
+:class:`BackupWriter` follows the events topic and writes cuts to a store: event
+segments, a snapshot of the write side's keys, ledger, checkpoints and blobs, and a
+signed, hash-chained manifest; :func:`check_store` checks a backup where it is.
 
 The port, :class:`BackupStore`, names where backup objects live; two adapters implement
 it: :class:`FolderStore` (a local folder) and :class:`S3Store` (AWS S3 or any
@@ -13,9 +17,27 @@ S3-compatible store: MinIO, S3Proxy, ...). :func:`open_store` builds one from
 
 from __future__ import annotations
 
+from agent_blackbox.backup._chain import Chain, ChainProblem, head_manifest, load_chain
+from agent_blackbox.backup._errors import (
+    BackupBusy,
+    BackupCorrupt,
+    BackupDiverged,
+    BackupError,
+    EventsLost,
+)
 from agent_blackbox.backup._folder import FolderStore
+from agent_blackbox.backup._manifest import (
+    Manifest,
+    RunRange,
+    SegmentEntry,
+    SnapshotEntry,
+    TableEntry,
+)
+from agent_blackbox.backup._metrics import BackupMetrics
 from agent_blackbox.backup._open import open_store
 from agent_blackbox.backup._s3 import S3Store
+from agent_blackbox.backup._segment import Message, decode_segment
+from agent_blackbox.backup._snapshot import TABLES, SnapshotTable, blob_key, decode_table
 from agent_blackbox.backup._store import (
     BACKUP_URL_ENV,
     MAX_KEY_LENGTH,
@@ -24,15 +46,44 @@ from agent_blackbox.backup._store import (
     StoreError,
     check_key,
 )
+from agent_blackbox.backup._verify import StoreCheck, check_store, fetch_checked
+from agent_blackbox.backup._writer import BackupPolicy, BackupWriter, backup_group
 
 __all__ = [
     "BACKUP_URL_ENV",
     "MAX_KEY_LENGTH",
+    "TABLES",
+    "BackupBusy",
+    "BackupCorrupt",
+    "BackupDiverged",
+    "BackupError",
+    "BackupMetrics",
+    "BackupPolicy",
     "BackupStore",
+    "BackupWriter",
+    "Chain",
+    "ChainProblem",
+    "EventsLost",
     "FolderStore",
+    "Manifest",
+    "Message",
     "ObjectMissing",
+    "RunRange",
     "S3Store",
+    "SegmentEntry",
+    "SnapshotEntry",
+    "SnapshotTable",
+    "StoreCheck",
     "StoreError",
+    "TableEntry",
+    "backup_group",
+    "blob_key",
     "check_key",
+    "check_store",
+    "decode_segment",
+    "decode_table",
+    "fetch_checked",
+    "head_manifest",
+    "load_chain",
     "open_store",
 ]

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from types import FrameType
 
 import click
 from prometheus_client import start_http_server
@@ -18,6 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from sqlalchemy import Engine, create_engine
 
+from agent_blackbox.backup.cli import backup_group
 from agent_blackbox.broker import partition_count, settle_heap
 from agent_blackbox.cli._roles import RoleCheckedGroup
 from agent_blackbox.consumers import ViewRunIndex, migrate_views
@@ -29,6 +27,7 @@ from agent_blackbox.consumers.cli import (
     ledger_group,
     retention_group,
     sign_command,
+    stop_on_signals,
     until_idle_option,
 )
 from agent_blackbox.keystore.cli import keys_group
@@ -87,6 +86,7 @@ main.add_command(timeline_command, "timeline")
 main.add_command(sign_command, "sign")
 main.add_command(keys_group, "keys")
 main.add_command(tenants_group, "tenants")
+main.add_command(backup_group, "backup")
 
 
 @main.command()
@@ -150,7 +150,7 @@ def relay(
         if metrics_port is not None:
             start_http_server(metrics_port, addr="127.0.0.1", registry=worker.metrics.registry)
         log.log(f"relay {worker.owner}: outbox → {settings.kafka_bootstrap} topic {settings.topic}")
-        with _stop_on_signals(stop), _RelayWatch(worker, stop, until_idle, log) as watch:
+        with stop_on_signals(stop), _RelayWatch(worker, stop, until_idle, log) as watch:
             settle_heap()
             worker.run(stop)
     except BlackboxError as exc:
@@ -239,23 +239,6 @@ def demo(runs: int, workers: int) -> None:
     from agent_blackbox.examples.demo import run_demo
 
     _guarded(lambda: run_demo(runs=runs, workers=workers, console=console))
-
-
-@contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Set ``stop`` on SIGTERM/SIGINT (in-flight work finishes first); the handlers that
-    were there before come back afterwards."""
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        console.print(f"received {signal.Signals(signum).name}: finishing in-flight work")
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _guarded(work: Callable[[], object]) -> None:

@@ -46,7 +46,13 @@ from agent_blackbox.consumers._ledger import (
 )
 from agent_blackbox.consumers._metrics import ConsumerMetrics
 from agent_blackbox.consumers._migrate import migrate_views
-from agent_blackbox.consumers._offsets import OffsetsMoved, load_fences, load_offsets
+from agent_blackbox.consumers._offsets import (
+    OffsetMove,
+    OffsetsMoved,
+    advance_offsets,
+    load_fences,
+    load_offsets,
+)
 from agent_blackbox.consumers._retention import (
     Redaction,
     RetentionClass,
@@ -59,6 +65,7 @@ from agent_blackbox.consumers._retention import (
 from agent_blackbox.consumers._run_index import IndexedRun, ViewRunIndex
 from agent_blackbox.consumers._runtime import ConsumerRuntime, Screen, ViewConsumer
 from agent_blackbox.consumers._signing import CheckpointPolicy, SignerFinding
+from agent_blackbox.consumers._snapshot import checkpoint_rows_txn, restore_checkpoints_txn
 from agent_blackbox.consumers._summary import (
     RunRow,
     ViewsSummary,
@@ -95,6 +102,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerReport",
     "MigrationFailed",
+    "OffsetMove",
     "OffsetsMoved",
     "Projection",
     "ProjectionFailed",
@@ -112,7 +120,9 @@ __all__ = [
     "ViewStoreUnavailable",
     "ViewsNotMigrated",
     "ViewsSummary",
+    "advance_offsets",
     "apply_batch",
+    "checkpoint_rows_txn",
     "consumer_offsets",
     "entries_of",
     "entry_problem",
@@ -125,6 +135,7 @@ __all__ = [
     "load_offsets",
     "migrate_views",
     "reapply_ledger",
+    "restore_checkpoints_txn",
     "runs_view",
     "shred_run_txn",
     "sign_batch",

@@ -173,8 +173,8 @@ def consume_command(
                 f"consuming [bold]{settings.topic}[/] as group "
                 f"[bold]{settings.consumer_group}[/]" + _member(settings)
             )
-            verifier = _deletion_verifier()
-            with _stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
+            verifier = CheckpointVerifier.from_env()
+            with stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
                 settle_heap()
                 total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:
@@ -206,10 +206,14 @@ def _member(settings: Settings) -> str:
 
 
 @contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Set ``stop`` on SIGTERM/SIGINT; the batch in progress is committed first."""
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """Set ``stop`` on SIGTERM/SIGINT (in-flight work finishes first: a view batch is
+    committed, a backup cut written); the handlers that were there come back after."""
 
-    def handle(_signum: int, _frame: FrameType | None) -> None:
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        safe_console(stderr=True).print(
+            f"received {signal.Signals(signum).name}: finishing in-flight work"
+        )
         stop.set()
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -221,7 +225,6 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 SIGNING_KEY_FILE_ENV = "BLACKBOX_SIGNING_KEY_FILE"
-PUBLIC_KEYS_ENV = "BLACKBOX_SIGNING_PUBLIC_KEYS"
 
 
 def _retention_job(settings: Settings) -> RetentionJob:
@@ -229,18 +232,6 @@ def _retention_job(settings: Settings) -> RetentionJob:
     engine = create_engine(settings.database_url, pool_size=2)
     signer = CheckpointSigner.from_env() if os.environ.get(SIGNING_KEY_FILE_ENV) else None
     return RetentionJob(engine, policy=RetentionPolicy.from_env(), settings=settings, signer=signer)
-
-
-def _deletion_verifier() -> CheckpointVerifier | None:
-    """The public keys a run.redacted signature is checked with: the PEM files in
-    ``BLACKBOX_SIGNING_PUBLIC_KEYS`` (comma-separated), else the public half of
-    ``BLACKBOX_SIGNING_KEY_FILE``; None if neither is set."""
-    if files := os.environ.get(PUBLIC_KEYS_ENV):
-        return CheckpointVerifier.from_pem_files([f.strip() for f in files.split(",") if f])
-    if os.environ.get(SIGNING_KEY_FILE_ENV):
-        signer = CheckpointSigner.from_env()
-        return CheckpointVerifier({signer.key_id: signer.public_key})
-    return None
 
 
 def _print_redactions(report: RetentionReport, console: Console, *, title: str) -> None:
@@ -273,7 +264,7 @@ def retention_run(every: float | None) -> None:
     stop = threading.Event()
     try:
         job = _retention_job(settings)
-        with _stop_on_signals(stop):
+        with stop_on_signals(stop):
             while True:
                 report = job.run_once()
                 console.log(
@@ -368,7 +359,7 @@ def ledger_reapply() -> None:
     console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     try:
-        verifier = _deletion_verifier()
+        verifier = CheckpointVerifier.from_env()
         engine = create_engine(settings.database_url)
         with console.status(f"reading run.redacted events from {settings.topic}"):
             entries = list(ledger_entries(settings))
@@ -452,7 +443,7 @@ def sign_command(
                 + _member(settings)
             )
             consumer = CheckpointConsumer(settings, signer, policy=policy)
-            with _stop_on_signals(stop), consumer:
+            with stop_on_signals(stop), consumer:
                 settle_heap()
                 total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:

@@ -45,6 +45,12 @@ from agent_blackbox.keystore._sealer import (
     AesGcmSealer,
     OpeningKeys,
 )
+from agent_blackbox.keystore._snapshot import (
+    data_key_rows_txn,
+    restore_data_keys_txn,
+    restore_tenant_keys_txn,
+    tenant_key_rows_txn,
+)
 
 __all__ = [
     "LEGACY_SEALED_ENCODING",
@@ -67,6 +73,7 @@ __all__ = [
     "WrapOnly",
     "WrappedKey",
     "WrongKey",
+    "data_key_rows_txn",
     "destroy_key_ids_txn",
     "destroy_keys_txn",
     "forget_destroyed_keys_txn",
@@ -74,6 +81,9 @@ __all__ = [
     "key_owners_txn",
     "provider_from_env",
     "purpose_problem",
+    "restore_data_keys_txn",
+    "restore_tenant_keys_txn",
     "tenant_aad",
+    "tenant_key_rows_txn",
     "wrapping_aad",
 ]

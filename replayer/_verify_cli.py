@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -42,8 +41,8 @@ from agent_blackbox.replayer._verify import (
 )
 from agent_blackbox.replayer._verify_report import Problem
 from agent_blackbox.schemas import (
+    PUBLIC_KEYS_ENV,
     BlackboxError,
-    CheckpointSigner,
     CheckpointVerifier,
     Envelope,
     Settings,
@@ -51,19 +50,6 @@ from agent_blackbox.schemas import (
     safe_console,
     safe_text,
 )
-
-PUBLIC_KEYS_ENV = "BLACKBOX_SIGNING_PUBLIC_KEYS"
-
-
-def checkpoint_verifier() -> CheckpointVerifier | None:
-    """The signers' public keys: the PEM files in ``BLACKBOX_SIGNING_PUBLIC_KEYS``
-    (comma-separated), else the key of ``BLACKBOX_SIGNING_KEY_FILE``; None if neither."""
-    if files := os.environ.get(PUBLIC_KEYS_ENV):
-        return CheckpointVerifier.from_pem_files([f.strip() for f in files.split(",") if f])
-    if os.environ.get("BLACKBOX_SIGNING_KEY_FILE"):
-        signer = CheckpointSigner.from_env()
-        return CheckpointVerifier({signer.key_id: signer.public_key})
-    return None
 
 
 @click.command("verify")
@@ -122,7 +108,7 @@ def verify_command(
     if workers is not None and not every:
         raise click.UsageError("--workers needs --all")
     try:
-        verifier = checkpoint_verifier()
+        verifier = CheckpointVerifier.from_env()
         if require_checkpoint and verifier is None:
             raise BlackboxError(
                 f"--require-checkpoint needs the signers' public keys: set {PUBLIC_KEYS_ENV}"
@@ -236,7 +222,7 @@ class VerifyWork:
         # A small pool: every run is checked against blackbox.runs and the index.
         engine = create_engine(settings.database_url, pool_size=2)
         index = self.side.run_index(engine)
-        check = _Check(engine, index, checkpoint_verifier(), self.require_checkpoint, True)
+        check = _Check(engine, index, CheckpointVerifier.from_env(), self.require_checkpoint, True)
         return _VerifyHandler(check, settings, index, engine)
 
 

@@ -19,6 +19,8 @@ from agent_blackbox.schemas._canonical import (
     too_deep,
 )
 from agent_blackbox.schemas._checkpoint import (
+    PUBLIC_KEYS_ENV,
+    SIGNING_KEY_FILE_ENV,
     Checkpoint,
     CheckpointSigner,
     CheckpointVerifier,
@@ -121,7 +123,9 @@ __all__ = [
     "OWNER_ONLY_FORBIDDEN",
     "PLAINTEXT_IN_SEALED_RUN",
     "PLAIN_ENCODING",
+    "PUBLIC_KEYS_ENV",
     "REDACTED_SIGNED_VERSION",
+    "SIGNING_KEY_FILE_ENV",
     "SINGLE_OBJECT_MAGIC",
     "BlackboxError",
     "BodyCodec",

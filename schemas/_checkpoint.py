@@ -54,6 +54,9 @@ SIGNING_KEY_FILE_ENV = "BLACKBOX_SIGNING_KEY_FILE"
 SIGNING_KEY_ID_ENV = "BLACKBOX_SIGNING_KEY_ID"
 """Optional environment variable naming the signer's key id (else its fingerprint)."""
 
+PUBLIC_KEYS_ENV = "BLACKBOX_SIGNING_PUBLIC_KEYS"
+"""Optional environment variable: the signers' public key PEM files, comma-separated."""
+
 _SIGNATURE_BYTES = 64
 _KEY_HINT = (
     "give a PEM file holding an unencrypted Ed25519 key "
@@ -320,6 +323,23 @@ class CheckpointVerifier:
             if not isinstance(key, Ed25519PublicKey):
                 raise TypeError(f"key {key_id!r} is not an Ed25519 public key")
         self._keys = dict(public_keys)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CheckpointVerifier | None:
+        """The signers' public keys: the PEM files in ``BLACKBOX_SIGNING_PUBLIC_KEYS``
+        (comma-separated), else the public half of ``BLACKBOX_SIGNING_KEY_FILE``'s key;
+        None when neither is set.
+
+        Raises:
+            SigningKeyError: a named file is not a usable key.
+        """
+        env = os.environ if environ is None else environ
+        if files := env.get(PUBLIC_KEYS_ENV):
+            return cls.from_pem_files([f.strip() for f in files.split(",") if f.strip()])
+        if env.get(SIGNING_KEY_FILE_ENV):
+            signer = CheckpointSigner.from_env(env)
+            return cls({signer.key_id: signer.public_key})
+        return None
 
     @classmethod
     def from_pem_files(cls, files: Mapping[str, StrPath] | Iterable[StrPath]) -> CheckpointVerifier:

@@ -1,0 +1,176 @@
+"""Checking a backup in its store: the manifest chain, and every object it names.
+
+Nothing is trusted that was not checked: each manifest is read, numbered in order, names
+its predecessor's SHA-256 and carries a known signer's signature; each segment's bytes
+hash to what the manifest says and hold the offsets, count, runs and event-id digest
+recorded for them; each snapshot table hashes right and decodes; each blob of the cut is
+there and hashes to its content address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from agent_blackbox.backup._chain import Chain, ChainProblem, load_chain
+from agent_blackbox.backup._errors import BackupCorrupt
+from agent_blackbox.backup._manifest import Manifest, SegmentEntry, TableEntry
+from agent_blackbox.backup._segment import SegmentBuilder, decode_segment
+from agent_blackbox.backup._snapshot import TABLES_BY_NAME, blob_key, decode_table
+from agent_blackbox.backup._store import BackupStore, ObjectMissing, StoreError
+from agent_blackbox.schemas import CheckpointVerifier, EnvelopeCodec
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(slots=True)
+class StoreCheck:
+    """What checking a store found, up to its cut."""
+
+    chain: Chain
+    segments: int = 0
+    messages: int = 0
+    bytes: int = 0
+    blobs: int = 0
+    problems: list[ChainProblem] = field(default_factory=list)
+
+    @property
+    def cut(self) -> Manifest | None:
+        return self.chain.cut
+
+    @property
+    def passed(self) -> bool:
+        return self.cut is not None and not self.problems
+
+
+def check_store(
+    store: BackupStore,
+    verifier: CheckpointVerifier,
+    *,
+    at: datetime | None = None,
+    progress: Progress | None = None,
+) -> StoreCheck:
+    """Check the chain up to the newest cut (or the last at or before ``at``) and every
+    object it names; every problem is listed, none stops the check."""
+    chain = load_chain(store, verifier, at=at)
+    check = StoreCheck(chain=chain, problems=list(chain.problems))
+    if chain.cut is None:
+        if not check.problems:
+            check.problems.append(ChainProblem(store.describe(), "no backup manifest is there"))
+        return check
+    segments = [s for m in chain.manifests for s in m.segments]
+    codec = EnvelopeCodec()
+    for done, segment in enumerate(segments, 1):
+        _check_segment(store, segment, codec, check)
+        if progress is not None:
+            progress(done, len(segments))
+    _check_snapshot(store, chain.cut, check)
+    return check
+
+
+def fetch_checked(store: BackupStore, key: str, sha256: str) -> bytes:
+    """The object under ``key`` if its SHA-256 is ``sha256``.
+
+    Raises:
+        BackupCorrupt: it is missing or its bytes are not the ones the manifest names.
+    """
+    try:
+        data = store.get(key)
+    except ObjectMissing as exc:
+        raise BackupCorrupt(f"object {key} is missing from {store.describe()}") from exc
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256:
+        raise BackupCorrupt(
+            f"object {key} is corrupt: its SHA-256 is {actual[:16]}…, the manifest says "
+            f"{sha256[:16]}…"
+        )
+    return data
+
+
+def _check_segment(
+    store: BackupStore, segment: SegmentEntry, codec: EnvelopeCodec, check: StoreCheck
+) -> None:
+    try:
+        data = fetch_checked(store, segment.key, segment.sha256)
+        rebuilt = SegmentBuilder("", segment.partition, codec)
+        for message in decode_segment(data, key=segment.key):
+            rebuilt.add(message)
+    except (BackupCorrupt, StoreError) as exc:
+        check.problems.append(ChainProblem(segment.key, str(exc)))
+        return
+    check.segments += 1
+    check.messages += len(rebuilt.messages)
+    check.bytes += len(data)
+    for problem in _segment_mismatches(segment, rebuilt):
+        check.problems.append(ChainProblem(segment.key, problem))
+
+
+def _segment_mismatches(segment: SegmentEntry, rebuilt: SegmentBuilder) -> list[str]:
+    if not rebuilt.messages:
+        return ["it holds no message"]
+    found = {
+        "count": len(rebuilt.messages),
+        "first_offset": rebuilt.first_offset,
+        "last_offset": rebuilt.last_offset,
+        "event_digest": rebuilt.event_digest,
+        "undecodable": rebuilt.undecodable,
+    }
+    problems = [
+        f"its {name} is {value}, the manifest says {getattr(segment, name)}"
+        for name, value in found.items()
+        if getattr(segment, name) != value
+    ]
+    runs = {r.run_id: (r.first_sequence, r.last_sequence, r.count) for r in segment.runs}
+    held = {
+        run_id: (span.first_sequence, span.last_sequence, span.count)
+        for run_id, span in rebuilt.runs.items()
+    }
+    if runs != held:
+        differ = sorted(set(runs.items()) ^ set(held.items()))[:3]
+        problems.append(f"its runs differ from the manifest's (e.g. {differ})")
+    return problems
+
+
+def _check_snapshot(store: BackupStore, cut: Manifest, check: StoreCheck) -> None:
+    missing = set(TABLES_BY_NAME) - set(cut.snapshot.tables)
+    if missing:
+        check.problems.append(
+            ChainProblem(cut.key, f"its snapshot lacks the tables {sorted(missing)}")
+        )
+    for name, entry in sorted(cut.snapshot.tables.items()):
+        if name not in TABLES_BY_NAME:
+            check.problems.append(ChainProblem(cut.key, f"its snapshot names table {name!r}"))
+            continue
+        try:
+            rows = _table_rows(store, name, entry)
+        except (BackupCorrupt, StoreError) as exc:
+            check.problems.append(ChainProblem(entry.key, str(exc)))
+            continue
+        if name == "blobs":
+            _check_blobs(store, [str(r["digest"]) for r in rows], check)
+
+
+def _table_rows(store: BackupStore, name: str, entry: TableEntry) -> list[dict[str, object]]:
+    data = fetch_checked(store, entry.key, entry.sha256)
+    rows = list(decode_table(TABLES_BY_NAME[name], data, key=entry.key))
+    if len(rows) != entry.rows:
+        raise BackupCorrupt(
+            f"object {entry.key} holds {len(rows)} rows, the manifest says {entry.rows}"
+        )
+    return rows
+
+
+def _check_blobs(store: BackupStore, digests: list[str], check: StoreCheck) -> None:
+    for digest in digests:
+        key = blob_key(digest)
+        algorithm, _, hexdigest = digest.partition(":")
+        try:
+            if algorithm != "sha256":
+                raise BackupCorrupt(f"blob {digest!r} is not named by a SHA-256")
+            fetch_checked(store, key, hexdigest)
+        except (BackupCorrupt, StoreError) as exc:
+            check.problems.append(ChainProblem(key, str(exc)))
+            continue
+        check.blobs += 1

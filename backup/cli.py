@@ -1,0 +1,192 @@
+"""``blackbox backup``: run the continuous backup, and check a backup in its store."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from datetime import datetime
+
+import click
+from prometheus_client import start_http_server
+from rich.console import Console
+from rich.table import Table
+
+from agent_blackbox.backup._errors import BackupError
+from agent_blackbox.backup._manifest import Manifest
+from agent_blackbox.backup._open import open_store
+from agent_blackbox.backup._store import BACKUP_URL_ENV
+from agent_blackbox.backup._verify import StoreCheck, check_store
+from agent_blackbox.backup._writer import BackupPolicy, BackupWriter
+from agent_blackbox.broker import settle_heap
+from agent_blackbox.consumers.cli import could_not_run, stop_on_signals
+from agent_blackbox.schemas import (
+    PUBLIC_KEYS_ENV,
+    SIGNING_KEY_FILE_ENV,
+    BlackboxError,
+    CheckpointSigner,
+    CheckpointVerifier,
+    Settings,
+    permission_refused,
+    safe_console,
+    safe_text,
+)
+
+_STORE_HELP = f"The backup store's URL (default: {BACKUP_URL_ENV})."
+_PROGRESS_EVERY_S = 2.0
+
+
+@click.group("backup")
+def backup_group() -> None:
+    """Back up the event log to object storage, and check a backup."""
+
+
+@backup_group.command("run")
+@click.option("--store", "url", default=None, help=_STORE_HELP)
+@click.option("--once", is_flag=True, help="Back up what the topic holds now, write a cut, exit.")
+@click.option(
+    "--roll-seconds",
+    default=60.0,
+    show_default=True,
+    help="Write a cut once the oldest buffered event waited this long.",
+)
+@click.option(
+    "--roll-mb", default=64, show_default=True, help="Write a cut once this many MB are buffered."
+)
+@click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics here.")
+def backup_run(
+    url: str | None, once: bool, roll_seconds: float, roll_mb: int, metrics_port: int | None
+) -> None:
+    """Back up the events topic with the write side's keys, ledger, checkpoints and
+    blobs, until SIGTERM or Ctrl-C (or, with --once, up to the topic's end).
+
+    Manifests are signed with the checkpoint signer's key (BLACKBOX_SIGNING_KEY_FILE).
+    """
+    console = safe_console(stderr=True, log_path=False)
+    settings = Settings.from_env()
+    try:
+        policy = BackupPolicy(roll_bytes=roll_mb * 1024 * 1024, roll_seconds=roll_seconds)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    started = time.monotonic()
+    try:
+        store = open_store(url)
+        signer = CheckpointSigner.from_env()
+        with BackupWriter(settings, store, signer=signer, policy=policy) as writer:
+            if metrics_port is not None:
+                start_http_server(metrics_port, addr="127.0.0.1", registry=writer.metrics.registry)
+            console.log(f"backing up [bold]{settings.topic}[/] to {safe_text(store.describe())}")
+            settle_heap()
+            if once:
+                manifest = writer.catch_up(progress=_Progress(console))
+                _say_cut(console, manifest)
+            else:
+                stop = threading.Event()
+                with stop_on_signals(stop):
+                    writer.run(stop, on_cut=lambda m: _say_cut(console, m))
+    except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise
+        could_not_run(console, exc)
+    click.echo(f"{writer.written:,} events backed up in {time.monotonic() - started:.1f} s")
+
+
+class _Progress:
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= _PROGRESS_EVERY_S:
+            self._console.log(f"read {done:,} of {total:,} messages")
+            self._last = now
+
+
+def _say_cut(console: Console, manifest: Manifest) -> None:
+    count = sum(s.count for s in manifest.segments)
+    console.log(
+        f"cut {manifest.number}: {count:,} events in {len(manifest.segments)} segments, "
+        f"snapshot of {manifest.snapshot.tables['data_keys'].rows:,} data keys and "
+        f"{manifest.snapshot.blobs:,} blobs"
+    )
+    for lost in manifest.lost:
+        console.print(
+            f"[red]lost:[/] partition {lost.partition} offsets {lost.first_offset}.."
+            f"{lost.end_offset - 1} were removed by the topic's retention before the backup "
+            "read them"
+        )
+
+
+@backup_group.command("verify")
+@click.option("--store", "url", default=None, help=_STORE_HELP)
+@click.option(
+    "--at",
+    type=click.DateTime(formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d"]),
+    default=None,
+    help="Check the chain up to the last cut at or before this time (default: the newest).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+def backup_verify(url: str | None, at: datetime | None, as_json: bool) -> None:
+    """Check a backup where it is: the manifest chain and signatures, and every object's
+    SHA-256 and contents. Exit 0 when all is well, 1 when something is wrong.
+
+    Public keys: BLACKBOX_SIGNING_PUBLIC_KEYS, else the key of BLACKBOX_SIGNING_KEY_FILE.
+    """
+    console = safe_console(stderr=True, log_path=False)
+    try:
+        store = open_store(url)
+        verifier = CheckpointVerifier.from_env()
+        if verifier is None:
+            raise BackupError(
+                f"checking a backup needs the signers' public keys: set {PUBLIC_KEYS_ENV} "
+                f"(or {SIGNING_KEY_FILE_ENV})"
+            )
+        check = check_store(store, verifier, at=_aware(at), progress=_Progress(console))
+    except BlackboxError as exc:
+        could_not_run(console, exc)
+    if as_json:
+        click.echo(json.dumps(_check_doc(check), indent=2))
+    else:
+        _print_check(safe_console(), check)
+    sys.exit(0 if check.passed else 1)
+
+
+def _aware(at: datetime | None) -> datetime | None:
+    if at is None or at.tzinfo is not None:
+        return at
+    return at.astimezone()
+
+
+def _check_doc(check: StoreCheck) -> dict[str, object]:
+    cut = check.cut
+    return {
+        "passed": check.passed,
+        "cut": None if cut is None else {"manifest": cut.key, "created_at": cut.created_at},
+        "manifests": len(check.chain.manifests),
+        "segments": check.segments,
+        "messages": check.messages,
+        "bytes": check.bytes,
+        "blobs": check.blobs,
+        "problems": [{"where": p.where, "problem": p.problem} for p in check.problems],
+    }
+
+
+def _print_check(console: Console, check: StoreCheck) -> None:
+    cut = check.cut
+    where = "no cut" if cut is None else f"cut {cut.key} of {cut.created_at}"
+    console.print(
+        f"{len(check.chain.manifests)} manifests up to {where}: {check.segments:,} segments, "
+        f"{check.messages:,} events, {check.bytes:,} bytes, {check.blobs:,} blobs"
+    )
+    if not check.problems:
+        console.print("[green]PASS[/]: every object is the one the signed manifests name")
+        return
+    table = Table(title="problems")
+    table.add_column("object")
+    table.add_column("problem")
+    for problem in check.problems:
+        table.add_row(safe_text(problem.where), safe_text(problem.problem))
+    console.print(table)
+    console.print(f"[red]FAIL[/]: {len(check.problems)} problems")

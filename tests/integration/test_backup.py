@@ -1,0 +1,211 @@
+"""The continuous backup on the real stack: Postgres, Kafka and an S3-compatible store.
+
+Encrypted runs (one with a body stored out of line) are recorded and relayed; the backup
+writes cuts; the store is then checked as a restore would check it, and damaged in each
+way a disaster or an attacker could damage it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from agent_blackbox.backup import (
+    BackupBusy,
+    BackupDiverged,
+    BackupStore,
+    BackupWriter,
+    Manifest,
+    check_store,
+    open_store,
+)
+from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
+from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
+from agent_blackbox.outbox.relay import Relay
+from agent_blackbox.schemas import CheckpointSigner, CheckpointVerifier, Settings
+from tests.integration._agents import large_reply, large_reply_agent
+
+pytestmark = pytest.mark.integration
+
+PROVIDER = LocalKeyProvider({"v1": os.urandom(32)})
+SIGNER = CheckpointSigner.generate(key_id="backup-test")
+VERIFIER = CheckpointVerifier({SIGNER.key_id: SIGNER.public_key})
+
+
+def lookup_agent(run: AgentRun, input: Any) -> Any:
+    found = run.call("lookup", lambda who: {"address": f"{who} lives at 1 Main St"}, input["who"])
+    run.transition("found", state={"address": found["address"]})
+    return found["address"]
+
+
+def _record(engine: Engine, settings: Settings, who: str) -> str:
+    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER))
+    snapshot = RunSnapshot(code_version="backup.1", input={"who": who})
+    run, _ = recorder.record(lookup_agent, snapshot, agent_id="backup", subject_ids=(who,))
+    return run.run_id
+
+
+def _record_large(engine: Engine, settings: Settings) -> str:
+    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER))
+    snapshot = RunSnapshot(code_version="backup.1", input={"q": "weather"})
+    agent = large_reply_agent(large_reply(settings.blob_threshold_bytes + 10_000))
+    run, _ = recorder.record(agent, snapshot, agent_id="backup-large")
+    return run.run_id
+
+
+def _relay(engine: Engine, settings: Settings) -> None:
+    relay = Relay(engine, settings=settings)
+    try:
+        relay.drain(timeout=60)
+    finally:
+        relay.close()
+
+
+def _events(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT sum(last_sequence) FROM blackbox.runs")).scalar_one())
+
+
+@pytest.fixture
+def store(s3_url: str) -> BackupStore:
+    return open_store(s3_url)
+
+
+@pytest.fixture
+def recorded(engine: Engine, settings: Settings) -> Iterator[list[str]]:
+    runs = [_record(engine, settings, who) for who in ("ada", "grace", "edsger")]
+    runs.append(_record_large(engine, settings))
+    _relay(engine, settings)
+    yield runs
+
+
+def _backup(settings: Settings, engine: Engine, store: BackupStore) -> Manifest:
+    with BackupWriter(settings, store, signer=SIGNER, engine=engine) as writer:
+        return writer.catch_up(timeout_s=60)
+
+
+def test_a_cut_holds_every_event_keys_and_blobs_and_checks_clean(
+    settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
+) -> None:
+    manifest = _backup(settings, engine, store)
+
+    assert manifest.number == 1
+    assert sum(s.count for s in manifest.segments) == _events(engine)
+    backed_up = {r.run_id for s in manifest.segments for r in s.runs}
+    assert backed_up == set(recorded)
+    tables = manifest.snapshot.tables
+    assert tables["data_keys"].rows == len(recorded)
+    assert tables["runs"].rows == len(recorded)
+    assert manifest.snapshot.blobs >= 1
+    assert manifest.snapshot.kek_versions == ("v1",)
+    check = check_store(store, VERIFIER)
+    assert check.problems == []
+    assert check.passed
+    assert check.messages == _events(engine)
+    assert check.blobs == manifest.snapshot.blobs
+
+
+def test_the_next_cut_holds_only_what_is_new_and_chains_to_the_last(
+    settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
+) -> None:
+    first = _backup(settings, engine, store)
+    new_run = _record(engine, settings, "barbara")
+    _relay(engine, settings)
+
+    second = _backup(settings, engine, store)
+
+    assert second.number == 2
+    assert second.previous == first.digest
+    assert {r.run_id for s in second.segments for r in s.runs} == {new_run}
+    # Unchanged tables are not copied again; the changed ones are.
+    assert second.snapshot.tables["tenant_keys"].key == first.snapshot.tables["tenant_keys"].key
+    assert second.snapshot.tables["data_keys"].key != first.snapshot.tables["data_keys"].key
+    check = check_store(store, VERIFIER)
+    assert check.passed, check.problems
+    assert check.messages == _events(engine)
+
+
+def test_a_second_writer_on_the_same_store_is_refused(
+    settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
+) -> None:
+    with BackupWriter(settings, store, signer=SIGNER, engine=engine):
+        with pytest.raises(BackupBusy, match="another backup writer"):
+            BackupWriter(settings, store, signer=SIGNER, engine=engine).open()
+
+
+def test_a_store_emptied_behind_the_database_is_refused(
+    settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
+) -> None:
+    _backup(settings, engine, store)
+    for key in list(store.keys("manifests/")):
+        store.delete(key)
+
+    with pytest.raises(BackupDiverged, match="holds no manifest"):
+        _backup(settings, engine, store)
+
+
+def test_a_crash_after_the_manifest_before_the_offsets_resumes_without_a_gap(
+    settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
+) -> None:
+    first = _backup(settings, engine, store)
+    group = BackupWriter(settings, store, signer=SIGNER, engine=engine).group_id
+    with engine.begin() as conn:  # the offsets' commit never happened
+        conn.execute(
+            text("DELETE FROM blackbox_views.consumer_offsets WHERE group_id = :g"), {"g": group}
+        )
+    before = _events(engine)
+    _record(engine, settings, "barbara")
+    _relay(engine, settings)
+
+    second = _backup(settings, engine, store)
+
+    assert second.previous == first.digest
+    assert sum(s.count for s in second.segments) == _events(engine) - before  # the new run
+    assert check_store(store, VERIFIER).passed
+
+
+def _corrupt(store: BackupStore, key: str) -> None:
+    data = bytearray(store.get(key))
+    data[len(data) // 2] ^= 0xFF
+    store.put(key, bytes(data))
+
+
+def test_damage_to_the_store_is_found_and_named(
+    settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
+) -> None:
+    manifest = _backup(settings, engine, store)
+    segment = manifest.segments[0]
+    data_keys = manifest.snapshot.tables["data_keys"]
+
+    _corrupt(store, segment.key)
+    store.delete(data_keys.key)
+    check = check_store(store, VERIFIER)
+
+    assert not check.passed
+    found = {p.where: p.problem for p in check.problems}
+    assert "corrupt" in found[segment.key]
+    assert "missing" in found[data_keys.key]
+
+
+def test_a_truncated_manifest_or_one_signed_by_another_key_is_found(
+    settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
+) -> None:
+    manifest = _backup(settings, engine, store)
+    forged = replace(manifest, number=2, previous=manifest.digest).signed(
+        CheckpointSigner.generate(key_id="intruder")
+    )
+    store.put(forged.key, forged.to_bytes())
+    check = check_store(store, VERIFIER)
+    assert [p.where for p in check.problems] == [forged.key]
+    assert "intruder" in check.problems[0].problem
+
+    store.put(manifest.key, manifest.to_bytes()[:-40])
+    check = check_store(store, VERIFIER)
+    assert not check.passed
+    assert check.problems[0].where == manifest.key
+    assert "not valid JSON" in check.problems[0].problem
