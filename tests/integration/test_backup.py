@@ -8,7 +8,6 @@ way a disaster or an attacker could damage it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -77,11 +76,11 @@ def store(s3_url: str) -> BackupStore:
 
 
 @pytest.fixture
-def recorded(engine: Engine, settings: Settings) -> Iterator[list[str]]:
+def recorded(engine: Engine, settings: Settings) -> list[str]:
     runs = [_record(engine, settings, who) for who in ("ada", "grace", "edsger")]
     runs.append(_record_large(engine, settings))
     _relay(engine, settings)
-    yield runs
+    return runs
 
 
 def _backup(settings: Settings, engine: Engine, store: BackupStore) -> Manifest:
@@ -133,9 +132,12 @@ def test_the_next_cut_holds_only_what_is_new_and_chains_to_the_last(
 def test_a_second_writer_on_the_same_store_is_refused(
     settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
 ) -> None:
-    with BackupWriter(settings, store, signer=SIGNER, engine=engine):
-        with pytest.raises(BackupBusy, match="another backup writer"):
-            BackupWriter(settings, store, signer=SIGNER, engine=engine).open()
+    second = BackupWriter(settings, store, signer=SIGNER, engine=engine)
+    with (
+        BackupWriter(settings, store, signer=SIGNER, engine=engine),
+        pytest.raises(BackupBusy, match="another backup writer"),
+    ):
+        second.open()
 
 
 def test_a_store_emptied_behind_the_database_is_refused(
