@@ -19,7 +19,7 @@ from fastavro import parse_schema, reader, writer
 from fastavro.read import SchemaResolutionError
 
 from agent_blackbox.backup._errors import BackupCorrupt
-from agent_blackbox.schemas import BlackboxError, EnvelopeCodec
+from agent_blackbox.schemas import BlackboxError, Envelope, EnvelopeCodec, EventType
 
 SEGMENT_CODEC = "deflate"
 
@@ -87,6 +87,10 @@ class SegmentBuilder:
     event_digest: str = _NO_EVENTS
     undecodable: int = 0
     size: int = 0
+    heads: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Run → (last sequence, its chain hash) in this segment."""
+    notes: list[Envelope] = field(default_factory=list)
+    """The ``run.redacted`` notes (deletion ledger entries) in this segment."""
 
     def add(self, message: Message) -> None:
         """Take ``message``; an envelope that does not decode is kept all the same (the
@@ -99,6 +103,11 @@ class SegmentBuilder:
             self.undecodable += 1
             return
         self.event_digest = roll_digest(self.event_digest, envelope.event_id)
+        head = self.heads.get(envelope.run_id)
+        if head is None or envelope.sequence > head[0]:
+            self.heads[envelope.run_id] = (envelope.sequence, envelope.chain_hash)
+        if envelope.event_type == EventType.RUN_REDACTED:
+            self.notes.append(envelope)
         span = self.runs.get(envelope.run_id)
         if span is None:
             self.runs[envelope.run_id] = RunSpan(envelope.sequence, envelope.sequence, 1)

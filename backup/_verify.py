@@ -20,7 +20,7 @@ from agent_blackbox.backup._manifest import Manifest, SegmentEntry, TableEntry
 from agent_blackbox.backup._segment import SegmentBuilder, decode_segment
 from agent_blackbox.backup._snapshot import TABLES_BY_NAME, blob_key, decode_table
 from agent_blackbox.backup._store import BackupStore, ObjectMissing, StoreError
-from agent_blackbox.schemas import CheckpointVerifier, EnvelopeCodec
+from agent_blackbox.schemas import CheckpointVerifier, Envelope, EnvelopeCodec
 
 Progress = Callable[[int, int], None]
 
@@ -35,6 +35,12 @@ class StoreCheck:
     bytes: int = 0
     blobs: int = 0
     problems: list[ChainProblem] = field(default_factory=list)
+    heads: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Run → (last sequence, chain hash) of its newest event up to the cut."""
+    notes: list[Envelope] = field(default_factory=list)
+    """The ``run.redacted`` notes up to the cut, in offset order per partition."""
+    last_event_ms: int | None = None
+    """The newest backed-up message's Kafka timestamp (ms since the epoch)."""
 
     @property
     def cut(self) -> Manifest | None:
@@ -103,6 +109,13 @@ def _check_segment(
     check.segments += 1
     check.messages += len(rebuilt.messages)
     check.bytes += len(data)
+    for run_id, head in rebuilt.heads.items():
+        if run_id not in check.heads or head[0] > check.heads[run_id][0]:
+            check.heads[run_id] = head
+    check.notes.extend(rebuilt.notes)
+    if rebuilt.messages:
+        newest = max(m.timestamp_ms for m in rebuilt.messages)
+        check.last_event_ms = max(check.last_event_ms or newest, newest)
     for problem in _segment_mismatches(segment, rebuilt):
         check.problems.append(ChainProblem(segment.key, problem))
 

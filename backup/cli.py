@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 from rich.console import Console
 from rich.table import Table
 
+from agent_blackbox.backup._drill import DrillOptions, DrillReport, run_drill
 from agent_blackbox.backup._errors import BackupError
 from agent_blackbox.backup._manifest import Manifest
 from agent_blackbox.backup._open import open_store
@@ -35,6 +36,7 @@ from agent_blackbox.schemas import (
 
 _STORE_HELP = f"The backup store's URL (default: {BACKUP_URL_ENV})."
 _PROGRESS_EVERY_S = 2.0
+_AT = click.DateTime(formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d"])
 
 
 @click.group("backup")
@@ -79,7 +81,7 @@ def backup_run(
             console.log(f"backing up [bold]{settings.topic}[/] to {safe_text(store.describe())}")
             settle_heap()
             if once:
-                manifest = writer.catch_up(progress=_Progress(console))
+                manifest = writer.catch_up(progress=_Progress(console, "read", "messages"))
                 _say_cut(console, manifest)
             else:
                 stop = threading.Event()
@@ -93,14 +95,16 @@ def backup_run(
 
 
 class _Progress:
-    def __init__(self, console: Console) -> None:
-        self._console = console
+    """Says ``<verb> done of total <things>`` at most every couple of seconds."""
+
+    def __init__(self, console: Console, verb: str, things: str) -> None:
+        self._console, self._verb, self._things = console, verb, things
         self._last = 0.0
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
-        if now - self._last >= _PROGRESS_EVERY_S:
-            self._console.log(f"read {done:,} of {total:,} messages")
+        if now - self._last >= _PROGRESS_EVERY_S or done == total:
+            self._console.log(f"{self._verb} {done:,} of {total:,} {self._things}")
             self._last = now
 
 
@@ -123,7 +127,7 @@ def _say_cut(console: Console, manifest: Manifest) -> None:
 @click.option("--store", "url", default=None, help=_STORE_HELP)
 @click.option(
     "--at",
-    type=click.DateTime(formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d"]),
+    type=_AT,
     default=None,
     help="Check the chain up to the last cut at or before this time (default: the newest).",
 )
@@ -143,7 +147,9 @@ def backup_verify(url: str | None, at: datetime | None, as_json: bool) -> None:
                 f"checking a backup needs the signers' public keys: set {PUBLIC_KEYS_ENV} "
                 f"(or {SIGNING_KEY_FILE_ENV})"
             )
-        check = check_store(store, verifier, at=_aware(at), progress=_Progress(console))
+        check = check_store(
+            store, verifier, at=_aware(at), progress=_Progress(console, "checked", "segments")
+        )
     except BlackboxError as exc:
         could_not_run(console, exc)
     if as_json:
@@ -190,3 +196,98 @@ def _print_check(console: Console, check: StoreCheck) -> None:
         table.add_row(safe_text(problem.where), safe_text(problem.problem))
     console.print(table)
     console.print(f"[red]FAIL[/]: {len(check.problems)} problems")
+
+
+@click.command("drill")
+@click.option("--store", "url", default=None, help=_STORE_HELP)
+@click.option(
+    "--at",
+    type=_AT,
+    default=None,
+    help="The disaster point: restore the last cut at or before it (default: now, newest).",
+)
+@click.option(
+    "--sample",
+    default=20,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Runs to replay on the restored copy (entry points from BLACKBOX_AGENTS).",
+)
+@click.option("--keep", is_flag=True, help="Leave the restored copy in place afterwards.")
+@click.option(
+    "--purpose",
+    default="restore drill",
+    show_default=True,
+    help="Why the sample's bodies are read (audited in the restored copy).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+def drill_command(
+    url: str | None,
+    at: datetime | None,
+    sample: int,
+    keep: bool,
+    purpose: str,
+    as_json: bool,
+) -> None:
+    """Rehearse a disaster recovery: check the backup, restore it into an isolated
+    database and topic of its own, rebuild the views, verify everything, report RPO and
+    RTO, and drop the copy (unless --keep). Production is only read.
+
+    Exit status: 0 every check passed, 1 a check failed, 2 the drill could not run.
+    """
+    console = safe_console(stderr=True, log_path=False)
+    settings = Settings.from_env()
+    options = DrillOptions(at=_aware(at), sample=sample, keep=keep, purpose=purpose)
+    try:
+        store = open_store(url)
+        verifier = _required_verifier()
+        report = run_drill(
+            settings, store, verifier=verifier, options=options, say=lambda s: console.log(s)
+        )
+    except BlackboxError as exc:
+        could_not_run(console, exc)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_drill(safe_console(), report)
+    sys.exit(0 if report.passed else 1)
+
+
+def _required_verifier() -> CheckpointVerifier:
+    verifier = CheckpointVerifier.from_env()
+    if verifier is None:
+        raise BackupError(
+            f"checking a backup needs the signers' public keys: set {PUBLIC_KEYS_ENV} "
+            f"(or {SIGNING_KEY_FILE_ENV})"
+        )
+    return verifier
+
+
+def print_drill(console: Console, report: DrillReport) -> None:
+    """The drill's report as tables: stages, checks, RPO and RTO."""
+    console.print(
+        f"cut {report.cut} of {report.cut_created_at}: {report.events:,} events of "
+        f"{report.runs:,} runs; target {safe_text(report.target or '-')}"
+        + (" (kept)" if report.kept else "")
+    )
+    stages = Table(title="stages")
+    stages.add_column("stage")
+    stages.add_column("seconds", justify="right")
+    for name, seconds in report.stages.items():
+        stages.add_row(name, f"{seconds:.1f}")
+    console.print(stages)
+    checks = Table(title="checks")
+    for column in ("check", "result", "detail"):
+        checks.add_column(column)
+    marks = {True: "[green]PASS[/]", False: "[red]FAIL[/]", None: "[yellow]n/a[/]"}
+    for check in report.checks:
+        detail = "\n".join([safe_text(check.detail), *(safe_text(w) for w in check.where)])
+        checks.add_row(check.name, marks[check.passed], detail)
+    console.print(checks)
+    rpo = "-" if report.rpo_s is None else f"{report.rpo_s:.1f} s"
+    rto = "-" if report.rto_s is None else f"{report.rto_s:.1f} s"
+    console.print(f"RPO {rpo} (disaster point minus the cut's newest event), RTO {rto}")
+    for left in report.left_behind:
+        console.print(f"[yellow]left behind:[/] {safe_text(left)}")
+    verdict = "[green]PASS[/]: the backup restores" if report.passed else "[red]FAIL[/]"
+    console.print(verdict)

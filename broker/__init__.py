@@ -26,7 +26,7 @@ from agent_blackbox.broker._partitioning import (
 )
 from agent_blackbox.broker._process import settle_heap
 from agent_blackbox.broker._reader import read_ranges, watermarks
-from agent_blackbox.broker._topics import ensure_topics
+from agent_blackbox.broker._topics import default_topics, delete_topics, ensure_topics
 
 __all__ = [
     "LEASE_HEADER",
@@ -35,6 +35,8 @@ __all__ = [
     "KafkaUnavailable",
     "LeaseStamp",
     "broker_answers",
+    "default_topics",
+    "delete_topics",
     "ensure_topics",
     "kafka_errors",
     "murmur2",

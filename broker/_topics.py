@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from agent_blackbox.broker._clients import ClientConfig, new_admin
-from agent_blackbox.broker._errors import CHECK_BROKER, KafkaUnavailable, describe
+from agent_blackbox.broker._errors import CHECK_BROKER, KafkaUnavailable, describe, kafka_errors
 from agent_blackbox.schemas import Settings
 
 _MAX_DLQ_PARTITIONS = 3
@@ -107,3 +107,20 @@ def _await_leaders(admin: AdminClient, topics: list[str], deadline: float) -> No
                     f"topic {topic!r} exists but has no leader yet; check the broker logs"
                 )
             pause.wait(0.05)
+
+
+def delete_topics(settings: Settings, topics: Sequence[str], *, timeout_s: float = 60.0) -> None:
+    """Delete those of ``topics`` that exist (a drill's restored copy, a test's topics).
+
+    Raises:
+        KafkaUnavailable: the broker is unreachable or refused a deletion.
+    """
+    admin = new_admin(settings.kafka_bootstrap)
+    with kafka_errors("cannot delete topics"):
+        existing = set(admin.list_topics(timeout=timeout_s).topics)
+        doomed = [t for t in topics if t in existing]
+        if not doomed:
+            return
+        futures = admin.delete_topics(doomed, operation_timeout=timeout_s)
+        for future in futures.values():
+            future.result(timeout=timeout_s)

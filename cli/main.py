@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from sqlalchemy import Engine, create_engine
 
-from agent_blackbox.backup.cli import backup_group
+from agent_blackbox.backup.cli import backup_group, drill_command
 from agent_blackbox.broker import partition_count, settle_heap
 from agent_blackbox.cli._roles import RoleCheckedGroup
 from agent_blackbox.consumers import ViewRunIndex, migrate_views
@@ -63,6 +63,8 @@ def main(ctx: click.Context, verbose: bool) -> None:
     )
     # Alembic narrates every step at INFO; the commands say what was migrated.
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    # boto3 says where it found credentials on every client; nothing to act on.
+    logging.getLogger("botocore").setLevel(logging.WARNING)
 
 
 def _run_index(engine: Engine) -> ViewRunIndex:
@@ -87,6 +89,7 @@ main.add_command(sign_command, "sign")
 main.add_command(keys_group, "keys")
 main.add_command(tenants_group, "tenants")
 main.add_command(backup_group, "backup")
+main.add_command(drill_command, "drill")
 
 
 @main.command()

@@ -69,7 +69,10 @@ from agent_blackbox.consumers._snapshot import checkpoint_rows_txn, restore_chec
 from agent_blackbox.consumers._summary import (
     RunRow,
     ViewsSummary,
+    event_references_txn,
+    event_spans_txn,
     indexed_events_txn,
+    view_digests_txn,
     views_summary_txn,
 )
 from agent_blackbox.consumers._tables import (
@@ -126,6 +129,8 @@ __all__ = [
     "consumer_offsets",
     "entries_of",
     "entry_problem",
+    "event_references_txn",
+    "event_spans_txn",
     "events_index",
     "indexed_events_txn",
     "integrity_violations",
@@ -140,6 +145,7 @@ __all__ = [
     "shred_run_txn",
     "sign_batch",
     "sweep_heads",
+    "view_digests_txn",
     "views_screen",
     "views_summary_txn",
 ]

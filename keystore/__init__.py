@@ -47,6 +47,7 @@ from agent_blackbox.keystore._sealer import (
 )
 from agent_blackbox.keystore._snapshot import (
     data_key_rows_txn,
+    key_states_txn,
     restore_data_keys_txn,
     restore_tenant_keys_txn,
     tenant_key_rows_txn,
@@ -79,6 +80,7 @@ __all__ = [
     "forget_destroyed_keys_txn",
     "has_keys_txn",
     "key_owners_txn",
+    "key_states_txn",
     "provider_from_env",
     "purpose_problem",
     "restore_data_keys_txn",

@@ -62,3 +62,18 @@ def restore_tenant_keys_txn(conn: Connection, rows: Sequence[dict[str, Any]]) ->
     """Insert a batch of tenant key rows (as :func:`tenant_key_rows_txn` gives them)."""
     if rows:
         conn.execute(_RESTORE_TENANT_KEYS, list(rows))
+
+
+_KEY_STATES = text(
+    "SELECT key_id, run_id, wrapped IS NOT NULL FROM blackbox.data_keys "
+    "WHERE key_id = ANY(:key_ids) OR run_id = ANY(:run_ids)"
+)
+
+
+def key_states_txn(
+    conn: Connection, *, key_ids: Sequence[str] = (), run_ids: Sequence[str] = ()
+) -> dict[str, tuple[str, bool]]:
+    """Key → (its run, whether it is live) for ``key_ids`` and every key of ``run_ids``
+    the store holds (a key it does not hold is absent)."""
+    params = {"key_ids": list(key_ids), "run_ids": list(run_ids)}
+    return {str(k): (str(r), bool(live)) for k, r, live in conn.execute(_KEY_STATES, params)}

@@ -33,7 +33,7 @@ from typing import IO
 from sqlalchemy import Engine, create_engine, func, make_url, select, text
 from sqlalchemy.pool import NullPool
 
-from agent_blackbox.broker import new_admin
+from agent_blackbox.broker import delete_topics
 from agent_blackbox.consumers import events_index, migrate_views
 from agent_blackbox.outbox import (
     BlackboxError,
@@ -263,12 +263,7 @@ def scenario(stack: FaultStack, name: str, log_dir: Path) -> Iterator[Scenario]:
 
 def _delete_topics(settings: Settings) -> None:
     """Drop a finished scenario's topics, so a broker restarted later recovers less."""
-    admin = new_admin(settings.kafka_bootstrap)
-    topics = [settings.topic, f"{settings.topic}.dlq"]
-    existing = set(admin.list_topics(timeout=10).topics)
-    futures = admin.delete_topics([t for t in topics if t in existing], operation_timeout=30)
-    for future in futures.values():
-        future.result(timeout=60)
+    delete_topics(settings, [settings.topic, settings.dlq_topic])
 
 
 class Load:

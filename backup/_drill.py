@@ -1,0 +1,315 @@
+"""The restore drill: a full rehearsal of a disaster recovery that leaves production alone.
+
+:func:`run_drill` goes through these stages, timing each:
+
+1. **check** the backup where it is: the manifest chain up to the cut, its signatures,
+   and every object's SHA-256 and contents (a backup that fails stops the drill here:
+   nothing is restored from objects that are not the ones written);
+2. **target**: a new database with a role of its own and a new topic prefix;
+3. **ledger and rows**: destructions newer than the cut are gathered first (the
+   production database's ledger and the ``run.redacted`` notes after the cut, when
+   they can be read), then the key rows are written with every destruction applied,
+   and the notes are re-applied (authenticated as ``blackbox ledger reapply`` does);
+4. **blobs** and **events** into the target;
+5. **views** rebuilt from the restored topic by the normal views consumer;
+6. **verify**: counts per partition and per run against the manifests, contiguous
+   sequences, every data key and blob the events name, ``blackbox verify --all`` on the
+   copy (digests, chains, signed checkpoints), the views equal to production's at the
+   cut, forgotten runs without a live key, a sample of runs replayed;
+7. the target is dropped unless asked to keep it.
+
+The report gives RPO (the disaster point minus the cut's newest event) and RTO (the
+restored copy verified, minus the start), per stage times, and every failed check with
+the object, offset or run it concerns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.exc import SQLAlchemyError
+
+import agent_blackbox.outbox.snapshot as write_side
+from agent_blackbox.backup._drill_checks import Check, DrillChecks
+from agent_blackbox.backup._errors import BackupError
+from agent_blackbox.backup._manifest import Manifest
+from agent_blackbox.backup._restore import (
+    RestoredTables,
+    Selection,
+    produce_events,
+    restore_blobs,
+    restore_tables,
+    table_rows,
+)
+from agent_blackbox.backup._store import BackupStore
+from agent_blackbox.backup._target import (
+    Target,
+    create_target,
+    drop_target,
+    target_engine,
+    target_name,
+)
+from agent_blackbox.backup._verify import StoreCheck, check_store
+from agent_blackbox.broker import read_ranges, watermarks
+from agent_blackbox.consumers import LedgerEntry, entries_of, reapply_ledger
+from agent_blackbox.schemas import (
+    BlackboxError,
+    CheckpointVerifier,
+    EnvelopeCodec,
+    PayloadPipeline,
+    Settings,
+)
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class DrillOptions:
+    """How to run a drill."""
+
+    at: datetime | None = None
+    """The disaster point: the cut is the last one at or before it (None: now, newest)."""
+    sample: int = 20
+    """Runs to replay on the restored copy (0: none)."""
+    keep: bool = False
+    """Leave the target in place afterwards (its name is in the report)."""
+    purpose: str = "restore drill"
+    """Why the sample's bodies are read (written to the restored copy's access audit)."""
+
+
+@dataclass(slots=True)
+class DrillReport:
+    """What a drill did and found."""
+
+    started_at: datetime
+    disaster_point: datetime
+    cut: str | None = None
+    cut_created_at: str | None = None
+    last_event_at: datetime | None = None
+    target: str | None = None
+    kept: bool = False
+    events: int = 0
+    runs: int = 0
+    stages: dict[str, float] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    rto_s: float | None = None
+    left_behind: list[str] = field(default_factory=list)
+
+    @property
+    def rpo_s(self) -> float | None:
+        """Seconds between the disaster point and the newest event the cut holds."""
+        if self.last_event_at is None:
+            return None
+        return max(0.0, (self.disaster_point - self.last_event_at).total_seconds())
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed is not False for c in self.checks)
+
+    def add(self, check: Check) -> None:
+        self.checks.append(check)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "started_at": self.started_at.isoformat(),
+            "disaster_point": self.disaster_point.isoformat(),
+            "cut": self.cut,
+            "cut_created_at": self.cut_created_at,
+            "last_event_at": None if self.last_event_at is None else self.last_event_at.isoformat(),
+            "rpo_s": self.rpo_s,
+            "rto_s": self.rto_s,
+            "target": self.target,
+            "kept": self.kept,
+            "events": self.events,
+            "runs": self.runs,
+            "stages_s": {k: round(v, 3) for k, v in self.stages.items()},
+            "checks": [
+                {"name": c.name, "passed": c.passed, "detail": c.detail, "where": list(c.where)}
+                for c in self.checks
+            ],
+            "left_behind": self.left_behind,
+        }
+
+
+def run_drill(
+    production: Settings,
+    store: BackupStore,
+    *,
+    verifier: CheckpointVerifier,
+    options: DrillOptions = DrillOptions(),
+    say: Say = lambda _line: None,
+) -> DrillReport:
+    """Rehearse a restore of ``store``'s cut (see the module) and report.
+
+    Raises:
+        BackupError: the drill could not run at all (no backup, no way to make a target).
+    """
+    started = time.monotonic()
+    report = DrillReport(
+        started_at=datetime.now(UTC), disaster_point=options.at or datetime.now(UTC)
+    )
+    stage = _Stages(report, say)
+    with stage("check the backup"):
+        check = check_store(store, verifier, at=options.at)
+    cut = check.cut
+    if cut is None:
+        raise BackupError(
+            f"no backup cut in {store.describe()}"
+            + (f" at or before {options.at.isoformat()}" if options.at else "")
+            + ": run `blackbox backup run` first"
+        )
+    _describe_cut(report, check, cut)
+    report.add(_backup_check(check))
+    if check.problems:
+        say("the backup failed its check: nothing is restored from it")
+        return report
+    with stage("create the target"):
+        target = create_target(production, target_name(), partitions=len(cut.positions))
+    report.target = target.describe()
+    try:
+        _restore_and_verify(production, store, check, target, verifier, options, stage)
+        report.rto_s = time.monotonic() - started
+    finally:
+        if options.keep:
+            report.kept = True
+        else:
+            with stage("drop the target"):
+                report.left_behind = drop_target(production, target)
+    return report
+
+
+def _restore_and_verify(
+    production: Settings,
+    store: BackupStore,
+    check: StoreCheck,
+    target: Target,
+    verifier: CheckpointVerifier,
+    options: DrillOptions,
+    stage: _Stages,
+) -> None:
+    report = stage.report
+    cut = check.cut
+    assert cut is not None
+    engine = target_engine(target)
+    try:
+        with stage("apply the ledger, restore rows"):
+            newer = _newer_ledger(production, store, cut, stage.say)
+            tables = restore_tables(store, cut, engine, heads=check.heads, newer_ledger=newer.rows)
+            notes = [*entries_of(check.notes, PayloadPipeline()), *newer.notes]
+            ledger = reapply_ledger(engine, notes, verifier=verifier)
+        report.add(_ledger_check(tables, newer, ledger))
+        with stage("restore blobs"):
+            restore_blobs(store, cut, engine)
+        with stage("restore events"):
+            produced = produce_events(store, check.chain, target.settings, selection=Selection())
+        with stage("rebuild the views"):
+            checks = DrillChecks(production, target, engine, check, produced)
+            checks.build_views()
+        with stage("verify the restored copy"):
+            for found in checks.all(tables, sample=options.sample, purpose=options.purpose):
+                report.add(found)
+    finally:
+        engine.dispose()
+
+
+@dataclass(frozen=True, slots=True)
+class _Newer:
+    rows: list[dict[str, Any]]
+    notes: list[LedgerEntry]
+    sources: tuple[str, ...]
+    unreachable: tuple[str, ...]
+
+
+def _newer_ledger(production: Settings, store: BackupStore, cut: Manifest, say: Say) -> _Newer:
+    """Destructions after the cut: ledger rows of the production database newer than
+    the cut's, and ``run.redacted`` notes in the production topic past the cut's
+    positions. Either source may be gone (the disaster): that is said, not fatal."""
+    sources: list[str] = []
+    unreachable: list[str] = []
+    known = max((int(r["id"]) for r in table_rows(store, cut, "deletion_ledger")), default=0)
+    rows: list[dict[str, Any]] = []
+    try:
+        engine = create_engine(production.database_url, pool_size=1)
+        try:
+            with engine.connect() as conn:
+                rows = [r for r in write_side.ledger_rows_txn(conn) if int(r["id"]) > known]
+        finally:
+            engine.dispose()
+        sources.append("production database")
+    except SQLAlchemyError as exc:
+        unreachable.append(f"production database: {str(exc).splitlines()[0]}")
+    notes: list[LedgerEntry] = []
+    try:
+        ends = watermarks(production, production.topic)
+        ranges = {p: (cut.positions.get(p, 0), high) for p, (_low, high) in ends.items()}
+        codec = EnvelopeCodec()
+        messages = read_ranges(production, production.topic, ranges)
+        envelopes = (codec.decode(m.value() or b"") for m in messages)
+        notes = list(entries_of(envelopes, PayloadPipeline()))
+        sources.append("production topic")
+    except BlackboxError as exc:
+        unreachable.append(f"production topic: {exc}")
+    for gone in unreachable:
+        say(f"newer deletions not read from {gone}")
+    return _Newer(rows, notes, tuple(sources), tuple(unreachable))
+
+
+def _describe_cut(report: DrillReport, check: StoreCheck, cut: Manifest) -> None:
+    report.cut = cut.key
+    report.cut_created_at = cut.created_at
+    report.events = check.messages
+    report.runs = len(check.heads)
+    if check.last_event_ms is not None:
+        report.last_event_at = datetime.fromtimestamp(check.last_event_ms / 1000, UTC)
+
+
+def _backup_check(check: StoreCheck) -> Check:
+    chain = check.chain
+    detail = (
+        f"{len(chain.manifests)} signed manifests, {check.segments} segments, "
+        f"{check.messages:,} events, {check.blobs} blobs"
+    )
+    where = tuple(f"{p.where}: {p.problem}" for p in check.problems[:20])
+    return Check("backup objects and manifest chain", not check.problems, detail, where)
+
+
+def _ledger_check(tables: RestoredTables, newer: _Newer, ledger: Any) -> Check:
+    applied = [
+        f"{run} key {key}: destroyed after the cut" for run, key in tables.destroyed_after_cut
+    ]
+    ignored = [f"{i.entry.run_id}: {i.reason}" for i in ledger.ignored]
+    detail = (
+        f"{tables.rows.get('deletion_ledger', 0)} entries in the cut; "
+        f"{len(newer.rows)} newer in the database and {len(newer.notes)} newer notes "
+        f"(read from: {', '.join(newer.sources) or 'nothing'}); "
+        f"{len(tables.destroyed_after_cut)} keys destroyed before restore, "
+        f"{len(ledger.destroyed)} more by re-applied notes"
+    )
+    if newer.unreachable:
+        detail += f"; not read: {'; '.join(newer.unreachable)}"
+    return Check(
+        "deletion ledger applied first", not ignored, detail, tuple(ignored + applied)[:20]
+    )
+
+
+class _Stages:
+    """Times each stage into the report and says when it starts."""
+
+    def __init__(self, report: DrillReport, say: Say) -> None:
+        self.report, self.say = report, say
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.say(name)
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.report.stages[name] = time.monotonic() - began

@@ -1,0 +1,298 @@
+"""The checks a drill runs on the restored copy, each naming what it found wrong.
+
+The project's own tools check the copy where one exists (``blackbox verify --all`` and
+``blackbox replay --all``, run as child processes with the target's credentials, so
+the copy is read exactly as an operator would read it after a real restore).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import SQLAlchemyError
+
+import agent_blackbox.outbox.snapshot as write_side
+from agent_blackbox.backup._errors import BackupError
+from agent_blackbox.backup._restore import RestoredTables
+from agent_blackbox.backup._target import Target
+from agent_blackbox.backup._verify import StoreCheck
+from agent_blackbox.broker import KafkaUnavailable, watermarks
+from agent_blackbox.consumers import (
+    ViewConsumer,
+    event_references_txn,
+    event_spans_txn,
+    view_digests_txn,
+)
+from agent_blackbox.keystore import key_states_txn
+from agent_blackbox.schemas import Settings
+
+_SHOWN = 20
+_CHILD_TIMEOUT_S = 1_800.0
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One verification of a drill. ``passed`` is None when it could not apply."""
+
+    name: str
+    passed: bool | None
+    detail: str
+    where: tuple[str, ...] = ()
+    """The objects, offsets or runs concerned (at most a screenful)."""
+
+
+class DrillChecks:
+    """Checks of one restored copy against its backup (and production, where it answers)."""
+
+    def __init__(
+        self,
+        production: Settings,
+        target: Target,
+        engine: Engine,
+        check: StoreCheck,
+        produced: Mapping[int, int],
+    ) -> None:
+        self._production = production
+        self._target = target
+        self._engine = engine
+        self._check = check
+        self._produced = dict(produced)
+        self._cut = check.cut
+        if self._cut is None:
+            raise BackupError("a drill checks a restored cut; this check found none")
+
+    def build_views(self, *, timeout_s: float = 600.0) -> None:
+        """Run the views consumer on the restored topic until it applied every event.
+
+        Raises:
+            BackupError: it stopped making progress for ``timeout_s``.
+        """
+        expected = sum(self._produced.values())
+        applied = 0
+        deadline = time.monotonic() + timeout_s
+        with ViewConsumer(self._target.settings, engine=self._engine) as consumer:
+            while applied < expected:
+                outcome = consumer.poll_once(0.5)
+                if outcome is not None and outcome.messages:
+                    applied += outcome.messages
+                    deadline = time.monotonic() + timeout_s
+                elif time.monotonic() > deadline:
+                    raise BackupError(
+                        f"the views of the restored copy stopped at {applied:,} of "
+                        f"{expected:,} events for {timeout_s:.0f} s"
+                    )
+
+    def all(self, tables: RestoredTables, *, sample: int, purpose: str) -> Iterator[Check]:
+        """Every check, in order (see :mod:`agent_blackbox.backup._drill`)."""
+        for found in (
+            self.partitions(),
+            self.runs(),
+            self.references(),
+            self.forgotten(),
+            self.verify_all(),
+            self.same_views(),
+            self.replay_sample(sample, purpose),
+        ):
+            yield Check(found.name, found.passed, found.detail, found.where[:_SHOWN])
+        if tables.checkpoints_past_cut:
+            yield Check(
+                "checkpoints within the cut",
+                None,
+                f"{tables.checkpoints_past_cut} checkpoints signed events after the cut "
+                "(the signer was ahead of the backup) were left out",
+            )
+
+    # -- against the manifests -------------------------------------------------------
+
+    def partitions(self) -> Check:
+        assert self._cut is not None
+        expected: dict[int, int] = {}
+        for manifest in self._check.chain.manifests:
+            for segment in manifest.segments:
+                expected[segment.partition] = expected.get(segment.partition, 0) + segment.count
+        try:
+            ends = watermarks(self._target.settings, self._target.settings.topic)
+        except KafkaUnavailable as exc:
+            return Check("events per partition", False, f"cannot read the restored topic: {exc}")
+        held = {p: high - low for p, (low, high) in ends.items() if high - low}
+        wrong = [
+            f"partition {p}: manifests {expected.get(p, 0)}, restored topic {held.get(p, 0)}"
+            for p in sorted(set(expected) | set(held))
+            if expected.get(p, 0) != held.get(p, 0)
+        ]
+        lost = [
+            f"partition {r.partition} offsets {r.first_offset}..{r.end_offset - 1}: removed "
+            "by the topic's retention before the backup read them"
+            for m in self._check.chain.manifests
+            for r in m.lost
+        ]
+        detail = f"{sum(held.values()):,} events in {len(held)} partitions"
+        return Check("events per partition", not wrong and not lost, detail, tuple(lost + wrong))
+
+    def runs(self) -> Check:
+        counts: dict[str, int] = {}
+        for manifest in self._check.chain.manifests:
+            for segment in manifest.segments:
+                for run in segment.runs:
+                    counts[run.run_id] = counts.get(run.run_id, 0) + run.count
+        with self._engine.connect() as conn:
+            spans = event_spans_txn(conn)
+        wrong: list[str] = []
+        for run_id, count in sorted(counts.items()):
+            indexed, first, last = spans.get(run_id, (0, 0, 0))
+            if indexed != count:
+                wrong.append(f"run {run_id}: manifests {count} events, restored views {indexed}")
+            elif first != 1 or last != indexed:
+                wrong.append(
+                    f"run {run_id}: sequences {first}..{last} for {indexed} events (not 1..n)"
+                )
+        detail = f"{len(counts):,} runs, each counted and contiguous from sequence 1"
+        return Check("events per run, contiguous sequences", not wrong, detail, tuple(wrong))
+
+    def references(self) -> Check:
+        with self._engine.connect() as conn:
+            keys, blobs = event_references_txn(conn)
+            states = key_states_txn(conn, key_ids=list(keys))
+            stored = set(write_side.blob_digests_txn(conn))
+        wrong = [
+            f"run {run}: its events are sealed under data key {key}, which the backup's key "
+            "rows lack (missing data key)"
+            for key, run in sorted(keys.items())
+            if key not in states
+        ]
+        wrong += [
+            f"run {run}: body {ref} stored out of line is not in the restored blobs"
+            for ref, run in sorted(blobs.items())
+            if ref not in stored
+        ]
+        live = sum(1 for _run, is_live in states.values() if is_live)
+        detail = f"{len(keys)} data keys ({live} live), {len(blobs)} out-of-line bodies"
+        return Check("data keys and blobs the events name", not wrong, detail, tuple(wrong))
+
+    def forgotten(self) -> Check:
+        with self._engine.connect() as conn:
+            ledger = list(write_side.ledger_rows_txn(conn))
+            runs = sorted({str(r["run_id"]) for r in ledger})
+            states = key_states_txn(conn, run_ids=runs)
+        live = [
+            f"run {run}: data key {key} is live in the restored copy although the ledger "
+            "destroyed it"
+            for key, (run, is_live) in sorted(states.items())
+            if is_live and any(key in r["key_ids"] for r in ledger if r["run_id"] == run)
+        ]
+        detail = f"{len(runs)} runs in the deletion ledger: none of their destroyed keys is live"
+        return Check("forgotten stays unreadable", not live, detail, tuple(live))
+
+    # -- with the project's own tools ------------------------------------------------
+
+    def verify_all(self) -> Check:
+        code, out, err = self._child(["verify", "--all", "--json"])
+        name = "verify --all on the restored copy"
+        if code == 2 or not out.strip():
+            return Check(name, False, f"could not run: {_tail(err)}")
+        reports = json.loads(out)
+        bad = [f"run {r['run_id']}: {r['problem']}: {r['detail']}" for r in reports if r["problem"]]
+        ok = sum(1 for r in reports if r["ok"])
+        detail = (
+            f"{len(reports)} runs: {ok} verified against signed checkpoints, "
+            f"{len(reports) - ok - len(bad)} sound without one, {len(bad)} with a problem"
+        )
+        return Check(name, code == 0 and not bad, detail, tuple(bad))
+
+    def same_views(self) -> Check:
+        name = "views equal production's at the cut"
+        limits = {run: head[0] for run, head in self._check.heads.items()}
+        try:
+            production = create_engine(self._production.database_url, pool_size=1)
+            try:
+                with production.connect() as conn:
+                    theirs = view_digests_txn(conn, limits)
+            finally:
+                production.dispose()
+        except SQLAlchemyError as exc:
+            return Check(name, None, f"production database not reachable: {_first(exc)}")
+        with self._engine.connect() as conn:
+            ours = view_digests_txn(conn, limits)
+        wrong = [
+            f"run {run}: restored {ours.get(run, (0, '-'))[0]} events, production "
+            f"{theirs.get(run, (0, '-'))[0]}, digests differ"
+            for run in sorted(limits)
+            if ours.get(run) != theirs.get(run)
+        ]
+        detail = f"{len(limits):,} runs digested row by row up to the cut"
+        return Check(name, not wrong, detail, tuple(wrong))
+
+    def replay_sample(self, sample: int, purpose: str) -> Check:
+        name = "sample of runs replayed"
+        if sample <= 0:
+            return Check(name, None, "no sample asked for (--sample 0)")
+        if not os.environ.get("BLACKBOX_AGENTS"):
+            return Check(name, None, "no entry points: set BLACKBOX_AGENTS to replay a sample")
+        args = ["replay", "--all", "--limit", str(sample), "--json", "--purpose", purpose]
+        code, out, err = self._child(args)
+        lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+        runs = [line for line in lines if line.get("type") == "run"]
+        if not runs:
+            return Check(name, False, f"could not run: {_tail(err)}")
+        differ = [
+            f"run {r['run_id']}: {r['result']} on the restored copy, {theirs} in production"
+            for r in runs
+            if r["result"] not in ("PASS", "LIMITED")
+            and (theirs := self._production_result(r["run_id"], purpose)) != r["result"]
+        ]
+        passed = sum(1 for r in runs if r["result"] in ("PASS", "LIMITED"))
+        detail = f"{len(runs)} runs: {passed} passed, the others as in production"
+        del code
+        return Check(name, not differ, detail, tuple(differ))
+
+    def _production_result(self, run_id: str, purpose: str) -> str:
+        args = ["replay", run_id, "--json", "--purpose", purpose]
+        _code, out, _err = _run_child(args, _environment(self._production))
+        for line in out.splitlines():
+            if line.strip() and (doc := json.loads(line)).get("type") == "run":
+                return str(doc["result"])
+        return "unreadable"
+
+    def _child(self, args: list[str]) -> tuple[int, str, str]:
+        return _run_child(args, _environment(self._target.settings))
+
+
+def _environment(settings: Settings) -> dict[str, str]:
+    """This process's environment pointed at ``settings``'s database and topic."""
+    env = dict(os.environ)
+    env.update(
+        BLACKBOX_DATABASE_URL=settings.database_url,
+        BLACKBOX_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+        BLACKBOX_TOPIC=settings.topic,
+        BLACKBOX_PARTITIONS=str(settings.partitions),
+        BLACKBOX_CONSUMER_GROUP=settings.consumer_group,
+    )
+    return env
+
+
+def _run_child(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_blackbox", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=_CHILD_TIMEOUT_S,
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return " / ".join(lines[-3:]) or "no output"
+
+
+def _first(exc: SQLAlchemyError) -> str:
+    return str(exc).splitlines()[0]
