@@ -92,8 +92,6 @@ def load_chain(
         except (BackupCorrupt, ObjectMissing) as exc:
             chain.problems.append(ChainProblem(key, str(exc)))
             break
-        if at is not None and datetime.fromisoformat(manifest.created_at) > at:
-            break
         if manifest.number != number:
             chain.problems.append(ChainProblem(key, f"it says it is number {manifest.number}"))
         if manifest.previous != previous:
@@ -107,6 +105,14 @@ def load_chain(
         problem = manifest.signature_problem(verifier)
         if problem is not None:
             chain.problems.append(ChainProblem(key, f"signature: {problem}"))
+        # Only a genuine manifest's time is believed: the check above comes first.
+        if at is not None:
+            created = _created(manifest)
+            if created is None:
+                chain.problems.append(ChainProblem(key, "its created_at is not a UTC time"))
+                break
+            if created > at:
+                break
         chain.manifests.append(manifest)
         previous = hashlib.sha256(data).hexdigest()
         expected = number + 1
@@ -118,3 +124,11 @@ def iter_segments(chain: Chain) -> Iterator[tuple[Manifest, int]]:
     for manifest in chain.manifests:
         for index in range(len(manifest.segments)):
             yield manifest, index
+
+
+def _created(manifest: Manifest) -> datetime | None:
+    try:
+        created = datetime.fromisoformat(manifest.created_at)
+    except ValueError:
+        return None
+    return created if created.tzinfo is not None else None

@@ -32,20 +32,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import create_engine
-from sqlalchemy.exc import SQLAlchemyError
-
-import agent_blackbox.outbox.snapshot as write_side
 from agent_blackbox.backup._drill_checks import Check, DrillChecks
 from agent_blackbox.backup._errors import BackupError
 from agent_blackbox.backup._manifest import Manifest
+from agent_blackbox.backup._newer import NewerDeletions, newer_deletions
 from agent_blackbox.backup._restore import (
     RestoredTables,
     Selection,
     produce_events,
     restore_blobs,
     restore_tables,
-    table_rows,
 )
 from agent_blackbox.backup._store import BackupStore
 from agent_blackbox.backup._target import (
@@ -56,12 +52,9 @@ from agent_blackbox.backup._target import (
     target_name,
 )
 from agent_blackbox.backup._verify import StoreCheck, check_store
-from agent_blackbox.broker import read_ranges, watermarks
-from agent_blackbox.consumers import LedgerEntry, entries_of, reapply_ledger
+from agent_blackbox.consumers import LedgerReport, entries_of, reapply_ledger
 from agent_blackbox.schemas import (
-    BlackboxError,
     CheckpointVerifier,
-    EnvelopeCodec,
     PayloadPipeline,
     Settings,
 )
@@ -200,9 +193,12 @@ def _restore_and_verify(
     engine = target_engine(target)
     try:
         with stage("apply the ledger, restore rows"):
-            newer = _newer_ledger(production, store, cut, stage.say)
-            tables = restore_tables(store, cut, engine, heads=check.heads, newer_ledger=newer.rows)
-            notes = [*entries_of(check.notes, PayloadPipeline()), *newer.notes]
+            newer = newer_deletions(production, store, cut, verifier)
+            for gone in newer.unread:
+                stage.say(f"newer deletions not read from the {gone}")
+            rows = newer.rows.values()
+            tables = restore_tables(store, cut, engine, heads=check.heads, newer_ledger=rows)
+            notes = [*entries_of(check.notes, PayloadPipeline()), *newer.notes.values()]
             ledger = reapply_ledger(engine, notes, verifier=verifier)
         report.add(_ledger_check(tables, newer, ledger))
         with stage("restore blobs"):
@@ -217,48 +213,6 @@ def _restore_and_verify(
                 report.add(found)
     finally:
         engine.dispose()
-
-
-@dataclass(frozen=True, slots=True)
-class _Newer:
-    rows: list[dict[str, Any]]
-    notes: list[LedgerEntry]
-    sources: tuple[str, ...]
-    unreachable: tuple[str, ...]
-
-
-def _newer_ledger(production: Settings, store: BackupStore, cut: Manifest, say: Say) -> _Newer:
-    """Destructions after the cut: ledger rows of the production database newer than
-    the cut's, and ``run.redacted`` notes in the production topic past the cut's
-    positions. Either source may be gone (the disaster): that is said, not fatal."""
-    sources: list[str] = []
-    unreachable: list[str] = []
-    known = max((int(r["id"]) for r in table_rows(store, cut, "deletion_ledger")), default=0)
-    rows: list[dict[str, Any]] = []
-    try:
-        engine = create_engine(production.database_url, pool_size=1)
-        try:
-            with engine.connect() as conn:
-                rows = [r for r in write_side.ledger_rows_txn(conn) if int(r["id"]) > known]
-        finally:
-            engine.dispose()
-        sources.append("production database")
-    except SQLAlchemyError as exc:
-        unreachable.append(f"production database: {str(exc).splitlines()[0]}")
-    notes: list[LedgerEntry] = []
-    try:
-        ends = watermarks(production, production.topic)
-        ranges = {p: (cut.positions.get(p, 0), high) for p, (_low, high) in ends.items()}
-        codec = EnvelopeCodec()
-        messages = read_ranges(production, production.topic, ranges)
-        envelopes = (codec.decode(m.value() or b"") for m in messages)
-        notes = list(entries_of(envelopes, PayloadPipeline()))
-        sources.append("production topic")
-    except BlackboxError as exc:
-        unreachable.append(f"production topic: {exc}")
-    for gone in unreachable:
-        say(f"newer deletions not read from {gone}")
-    return _Newer(rows, notes, tuple(sources), tuple(unreachable))
 
 
 def _describe_cut(report: DrillReport, check: StoreCheck, cut: Manifest) -> None:
@@ -280,23 +234,22 @@ def _backup_check(check: StoreCheck) -> Check:
     return Check("backup objects and manifest chain", not check.problems, detail, where)
 
 
-def _ledger_check(tables: RestoredTables, newer: _Newer, ledger: Any) -> Check:
+def _ledger_check(tables: RestoredTables, newer: NewerDeletions, ledger: LedgerReport) -> Check:
     applied = [
-        f"{run} key {key}: destroyed after the cut" for run, key in tables.destroyed_after_cut
+        f"run {run} key {key}: destroyed after the cut" for run, key in tables.destroyed_after_cut
     ]
-    ignored = [f"{i.entry.run_id}: {i.reason}" for i in ledger.ignored]
+    ignored = [f"run {i.entry.run_id}: note not applied: {i.why}" for i in ledger.ignored]
     detail = (
         f"{tables.rows.get('deletion_ledger', 0)} entries in the cut; "
-        f"{len(newer.rows)} newer in the database and {len(newer.notes)} newer notes "
-        f"(read from: {', '.join(newer.sources) or 'nothing'}); "
+        f"{len(newer.rows)} newer ledger entries and {len(newer.notes)} newer notes "
+        f"(read from: {', '.join(newer.read) or 'nothing'}); "
         f"{len(tables.destroyed_after_cut)} keys destroyed before restore, "
         f"{len(ledger.destroyed)} more by re-applied notes"
     )
-    if newer.unreachable:
-        detail += f"; not read: {'; '.join(newer.unreachable)}"
-    return Check(
-        "deletion ledger applied first", not ignored, detail, tuple(ignored + applied)[:20]
-    )
+    if newer.unread:
+        detail += f"; not read: {'; '.join(newer.unread)}"
+    where = tuple(ignored + applied)[:20]
+    return Check("deletion ledger applied first", not ignored, detail, where)
 
 
 class _Stages:

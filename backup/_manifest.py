@@ -164,7 +164,7 @@ class Manifest:
         """
         try:
             doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise BackupCorrupt(
                 f"manifest {key} is not valid JSON ({exc}): truncated or overwritten"
             ) from exc
@@ -172,6 +172,18 @@ class Manifest:
         doc = read.mapping(doc, "manifest")
         if doc.get("purpose") != MANIFEST_PURPOSE:
             raise BackupCorrupt(f"manifest {key} is not a backup manifest of this format")
+        manifest = cls._parsed(read, doc)
+        # Only the canonical form is a manifest: anything else was edited after it was
+        # written, even where each value reads the same.
+        if manifest.to_bytes() != bytes(data):
+            raise BackupCorrupt(
+                f"manifest {key} is not in the canonical form it was written in: it was "
+                "edited after it was written"
+            )
+        return manifest
+
+    @classmethod
+    def _parsed(cls, read: _Reader, doc: dict[str, Any]) -> Manifest:
         return cls(
             number=read.field(doc, "number", int),
             previous=read.hex64(doc, "previous"),
@@ -268,12 +280,7 @@ class _Reader:
                 "undecodable",
             )
         }
-        runs = tuple(
-            self.rows(
-                r, "a run range", lambda v: RunRange(str(v[0]), int(v[1]), int(v[2]), int(v[3]))
-            )
-            for r in self.field(doc, "runs", list)
-        )
+        runs = tuple(self.rows(r, "a run range", _run_range) for r in self.field(doc, "runs", list))
         return SegmentEntry(
             key=self.field(doc, "key", str),
             sha256=self.hex64(doc, "sha256"),
@@ -308,13 +315,25 @@ class _Reader:
         )
 
     def lost(self, raw: object) -> LostRange:
-        return self.rows(raw, "a lost range", lambda v: LostRange(*(_plain_int(x) for x in v[:3])))
+        return self.rows(raw, "a lost range", _lost_range)
 
     def signature(self, value: str) -> bytes:
         try:
             return base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise self.fail("the signature is not base64") from exc
+
+
+def _run_range(value: list[Any]) -> RunRange:
+    if len(value) != 4 or not isinstance(value[0], str):
+        raise ValueError("a run range is [run id, first sequence, last sequence, count]")
+    return RunRange(value[0], *(_plain_int(x) for x in value[1:]))
+
+
+def _lost_range(value: list[Any]) -> LostRange:
+    if len(value) != 3:
+        raise ValueError("a lost range is [partition, first offset, end offset]")
+    return LostRange(*(_plain_int(x) for x in value))
 
 
 def _plain_int(value: object) -> int:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastavro import parse_schema, reader, writer
 from fastavro.read import SchemaResolutionError
+from fastavro.schema import SchemaParseException
 
 from agent_blackbox.backup._errors import BackupCorrupt
 from agent_blackbox.schemas import BlackboxError, Envelope, EnvelopeCodec, EventType
@@ -52,6 +54,20 @@ _SCHEMA = parse_schema(
 )
 
 _NO_EVENTS = hashlib.sha256(b"agent-blackbox backup event ids").hexdigest()
+
+
+# What fastavro and zlib raise on bytes that are not a well-formed container file.
+UNREADABLE_AVRO = (
+    ValueError,
+    EOFError,
+    TypeError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    zlib.error,
+    SchemaResolutionError,
+    SchemaParseException,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +171,7 @@ def decode_segment(data: bytes, *, key: str) -> Iterator[Message]:
     try:
         for record in reader(io.BytesIO(data), reader_schema=_SCHEMA):
             yield _message(record)
-    except (ValueError, EOFError, TypeError, KeyError, SchemaResolutionError) as exc:
+    except UNREADABLE_AVRO as exc:
         raise BackupCorrupt(f"backup object {key} is not a readable event segment: {exc}") from exc
 
 

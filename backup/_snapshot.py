@@ -26,12 +26,12 @@ from itertools import islice
 from typing import Any
 
 from fastavro import parse_schema, reader, writer
-from fastavro.read import SchemaResolutionError
 from sqlalchemy import Connection, Engine, text
 
 import agent_blackbox.outbox.snapshot as write_side
 from agent_blackbox.backup._errors import BackupCorrupt
 from agent_blackbox.backup._manifest import SnapshotEntry, TableEntry
+from agent_blackbox.backup._segment import UNREADABLE_AVRO
 from agent_blackbox.backup._store import BackupStore
 from agent_blackbox.consumers import checkpoint_rows_txn, restore_checkpoints_txn
 from agent_blackbox.keystore import (
@@ -278,7 +278,7 @@ def decode_table(table: SnapshotTable, data: bytes, *, key: str) -> Rows:
             if not isinstance(record, dict):
                 raise BackupCorrupt(f"backup object {key} holds a row that is not a record")
             yield record
-    except (ValueError, EOFError, TypeError, KeyError, SchemaResolutionError) as exc:
+    except UNREADABLE_AVRO as exc:
         raise BackupCorrupt(
             f"backup object {key} is not a readable copy of table {table.name}: {exc}"
         ) from exc
