@@ -18,6 +18,8 @@ S3-compatible store: MinIO, S3Proxy, ...). :func:`open_store` builds one from
 from __future__ import annotations
 
 from agent_blackbox.backup._chain import Chain, ChainProblem, head_manifest, load_chain
+from agent_blackbox.backup._drill import DrillOptions, DrillReport, run_drill
+from agent_blackbox.backup._drill_checks import Check
 from agent_blackbox.backup._errors import (
     BackupBusy,
     BackupCorrupt,
@@ -46,6 +48,7 @@ from agent_blackbox.backup._store import (
     StoreError,
     check_key,
 )
+from agent_blackbox.backup._target import Target, TargetError, create_target, drop_target
 from agent_blackbox.backup._verify import StoreCheck, check_store, fetch_checked
 from agent_blackbox.backup._writer import BackupPolicy, BackupWriter, backup_group
 
@@ -63,6 +66,9 @@ __all__ = [
     "BackupWriter",
     "Chain",
     "ChainProblem",
+    "Check",
+    "DrillOptions",
+    "DrillReport",
     "EventsLost",
     "FolderStore",
     "Manifest",
@@ -76,14 +82,19 @@ __all__ = [
     "StoreCheck",
     "StoreError",
     "TableEntry",
+    "Target",
+    "TargetError",
     "backup_group",
     "blob_key",
     "check_key",
     "check_store",
+    "create_target",
     "decode_segment",
     "decode_table",
+    "drop_target",
     "fetch_checked",
     "head_manifest",
     "load_chain",
     "open_store",
+    "run_drill",
 ]

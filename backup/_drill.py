@@ -93,6 +93,8 @@ class DrillReport:
     checks: list[Check] = field(default_factory=list)
     rto_s: float | None = None
     left_behind: list[str] = field(default_factory=list)
+    kept_target: Target | None = None
+    """The restored copy, when the drill was asked to keep it."""
 
     @property
     def rpo_s(self) -> float | None:
@@ -172,6 +174,7 @@ def run_drill(
     finally:
         if options.keep:
             report.kept = True
+            report.kept_target = target
         else:
             with stage("drop the target"):
                 report.left_behind = drop_target(production, target)

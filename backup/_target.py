@@ -130,7 +130,10 @@ def drop_target(production: Settings, target: Target) -> list[str]:
 
 
 def _admin(production: Settings) -> Engine:
-    return create_engine(production.database_url, isolation_level="AUTOCOMMIT")
+    # The server's maintenance database, not production's: a drill must also run once
+    # the production database is gone (and a database cannot be dropped from inside).
+    url = make_url(production.database_url).set(database="postgres")
+    return create_engine(url, isolation_level="AUTOCOMMIT")
 
 
 def _drop_database(admin: Engine, name: str) -> str | None:
