@@ -220,13 +220,17 @@ class DrillChecks:
             return Check(name, None, f"production database not reachable: {_first(exc)}")
         with self._engine.connect() as conn:
             ours = view_digests_txn(conn, limits)
+        # Production's views may lag behind the backup (its consumer is slower than the
+        # backup writer): a run they hold fewer events of is not compared, only counted.
+        behind = [r for r in limits if theirs.get(r, (0, ""))[0] < ours.get(r, (0, ""))[0]]
         wrong = [
-            f"run {run}: restored {ours.get(run, (0, '-'))[0]} events, production "
-            f"{theirs.get(run, (0, '-'))[0]}, digests differ"
+            f"run {run}: {ours.get(run, (0, ''))[0]} events, digests differ from production's"
             for run in sorted(limits)
-            if ours.get(run) != theirs.get(run)
+            if run not in behind and ours.get(run) != theirs.get(run)
         ]
-        detail = f"{len(limits):,} runs digested row by row up to the cut"
+        detail = f"{len(limits) - len(behind):,} runs digested row by row up to the cut"
+        if behind:
+            detail += f"; {len(behind):,} not compared (production's views are behind)"
         return Check(name, not wrong, detail, tuple(wrong))
 
     def replay_sample(self, sample: int, purpose: str) -> Check:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,104 @@ def test_a_drill_after_production_is_destroyed_restores_everything_and_forgets(
     assert live[history["ada"]] is False  # forgotten before the cut
     assert live[history["grace"]] is False  # forgotten after it: a later cut's ledger
     assert live[history["edsger"]] is True
+
+
+def _corrupt(store: BackupStore, key: str) -> None:
+    data = bytearray(store.get(key))
+    data[len(data) // 2] ^= 0xFF
+    store.put(key, bytes(data))
+
+
+def _damage(kind: str, store: BackupStore, cut: Manifest) -> str:
+    """Damage the store one way; the key the drill must name."""
+    segment = cut.segments[0].key
+    if kind == "corrupted object":
+        _corrupt(store, segment)
+        return segment
+    if kind == "missing object":
+        store.delete(segment)
+        return segment
+    if kind == "truncated manifest":
+        store.put(cut.key, cut.to_bytes()[:-50])
+        return cut.key
+    assert kind == "manifest signed by another key"
+    forged = replace(cut, segments=cut.segments[1:]).signed(CheckpointSigner.generate())
+    store.put(cut.key, forged.to_bytes())
+    return cut.key
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("corrupted object", "is corrupt: its SHA-256"),
+        ("missing object", "is missing from"),
+        ("truncated manifest", "not valid JSON"),
+        ("manifest signed by another key", "no public key is known for signer key id"),
+    ],
+)
+def test_a_damaged_backup_fails_the_drill_naming_the_object(
+    settings: Settings, engine: Engine, store: BackupStore, kind: str, says: str
+) -> None:
+    _record(engine, settings, "ada")
+    _relay(engine, settings)
+    where = _damage(kind, store, _cut(settings, engine, store))
+
+    report = run_drill(settings, store, verifier=VERIFIER, options=DrillOptions(sample=0))
+
+    assert not report.passed
+    [check] = report.checks  # nothing is restored from a backup that fails its check
+    assert check.passed is False
+    assert any(w.startswith(where) and says in w for w in check.where), check.where
+    assert report.target is None
+
+
+def test_a_missing_data_key_fails_the_drill_naming_the_run(
+    settings: Settings, engine: Engine, store: BackupStore
+) -> None:
+    run_id = _record(engine, settings, "ada")
+    _relay(engine, settings)
+    with engine.begin() as conn:  # the key row is lost before the backup is taken
+        conn.execute(text("DELETE FROM blackbox.data_keys WHERE run_id = :r"), {"r": run_id})
+    _cut(settings, engine, store)
+
+    report = run_drill(settings, store, verifier=VERIFIER, options=DrillOptions(sample=0))
+
+    assert not report.passed
+    [check] = [c for c in report.checks if c.passed is False]
+    assert check.name == "data keys and blobs the events name"
+    assert any(run_id in w and "missing data key" in w for w in check.where)
+
+
+def test_a_ledger_entry_newer_than_the_cut_is_applied_before_the_restore_and_named(
+    settings: Settings, engine: Engine, store: BackupStore, kept: list[DrillReport]
+) -> None:
+    run_id = _record(engine, settings, "ada")
+    _relay(engine, settings)
+    _cut(settings, engine, store)
+    _forget(engine, settings, "ada")  # after the only cut: production still knows
+
+    report = run_drill(
+        settings, store, verifier=VERIFIER, options=DrillOptions(sample=0, keep=True)
+    )
+    kept.append(report)
+
+    assert report.passed, [c for c in report.checks if c.passed is False]
+    ledger = next(c for c in report.checks if c.name == "deletion ledger applied first")
+    assert "production database" in ledger.detail
+    assert any(run_id in w and "destroyed after the cut" in w for w in ledger.where)
+    assert report.kept_target is not None
+    restored = create_engine(report.kept_target.settings.database_url)
+    try:
+        with restored.connect() as conn:
+            reasons = (
+                conn.execute(
+                    text("SELECT destroyed_reason FROM blackbox.data_keys WHERE run_id = :r"),
+                    {"r": run_id},
+                )
+                .scalars()
+                .all()
+            )
+    finally:
+        restored.dispose()
+    assert reasons
+    assert all("newer than the cut" in str(r) for r in reasons)
