@@ -26,22 +26,18 @@ the object, offset or run it concerns.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from agent_blackbox.backup._copy import Stages, restore_copy
 from agent_blackbox.backup._drill_checks import Check, DrillChecks
 from agent_blackbox.backup._errors import BackupError
 from agent_blackbox.backup._manifest import Manifest
-from agent_blackbox.backup._newer import NewerDeletions, newer_deletions
+from agent_blackbox.backup._newer import NewerDeletions
 from agent_blackbox.backup._restore import (
     RestoredTables,
-    Selection,
-    produce_events,
-    restore_blobs,
-    restore_tables,
 )
 from agent_blackbox.backup._store import BackupStore
 from agent_blackbox.backup._target import (
@@ -52,10 +48,9 @@ from agent_blackbox.backup._target import (
     target_name,
 )
 from agent_blackbox.backup._verify import StoreCheck, check_store
-from agent_blackbox.consumers import LedgerReport, entries_of, reapply_ledger
+from agent_blackbox.consumers import LedgerReport
 from agent_blackbox.schemas import (
     CheckpointVerifier,
-    PayloadPipeline,
     Settings,
 )
 
@@ -150,7 +145,8 @@ def run_drill(
     report = DrillReport(
         started_at=datetime.now(UTC), disaster_point=options.at or datetime.now(UTC)
     )
-    stage = _Stages(report, say)
+    stage = Stages(say)
+    report.stages = stage.times
     with stage("check the backup"):
         check = check_store(store, verifier, at=options.at)
     cut = check.cut
@@ -170,7 +166,7 @@ def run_drill(
         target = create_target(production, target_name(), partitions=len(cut.positions))
     report.target = target.describe()
     try:
-        _restore_and_verify(production, store, check, target, verifier, options, stage)
+        _restore_and_verify(production, store, check, target, verifier, options, stage, report)
         report.rto_s = time.monotonic() - started
     finally:
         if options.keep:
@@ -189,31 +185,18 @@ def _restore_and_verify(
     target: Target,
     verifier: CheckpointVerifier,
     options: DrillOptions,
-    stage: _Stages,
+    stage: Stages,
+    report: DrillReport,
 ) -> None:
-    report = stage.report
-    cut = check.cut
-    assert cut is not None
     engine = target_engine(target)
     try:
-        with stage("apply the ledger, restore rows"):
-            newer = newer_deletions(production, store, cut, verifier)
-            for gone in newer.unread:
-                stage.say(f"newer deletions not read from the {gone}")
-            rows = newer.rows.values()
-            tables = restore_tables(store, cut, engine, heads=check.heads, newer_ledger=rows)
-            notes = [*entries_of(check.notes, PayloadPipeline()), *newer.notes.values()]
-            ledger = reapply_ledger(engine, notes, verifier=verifier)
-        report.add(_ledger_check(tables, newer, ledger))
-        with stage("restore blobs"):
-            restore_blobs(store, cut, engine)
-        with stage("restore events"):
-            produced = produce_events(store, check.chain, target.settings, selection=Selection())
-        with stage("rebuild the views"):
-            checks = DrillChecks(production, target, engine, check, produced)
-            checks.build_views()
+        copy = restore_copy(
+            production, store, check, target, engine, verifier=verifier, stage=stage
+        )
+        report.add(_ledger_check(copy.tables, copy.newer, copy.ledger))
         with stage("verify the restored copy"):
-            for found in checks.all(tables, sample=options.sample, purpose=options.purpose):
+            checks = DrillChecks(production, target, engine, check, copy.produced)
+            for found in checks.all(copy.tables, sample=options.sample, purpose=options.purpose):
                 report.add(found)
     finally:
         engine.dispose()
@@ -254,19 +237,3 @@ def _ledger_check(tables: RestoredTables, newer: NewerDeletions, ledger: LedgerR
         detail += f"; not read: {'; '.join(newer.unread)}"
     where = tuple(ignored + applied)[:20]
     return Check("deletion ledger applied first", not ignored, detail, where)
-
-
-class _Stages:
-    """Times each stage into the report and says when it starts."""
-
-    def __init__(self, report: DrillReport, say: Say) -> None:
-        self.report, self.say = report, say
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        self.say(name)
-        began = time.monotonic()
-        try:
-            yield
-        finally:
-            self.report.stages[name] = time.monotonic() - began

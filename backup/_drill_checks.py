@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -25,7 +24,6 @@ from agent_blackbox.backup._target import Target
 from agent_blackbox.backup._verify import StoreCheck
 from agent_blackbox.broker import KafkaUnavailable, watermarks
 from agent_blackbox.consumers import (
-    ViewConsumer,
     event_references_txn,
     event_spans_txn,
     view_digests_txn,
@@ -67,27 +65,6 @@ class DrillChecks:
         self._cut = check.cut
         if self._cut is None:
             raise BackupError("a drill checks a restored cut; this check found none")
-
-    def build_views(self, *, timeout_s: float = 600.0) -> None:
-        """Run the views consumer on the restored topic until it applied every event.
-
-        Raises:
-            BackupError: it stopped making progress for ``timeout_s``.
-        """
-        expected = sum(self._produced.values())
-        applied = 0
-        deadline = time.monotonic() + timeout_s
-        with ViewConsumer(self._target.settings, engine=self._engine) as consumer:
-            while applied < expected:
-                outcome = consumer.poll_once(0.5)
-                if outcome is not None and outcome.messages:
-                    applied += outcome.messages
-                    deadline = time.monotonic() + timeout_s
-                elif time.monotonic() > deadline:
-                    raise BackupError(
-                        f"the views of the restored copy stopped at {applied:,} of "
-                        f"{expected:,} events for {timeout_s:.0f} s"
-                    )
 
     def all(self, tables: RestoredTables, *, sample: int, purpose: str) -> Iterator[Check]:
         """Every check, in order (see :mod:`agent_blackbox.backup._drill`)."""

@@ -59,6 +59,10 @@ class Selection:
         return self.run_ids is None or run_id in self.run_ids
 
 
+EVERYTHING = Selection()
+"""The selection of every run of the cut."""
+
+
 @dataclass(slots=True)
 class RestoredTables:
     """What the table restore wrote and set aside."""
@@ -87,7 +91,7 @@ def restore_tables(
     *,
     heads: Mapping[str, tuple[int, str]],
     newer_ledger: Iterable[dict[str, Any]] = (),
-    selection: Selection = Selection(),
+    selection: Selection = EVERYTHING,
 ) -> RestoredTables:
     """Write the cut's rows into the target's write side (see the module), in one
     transaction; ``heads`` is each run's last event in the cut (run → (sequence, chain
@@ -107,10 +111,18 @@ def restore_tables(
 
 
 def restore_blobs(
-    store: BackupStore, cut: Manifest, engine: Engine, *, progress: Progress | None = None
+    store: BackupStore,
+    cut: Manifest,
+    engine: Engine,
+    *,
+    only: frozenset[str] | None = None,
+    progress: Progress | None = None,
 ) -> int:
-    """Copy the cut's blobs into the target, each checked against its address."""
+    """Copy the cut's blobs (those of ``only``, when given) into the target, each
+    checked against its content address; how many."""
     digests = [str(r["digest"]) for r in table_rows(store, cut, "blobs")]
+    if only is not None:
+        digests = [d for d in digests if d in only]
     with engine.begin() as conn:
         for done, digest in enumerate(digests, 1):
             algorithm, _, hexdigest = digest.partition(":")
@@ -128,7 +140,7 @@ def produce_events(
     chain: Chain,
     settings: Settings,
     *,
-    selection: Selection = Selection(),
+    selection: Selection = EVERYTHING,
     progress: Progress | None = None,
 ) -> dict[int, int]:
     """Produce every message of the chain's segments to ``settings.topic``, on its own

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from agent_blackbox.broker._clients import new_consumer
 from agent_blackbox.broker._errors import CHECK_BROKER, KafkaUnavailable, describe, kafka_errors
@@ -37,14 +37,30 @@ def watermarks(
                 raise KafkaUnavailable(
                     f"topic {topic} does not exist on {settings.kafka_bootstrap}; {CHECK_BROKER}"
                 )
+            deadline = time.monotonic() + timeout_s
             return {
-                partition: consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=timeout_s
-                )
+                partition: _watermark(consumer, TopicPartition(topic, partition), deadline)
                 for partition in sorted(found.partitions)
             }
     finally:
         consumer.close()
+
+
+def _watermark(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
+    # A topic created a moment ago can be listed before its leaders serve offsets: a
+    # retriable refusal (no leader yet) is asked again until the deadline.
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                tp, timeout=max(0.1, deadline - time.monotonic())
+            )
+            return low, high
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = isinstance(error, KafkaError) and error.retriable()
+            if not retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def read_ranges(

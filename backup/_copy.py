@@ -1,0 +1,144 @@
+"""Bringing a checked cut (or a selection of its runs) back into a target, in order:
+the deletion ledger with the rows, the events, the views, the blobs.
+
+Shared by the drill (everything, then verified and dropped) and by ``blackbox restore``
+(a selection, kept for an investigation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+
+from agent_blackbox.backup._errors import BackupError
+from agent_blackbox.backup._newer import NewerDeletions, newer_deletions
+from agent_blackbox.backup._restore import (
+    EVERYTHING,
+    RestoredTables,
+    Selection,
+    produce_events,
+    restore_blobs,
+    restore_tables,
+)
+from agent_blackbox.backup._store import BackupStore
+from agent_blackbox.backup._target import Target
+from agent_blackbox.backup._verify import StoreCheck
+from agent_blackbox.consumers import (
+    LedgerReport,
+    ViewConsumer,
+    entries_of,
+    event_references_txn,
+    reapply_ledger,
+)
+from agent_blackbox.schemas import CheckpointVerifier, PayloadPipeline, Settings
+
+Say = Callable[[str], None]
+
+
+class Stages:
+    """Times each stage (into ``times``) and says when it starts."""
+
+    def __init__(self, say: Say) -> None:
+        self.say = say
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.say(name)
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.times[name] = time.monotonic() - began
+
+
+@dataclass(slots=True)
+class RestoredCopy:
+    """What was brought back into a target."""
+
+    tables: RestoredTables
+    newer: NewerDeletions
+    ledger: LedgerReport
+    produced: dict[int, int] = field(default_factory=dict)
+    """Events produced to the target topic, per partition."""
+    blobs: int = 0
+
+    @property
+    def events(self) -> int:
+        return sum(self.produced.values())
+
+
+def restore_copy(
+    production: Settings,
+    store: BackupStore,
+    check: StoreCheck,
+    target: Target,
+    engine: Engine,
+    *,
+    verifier: CheckpointVerifier,
+    stage: Stages,
+    selection: Selection = EVERYTHING,
+) -> RestoredCopy:
+    """Restore ``check``'s cut (the runs ``selection`` admits) into ``target``.
+
+    Raises:
+        BackupCorrupt, BackupError, KafkaUnavailable: an object, the target or the broker
+            failed; the target holds a partial copy (drop it).
+    """
+    cut = check.cut
+    if cut is None:
+        raise BackupError("nothing to restore: the backup has no cut")
+    with stage("apply the ledger, restore rows"):
+        newer = newer_deletions(production, store, cut, verifier)
+        for gone in newer.unread:
+            stage.say(f"newer deletions not read from the {gone}")
+        tables = restore_tables(
+            store,
+            cut,
+            engine,
+            heads=check.heads,
+            newer_ledger=newer.rows.values(),
+            selection=selection,
+        )
+        notes = [*entries_of(check.notes, PayloadPipeline()), *newer.notes.values()]
+        wanted = [n for n in notes if selection.admits(n.run_id)]
+        ledger = reapply_ledger(engine, wanted, verifier=verifier)
+    copy = RestoredCopy(tables, newer, ledger)
+    with stage("restore events"):
+        copy.produced = produce_events(store, check.chain, target.settings, selection=selection)
+    with stage("rebuild the views"):
+        build_views(target.settings, engine, expected=copy.events)
+    with stage("restore blobs"):
+        only = None
+        if selection.run_ids is not None:
+            with engine.connect() as conn:
+                only = frozenset(event_references_txn(conn)[1])
+        copy.blobs = restore_blobs(store, cut, engine, only=only)
+    return copy
+
+
+def build_views(
+    settings: Settings, engine: Engine, *, expected: int, timeout_s: float = 600.0
+) -> None:
+    """Run the views consumer on ``settings.topic`` until it applied ``expected`` events.
+
+    Raises:
+        BackupError: it stopped making progress for ``timeout_s``.
+    """
+    applied = 0
+    deadline = time.monotonic() + timeout_s
+    with ViewConsumer(settings, engine=engine) as consumer:
+        while applied < expected:
+            outcome = consumer.poll_once(0.5)
+            if outcome is not None and outcome.messages:
+                applied += outcome.messages
+                deadline = time.monotonic() + timeout_s
+            elif time.monotonic() > deadline:
+                raise BackupError(
+                    f"the views of the restored copy stopped at {applied:,} of "
+                    f"{expected:,} events for {timeout_s:.0f} s"
+                )
