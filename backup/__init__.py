@@ -37,6 +37,8 @@ from agent_blackbox.backup._manifest import (
 )
 from agent_blackbox.backup._metrics import BackupMetrics
 from agent_blackbox.backup._open import open_store
+from agent_blackbox.backup._partial import RestoreRequest, RestoreResult, restore_runs
+from agent_blackbox.backup._restore import Selection
 from agent_blackbox.backup._s3 import S3Store
 from agent_blackbox.backup._segment import Message, decode_segment
 from agent_blackbox.backup._snapshot import TABLES, SnapshotTable, blob_key, decode_table
@@ -74,9 +76,12 @@ __all__ = [
     "Manifest",
     "Message",
     "ObjectMissing",
+    "RestoreRequest",
+    "RestoreResult",
     "RunRange",
     "S3Store",
     "SegmentEntry",
+    "Selection",
     "SnapshotEntry",
     "SnapshotTable",
     "StoreCheck",
@@ -96,5 +101,6 @@ __all__ = [
     "head_manifest",
     "load_chain",
     "open_store",
+    "restore_runs",
     "run_drill",
 ]

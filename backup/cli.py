@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 import click
 from prometheus_client import start_http_server
@@ -14,10 +16,12 @@ from rich.console import Console
 from rich.table import Table
 
 from agent_blackbox.backup._drill import DrillOptions, DrillReport, run_drill
-from agent_blackbox.backup._errors import BackupError
+from agent_blackbox.backup._errors import BackupCorrupt, BackupError
 from agent_blackbox.backup._manifest import Manifest
 from agent_blackbox.backup._open import open_store
+from agent_blackbox.backup._partial import RestoreRequest, named_target, restore_runs
 from agent_blackbox.backup._store import BACKUP_URL_ENV
+from agent_blackbox.backup._target import Target, drop_target
 from agent_blackbox.backup._verify import StoreCheck, check_store
 from agent_blackbox.backup._writer import BackupPolicy, BackupWriter
 from agent_blackbox.broker import settle_heap
@@ -32,9 +36,18 @@ from agent_blackbox.schemas import (
     permission_refused,
     safe_console,
     safe_text,
+    write_owner_only,
 )
 
 _STORE_HELP = f"The backup store's URL (default: {BACKUP_URL_ENV})."
+
+
+def _quiet_views() -> None:
+    # A restore rebuilds the copy's views with the views consumer, whose partition
+    # assignments are news for a long-running consumer, not for a restore.
+    logging.getLogger("agent_blackbox.consumers").setLevel(logging.WARNING)
+
+
 _PROGRESS_EVERY_S = 2.0
 _AT = click.DateTime(formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d"])
 
@@ -236,6 +249,7 @@ def drill_command(
     Exit status: 0 every check passed, 1 a check failed, 2 the drill could not run.
     """
     console = safe_console(stderr=True, log_path=False)
+    _quiet_views()
     settings = Settings.from_env()
     options = DrillOptions(at=_aware(at), sample=sample, keep=keep, purpose=purpose)
     try:
@@ -291,3 +305,95 @@ def print_drill(console: Console, report: DrillReport) -> None:
         console.print(f"[yellow]left behind:[/] {safe_text(left)}")
     verdict = "[green]PASS[/]: the backup restores" if report.passed else "[red]FAIL[/]"
     console.print(verdict)
+
+
+@click.command("restore")
+@click.option("--store", "url", default=None, help=_STORE_HELP)
+@click.option(
+    "--into",
+    required=True,
+    help="Name of the restored copy (lower-case letters, digits, _): its database, role "
+    "and topic prefix are blackbox_restore_<NAME>.",
+)
+@click.option("--runs", "run_ids", multiple=True, help="Run ids (repeatable, or comma-separated).")
+@click.option("--subject", default=None, help="The runs of this data subject.")
+@click.option("--since", type=_AT, default=None, help="The runs started at or after this time.")
+@click.option("--at", type=_AT, default=None, help="Restore from the last cut at or before this.")
+@click.option("--purpose", default=None, help="Why (one line; written to the access audit).")
+@click.option(
+    "--env-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the copy's credentials (default: ./<NAME>.env, owner-only).",
+)
+@click.option("--drop", is_flag=True, help="Drop the restored copy NAME instead.")
+def restore_command(
+    url: str | None,
+    into: str,
+    run_ids: tuple[str, ...],
+    subject: str | None,
+    since: datetime | None,
+    at: datetime | None,
+    purpose: str | None,
+    env_file: Path | None,
+    drop: bool,
+) -> None:
+    """Bring back a selection of runs from the backup into a copy of their own, for an
+    investigation: --runs, --subject and/or --since (all given must hold), from the
+    newest cut or the last at or before --at. Deletions are applied first, as in a
+    drill; who restored what and why is written to the access audit.
+
+    Exit status: 0 restored (or dropped), 1 the backup failed its check, 2 could not run.
+    """
+    console = safe_console(stderr=True, log_path=False)
+    _quiet_views()
+    settings = Settings.from_env()
+    env_path = env_file or Path(f"{into}.env")
+    if drop:
+        left = drop_target(settings, named_target(settings, into))
+        for line in left:
+            console.print(f"[yellow]left behind:[/] {safe_text(line)}")
+        env_path.unlink(missing_ok=True)
+        sys.exit(2 if left else 0)
+    request = RestoreRequest(
+        into=into,
+        purpose=purpose or "",
+        run_ids=frozenset(r.strip() for given in run_ids for r in given.split(",") if r.strip()),
+        subject=subject,
+        since=_aware(since),
+        at=_aware(at),
+    )
+    if (problem := request.problem()) is not None:
+        raise click.UsageError(problem)
+    try:
+        store = open_store(url)
+        result = restore_runs(
+            settings, store, request, verifier=_required_verifier(), say=console.log
+        )
+    except BackupCorrupt as exc:
+        console.print(f"[red]error:[/] {safe_text(str(exc))}", soft_wrap=True)
+        sys.exit(1)
+    except BlackboxError as exc:
+        could_not_run(console, exc)
+    _write_env(env_path, result.target)
+    out = safe_console()
+    out.print(
+        f"restored {len(result.runs)} runs ({result.copy.events:,} events, "
+        f"{result.copy.blobs} blobs) from {result.cut} into {safe_text(result.target.describe())}"
+    )
+    out.print(f"credentials in {env_path} (owner-only); look at it with e.g.")
+    source = env_path if env_path.is_absolute() or env_path.parent != Path() else f"./{env_path}"
+    out.print(f"  . {source} && blackbox timeline {result.runs[0]}")
+    out.print(f"drop it with: blackbox restore --into {into} --drop")
+
+
+def _write_env(path: Path, target: Target) -> None:
+    settings = target.settings
+    lines = [
+        f"# The restored copy {target.name}: `. {path}` points the blackbox commands at it.",
+        f"export BLACKBOX_DATABASE_URL='{settings.database_url}'",
+        f"export BLACKBOX_TOPIC='{settings.topic}'",
+        f"export BLACKBOX_PARTITIONS={settings.partitions}",
+        f"export BLACKBOX_CONSUMER_GROUP='{settings.consumer_group}'",
+    ]
+    write_owner_only(path, ("\n".join(lines) + "\n").encode())

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from sqlalchemy import Engine, create_engine
 
-from agent_blackbox.backup.cli import backup_group, drill_command
+from agent_blackbox.backup.cli import backup_group, drill_command, restore_command
 from agent_blackbox.broker import partition_count, settle_heap
 from agent_blackbox.cli._roles import RoleCheckedGroup
 from agent_blackbox.consumers import ViewRunIndex, migrate_views
@@ -90,6 +90,7 @@ main.add_command(keys_group, "keys")
 main.add_command(tenants_group, "tenants")
 main.add_command(backup_group, "backup")
 main.add_command(drill_command, "drill")
+main.add_command(restore_command, "restore")
 
 
 @main.command()

@@ -48,6 +48,7 @@ from agent_blackbox.keystore._sealer import (
 from agent_blackbox.keystore._snapshot import (
     data_key_rows_txn,
     key_states_txn,
+    record_access_txn,
     restore_data_keys_txn,
     restore_tenant_keys_txn,
     tenant_key_rows_txn,
@@ -83,6 +84,7 @@ __all__ = [
     "key_states_txn",
     "provider_from_env",
     "purpose_problem",
+    "record_access_txn",
     "restore_data_keys_txn",
     "restore_tenant_keys_txn",
     "tenant_aad",

@@ -77,3 +77,32 @@ def key_states_txn(
     the store holds (a key it does not hold is absent)."""
     params = {"key_ids": list(key_ids), "run_ids": list(run_ids)}
     return {str(k): (str(r), bool(live)) for k, r, live in conn.execute(_KEY_STATES, params)}
+
+
+_AUDIT = text(
+    "INSERT INTO blackbox.access_audit (principal, purpose, run_id, tenant_id, outcome) "
+    "VALUES (:principal, :purpose, :run_id, :tenant_id, :outcome)"
+)
+
+
+def record_access_txn(
+    conn: Connection,
+    *,
+    principal: str,
+    purpose: str,
+    run_id: str | None,
+    tenant_id: str | None,
+    outcome: str,
+) -> None:
+    """Write one row of the access audit (a restore of a run for an investigation, say);
+    the caller checked ``purpose`` (:func:`purpose_problem`)."""
+    conn.execute(
+        _AUDIT,
+        {
+            "principal": principal,
+            "purpose": purpose,
+            "run_id": run_id,
+            "tenant_id": tenant_id,
+            "outcome": outcome,
+        },
+    )
