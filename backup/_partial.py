@@ -54,11 +54,15 @@ class RestoreRequest:
             return "say which runs to restore: --runs, --subject and/or --since"
         return purpose_problem(self.purpose)
 
-    def admits(self, row: dict[str, Any]) -> bool:
-        """Whether the cut's run row ``row`` is one asked for (every criterion given)."""
+    def admits(self, row: dict[str, Any], forgotten: frozenset[str] = frozenset()) -> bool:
+        """Whether the cut's run row ``row`` is one asked for (every criterion given);
+        ``forgotten``: the runs the ledger destroyed for the subject (their rows no
+        longer name it)."""
         if self.run_ids and row["run_id"] not in self.run_ids:
             return False
-        if self.subject is not None and self.subject not in (row["subject_ids"] or ()):
+        if self.subject is not None and not (
+            self.subject in (row["subject_ids"] or ()) or row["run_id"] in forgotten
+        ):
             return False
         return self.since is None or row["created_at"] >= self.since
 
@@ -97,7 +101,12 @@ def restore_runs(
     if cut is None or check.problems:
         found = "; ".join(f"{p.where}: {p.problem}" for p in check.problems[:5])
         raise BackupCorrupt(f"the backup failed its check, nothing is restored: {found}")
-    rows = [r for r in table_rows(store, cut, "runs") if request.admits(r)]
+    forgotten = frozenset(
+        str(r["run_id"])
+        for r in table_rows(store, cut, "deletion_ledger")
+        if request.subject is not None and r["subject_id"] == request.subject
+    )
+    rows = [r for r in table_rows(store, cut, "runs") if request.admits(r, forgotten)]
     if not rows:
         raise BackupError(f"no run of cut {cut.key} matches the selection")
     selection = Selection(frozenset(str(r["run_id"]) for r in rows))

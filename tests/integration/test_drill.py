@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -27,8 +28,10 @@ from agent_blackbox.backup import (
     DrillOptions,
     DrillReport,
     Manifest,
+    RestoreRequest,
     drop_target,
     open_store,
+    restore_runs,
     run_drill,
 )
 from agent_blackbox.broker import delete_topics
@@ -216,19 +219,7 @@ def test_a_drill_after_production_is_destroyed_restores_everything_and_forgets(
     assert report.rto_s is not None
     assert report.rpo_s is not None
     assert report.kept_target is not None
-    restored = create_engine(report.kept_target.settings.database_url)
-    try:
-        with restored.connect() as conn:
-            live = dict(
-                conn.execute(
-                    text(
-                        "SELECT run_id, bool_or(wrapped IS NOT NULL) FROM blackbox.data_keys "
-                        "GROUP BY run_id"
-                    )
-                ).all()
-            )
-    finally:
-        restored.dispose()
+    live = _live_keys(report.kept_target.settings)
     assert live[history["ada"]] is False  # forgotten before the cut
     assert live[history["grace"]] is False  # forgotten after it: a later cut's ledger
     assert live[history["edsger"]] is True
@@ -333,3 +324,52 @@ def test_a_ledger_entry_newer_than_the_cut_is_applied_before_the_restore_and_nam
         restored.dispose()
     assert reasons
     assert all("newer than the cut" in str(r) for r in reasons)
+
+
+def test_a_partial_restore_brings_back_the_selection_forgotten_and_audited(
+    settings: Settings, engine: Engine, store: BackupStore, history: dict[str, str]
+) -> None:
+    name = f"t{uuid.uuid4().hex[:10]}"
+    request = RestoreRequest(
+        into=name, purpose="investigate complaint 42", run_ids=frozenset({history["edsger"]})
+    )
+    edsger = restore_runs(settings, store, request, verifier=VERIFIER)
+    grace = restore_runs(
+        settings,
+        store,
+        replace(request, into=f"{name}g", run_ids=frozenset(), subject="grace"),
+        verifier=VERIFIER,
+    )
+    try:
+        assert edsger.runs == [history["edsger"]]
+        assert grace.runs == [history["grace"]]
+        assert _live_keys(edsger.target.settings) == {history["edsger"]: True}
+        assert _live_keys(grace.target.settings) == {history["grace"]: False}
+        with engine.connect() as conn:
+            audited = (
+                conn.execute(
+                    text("SELECT run_id FROM blackbox.access_audit WHERE purpose = :p"),
+                    {"p": "investigate complaint 42"},
+                )
+                .scalars()
+                .all()
+            )
+        assert sorted(audited) == sorted([history["edsger"], history["grace"]])
+    finally:
+        assert drop_target(settings, edsger.target) == []
+        assert drop_target(settings, grace.target) == []
+
+
+def _live_keys(target: Settings) -> dict[str, bool]:
+    restored = create_engine(target.database_url)
+    try:
+        with restored.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT run_id, bool_or(wrapped IS NOT NULL) FROM blackbox.data_keys "
+                    "GROUP BY run_id"
+                )
+            ).all()
+    finally:
+        restored.dispose()
+    return {str(run): bool(live) for run, live in rows}
