@@ -1,36 +1,54 @@
-"""The end-to-end demo: record agent runs, relay them to Kafka, build the views, show them."""
+"""The end-to-end demo: record agent runs, relay them to Kafka, build the views, show them,
+back them up to the local object store and end with a restore drill's report."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import Connection, Engine, create_engine
 
+from agent_blackbox.backup import BACKUP_URL_ENV, BackupWriter, DrillOptions, open_store, run_drill
+from agent_blackbox.backup.cli import print_drill
 from agent_blackbox.consumers import (
+    CheckpointConsumer,
     RunRow,
     ViewConsumer,
     indexed_events_txn,
+    load_checkpoint,
     migrate_views,
     views_summary_txn,
 )
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
 from agent_blackbox.outbox import Recorder, migrate_write_side, pending_events_txn
 from agent_blackbox.outbox.relay import Relay
-from agent_blackbox.schemas import Settings, safe_text
-from agent_blackbox.stack import LocalStack
+from agent_blackbox.schemas import (
+    PUBLIC_KEYS_ENV,
+    CheckpointSigner,
+    CheckpointVerifier,
+    Settings,
+    safe_text,
+    write_owner_only,
+)
+from agent_blackbox.stack import Endpoints, LocalStack, StackError
+
+AGENTS_ENV = "BLACKBOX_AGENTS"
+DEMO_AGENTS = "ticket-agent=agent_blackbox.examples.ticket_agent:replay_entry"
 
 
 def run_demo(*, runs: int, workers: int, console: Console) -> None:
     """Bring the pipeline up and push ``runs`` ticket-agent runs through all of it."""
     console.rule("agent-blackbox demo")
-    endpoints = LocalStack(console=console).up()
+    stack = LocalStack(console=console)
+    endpoints = stack.up(with_s3=True)
     settings = replace(
         Settings.from_env(),
         database_url=endpoints.database_url,
@@ -46,8 +64,82 @@ def run_demo(*, runs: int, workers: int, console: Console) -> None:
         _relay(engine, settings, console, timings)
         _build_views(engine, settings, run_ids, events, console, timings)
         _show(engine, run_ids, events, timings, console)
+        _back_up_and_drill(engine, settings, run_ids, stack, endpoints, console)
     finally:
         engine.dispose()
+
+
+def _back_up_and_drill(
+    engine: Engine,
+    settings: Settings,
+    run_ids: Sequence[str],
+    stack: LocalStack,
+    endpoints: Endpoints,
+    console: Console,
+) -> None:
+    """Sign the runs' checkpoints and the backup's manifests (with a key of the demo's own,
+    kept in the stack's cache folder), back the log up and rehearse a restore of it."""
+    console.rule("backup and restore drill")
+    signer = _demo_signer(stack.settings.cache_dir / "demo")
+    url = os.environ.get(BACKUP_URL_ENV)
+    if url is None:
+        if endpoints.backup is None:
+            raise StackError("no object store: set BLACKBOX_BACKUP_URL or let the demo start one")
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", endpoints.backup.access_key)
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", endpoints.backup.secret_key)
+        url = endpoints.backup.backup_url.replace("/?", "/demo?", 1)
+    _sign(engine, settings, signer, run_ids, console)
+    store = open_store(url)
+    with BackupWriter(settings, store, signer=signer, engine=engine) as writer:
+        manifest = writer.catch_up()
+    console.print(
+        f"backup cut {manifest.number}: {writer.written:,} new events to {store.describe()}"
+    )
+    # The drill's verify and replay run as child processes, as an operator would run them.
+    os.environ.setdefault(AGENTS_ENV, DEMO_AGENTS)
+    os.environ[PUBLIC_KEYS_ENV] = str(stack.settings.cache_dir / "demo" / "signing-key.pub")
+    verifier = CheckpointVerifier({signer.key_id: signer.public_key})
+    report = run_drill(
+        settings,
+        store,
+        verifier=verifier,
+        options=DrillOptions(sample=10),
+        say=lambda stage: console.print(f"  drill: {stage}"),
+    )
+    print_drill(console, report)
+
+
+def _sign(
+    engine: Engine,
+    settings: Settings,
+    signer: CheckpointSigner,
+    run_ids: Sequence[str],
+    console: Console,
+) -> None:
+    """Run the checkpoint signer until each of ``run_ids`` has a signed checkpoint."""
+    consumer = CheckpointConsumer(settings, signer, engine=engine)
+    with _progress(console) as progress, consumer:
+        task = progress.add_task("signing checkpoints", total=len(run_ids))
+
+        def signed() -> int:
+            return sum(load_checkpoint(engine, run_id) is not None for run_id in run_ids)
+
+        _in_background(
+            lambda stop: consumer.run(stop),
+            done=lambda: signed() >= len(run_ids),
+            tick=lambda: progress.update(task, completed=signed()),
+        )
+
+
+def _demo_signer(folder: Path) -> CheckpointSigner:
+    """The demo's manifest signer: made once, then read from ``folder``."""
+    private, public = folder / "signing-key.pem", folder / "signing-key.pub"
+    if not private.exists():
+        signer = CheckpointSigner.generate()
+        folder.mkdir(parents=True, exist_ok=True)
+        write_owner_only(private, signer.private_key_pem())
+        public.write_bytes(signer.public_key_pem())
+    return CheckpointSigner.from_pem_file(private)
 
 
 def _progress(console: Console) -> Progress:

@@ -41,7 +41,7 @@ ALLOWED = {
     # views rebuilt and runs replayed on the restored copy.
     "backup": {"schemas", "keystore", "broker", "outbox", "consumers", "replayer"},
     "stack": {"schemas", "broker"},
-    "examples": {"schemas", "outbox", "consumers", "stack"},
+    "examples": {"schemas", "outbox", "consumers", "stack", "backup"},
     "cli": set(PARTS) - {"cli"},
 }
 # What an agent process carries: none of the pipeline's machinery.
