@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from bench import (
+    backup,
     concurrency,
     consumer_resume,
     imports,
@@ -37,6 +38,7 @@ BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "concurrency": concurrency.main,
     "latency": latency.main,
     "scaleout": scaleout.main,
+    "backup": backup.main,
 }
 
 

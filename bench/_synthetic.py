@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from agent_blackbox.broker import LeaseStamp, new_producer, producer_config
-from agent_blackbox.outbox import Recorder, Run, RunSnapshot, shard_of
+from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot, shard_of
 from agent_blackbox.outbox.relay import EVENT_ID_HEADER
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, EnvelopeCodec, Settings
 from bench._common import drop_runs
@@ -43,12 +43,7 @@ def record_template(engine: Engine, settings: Settings) -> list[Envelope]:
     """Record one run with the Recorder and return its envelopes, then drop it."""
     recorder = Recorder(engine, settings=settings)
     snapshot = RunSnapshot(code_version="bench", input={"task": "summarise the inbox"})
-    run = recorder.start_run(snapshot, agent_id="bench")
-    step = 0
-    while run.last_sequence < TEMPLATE_EVENTS - 1:
-        _agent_step(run, step)
-        step += 1
-    run.finish(output={"summary": "done"})
+    run, _ = recorder.record(bench_agent, snapshot, agent_id="bench")
     with engine.connect() as conn:
         rows = conn.execute(
             text("SELECT envelope FROM blackbox.outbox WHERE run_id = :id ORDER BY sequence"),
@@ -59,7 +54,16 @@ def record_template(engine: Engine, settings: Settings) -> list[Envelope]:
     return [codec.decode(row[0]) for row in rows]
 
 
-def _agent_step(run: Run, step: int) -> None:
+def bench_agent(run: AgentRun, input: Any) -> Any:
+    """The template's agent: a loop over the kinds of boundary until the run holds
+    :data:`TEMPLATE_EVENTS` events with its end (also the clones' replay entry point)."""
+    del input
+    for step in range(TEMPLATE_EVENTS - 2):  # one event each, between start and finish
+        _agent_step(run, step)
+    return {"summary": "done"}
+
+
+def _agent_step(run: AgentRun, step: int) -> None:
     """One boundary of a plausible agent loop, cycling through the kinds."""
     kind = step % 5
     if kind == 0:
