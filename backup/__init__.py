@@ -38,6 +38,8 @@ from agent_blackbox.backup._manifest import (
 from agent_blackbox.backup._metrics import BackupMetrics
 from agent_blackbox.backup._open import open_store
 from agent_blackbox.backup._partial import RestoreRequest, RestoreResult, restore_runs
+from agent_blackbox.backup._prune import PrunePlan, plan_prune, prune
+from agent_blackbox.backup._pruned import PruneRecord, load_pruned
 from agent_blackbox.backup._restore import Selection
 from agent_blackbox.backup._s3 import S3Store
 from agent_blackbox.backup._segment import Message, decode_segment
@@ -76,6 +78,8 @@ __all__ = [
     "Manifest",
     "Message",
     "ObjectMissing",
+    "PrunePlan",
+    "PruneRecord",
     "RestoreRequest",
     "RestoreResult",
     "RunRange",
@@ -100,7 +104,10 @@ __all__ = [
     "fetch_checked",
     "head_manifest",
     "load_chain",
+    "load_pruned",
     "open_store",
+    "plan_prune",
+    "prune",
     "restore_runs",
     "run_drill",
 ]

@@ -109,7 +109,9 @@ def restore_copy(
         ledger = reapply_ledger(engine, wanted, verifier=verifier)
     copy = RestoredCopy(tables, newer, ledger)
     with stage("restore events"):
-        copy.produced = produce_events(store, check.chain, target.settings, selection=selection)
+        copy.produced = produce_events(
+            store, check.segments_held(), target.settings, selection=selection
+        )
     with stage("rebuild the views"):
         build_views(target.settings, engine, expected=copy.events)
     with stage("restore blobs"):

@@ -91,9 +91,8 @@ class DrillChecks:
     def partitions(self) -> Check:
         assert self._cut is not None
         expected: dict[int, int] = {}
-        for manifest in self._check.chain.manifests:
-            for segment in manifest.segments:
-                expected[segment.partition] = expected.get(segment.partition, 0) + segment.count
+        for segment in self._check.segments_held():
+            expected[segment.partition] = expected.get(segment.partition, 0) + segment.count
         try:
             ends = watermarks(self._target.settings, self._target.settings.topic)
         except KafkaUnavailable as exc:
@@ -115,10 +114,9 @@ class DrillChecks:
 
     def runs(self) -> Check:
         counts: dict[str, int] = {}
-        for manifest in self._check.chain.manifests:
-            for segment in manifest.segments:
-                for run in segment.runs:
-                    counts[run.run_id] = counts.get(run.run_id, 0) + run.count
+        for segment in self._check.segments_held():
+            for run in segment.runs:
+                counts[run.run_id] = counts.get(run.run_id, 0) + run.count
         with self._engine.connect() as conn:
             spans = event_spans_txn(conn)
         wrong: list[str] = []

@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 import agent_blackbox.outbox.snapshot as write_side
 from agent_blackbox.backup._chain import load_chain
 from agent_blackbox.backup._manifest import Manifest
+from agent_blackbox.backup._pruned import load_pruned
 from agent_blackbox.backup._restore import table_rows
 from agent_blackbox.backup._segment import decode_segment
 from agent_blackbox.backup._store import BackupStore
@@ -95,14 +96,17 @@ def _later_cuts(
     if not later:
         return
     found.add_rows(table_rows(store, later[-1], "deletion_ledger"), known)
-    found.add_notes(_notes(store, later))
+    gone = load_pruned(store, verifier).segments
+    found.add_notes(_notes(store, later, gone))
     found.read.append(f"{len(later)} later backup cuts")
 
 
-def _notes(store: BackupStore, manifests: list[Manifest]) -> Iterator[Envelope]:
+def _notes(store: BackupStore, manifests: list[Manifest], gone: set[str]) -> Iterator[Envelope]:
     codec = EnvelopeCodec()
     for manifest in manifests:
         for segment in manifest.segments:
+            if segment.key in gone:
+                continue
             data = fetch_checked(store, segment.key, segment.sha256)
             for message in decode_segment(data, key=segment.key):
                 try:

@@ -17,7 +17,7 @@ The order is the point:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
@@ -28,9 +28,8 @@ from confluent_kafka import Message as KafkaMessage
 from sqlalchemy import Connection, Engine
 
 import agent_blackbox.outbox.snapshot as write_side
-from agent_blackbox.backup._chain import Chain
 from agent_blackbox.backup._errors import BackupCorrupt, BackupError
-from agent_blackbox.backup._manifest import Manifest
+from agent_blackbox.backup._manifest import Manifest, SegmentEntry
 from agent_blackbox.backup._segment import decode_segment
 from agent_blackbox.backup._snapshot import (
     TABLES,
@@ -137,13 +136,13 @@ def restore_blobs(
 
 def produce_events(
     store: BackupStore,
-    chain: Chain,
+    segments: Sequence[SegmentEntry],
     settings: Settings,
     *,
     selection: Selection = EVERYTHING,
     progress: Progress | None = None,
 ) -> dict[int, int]:
-    """Produce every message of the chain's segments to ``settings.topic``, on its own
+    """Produce every message of ``segments`` to ``settings.topic``, on its own
     partition, in offset order; returns the count per partition.
 
     Raises:
@@ -157,7 +156,6 @@ def produce_events(
         if error is not None:
             failures.append(f"{message.topic()}[{message.partition()}]: {error.str()}")
 
-    segments = [s for m in chain.manifests for s in m.segments]
     counts: dict[int, int] = {}
     with kafka_errors(f"cannot produce to {settings.topic}"):
         for done, segment in enumerate(segments, 1):

@@ -17,6 +17,7 @@ from datetime import datetime
 from agent_blackbox.backup._chain import Chain, ChainProblem, load_chain
 from agent_blackbox.backup._errors import BackupCorrupt
 from agent_blackbox.backup._manifest import Manifest, SegmentEntry, TableEntry
+from agent_blackbox.backup._pruned import load_pruned
 from agent_blackbox.backup._segment import SegmentBuilder, decode_segment
 from agent_blackbox.backup._snapshot import TABLES_BY_NAME, blob_key, decode_table
 from agent_blackbox.backup._store import BackupStore, ObjectMissing, StoreError
@@ -41,6 +42,13 @@ class StoreCheck:
     """The ``run.redacted`` notes up to the cut, in offset order per partition."""
     last_event_ms: int | None = None
     """The newest backed-up message's Kafka timestamp (ms since the epoch)."""
+    pruned: set[str] = field(default_factory=set)
+    """Segments a prune record says were removed on purpose (expired)."""
+
+    def segments_held(self) -> list[SegmentEntry]:
+        """The segments up to the cut that the store still holds (not pruned)."""
+        every = (s for m in self.chain.manifests for s in m.segments)
+        return [s for s in every if s.key not in self.pruned]
 
     @property
     def cut(self) -> Manifest | None:
@@ -61,12 +69,18 @@ def check_store(
     """Check the chain up to the newest cut (or the last at or before ``at``) and every
     object it names; every problem is listed, none stops the check."""
     chain = load_chain(store, verifier, at=at)
-    check = StoreCheck(chain=chain, problems=list(chain.problems))
+    pruned = load_pruned(store, verifier)
+    check = StoreCheck(chain=chain, problems=[*chain.problems, *pruned.problems])
+    check.pruned = pruned.segments
+    if chain.cut is not None and chain.cut.number in pruned.cuts:
+        check.problems.append(
+            ChainProblem(chain.cut.key, "this cut was pruned (older than the retention horizon)")
+        )
     if chain.cut is None:
         if not check.problems:
             check.problems.append(ChainProblem(store.describe(), "no backup manifest is there"))
         return check
-    segments = [s for m in chain.manifests for s in m.segments]
+    segments = check.segments_held()
     codec = EnvelopeCodec()
     for done, segment in enumerate(segments, 1):
         _check_segment(store, segment, codec, check)

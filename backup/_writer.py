@@ -122,6 +122,8 @@ class BackupWriter:
         self._snapshots: SnapshotTaker | None = None
         self.written = 0
         """Messages written in cuts by this writer."""
+        self.written_bytes = 0
+        """Bytes of the segments this writer wrote."""
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -289,12 +291,14 @@ class BackupWriter:
         self._store.put(manifest.key, manifest.to_bytes())
         self._advance(manifest.positions)
         self._head = manifest
-        count = sum(s.count for s in segments)
+        count, size = sum(s.count for s in segments), sum(s.size for s in segments)
         self.written += count
-        self.metrics.cut_written(at=time.time(), messages=count, size=sum(s.size for s in segments))
+        self.written_bytes += size
+        self.metrics.cut_written(at=time.time(), messages=count, size=size)
         self._builders.clear()
         self._lost.clear()
         self._buffered_since = None
+        self._report_lag()
         return manifest
 
     # -- inside ----------------------------------------------------------------------

@@ -20,11 +20,13 @@ from agent_blackbox.backup._errors import BackupCorrupt, BackupError
 from agent_blackbox.backup._manifest import Manifest
 from agent_blackbox.backup._open import open_store
 from agent_blackbox.backup._partial import RestoreRequest, named_target, restore_runs
+from agent_blackbox.backup._prune import horizon_note, plan_prune, prune
 from agent_blackbox.backup._store import BACKUP_URL_ENV
 from agent_blackbox.backup._target import Target, drop_target
 from agent_blackbox.backup._verify import StoreCheck, check_store
 from agent_blackbox.backup._writer import BackupPolicy, BackupWriter
 from agent_blackbox.broker import settle_heap
+from agent_blackbox.consumers import RetentionPolicy
 from agent_blackbox.consumers.cli import could_not_run, stop_on_signals
 from agent_blackbox.schemas import (
     PUBLIC_KEYS_ENV,
@@ -397,3 +399,36 @@ def _write_env(path: Path, target: Target) -> None:
         f"export BLACKBOX_CONSUMER_GROUP='{settings.consumer_group}'",
     ]
     write_owner_only(path, ("\n".join(lines) + "\n").encode())
+
+
+@backup_group.command("prune")
+@click.option("--store", "url", default=None, help=_STORE_HELP)
+@click.option("--dry-run", is_flag=True, help="Say what would be removed, remove nothing.")
+def backup_prune(url: str | None, dry_run: bool) -> None:
+    """Remove backup objects whose runs expired under their retention classes
+    (BLACKBOX_RETENTION_FILE, as `blackbox retention run` reads it): segments whose
+    runs production deleted, cuts older than the longest metadata period (the newest is
+    kept), and the snapshots and blobs no remaining cut names. What is removed is first
+    recorded, signed with BLACKBOX_SIGNING_KEY_FILE's key.
+    """
+    console = safe_console(stderr=True, log_path=False)
+    try:
+        store = open_store(url)
+        policy = RetentionPolicy.from_env()
+        signer = CheckpointSigner.from_env()
+        verifier = CheckpointVerifier({signer.key_id: signer.public_key})
+        if extra := CheckpointVerifier.from_env():
+            verifier = extra
+        plan = plan_prune(store, verifier, policy)
+        console.log(f"keeping {horizon_note(policy)}")
+        summary = (
+            f"{len(plan.segments)} segments, {len(plan.cuts)} cuts, "
+            f"{len(plan.objects)} objects in all"
+        )
+        if dry_run:
+            click.echo(f"would remove {summary}")
+            return
+        record = prune(store, signer, plan)
+    except BlackboxError as exc:
+        could_not_run(console, exc)
+    click.echo("nothing expired" if record is None else f"removed {summary} ({record.key})")

@@ -186,11 +186,9 @@ def _back_up(
         progress() as display,
     ):
         task = display.add_task("back up to the store", total=events)
-        manifest = writer.catch_up(
-            progress=lambda done, _total: display.update(task, completed=done)
-        )
+        writer.catch_up(progress=lambda done, _total: display.update(task, completed=done))
     elapsed = time.perf_counter() - started
-    size = sum(s.size for s in manifest.segments)
+    size = writer.written_bytes
     emit(BENCH, "backup_events_per_s", events / elapsed, unit="events/s", store=store.describe())
     emit(BENCH, "backup_bytes_per_event", size / events, unit="bytes", events=events)
 

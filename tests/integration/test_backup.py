@@ -8,6 +8,7 @@ way a disaster or an attacker could damage it.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from sqlalchemy import Engine, text
 from agent_blackbox.backup import (
     BackupBusy,
     BackupDiverged,
+    BackupPolicy,
     BackupStore,
     BackupWriter,
     Manifest,
@@ -28,6 +30,7 @@ from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import CheckpointSigner, CheckpointVerifier, Settings
 from tests.integration._agents import large_reply, large_reply_agent
+from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -211,3 +214,45 @@ def test_a_truncated_manifest_or_one_signed_by_another_key_is_found(
     assert not check.passed
     assert check.problems[0].where == manifest.key
     assert "not valid JSON" in check.problems[0].problem
+
+
+def test_the_running_backup_rolls_cuts_on_time_and_reports_its_lag(
+    settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
+) -> None:
+    policy = BackupPolicy(roll_seconds=0.2)
+    writer = BackupWriter(settings, store, signer=SIGNER, engine=engine, policy=policy)
+    stop = threading.Event()
+    cuts: list[Manifest] = []
+    with writer:
+        thread = threading.Thread(target=writer.run, args=(stop,), kwargs={"on_cut": cuts.append})
+        thread.start()
+        try:
+            eventually(
+                lambda: sum(s.count for c in cuts for s in c.segments) == _events(engine),
+                timeout=60,
+                what="every event in a cut",
+            )
+            _record(engine, settings, "barbara")
+            _relay(engine, settings)
+            eventually(
+                lambda: sum(s.count for c in cuts for s in c.segments) == _events(engine),
+                timeout=60,
+                what="the new run in a later cut",
+            )
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert len(cuts) >= 2
+    registry = writer.metrics.registry
+    topic = {"topic": settings.topic}
+    assert registry.get_sample_value("blackbox_backup_messages_total", topic) == _events(engine)
+    lags = [
+        s.value
+        for metric in registry.collect()
+        if metric.name == "blackbox_backup_lag_messages"
+        for s in metric.samples
+    ]
+    assert lags
+    assert all(lag == 0 for lag in lags)
+    assert check_store(store, VERIFIER).passed

@@ -14,7 +14,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,13 @@ from agent_blackbox.backup import (
     DrillOptions,
     DrillReport,
     Manifest,
+    PruneRecord,
     RestoreRequest,
+    check_store,
     drop_target,
     open_store,
+    plan_prune,
+    prune,
     restore_runs,
     run_drill,
 )
@@ -43,6 +47,7 @@ from agent_blackbox.consumers import (
 )
 from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
+from agent_blackbox.outbox.lifecycle import delete_run_metadata_txn
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import CheckpointSigner, CheckpointVerifier, Settings
 from tests.integration._agents import large_reply, large_reply_agent
@@ -373,3 +378,53 @@ def _live_keys(target: Settings) -> dict[str, bool]:
     finally:
         restored.dispose()
     return {str(run): bool(live) for run, live in rows}
+
+
+def test_prune_removes_what_expired_and_the_rest_still_restores(
+    settings: Settings, engine: Engine, store: BackupStore
+) -> None:
+    gone = _record(engine, settings, "ada")
+    kept_run = _record(engine, settings, "grace")
+    _relay(engine, settings)
+    first = _cut(settings, engine, store)
+    with engine.begin() as conn:  # the retention job deleted ada's run: metadata expired
+        delete_run_metadata_txn(conn, [gone])
+        conn.execute(text("DELETE FROM blackbox.data_keys WHERE run_id = :r"), {"r": gone})
+    _cut(settings, engine, store)
+    policy = RetentionPolicy.from_mapping({"standard": {"bodies_days": 1, "metadata_days": 1}})
+
+    plan = plan_prune(store, VERIFIER, policy, now=datetime.now(UTC) + timedelta(days=2))
+    record = prune(store, SIGNER, plan)
+
+    assert record is not None
+    assert plan.segments
+    assert all({r.run_id for r in s.runs} == {gone} for s in plan.segments)
+    assert plan.cuts == [first.number]
+    assert not any(store.keys(s.key) for s in plan.segments)
+    check = check_store(store, VERIFIER)
+    assert check.passed, check.problems
+    assert {r.run_id for s in check.segments_held() for r in s.runs} == {kept_run}
+    old = check_store(store, VERIFIER, at=datetime.fromisoformat(first.created_at))
+    assert [p.problem for p in old.problems] == [
+        "this cut was pruned (older than the retention horizon)"
+    ]
+    report = run_drill(settings, store, verifier=VERIFIER, options=DrillOptions(sample=0))
+    assert report.passed, [c for c in report.checks if c.passed is False]
+
+
+def test_a_prune_record_signed_by_another_key_is_named(
+    settings: Settings, engine: Engine, store: BackupStore
+) -> None:
+    _record(engine, settings, "ada")
+    _relay(engine, settings)
+    cut = _cut(settings, engine, store)
+    forged = PruneRecord(
+        number=1, created_at=cut.created_at, segments=(cut.segments[0].key,), cuts=()
+    ).signed(CheckpointSigner.generate())
+    store.put(forged.key, forged.to_bytes())
+
+    check = check_store(store, VERIFIER)
+
+    assert not check.passed
+    assert [p.where for p in check.problems] == [forged.key]
+    assert check.segments_held() == list(cut.segments)  # the forged record hides nothing
