@@ -76,6 +76,7 @@ def check_store(
         check.problems.append(
             ChainProblem(chain.cut.key, "this cut was pruned (older than the retention horizon)")
         )
+        return check  # its snapshot is gone on purpose: nothing more to find missing
     if chain.cut is None:
         if not check.problems:
             check.problems.append(ChainProblem(store.describe(), "no backup manifest is there"))
