@@ -7,10 +7,8 @@ way a disaster or an attacker could damage it.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import replace
-from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -25,52 +23,20 @@ from agent_blackbox.backup import (
     check_store,
     open_store,
 )
-from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
-from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
-from agent_blackbox.outbox.relay import Relay
-from agent_blackbox.schemas import CheckpointSigner, CheckpointVerifier, Settings
-from tests.integration._agents import large_reply, large_reply_agent
+from agent_blackbox.schemas import CheckpointSigner, Settings
+from tests.integration._backups import (
+    SIGNER,
+    VERIFIER,
+    corrupt,
+    cut,
+    events,
+    record,
+    record_large,
+    relay,
+)
 from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
-
-PROVIDER = LocalKeyProvider({"v1": os.urandom(32)})
-SIGNER = CheckpointSigner.generate(key_id="backup-test")
-VERIFIER = CheckpointVerifier({SIGNER.key_id: SIGNER.public_key})
-
-
-def lookup_agent(run: AgentRun, input: Any) -> Any:
-    found = run.call("lookup", lambda who: {"address": f"{who} lives at 1 Main St"}, input["who"])
-    run.transition("found", state={"address": found["address"]})
-    return found["address"]
-
-
-def _record(engine: Engine, settings: Settings, who: str) -> str:
-    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER))
-    snapshot = RunSnapshot(code_version="backup.1", input={"who": who})
-    run, _ = recorder.record(lookup_agent, snapshot, agent_id="backup", subject_ids=(who,))
-    return run.run_id
-
-
-def _record_large(engine: Engine, settings: Settings) -> str:
-    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER))
-    snapshot = RunSnapshot(code_version="backup.1", input={"q": "weather"})
-    agent = large_reply_agent(large_reply(settings.blob_threshold_bytes + 10_000))
-    run, _ = recorder.record(agent, snapshot, agent_id="backup-large")
-    return run.run_id
-
-
-def _relay(engine: Engine, settings: Settings) -> None:
-    relay = Relay(engine, settings=settings)
-    try:
-        relay.drain(timeout=60)
-    finally:
-        relay.close()
-
-
-def _events(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(text("SELECT sum(last_sequence) FROM blackbox.runs")).scalar_one())
 
 
 @pytest.fixture
@@ -80,24 +46,19 @@ def store(s3_url: str) -> BackupStore:
 
 @pytest.fixture
 def recorded(engine: Engine, settings: Settings) -> list[str]:
-    runs = [_record(engine, settings, who) for who in ("ada", "grace", "edsger")]
-    runs.append(_record_large(engine, settings))
-    _relay(engine, settings)
+    runs = [record(engine, settings, who) for who in ("ada", "grace", "edsger")]
+    runs.append(record_large(engine, settings))
+    relay(engine, settings)
     return runs
-
-
-def _backup(settings: Settings, engine: Engine, store: BackupStore) -> Manifest:
-    with BackupWriter(settings, store, signer=SIGNER, engine=engine) as writer:
-        return writer.catch_up(timeout_s=60)
 
 
 def test_a_cut_holds_every_event_keys_and_blobs_and_checks_clean(
     settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
 ) -> None:
-    manifest = _backup(settings, engine, store)
+    manifest = cut(settings, engine, store)
 
     assert manifest.number == 1
-    assert sum(s.count for s in manifest.segments) == _events(engine)
+    assert sum(s.count for s in manifest.segments) == events(engine)
     backed_up = {r.run_id for s in manifest.segments for r in s.runs}
     assert backed_up == set(recorded)
     tables = manifest.snapshot.tables
@@ -108,18 +69,18 @@ def test_a_cut_holds_every_event_keys_and_blobs_and_checks_clean(
     check = check_store(store, VERIFIER)
     assert check.problems == []
     assert check.passed
-    assert check.messages == _events(engine)
+    assert check.messages == events(engine)
     assert check.blobs == manifest.snapshot.blobs
 
 
 def test_the_next_cut_holds_only_what_is_new_and_chains_to_the_last(
     settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
 ) -> None:
-    first = _backup(settings, engine, store)
-    new_run = _record(engine, settings, "barbara")
-    _relay(engine, settings)
+    first = cut(settings, engine, store)
+    new_run = record(engine, settings, "barbara")
+    relay(engine, settings)
 
-    second = _backup(settings, engine, store)
+    second = cut(settings, engine, store)
 
     assert second.number == 2
     assert second.previous == first.digest
@@ -129,7 +90,7 @@ def test_the_next_cut_holds_only_what_is_new_and_chains_to_the_last(
     assert second.snapshot.tables["data_keys"].key != first.snapshot.tables["data_keys"].key
     check = check_store(store, VERIFIER)
     assert check.passed, check.problems
-    assert check.messages == _events(engine)
+    assert check.messages == events(engine)
 
 
 def test_a_second_writer_on_the_same_store_is_refused(
@@ -146,48 +107,42 @@ def test_a_second_writer_on_the_same_store_is_refused(
 def test_a_store_emptied_behind_the_database_is_refused(
     settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
 ) -> None:
-    _backup(settings, engine, store)
+    cut(settings, engine, store)
     for key in list(store.keys("manifests/")):
         store.delete(key)
 
     with pytest.raises(BackupDiverged, match="holds no manifest"):
-        _backup(settings, engine, store)
+        cut(settings, engine, store)
 
 
 def test_a_crash_after_the_manifest_before_the_offsets_resumes_without_a_gap(
     settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
 ) -> None:
-    first = _backup(settings, engine, store)
+    first = cut(settings, engine, store)
     group = BackupWriter(settings, store, signer=SIGNER, engine=engine).group_id
     with engine.begin() as conn:  # the offsets' commit never happened
         conn.execute(
             text("DELETE FROM blackbox_views.consumer_offsets WHERE group_id = :g"), {"g": group}
         )
-    before = _events(engine)
-    _record(engine, settings, "barbara")
-    _relay(engine, settings)
+    before = events(engine)
+    record(engine, settings, "barbara")
+    relay(engine, settings)
 
-    second = _backup(settings, engine, store)
+    second = cut(settings, engine, store)
 
     assert second.previous == first.digest
-    assert sum(s.count for s in second.segments) == _events(engine) - before  # the new run
+    assert sum(s.count for s in second.segments) == events(engine) - before  # the new run
     assert check_store(store, VERIFIER).passed
-
-
-def _corrupt(store: BackupStore, key: str) -> None:
-    data = bytearray(store.get(key))
-    data[len(data) // 2] ^= 0xFF
-    store.put(key, bytes(data))
 
 
 def test_damage_to_the_store_is_found_and_named(
     settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
 ) -> None:
-    manifest = _backup(settings, engine, store)
+    manifest = cut(settings, engine, store)
     segment = manifest.segments[0]
     data_keys = manifest.snapshot.tables["data_keys"]
 
-    _corrupt(store, segment.key)
+    corrupt(store, segment.key)
     store.delete(data_keys.key)
     check = check_store(store, VERIFIER)
 
@@ -200,7 +155,7 @@ def test_damage_to_the_store_is_found_and_named(
 def test_a_truncated_manifest_or_one_signed_by_another_key_is_found(
     settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
 ) -> None:
-    manifest = _backup(settings, engine, store)
+    manifest = cut(settings, engine, store)
     forged = replace(manifest, number=2, previous=manifest.digest).signed(
         CheckpointSigner.generate(key_id="intruder")
     )
@@ -228,14 +183,14 @@ def test_the_running_backup_rolls_cuts_on_time_and_reports_its_lag(
         thread.start()
         try:
             eventually(
-                lambda: sum(s.count for c in cuts for s in c.segments) == _events(engine),
+                lambda: sum(s.count for c in cuts for s in c.segments) == events(engine),
                 timeout=60,
                 what="every event in a cut",
             )
-            _record(engine, settings, "barbara")
-            _relay(engine, settings)
+            record(engine, settings, "barbara")
+            relay(engine, settings)
             eventually(
-                lambda: sum(s.count for c in cuts for s in c.segments) == _events(engine),
+                lambda: sum(s.count for c in cuts for s in c.segments) == events(engine),
                 timeout=60,
                 what="the new run in a later cut",
             )
@@ -246,7 +201,7 @@ def test_the_running_backup_rolls_cuts_on_time_and_reports_its_lag(
     assert len(cuts) >= 2
     registry = writer.metrics.registry
     topic = {"topic": settings.topic}
-    assert registry.get_sample_value("blackbox_backup_messages_total", topic) == _events(engine)
+    assert registry.get_sample_value("blackbox_backup_messages_total", topic) == events(engine)
     lags = [
         s.value
         for metric in registry.collect()

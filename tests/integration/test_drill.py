@@ -10,13 +10,11 @@ Each kind of damage a backup can suffer is then shown to fail the drill by name.
 from __future__ import annotations
 
 import base64
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -24,7 +22,6 @@ from sqlalchemy.engine import make_url
 
 from agent_blackbox.backup import (
     BackupStore,
-    BackupWriter,
     DrillOptions,
     DrillReport,
     Manifest,
@@ -45,28 +42,26 @@ from agent_blackbox.consumers import (
     RetentionPolicy,
     load_checkpoint,
 )
-from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
-from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.outbox.lifecycle import delete_run_metadata_txn
-from agent_blackbox.outbox.relay import Relay
-from agent_blackbox.schemas import CheckpointSigner, CheckpointVerifier, Settings
-from tests.integration._agents import large_reply, large_reply_agent
+from agent_blackbox.schemas import CheckpointSigner, Settings
+from tests.integration._backups import (
+    AGENTS,
+    KEK,
+    SIGNER,
+    VERIFIER,
+    corrupt,
+    cut,
+    events,
+    record,
+    record_large,
+    relay,
+)
 from tests.integration._views import build_views
 from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
 
-KEK = os.urandom(32)
-PROVIDER = LocalKeyProvider({"v1": KEK})
-SIGNER = CheckpointSigner.generate()  # known by its fingerprint, as a PEM file is
-VERIFIER = CheckpointVerifier({SIGNER.key_id: SIGNER.public_key})
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def lookup_agent(run: AgentRun, input: Any) -> Any:
-    found = run.call("lookup", lambda who: {"address": f"{who} lives at 1 Main St"}, input["who"])
-    run.transition("found", state={"address": found["address"]})
-    return found["address"]
 
 
 @pytest.fixture(autouse=True)
@@ -80,37 +75,9 @@ def replay_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("BLACKBOX_KEK", f"v1:{base64.b64encode(KEK).decode()}")
     monkeypatch.setenv(
         "BLACKBOX_AGENTS",
-        "drill=tests.integration.test_drill:lookup_agent,"
-        "drill-large=tests.integration.test_drill:large_entry",
+        AGENTS,
     )
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-
-
-LARGE = large_reply(70_000)
-large_entry = large_reply_agent(LARGE)
-
-
-def _record(engine: Engine, settings: Settings, who: str, *, sealed: bool = True) -> str:
-    keys = DataKeyStore(PROVIDER) if sealed else None
-    recorder = Recorder(engine, settings=settings, keys=keys)
-    snapshot = RunSnapshot(code_version="drill.1", input={"who": who})
-    run, _ = recorder.record(lookup_agent, snapshot, agent_id="drill", subject_ids=(who,))
-    return run.run_id
-
-
-def _record_large(engine: Engine, settings: Settings) -> str:
-    recorder = Recorder(engine, settings=settings, keys=DataKeyStore(PROVIDER))
-    snapshot = RunSnapshot(code_version="drill.1", input={"q": "weather"})
-    run, _ = recorder.record(large_entry, snapshot, agent_id="drill-large")
-    return run.run_id
-
-
-def _relay(engine: Engine, settings: Settings) -> None:
-    relay = Relay(engine, settings=settings)
-    try:
-        relay.drain(timeout=60)
-    finally:
-        relay.close()
 
 
 def _forget(engine: Engine, settings: Settings, who: str) -> None:
@@ -123,12 +90,12 @@ def _forget(engine: Engine, settings: Settings, who: str) -> None:
         signer=SIGNER,
     )
     assert job.forget(who).redacted
-    _relay(engine, settings)
+    relay(engine, settings)
 
 
 def _sign(settings: Settings, engine: Engine, run_ids: list[str]) -> None:
     """Build the views and run the checkpoint signer until every run is signed."""
-    build_views(settings, engine, expect=_events(engine))
+    build_views(settings, engine, expect=events(engine))
     with CheckpointConsumer(settings, SIGNER, engine=engine) as consumer:
 
         def signed() -> bool:
@@ -136,16 +103,6 @@ def _sign(settings: Settings, engine: Engine, run_ids: list[str]) -> None:
             return all(load_checkpoint(engine, run_id) is not None for run_id in run_ids)
 
         eventually(signed, timeout=60, what="a checkpoint for every run")
-
-
-def _events(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(text("SELECT sum(last_sequence) FROM blackbox.runs")).scalar_one())
-
-
-def _cut(settings: Settings, engine: Engine, store: BackupStore) -> Manifest:
-    with BackupWriter(settings, store, signer=SIGNER, engine=engine) as writer:
-        return writer.catch_up(timeout_s=60)
 
 
 @pytest.fixture
@@ -157,15 +114,15 @@ def store(s3_url: str) -> BackupStore:
 def history(settings: Settings, engine: Engine, store: BackupStore) -> dict[str, str]:
     """Runs recorded and forgotten around two cuts; run ids by name, and the time of
     the first cut as ``at``."""
-    runs = {who: _record(engine, settings, who) for who in ("ada", "grace", "edsger")}
-    runs["plain"] = _record(engine, settings, "linus", sealed=False)
-    runs["large"] = _record_large(engine, settings)
-    _relay(engine, settings)
+    runs = {who: record(engine, settings, who) for who in ("ada", "grace", "edsger")}
+    runs["plain"] = record(engine, settings, "linus", sealed=False)
+    runs["large"] = record_large(engine, settings)
+    relay(engine, settings)
     _sign(settings, engine, list(runs.values()))
     _forget(engine, settings, "ada")  # before the cut
-    first = _cut(settings, engine, store)
+    first = cut(settings, engine, store)
     _forget(engine, settings, "grace")  # after it
-    _cut(settings, engine, store)
+    cut(settings, engine, store)
     runs["at"] = first.created_at
     return runs
 
@@ -230,17 +187,11 @@ def test_a_drill_after_production_is_destroyed_restores_everything_and_forgets(
     assert live[history["edsger"]] is True
 
 
-def _corrupt(store: BackupStore, key: str) -> None:
-    data = bytearray(store.get(key))
-    data[len(data) // 2] ^= 0xFF
-    store.put(key, bytes(data))
-
-
 def _damage(kind: str, store: BackupStore, cut: Manifest) -> str:
     """Damage the store one way; the key the drill must name."""
     segment = cut.segments[0].key
     if kind == "corrupted object":
-        _corrupt(store, segment)
+        corrupt(store, segment)
         return segment
     if kind == "missing object":
         store.delete(segment)
@@ -266,9 +217,9 @@ def _damage(kind: str, store: BackupStore, cut: Manifest) -> str:
 def test_a_damaged_backup_fails_the_drill_naming_the_object(
     settings: Settings, engine: Engine, store: BackupStore, kind: str, says: str
 ) -> None:
-    _record(engine, settings, "ada")
-    _relay(engine, settings)
-    where = _damage(kind, store, _cut(settings, engine, store))
+    record(engine, settings, "ada")
+    relay(engine, settings)
+    where = _damage(kind, store, cut(settings, engine, store))
 
     report = run_drill(settings, store, verifier=VERIFIER, options=DrillOptions(sample=0))
 
@@ -282,11 +233,11 @@ def test_a_damaged_backup_fails_the_drill_naming_the_object(
 def test_a_missing_data_key_fails_the_drill_naming_the_run(
     settings: Settings, engine: Engine, store: BackupStore
 ) -> None:
-    run_id = _record(engine, settings, "ada")
-    _relay(engine, settings)
+    run_id = record(engine, settings, "ada")
+    relay(engine, settings)
     with engine.begin() as conn:  # the key row is lost before the backup is taken
         conn.execute(text("DELETE FROM blackbox.data_keys WHERE run_id = :r"), {"r": run_id})
-    _cut(settings, engine, store)
+    cut(settings, engine, store)
 
     report = run_drill(settings, store, verifier=VERIFIER, options=DrillOptions(sample=0))
 
@@ -299,9 +250,9 @@ def test_a_missing_data_key_fails_the_drill_naming_the_run(
 def test_a_ledger_entry_newer_than_the_cut_is_applied_before_the_restore_and_named(
     settings: Settings, engine: Engine, store: BackupStore, kept: list[DrillReport]
 ) -> None:
-    run_id = _record(engine, settings, "ada")
-    _relay(engine, settings)
-    _cut(settings, engine, store)
+    run_id = record(engine, settings, "ada")
+    relay(engine, settings)
+    cut(settings, engine, store)
     _forget(engine, settings, "ada")  # after the only cut: production still knows
 
     report = run_drill(
@@ -383,20 +334,20 @@ def _live_keys(target: Settings) -> dict[str, bool]:
 def test_prune_removes_what_expired_and_the_rest_still_restores(
     settings: Settings, engine: Engine, store: BackupStore
 ) -> None:
-    gone = _record(engine, settings, "ada")
-    kept_run = _record(engine, settings, "grace")
-    _relay(engine, settings)
-    first = _cut(settings, engine, store)
+    gone = record(engine, settings, "ada")
+    kept_run = record(engine, settings, "grace")
+    relay(engine, settings)
+    first = cut(settings, engine, store)
     with engine.begin() as conn:  # the retention job deleted ada's run: metadata expired
         delete_run_metadata_txn(conn, [gone])
         conn.execute(text("DELETE FROM blackbox.data_keys WHERE run_id = :r"), {"r": gone})
-    _cut(settings, engine, store)
+    cut(settings, engine, store)
     policy = RetentionPolicy.from_mapping({"standard": {"bodies_days": 1, "metadata_days": 1}})
 
     plan = plan_prune(store, VERIFIER, policy, now=datetime.now(UTC) + timedelta(days=2))
-    record = prune(store, SIGNER, plan)
+    written = prune(store, SIGNER, plan)
 
-    assert record is not None
+    assert written is not None
     assert plan.segments
     assert all({r.run_id for r in s.runs} == {gone} for s in plan.segments)
     assert plan.cuts == [first.number]
@@ -415,11 +366,11 @@ def test_prune_removes_what_expired_and_the_rest_still_restores(
 def test_a_prune_record_signed_by_another_key_is_named(
     settings: Settings, engine: Engine, store: BackupStore
 ) -> None:
-    _record(engine, settings, "ada")
-    _relay(engine, settings)
-    cut = _cut(settings, engine, store)
+    record(engine, settings, "ada")
+    relay(engine, settings)
+    manifest = cut(settings, engine, store)
     forged = PruneRecord(
-        number=1, created_at=cut.created_at, segments=(cut.segments[0].key,), cuts=()
+        number=1, created_at=manifest.created_at, segments=(manifest.segments[0].key,), cuts=()
     ).signed(CheckpointSigner.generate())
     store.put(forged.key, forged.to_bytes())
 
@@ -427,4 +378,4 @@ def test_a_prune_record_signed_by_another_key_is_named(
 
     assert not check.passed
     assert [p.where for p in check.problems] == [forged.key]
-    assert check.segments_held() == list(cut.segments)  # the forged record hides nothing
+    assert check.segments_held() == list(manifest.segments)  # the forged record hides nothing
