@@ -46,6 +46,18 @@ def watermarks(
         consumer.close()
 
 
+# The broker's answers while a new partition's leader is being elected; librdkafka does
+# not mark every one of them retriable in an offsets answer.
+_NO_LEADER_YET = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+    }
+)
+
+
 def _watermark(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
     # A topic created a moment ago can be listed before its leaders serve offsets: a
     # retriable refusal (no leader yet) is asked again until the deadline.
@@ -57,7 +69,9 @@ def _watermark(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple
             return low, high
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            retriable = isinstance(error, KafkaError) and error.retriable()
+            retriable = isinstance(error, KafkaError) and (
+                error.retriable() or error.code() in _NO_LEADER_YET
+            )
             if not retriable or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
