@@ -27,6 +27,7 @@ from agent_blackbox.backup import (
     Manifest,
     PruneRecord,
     RestoreRequest,
+    RestoreResult,
     check_store,
     drop_target,
     open_store,
@@ -289,14 +290,12 @@ def test_a_partial_restore_brings_back_the_selection_forgotten_and_audited(
     request = RestoreRequest(
         into=name, purpose="investigate complaint 42", run_ids=frozenset({history["edsger"]})
     )
-    edsger = restore_runs(settings, store, request, verifier=VERIFIER)
-    grace = restore_runs(
-        settings,
-        store,
-        replace(request, into=f"{name}g", run_ids=frozenset(), subject="grace"),
-        verifier=VERIFIER,
-    )
+    restored: list[RestoreResult] = []
     try:
+        restored.append(restore_runs(settings, store, request, verifier=VERIFIER))
+        by_subject = replace(request, into=f"{name}g", run_ids=frozenset(), subject="grace")
+        restored.append(restore_runs(settings, store, by_subject, verifier=VERIFIER))
+        edsger, grace = restored
         assert edsger.runs == [history["edsger"]]
         assert grace.runs == [history["grace"]]
         assert _live_keys(edsger.target.settings) == {history["edsger"]: True}
@@ -312,8 +311,8 @@ def test_a_partial_restore_brings_back_the_selection_forgotten_and_audited(
             )
         assert sorted(audited) == sorted([history["edsger"], history["grace"]])
     finally:
-        assert drop_target(settings, edsger.target) == []
-        assert drop_target(settings, grace.target) == []
+        for result in restored:
+            assert drop_target(settings, result.target) == []
 
 
 def _live_keys(target: Settings) -> dict[str, bool]:
