@@ -334,9 +334,11 @@ def test_prune_removes_what_expired_and_the_rest_still_restores(
     settings: Settings, engine: Engine, store: BackupStore
 ) -> None:
     gone = record(engine, settings, "ada")
+    relay(engine, settings)
+    first = cut(settings, engine, store)  # ada's events alone in their segments
     kept_run = record(engine, settings, "grace")
     relay(engine, settings)
-    first = cut(settings, engine, store)
+    second = cut(settings, engine, store)
     with engine.begin() as conn:  # the retention job deleted ada's run: metadata expired
         delete_run_metadata_txn(conn, [gone])
         conn.execute(text("DELETE FROM blackbox.data_keys WHERE run_id = :r"), {"r": gone})
@@ -349,7 +351,7 @@ def test_prune_removes_what_expired_and_the_rest_still_restores(
     assert written is not None
     assert plan.segments
     assert all({r.run_id for r in s.runs} == {gone} for s in plan.segments)
-    assert plan.cuts == [first.number]
+    assert plan.cuts == [first.number, second.number]
     assert not [k for s in plan.segments for k in store.keys(s.key)]
     check = check_store(store, VERIFIER)
     assert check.passed, check.problems
