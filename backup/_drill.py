@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from agent_blackbox.backup._chain import head_manifest
 from agent_blackbox.backup._copy import Stages, restore_copy
 from agent_blackbox.backup._drill_checks import Check, DrillChecks
-from agent_blackbox.backup._errors import BackupError
+from agent_blackbox.backup._errors import BackupCorrupt, BackupError
 from agent_blackbox.backup._manifest import Manifest
 from agent_blackbox.backup._newer import NewerDeletions
 from agent_blackbox.backup._restore import (
@@ -48,6 +49,7 @@ from agent_blackbox.backup._target import (
     target_name,
 )
 from agent_blackbox.backup._verify import StoreCheck, check_store
+from agent_blackbox.backup._writer import recorded_offsets
 from agent_blackbox.consumers import LedgerReport
 from agent_blackbox.schemas import (
     CheckpointVerifier,
@@ -148,14 +150,11 @@ def run_drill(
     stage = Stages(say)
     report.stages = stage.times
     with stage("check the backup"):
-        check = check_store(store, verifier, at=options.at)
+        recorded = None if options.at is not None else recorded_by_production(production, store)
+        check = check_store(store, verifier, at=options.at, recorded=recorded)
     cut = check.cut
     if cut is None and not check.chain.problems:
-        raise BackupError(
-            f"no backup cut in {store.describe()}"
-            + (f" at or before {options.at.isoformat()}" if options.at else "")
-            + ": run `blackbox backup run` first"
-        )
+        raise BackupError(no_cut(store, options.at))
     if cut is not None:
         _describe_cut(report, check, cut)
     report.add(_backup_check(check))
@@ -200,6 +199,28 @@ def _restore_and_verify(
                 report.add(found)
     finally:
         engine.dispose()
+
+
+def no_cut(store: BackupStore, at: datetime | None) -> str:
+    """Why there is nothing to restore or check, and what to do."""
+    if at is not None:
+        return (
+            f"no backup cut in {store.describe()} was written at or before {at.isoformat()}; "
+            "give a later --at"
+        )
+    return (
+        f"no backup in {store.describe()}: run `blackbox backup run`, or point --store "
+        "(BLACKBOX_BACKUP_URL) at the store backed up to"
+    )
+
+
+def recorded_by_production(production: Settings, store: BackupStore) -> dict[int, int] | None:
+    """How far production's database says the backup got (None: unknown)."""
+    try:
+        head = head_manifest(store)
+    except BackupCorrupt:
+        return None  # the check names the unreadable manifest
+    return None if head is None else recorded_offsets(production, store, head.positions)
 
 
 def _describe_cut(report: DrillReport, check: StoreCheck, cut: Manifest) -> None:

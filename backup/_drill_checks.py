@@ -209,27 +209,44 @@ class DrillChecks:
         return Check(name, not wrong, detail, tuple(wrong))
 
     def replay_sample(self, sample: int, purpose: str) -> Check:
+        """Replay ``sample`` runs of the copy. A run that could not be replayed (no entry
+        point, a setup or access problem) fails the check as such, never as a divergence;
+        a run that diverged passes only when it diverges the same way in production."""
         name = "sample of runs replayed"
         if sample <= 0:
             return Check(name, None, "no sample asked for (--sample 0)")
         if not os.environ.get("BLACKBOX_AGENTS"):
-            return Check(name, None, "no entry points: set BLACKBOX_AGENTS to replay a sample")
+            return Check(
+                name,
+                False,
+                "could not replay: no entry points; set BLACKBOX_AGENTS (name=module:function,"
+                "...) to the agents' entry points, or give --sample 0",
+            )
         args = ["replay", "--all", "--limit", str(sample), "--json", "--purpose", purpose]
-        code, out, err = self._child(args)
+        _code, out, err = self._child(args)
         lines = [json.loads(line) for line in out.splitlines() if line.strip()]
         runs = [line for line in lines if line.get("type") == "run"]
         if not runs:
-            return Check(name, False, f"could not run: {_tail(err)}")
+            return Check(name, False, f"could not replay: {_tail(err)}")
+        unreplayed = [
+            f"run {r['run_id']}: {r['result']}: {r.get('error') or r.get('skipped') or ''}"
+            for r in runs
+            if r["result"] in ("ERROR", "SKIPPED")
+        ]
         differ = [
             f"run {r['run_id']}: {r['result']} on the restored copy, {theirs} in production"
             for r in runs
-            if r["result"] not in ("PASS", "LIMITED")
+            if r["result"] not in ("PASS", "LIMITED", "ERROR", "SKIPPED")
             and (theirs := self._production_result(r["run_id"], purpose)) != r["result"]
         ]
         passed = sum(1 for r in runs if r["result"] in ("PASS", "LIMITED"))
-        detail = f"{len(runs)} runs: {passed} passed, the others as in production"
-        del code
-        return Check(name, not differ, detail, tuple(differ))
+        detail = f"{len(runs)} runs: {passed} passed"
+        if same := len(runs) - passed - len(unreplayed) - len(differ):
+            detail += f", {same} diverged as in production"
+        if unreplayed:
+            detail += f", {len(unreplayed)} could not be replayed"
+        wrong = tuple(unreplayed + differ)
+        return Check(name, not wrong, detail, wrong)
 
     def _production_result(self, run_id: str, purpose: str) -> str:
         args = ["replay", run_id, "--json", "--purpose", purpose]

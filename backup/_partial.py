@@ -10,8 +10,9 @@ why (so does the restored copy's).
 from __future__ import annotations
 
 import getpass
+import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +34,7 @@ from agent_blackbox.keystore import purpose_problem, record_access_txn
 from agent_blackbox.schemas import CheckpointVerifier, Settings
 
 RESTORE_PREFIX = "blackbox_restore_"
+_INTO = re.compile(r"[a-z][a-z0-9_]{0,23}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,11 @@ class RestoreRequest:
 
     def problem(self) -> str | None:
         """What makes the request unusable, or None."""
+        if _INTO.fullmatch(self.into) is None:
+            return (
+                f"--into {self.into!r}: name the copy with 1 to 24 lower-case letters, digits "
+                "and _, starting with a letter"
+            )
         if not (self.run_ids or self.subject or self.since):
             return "say which runs to restore: --runs, --subject and/or --since"
         return purpose_problem(self.purpose)
@@ -134,13 +141,6 @@ def restore_runs(
     engine.dispose()
     _audit_production(production, rows, request, target, say)
     return RestoreResult(target, cut.key, sorted(selection.run_ids or ()), copy, stage.times)
-
-
-def named_target(production: Settings, into: str) -> Target:
-    """The target a restore ``into`` made (to drop it)."""
-    name = RESTORE_PREFIX + into
-    settings = replace(production, topic=f"{name}.{production.topic}")
-    return Target(name=name, settings=settings, created=True)
 
 
 def _audit(

@@ -139,6 +139,6 @@ def horizon_note(policy: RetentionPolicy) -> str:
     """How long segments and cuts are kept under ``policy``, for people."""
     periods: list[timedelta] = [c.metadata for c in policy.classes.values()]
     return (
-        f"segments of deleted runs older than {min(periods).days} days, cuts older than "
-        f"{max(periods).days} days (the newest is always kept)"
+        f"expiring segments of runs production deleted, once older than {min(periods).days} "
+        f"days, and cuts older than {max(periods).days} days (never the newest)"
     )

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from agent_blackbox.backup._errors import BackupError
 from agent_blackbox.broker import KafkaUnavailable, default_topics, delete_topics, ensure_topics
@@ -78,18 +78,23 @@ def create_target(production: Settings, name: str, *, partitions: int) -> Target
     password = secrets.token_urlsafe(24)
     admin = _admin(production)
     try:
-        with admin.connect() as conn:
-            # A utility statement takes no bound parameter; the password is URL-safe base64.
-            conn.execute(text(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'"))
-            conn.execute(text(f"CREATE DATABASE {name} OWNER {name}"))
-            conn.execute(text(f"REVOKE ALL ON DATABASE {name} FROM PUBLIC"))
-            conn.execute(text(f"GRANT CONNECT, TEMPORARY ON DATABASE {name} TO {name}"))
-    except SQLAlchemyError as exc:
-        _drop_database(admin, name)
-        raise TargetError(
-            f"cannot create the target database {name}: {_first_line(exc)}; the production "
-            "database user needs CREATEDB and CREATEROLE to make an isolated target"
-        ) from exc
+        _refuse_existing(admin, name)
+        made = False
+        try:
+            with admin.connect() as conn:
+                # A utility statement takes no bound parameter; the password is URL-safe
+                # base64, generated here.
+                conn.execute(text(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'"))
+                made = True
+                conn.execute(text(f"CREATE DATABASE {name} OWNER {name}"))
+                conn.execute(text(f"REVOKE ALL ON DATABASE {name} FROM PUBLIC"))
+                conn.execute(text(f"GRANT CONNECT, TEMPORARY ON DATABASE {name} TO {name}"))
+        except BaseException as exc:
+            if made:  # never what someone else made: only this call's role and database
+                _drop_database(admin, name)
+            if isinstance(exc, SQLAlchemyError):
+                raise TargetError(_refusal(name, exc)) from exc
+            raise
     finally:
         admin.dispose()
     url = make_url(production.database_url).set(username=name, password=password, database=name)
@@ -105,10 +110,50 @@ def create_target(production: Settings, name: str, *, partitions: int) -> Target
         migrate_write_side(settings.database_url)
         migrate_views(settings.database_url)
         ensure_topics(settings, default_topics(settings))
-    except (BlackboxError, MigrationFailed) as exc:
+    except BaseException as exc:
         drop_target(production, target)
-        raise TargetError(f"cannot prepare the target {name}: {exc}") from exc
+        if isinstance(exc, (BlackboxError, MigrationFailed)):
+            raise TargetError(f"cannot prepare the target {name}: {exc}") from exc
+        raise
     return target
+
+
+def _refuse_existing(admin: Engine, name: str) -> None:
+    try:
+        with admin.connect() as conn:
+            taken = conn.execute(
+                text(
+                    "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :n) "
+                    "OR EXISTS (SELECT 1 FROM pg_database WHERE datname = :n)"
+                ),
+                {"n": name},
+            ).scalar_one()
+    except SQLAlchemyError as exc:
+        raise TargetError(_refusal(name, exc)) from exc
+    if taken:
+        raise TargetError(
+            f"a restored copy named {name} exists already (its database or role); drop it "
+            "first or choose another name"
+        )
+
+
+def _refusal(name: str, exc: SQLAlchemyError) -> str:
+    if isinstance(exc, OperationalError):
+        return (
+            f"cannot reach the database server to create {name}: {_first_line(exc)}; check "
+            "BLACKBOX_DATABASE_URL"
+        )
+    return (
+        f"cannot create the target database {name}: {_first_line(exc)}; the production "
+        "database user needs CREATEDB and CREATEROLE to make an isolated target"
+    )
+
+
+def existing_target(production: Settings, name: str) -> Target:
+    """The target :func:`create_target` made under ``name`` (to drop it)."""
+    return Target(
+        name=name, settings=replace(production, topic=f"{name}.{production.topic}"), created=True
+    )
 
 
 def drop_target(production: Settings, target: Target) -> list[str]:

@@ -10,7 +10,7 @@ there and hashes to its content address.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -65,9 +65,14 @@ def check_store(
     *,
     at: datetime | None = None,
     progress: Progress | None = None,
+    recorded: Mapping[int, int] | None = None,
 ) -> StoreCheck:
     """Check the chain up to the newest cut (or the last at or before ``at``) and every
-    object it names; every problem is listed, none stops the check."""
+    object it names; every problem is listed, none stops the check.
+
+    ``recorded``: how far the database says the backup got (partition -> next offset);
+    a newest cut short of it means manifests were removed from the store's end.
+    """
     chain = load_chain(store, verifier, at=at)
     pruned = load_pruned(store, verifier)
     check = StoreCheck(chain=chain, problems=[*chain.problems, *pruned.problems])
@@ -81,6 +86,8 @@ def check_store(
         if not check.problems:
             check.problems.append(ChainProblem(store.describe(), "no backup manifest is there"))
         return check
+    if recorded and at is None:
+        _check_tail(chain.cut, recorded, check)
     segments = check.segments_held()
     codec = EnvelopeCodec()
     for done, segment in enumerate(segments, 1):
@@ -89,6 +96,19 @@ def check_store(
             progress(done, len(segments))
     _check_snapshot(store, chain.cut, check)
     return check
+
+
+def _check_tail(cut: Manifest, recorded: Mapping[int, int], check: StoreCheck) -> None:
+    short = {p: o for p, o in sorted(recorded.items()) if o > cut.positions.get(p, 0)}
+    if short:
+        where = ", ".join(f"[{p}]@{o}" for p, o in short.items())
+        check.problems.append(
+            ChainProblem(
+                cut.key,
+                f"the database records backing up to {where}, past this newest manifest: "
+                "manifests after it were removed from the store",
+            )
+        )
 
 
 def fetch_checked(store: BackupStore, key: str, sha256: str) -> bytes:

@@ -20,7 +20,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -76,6 +76,24 @@ def backup_group(store: BackupStore) -> str:
     """The consumer group the backup to ``store`` keeps its offsets under: one per
     store, so a second store starts its own series."""
     return "blackbox-backup-" + hashlib.sha256(store.describe().encode()).hexdigest()[:16]
+
+
+def recorded_offsets(
+    settings: Settings, store: BackupStore, partitions: Iterable[int]
+) -> dict[int, int] | None:
+    """How far the database says the backup to ``store`` got in ``partitions``
+    (partition -> next offset); None when the database cannot be read (a disaster took
+    it) or records nothing."""
+    wanted = [(settings.topic, p) for p in partitions]
+    engine = create_engine(settings.database_url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            found = load_offsets(conn, group_id=backup_group(store), partitions=wanted)
+    except SQLAlchemyError:
+        return None
+    finally:
+        engine.dispose()
+    return {p: o for (_t, p), o in found.items() if o is not None} or None
 
 
 class BackupWriter:
@@ -146,6 +164,9 @@ class BackupWriter:
         try:
             lows = {p: low for p, (low, _high) in watermarks(self._settings, self._topic).items()}
             self._head = head_manifest(self._store)
+            if self._head is not None:  # the newest cut's age counts from its own time
+                created = datetime.fromisoformat(self._head.created_at)
+                self.metrics.cut_written(at=created.timestamp(), messages=0, size=0)
             self._reconcile(lows)
             self._snapshots = SnapshotTaker(self._engine, self._store)
             self._consumer = new_consumer(self._settings, group_id=self.group_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -239,10 +240,14 @@ class _RelayWatch:
 @click.option("--runs", default=300, show_default=True, help="How many agent runs to record.")
 @click.option("--workers", default=4, show_default=True, help="Agents recording at once.")
 def demo(runs: int, workers: int) -> None:
-    """Start the stack, record agent runs, relay them, build the views, show them."""
+    """Start the stack, record agent runs, relay them, build the views, show them, back
+    them up and end with a restore drill. Exit 1 when the drill found a problem."""
     from agent_blackbox.examples.demo import run_demo
 
-    _guarded(lambda: run_demo(runs=runs, workers=workers, console=console))
+    outcome: list[bool] = []
+    _guarded(lambda: outcome.append(run_demo(runs=runs, workers=workers, console=console)))
+    if outcome != [True]:
+        sys.exit(1)
 
 
 def _guarded(work: Callable[[], object]) -> None:

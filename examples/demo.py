@@ -32,6 +32,7 @@ from agent_blackbox.outbox import Recorder, migrate_write_side, pending_events_t
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import (
     PUBLIC_KEYS_ENV,
+    SIGNING_KEY_FILE_ENV,
     CheckpointSigner,
     CheckpointVerifier,
     Settings,
@@ -44,8 +45,9 @@ AGENTS_ENV = "BLACKBOX_AGENTS"
 DEMO_AGENTS = "ticket-agent=agent_blackbox.examples.ticket_agent:replay_entry"
 
 
-def run_demo(*, runs: int, workers: int, console: Console) -> None:
-    """Bring the pipeline up and push ``runs`` ticket-agent runs through all of it."""
+def run_demo(*, runs: int, workers: int, console: Console) -> bool:
+    """Bring the pipeline up and push ``runs`` ticket-agent runs through all of it; whether
+    the closing restore drill passed."""
     console.rule("agent-blackbox demo")
     stack = LocalStack(console=console)
     endpoints = stack.up(with_s3=True)
@@ -64,7 +66,7 @@ def run_demo(*, runs: int, workers: int, console: Console) -> None:
         _relay(engine, settings, console, timings)
         _build_views(engine, settings, run_ids, events, console, timings)
         _show(engine, run_ids, events, timings, console)
-        _back_up_and_drill(engine, settings, run_ids, stack, endpoints, console)
+        return _back_up_and_drill(engine, settings, run_ids, stack, endpoints, console)
     finally:
         engine.dispose()
 
@@ -76,11 +78,20 @@ def _back_up_and_drill(
     stack: LocalStack,
     endpoints: Endpoints,
     console: Console,
-) -> None:
+) -> bool:
     """Sign the runs' checkpoints and the backup's manifests (with a key of the demo's own,
     kept in the stack's cache folder), back the log up and rehearse a restore of it."""
     console.rule("backup and restore drill")
-    signer = _demo_signer(stack.settings.cache_dir / "demo")
+    # The operator's signer when one is configured (a store holds one signer's chain),
+    # else the demo's own.
+    if os.environ.get(SIGNING_KEY_FILE_ENV):
+        signer = CheckpointSigner.from_env()
+        public = stack.settings.cache_dir / "demo" / "operator-signing-key.pub"
+        public.parent.mkdir(parents=True, exist_ok=True)
+        public.write_bytes(signer.public_key_pem())
+    else:
+        signer = _demo_signer(stack.settings.cache_dir / "demo")
+        public = stack.settings.cache_dir / "demo" / "signing-key.pub"
     url = os.environ.get(BACKUP_URL_ENV)
     if url is None:
         if endpoints.backup is None:
@@ -97,7 +108,7 @@ def _back_up_and_drill(
     )
     # The drill's verify and replay run as child processes, as an operator would run them.
     os.environ.setdefault(AGENTS_ENV, DEMO_AGENTS)
-    os.environ[PUBLIC_KEYS_ENV] = str(stack.settings.cache_dir / "demo" / "signing-key.pub")
+    os.environ.setdefault(PUBLIC_KEYS_ENV, str(public))
     verifier = CheckpointVerifier({signer.key_id: signer.public_key})
     report = run_drill(
         settings,
@@ -107,6 +118,7 @@ def _back_up_and_drill(
         say=lambda stage: console.print(f"  drill: {stage}"),
     )
     print_drill(console, report)
+    return report.passed
 
 
 def _sign(

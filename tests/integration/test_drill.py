@@ -28,6 +28,7 @@ from agent_blackbox.backup import (
     PruneRecord,
     RestoreRequest,
     RestoreResult,
+    TargetError,
     check_store,
     drop_target,
     open_store,
@@ -380,3 +381,58 @@ def test_a_prune_record_signed_by_another_key_is_named(
     assert not check.passed
     assert [p.where for p in check.problems] == [forged.key]
     assert check.segments_held() == list(manifest.segments)  # the forged record hides nothing
+
+
+def test_a_restore_into_a_name_taken_is_refused_and_the_copy_kept(
+    settings: Settings, engine: Engine, store: BackupStore
+) -> None:
+    run_id = record(engine, settings, "ada")
+    relay(engine, settings)
+    cut(settings, engine, store)
+    request = RestoreRequest(
+        into=f"t{uuid.uuid4().hex[:10]}", purpose="investigate twice", run_ids=frozenset({run_id})
+    )
+    first = restore_runs(settings, store, request, verifier=VERIFIER)
+    try:
+        with pytest.raises(TargetError, match="exists already"):
+            restore_runs(settings, store, request, verifier=VERIFIER)
+        assert _live_keys(first.target.settings) == {run_id: True}  # still there, reachable
+    finally:
+        assert drop_target(settings, first.target) == []
+
+
+def test_a_sample_that_cannot_be_replayed_fails_the_drill_as_such(
+    settings: Settings,
+    engine: Engine,
+    store: BackupStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    record(engine, settings, "ada")
+    relay(engine, settings)
+    cut(settings, engine, store)
+    monkeypatch.setenv("BLACKBOX_AGENTS", "backup=no_such_module:agent")
+
+    report = run_drill(settings, store, verifier=VERIFIER, options=DrillOptions(sample=1))
+
+    [check] = [c for c in report.checks if c.passed is False]
+    assert check.name == "sample of runs replayed"
+    assert "could not be replayed" in check.detail
+    assert any("ERROR" in w for w in check.where)
+
+
+def test_a_removed_newest_manifest_is_found_from_the_database(
+    settings: Settings, engine: Engine, store: BackupStore
+) -> None:
+    record(engine, settings, "ada")
+    relay(engine, settings)
+    cut(settings, engine, store)
+    record(engine, settings, "grace")
+    relay(engine, settings)
+    newest = cut(settings, engine, store)
+    store.delete(newest.key)
+
+    report = run_drill(settings, store, verifier=VERIFIER, options=DrillOptions(sample=0))
+
+    assert not report.passed
+    [check] = report.checks
+    assert any("manifests after it were removed" in w for w in check.where)
