@@ -50,6 +50,7 @@ from agent_blackbox.backup._target import (
 )
 from agent_blackbox.backup._verify import StoreCheck, check_store
 from agent_blackbox.backup._writer import recorded_offsets
+from agent_blackbox.broker import broker_answers, new_admin
 from agent_blackbox.consumers import LedgerReport
 from agent_blackbox.schemas import (
     CheckpointVerifier,
@@ -161,6 +162,7 @@ def run_drill(
     if cut is None or check.problems:
         say("the backup failed its check: nothing is restored from it")
         return report
+    require_broker(production)
     with stage("create the target"):
         target = create_target(production, target_name(), partitions=len(cut.positions))
     report.target = target.describe()
@@ -199,6 +201,17 @@ def _restore_and_verify(
                 report.add(found)
     finally:
         engine.dispose()
+
+
+def require_broker(production: Settings) -> None:
+    """Raise :class:`BackupError` unless the broker answers."""
+    # Before a copy is made: without a broker it could not be filled, and would only
+    # be made and dropped again after a long wait.
+    if not broker_answers(new_admin(production.kafka_bootstrap), timeout_s=10.0):
+        raise BackupError(
+            f"Kafka at {production.kafka_bootstrap} does not answer; the restored events go "
+            "to a topic there: check that it runs and BLACKBOX_KAFKA_BOOTSTRAP"
+        )
 
 
 def no_cut(store: BackupStore, at: datetime | None) -> str:

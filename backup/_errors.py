@@ -5,6 +5,13 @@ from __future__ import annotations
 from agent_blackbox.schemas import BlackboxError
 
 
+def first_line(exc: BaseException) -> str:
+    """The driver's own message of ``exc``, first line only (no SQL, no links)."""
+    cause = getattr(exc, "orig", None)
+    lines = str(cause if cause is not None else exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 class BackupError(BlackboxError):
     """The root of the backup's errors."""
 

@@ -20,6 +20,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._copy import RestoredCopy, Stages, restore_copy
+from agent_blackbox.backup._drill import require_broker
 from agent_blackbox.backup._errors import BackupCorrupt, BackupError
 from agent_blackbox.backup._restore import Selection, table_rows
 from agent_blackbox.backup._store import BackupStore
@@ -117,6 +118,7 @@ def restore_runs(
     if not rows:
         raise BackupError(f"no run of cut {cut.key} matches the selection")
     selection = Selection(frozenset(str(r["run_id"]) for r in rows))
+    require_broker(production)
     with stage("create the target"):
         target = create_target(
             production, RESTORE_PREFIX + request.into, partitions=len(cut.positions)

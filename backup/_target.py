@@ -19,7 +19,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from agent_blackbox.backup._errors import BackupError
+from agent_blackbox.backup._errors import BackupError, first_line
 from agent_blackbox.broker import KafkaUnavailable, default_topics, delete_topics, ensure_topics
 from agent_blackbox.consumers import MigrationFailed, migrate_views
 from agent_blackbox.outbox import migrate_write_side
@@ -140,11 +140,11 @@ def _refuse_existing(admin: Engine, name: str) -> None:
 def _refusal(name: str, exc: SQLAlchemyError) -> str:
     if isinstance(exc, OperationalError):
         return (
-            f"cannot reach the database server to create {name}: {_first_line(exc)}; check "
+            f"cannot reach the database server to create {name}: {first_line(exc)}; check "
             "BLACKBOX_DATABASE_URL"
         )
     return (
-        f"cannot create the target database {name}: {_first_line(exc)}; the production "
+        f"cannot create the target database {name}: {first_line(exc)}; the production "
         "database user needs CREATEDB and CREATEROLE to make an isolated target"
     )
 
@@ -187,15 +187,10 @@ def _drop_database(admin: Engine, name: str) -> str | None:
             conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             conn.execute(text(f"DROP ROLE IF EXISTS {name}"))
     except SQLAlchemyError as exc:
-        return _first_line(exc)
+        return first_line(exc)
     return None
 
 
 def target_engine(target: Target) -> Engine:
     """An engine on the target's database, as the target's own role."""
     return create_engine(target.settings.database_url, pool_size=4, pool_pre_ping=True)
-
-
-def _first_line(exc: SQLAlchemyError) -> str:
-    cause = getattr(exc, "orig", None)
-    return str(cause if cause is not None else exc).splitlines()[0]

@@ -30,7 +30,7 @@ from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._chain import head_manifest
-from agent_blackbox.backup._errors import BackupBusy, BackupDiverged, BackupError
+from agent_blackbox.backup._errors import BackupBusy, BackupDiverged, BackupError, first_line
 from agent_blackbox.backup._manifest import (
     GENESIS_MANIFEST,
     LostRange,
@@ -395,7 +395,7 @@ class BackupWriter:
             return self._snapshots.take()
         except SQLAlchemyError as exc:
             raise BackupError(
-                f"cannot take the database snapshot: {exc}; check that the database is "
+                f"cannot take the database snapshot: {first_line(exc)}; check that the database is "
                 "reachable and the backup's role may read the write side"
             ) from exc
 
@@ -434,7 +434,7 @@ class BackupWriter:
             self._lock.commit()
         except SQLAlchemyError as exc:
             raise BackupError(
-                f"cannot reach the database to lock the backup store: {exc}; check "
+                f"cannot reach the database to lock the backup store: {first_line(exc)}; check "
                 "BLACKBOX_DATABASE_URL"
             ) from exc
         if not locked:
@@ -450,7 +450,7 @@ class BackupWriter:
             with self._engine.connect() as conn:
                 stored = load_offsets(conn, group_id=self.group_id, partitions=partitions)
         except SQLAlchemyError as exc:
-            raise BackupError(f"cannot read the backup's offsets: {exc}") from exc
+            raise BackupError(f"cannot read the backup's offsets: {first_line(exc)}") from exc
         self._stored = {p: stored[(self._topic, p)] for p in lows}
         head = self._head
         if head is None:
@@ -502,7 +502,7 @@ class BackupWriter:
                 f"another backup writer moved the offsets of {self._store.describe()}: {exc}"
             ) from exc
         except SQLAlchemyError as exc:
-            raise BackupError(f"cannot store the backup's offsets: {exc}") from exc
+            raise BackupError(f"cannot store the backup's offsets: {first_line(exc)}") from exc
         self._stored.update(positions)
 
     @staticmethod
