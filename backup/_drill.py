@@ -207,7 +207,9 @@ def require_broker(production: Settings) -> None:
     """Raise :class:`BackupError` unless the broker answers."""
     # Before a copy is made: without a broker it could not be filled, and would only
     # be made and dropped again after a long wait.
-    if not broker_answers(new_admin(production.kafka_bootstrap), timeout_s=10.0):
+    # The probe's own connection failures are what the error below says; not logged.
+    probe = new_admin(production.kafka_bootstrap, {"log_level": 0})
+    if not broker_answers(probe, timeout_s=10.0):
         raise BackupError(
             f"Kafka at {production.kafka_bootstrap} does not answer; the restored events go "
             "to a topic there: check that it runs and BLACKBOX_KAFKA_BOOTSTRAP"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from agent_blackbox.backup._chain import load_chain
+from agent_blackbox.backup._drill import no_cut
 from agent_blackbox.backup._errors import BackupError
 from agent_blackbox.backup._manifest import Manifest, SegmentEntry
 from agent_blackbox.backup._pruned import PRUNED, PruneRecord, load_pruned
@@ -63,6 +64,8 @@ def plan_prune(
     now = now or datetime.now(UTC)
     chain = load_chain(store, verifier)
     pruned = load_pruned(store, verifier)
+    if chain.cut is None and not chain.problems:
+        raise BackupError(no_cut(store, None))
     if chain.problems or pruned.problems or chain.cut is None:
         found = "; ".join(f"{p.where}: {p.problem}" for p in [*chain.problems, *pruned.problems])
         raise BackupError(f"the backup is not sound, nothing is pruned: {found or 'no cut'}")
