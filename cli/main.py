@@ -21,6 +21,7 @@ from agent_blackbox.broker import partition_count, settle_heap
 from agent_blackbox.cli._roles import RoleCheckedGroup
 from agent_blackbox.consumers import ViewRunIndex, migrate_views
 from agent_blackbox.consumers.cli import (
+    analytics_command,
     consume_command,
     could_not_run,
     forget_command,
@@ -77,6 +78,7 @@ def _run_index(engine: Engine) -> ViewRunIndex:
 
 main.add_command(stack_group, "stack")
 main.add_command(consume_command, "consume")
+main.add_command(analytics_command, "analytics")
 main.add_command(replay_command, "replay")
 main.add_command(fork_command, "fork")
 main.add_command(reexecute_command, "reexecute")

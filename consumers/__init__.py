@@ -13,6 +13,11 @@ through the caller's connection and never commits.
 """
 
 from agent_blackbox.broker import KafkaUnavailable
+from agent_blackbox.consumers._analytics import (
+    ANALYTICS_GROUP,
+    AnalyticsConsumer,
+    apply_analytics,
+)
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
 from agent_blackbox.consumers._checkpoints import (
     CheckpointConsumer,
@@ -78,18 +83,23 @@ from agent_blackbox.consumers._summary import (
 from agent_blackbox.consumers._tables import (
     VIEWS_SCHEMA,
     consumer_offsets,
+    effect_calls,
     events_index,
     integrity_violations,
+    llm_calls,
     runs_view,
+    tool_calls,
 )
 from agent_blackbox.consumers._views import apply_batch, views_screen
 
 __all__ = [
+    "ANALYTICS_GROUP",
     "DLQ_OFFSET",
     "DLQ_PARTITION",
     "DLQ_REASON",
     "DLQ_TOPIC",
     "VIEWS_SCHEMA",
+    "AnalyticsConsumer",
     "BatchOutcome",
     "CheckpointConsumer",
     "CheckpointPolicy",
@@ -124,9 +134,11 @@ __all__ = [
     "ViewsNotMigrated",
     "ViewsSummary",
     "advance_offsets",
+    "apply_analytics",
     "apply_batch",
     "checkpoint_rows_txn",
     "consumer_offsets",
+    "effect_calls",
     "entries_of",
     "entry_problem",
     "event_references_txn",
@@ -135,6 +147,7 @@ __all__ = [
     "indexed_events_txn",
     "integrity_violations",
     "ledger_entries",
+    "llm_calls",
     "load_checkpoint",
     "load_fences",
     "load_offsets",
@@ -145,6 +158,7 @@ __all__ = [
     "shred_run_txn",
     "sign_batch",
     "sweep_heads",
+    "tool_calls",
     "view_digests_txn",
     "views_screen",
     "views_summary_txn",

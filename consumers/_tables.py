@@ -11,6 +11,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -153,3 +154,52 @@ checkpoints = Table(
 """The latest signed chain head of each run (Ed25519, base64): at its end, or mid-run
 (``finished`` false) for a run still running or one that crashed. NULL ``finished``: a
 first-form checkpoint, signed only at a run's end."""
+
+
+def _call_columns() -> list[Column[object]]:
+    return [
+        Column("run_id", Text, primary_key=True),
+        Column("sequence", BigInteger, primary_key=True),
+        Column("event_id", Text, nullable=False),
+        Column("tenant_id", Text, nullable=False),
+        Column("agent_id", Text, nullable=False),
+        Column("recorded_at", DateTime(timezone=True), nullable=False),
+        Column("latency_ms", Float),
+        Column("error_class", Text),
+    ]
+
+
+llm_calls = Table(
+    "llm_calls",
+    metadata,
+    *_call_columns(),
+    Column("provider", Text),
+    Column("model", Text),
+    Column("prompt_tokens", BigInteger),
+    Column("completion_tokens", BigInteger),
+    Column("cached_tokens", BigInteger),
+    Column("total_tokens", BigInteger),
+    Column("finish_reason", Text),
+    Column("truncated", Boolean, nullable=False, server_default=text("false")),
+)
+"""One row per ``llm.call``, from its unsealed attributes (no body, no data key)."""
+
+tool_calls = Table("tool_calls", metadata, *_call_columns(), Column("tool", Text))
+"""One row per ``tool.call``."""
+
+effect_calls = Table(
+    "effects",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("key_digest", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("agent_id", Text, nullable=False),
+    Column("effect", Text),
+    Column("intent_sequence", BigInteger),
+    Column("intent_at", DateTime(timezone=True)),
+    Column("receipt_sequence", BigInteger),
+    Column("receipt_at", DateTime(timezone=True)),
+    Column("status", Text),
+)
+"""One row per effect intent, its receipt paired by (run, digest of the idempotency
+key); ``receipt_sequence`` NULL: an open intent."""

@@ -20,6 +20,7 @@ from rich.table import Table
 from sqlalchemy import create_engine
 
 from agent_blackbox.broker import settle_heap
+from agent_blackbox.consumers._analytics import ANALYTICS_GROUP, AnalyticsConsumer
 from agent_blackbox.consumers._batch import BatchOutcome
 from agent_blackbox.consumers._checkpoints import CheckpointConsumer
 from agent_blackbox.consumers._ledger import LedgerReport, ledger_entries, reapply_ledger
@@ -158,6 +159,43 @@ def consume_command(
     With --until-idle it stops only once it holds partitions, nothing came for SECONDS
     and the broker shows nothing left to read in them.
     """
+
+    def views(settings: Settings) -> ConsumerRuntime:
+        return ViewConsumer(settings, verifier=CheckpointVerifier.from_env())
+
+    _consume("views", views, group, until_idle, instance_id, session_timeout)
+
+
+@click.command("analytics")
+@click.option("--group", default=None, help=f"Consumer group (default: {ANALYTICS_GROUP}).")
+@until_idle_option
+@membership_options("analytics")
+def analytics_command(
+    group: str | None,
+    until_idle: float | None,
+    instance_id: str | None,
+    session_timeout: float | None,
+) -> None:
+    """Build the analytics views (llm_calls, tool_calls, effects) from the event topic,
+    as `consume` builds the runs view; --until-idle as there."""
+
+    def analytics(settings: Settings) -> ConsumerRuntime:
+        return AnalyticsConsumer(settings, group_id=settings.consumer_group)
+
+    _consume(
+        "analytics", analytics, group or ANALYTICS_GROUP, until_idle, instance_id, session_timeout
+    )
+
+
+def _consume(
+    name: str,
+    make: Callable[[Settings], ConsumerRuntime],
+    group: str | None,
+    until_idle: float | None,
+    instance_id: str | None,
+    session_timeout: float | None,
+) -> None:
+    """Run the consumer ``make`` builds until a signal, or idle for ``until_idle``."""
     console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     if group:
@@ -166,15 +204,14 @@ def consume_command(
     started = time.monotonic()
     try:
         with membership(
-            settings, name="views", instance_id=instance_id, session_timeout=session_timeout
+            settings, name=name, instance_id=instance_id, session_timeout=session_timeout
         ) as settings:
             migrate_views(settings.database_url)
             console.log(
                 f"consuming [bold]{settings.topic}[/] as group "
                 f"[bold]{settings.consumer_group}[/]" + _member(settings)
             )
-            verifier = CheckpointVerifier.from_env()
-            with stop_on_signals(stop), ViewConsumer(settings, verifier=verifier) as consumer:
+            with stop_on_signals(stop), make(settings) as consumer:
                 settle_heap()
                 total = consumer.run(stop, until_idle, on_batch=_Progress(console))
     except BlackboxError as exc:

@@ -1,0 +1,193 @@
+"""The analytics views: LLM calls, tool calls and effects, for plain SQL.
+
+Built from each envelope's unsealed attributes (provider, model, tokens, latency, finish
+reason, error class, tool, effect, receipt status), so the consumer needs no data key
+and the rows hold no body. Every write is idempotent (a call row is inserted once, an
+effect's intent and receipt fill their own columns once), so a redelivered batch
+changes nothing and a rebuild from offset zero gives the same rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Connection, Engine, func
+from sqlalchemy.dialects import postgresql as pg
+
+from agent_blackbox.consumers._batch import BatchOutcome, Delivered
+from agent_blackbox.consumers._runtime import ConsumerRuntime
+from agent_blackbox.consumers._tables import effect_calls, llm_calls, tool_calls
+from agent_blackbox.consumers._views import views_screen
+from agent_blackbox.schemas import Envelope, EventType, Settings
+
+ANALYTICS_GROUP = "blackbox-analytics"
+"""The analytics consumer's group unless another is given."""
+
+
+def apply_analytics(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
+    """Project ``records`` into the analytics views through ``conn``; the caller commits."""
+    llm: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] = []
+    intents: list[dict[str, Any]] = []
+    receipts: list[dict[str, Any]] = []
+    for record in records:
+        envelope = record.envelope
+        kind = envelope.event_type
+        if kind == EventType.LLM_CALL:
+            llm.append(_llm_row(envelope))
+        elif kind == EventType.TOOL_CALL:
+            tools.append({**_call(envelope), "tool": envelope.attributes.get("tool")})
+        elif kind == EventType.EFFECT_INTENT:
+            intents.append(_intent_row(envelope))
+        elif kind == EventType.EFFECT_RECEIPT:
+            receipts.append(_receipt_row(envelope))
+    inserted = _insert_new(conn, llm_calls, llm) + _insert_new(conn, tool_calls, tools)
+    inserted += _fill(conn, _unique(intents), "intent_sequence", _INTENT)
+    inserted += _fill(conn, _unique(receipts), "receipt_sequence", _RECEIPT)
+    # Every message is accounted for: what changed a row, and what changed none here
+    # (another event type, or one already applied).
+    return BatchOutcome(inserted=inserted, duplicates=len(records) - inserted)
+
+
+_INTENT = ("effect", "intent_sequence", "intent_at")
+_RECEIPT = ("receipt_sequence", "receipt_at", "status")
+
+
+def _call(envelope: Envelope) -> dict[str, Any]:
+    attributes = envelope.attributes
+    return {
+        "run_id": envelope.run_id,
+        "sequence": envelope.sequence,
+        "event_id": envelope.event_id,
+        "tenant_id": envelope.tenant_id,
+        "agent_id": envelope.agent_id,
+        "recorded_at": envelope.recorded_at,
+        "latency_ms": _number(attributes.get("latency_ms"), float),
+        "error_class": attributes.get("error"),
+    }
+
+
+def _llm_row(envelope: Envelope) -> dict[str, Any]:
+    attributes = envelope.attributes
+    return {
+        **_call(envelope),
+        "provider": attributes.get("provider"),
+        "model": attributes.get("model"),
+        "prompt_tokens": _number(attributes.get("prompt_tokens"), int),
+        "completion_tokens": _number(attributes.get("completion_tokens"), int),
+        "cached_tokens": _number(attributes.get("cached_tokens"), int),
+        "total_tokens": _number(attributes.get("total_tokens"), int),
+        "finish_reason": attributes.get("finish_reason"),
+        "truncated": attributes.get("body_truncated") == "true",
+    }
+
+
+def _effect(envelope: Envelope) -> dict[str, Any]:
+    key = envelope.attributes.get("idempotency_key", "")
+    return {
+        "run_id": envelope.run_id,
+        # The agent's key may name a customer; the view pairs by a digest of it.
+        "key_digest": hashlib.sha256(key.encode("utf-8")).hexdigest()[:32],
+        "tenant_id": envelope.tenant_id,
+        "agent_id": envelope.agent_id,
+        "effect": envelope.attributes.get("effect"),
+    }
+
+
+def _intent_row(envelope: Envelope) -> dict[str, Any]:
+    return {
+        **_effect(envelope),
+        "intent_sequence": envelope.sequence,
+        "intent_at": envelope.recorded_at,
+        "receipt_sequence": None,
+        "receipt_at": None,
+        "status": None,
+    }
+
+
+def _receipt_row(envelope: Envelope) -> dict[str, Any]:
+    return {
+        **_effect(envelope),
+        "intent_sequence": None,
+        "intent_at": None,
+        "receipt_sequence": envelope.sequence,
+        "receipt_at": envelope.recorded_at,
+        "status": envelope.attributes.get("status"),
+    }
+
+
+def _number(raw: str | None, kind: Callable[[str], float | int]) -> Any:
+    """The attribute as a number, or None when it is absent or not a finite number."""
+    if raw is None:
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        return None
+    return value
+
+
+def _insert_new(conn: Connection, table: Any, rows: list[dict[str, Any]]) -> int:
+    if not rows:
+        return 0
+    statement = pg.insert(table).on_conflict_do_nothing().returning(table.c.sequence)
+    return len(conn.execute(statement, rows).all())
+
+
+def _unique(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # One row per key in a statement (ON CONFLICT touches a row once): the first wins.
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        seen.setdefault((row["run_id"], row["key_digest"]), row)
+    return list(seen.values())
+
+
+def _fill(conn: Connection, rows: list[dict[str, Any]], marker: str, columns: Sequence[str]) -> int:
+    """Insert each effect row, or fill its ``columns`` where ``marker`` is still NULL."""
+    if not rows:
+        return 0
+    statement = pg.insert(effect_calls)
+    excluded = statement.excluded
+    upsert = statement.on_conflict_do_update(
+        index_elements=["run_id", "key_digest"],
+        set_={c: func.coalesce(effect_calls.c[c], excluded[c]) for c in columns},
+        where=effect_calls.c[marker].is_(None),
+    ).returning(effect_calls.c.run_id)
+    return len(conn.execute(upsert, rows).all())
+
+
+class AnalyticsConsumer(ConsumerRuntime):
+    """The consumer that builds the analytics views (offsets in the same transaction).
+
+    Call :func:`agent_blackbox.consumers.migrate_views` once before starting it.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        group_id: str | None = None,
+        engine: Engine | None = None,
+        batch_size: int = 2000,
+        registry: CollectorRegistry | None = None,
+        instance_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            settings,
+            apply_analytics,
+            name="analytics",
+            group_id=group_id or ANALYTICS_GROUP,
+            screen=views_screen,
+            engine=engine,
+            batch_size=batch_size,
+            registry=registry,
+            instance_id=instance_id,
+        )
