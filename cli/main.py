@@ -29,6 +29,7 @@ from agent_blackbox.consumers.cli import (
     ledger_group,
     retention_group,
     sign_command,
+    stats_command,
     stop_on_signals,
     until_idle_option,
 )
@@ -79,6 +80,7 @@ def _run_index(engine: Engine) -> ViewRunIndex:
 main.add_command(stack_group, "stack")
 main.add_command(consume_command, "consume")
 main.add_command(analytics_command, "analytics")
+main.add_command(stats_command, "stats")
 main.add_command(replay_command, "replay")
 main.add_command(fork_command, "fork")
 main.add_command(reexecute_command, "reexecute")

@@ -71,6 +71,7 @@ from agent_blackbox.consumers._run_index import IndexedRun, ViewRunIndex
 from agent_blackbox.consumers._runtime import ConsumerRuntime, Screen, ViewConsumer
 from agent_blackbox.consumers._signing import CheckpointPolicy, SignerFinding
 from agent_blackbox.consumers._snapshot import checkpoint_rows_txn, restore_checkpoints_txn
+from agent_blackbox.consumers._stats import GROUPINGS, UsageRow, llm_usage_txn
 from agent_blackbox.consumers._summary import (
     RunRow,
     ViewsSummary,
@@ -98,6 +99,7 @@ __all__ = [
     "DLQ_PARTITION",
     "DLQ_REASON",
     "DLQ_TOPIC",
+    "GROUPINGS",
     "VIEWS_SCHEMA",
     "AnalyticsConsumer",
     "BatchOutcome",
@@ -128,6 +130,7 @@ __all__ = [
     "RunRow",
     "Screen",
     "SignerFinding",
+    "UsageRow",
     "ViewConsumer",
     "ViewRunIndex",
     "ViewStoreUnavailable",
@@ -148,6 +151,7 @@ __all__ = [
     "integrity_violations",
     "ledger_entries",
     "llm_calls",
+    "llm_usage_txn",
     "load_checkpoint",
     "load_fences",
     "load_offsets",

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
@@ -18,6 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.broker import settle_heap
 from agent_blackbox.consumers._analytics import ANALYTICS_GROUP, AnalyticsConsumer
@@ -33,6 +35,7 @@ from agent_blackbox.consumers._retention import (
 )
 from agent_blackbox.consumers._runtime import ConsumerRuntime, ViewConsumer
 from agent_blackbox.consumers._signing import CheckpointPolicy
+from agent_blackbox.consumers._stats import GROUPINGS, UsageRow, llm_usage_txn
 from agent_blackbox.schemas import (
     BlackboxError,
     CheckpointSigner,
@@ -495,3 +498,84 @@ def sign_command(
         f"see blackbox_views.integrity_violations), {total.stale:,} stale relay copies "
         "dropped"
     )
+
+
+_SPAN = {"m": 60, "h": 3600, "d": 86400}
+
+
+def _since(raw: str) -> datetime:
+    """``1h``, ``30m``, ``2d`` ago, or an ISO time (local time without a zone)."""
+    if raw and raw[:-1].isdigit() and raw[-1] in _SPAN:
+        return datetime.now(UTC) - timedelta(seconds=int(raw[:-1]) * _SPAN[raw[-1]])
+    try:
+        at = datetime.fromisoformat(raw)
+    except ValueError:
+        raise click.BadParameter(
+            f"{raw!r}: give a span like 30m, 1h, 2d or an ISO time", param_hint="--since"
+        ) from None
+    return at if at.tzinfo is not None else at.astimezone()
+
+
+@click.command("stats")
+@click.option(
+    "--by",
+    type=click.Choice(sorted(GROUPINGS)),
+    default="model",
+    show_default=True,
+    help="Group the LLM calls by this.",
+)
+@click.option(
+    "--since", "since_raw", default="1h", show_default=True, help="30m, 1h, 2d, or a time."
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per group on stdout.")
+def stats_command(by: str, since_raw: str, as_json: bool) -> None:
+    """LLM calls, tokens, latency p50/p95/p99 and error rate from the analytics views
+    (built by `blackbox analytics`), grouped by one dimension. Read as any role that may
+    read the views (the reader sees its granted tenants only)."""
+    console = safe_console(stderr=True, log_path=False)
+    since = _since(since_raw)
+    settings = Settings.from_env()
+    engine = create_engine(settings.database_url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            rows = llm_usage_txn(conn, by=by, since=since)
+    except SQLAlchemyError as exc:
+        could_not_run(console, BlackboxError(f"cannot read the analytics views: {exc}"))
+    finally:
+        engine.dispose()
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps({by: row.group, **_figures(row)}))
+        return
+    table = Table(title=f"LLM calls since {since.isoformat(timespec='seconds')} by {by}")
+    for column in (by, "calls", "errors", "tokens in", "tokens out", "p50 ms", "p95 ms", "p99 ms"):
+        table.add_column(column, justify="left" if column == by else "right", overflow="fold")
+    for row in rows:
+        figures = _figures(row)
+        table.add_row(
+            safe_text(row.group if row.group is not None else "-"),
+            f"{row.calls:,}",
+            f"{row.errors:,} ({row.error_rate:.1%})",
+            f"{row.prompt_tokens:,}",
+            f"{row.completion_tokens:,}",
+            *(_ms(figures[k]) for k in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")),
+        )
+    safe_console().print(table)
+
+
+def _figures(row: UsageRow) -> dict[str, Any]:
+    return {
+        "calls": row.calls,
+        "errors": row.errors,
+        "error_rate": row.error_rate,
+        "prompt_tokens": row.prompt_tokens,
+        "completion_tokens": row.completion_tokens,
+        "total_tokens": row.total_tokens,
+        "latency_p50_ms": row.latency_p50_ms,
+        "latency_p95_ms": row.latency_p95_ms,
+        "latency_p99_ms": row.latency_p99_ms,
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

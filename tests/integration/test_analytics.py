@@ -3,6 +3,7 @@ rebuild from offset zero (a fresh group, the tables emptied) gives the same rows
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from agent_blackbox.consumers import (
     AnalyticsConsumer,
     effect_calls,
     llm_calls,
+    llm_usage_txn,
     migrate_views,
     tool_calls,
 )
@@ -20,6 +22,7 @@ from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Envelope, EventType, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._kafka import read_topic
+from tests.integration._views import build_views
 from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
@@ -94,6 +97,15 @@ def test_the_analytics_hold_every_call_and_effect_as_recorded(
         for m in {e.attributes.get("model") for e in llm}
     }
     assert open_intents == len(intents) - len(receipts)
+    build_views(settings, engine, expect=len(recorded))  # code versions are the runs view's
+    with engine.connect() as conn:
+        [usage] = llm_usage_txn(conn, by="code_version", since=datetime(2000, 1, 1, tzinfo=UTC))
+    assert usage.calls == len(llm)
+    assert usage.total_tokens == stored_tokens
+    started = [e for e in recorded if e.event_type == EventType.RUN_STARTED]
+    assert usage.group == started[0].attributes["code_version"]  # one version, every run
+    assert usage.latency_p50_ms is not None
+    assert usage.latency_p50_ms <= usage.latency_p95_ms <= usage.latency_p99_ms
 
 
 def test_a_rebuild_from_offset_zero_gives_the_same_rows(
