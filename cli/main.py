@@ -19,7 +19,7 @@ from sqlalchemy import Engine, create_engine
 from agent_blackbox.backup.cli import backup_group, drill_command, restore_command
 from agent_blackbox.broker import partition_count, settle_heap
 from agent_blackbox.cli._roles import RoleCheckedGroup
-from agent_blackbox.consumers import ViewRunIndex, migrate_views
+from agent_blackbox.consumers import ViewReplayResults, ViewRunIndex, migrate_views
 from agent_blackbox.consumers.cli import (
     analytics_command,
     consume_command,
@@ -58,7 +58,7 @@ console = safe_console(stderr=True)
 def main(ctx: click.Context, verbose: bool) -> None:
     """agent-blackbox: a flight recorder for AI agents."""
     # The composition root: the replayer reads runs through the read side's run index.
-    ctx.obj = ReadSide(run_index=_run_index)
+    ctx.obj = ReadSide(run_index=_run_index, replay_results=ViewReplayResults)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(message)s",

@@ -58,6 +58,7 @@ from agent_blackbox.consumers._offsets import (
     load_fences,
     load_offsets,
 )
+from agent_blackbox.consumers._replay_results import ViewReplayResults
 from agent_blackbox.consumers._retention import (
     Redaction,
     RetentionClass,
@@ -132,6 +133,7 @@ __all__ = [
     "SignerFinding",
     "UsageRow",
     "ViewConsumer",
+    "ViewReplayResults",
     "ViewRunIndex",
     "ViewStoreUnavailable",
     "ViewsNotMigrated",

@@ -31,7 +31,7 @@ from agent_blackbox.replayer._history import (
     RunWork,
     SkippedMessage,
 )
-from agent_blackbox.replayer._index import ReadSide, RunIndex, RunLocation
+from agent_blackbox.replayer._index import ReadSide, ReplayResults, RunIndex, RunLocation
 from agent_blackbox.replayer._reexecute import CallDiff, reexecute
 from agent_blackbox.replayer._registry import (
     AgentRegistry,
@@ -100,6 +100,7 @@ __all__ = [
     "ReplayDivergence",
     "ReplayOptions",
     "ReplayReport",
+    "ReplayResults",
     "ReplayRun",
     "ReplaySetupError",
     "RunHandler",

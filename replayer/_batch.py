@@ -12,6 +12,7 @@ The ``--json`` form of both is one JSON-lines stream (documented in
 from __future__ import annotations
 
 import statistics
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -139,13 +140,19 @@ class BatchReplayer:
     how: Replaying = Replaying()
 
     def replay(self, run_id: str, source: Callable[[], OpenedRun]) -> ReplayReport:
-        """Replay one run; never raises for a problem of the run's own.
+        """Replay one run; never raises for a problem of the run's own. The report says
+        how long opening and replaying it took.
 
         Args:
             run_id: the run's id, named in the report whatever happens.
             source: opens the run: its events and its agent (opening may fail; the run
                 is then an error).
         """
+        started = time.perf_counter()
+        report = self._replay(run_id, source)
+        return replace(report, duration_ms=(time.perf_counter() - started) * 1000)
+
+    def _replay(self, run_id: str, source: Callable[[], OpenedRun]) -> ReplayReport:
         try:
             events, agent = source()
         except BlackboxError as exc:

@@ -16,6 +16,7 @@ from typing import Protocol
 import click
 from sqlalchemy import Engine
 
+from agent_blackbox.replayer._report import ReplayReport
 from agent_blackbox.schemas import BlackboxError, Checkpoint
 
 
@@ -82,12 +83,22 @@ class RunIndex(Protocol):
         ...
 
 
+class ReplayResults(Protocol):
+    """Where a batch replay keeps each run's result (the read side's ``replay_results``),
+    so a pass rate per code version is a query."""
+
+    def record(self, report: ReplayReport, *, code_version: str | None) -> None:
+        """Keep ``report`` as the result of replaying its run with ``code_version``."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ReadSide:
-    """How the replayer's commands reach the read side: a run index over a database.
-    The ``blackbox`` command puts one in its click context."""
+    """How the replayer's commands reach the read side: a run index over a database,
+    and where replay results go. The ``blackbox`` command puts one in its click context."""
 
     run_index: Callable[[Engine], RunIndex]
+    replay_results: Callable[[Engine], ReplayResults] | None = None
 
 
 def read_side() -> ReadSide:

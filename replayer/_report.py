@@ -44,6 +44,8 @@ class ReplayReport:
     (``unrecorded_nondeterminism``), each call site once."""
     nondeterminism_fails: bool = False
     """Whether those reads fail the run (``fail``) or are warnings (``warn``)."""
+    duration_ms: float | None = None
+    """How long opening and replaying the run took (a batch replay measures it)."""
 
     def __post_init__(self) -> None:
         if self.divergence is not None and not self.divergences:

@@ -38,7 +38,7 @@ from agent_blackbox.replayer._history import (
     RunHandler,
     SkippedMessage,
 )
-from agent_blackbox.replayer._index import RunIndex, read_side
+from agent_blackbox.replayer._index import ReadSide, ReplayResults, RunIndex, read_side
 from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_replay_entry
 from agent_blackbox.replayer._report import ReplayReport
 from agent_blackbox.replayer._sandbox import POLICIES, NondeterminismPolicy
@@ -131,6 +131,13 @@ T = TypeVar("T")
     help="An argument mismatch lists the changed values, not only their paths (they may "
     "be personal data: the purpose is audited).",
 )
+@click.option(
+    "--code-version",
+    envvar="BLACKBOX_CODE_VERSION",
+    default=None,
+    help="The version of the code under test, kept with each result in the views' "
+    "replay_results (default: BLACKBOX_CODE_VERSION).",
+)
 def replay_command(
     run_id: str | None,
     every: bool,
@@ -146,8 +153,11 @@ def replay_command(
     nondeterminism: NondeterminismPolicy,
     agent_modules: tuple[str, ...],
     show_values: bool,
+    code_version: str | None,
 ) -> None:
-    """Replay RUN_ID (or --all) through the agent's own code, offline.
+    """Replay RUN_ID (or --all) through the agent's own code, offline. Each result is
+    kept in the views' replay_results with --code-version (a pass rate per code version
+    is then a query).
 
     Entry points come from --agent or BLACKBOX_AGENTS (name=module:function,...). With
     --all, runs of an agent without an entry point are SKIPPED and the batch goes on.
@@ -173,6 +183,7 @@ def replay_command(
         )
     scope = RunFilter(agent_id, since, limit, include_forks) if every else None
     out = _Output(as_json, Tally(filters=scope.describe() if scope else None))
+    results = _ResultKeeper(code_version, wired=archive is None)
     try:
         how = Replaying(nondeterminism, agent_modules, show_values)
         work = ReplayWork(agent_paths, purpose, how, skip_unknown=scope is not None)
@@ -181,13 +192,45 @@ def replay_command(
                 out.skip(item)
             else:
                 out.run(item)
+                results.keep(item, out)
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as
         out.fail(str(exc))
     except KeyboardInterrupt:
         out.fail(f"interrupted after {out.replayed} runs; the summary covers those")
+    finally:
+        results.close()
     sys.exit(out.finish())
+
+
+class _ResultKeeper:
+    """Keeps each report in the read side's replay results, when the command was wired
+    with them; a result that cannot be kept is said once, and replay goes on."""
+
+    def __init__(self, code_version: str | None, *, wired: bool) -> None:
+        self._code_version = code_version
+        self._engine: Engine | None = None
+        self._results: ReplayResults | None = None
+        self._failed = False
+        context = click.get_current_context(silent=True)
+        side = None if context is None or not wired else context.find_object(ReadSide)
+        if side is not None and side.replay_results is not None:
+            self._engine = create_engine(Settings.from_env().database_url, pool_size=1)
+            self._results = side.replay_results(self._engine)
+
+    def keep(self, report: ReplayReport, out: _Output) -> None:
+        if self._results is None or self._failed:
+            return
+        try:
+            self._results.record(report, code_version=self._code_version)
+        except BlackboxError as exc:
+            self._failed = True
+            out.warn(f"replay results are not kept: {exc}")
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
 
 
 def _registry(agent_paths: tuple[str, ...]) -> AgentRegistry:
@@ -420,6 +463,10 @@ class _Output:
     @property
     def replayed(self) -> int:
         return self._tally.runs
+
+    def warn(self, message: str) -> None:
+        """Something the user should know that does not change the outcome."""
+        self._err.print(f"[yellow]warning:[/] {safe_text(message)}")
 
     def fail(self, error: str) -> None:
         """The command could not run (or go on): say why, exit 2 unless a run diverged."""

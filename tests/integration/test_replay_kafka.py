@@ -178,3 +178,44 @@ def test_key_problems_are_errors_naming_the_run_never_divergences(
     text_summary = CliRunner(env=env).invoke(main, ["replay", "--all"])
     assert text_summary.exit_code == 2
     assert "0/1 runs passed" in text_summary.stdout
+
+
+def test_replay_results_are_kept_per_code_version(settings: Settings, engine: Engine) -> None:
+    run_ids = _publish(settings, engine, 3)
+    env = {**_cli_env(settings), "BLACKBOX_PURPOSE": "release check of v2"}
+    passing = CliRunner(env=env).invoke(main, ["replay", "--all", "--code-version", "v2"])
+    assert passing.exit_code == 0, passing.output
+    env["BLACKBOX_AGENTS"] = "ticket-agent=tests.integration.test_replay_kafka:changed_entry"
+    failing = CliRunner(env=env).invoke(main, ["replay", run_ids[0], "--code-version", "v3"])
+    assert failing.exit_code == 1, failing.output
+
+    with engine.connect() as conn:
+        rates = dict(
+            conn.execute(
+                text(
+                    "SELECT code_version, avg(passed::int) FROM blackbox_views.replay_results "
+                    "GROUP BY code_version"
+                )
+            ).all()
+        )
+        kept = conn.execute(
+            text(
+                "SELECT run_id, result, divergence_kind, divergence_sequence, duration_ms, "
+                "recorded_code_version FROM blackbox_views.replay_results "
+                "WHERE code_version = 'v3'"
+            )
+        ).one()
+    assert rates == {"v2": 1, "v3": 0}
+    assert kept.run_id == run_ids[0]
+    assert (kept.result, kept.divergence_kind, kept.divergence_sequence) == (
+        "DIVERGED",
+        "argument_mismatch",
+        2,
+    )
+    assert kept.duration_ms > 0
+    assert kept.recorded_code_version is not None
+
+
+def changed_entry(run: object, input: dict[str, str]) -> object:
+    """The ticket agent with a change: it asks for another ticket than it was given."""
+    return replay_entry(run, {"ticket_id": input["ticket_id"] + "-x"})  # type: ignore[arg-type]
