@@ -10,7 +10,6 @@ import time
 from datetime import datetime
 
 import click
-from prometheus_client import start_http_server
 from rich.console import Console
 from rich.table import Table
 
@@ -33,7 +32,12 @@ from agent_blackbox.backup._verify import StoreCheck, check_store
 from agent_blackbox.backup._writer import BackupPolicy, BackupWriter
 from agent_blackbox.broker import settle_heap
 from agent_blackbox.consumers import RetentionPolicy
-from agent_blackbox.consumers.cli import could_not_run, stop_on_signals
+from agent_blackbox.consumers.cli import (
+    could_not_run,
+    metrics_port_option,
+    serve_metrics,
+    stop_on_signals,
+)
 from agent_blackbox.schemas import (
     BlackboxError,
     CheckpointSigner,
@@ -69,7 +73,7 @@ def backup_group() -> None:
     type=click.IntRange(min=1),
     help="Write a cut once this many MB are buffered.",
 )
-@click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics here.")
+@metrics_port_option
 def backup_run(
     url: str | None, once: bool, roll_seconds: float, roll_mb: int, metrics_port: int | None
 ) -> None:
@@ -89,8 +93,7 @@ def backup_run(
         store = open_store(url)
         signer = CheckpointSigner.from_env()
         with BackupWriter(settings, store, signer=signer, policy=policy) as writer:
-            if metrics_port is not None:
-                _serve_metrics(metrics_port, writer)
+            serve_metrics(metrics_port, writer.metrics.registry)
             console.log(f"backing up [bold]{settings.topic}[/] to {safe_text(store.describe())}")
             settle_heap()
             if once:
@@ -105,16 +108,6 @@ def backup_run(
             raise
         could_not_run(console, exc)
     click.echo(f"{writer.written:,} events backed up in {time.monotonic() - started:.1f} s")
-
-
-def _serve_metrics(port: int, writer: BackupWriter) -> None:
-    try:
-        start_http_server(port, addr="127.0.0.1", registry=writer.metrics.registry)
-    except OSError as exc:
-        raise BackupError(
-            f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror}; choose another "
-            "--metrics-port"
-        ) from exc
 
 
 class _Progress:

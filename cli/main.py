@@ -11,7 +11,6 @@ from dataclasses import replace
 from functools import partial
 
 import click
-from prometheus_client import start_http_server
 from rich.console import Console
 from rich.logging import RichHandler
 from sqlalchemy import Engine, create_engine
@@ -27,7 +26,9 @@ from agent_blackbox.consumers.cli import (
     forget_command,
     idle_notice,
     ledger_group,
+    metrics_port_option,
     retention_group,
+    serve_metrics,
     sign_command,
     stats_command,
     stop_on_signals,
@@ -127,7 +128,7 @@ def migrate() -> None:
     type=float,
     help="Seconds between lease renewals (default: a fifth of the lease).",
 )
-@click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics here.")
+@metrics_port_option
 @until_idle_option
 def relay(
     relay_id: str | None,
@@ -156,8 +157,7 @@ def relay(
             worker = Relay(engine, settings=settings, owner=relay_id, options=options)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
-        if metrics_port is not None:
-            start_http_server(metrics_port, addr="127.0.0.1", registry=worker.metrics.registry)
+        serve_metrics(metrics_port, worker.metrics.registry)
         log.log(f"relay {worker.owner}: outbox → {settings.kafka_bootstrap} topic {settings.topic}")
         with stop_on_signals(stop), _RelayWatch(worker, stop, until_idle, log) as watch:
             settle_heap()

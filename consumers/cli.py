@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
 import click
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine
@@ -60,6 +61,32 @@ until_idle_option = click.option(
 """``--until-idle`` of every long-running worker (``consume``, ``sign``, ``relay``): the
 same meaning, the same output (progress on stderr, one summary line on stdout) and the
 same exit statuses for all."""
+
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(min=1, max=65535),
+    default=None,
+    help="Serve Prometheus metrics on 127.0.0.1:PORT (/metrics).",
+)
+"""``--metrics-port`` of every long-running worker (``relay``, ``consume``, ``analytics``,
+``sign``, ``retention run``, ``backup run``): one convention for all."""
+
+
+def serve_metrics(port: int | None, registry: CollectorRegistry = REGISTRY) -> None:
+    """Serve ``registry`` on 127.0.0.1:``port`` (nothing when ``port`` is None).
+
+    Raises:
+        BlackboxError: the port cannot be bound (taken, or not allowed).
+    """
+    if port is None:
+        return
+    try:
+        start_http_server(port, addr="127.0.0.1", registry=registry)
+    except OSError as exc:
+        raise BlackboxError(
+            f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror}; choose another "
+            "--metrics-port"
+        ) from exc
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -150,10 +177,12 @@ class _Progress:
 @click.command("consume")
 @click.option("--group", default=None, help="Consumer group (default: BLACKBOX_CONSUMER_GROUP).")
 @until_idle_option
+@metrics_port_option
 @membership_options("views")
 def consume_command(
     group: str | None,
     until_idle: float | None,
+    metrics_port: int | None,
     instance_id: str | None,
     session_timeout: float | None,
 ) -> None:
@@ -166,16 +195,18 @@ def consume_command(
     def views(settings: Settings) -> ConsumerRuntime:
         return ViewConsumer(settings, verifier=CheckpointVerifier.from_env())
 
-    _consume("views", views, group, until_idle, instance_id, session_timeout)
+    _consume("views", views, group, until_idle, metrics_port, instance_id, session_timeout)
 
 
 @click.command("analytics")
 @click.option("--group", default=None, help=f"Consumer group (default: {ANALYTICS_GROUP}).")
 @until_idle_option
+@metrics_port_option
 @membership_options("analytics")
 def analytics_command(
     group: str | None,
     until_idle: float | None,
+    metrics_port: int | None,
     instance_id: str | None,
     session_timeout: float | None,
 ) -> None:
@@ -185,9 +216,8 @@ def analytics_command(
     def analytics(settings: Settings) -> ConsumerRuntime:
         return AnalyticsConsumer(settings, group_id=settings.consumer_group)
 
-    _consume(
-        "analytics", analytics, group or ANALYTICS_GROUP, until_idle, instance_id, session_timeout
-    )
+    chosen = group or ANALYTICS_GROUP
+    _consume("analytics", analytics, chosen, until_idle, metrics_port, instance_id, session_timeout)
 
 
 def _consume(
@@ -195,6 +225,7 @@ def _consume(
     make: Callable[[Settings], ConsumerRuntime],
     group: str | None,
     until_idle: float | None,
+    metrics_port: int | None,
     instance_id: str | None,
     session_timeout: float | None,
 ) -> None:
@@ -210,6 +241,7 @@ def _consume(
             settings, name=name, instance_id=instance_id, session_timeout=session_timeout
         ) as settings:
             migrate_views(settings.database_url)
+            serve_metrics(metrics_port)
             console.log(
                 f"consuming [bold]{settings.topic}[/] as group "
                 f"[bold]{settings.consumer_group}[/]" + _member(settings)
@@ -438,6 +470,7 @@ def _print_ignored(report: LedgerReport, console: Console) -> None:
 
 @click.command("sign")
 @until_idle_option
+@metrics_port_option
 @membership_options("checkpoints")
 @click.option(
     "--every-events",
@@ -455,6 +488,7 @@ def _print_ignored(report: LedgerReport, console: Console) -> None:
 )
 def sign_command(
     until_idle: float | None,
+    metrics_port: int | None,
     every_events: int | None,
     every_seconds: int | None,
     instance_id: str | None,
@@ -478,6 +512,7 @@ def sign_command(
                 float(every_seconds or default.every_seconds),
             )
             migrate_views(settings.database_url)
+            serve_metrics(metrics_port)
             console.log(
                 f"signing chain heads of [bold]{settings.topic}[/] as {signer.key_id}"
                 + _member(settings)
