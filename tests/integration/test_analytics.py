@@ -11,6 +11,8 @@ from sqlalchemy import Engine, select, text
 
 from agent_blackbox.consumers import (
     AnalyticsConsumer,
+    RetentionJob,
+    RetentionPolicy,
     effect_calls,
     llm_calls,
     llm_usage_txn,
@@ -18,9 +20,9 @@ from agent_blackbox.consumers import (
     tool_calls,
 )
 from agent_blackbox.outbox import Recorder
-from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Envelope, EventType, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
+from tests.integration._backups import SIGNER, events, record, relay
 from tests.integration._kafka import read_topic
 from tests.integration._views import build_views
 from tests.integration._wait import eventually
@@ -57,11 +59,7 @@ def _build(settings: Settings, engine: Engine, *, group: str, expect: int) -> No
 def recorded(settings: Settings, engine: Engine) -> list[Envelope]:
     migrate_views(settings.database_url)
     runs = record_ticket_runs(Recorder(engine, settings=settings), ticket_ids(8))
-    relay = Relay(engine, settings=settings)
-    try:
-        relay.drain(timeout=60)
-    finally:
-        relay.close()
+    relay(engine, settings)
     total = sum(r.events for r in runs)
     return [e for _p, _o, e in read_topic(settings.kafka_bootstrap, settings.topic, expect=total)]
 
@@ -123,3 +121,23 @@ def test_a_rebuild_from_offset_zero_gives_the_same_rows(
 
     assert again == first
     assert _rows(engine) == again
+
+
+def test_replayability_classes_follow_a_forget(settings: Settings, engine: Engine) -> None:
+    migrate_views(settings.database_url)
+    forgotten = record(engine, settings, "ada")
+    kept = record(engine, settings, "grace")
+    relay(engine, settings)
+    policy = RetentionPolicy.from_mapping({"standard": {"bodies_days": 30, "metadata_days": 400}})
+    job = RetentionJob(engine, policy=policy, settings=settings, signer=SIGNER)
+    assert job.forget("ada").redacted
+    relay(engine, settings)
+    build_views(settings, engine, expect=events(engine))
+
+    with engine.connect() as conn:
+        classes = dict(
+            conn.execute(
+                text("SELECT run_id, replayability FROM blackbox_views.run_replayability")
+            ).all()
+        )
+    assert classes == {forgotten: "control_flow_only", kept: "full"}
