@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from bench import (
+    analytics,
     backup,
     concurrency,
     consumer_resume,
@@ -39,6 +40,7 @@ BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "latency": latency.main,
     "scaleout": scaleout.main,
     "backup": backup.main,
+    "analytics": analytics.main,
 }
 
 

@@ -1,0 +1,114 @@
+"""Analytics throughput: the analytics consumer building llm_calls, tool_calls and effects
+while the views consumer builds the runs view from the same topic.
+
+Cloned runs of a recorded template (see ``bench._synthetic``: LLM, tool, clock, random and
+state events) are produced to a fresh topic; then ``blackbox consume`` runs in a process of
+its own on the topic while an :class:`AnalyticsConsumer` in this process consumes it too.
+``events_per_s`` counts from the analytics consumer's first commit to its last (the group
+join left out), target 10,000 events/s.
+
+    python -m bench.analytics [--events 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry
+from sqlalchemy import create_engine
+
+from agent_blackbox.broker import ensure_topics, settle_heap
+from agent_blackbox.consumers import AnalyticsConsumer, BatchOutcome, migrate_views
+from agent_blackbox.schemas import Settings
+from bench import _synthetic
+from bench._common import bench_settings, delete_topics, emit, progress, stage
+
+BENCH = "analytics"
+EVENTS_TARGET = 10_000.0
+DEADLINE_S = 300.0
+
+
+def analytics_rate(settings: Settings, *, events: int) -> float:
+    """Events/s of the analytics consumer over ``events`` messages (first batch left out)."""
+    first: tuple[float, int] | None = None
+    last = time.perf_counter()
+    seen = 0
+    stop = threading.Event()
+    deadline = threading.Timer(DEADLINE_S, stop.set)
+    group = f"blackbox.bench.analytics.{uuid.uuid4().hex[:12]}"
+    with (
+        AnalyticsConsumer(settings, group_id=group, registry=CollectorRegistry()) as consumer,
+        progress() as display,
+    ):
+        task = display.add_task("analytics", total=events)
+
+        def counted(outcome: BatchOutcome) -> None:
+            nonlocal first, last, seen
+            seen += outcome.messages
+            display.advance(task, outcome.messages)
+            last = time.perf_counter()
+            first = first or (last, seen)
+            if seen >= events:
+                stop.set()
+
+        deadline.start()
+        settle_heap()
+        try:
+            consumer.run(stop, on_batch=counted, poll_timeout_s=0.1)
+        finally:
+            deadline.cancel()
+    if first is None or seen < events:
+        raise RuntimeError(f"only {seen} of {events} messages went through in time")
+    first_at, first_count = first
+    if seen == first_count:
+        raise ValueError(f"{events} events fit one batch; ask for more to measure a rate")
+    return (seen - first_count) / (last - first_at)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=50_000)
+    args = parser.parse_args(argv)
+    settings = bench_settings(BENCH)
+    engine = create_engine(settings.database_url)
+    views: subprocess.Popen[bytes] | None = None
+    try:
+        migrate_views(settings.database_url)
+        ensure_topics(settings, {settings.topic: settings.partitions})
+        with stage(f"record a template run, clone and produce {args.events} events"):
+            template = _synthetic.record_template(engine, settings)
+            rows = list(
+                _synthetic.rows(template, events=args.events, shards=settings.outbox_shards)
+            )
+            _synthetic.produce(settings, settings.topic, rows)
+        env = {
+            **os.environ,
+            "BLACKBOX_TOPIC": settings.topic,
+            "BLACKBOX_CONSUMER_GROUP": f"blackbox.bench.views.{uuid.uuid4().hex[:12]}",
+        }
+        views = subprocess.Popen(
+            [sys.executable, "-m", "agent_blackbox", "consume", "--until-idle", "5"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        with stage("analytics consumer beside the views consumer"):
+            rate = analytics_rate(settings, events=len(rows))
+        emit(BENCH, "events_per_s", rate, unit="events/s", target=EVENTS_TARGET, events=len(rows))
+    finally:
+        if views is not None:
+            views.terminate()
+            views.wait(timeout=30)
+        engine.dispose()
+        delete_topics(settings, [settings.topic])
+
+
+if __name__ == "__main__":
+    main()
