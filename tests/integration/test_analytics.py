@@ -104,6 +104,26 @@ def test_the_analytics_hold_every_call_and_effect_as_recorded(
     assert usage.group == started[0].attributes["code_version"]  # one version, every run
     assert usage.latency_p50_ms is not None
     assert usage.latency_p50_ms <= usage.latency_p95_ms <= usage.latency_p99_ms
+    with engine.connect() as conn:
+        buckets = {
+            size: (int(calls), int(tokens))
+            for size, calls, tokens in conn.execute(
+                text(
+                    "SELECT bucket_size, sum(calls), sum(total_tokens) "
+                    "FROM blackbox_views.llm_usage GROUP BY bucket_size"
+                )
+            )
+        }
+        tool_buckets = dict(
+            conn.execute(
+                text(
+                    "SELECT bucket_size, sum(calls) FROM blackbox_views.tool_usage "
+                    "GROUP BY bucket_size"
+                )
+            ).all()
+        )
+    assert buckets == {"minute": (len(llm), stored_tokens), "hour": (len(llm), stored_tokens)}
+    assert tool_buckets == {"minute": len(tools), "hour": len(tools)}
 
 
 def test_a_rebuild_from_offset_zero_gives_the_same_rows(
