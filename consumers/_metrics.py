@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from agent_blackbox.consumers._batch import BatchOutcome
 
@@ -28,6 +28,7 @@ class _Families:
     stale: Counter
     failed_batches: Counter
     batch_seconds: Histogram
+    lag: Gauge
 
 
 _FAMILIES: WeakKeyDictionary[CollectorRegistry, _Families] = WeakKeyDictionary()
@@ -64,6 +65,13 @@ def _create(registry: CollectorRegistry) -> _Families:
             _LABELS,
             registry=registry,
         ),
+        lag=Gauge(
+            "blackbox_consumer_lag_messages",
+            "Messages of a partition not yet applied (the broker's high watermark as of the "
+            "last fetch, minus the committed position).",
+            (*_LABELS, "partition"),
+            registry=registry,
+        ),
     )
 
 
@@ -88,6 +96,8 @@ class ConsumerMetrics:
         self._stale = families.stale.labels(**labels)
         self._failed = families.failed_batches.labels(**labels)
         self._seconds = families.batch_seconds.labels(**labels)
+        self._lag = families.lag
+        self._labels = labels
 
     def batch_committed(self, outcome: BatchOutcome, seconds: float) -> None:
         """Count a committed batch."""
@@ -98,6 +108,10 @@ class ConsumerMetrics:
         self._dead_lettered.inc(outcome.dead_lettered)
         self._stale.inc(outcome.stale)
         self._seconds.observe(seconds)
+
+    def lag(self, partition: int, messages: int) -> None:
+        """Set how far ``partition`` is behind."""
+        self._lag.labels(**self._labels, partition=str(partition)).set(max(messages, 0))
 
     def violations_found(self, count: int) -> None:
         """Count integrity violations found outside a batch (the signer's sweep)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -459,9 +459,18 @@ class ConsumerRuntime:
     def _committed(self, batch: _Batch, outcome: BatchOutcome, seconds: float) -> None:
         self._positions.update(batch.next_offsets)
         self._metrics.batch_committed(outcome, seconds)
+        self._report_lag(batch.next_offsets)
         self._kafka_commits.update(batch.next_offsets)
         if time.monotonic() - self._kafka_committed_at >= _KAFKA_COMMIT_EVERY_S:
             self._commit_to_kafka()
+
+    def _report_lag(self, positions: Mapping[TopicPartition, int]) -> None:
+        # The watermark of the last fetch, kept by the client: no request to the broker.
+        assert self._consumer is not None
+        for tp, position in positions.items():
+            _low, high = self._consumer.get_watermark_offsets(KafkaPartition(*tp), cached=True)
+            if high >= 0:
+                self._metrics.lag(tp[1], high - position)
 
     def _commit_to_kafka(self) -> None:
         """Informational only (lag dashboards): the database holds the offsets that count."""

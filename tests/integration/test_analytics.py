@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, select, text
 
 from agent_blackbox.consumers import (
@@ -161,3 +162,29 @@ def test_replayability_classes_follow_a_forget(settings: Settings, engine: Engin
             ).all()
         )
     assert classes == {forgotten: "control_flow_only", kept: "full"}
+
+
+def test_a_caught_up_consumer_reports_no_lag_per_partition(
+    settings: Settings, engine: Engine, recorded: list[Envelope]
+) -> None:
+    registry = CollectorRegistry()
+    with AnalyticsConsumer(
+        settings, group_id="analytics-lag", engine=engine, registry=registry
+    ) as consumer:
+        seen = 0
+
+        def caught_up() -> bool:
+            nonlocal seen
+            outcome = consumer.poll_once(0.5)
+            seen += outcome.messages if outcome is not None else 0
+            return seen >= len(recorded)
+
+        eventually(caught_up, timeout=60, what="every message through the analytics")
+    lags = {
+        sample.labels["partition"]: sample.value
+        for metric in registry.collect()
+        if metric.name == "blackbox_consumer_lag_messages"
+        for sample in metric.samples
+    }
+    assert lags
+    assert set(lags.values()) == {0.0}
