@@ -466,9 +466,13 @@ class ConsumerRuntime:
 
     def _report_lag(self, positions: Mapping[TopicPartition, int]) -> None:
         # The watermark of the last fetch, kept by the client: no request to the broker.
-        assert self._consumer is not None
+        if self._consumer is None:
+            return
         for tp, position in positions.items():
-            _low, high = self._consumer.get_watermark_offsets(KafkaPartition(*tp), cached=True)
+            try:
+                _low, high = self._consumer.get_watermark_offsets(KafkaPartition(*tp), cached=True)
+            except KafkaException:
+                continue  # not fetched yet: the next batch reports it
             if high >= 0:
                 self._metrics.lag(tp[1], high - position)
 
