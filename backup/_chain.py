@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -117,13 +116,6 @@ def load_chain(
         previous = hashlib.sha256(data).hexdigest()
         expected = number + 1
     return chain
-
-
-def iter_segments(chain: Chain) -> Iterator[tuple[Manifest, int]]:
-    """(manifest, index of a segment in it) for every segment up to the cut."""
-    for manifest in chain.manifests:
-        for index in range(len(manifest.segments)):
-            yield manifest, index
 
 
 def _created(manifest: Manifest) -> datetime | None:

@@ -62,8 +62,7 @@ class DrillChecks:
         self._engine = engine
         self._check = check
         self._produced = dict(produced)
-        self._cut = check.cut
-        if self._cut is None:
+        if check.cut is None:
             raise BackupError("a drill checks a restored cut; this check found none")
 
     def all(self, tables: RestoredTables, *, sample: int, purpose: str) -> Iterator[Check]:
@@ -89,7 +88,6 @@ class DrillChecks:
     # -- against the manifests -------------------------------------------------------
 
     def partitions(self) -> Check:
-        assert self._cut is not None
         expected: dict[int, int] = {}
         for segment in self._check.segments_held():
             expected[segment.partition] = expected.get(segment.partition, 0) + segment.count

@@ -108,11 +108,8 @@ def _notes(store: BackupStore, manifests: list[Manifest], gone: set[str]) -> Ite
             if segment.key in gone:
                 continue
             data = fetch_checked(store, segment.key, segment.sha256)
-            for message in decode_segment(data, key=segment.key):
-                try:
-                    envelope = codec.decode(message.value or b"")
-                except BlackboxError:
-                    continue
+            values = (m.value or b"" for m in decode_segment(data, key=segment.key))
+            for envelope in _decodable(codec, values):
                 if envelope.event_type == EventType.RUN_REDACTED:
                     yield envelope
 

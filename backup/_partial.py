@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import create_engine
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._copy import RestoredCopy, Stages, restore_copy
@@ -146,7 +146,7 @@ def restore_runs(
 
 
 def _audit(
-    engine: Any, rows: Iterable[dict[str, Any]], request: RestoreRequest, *, outcome: str
+    engine: Engine, rows: Iterable[dict[str, Any]], request: RestoreRequest, *, outcome: str
 ) -> None:
     principal = request.principal or getpass.getuser()
     with engine.begin() as conn:

@@ -35,11 +35,10 @@ from agent_blackbox.backup._snapshot import (
     TABLES,
     TABLES_BY_NAME,
     SnapshotTable,
-    blob_key,
     decode_table,
 )
 from agent_blackbox.backup._store import BackupStore
-from agent_blackbox.backup._verify import fetch_checked
+from agent_blackbox.backup._verify import fetch_blob, fetch_checked
 from agent_blackbox.broker import kafka_errors, new_producer, producer_config
 from agent_blackbox.schemas import Settings
 
@@ -105,6 +104,7 @@ def restore_tables(
                 continue
             rows = trim.rows(table.name, table_rows(store, cut, table.name))
             done.rows[table.name] = _write(conn, table, rows)
+        # Newer entries after the cut's, and the id sequence moved past all of them.
         write_side.restore_ledger_txn(conn, newer)
     return done
 
@@ -124,11 +124,7 @@ def restore_blobs(
         digests = [d for d in digests if d in only]
     with engine.begin() as conn:
         for done, digest in enumerate(digests, 1):
-            algorithm, _, hexdigest = digest.partition(":")
-            if algorithm != "sha256":
-                raise BackupCorrupt(f"blob {digest!r} is not named by a SHA-256")
-            data = fetch_checked(store, blob_key(digest), hexdigest)
-            write_side.restore_blob_txn(conn, digest, data)
+            write_side.restore_blob_txn(conn, digest, fetch_blob(store, digest))
             if progress is not None:
                 progress(done, len(digests))
     return len(digests)
@@ -255,6 +251,4 @@ def _write(conn: Connection, table: SnapshotTable, rows: Iterable[dict[str, Any]
     while batch := list(islice(iterator, _BATCH)):
         table.restore(conn, batch)
         count += len(batch)
-    if table.name == "deletion_ledger" and count == 0:
-        table.restore(conn, [])  # still moves the id sequence
     return count

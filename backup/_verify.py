@@ -212,13 +212,21 @@ def _table_rows(store: BackupStore, name: str, entry: TableEntry) -> list[dict[s
 
 def _check_blobs(store: BackupStore, digests: list[str], check: StoreCheck) -> None:
     for digest in digests:
-        key = blob_key(digest)
-        algorithm, _, hexdigest = digest.partition(":")
         try:
-            if algorithm != "sha256":
-                raise BackupCorrupt(f"blob {digest!r} is not named by a SHA-256")
-            fetch_checked(store, key, hexdigest)
+            fetch_blob(store, digest)
         except (BackupCorrupt, StoreError) as exc:
-            check.problems.append(ChainProblem(key, str(exc)))
+            check.problems.append(ChainProblem(blob_key(digest), str(exc)))
             continue
         check.blobs += 1
+
+
+def fetch_blob(store: BackupStore, digest: str) -> bytes:
+    """The body stored out of line under ``digest`` (``sha256:<hex>``), checked against it.
+
+    Raises:
+        BackupCorrupt: the digest is not a SHA-256, or the object is missing or not it.
+    """
+    algorithm, _, hexdigest = digest.partition(":")
+    if algorithm != "sha256":
+        raise BackupCorrupt(f"blob {digest!r} is not named by a SHA-256")
+    return fetch_checked(store, blob_key(digest), hexdigest)
