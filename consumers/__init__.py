@@ -89,6 +89,7 @@ from agent_blackbox.consumers._tables import (
     events_index,
     integrity_violations,
     llm_calls,
+    run_rollups,
     runs_view,
     tool_calls,
 )
@@ -160,6 +161,7 @@ __all__ = [
     "migrate_views",
     "reapply_ledger",
     "restore_checkpoints_txn",
+    "run_rollups",
     "runs_view",
     "shred_run_txn",
     "sign_batch",

@@ -15,14 +15,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from sqlalchemy import Connection, Engine, func
+from sqlalchemy import Connection, Engine, func, literal_column, select
 from sqlalchemy.dialects import postgresql as pg
 
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered
 from agent_blackbox.consumers._runtime import ConsumerRuntime
-from agent_blackbox.consumers._tables import effect_calls, llm_calls, tool_calls
+from agent_blackbox.consumers._tables import effect_calls, llm_calls, run_rollups, tool_calls
 from agent_blackbox.consumers._views import views_screen
-from agent_blackbox.schemas import Envelope, EventType, Settings
+from agent_blackbox.schemas import PROMPT_VERSION_TAG, Envelope, EventType, Settings, run_tags
 
 ANALYTICS_GROUP = "blackbox-analytics"
 """The analytics consumer's group unless another is given."""
@@ -30,6 +30,7 @@ ANALYTICS_GROUP = "blackbox-analytics"
 
 def apply_analytics(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
     """Project ``records`` into the analytics views through ``conn``; the caller commits."""
+    started: list[dict[str, Any]] = []
     llm: list[dict[str, Any]] = []
     tools: list[dict[str, Any]] = []
     intents: list[dict[str, Any]] = []
@@ -37,7 +38,9 @@ def apply_analytics(conn: Connection, records: Sequence[Delivered]) -> BatchOutc
     for record in records:
         envelope = record.envelope
         kind = envelope.event_type
-        if kind == EventType.LLM_CALL:
+        if kind == EventType.RUN_STARTED:
+            started.append(_started_row(envelope))
+        elif kind == EventType.LLM_CALL:
             llm.append(_llm_row(envelope))
         elif kind == EventType.TOOL_CALL:
             tools.append({**_call(envelope), "tool": envelope.attributes.get("tool")})
@@ -45,12 +48,120 @@ def apply_analytics(conn: Connection, records: Sequence[Delivered]) -> BatchOutc
             intents.append(_intent_row(envelope))
         elif kind == EventType.EFFECT_RECEIPT:
             receipts.append(_receipt_row(envelope))
-    inserted = _insert_new(conn, llm_calls, llm) + _insert_new(conn, tool_calls, tools)
+    # Run facts first: the calls of a run that starts in this batch carry its versions.
+    inserted = _start_rollups(conn, started)
+    _carry_versions(conn, llm)
+    new_llm = _insert_new(conn, llm_calls, llm)
+    new_tools = _insert_new(conn, tool_calls, tools)
+    _add_to_rollups(conn, new_llm, new_tools)
+    inserted += len(new_llm) + len(new_tools)
     inserted += _fill(conn, _unique(intents), "intent_sequence", _INTENT)
     inserted += _fill(conn, _unique(receipts), "receipt_sequence", _RECEIPT)
     # Every message is accounted for: what changed a row, and what changed none here
     # (another event type, or one already applied).
     return BatchOutcome(inserted=inserted, duplicates=len(records) - inserted)
+
+
+def _started_row(envelope: Envelope) -> dict[str, Any]:
+    tags = run_tags(envelope.attributes)
+    return {
+        "run_id": envelope.run_id,
+        "tenant_id": envelope.tenant_id,
+        "agent_id": envelope.agent_id,
+        "code_version": envelope.attributes.get("code_version"),
+        "prompt_version": tags.get(PROMPT_VERSION_TAG),
+        "tags": tags,
+        "started_at": envelope.recorded_at,
+    }
+
+
+def _start_rollups(conn: Connection, rows: list[dict[str, Any]]) -> int:
+    """A rollup row per started run, or its run facts set on one its calls made first
+    (only a run whose ``run.started`` was lost or came late has such a row)."""
+    if not rows:
+        return 0
+    rows = list({row["run_id"]: row for row in reversed(rows)}.values())
+    statement = pg.insert(run_rollups)
+    facts = ("code_version", "prompt_version", "tags", "started_at")
+    upsert = statement.on_conflict_do_update(
+        index_elements=["run_id"],
+        set_={c: statement.excluded[c] for c in facts},
+        where=run_rollups.c.started_at.is_(None),
+    ).returning(run_rollups.c.run_id)
+    return len(conn.execute(upsert, rows).all())
+
+
+def _carry_versions(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Set each call row's prompt and code version from its run's rollup."""
+    if not rows:
+        return
+    runs = sorted({row["run_id"] for row in rows})
+    found = conn.execute(
+        select(
+            run_rollups.c.run_id, run_rollups.c.prompt_version, run_rollups.c.code_version
+        ).where(run_rollups.c.run_id.in_(runs))
+    ).all()
+    versions = {run_id: (prompt, code) for run_id, prompt, code in found}
+    for row in rows:
+        row["prompt_version"], row["code_version"] = versions.get(row["run_id"], (None, None))
+
+
+def _add_to_rollups(
+    conn: Connection, llm: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> None:
+    """Add the newly inserted calls to their runs' rollups (a call is inserted once, so
+    it is added once: a redelivery or a rebuild gives the same sums)."""
+    sums: dict[str, dict[str, Any]] = {}
+    for row, is_llm in [*((r, True) for r in llm), *((r, False) for r in tools)]:
+        total = sums.get(row["run_id"])
+        if total is None:
+            total = sums[row["run_id"]] = {
+                "run_id": row["run_id"],
+                "tenant_id": row["tenant_id"],
+                "agent_id": row["agent_id"],
+                **dict.fromkeys(_SUMMED, 0),
+                "llm_latency_ms": 0.0,
+                "max_latency_ms": None,
+                "models": set(),
+            }
+        latency = row["latency_ms"]
+        total["errors"] += row["error_class"] is not None
+        if latency is not None:
+            total["max_latency_ms"] = max(latency, total["max_latency_ms"] or latency)
+        if not is_llm:
+            total["tool_calls"] += 1
+            continue
+        total["llm_calls"] += 1
+        total["streamed_calls"] += bool(row["streamed"])
+        for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            total[name] += row[name] or 0
+        total["llm_latency_ms"] += latency or 0.0
+        if row["model"] is not None:
+            total["models"].add(row["model"])
+    if not sums:
+        return
+    rows = [{**total, "models": sorted(total["models"])} for total in sums.values()]
+    statement = pg.insert(run_rollups)
+    new, old = statement.excluded, run_rollups.c
+    added: dict[str, Any] = {name: old[name] + new[name] for name in (*_SUMMED, "llm_latency_ms")}
+    added["max_latency_ms"] = func.greatest(old.max_latency_ms, new.max_latency_ms)
+    # The union of the run's models, each once, in order.
+    added["models"] = literal_column(
+        "ARRAY(SELECT DISTINCT m FROM unnest(run_rollups.models || excluded.models) AS m "
+        "ORDER BY m)"
+    )
+    conn.execute(statement.on_conflict_do_update(index_elements=["run_id"], set_=added), rows)
+
+
+_SUMMED = (
+    "llm_calls",
+    "tool_calls",
+    "errors",
+    "streamed_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+)
 
 
 _INTENT = ("effect", "intent_sequence", "intent_at")
@@ -83,6 +194,8 @@ def _llm_row(envelope: Envelope) -> dict[str, Any]:
         "total_tokens": _number(attributes.get("total_tokens"), int),
         "finish_reason": attributes.get("finish_reason"),
         "truncated": attributes.get("body_truncated") == "true",
+        "streamed": attributes.get("streamed") == "true",
+        "tool_calls_requested": _number(attributes.get("tool_calls_requested"), int),
     }
 
 
@@ -135,11 +248,15 @@ def _number(raw: str | None, kind: Callable[[str], float | int]) -> Any:
     return value
 
 
-def _insert_new(conn: Connection, table: Any, rows: list[dict[str, Any]]) -> int:
+def _insert_new(conn: Connection, table: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Insert ``rows``; the ones that were not there yet."""
     if not rows:
-        return 0
-    statement = pg.insert(table).on_conflict_do_nothing().returning(table.c.sequence)
-    return len(conn.execute(statement, rows).all())
+        return []
+    statement = (
+        pg.insert(table).on_conflict_do_nothing().returning(table.c.run_id, table.c.sequence)
+    )
+    new = {(run_id, sequence) for run_id, sequence in conn.execute(statement, rows)}
+    return [row for row in rows if (row["run_id"], row["sequence"]) in new]
 
 
 def _unique(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ GROUPINGS = {
     "tenant": "c.tenant_id",
     "code_version": "r.code_version",
     "finish_reason": "c.finish_reason",
+    "prompt_version": "c.prompt_version",
 }
 """What ``--by`` may name, and the column each groups on."""
 

@@ -22,7 +22,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 VIEWS_SCHEMA = "blackbox_views"
 """The Postgres schema that holds every read-side table."""
@@ -181,6 +181,10 @@ llm_calls = Table(
     Column("total_tokens", BigInteger),
     Column("finish_reason", Text),
     Column("truncated", Boolean, nullable=False, server_default=text("false")),
+    Column("prompt_version", Text),
+    Column("code_version", Text),
+    Column("streamed", Boolean),
+    Column("tool_calls_requested", Integer),
 )
 """One row per ``llm.call``, from its unsealed attributes (no body, no data key)."""
 
@@ -203,3 +207,32 @@ effect_calls = Table(
 )
 """One row per effect intent, its receipt paired by (run, digest of the idempotency
 key); ``receipt_sequence`` NULL: an open intent."""
+
+
+def _count(name: str, kind: type[BigInteger] | type[Integer] = Integer) -> Column[int]:
+    return Column(name, kind, nullable=False, server_default=text("0"))
+
+
+run_rollups = Table(
+    "run_rollups",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("agent_id", Text, nullable=False),
+    Column("code_version", Text),
+    Column("prompt_version", Text),
+    Column("tags", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("started_at", DateTime(timezone=True)),
+    _count("llm_calls"),
+    _count("tool_calls"),
+    _count("errors"),
+    _count("streamed_calls"),
+    _count("prompt_tokens", BigInteger),
+    _count("completion_tokens", BigInteger),
+    _count("total_tokens", BigInteger),
+    Column("llm_latency_ms", Float, nullable=False, server_default=text("0")),
+    Column("max_latency_ms", Float),
+    Column("models", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+)
+"""One row per run from the analytics consumer: its tags and prompt version (from
+``run.started``) and its LLM and tool calls summed; each call is added once."""

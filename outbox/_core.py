@@ -57,7 +57,9 @@ from agent_blackbox.schemas import (
     EnvelopeCodec,
     PayloadPipeline,
     Settings,
+    check_tags,
     digest,
+    tag_attributes,
 )
 
 if TYPE_CHECKING:
@@ -89,6 +91,13 @@ class RunSnapshot:
     parent_run_id: str | None = None
     changes: Mapping[str, str] = field(default_factory=dict)
     """What a fork changed relative to its parent."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """Short labels analytics group by (``{"prompt_version": "v2"}``), carried unsealed
+    on ``run.started`` (``tag.<name>`` attributes, after redaction): labels, not content.
+    Checked when the snapshot is made (:class:`~agent_blackbox.schemas.InvalidTag`)."""
+
+    def __post_init__(self) -> None:
+        check_tags(self.tags)
 
 
 class RunFields(TypedDict, total=False):
@@ -656,6 +665,8 @@ def _start_crossing(snapshot: RunSnapshot, scrub: Scrub) -> b.Crossing:
         parent_run_id=snapshot.parent_run_id,
         **scrub.snapshot(snapshot, fired),
     )
+    tags = {name: str(scrub.value(value, fired)) for name, value in snapshot.tags.items()}
+    started = replace(started, attributes={**started.attributes, **tag_attributes(tags)})
     rules = scrub.rules_text()
     if rules is not None:
         started = replace(started, attributes={**started.attributes, RULES_ATTRIBUTE: rules})

@@ -83,6 +83,11 @@ def llm_call(
     attributes = {"provider": provider, "model": model, "latency_ms": f"{latency_ms:.3f}"}
     if finish_reason:
         attributes["finish_reason"] = finish_reason
+    if request.get("stream") is True:
+        attributes["streamed"] = "true"
+    requested = sum(len(_tool_calls(choice)) for choice in choices)
+    if requested:
+        attributes["tool_calls_requested"] = str(requested)
     if usage:
         # Attribute names stay those of v1: views and analytics index on them.
         attributes.update(
@@ -102,6 +107,12 @@ def llm_call(
         attributes,
         version=LLM_CALL_VERSION,
     )
+
+
+def _tool_calls(choice: Any) -> list[Any]:
+    message = choice.get("message") if isinstance(choice, Mapping) else None
+    calls = message.get("tool_calls") if isinstance(message, Mapping) else None
+    return calls if isinstance(calls, list) else []
 
 
 def truncated_llm_call(crossing: Crossing, *, body_bytes: int, ceiling: int) -> Crossing:

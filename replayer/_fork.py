@@ -41,12 +41,14 @@ from agent_blackbox.outbox.contract import Contract, Scrub
 from agent_blackbox.replayer._driver import AgentEntry
 from agent_blackbox.replayer._replay import DigestKeys, ReplaySetupError, run_digest
 from agent_blackbox.schemas import (
+    TAG_PREFIX,
     BlackboxError,
     Envelope,
     EventType,
     PayloadPipeline,
     Settings,
     refusing_plaintext,
+    run_tags,
 )
 
 ForkFactory = Callable[..., AgentEntry]
@@ -254,8 +256,9 @@ class ForkResult:
     ``recorded``): the fork could not run as asked, whatever its status says."""
 
 
-def snapshot_of(body: Mapping[str, Any]) -> RunSnapshot:
-    """The input snapshot a ``run.started`` body records, changes included."""
+def snapshot_of(body: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> RunSnapshot:
+    """The input snapshot a ``run.started`` body records, changes included, with the
+    run's ``tags`` (they travel on the envelope, not in the body)."""
     return RunSnapshot(
         code_version=body["code_version"],
         input=_typed(json.loads(body["input_json"]), body.get("input_codec")),
@@ -266,6 +269,7 @@ def snapshot_of(body: Mapping[str, Any]) -> RunSnapshot:
         permissions=tuple(body["permissions"]),
         parent_run_id=body["parent_run_id"],
         changes=dict(body["changes"]),
+        tags=dict(tags or {}),
     )
 
 
@@ -273,18 +277,19 @@ def parent_snapshot(events: Sequence[Envelope], pipeline: PayloadPipeline) -> Ru
     """The input snapshot recorded in a run's ``run.started``."""
     if not events or events[0].event_type != EventType.RUN_STARTED:
         raise ForkError("the parent run does not start with run.started; it cannot be forked")
-    return snapshot_of(pipeline.unpack(events[0]))
+    return snapshot_of(pipeline.unpack(events[0]), run_tags(events[0].attributes))
 
 
 def forked_snapshot(
     parent: RunSnapshot, parent_run_id: str, changes: Mapping[str, str]
 ) -> RunSnapshot:
     """``parent`` with ``changes`` applied: ``model`` replaces the model ids, ``flag.X``
-    sets flag X, ``code_version`` names the code that runs now; every change (these and
-    any other, such as ``prompt``) is recorded for the agent and for the reader. A fork
-    of a fork keeps its parent's changes, with these on top, so the agent sees what its
-    parent saw and what changed since."""
+    sets flag X, ``tag.X`` sets tag X, ``code_version`` names the code that runs now;
+    every change (these and any other, such as ``prompt``) is recorded for the agent and
+    for the reader. A fork of a fork keeps its parent's changes, with these on top, so
+    the agent sees what its parent saw and what changed since."""
     flags = dict(parent.flags)
+    tags = dict(parent.tags)
     model_ids = parent.model_ids
     code_version = parent.code_version
     for key, value in changes.items():
@@ -294,11 +299,14 @@ def forked_snapshot(
             code_version = value
         elif key.startswith("flag."):
             flags[key.removeprefix("flag.")] = value
+        elif key.startswith(TAG_PREFIX):
+            tags[key.removeprefix(TAG_PREFIX)] = value
     return replace(
         parent,
         code_version=code_version,
         model_ids=model_ids,
         flags=flags,
+        tags=tags,
         parent_run_id=parent_run_id,
         changes={**parent.changes, **changes},
     )

@@ -106,6 +106,16 @@ from agent_blackbox.schemas._sealed_runs import (
     refusing_plaintext,
 )
 from agent_blackbox.schemas._settings import DEFAULT_DATABASE_URL, DEFAULT_KAFKA_BOOTSTRAP, Settings
+from agent_blackbox.schemas._tags import (
+    MAX_TAGS,
+    PROMPT_VERSION_TAG,
+    TAG_PREFIX,
+    InvalidTag,
+    check_tags,
+    run_tags,
+    tag_attributes,
+    tag_problem,
+)
 from agent_blackbox.schemas.event_types import EventType
 
 __all__ = [
@@ -118,15 +128,18 @@ __all__ = [
     "GENESIS_CHAIN_HASH",
     "HMAC_PREFIX",
     "LLM_CALL_VERSION",
+    "MAX_TAGS",
     "MAX_VALUE_DEPTH",
     "OTHERS_WRITE_FORBIDDEN",
     "OWNER_ONLY_FORBIDDEN",
     "PLAINTEXT_IN_SEALED_RUN",
     "PLAIN_ENCODING",
+    "PROMPT_VERSION_TAG",
     "PUBLIC_KEYS_ENV",
     "REDACTED_SIGNED_VERSION",
     "SIGNING_KEY_FILE_ENV",
     "SINGLE_OBJECT_MAGIC",
+    "TAG_PREFIX",
     "BlackboxError",
     "BodyCodec",
     "BodyEncodingError",
@@ -143,6 +156,7 @@ __all__ = [
     "EventType",
     "ForgedCheckpoint",
     "Incompatibility",
+    "InvalidTag",
     "JsonValue",
     "KeyUnavailable",
     "KeyedDigest",
@@ -171,6 +185,7 @@ __all__ = [
     "canonical_json",
     "canonical_text",
     "check_registry",
+    "check_tags",
     "choice_view",
     "completion_view",
     "deepest_path",
@@ -191,8 +206,11 @@ __all__ = [
     "permission_refused",
     "read_checked_file",
     "refusing_plaintext",
+    "run_tags",
     "safe_console",
     "safe_text",
+    "tag_attributes",
+    "tag_problem",
     "too_deep",
     "tool_call_views",
     "write_owner_only",

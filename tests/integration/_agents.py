@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
@@ -20,14 +20,21 @@ class RecordedRun:
 
 
 def record_ticket_runs(
-    recorder: Recorder, ticket_ids: Iterable[str], *, workers: int = 4
+    recorder: Recorder,
+    ticket_ids: Iterable[str],
+    *,
+    workers: int = 4,
+    tags: Callable[[str], dict[str, str]] | None = None,
 ) -> list[RecordedRun]:
-    """Record one run of the ticket agent per ticket id; returns what was recorded."""
+    """Record one run of the ticket agent per ticket id, each tagged ``tags(ticket_id)``
+    when given; returns what was recorded."""
     ids = list(ticket_ids)
     agent = TicketAgent(sample_tickets(len(ids) + 1_000), KeywordModel(), Notifier())
 
     def one(ticket_id: str) -> RecordedRun:
         snapshot = agent.snapshot(ticket_id)
+        if tags is not None:
+            snapshot = replace(snapshot, tags=tags(ticket_id))
         run, _ = recorder.record(
             agent.run, snapshot, agent_id="ticket-agent", subject_ids=("customer-1",)
         )

@@ -12,13 +12,17 @@ from sqlalchemy import Engine, select, text
 
 from agent_blackbox.consumers import (
     AnalyticsConsumer,
+    ConsumerRuntime,
     RetentionJob,
     RetentionPolicy,
+    apply_analytics,
     effect_calls,
     llm_calls,
     llm_usage_txn,
     migrate_views,
+    run_rollups,
     tool_calls,
+    views_screen,
 )
 from agent_blackbox.outbox import Recorder
 from agent_blackbox.schemas import Envelope, EventType, Settings
@@ -30,7 +34,12 @@ from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
 
-TABLES = (llm_calls, tool_calls, effect_calls)
+TABLES = (llm_calls, tool_calls, effect_calls, run_rollups)
+
+
+def _variant(ticket_id: str) -> dict[str, str]:
+    """Prompt A/B: even tickets run prompt v1, odd ones v2."""
+    return {"prompt_version": f"v{int(ticket_id[-1]) % 2 + 1}", "experiment": "greeting"}
 
 
 def _rows(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
@@ -59,7 +68,7 @@ def _build(settings: Settings, engine: Engine, *, group: str, expect: int) -> No
 @pytest.fixture
 def recorded(settings: Settings, engine: Engine) -> list[Envelope]:
     migrate_views(settings.database_url)
-    runs = record_ticket_runs(Recorder(engine, settings=settings), ticket_ids(8))
+    runs = record_ticket_runs(Recorder(engine, settings=settings), ticket_ids(8), tags=_variant)
     relay(engine, settings)
     total = sum(r.events for r in runs)
     return [e for _p, _o, e in read_topic(settings.kafka_bootstrap, settings.topic, expect=total)]
@@ -125,6 +134,101 @@ def test_the_analytics_hold_every_call_and_effect_as_recorded(
         )
     assert buckets == {"minute": (len(llm), stored_tokens), "hour": (len(llm), stored_tokens)}
     assert tool_buckets == {"minute": len(tools), "hour": len(tools)}
+
+
+def _expected_rollups(recorded: list[Envelope]) -> dict[str, tuple[Any, ...]]:
+    """Per run, computed from the envelopes: prompt version, tags, LLM calls, tool calls,
+    errors, total tokens, models."""
+    expected: dict[str, tuple[Any, ...]] = {}
+    for run_id in {e.run_id for e in recorded}:
+        mine = [e for e in recorded if e.run_id == run_id]
+        [started] = [e for e in mine if e.event_type == EventType.RUN_STARTED]
+        llm = [e for e in mine if e.event_type == EventType.LLM_CALL]
+        tools = [e for e in mine if e.event_type == EventType.TOOL_CALL]
+        tags = {k.removeprefix("tag."): v for k, v in started.attributes.items() if k[:4] == "tag."}
+        expected[run_id] = (
+            tags.get("prompt_version"),
+            tags,
+            len(llm),
+            len(tools),
+            sum("error" in e.attributes for e in llm + tools),
+            sum(int(e.attributes.get("total_tokens", 0)) for e in llm),
+            sorted({e.attributes["model"] for e in llm}),
+        )
+    return expected
+
+
+def _rollups(engine: Engine) -> dict[str, tuple[Any, ...]]:
+    r = run_rollups.c
+    columns = (r.prompt_version, r.tags, r.llm_calls, r.tool_calls, r.errors, r.total_tokens)
+    with engine.connect() as conn:
+        rows = conn.execute(select(r.run_id, *columns, r.models)).all()
+    return {row[0]: (*row[1:-1], list(row[-1])) for row in rows}
+
+
+def test_per_run_rollups_and_the_prompt_a_b_equal_the_recorded_runs(
+    settings: Settings, engine: Engine, recorded: list[Envelope]
+) -> None:
+    _build(settings, engine, group="analytics-a", expect=len(recorded))
+
+    assert _rollups(engine) == _expected_rollups(recorded)
+    llm = [e for e in recorded if e.event_type == EventType.LLM_CALL]
+    version_of = {run_id: facts[0] for run_id, facts in _expected_rollups(recorded).items()}
+    with engine.connect() as conn:
+        usage = llm_usage_txn(conn, by="prompt_version", since=datetime(2000, 1, 1, tzinfo=UTC))
+    assert {u.group: (u.calls, u.total_tokens) for u in usage} == {
+        version: (
+            sum(1 for e in llm if version_of[e.run_id] == version),
+            sum(
+                int(e.attributes.get("total_tokens", 0))
+                for e in llm
+                if version_of[e.run_id] == version
+            ),
+        )
+        for version in ("v1", "v2")
+    }
+
+
+def _poll(consumer: ConsumerRuntime, *, times: int) -> None:
+    for _ in range(times):
+        consumer.poll_once(0.5)
+
+
+def test_the_views_after_a_crash_mid_stream_equal_a_clean_build(
+    settings: Settings, engine: Engine, recorded: list[Envelope]
+) -> None:
+    batches = 0
+
+    def crashing(conn: Any, records: Any) -> Any:
+        # Writes its rows, then dies before the commit, on the third batch.
+        nonlocal batches
+        outcome = apply_analytics(conn, records)
+        batches += 1
+        if batches == 3:
+            raise RuntimeError("the consumer process died here")
+        return outcome
+
+    crashed = ConsumerRuntime(
+        settings,
+        crashing,
+        name="analytics",
+        group_id="analytics-crash",
+        screen=views_screen,
+        engine=engine,
+        batch_size=7,
+    )
+    with crashed, pytest.raises(RuntimeError, match="died here"):
+        _poll(crashed, times=200)  # the crash comes on the third batch
+    assert batches == 3
+    _build(settings, engine, group="analytics-crash", expect=len(recorded) - 14)
+    after_crash = _rows(engine)
+    with engine.begin() as conn:
+        for table in TABLES:
+            conn.execute(table.delete())
+    _build(settings, engine, group="analytics-clean", expect=len(recorded))
+
+    assert after_crash == _rows(engine)
+    assert _rollups(engine) == _expected_rollups(recorded)
 
 
 def test_a_rebuild_from_offset_zero_gives_the_same_rows(

@@ -76,6 +76,29 @@ def test_tool_error_is_recorded_by_class_message_and_arguments() -> None:
     assert crossing.attributes["error"] == "KeyError"
 
 
+def test_llm_call_attributes_say_whether_it_streamed_and_how_many_tools_it_asked_for() -> None:
+    plain = llm_call(
+        provider="openai",
+        model="m",
+        request={"model": "m"},
+        response=RESPONSE,
+        error=None,
+        latency_ms=1.0,
+    )
+    streamed = llm_call(
+        provider="openai",
+        model="m",
+        request={"model": "m", "stream": True},
+        response={"choices": []},
+        error=None,
+        latency_ms=1.0,
+    )
+    assert plain.attributes["tool_calls_requested"] == "1"
+    assert "streamed" not in plain.attributes
+    assert streamed.attributes["streamed"] == "true"
+    assert "tool_calls_requested" not in streamed.attributes
+
+
 def test_llm_call_stores_the_response_once_and_derives_choices_and_tool_calls() -> None:
     request = {"model": "m", "temperature": 0.2, "messages": [{"role": "user", "content": "hi"}]}
     crossing = llm_call(
