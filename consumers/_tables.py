@@ -68,6 +68,8 @@ events_index = Table(
     Column("recorded_at", DateTime(timezone=True), nullable=False),
     Column("key_id", Text),
     Column("payload_ref", Text),
+    # The envelope's unsealed attributes (model, tokens, tool, status, branch, tags...).
+    Column("attributes", JSONB),
     PrimaryKeyConstraint("run_id", "sequence"),
     Index("ix_events_topic_partition_offset", "topic", "partition", "offset"),
 )

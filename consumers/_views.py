@@ -525,11 +525,11 @@ their way into the index."""
 _EVENT_COLUMNS = (
     *("run_id", "sequence", "event_id", "event_type", "body_version", "topic"),
     *("partition", "offset", "input_digest", "output_digest", "chain_hash"),
-    *("recorded_at", "key_id", "payload_ref"),
+    *("recorded_at", "key_id", "payload_ref", "attributes"),
 )
 _EVENT_TYPES = (
     *("text", "int8", "text", "text", "int4", "text", "int4", "int8", "text", "text"),
-    *("text", "timestamptz", "text", "text"),
+    *("text", "timestamptz", "text", "text", "jsonb"),
 )
 _QUOTED = ", ".join(f'"{name}"' for name in _EVENT_COLUMNS)
 _CREATE_INCOMING = (
@@ -566,7 +566,7 @@ def _copy_events(conn: Connection, ordered: Sequence[Delivered]) -> set[tuple[st
                 write((
                     e.run_id, e.sequence, e.event_id, e.event_type, e.body_version,
                     r.topic, r.partition, r.offset, e.input_digest, e.output_digest,
-                    e.chain_hash, e.recorded_at, e.key_id, e.payload_ref,
+                    e.chain_hash, e.recorded_at, e.key_id, e.payload_ref, e.attributes,
                 ))
                 # fmt: on
         cursor.execute(_INSERT_INCOMING)
@@ -613,6 +613,7 @@ def _event_columns(records: Sequence[Delivered]) -> dict[str, list[Any]]:
         "recorded_at": [e.recorded_at for e in envelopes],
         "key_id": [e.key_id for e in envelopes],
         "payload_ref": [e.payload_ref for e in envelopes],
+        "attributes": [e.attributes for e in envelopes],
     }
 
 

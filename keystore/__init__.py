@@ -29,6 +29,7 @@ from agent_blackbox.keystore._postgres import (
     has_keys_txn,
     key_owners_txn,
     purpose_problem,
+    request_access,
     tenant_aad,
     wrapping_aad,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "provider_from_env",
     "purpose_problem",
     "record_access_txn",
+    "request_access",
     "restore_data_keys_txn",
     "restore_tenant_keys_txn",
     "tenant_aad",

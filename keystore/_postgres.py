@@ -373,14 +373,38 @@ class AuditedKeys:
             self._requests[scope] = request = int(row[0])
         return request
 
+    def request_access(self, run_id: str) -> int:
+        """Record (once) the request to read ``run_id``'s bodies for this purpose; the
+        audit row's id. Done before a body is shown even when the run has no data key,
+        so every reading of recorded content leaves its row."""
+        return self._request(f"run {run_id}", run_id=run_id)
+
     def _call(self, statement: TextClause, params: dict[str, Any], where: str) -> Any:
-        try:
-            with self._engine.begin() as conn:
-                return conn.execute(statement, params).first()
-        except DBAPIError as exc:
-            raise _refusal(exc, where) from exc
-        except SQLAlchemyError as exc:
-            raise KeystoreError(f"{where}: the key store failed: {exc}") from exc
+        return _call(self._engine, statement, params, where)
+
+
+def request_access(engine: Engine, *, purpose: str, run_id: str) -> int:
+    """Write the access audit's request row for reading ``run_id``'s bodies (a run with
+    no data key too); its id. What :meth:`AuditedKeys.request_access` does, for a
+    reader that holds no key-encryption key.
+
+    Raises:
+        AccessDenied: the purpose is unusable, or the role may not read the run's tenant.
+    """
+    AuditedKeys.check_purpose(purpose)
+    params = {"purpose": purpose, "run_id": run_id, "tenant_id": None}
+    return int(_call(engine, _REQUEST, params, f"run {run_id}")[0])
+
+
+def _call(engine: Engine, statement: TextClause, params: dict[str, Any], where: str) -> Any:
+    """One statement in a transaction of its own (committed when this returns)."""
+    try:
+        with engine.begin() as conn:
+            return conn.execute(statement, params).first()
+    except DBAPIError as exc:
+        raise _refusal(exc, where) from exc
+    except SQLAlchemyError as exc:
+        raise KeystoreError(f"{where}: the key store failed: {exc}") from exc
 
 
 def _refusal(exc: DBAPIError, where: str) -> KeystoreError:

@@ -5,6 +5,7 @@ Avro archives, or from envelopes in memory; nothing external is ever called. Rep
 itself (:class:`ReplayRun`) lives here, beside its reports.
 """
 
+from agent_blackbox.replayer._bodies import OpenedBody, open_body, readable_body
 from agent_blackbox.replayer._driver import (
     AgentEntry,
     ReplayOptions,
@@ -92,6 +93,7 @@ __all__ = [
     "MissingEntryPoint",
     "Nondeterminism",
     "NondeterminismPolicy",
+    "OpenedBody",
     "PartitionFailed",
     "Problem",
     "ReadSide",
@@ -118,7 +120,9 @@ __all__ = [
     "fork_run",
     "is_async_entry",
     "load_entry",
+    "open_body",
     "read_archive",
+    "readable_body",
     "reexecute",
     "replay_run",
     "replay_run_async",

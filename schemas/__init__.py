@@ -48,7 +48,7 @@ from agent_blackbox.schemas._deletion import (
     REDACTED_SIGNED_VERSION,
     deletion_statement,
 )
-from agent_blackbox.schemas._display import safe_console, safe_text
+from agent_blackbox.schemas._display import safe_console, safe_text, visible_text
 from agent_blackbox.schemas._envelope import GENESIS_CHAIN_HASH, Envelope, next_chain_hash
 from agent_blackbox.schemas._errors import (
     BlackboxError,
@@ -213,5 +213,6 @@ __all__ = [
     "tag_problem",
     "too_deep",
     "tool_call_views",
+    "visible_text",
     "write_owner_only",
 ]

@@ -140,6 +140,17 @@ def safe_text(value: object, *, limit: int | None = None) -> str:
     return text[: limit - 1] + ELLIPSIS
 
 
+def visible_text(value: object) -> str:
+    """``value`` as text whose hidden characters are visible escapes, as :func:`safe_text`
+    shows them, for a page rather than a terminal: nothing else changes (a page escapes
+    its own markup, so ``[`` stays ``[``)."""
+    text = value if type(value) is str else str(value)
+    pattern, screen = _patterns()
+    if (_ASCII_SCREEN if text.isascii() else screen).search(text) is None:
+        return text
+    return pattern.sub(lambda m: m[0] if m[1] is None else _visible(m[1]), text)
+
+
 def _cut(text: str, pattern: re.Pattern[str], limit: int) -> str:
     """The first ``limit - 1`` characters of the escaped ``text`` and an ellipsis,
     dropping an escape that does not fit whole rather than cutting it in half."""

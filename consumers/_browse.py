@@ -1,0 +1,363 @@
+"""Reading the views for a person: the run list with filters, one run whole, one event's
+metadata, and usage over time. What the run console shows; plain functions over a
+connection, so any other front end can show the same.
+
+Every query runs as the caller's role: the views' row security scopes it to the
+tenants that role is granted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+MAX_RUN_EVENTS = 20_000
+"""Events a run page lists at most (a longer run is cut, and says so)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    """What the run list is narrowed to; None (or False) leaves a field out."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    agent: str | None = None
+    status: str | None = None
+    model: str | None = None
+    code_version: str | None = None
+    tenant: str | None = None
+    prompt_version: str | None = None
+    has_error: bool = False
+    latency_above_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where the next page starts: after this run in the list's order (newest first)."""
+
+    started_at: datetime
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListedRun:
+    run_id: str
+    tenant_id: str
+    agent_id: str
+    status: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    event_count: int
+    code_version: str | None
+    parent_run_id: str | None
+    prompt_version: str | None
+    llm_calls: int
+    errors: int
+    total_tokens: int
+    max_latency_ms: float | None
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    runs: list[ListedRun]
+    next: Cursor | None
+
+
+_LIST_COLUMNS = """
+    r.run_id, r.tenant_id, r.agent_id, r.status, r.started_at, r.finished_at,
+    r.event_count, r.code_version, r.parent_run_id, u.prompt_version,
+    coalesce(u.llm_calls, 0), coalesce(u.errors, 0), coalesce(u.total_tokens, 0),
+    u.max_latency_ms, coalesce(u.models, '{}')
+"""
+
+
+def list_runs_txn(
+    conn: Connection, where: RunFilter, *, after: Cursor | None = None, limit: int = PAGE_SIZE
+) -> RunPage:
+    """One page of runs, newest start first, narrowed by ``where``, after ``after``.
+
+    Keyset paging on (start time, run id): each page costs the same however deep it is.
+    Runs not started yet (no ``run.started`` seen) are not listed.
+    """
+    limit = max(1, min(limit, MAX_PAGE_SIZE))
+    clauses = ["r.started_at IS NOT NULL"]
+    params: dict[str, Any] = {"limit": limit + 1}
+    simple = {
+        "agent": "r.agent_id",
+        "status": "r.status",
+        "code_version": "r.code_version",
+        "tenant": "r.tenant_id",
+        "prompt_version": "u.prompt_version",
+    }
+    for name, column in simple.items():
+        value = getattr(where, name)
+        if value:
+            clauses.append(f"{column} = :{name}")
+            params[name] = value
+    if where.since is not None:
+        clauses.append("r.started_at >= :since")
+        params["since"] = where.since
+    if where.until is not None:
+        clauses.append("r.started_at < :until")
+        params["until"] = where.until
+    if where.model:
+        clauses.append("u.models @> ARRAY[CAST(:model AS text)]")
+        params["model"] = where.model
+    if where.has_error:
+        clauses.append("(u.errors > 0 OR r.status = 'failed')")
+    if where.latency_above_ms is not None:
+        clauses.append("u.max_latency_ms > :latency")
+        params["latency"] = where.latency_above_ms
+    if after is not None:
+        clauses.append("(r.started_at, r.run_id) < (:after_at, :after_id)")
+        params.update(after_at=after.started_at, after_id=after.run_id)
+    statement = text(
+        f"""
+        SELECT {_LIST_COLUMNS}
+          FROM blackbox_views.runs r
+          LEFT JOIN blackbox_views.run_rollups u ON u.run_id = r.run_id
+         WHERE {" AND ".join(clauses)}
+         ORDER BY r.started_at DESC NULLS LAST, r.run_id DESC
+         LIMIT :limit
+        """
+    )
+    rows = [_listed(row) for row in conn.execute(statement, params)]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    last = rows[-1] if more else None
+    cursor = (
+        None if last is None or last.started_at is None else Cursor(last.started_at, last.run_id)
+    )
+    return RunPage(rows, cursor)
+
+
+def _listed(row: Any) -> ListedRun:
+    return ListedRun(
+        run_id=row[0],
+        tenant_id=row[1],
+        agent_id=row[2],
+        status=row[3],
+        started_at=row[4],
+        finished_at=row[5],
+        event_count=int(row[6]),
+        code_version=row[7],
+        parent_run_id=row[8],
+        prompt_version=row[9],
+        llm_calls=int(row[10]),
+        errors=int(row[11]),
+        total_tokens=int(row[12]),
+        max_latency_ms=row[13],
+        models=tuple(row[14]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One event of a run as the index and the analytics views know it (never a body)."""
+
+    sequence: int
+    event_id: str
+    event_type: str
+    recorded_at: datetime
+    attributes: dict[str, str]
+    latency_ms: float | None
+    sealed: bool
+    out_of_line: bool
+
+    @property
+    def branch(self) -> int:
+        """The branch of concurrent work it ran in (0: the run's own)."""
+        raw = self.attributes.get("branch", "0")
+        return int(raw) if raw.isdigit() else 0
+
+
+@dataclass(frozen=True, slots=True)
+class EffectPair:
+    effect: str | None
+    intent_sequence: int | None
+    intent_at: datetime | None
+    receipt_sequence: int | None
+    receipt_at: datetime | None
+    status: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    code_version: str | None
+    result: str
+    passed: bool
+    divergence_kind: str | None
+    divergence_sequence: int | None
+    duration_ms: float | None
+    at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """A run whole, from the views: the console's run page."""
+
+    run: ListedRun
+    finished_at: datetime | None
+    tags: dict[str, str]
+    replayability: str | None
+    events: list[RunEvent]
+    events_cut: bool
+    effects: list[EffectPair]
+    replays: list[ReplayResult]
+    forks: list[str] = field(default_factory=list)
+
+
+def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
+    """Everything the views hold of ``run_id``; None when they do not hold it (or the
+    caller's role may not see its tenant)."""
+    row = conn.execute(
+        text(
+            f"SELECT {_LIST_COLUMNS}, coalesce(u.tags, '{{}}'::jsonb), p.replayability "
+            "FROM blackbox_views.runs r "
+            "LEFT JOIN blackbox_views.run_rollups u ON u.run_id = r.run_id "
+            "LEFT JOIN blackbox_views.run_replayability p ON p.run_id = r.run_id "
+            "WHERE r.run_id = :run_id"
+        ),
+        {"run_id": run_id},
+    ).first()
+    if row is None:
+        return None
+    run = _listed(row)
+    events = run_events_txn(conn, run_id, limit=MAX_RUN_EVENTS + 1)
+    effects = [
+        EffectPair(*r)
+        for r in conn.execute(
+            text(
+                "SELECT effect, intent_sequence, intent_at, receipt_sequence, receipt_at, status "
+                "FROM blackbox_views.effects WHERE run_id = :run_id "
+                "ORDER BY coalesce(intent_sequence, receipt_sequence)"
+            ),
+            {"run_id": run_id},
+        )
+    ]
+    replays = [
+        ReplayResult(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6])
+        for r in conn.execute(
+            text(
+                "SELECT code_version, result, passed, divergence_kind, divergence_sequence, "
+                "duration_ms, replayed_at FROM blackbox_views.replay_results "
+                "WHERE run_id = :run_id ORDER BY id DESC LIMIT 20"
+            ),
+            {"run_id": run_id},
+        )
+    ]
+    forks = list(
+        conn.execute(
+            text(
+                "SELECT run_id FROM blackbox_views.runs WHERE parent_run_id = :run_id "
+                "ORDER BY started_at LIMIT 100"
+            ),
+            {"run_id": run_id},
+        ).scalars()
+    )
+    return RunDetail(
+        run=run,
+        finished_at=run.finished_at,
+        tags=dict(row[15]),
+        replayability=row[16],
+        events=events[:MAX_RUN_EVENTS],
+        events_cut=len(events) > MAX_RUN_EVENTS,
+        effects=effects,
+        replays=replays,
+        forks=forks,
+    )
+
+
+def run_events_txn(
+    conn: Connection, run_id: str, *, first: int = 1, limit: int = MAX_RUN_EVENTS
+) -> list[RunEvent]:
+    """``run_id``'s indexed events from sequence ``first``, in sequence order, each
+    with its call latency when it is an LLM or tool call."""
+    rows = conn.execute(
+        text(
+            """
+            SELECT e.sequence, e.event_id, e.event_type, e.recorded_at,
+                   coalesce(e.attributes, '{}'::jsonb), coalesce(l.latency_ms, t.latency_ms),
+                   e.key_id IS NOT NULL, e.payload_ref IS NOT NULL
+              FROM blackbox_views.events e
+              LEFT JOIN blackbox_views.llm_calls l
+                     ON l.run_id = e.run_id AND l.sequence = e.sequence
+              LEFT JOIN blackbox_views.tool_calls t
+                     ON t.run_id = e.run_id AND t.sequence = e.sequence
+             WHERE e.run_id = :run_id AND e.sequence >= :first
+             ORDER BY e.sequence
+             LIMIT :limit
+            """
+        ),
+        {"run_id": run_id, "first": first, "limit": limit},
+    )
+    return [
+        RunEvent(
+            sequence=int(r[0]),
+            event_id=r[1],
+            event_type=r[2],
+            recorded_at=r[3],
+            attributes={str(k): str(v) for k, v in dict(r[4]).items()},
+            latency_ms=r[5],
+            sealed=bool(r[6]),
+            out_of_line=bool(r[7]),
+        )
+        for r in rows
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class UsagePoint:
+    """One time bucket of one group's LLM calls."""
+
+    bucket: datetime
+    group: str | None
+    calls: int
+    errors: int
+    total_tokens: int
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    latency_p99_ms: float | None
+
+
+USAGE_GROUPS = {"model": "c.model", "prompt_version": "c.prompt_version", "agent": "c.agent_id"}
+"""What usage over time may be split by, and the column each splits on."""
+
+
+def usage_series_txn(
+    conn: Connection, *, since: datetime, bucket: str, by: str
+) -> list[UsagePoint]:
+    """LLM calls since ``since`` per ``bucket`` (``minute`` or ``hour``) and group ``by``
+    (a key of :data:`USAGE_GROUPS`), oldest bucket first. Percentiles are exact.
+
+    Raises:
+        ValueError: an unknown bucket or grouping.
+    """
+    if bucket not in ("minute", "hour"):
+        raise ValueError(f"bucket must be minute or hour, not {bucket!r}")
+    column = USAGE_GROUPS.get(by)
+    if column is None:
+        raise ValueError(f"cannot split by {by!r}; choose one of {', '.join(USAGE_GROUPS)}")
+    rows = conn.execute(
+        text(
+            f"""
+            SELECT date_trunc(:bucket, c.recorded_at), {column}, count(*),
+                   count(c.error_class), coalesce(sum(c.total_tokens), 0),
+                   percentile_cont(0.50) WITHIN GROUP (ORDER BY c.latency_ms),
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY c.latency_ms),
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY c.latency_ms)
+              FROM blackbox_views.llm_calls c
+             WHERE c.recorded_at >= :since
+             GROUP BY 1, 2
+             ORDER BY 1, 2
+            """
+        ),
+        {"bucket": bucket, "since": since},
+    )
+    return [UsagePoint(r[0], r[1], int(r[2]), int(r[3]), int(r[4]), r[5], r[6], r[7]) for r in rows]

@@ -1,0 +1,126 @@
+"""One recorded body, opened for a person to read: with a stated purpose, one access
+audit row per opening, read from the topic through the run index."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from agent_blackbox.keystore import (
+    AesGcmSealer,
+    AuditedKeys,
+    LocalKeyProvider,
+    request_access,
+)
+from agent_blackbox.replayer._index import RunIndex
+from agent_blackbox.replayer._sources import KafkaRunSource
+from agent_blackbox.schemas import (
+    BlackboxError,
+    Envelope,
+    EventType,
+    PayloadPipeline,
+    SealedRunGuard,
+    Settings,
+    llm_reply,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedBody:
+    """What reading one event's body gave: the body as a reader wants it, or why there
+    is none to show (never both)."""
+
+    envelope: Envelope
+    body: dict[str, Any] | None
+    withheld: str | None
+
+
+def open_body(
+    settings: Settings,
+    engine: Engine,
+    index: RunIndex,
+    run_id: str,
+    sequence: int,
+    *,
+    purpose: str,
+) -> OpenedBody:
+    """The body of event ``sequence`` of ``run_id``, for a person to read.
+
+    First writes the access audit's request row (``purpose``, the database login), so an
+    opening leaves exactly one request row whatever follows; a sealed run's data key is
+    then unwrapped through the audited functions (which add the unwrap's own row). The
+    run is read from the topic up to that event, so a plaintext body appended to a
+    sealed run by someone other than its recorder is withheld, as replay refuses it.
+
+    Raises:
+        AccessDenied: the purpose is unusable, or the login may not read the run.
+        SourceError: the run is not indexed, or the topic cannot be read.
+        BlackboxError: the event is not in the topic where the index says.
+    """
+    provider = LocalKeyProvider.from_env()
+    if provider is None:
+        request_access(engine, purpose=purpose, run_id=run_id)
+        pipeline = PayloadPipeline()
+    else:
+        keys = AuditedKeys(engine, provider, purpose=purpose)
+        keys.request_access(run_id)
+        pipeline = PayloadPipeline(sealer=AesGcmSealer(keys))
+    guard = SealedRunGuard()
+    source = KafkaRunSource(settings, index, run_id)
+    events = iter(source)
+    try:
+        for envelope in events:
+            refusal = guard.refusal(envelope)
+            if envelope.sequence == sequence:
+                if refusal is not None:
+                    return OpenedBody(
+                        envelope,
+                        None,
+                        f"refused: a plaintext body in a run sealed under data key "
+                        f"{refusal.key_id} since sequence {refusal.sealed_at}, not written "
+                        "by the run's recorder",
+                    )
+                return _opened(envelope, pipeline)
+            if envelope.sequence > sequence:
+                break
+    finally:
+        getattr(events, "close", lambda: None)()  # the topic reader stops at once
+    raise BlackboxError(f"run {run_id} has no event {sequence} in the topic")
+
+
+def _opened(envelope: Envelope, pipeline: PayloadPipeline) -> OpenedBody:
+    if envelope.payload is None:
+        return OpenedBody(
+            envelope,
+            None,
+            f"stored out of line ({envelope.payload_ref}); read it with `blackbox replay` "
+            "or `blackbox export --bodies`",
+        )
+    try:
+        body = pipeline.unpack(envelope)
+    except BlackboxError as exc:  # a destroyed key, a missing one, a corrupt body
+        return OpenedBody(envelope, None, f"{type(exc).__name__}: {exc}")
+    return OpenedBody(envelope, readable_body(envelope.event_type, body), None)
+
+
+def readable_body(event_type: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` as a person reads it: every ``*_json`` text field parsed into the value
+    it holds (a raw request is shown as JSON, not as a string of JSON), and an LLM
+    call's answer (its choices and tool calls) first."""
+    shown: dict[str, Any] = {}
+    if event_type == EventType.LLM_CALL:
+        reply = llm_reply(dict(body))
+        shown.update(choices=list(reply.choices), tool_calls=list(reply.tool_calls))
+    for name, value in body.items():
+        if name.endswith("_json") and isinstance(value, str):
+            try:
+                shown[name.removesuffix("_json")] = json.loads(value)
+                continue
+            except ValueError:
+                pass
+        shown[name] = value
+    return shown
