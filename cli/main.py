@@ -18,6 +18,7 @@ from sqlalchemy import Engine, create_engine
 from agent_blackbox.backup.cli import backup_group, drill_command, restore_command
 from agent_blackbox.broker import partition_count, settle_heap
 from agent_blackbox.cli._roles import RoleCheckedGroup
+from agent_blackbox.console.cli import web_command
 from agent_blackbox.consumers import ViewReplayResults, ViewRunIndex, migrate_views
 from agent_blackbox.consumers.cli import (
     analytics_command,
@@ -97,6 +98,7 @@ main.add_command(tenants_group, "tenants")
 main.add_command(backup_group, "backup")
 main.add_command(drill_command, "drill")
 main.add_command(restore_command, "restore")
+main.add_command(web_command, "web")
 
 
 @main.command()

@@ -1,0 +1,32 @@
+"""The run console: ``blackbox web``, a browser view of recorded runs.
+
+It reads the views (as a ``blackbox_reader`` login, or a ``blackbox_replayer`` one to
+open bodies), renders every page on the server with no script, and opens a recorded
+body only after the viewer states a purpose, through the audited replayer path.
+Authentication is a port (:class:`Authenticator`) with three adapters.
+"""
+
+from agent_blackbox.console._app import CSP, create_app
+from agent_blackbox.console._auth import (
+    Authenticator,
+    ConsoleAuthError,
+    LoopbackOnly,
+    Refusal,
+    StaticTokens,
+    TrustedProxyHeader,
+    Viewer,
+    is_loopback,
+)
+
+__all__ = [
+    "CSP",
+    "Authenticator",
+    "ConsoleAuthError",
+    "LoopbackOnly",
+    "Refusal",
+    "StaticTokens",
+    "TrustedProxyHeader",
+    "Viewer",
+    "create_app",
+    "is_loopback",
+]

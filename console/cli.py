@@ -1,0 +1,122 @@
+"""``blackbox web``: serve the run console."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import click
+import uvicorn
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from agent_blackbox.console._app import create_app
+from agent_blackbox.console._auth import (
+    Authenticator,
+    ConsoleAuthError,
+    LoopbackOnly,
+    StaticTokens,
+    TrustedProxyHeader,
+    is_loopback,
+)
+from agent_blackbox.schemas import Settings, safe_console, safe_text
+
+
+@click.command("web")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--token-file",
+    envvar="BLACKBOX_CONSOLE_TOKEN_FILE",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Owner-only file of `name token` lines: viewers sign in with a token.",
+)
+@click.option(
+    "--proxy-header",
+    default=None,
+    help="Believe the user a reverse proxy names in this header (e.g. X-Forwarded-User).",
+)
+@click.option(
+    "--trusted-proxy",
+    multiple=True,
+    help="The proxy's address or network (repeatable); needed with --proxy-header.",
+)
+def web_command(
+    host: str,
+    port: int,
+    token_file: Path | None,
+    proxy_header: str | None,
+    trusted_proxy: tuple[str, ...],
+) -> None:
+    """Serve the run console (runs, waterfalls, bodies on a stated purpose, charts).
+
+    Without --token-file or --proxy-header it serves its own machine only: every client
+    that is not on a loopback address is refused.
+    """
+    err = safe_console(stderr=True)
+    try:
+        auth = _authenticator(token_file, proxy_header, trusted_proxy)
+    except ConsoleAuthError as exc:
+        err.print(f"[red]error:[/] {safe_text(exc)}")
+        sys.exit(2)
+    settings = Settings.from_env()
+    engine = create_engine(settings.database_url, pool_pre_ping=True, pool_size=8)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1 FROM blackbox_views.runs LIMIT 1"))
+    except SQLAlchemyError as exc:
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        err.print(
+            f"[red]error:[/] the views cannot be read ({safe_text(detail)}); check "
+            "BLACKBOX_DATABASE_URL (a blackbox_reader login, or blackbox_replayer to open "
+            "bodies) and run `blackbox migrate`"
+        )
+        sys.exit(2)
+    if isinstance(auth, LoopbackOnly) and not is_loopback(_resolved(host)):
+        err.print(
+            f"[yellow]note:[/] listening on {safe_text(host)} without authentication: only "
+            "clients on this machine are served; give --token-file to serve others"
+        )
+    try:
+        probe = socket.create_server((host, port))
+        probe.close()
+    except OSError as exc:
+        err.print(
+            f"[red]error:[/] cannot listen on {safe_text(host)}:{port}: {exc.strerror}; "
+            "choose another --port"
+        )
+        sys.exit(2)
+    err.print(f"console: http://{host if ':' not in host else f'[{host}]'}:{port}/runs")
+    err.print(f"authentication: {auth.description}")
+    app = create_app(settings, engine, auth)
+    # The client's address is the socket's peer: forwarding headers are never believed
+    # (the trusted-proxy adapter checks the peer itself).
+    config = uvicorn.Config(
+        app, host=host, port=port, proxy_headers=False, server_header=False, log_level="info"
+    )
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        engine.dispose()
+
+
+def _authenticator(
+    token_file: Path | None, proxy_header: str | None, trusted: tuple[str, ...]
+) -> Authenticator:
+    if token_file is not None and proxy_header is not None:
+        raise ConsoleAuthError("choose one of --token-file and --proxy-header")
+    if token_file is not None:
+        return StaticTokens.from_file(token_file)
+    if proxy_header is not None:
+        return TrustedProxyHeader(proxy_header, trusted)
+    if trusted:
+        raise ConsoleAuthError("--trusted-proxy needs --proxy-header")
+    return LoopbackOnly()
+
+
+def _resolved(host: str) -> str:
+    try:
+        return str(socket.getaddrinfo(host, None)[0][4][0])
+    except (OSError, IndexError):
+        return host
