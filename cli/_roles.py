@@ -34,6 +34,10 @@ ROLES: dict[str, str] = {
     "fork": _REPLAYER,
     "reexecute": _REPLAYER,
     "timeline": f"{_REPLAYER} (without --bodies, a blackbox_reader login is enough)",
+    "export": (
+        f"{_REPLAYER} with --bodies (without, a blackbox_reader login granted the runs' "
+        "tenants is enough)"
+    ),
     "web": "a blackbox_reader login (a blackbox_replayer login to open bodies)",
     "retention": _OWNER,
     "forget": _OWNER,

@@ -41,6 +41,7 @@ from agent_blackbox.outbox.cli import tenants_group
 from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.replayer import ReadSide
 from agent_blackbox.replayer.cli import (
+    export_command,
     fork_command,
     reexecute_command,
     replay_command,
@@ -92,6 +93,7 @@ main.add_command(forget_command, "forget")
 main.add_command(ledger_group, "ledger")
 main.add_command(verify_command, "verify")
 main.add_command(timeline_command, "timeline")
+main.add_command(export_command, "export")
 main.add_command(sign_command, "sign")
 main.add_command(keys_group, "keys")
 main.add_command(tenants_group, "tenants")

@@ -2,10 +2,13 @@
 first divergence. Reads runs from Kafka (one located through a :class:`RunIndex`, which
 the read side implements, or a whole history in one pass: :class:`HistoryScan`), from
 Avro archives, or from envelopes in memory; nothing external is ever called. Replay mode
-itself (:class:`ReplayRun`) lives here, beside its reports.
+itself (:class:`ReplayRun`) lives here, beside its reports. Recorded runs are exported as
+JSON lines (:func:`event_records`, :func:`json_line`) or as a chat dataset for
+fine-tuning and evaluation (:func:`chat_examples`).
 """
 
 from agent_blackbox.replayer._bodies import OpenedBody, open_body, readable_body
+from agent_blackbox.replayer._chat import chat_examples
 from agent_blackbox.replayer._driver import (
     AgentEntry,
     ReplayOptions,
@@ -13,6 +16,7 @@ from agent_blackbox.replayer._driver import (
     replay_run,
     replay_run_async,
 )
+from agent_blackbox.replayer._export import ExportError, ExportTally, event_records, json_line
 from agent_blackbox.replayer._fork import (
     ForkError,
     ForkResult,
@@ -84,6 +88,8 @@ __all__ = [
     "DigestKeys",
     "Divergence",
     "DivergenceKind",
+    "ExportError",
+    "ExportTally",
     "ForkDiff",
     "ForkError",
     "ForkResult",
@@ -115,10 +121,13 @@ __all__ = [
     "ToolNotRecorded",
     "UnknownAgent",
     "VerifyReport",
+    "chat_examples",
+    "event_records",
     "fork_diff",
     "fork_replay_entry",
     "fork_run",
     "is_async_entry",
+    "json_line",
     "load_entry",
     "open_body",
     "read_archive",

@@ -1,4 +1,5 @@
-"""``blackbox replay``, ``fork``, ``reexecute`` and ``verify``: the replayer's commands."""
+"""``blackbox replay``, ``fork``, ``reexecute``, ``verify``, ``timeline`` and ``export``:
+the replayer's commands."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from agent_blackbox.replayer._batch import (
     nothing_matched,
     run_line,
 )
+from agent_blackbox.replayer._export_cli import export_command
 from agent_blackbox.replayer._fork_cli import fork_command, reexecute_command
 from agent_blackbox.replayer._history import (
     AssembledRun,
@@ -55,6 +57,7 @@ from agent_blackbox.schemas import (
 )
 
 __all__ = [
+    "export_command",
     "fork_command",
     "reexecute_command",
     "replay_command",
