@@ -293,6 +293,11 @@ class _Pages:
         viewer: Viewer = request.state.viewer
         run_id = request.path_params["run_id"]
         sequence = request.path_params["sequence"]
+        with self._reading() as failed, self.c.engine.connect() as conn:
+            visible = run_events_txn(conn, run_id, first=sequence, limit=1)
+        if failed.message or not visible or visible[0].sequence != sequence:
+            # Not the login's to see (or not there): refused before anything is audited.
+            return self._event_page(request, opened=None, purpose=purpose, message=None)
         audited = f"console {viewer.name}: {purpose}"[:500]
         try:
             opened = open_body(

@@ -50,17 +50,21 @@ def open_body(
 ) -> OpenedBody:
     """The body of event ``sequence`` of ``run_id``, for a person to read.
 
-    First writes the access audit's request row (``purpose``, the database login), so an
-    opening leaves exactly one request row whatever follows; a sealed run's data key is
-    then unwrapped through the audited functions (which add the unwrap's own row). The
-    run is read from the topic up to that event, so a plaintext body appended to a
-    sealed run by someone other than its recorder is withheld, as replay refuses it.
+    The run is located through ``index`` as the login sees it (another tenant's run is
+    not there, and nothing is audited). Then the access audit's request row is written
+    (``purpose``, the database login), so an opening leaves exactly one request row
+    whatever follows; a sealed run's data key is then unwrapped through the audited
+    functions (which add the unwrap's own row). The run is read from the topic up to
+    that event, so a plaintext body appended to a sealed run by someone other than its
+    recorder is withheld, as replay refuses it.
 
     Raises:
         AccessDenied: the purpose is unusable, or the login may not read the run.
         SourceError: the run is not indexed, or the topic cannot be read.
         BlackboxError: the event is not in the topic where the index says.
     """
+    # Located first: a run the login's index does not show is refused before the audit.
+    source = KafkaRunSource(settings, index, run_id)
     provider = LocalKeyProvider.from_env()
     if provider is None:
         request_access(engine, purpose=purpose, run_id=run_id)
@@ -70,7 +74,6 @@ def open_body(
         keys.request_access(run_id)
         pipeline = PayloadPipeline(sealer=AesGcmSealer(keys))
     guard = SealedRunGuard()
-    source = KafkaRunSource(settings, index, run_id)
     events = iter(source)
     try:
         for envelope in events:

@@ -1,0 +1,128 @@
+"""The console's gate without a database: who is let in, the security headers on every
+answer, sign-in, sessions, forms from other sites. (Pages that read the views answer
+503 here: the database URL points nowhere.)"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine
+from starlette.testclient import TestClient
+
+from agent_blackbox.console import (
+    CSP,
+    ConsoleAuthError,
+    LoopbackOnly,
+    StaticTokens,
+    TrustedProxyHeader,
+    create_app,
+)
+from agent_blackbox.schemas import Settings
+
+TOKEN = "a-token-of-ada-long-enough-1234"
+NOWHERE = "postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=1"
+
+
+def _client(auth: object, *, client: tuple[str, int] = ("127.0.0.1", 5000)) -> TestClient:
+    app = create_app(Settings(), create_engine(NOWHERE), auth)  # type: ignore[arg-type]
+    return TestClient(app, client=client, follow_redirects=False)
+
+
+def test_without_authentication_a_client_off_this_machine_is_refused() -> None:
+    outside = _client(LoopbackOnly(), client=("203.0.113.7", 40000))
+    answer = outside.get("/runs", headers={"X-Forwarded-For": "127.0.0.1"})
+    assert answer.status_code == 403
+    assert "serves its own machine only" in answer.text
+    assert answer.headers["content-security-policy"] == CSP
+
+    local = _client(LoopbackOnly(), client=("::1", 40000))
+    answer = local.get("/runs")
+    assert answer.status_code == 503  # let in; the views are not there
+    assert "could not be read" in answer.text
+
+
+@pytest.mark.parametrize("path", ["/runs", "/runs/x", "/charts", "/static/console.css", "/nope"])
+def test_every_answer_carries_the_security_headers(path: str) -> None:
+    answer = _client(LoopbackOnly()).get(path)
+    assert answer.headers["content-security-policy"] == CSP
+    assert "script-src" not in CSP  # default-src 'none' forbids every script
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert answer.headers["x-frame-options"] == "DENY"
+    assert answer.headers["cache-control"] == "no-store"
+
+
+def test_a_browser_signs_in_with_its_token_and_gets_a_strict_session() -> None:
+    client = _client(StaticTokens({"ada": TOKEN}))
+    assert client.get("/runs").headers["location"] == "/login?next=%2Fruns"
+    refused = client.post("/login", data={"token": "guess", "next": "/runs"})
+    assert refused.status_code == 401
+    signed = client.post("/login", data={"token": TOKEN, "next": "//evil.example/x"})
+    assert signed.status_code == 303
+    assert signed.headers["location"] == "/runs"  # never a redirect off the console
+    cookie = signed.headers["set-cookie"]
+    assert "httponly" in cookie.lower()
+    assert "samesite=strict" in cookie.lower()
+    assert TOKEN not in cookie
+    assert client.get("/runs").status_code == 503  # in: the views are not there
+
+
+def test_a_forged_or_foreign_session_is_refused() -> None:
+    tokens = StaticTokens({"ada": TOKEN, "bob": TOKEN + "b"})
+    client = _client(tokens)
+    good = tokens.session_cookie("ada")
+    _name, expires, mac = good.split("|")
+    for forged in (f"bob|{expires}|{mac}", f"ada|{int(expires) + 999}|{mac}", "ada", ""):
+        client.cookies.set("blackbox_session", forged)
+        assert client.get("/runs").status_code == 303  # back to sign-in
+    other = StaticTokens({"ada": TOKEN})  # another console process: another key
+    client.cookies.set("blackbox_session", other.session_cookie("ada"))
+    assert client.get("/runs").status_code == 303
+
+
+def test_a_script_sends_a_bearer_token() -> None:
+    client = _client(StaticTokens({"ada": TOKEN}))
+    assert client.get("/runs", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.get("/runs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 503
+
+
+def test_a_body_form_posted_from_another_site_is_refused() -> None:
+    tokens = StaticTokens({"ada": TOKEN})
+    client = _client(tokens)
+    client.cookies.set("blackbox_session", tokens.session_cookie("ada"))
+    purpose = {"purpose": "reading it", "csrf": "x"}
+    for headers in (
+        {"Origin": "https://evil.example"},
+        {"Origin": "null"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {},  # same site, but no session token in the form
+    ):
+        answer = client.post("/runs/r1/events/1/body", data=purpose, headers=headers)
+        assert answer.status_code == 403
+
+
+def test_a_proxy_header_is_believed_from_the_proxy_only() -> None:
+    auth = TrustedProxyHeader("X-Forwarded-User", ["10.0.0.5"])
+    direct = _client(auth, client=("10.0.0.9", 1234))
+    assert direct.get("/runs", headers={"X-Forwarded-User": "ada"}).status_code == 403
+    proxied = _client(auth, client=("10.0.0.5", 1234))
+    assert proxied.get("/runs").status_code == 401
+    assert proxied.get("/runs", headers={"X-Forwarded-User": "ada<script>"}).status_code == 401
+    assert proxied.get("/runs", headers={"X-Forwarded-User": "ada"}).status_code == 503
+
+
+def test_a_token_file_must_be_owner_only_and_well_formed(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"ada {TOKEN}\n")
+    path.chmod(0o644)
+    with pytest.raises(ConsoleAuthError, match="chmod 600"):
+        StaticTokens.from_file(path)
+    path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    assert StaticTokens.from_file(path).check_token(TOKEN) == "ada"
+    path.write_text(f"ada {TOKEN} extra\n")
+    with pytest.raises(ConsoleAuthError, match="line 1") as caught:
+        StaticTokens.from_file(path)
+    assert TOKEN not in str(caught.value)
+    with pytest.raises(ConsoleAuthError, match="at least 24"):
+        StaticTokens({"ada": "short"})
