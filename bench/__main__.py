@@ -25,6 +25,7 @@ from bench import (
     sealing,
     views,
 )
+from bench import console as console_bench
 from bench._common import console
 
 BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
@@ -38,6 +39,7 @@ BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "replay": replay.main,
     "concurrency": concurrency.main,
     "latency": latency.main,
+    "console": console_bench.main,
     "scaleout": scaleout.main,
     "backup": backup.main,
     "analytics": analytics.main,

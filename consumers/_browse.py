@@ -86,13 +86,18 @@ def list_runs_txn(
     Runs not started yet (no ``run.started`` seen) are not listed.
     """
     limit = max(1, min(limit, MAX_PAGE_SIZE))
-    clauses = ["r.started_at IS NOT NULL"]
+    # A filter only the rollups hold (model, prompt version, latency) drives the page
+    # from the rollups, which repeat the runs' identity and start: each candidate is
+    # then checked in the row already read, not by a lookup of another table per run.
+    by_rollup = bool(where.model or where.prompt_version or where.latency_above_ms is not None)
+    d = "u" if by_rollup else "r"
+    clauses = [f"{d}.started_at IS NOT NULL"]
     params: dict[str, Any] = {"limit": limit + 1}
     simple = {
-        "agent": "r.agent_id",
+        "agent": f"{d}.agent_id",
         "status": "r.status",
-        "code_version": "r.code_version",
-        "tenant": "r.tenant_id",
+        "code_version": f"{d}.code_version",
+        "tenant": f"{d}.tenant_id",
         "prompt_version": "u.prompt_version",
     }
     for name, column in simple.items():
@@ -101,10 +106,10 @@ def list_runs_txn(
             clauses.append(f"{column} = :{name}")
             params[name] = value
     if where.since is not None:
-        clauses.append("r.started_at >= :since")
+        clauses.append(f"{d}.started_at >= :since")
         params["since"] = where.since
     if where.until is not None:
-        clauses.append("r.started_at < :until")
+        clauses.append(f"{d}.started_at < :until")
         params["until"] = where.until
     if where.model:
         clauses.append("u.models @> ARRAY[CAST(:model AS text)]")
@@ -115,15 +120,19 @@ def list_runs_txn(
         clauses.append("u.max_latency_ms > :latency")
         params["latency"] = where.latency_above_ms
     if after is not None:
-        clauses.append("(r.started_at, r.run_id) < (:after_at, :after_id)")
+        clauses.append(f"({d}.started_at, {d}.run_id) < (:after_at, :after_id)")
         params.update(after_at=after.started_at, after_id=after.run_id)
+    tables = (
+        "blackbox_views.run_rollups u JOIN blackbox_views.runs r ON r.run_id = u.run_id"
+        if by_rollup
+        else "blackbox_views.runs r LEFT JOIN blackbox_views.run_rollups u ON u.run_id = r.run_id"
+    )
     statement = text(
         f"""
         SELECT {_LIST_COLUMNS}
-          FROM blackbox_views.runs r
-          LEFT JOIN blackbox_views.run_rollups u ON u.run_id = r.run_id
+          FROM {tables}
          WHERE {" AND ".join(clauses)}
-         ORDER BY r.started_at DESC NULLS LAST, r.run_id DESC
+         ORDER BY {d}.started_at DESC NULLS LAST, {d}.run_id DESC
          LIMIT :limit
         """
     )

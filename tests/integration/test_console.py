@@ -242,7 +242,10 @@ def test_with_a_token_file_viewers_sign_in_and_scripts_send_a_bearer_token(
             eventually(lambda: "/login" in driver.current_url, what="the sign-in page")
             driver.find_element(By.ID, "token").send_keys("wrong-token")
             driver.find_element(By.ID, "sign-in").click()
-            assert "not known" in driver.find_element(By.ID, "message").text
+            message = eventually(
+                lambda: driver.find_elements(By.ID, "message"), what="the refusal shown"
+            )
+            assert "not known" in message[0].text
             driver.find_element(By.ID, "token").send_keys(token)
             driver.find_element(By.ID, "sign-in").click()
             eventually(lambda: driver.find_elements(By.ID, "waterfall"), what="the run page")
