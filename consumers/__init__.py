@@ -109,6 +109,13 @@ from agent_blackbox.consumers._tables import (
     runs_view,
     tool_calls,
 )
+from agent_blackbox.consumers._view_metrics import (
+    RetentionGauges,
+    ViewFigures,
+    ViewGauges,
+    refresh_view_gauges,
+    view_figures_txn,
+)
 from agent_blackbox.consumers._views import apply_batch, views_screen
 
 __all__ = [
@@ -147,6 +154,7 @@ __all__ = [
     "ReplayResult",
     "RetentionClass",
     "RetentionConfigError",
+    "RetentionGauges",
     "RetentionJob",
     "RetentionPolicy",
     "RetentionReport",
@@ -160,6 +168,8 @@ __all__ = [
     "UsagePoint",
     "UsageRow",
     "ViewConsumer",
+    "ViewFigures",
+    "ViewGauges",
     "ViewReplayResults",
     "ViewRunIndex",
     "ViewStoreUnavailable",
@@ -187,6 +197,7 @@ __all__ = [
     "load_offsets",
     "migrate_views",
     "reapply_ledger",
+    "refresh_view_gauges",
     "restore_checkpoints_txn",
     "run_detail_txn",
     "run_events_txn",
@@ -198,6 +209,7 @@ __all__ = [
     "tool_calls",
     "usage_series_txn",
     "view_digests_txn",
+    "view_figures_txn",
     "views_screen",
     "views_summary_txn",
 ]

@@ -37,6 +37,7 @@ from agent_blackbox.consumers._retention import (
 from agent_blackbox.consumers._runtime import ConsumerRuntime, ViewConsumer
 from agent_blackbox.consumers._signing import CheckpointPolicy
 from agent_blackbox.consumers._stats import GROUPINGS, UsageRow, llm_usage_txn
+from agent_blackbox.consumers._view_metrics import RetentionGauges, refresh_view_gauges
 from agent_blackbox.schemas import (
     BlackboxError,
     CheckpointSigner,
@@ -202,22 +203,71 @@ def consume_command(
 @click.option("--group", default=None, help=f"Consumer group (default: {ANALYTICS_GROUP}).")
 @until_idle_option
 @metrics_port_option
+@click.option(
+    "--view-metrics-every",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --metrics-port: how often the gauges read from the views are refreshed "
+    "(replayability, replay pass rates, open effect intents, integrity violations).",
+)
+@click.option(
+    "--metrics-window",
+    type=click.FloatRange(min=0.1),
+    default=24.0,
+    show_default=True,
+    metavar="HOURS",
+    help="The runs and replays those gauges count: the ones of the last HOURS.",
+)
+@click.option(
+    "--open-intent-after",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="An effect intent without a receipt for longer than this counts as open.",
+)
 @membership_options("analytics")
 def analytics_command(
     group: str | None,
     until_idle: float | None,
     metrics_port: int | None,
+    view_metrics_every: float,
+    metrics_window: float,
+    open_intent_after: float,
     instance_id: str | None,
     session_timeout: float | None,
 ) -> None:
-    """Build the analytics views (llm_calls, tool_calls, effects) from the event topic,
-    as `consume` builds the runs view; --until-idle as there."""
+    """Build the analytics views (llm_calls, tool_calls, effects, run_rollups) from the
+    event topic, as `consume` builds the runs view; --until-idle as there."""
 
     def analytics(settings: Settings) -> ConsumerRuntime:
         return AnalyticsConsumer(settings, group_id=settings.consumer_group)
 
+    def gauges(settings: Settings, stop: threading.Event) -> None:
+        if metrics_port is None:
+            return
+        engine = create_engine(settings.database_url, pool_size=1, pool_pre_ping=True)
+        refresh_view_gauges(
+            engine,
+            stop,
+            every_s=view_metrics_every,
+            window=timedelta(hours=metrics_window),
+            open_after=timedelta(seconds=open_intent_after),
+        )
+
     chosen = group or ANALYTICS_GROUP
-    _consume("analytics", analytics, chosen, until_idle, metrics_port, instance_id, session_timeout)
+    _consume(
+        "analytics",
+        analytics,
+        chosen,
+        until_idle,
+        metrics_port,
+        instance_id,
+        session_timeout,
+        also=gauges,
+    )
 
 
 def _consume(
@@ -228,8 +278,11 @@ def _consume(
     metrics_port: int | None,
     instance_id: str | None,
     session_timeout: float | None,
+    *,
+    also: Callable[[Settings, threading.Event], None] | None = None,
 ) -> None:
-    """Run the consumer ``make`` builds until a signal, or idle for ``until_idle``."""
+    """Run the consumer ``make`` builds until a signal, or idle for ``until_idle``;
+    ``also(settings, stop)`` starts whatever runs beside it (until ``stop``)."""
     console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     if group:
@@ -242,6 +295,8 @@ def _consume(
         ) as settings:
             migrate_views(settings.database_url)
             serve_metrics(metrics_port)
+            if also is not None:
+                also(settings, stop)
             console.log(
                 f"consuming [bold]{settings.topic}[/] as group "
                 f"[bold]{settings.consumer_group}[/]" + _member(settings)
@@ -329,16 +384,22 @@ def retention_group() -> None:
     metavar="SECONDS",
     help="Keep running, one pass every SECONDS, until SIGTERM/SIGINT (default: one pass).",
 )
-def retention_run(every: float | None) -> None:
+@metrics_port_option
+def retention_run(every: float | None, metrics_port: int | None) -> None:
     """Crypto-shred runs whose bodies expired; delete metadata that expired."""
     console = safe_console(stderr=True, log_path=False)
     settings = Settings.from_env()
     stop = threading.Event()
+    gauges = RetentionGauges() if metrics_port is not None else None
     try:
         job = _retention_job(settings)
+        serve_metrics(metrics_port)
         with stop_on_signals(stop):
             while True:
+                started = time.monotonic()
                 report = job.run_once()
+                if gauges is not None:
+                    gauges.show(report, seconds=time.monotonic() - started)
                 console.log(
                     f"retention: {len(report.abandoned)} runs marked abandoned, "
                     f"{len(report.redacted)} runs shredded, "

@@ -33,6 +33,7 @@ from ._memory import AsyncMemoryRecorder as AsyncMemoryRecorder
 from ._memory import MemoryRecorder as MemoryRecorder
 from ._migrate import migrate_write_side as migrate_write_side
 from ._postgres import PostgresBlobs as PostgresBlobs
+from ._postgres import outbox_backlog_txn as outbox_backlog_txn
 from ._postgres import pending_events_txn as pending_events_txn
 from ._protocol import AgentRun as AgentRun
 from ._recorder import Recorder as Recorder

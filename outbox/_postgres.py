@@ -41,6 +41,7 @@ from agent_blackbox.outbox._direct import DirectTransactions
 from agent_blackbox.outbox._errors import DatabaseUnavailable, RunNotActive
 from agent_blackbox.outbox._failures import TRANSIENT_RETRIES, refusal, retry_delay, unavailable
 from agent_blackbox.outbox._group import Batch
+from agent_blackbox.outbox._metrics import counting_failures
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._steps import Stepper
 from agent_blackbox.outbox._writer import (
@@ -483,6 +484,16 @@ def pending_events_txn(conn: Connection, run_ids: Sequence[str] | None = None) -
     return int(conn.execute(_PENDING, params).scalar_one())
 
 
+_BACKLOG = text("SELECT count(*), extract(epoch FROM now() - min(created_at)) FROM blackbox.outbox")
+
+
+def outbox_backlog_txn(conn: Connection) -> tuple[int, float]:
+    """How many events wait in the outbox, and how long the oldest has waited (seconds;
+    0 when none waits)."""
+    count, age = conn.execute(_BACKLOG).one()
+    return int(count), max(float(age or 0.0), 0.0)
+
+
 def read_blob_txn(conn: Connection, ref: str) -> bytes | None:
     """The body stored out of line under ``ref``, or None."""
     data = conn.execute(_BLOB, {"digest": ref}).scalar()
@@ -542,21 +553,24 @@ class PostgresLog:
         raise AssertionError("unreachable")
 
     def create(self, start: StartPlan, connection: Joinable | None) -> Envelope:
-        return self.run(lambda: create_plan(start), connection)
+        with counting_failures():
+            return self.run(lambda: create_plan(start), connection)
 
     def append(
         self, core: RunCore, crossing: Crossing, event_id: str, connection: Joinable | None
     ) -> Envelope:
-        attempt = Attempt(core.prepare(crossing, event_id))
-        return self.run(
-            lambda: append_plan(core, crossing, event_id, attempt=attempt),
-            connection,
-            autocommit=_stands_alone(core.identity, attempt.event),
-        )
+        with counting_failures():
+            attempt = Attempt(core.prepare(crossing, event_id))
+            return self.run(
+                lambda: append_plan(core, crossing, event_id, attempt=attempt),
+                connection,
+                autocommit=_stands_alone(core.identity, attempt.event),
+            )
 
     def flush(self, core: RunCore, batch: Batch) -> None:
         """Append a run's buffered events in one transaction of the log's own."""
-        self.run(lambda: flush_plan(core, batch))
+        with counting_failures():
+            self.run(lambda: flush_plan(core, batch))
 
     def resume(
         self, run_id: str, *, shards: int, keys: DataKeyStore | None
@@ -605,7 +619,10 @@ class AsyncPostgresLog:
         raise AssertionError("unreachable")
 
     async def create(self, start: StartPlan, connection: AsyncConnection | None) -> Envelope:
-        return await self.transact(lambda conn: execute_async(conn, create_plan(start)), connection)
+        with counting_failures():
+            return await self.transact(
+                lambda conn: execute_async(conn, create_plan(start)), connection
+            )
 
     async def append(
         self, core: RunCore, crossing: Crossing, event_id: str, connection: AsyncConnection | None
@@ -615,11 +632,13 @@ class AsyncPostgresLog:
         def work(conn: AsyncConnection) -> Awaitable[Envelope]:
             return execute_async(conn, append_plan(core, crossing, event_id, attempt=attempt))
 
-        return await self.transact(work, connection)
+        with counting_failures():
+            return await self.transact(work, connection)
 
     async def flush(self, core: RunCore, batch: Batch) -> None:
         """See :meth:`PostgresLog.flush`."""
-        await self.transact(lambda conn: execute_async(conn, flush_plan(core, batch)))
+        with counting_failures():
+            await self.transact(lambda conn: execute_async(conn, flush_plan(core, batch)))
 
     async def resume(
         self, run_id: str, *, shards: int, keys: DataKeyStore | None

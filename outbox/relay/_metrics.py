@@ -13,6 +13,7 @@ class RelayMetrics:
 
     registry: CollectorRegistry
     outbox_depth: Gauge
+    outbox_oldest_age: Gauge
     published: Counter
     delivery_failures: Counter
     publish_latency: Histogram
@@ -30,6 +31,11 @@ class RelayMetrics:
             registry=registry,
             outbox_depth=Gauge(
                 "blackbox_outbox_depth", "Rows waiting in the outbox", registry=registry
+            ),
+            outbox_oldest_age=Gauge(
+                "blackbox_outbox_oldest_age_seconds",
+                "How long the oldest row in the outbox has waited (0 when it is empty)",
+                registry=registry,
             ),
             published=Counter(
                 "blackbox_events_published", "Events acknowledged by Kafka", registry=registry

@@ -83,7 +83,7 @@ from agent_blackbox.broker import (
     new_producer,
     producer_config,
 )
-from agent_blackbox.outbox._postgres import pending_events_txn
+from agent_blackbox.outbox._postgres import outbox_backlog_txn
 from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
 from agent_blackbox.outbox.relay._lane import OutboxLane
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
@@ -992,7 +992,9 @@ class Relay:
             return
         self._depth_at = now
         with self.engine.connect() as conn:
-            self.metrics.outbox_depth.set(pending_events_txn(conn))
+            depth, oldest = outbox_backlog_txn(conn)
+        self.metrics.outbox_depth.set(depth)
+        self.metrics.outbox_oldest_age.set(oldest)
 
 
 def order_gaps(rows: Sequence[Sequence[Any]], acked: Sequence[int], failed: Sequence[int]) -> int:

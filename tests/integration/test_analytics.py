@@ -3,7 +3,7 @@ rebuild from offset zero (a fresh group, the tables emptied) gives the same rows
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -15,6 +15,7 @@ from agent_blackbox.consumers import (
     ConsumerRuntime,
     RetentionJob,
     RetentionPolicy,
+    ViewGauges,
     apply_analytics,
     effect_calls,
     llm_calls,
@@ -22,6 +23,7 @@ from agent_blackbox.consumers import (
     migrate_views,
     run_rollups,
     tool_calls,
+    view_figures_txn,
     views_screen,
 )
 from agent_blackbox.outbox import Recorder
@@ -292,3 +294,35 @@ def test_a_caught_up_consumer_reports_no_lag_per_partition(
     }
     assert lags
     assert set(lags.values()) == {0.0}
+
+
+def test_the_view_gauges_read_replayability_open_intents_and_violations(
+    settings: Settings, engine: Engine, recorded: list[Envelope]
+) -> None:
+    _build(settings, engine, group="analytics-a", expect=len(recorded))
+    build_views(settings, engine, expect=len(recorded))
+    runs = len({e.run_id for e in recorded})
+    with engine.begin() as conn:  # one intent whose receipt never came
+        conn.execute(
+            effect_calls.update()
+            .where(effect_calls.c.run_id == recorded[0].run_id)
+            .values(receipt_sequence=None, receipt_at=None, status=None)
+        )
+    registry = CollectorRegistry()
+    gauges = ViewGauges(registry)
+    with engine.connect() as conn:
+        figures = view_figures_txn(conn, window=timedelta(hours=1), open_after=timedelta(0))
+    gauges.show(figures)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert sample("blackbox_runs_recent", replayability="full") == runs
+    assert sample("blackbox_runs_replayable_ratio", replayability="full") == 1.0
+    assert sample("blackbox_runs_replayable_ratio", replayability="none") == 0.0
+    assert sample("blackbox_effect_intents_open") == 1
+    assert (sample("blackbox_effect_intent_oldest_open_seconds") or 0) > 0
+    assert sample("blackbox_integrity_violations_stored") == 0
+    with engine.connect() as conn:
+        later = view_figures_txn(conn, window=timedelta(hours=1), open_after=timedelta(hours=1))
+    assert later.open_intents == 0
