@@ -196,6 +196,7 @@ def _llm_row(envelope: Envelope) -> dict[str, Any]:
         "truncated": attributes.get("body_truncated") == "true",
         "streamed": attributes.get("streamed") == "true",
         "tool_calls_requested": _number(attributes.get("tool_calls_requested"), int),
+        "tool_calls_invalid": _number(attributes.get("tool_calls_invalid"), int),
     }
 
 

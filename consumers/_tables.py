@@ -187,6 +187,8 @@ llm_calls = Table(
     Column("code_version", Text),
     Column("streamed", Boolean),
     Column("tool_calls_requested", Integer),
+    # Of those, how many broke the schema the request declared (NULL: no schema known).
+    Column("tool_calls_invalid", Integer),
 )
 """One row per ``llm.call``, from its unsealed attributes (no body, no data key)."""
 

@@ -14,6 +14,7 @@ rest.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -88,6 +89,11 @@ def llm_call(
     requested = sum(len(_tool_calls(choice)) for choice in choices)
     if requested:
         attributes["tool_calls_requested"] = str(requested)
+        invalid = invalid_tool_arguments(request, choices)
+        if invalid is not None:
+            attributes["tool_calls_invalid"] = str(len(invalid))
+            if invalid:
+                attributes["tool_calls_invalid_names"] = ",".join(sorted(set(invalid)))[:200]
     if usage:
         # Attribute names stay those of v1: views and analytics index on them.
         attributes.update(
@@ -107,6 +113,65 @@ def llm_call(
         attributes,
         version=LLM_CALL_VERSION,
     )
+
+
+def invalid_tool_arguments(request: Mapping[str, Any], choices: list[Any]) -> list[str] | None:
+    """The names of the tool calls in ``choices`` whose arguments are not JSON or break
+    the JSON Schema the request declared for that function; None when the request
+    declared no schema for any tool called (validity is then unknown).
+
+    The arguments are the model's: this is the quality of what it asked for, judged by
+    the schema the agent gave it. A schema that is itself invalid counts as unknown.
+    """
+    schemas = _declared_schemas(request.get("tools"))
+    checked = False
+    invalid = []
+    for choice in choices:
+        for call in _tool_calls(choice):
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if not isinstance(function, Mapping):
+                continue
+            name = function.get("name")
+            schema = schemas.get(name) if isinstance(name, str) else None
+            if schema is None:
+                continue
+            verdict = _arguments_valid(schema, function.get("arguments"))
+            if verdict is None:
+                continue
+            checked = True
+            if not verdict:
+                invalid.append(str(name))
+    return invalid if checked else None
+
+
+def _declared_schemas(tools: Any) -> dict[str, Mapping[str, Any]]:
+    """Function name → its parameters' JSON Schema, from a chat request's ``tools``."""
+    schemas: dict[str, Mapping[str, Any]] = {}
+    for tool in tools if isinstance(tools, list) else ():
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            parameters = function.get("parameters")
+            if isinstance(parameters, Mapping):
+                schemas[function["name"]] = parameters
+    return schemas
+
+
+def _arguments_valid(schema: Mapping[str, Any], arguments: Any) -> bool | None:
+    # jsonschema is loaded on the first call that has a schema to check against.
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return False
+    plain = dict(schema)
+    try:
+        validator = validator_for(plain)
+        validator.check_schema(plain)
+        return bool(validator(plain).is_valid(value))
+    except SchemaError:
+        return None
 
 
 def _tool_calls(choice: Any) -> list[Any]:

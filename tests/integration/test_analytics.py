@@ -26,7 +26,7 @@ from agent_blackbox.consumers import (
     view_figures_txn,
     views_screen,
 )
-from agent_blackbox.outbox import Recorder
+from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.schemas import Envelope, EventType, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._backups import SIGNER, events, record, relay
@@ -326,3 +326,63 @@ def test_the_view_gauges_read_replayability_open_intents_and_violations(
     with engine.connect() as conn:
         later = view_figures_txn(conn, window=timedelta(hours=1), open_after=timedelta(hours=1))
     assert later.open_intents == 0
+
+
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "refund",
+            "parameters": {
+                "type": "object",
+                "properties": {"amount": {"type": "number"}},
+                "required": ["amount"],
+            },
+        },
+    }
+]
+
+
+def _asking(arguments: str) -> Any:
+    def agent(run: AgentRun, _: Any) -> None:
+        call = {
+            "id": "c",
+            "type": "function",
+            "function": {"name": "refund", "arguments": arguments},
+        }
+        reply = {
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                    "finish_reason": "tool_calls",
+                }
+            ]
+        }
+        request = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "refund"}],
+            "tools": _TOOLS,
+        }
+        run.llm(lambda _request: reply, request, provider="openai")
+
+    return agent
+
+
+def test_tool_arguments_that_break_the_declared_schema_are_counted(
+    settings: Settings, engine: Engine
+) -> None:
+    migrate_views(settings.database_url)
+    recorder = Recorder(engine, settings=settings)
+    runs = {}
+    for arguments in ('{"amount": 12.5}', '{"amount": "all of it"}'):
+        run, _ = recorder.record(_asking(arguments), RunSnapshot(code_version="c"), agent_id="t")
+        runs[arguments] = run.run_id
+    relay(engine, settings)
+    _build(settings, engine, group="analytics-tools", expect=events(engine))
+
+    with engine.connect() as conn:
+        invalid = dict(
+            conn.execute(select(llm_calls.c.run_id, llm_calls.c.tool_calls_invalid)).all()
+        )
+    assert invalid == {runs['{"amount": 12.5}']: 0, runs['{"amount": "all of it"}']: 1}

@@ -99,6 +99,55 @@ def test_llm_call_attributes_say_whether_it_streamed_and_how_many_tools_it_asked
     assert "tool_calls_requested" not in streamed.attributes
 
 
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {
+                "type": "object",
+                "properties": {"q": {"type": "string"}},
+                "required": ["q"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+
+
+def _asked(arguments: str, name: str = "lookup") -> dict[str, Any]:
+    call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    return {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "name", "invalid"),
+    [
+        ('{"q": "x"}', "lookup", "0"),
+        ('{"q": 3}', "lookup", "1"),
+        ('{"q": "x", "extra": 1}', "lookup", "1"),
+        ('{"q": "x"', "lookup", "1"),  # not JSON at all
+        ('{"q": 3}', "unknown_tool", None),  # no schema declared: validity unknown
+    ],
+)
+def test_the_model_s_tool_arguments_are_checked_against_the_declared_schema(
+    arguments: str, name: str, invalid: str | None
+) -> None:
+    request = {"model": "m", "tools": _TOOLS}
+    crossing = llm_call(
+        provider="openai",
+        model="m",
+        request=request,
+        response=_asked(arguments, name),
+        error=None,
+        latency_ms=1.0,
+    )
+    assert crossing.attributes.get("tool_calls_invalid") == invalid
+    if invalid == "1":
+        assert crossing.attributes["tool_calls_invalid_names"] == name
+
+
 def test_llm_call_stores_the_response_once_and_derives_choices_and_tool_calls() -> None:
     request = {"model": "m", "temperature": 0.2, "messages": [{"role": "user", "content": "hi"}]}
     crossing = llm_call(
