@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine, create_engine
 from agent_blackbox.backup import BACKUP_URL_ENV, BackupWriter, DrillOptions, open_store, run_drill
 from agent_blackbox.backup.cli import print_drill
 from agent_blackbox.consumers import (
+    AnalyticsConsumer,
     CheckpointConsumer,
     RunRow,
     ViewConsumer,
@@ -65,8 +66,18 @@ def run_demo(*, runs: int, workers: int, console: Console) -> bool:
         events = _count(engine, lambda conn: pending_events_txn(conn, run_ids))
         _relay(engine, settings, console, timings)
         _build_views(engine, settings, run_ids, events, console, timings)
+        _build_analytics(settings, engine, events, console, timings)
         _show(engine, run_ids, events, timings, console)
-        return _back_up_and_drill(engine, settings, run_ids, stack, endpoints, console)
+        passed = _back_up_and_drill(engine, settings, run_ids, stack, endpoints, console)
+        console.rule("run console")
+        url = stack.web.start(
+            database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap
+        )
+        console.print(
+            f"the run console: [bold]{url}[/] (runs, waterfalls, bodies on a stated purpose, "
+            "charts; this machine only; `make down` stops it with the stack)"
+        )
+        return passed
     finally:
         engine.dispose()
 
@@ -176,7 +187,10 @@ def _record(
     agent = TicketAgent(sample_tickets(runs), KeywordModel(), Notifier())
 
     def one(ticket_id: str) -> str:
-        snapshot = agent.snapshot(ticket_id)
+        # Half the runs tagged with one prompt version, half with the other: an A/B to
+        # compare in the console's charts or with `blackbox stats --by prompt_version`.
+        arm = "v1" if sum(map(ord, ticket_id)) % 2 else "v2"
+        snapshot = replace(agent.snapshot(ticket_id), tags={"prompt_version": arm})
         run, _ = recorder.record(
             agent.run, snapshot, agent_id="ticket-agent", subject_ids=(ticket_id,)
         )
@@ -231,6 +245,29 @@ def _build_views(
         )
         progress.update(task, completed=_count(engine, landed))
     timings["views"] = time.perf_counter() - started
+
+
+def _build_analytics(
+    settings: Settings,
+    engine: Engine,
+    events: int,
+    console: Console,
+    timings: dict[str, float],
+) -> None:
+    """The analytics views (LLM calls, tool calls, effects, per-run rollups) from the
+    same topic, in a group of their own."""
+    started = time.perf_counter()
+    seen = 0
+    deadline = time.monotonic() + 600
+    with _progress(console) as progress, AnalyticsConsumer(settings, engine=engine) as consumer:
+        task = progress.add_task("building analytics", total=events)
+        while seen < events and time.monotonic() < deadline:
+            outcome = consumer.poll_once(0.5)
+            seen += outcome.messages if outcome is not None else 0
+            progress.update(task, completed=min(seen, events))
+    if seen < events:
+        raise StackError(f"the analytics consumer read {seen} of {events} events in 10 minutes")
+    timings["analytics"] = time.perf_counter() - started
 
 
 def _in_background(

@@ -39,6 +39,7 @@ from agent_blackbox.stack._settings import (
     redact_password,
     redact_url,
 )
+from agent_blackbox.stack._web import LocalWeb
 
 __all__ = [
     "Endpoints",
@@ -97,6 +98,7 @@ class LocalStack:
         self.postgres = LocalPostgres(cache, chosen.postgres, console=self._console)
         self.kafka = LocalKafka(cache, chosen.kafka, chosen.controller, console=self._console)
         self.s3 = LocalS3(cache, chosen.s3, console=self._console)
+        self.web = LocalWeb(cache, chosen.console, console=self._console)
 
     @property
     def settings(self) -> StackSettings:
@@ -115,7 +117,11 @@ class LocalStack:
         Raises:
             StackError: a service could not be installed, started or reached.
         """
-        before = [entry for entry in self.status() if with_s3 or entry.name != self.s3.name]
+        before = [
+            entry
+            for entry in self.status()
+            if (with_s3 or entry.name != self.s3.name) and entry.name != self.web.name
+        ]
         database_url = self._settings.external_database_url
         if database_url is None:
             database_url = self.postgres.start()
@@ -150,6 +156,8 @@ class LocalStack:
             StackError: a service did not stop.
         """
         before = self.status()
+        if self.web.is_running():
+            self.web.stop()
         s3_running = self.s3.is_running()
         backup_url = self._settings.external_backup_url
         if s3_running:
@@ -184,6 +192,7 @@ class LocalStack:
             self.s3.status()
             if backup_url is None
             else ServiceStatus(self.s3.name, "external", None, redact_url(backup_url), None),
+            self.web.status(),
         ]
 
 

@@ -386,7 +386,14 @@ class ChildService(PidService):
     def _logs(self) -> str:
         """The end of the server's logs, for an error message."""
 
-    def _launch_child(self, argv: Sequence[str], *, out: Path, answers: Callable[[], bool]) -> None:
+    def _launch_child(
+        self,
+        argv: Sequence[str],
+        *,
+        out: Path,
+        answers: Callable[[], bool],
+        env: dict[str, str] | None = None,
+    ) -> None:
         """Start ``argv`` detached, its output in ``out`` (the previous launch's kept as
         ``<out>.1``), and wait until its port is open and ``answers()``.
 
@@ -396,7 +403,7 @@ class ChildService(PidService):
         """
         if out.exists():
             out.replace(out.with_name(out.name + ".1"))
-        child = start_detached(argv, log_path=out, cwd=self._root)
+        child = start_detached(argv, log_path=out, cwd=self._root, env=env)
         self._child = child
         self._pid_file().write(child.pid)
 

@@ -22,9 +22,9 @@ _SECRET_OPTION = re.compile(r"(?i)secret|passw|token|signature|credential|key")
 class StackPorts:
     """Loopback ports of the local services.
 
-    The defaults are deliberately not the services' usual ports (5432, 9092, 9093, 80), so
+    The defaults are deliberately not the services' usual ports (5432, 9092, 9093, 80, 8765), so
     the stack does not collide with a PostgreSQL, Kafka or web server the machine already
-    runs. ``s3`` is checked like the others even when S3Proxy is not asked for.
+    runs. ``s3`` and ``console`` are checked like the others even when not asked for.
 
     Raises:
         ValueError: when a port is out of range or two services share a port.
@@ -34,9 +34,10 @@ class StackPorts:
     kafka: int = 29092
     controller: int = 29093
     s3: int = 29900
+    console: int = 28765
 
     def __post_init__(self) -> None:
-        ports = (self.postgres, self.kafka, self.controller, self.s3)
+        ports = (self.postgres, self.kafka, self.controller, self.s3, self.console)
         if any(not 1 <= port <= 65535 for port in ports):
             raise ValueError(f"Ports must be between 1 and 65535, got {ports}.")
         if len(set(ports)) != len(ports):

@@ -48,6 +48,7 @@ def _stack_options(command: _Command) -> _Command:
         click.option("--kafka-port", type=int, default=defaults.kafka, show_default=True),
         click.option("--controller-port", type=int, default=defaults.controller, show_default=True),
         click.option("--s3-port", type=int, default=defaults.s3, show_default=True),
+        click.option("--console-port", type=int, default=defaults.console, show_default=True),
     ]
     for option in reversed(options):
         command = option(command)
@@ -60,13 +61,18 @@ def _open_stack(
     kafka_port: int,
     controller_port: int,
     s3_port: int,
+    console_port: int,
 ) -> LocalStack:
     """The stack the options name. Explicit ports or ``--cache-dir`` ask for the local
     services there, so the variables pointing at external ones are set aside (and the
     command says so)."""
     try:
         ports = StackPorts(
-            postgres=postgres_port, kafka=kafka_port, controller=controller_port, s3=s3_port
+            postgres=postgres_port,
+            kafka=kafka_port,
+            controller=controller_port,
+            s3=s3_port,
+            console=console_port,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
@@ -83,7 +89,9 @@ def _open_stack(
 
 
 _EXTERNAL = (DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, BACKUP_URL_ENV)
-_LOCAL_OPTIONS = ("cache_dir", "postgres_port", "kafka_port", "controller_port", "s3_port")
+_LOCAL_OPTIONS = (
+    *("cache_dir", "postgres_port", "kafka_port", "controller_port", "s3_port", "console_port"),
+)
 
 
 def _explicit_options() -> list[str]:
@@ -98,7 +106,8 @@ def _explicit_options() -> list[str]:
 
 @click.group(name="stack")
 def stack_group() -> None:
-    """Run PostgreSQL, Kafka and (optionally) S3Proxy locally, without Docker."""
+    """Run PostgreSQL, Kafka and (optionally) S3Proxy and the run console locally,
+    without Docker."""
 
 
 @stack_group.command()
@@ -108,13 +117,20 @@ def stack_group() -> None:
     is_flag=True,
     help="Also start S3Proxy, a local S3-compatible object store for backups.",
 )
+@click.option(
+    "--with-console",
+    is_flag=True,
+    help="Also start the run console (blackbox web) on the stack, for this machine only.",
+)
 def up(
     cache_dir: Path | None,
     postgres_port: int,
     kafka_port: int,
     controller_port: int,
     s3_port: int,
+    console_port: int,
     with_s3: bool,
+    with_console: bool,
 ) -> None:
     """Start PostgreSQL and Kafka, and S3Proxy with --with-s3 (a no-op for what already
     runs, and it says so).
@@ -123,9 +139,18 @@ def up(
     as external (not started), unless --cache-dir or a port is given: those ask for the
     local services.
     """
-    stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port, s3_port)
+    stack = _open_stack(
+        cache_dir, postgres_port, kafka_port, controller_port, s3_port, console_port
+    )
     try:
         endpoints = stack.up(with_s3=with_s3)
+        web = (
+            stack.web.start(
+                database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap
+            )
+            if with_console
+            else None
+        )
     except StackError as exc:
         raise click.ClickException(str(exc)) from exc
     table = Table(title="blackbox local stack", show_header=False)
@@ -136,6 +161,8 @@ def up(
     if with_s3:
         for what, where in _backup_rows(endpoints, stack.settings.external_backup_url):
             table.add_row(what, Text(where))
+    if web is not None:
+        table.add_row("run console", Text(web))
     _out.print(table)
     if endpoints.backup is not None:
         _err.print(f"to point the backup commands at S3Proxy: . {endpoints.backup.env_file}")
@@ -159,14 +186,18 @@ def down(
     kafka_port: int,
     controller_port: int,
     s3_port: int,
+    console_port: int,
 ) -> None:
-    """Stop PostgreSQL, Kafka and S3Proxy; their data is kept (says so when nothing runs).
+    """Stop PostgreSQL, Kafka, S3Proxy and the run console; their data is kept (says so
+    when nothing runs).
 
     External services (BLACKBOX_DATABASE_URL / BLACKBOX_KAFKA_BOOTSTRAP /
     BLACKBOX_BACKUP_URL) are left alone, unless --cache-dir or a port is given: those name
-    the local services to stop. A local S3Proxy that runs is always stopped.
+    the local services to stop. A local S3Proxy or console that runs is always stopped.
     """
-    stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port, s3_port)
+    stack = _open_stack(
+        cache_dir, postgres_port, kafka_port, controller_port, s3_port, console_port
+    )
     try:
         stack.down()
     except StackError as exc:
@@ -181,9 +212,12 @@ def status(
     kafka_port: int,
     controller_port: int,
     s3_port: int,
+    console_port: int,
 ) -> None:
     """Show each service's state, pid, address and data folder."""
-    stack = _open_stack(cache_dir, postgres_port, kafka_port, controller_port, s3_port)
+    stack = _open_stack(
+        cache_dir, postgres_port, kafka_port, controller_port, s3_port, console_port
+    )
     _out.print(status_table(stack.status()))
 
 

@@ -173,7 +173,7 @@ def test_private_files_replace_wider_ones(tmp_path: Path, open_umask: None) -> N
 
 def test_the_s3_port_has_a_default_of_its_own() -> None:
     assert StackPorts().s3 == 29900
-    assert len({*vars(StackPorts()).values()}) == 4
+    assert len({*vars(StackPorts()).values()}) == 5
 
 
 @pytest.mark.parametrize("s3", [0, 65536, 25432, 29092, 29093])

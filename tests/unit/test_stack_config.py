@@ -292,6 +292,7 @@ def test_status_of_an_unstarted_stack(tmp_path: Path) -> None:
         ("postgres", "stopped", None),
         ("kafka", "stopped", None),
         ("s3", "stopped", None),
+        ("console", "stopped", None),
     ]
 
 
