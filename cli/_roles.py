@@ -25,6 +25,8 @@ _REPLAYER = "a blackbox_replayer login granted the run's tenant"
 ROLES: dict[str, str] = {
     "relay": "a blackbox_relay login",
     "consume": _VIEWS_OWNER,
+    "analytics": _VIEWS_OWNER,
+    "stats": "a blackbox_reader login granted the tenants to count",
     "sign": f"{_VIEWS_OWNER}, also a member of blackbox_reader granted tenant '*'",
     "verify": (
         "a blackbox_reader login granted the runs' tenants (blackbox_replayer to check "

@@ -20,9 +20,10 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
@@ -47,6 +48,7 @@ from agent_blackbox.consumers import (
     RunFilter,
     ViewRunIndex,
     list_runs_txn,
+    llm_usage_txn,
     run_detail_txn,
     run_events_txn,
     usage_series_txn,
@@ -94,7 +96,10 @@ def create_app(settings: Settings, engine: Engine, auth: Authenticator) -> Starl
     )
     templates.filters["shown"] = visible_text
     templates.filters["shown_json"] = _shown_json
+    templates.filters["run_path"] = _run_path
+    templates.filters["attributes_line"] = _attributes_line
     templates.filters["when"] = _when
+    templates.filters["ms"] = _ms
     templates.globals.update(chart_width=CHART_WIDTH, chart_height=CHART_HEIGHT)
     pages = _Pages(console, templates)
     # One stylesheet, read once: served from memory (the package may be installed as
@@ -117,6 +122,7 @@ def create_app(settings: Settings, engine: Engine, auth: Authenticator) -> Starl
             Route("/static/console.css", style),
         ],
         middleware=[Middleware(_Guard, auth=auth, render=pages.render)],
+        exception_handlers={Exception: pages.failed},
     )
 
 
@@ -187,6 +193,19 @@ class _Pages:
             **values,
         )
         return HTMLResponse(html, status_code=status)
+
+    def failed(self, request: Request, exc: Exception) -> Response:
+        """A page that failed: logged with its cause, answered without a traceback."""
+        log.error("console: %s failed: %s: %s", request.url.path, type(exc).__name__, exc)
+        response = self.render(
+            request,
+            "error.html",
+            status=500,
+            message="this page failed (the console logged why); try again, and see the "
+            "console's log if it keeps failing",
+        )
+        response.headers.update(_SECURITY_HEADERS)  # answered past the guard
+        return response
 
     def _csrf(self, request: Request) -> str:
         session = request.cookies.get(SESSION_COOKIE)
@@ -353,12 +372,14 @@ class _Pages:
             return self.render(request, "error.html", status=400, message=str(exc))
         with self._reading() as failed, self.c.engine.connect() as conn:
             points = usage_series_txn(conn, since=since, bucket=bucket, by=by)
+            summary = llm_usage_txn(conn, by=by, since=since)
         if failed.message:
             return self.render(request, "error.html", status=503, message=failed.message)
         return self.render(
             request,
             "charts.html",
             charts=charts(points),
+            summary=summary,
             by=by,
             bucket=bucket,
             since=query.get("since") or "6h",
@@ -483,3 +504,27 @@ def _shown_json(pretty: str) -> str:
     """Pretty-printed JSON with its hidden characters made visible line by line: the
     line breaks are the layout's own (JSON strings never hold a raw one)."""
     return "\n".join(visible_text(line) for line in pretty.split("\n"))
+
+
+def _run_path(run_id: str) -> Markup:
+    """``/runs/<run id>``, quoted and escaped once for every link of a run page."""
+    return escape(f"/runs/{quote(run_id, safe='')}")
+
+
+def _attributes_line(attributes: dict[str, str]) -> str:
+    """An event's attributes on one line (``k=v``, each value cut to 80 characters),
+    hidden characters made visible: one string a row, however many attributes."""
+    return "  ".join(
+        f"{visible_text(k)}={visible_text(v[:80])}" for k, v in sorted(attributes.items())
+    )
+
+
+def _ms(value: float | None) -> str:
+    """A latency as people read it: ``0.42 ms``, ``12.3 ms``, ``840 ms``, ``2.41 s``."""
+    if value is None:
+        return ""
+    if value < 1:
+        return f"{value:.2f} ms"
+    if value < 100:
+        return f"{value:.1f} ms"
+    return f"{value:.0f} ms" if value < 10_000 else f"{value / 1000:.2f} s"

@@ -10,6 +10,8 @@ from datetime import datetime, timedelta
 from agent_blackbox.consumers import RunEvent, UsagePoint
 
 WATERFALL_WIDTH = 900
+LABELS = 170
+"""Width of the column of event names left of the bars."""
 ROW = 12
 LANES = 6
 """Branches of concurrent work are told apart by this many colours, in turn."""
@@ -27,6 +29,7 @@ class Bar:
     lane: int
     branch: int
     label: str
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +45,7 @@ def waterfall(events: Sequence[RunEvent]) -> Waterfall:
     """Each event as a bar from its start (its time minus its latency, for a call) to
     its end, on a row of its own in sequence order, coloured by its branch."""
     if not events:
-        return Waterfall([], WATERFALL_WIDTH, ROW, 0.0, [])
+        return Waterfall([], LABELS + WATERFALL_WIDTH, ROW, 0.0, [])
     starts = [_start(e) for e in events]
     origin = min(starts)
     end = max(e.recorded_at for e in events)
@@ -57,16 +60,19 @@ def waterfall(events: Sequence[RunEvent]) -> Waterfall:
             Bar(
                 sequence=event.sequence,
                 event_type=event.event_type,
-                x=round(x, 1),
+                x=round(LABELS + x, 1),
                 width=round(min(width, WATERFALL_WIDTH - x), 1),
                 y=row * ROW,
                 lane=event.branch % LANES,
                 branch=event.branch,
                 label=f"#{event.sequence} {event.event_type}{latency}",
+                name=f"{event.sequence} {event.event_type}",
             )
         )
-    ticks = [(round(i * (WATERFALL_WIDTH - 2) / 4, 1), _ms(span_ms * i / 4)) for i in range(5)]
-    return Waterfall(bars, WATERFALL_WIDTH, len(bars) * ROW, span_ms, ticks)
+    ticks = [
+        (round(LABELS + i * (WATERFALL_WIDTH - 2) / 4, 1), _ms(span_ms * i / 4)) for i in range(5)
+    ]
+    return Waterfall(bars, LABELS + WATERFALL_WIDTH, len(bars) * ROW, span_ms, ticks)
 
 
 def _start(event: RunEvent) -> datetime:
@@ -90,6 +96,8 @@ class Series:
     name: str
     points: str
     slot: int
+    dots: list[tuple[float, float]]
+    """The same points one by one (a single bucket draws no line)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +124,10 @@ def charts(points: Sequence[UsagePoint]) -> list[Chart]:
     def chart(title: str, value: str, unit: str = "") -> Chart:
         lines = {g: [_value(at.get((b, g)), value) for b in buckets] for g in groups}
         top = max((v for vs in lines.values() for v in vs if v is not None), default=0.0) or 1.0
-        series = [
-            Series(g, _points(vs, top, len(buckets)), i % LANES)
-            for i, (g, vs) in enumerate(lines.items())
-        ]
+        series = []
+        for i, (g, vs) in enumerate(lines.items()):
+            dots = _dots(vs, top, len(buckets))
+            series.append(Series(g, " ".join(f"{x},{y}" for x, y in dots), i % LANES, dots))
         return Chart(title, series, f"{top:,.4g}{unit}", first, last)
 
     return [
@@ -141,12 +149,12 @@ def _value(point: UsagePoint | None, name: str) -> float | None:
     return None if value is None else float(value)
 
 
-def _points(values: Iterable[float | None], top: float, count: int) -> str:
+def _dots(values: Iterable[float | None], top: float, count: int) -> list[tuple[float, float]]:
     step = CHART_WIDTH / max(count - 1, 1)
     out = []
     for i, value in enumerate(values):
         if value is None:
             continue
         y = CHART_HEIGHT - (value / top) * (CHART_HEIGHT - 10)
-        out.append(f"{i * step:.1f},{y:.1f}")
-    return " ".join(out)
+        out.append((round(i * step, 1), round(y, 1)))
+    return out

@@ -157,10 +157,15 @@ def test_list_filter_run_event_purpose_body_and_one_audit_row(
         assert purpose not in web_log
 
         driver.get(f"{base}/charts?since=1h&by=prompt_version")
-        legend = driver.find_element(By.CSS_SELECTOR, "main").text
-        assert "v1" in legend
-        assert "v2" in legend
+        summary = {
+            row.find_elements(By.TAG_NAME, "td")[0].text: row.find_elements(By.TAG_NAME, "td")[
+                1
+            ].text
+            for row in driver.find_elements(By.CSS_SELECTOR, "#usage-summary tbody tr")
+        }
+        assert summary == {"v1": "3", "v2": "3"}  # one LLM call per ticket run
         assert driver.find_elements(By.CSS_SELECTOR, "polyline.line")
+        assert driver.find_elements(By.CSS_SELECTOR, "circle.dot")
 
 
 def test_hostile_payloads_render_as_text_and_no_script_runs(

@@ -126,3 +126,27 @@ def test_a_token_file_must_be_owner_only_and_well_formed(tmp_path: Path) -> None
     assert TOKEN not in str(caught.value)
     with pytest.raises(ConsoleAuthError, match="at least 24"):
         StaticTokens({"ada": "short"})
+
+
+def test_a_page_that_fails_answers_without_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("secret detail of a broken page")
+
+    monkeypatch.setattr("agent_blackbox.console._app.list_runs_txn", broken)
+    app = create_app(Settings(), create_engine(NOWHERE), LoopbackOnly())
+    client = TestClient(app, client=("127.0.0.1", 1), raise_server_exceptions=False)
+    with monkeypatch.context() as patch:
+        patch.setattr("sqlalchemy.engine.Engine.connect", lambda _self: _NoConnection())
+        answer = client.get("/runs")
+    assert answer.status_code == 500
+    assert "secret detail" not in answer.text
+    assert "Traceback" not in answer.text
+    assert answer.headers["content-security-policy"] == CSP
+
+
+class _NoConnection:
+    def __enter__(self) -> _NoConnection:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
