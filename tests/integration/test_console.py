@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,102 +104,109 @@ def _no_script_ran(driver: WebDriver) -> None:
     assert driver.find_elements(By.CSS_SELECTOR, "main script, main img, main iframe") == []
 
 
+@dataclass
+class Browsing:
+    """A console on the recorded runs, as a replayer granted every tenant, and a browser."""
+
+    base: str
+    driver: WebDriver
+    login: Engine
+    log: Path
+
+
+@pytest.fixture
+def browsing(
+    settings: Settings, login: Login, recorded: dict[str, Any], tmp_path: Path
+) -> Iterator[Browsing]:
+    replayer = login("blackbox_replayer", tenant="*")
+    log = tmp_path / "web.log"
+    with console(settings, _url(replayer), log) as base, chromium() as driver:
+        yield Browsing(base, driver, replayer, log)
+
+
 def test_list_filter_run_event_purpose_body_and_one_audit_row(
-    settings: Settings,
-    engine: Engine,
-    login: Login,
-    recorded: dict[str, Any],
-    tmp_path: Path,
+    engine: Engine, browsing: Browsing
 ) -> None:
-    reader = login("blackbox_replayer", tenant="*")
+    base, driver = browsing.base, browsing.driver
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with console(settings, _url(reader), tmp_path / "web.log") as base, chromium() as driver:
-        driver.get(f"{base}/runs")
-        rows = driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
-        assert len(rows) == 7
+    driver.get(f"{base}/runs")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
+    assert len(rows) == 7
 
-        driver.find_element(By.NAME, "agent").send_keys("ticket-agent")
-        driver.find_element(By.NAME, "prompt_version").send_keys("v2")
-        driver.find_element(By.ID, "apply").click()
-        eventually(lambda: "prompt_version=v2" in driver.current_url, what="the filter applied")
-        rows = driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
-        assert len(rows) == 3
-        assert {r.find_elements(By.TAG_NAME, "td")[10].text for r in rows} == {"v2"}
+    driver.find_element(By.NAME, "agent").send_keys("ticket-agent")
+    driver.find_element(By.NAME, "prompt_version").send_keys("v2")
+    driver.find_element(By.ID, "apply").click()
+    eventually(lambda: "prompt_version=v2" in driver.current_url, what="the filter applied")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
+    assert len(rows) == 3
+    assert {r.find_elements(By.TAG_NAME, "td")[10].text for r in rows} == {"v2"}
 
-        rows[0].find_element(By.CSS_SELECTOR, "a.run-link").click()
-        eventually(lambda: driver.find_elements(By.ID, "waterfall"), what="the run page")
-        run_id = driver.find_element(By.ID, "run-id").text
-        bars = driver.find_elements(By.CSS_SELECTOR, "#waterfall rect.bar")
-        events = driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")
-        assert len(bars) == len(events) > 3
-        assert driver.find_elements(By.CSS_SELECTOR, "#llm-calls tbody tr")
-        assert driver.find_elements(By.CSS_SELECTOR, "#effects tbody tr")
-        assert driver.find_element(By.ID, "replayability").text == "full"
-        driver.save_screenshot(str(SCREENSHOTS / "run-page.png"))
+    rows[0].find_element(By.CSS_SELECTOR, "a.run-link").click()
+    eventually(lambda: driver.find_elements(By.ID, "waterfall"), what="the run page")
+    run_id = driver.find_element(By.ID, "run-id").text
+    bars = driver.find_elements(By.CSS_SELECTOR, "#waterfall rect.bar")
+    events = driver.find_elements(By.CSS_SELECTOR, "#events tbody tr")
+    assert len(bars) == len(events) > 3
+    assert driver.find_elements(By.CSS_SELECTOR, "#llm-calls tbody tr")
+    assert driver.find_elements(By.CSS_SELECTOR, "#effects tbody tr")
+    assert driver.find_element(By.ID, "replayability").text == "full"
+    driver.save_screenshot(str(SCREENSHOTS / "run-page.png"))
 
-        driver.find_element(By.CSS_SELECTOR, "#events a.t-llm-call").click()
-        eventually(lambda: driver.find_elements(By.ID, "purpose-form"), what="the event page")
-        metadata = driver.find_element(By.ID, "metadata").text
-        assert "model" in metadata
-        assert driver.find_elements(By.ID, "body") == []
-        purpose = f"investigating ticket for run {run_id[:8]}"
-        driver.find_element(By.ID, "purpose").send_keys(purpose)
-        driver.find_element(By.ID, "open-body").click()
-        shown = _opened_body(driver)
-        assert '"raw_request"' in shown
-        assert '"messages"' in shown
-        assert purpose not in driver.current_url
-        driver.save_screenshot(str(SCREENSHOTS / "event-body.png"))
+    driver.find_element(By.CSS_SELECTOR, "#events a.t-llm-call").click()
+    eventually(lambda: driver.find_elements(By.ID, "purpose-form"), what="the event page")
+    metadata = driver.find_element(By.ID, "metadata").text
+    assert "model" in metadata
+    assert driver.find_elements(By.ID, "body") == []
+    purpose = f"investigating ticket for run {run_id[:8]}"
+    driver.find_element(By.ID, "purpose").send_keys(purpose)
+    driver.find_element(By.ID, "open-body").click()
+    shown = _opened_body(driver)
+    assert '"raw_request"' in shown
+    assert '"messages"' in shown
+    assert purpose not in driver.current_url
+    driver.save_screenshot(str(SCREENSHOTS / "event-body.png"))
 
-        audit = _audit_rows(engine, run_id, purpose)
-        principal = reader.url.username
-        assert audit == [(principal, "requested")]
-        web_log = (tmp_path / "web.log").read_text()
-        assert "raw_request" not in web_log
-        assert purpose not in web_log
+    audit = _audit_rows(engine, run_id, purpose)
+    assert audit == [(browsing.login.url.username, "requested")]
+    web_log = browsing.log.read_text()
+    assert "raw_request" not in web_log
+    assert purpose not in web_log
 
-        driver.get(f"{base}/charts?since=1h&by=prompt_version")
-        summary = {
-            row.find_elements(By.TAG_NAME, "td")[0].text: row.find_elements(By.TAG_NAME, "td")[
-                1
-            ].text
-            for row in driver.find_elements(By.CSS_SELECTOR, "#usage-summary tbody tr")
-        }
-        assert summary == {"v1": "3", "v2": "3"}  # one LLM call per ticket run
-        assert driver.find_elements(By.CSS_SELECTOR, "polyline.line")
-        assert driver.find_elements(By.CSS_SELECTOR, "circle.dot")
+    driver.get(f"{base}/charts?since=1h&by=prompt_version")
+    summary = {
+        row.find_elements(By.TAG_NAME, "td")[0].text: row.find_elements(By.TAG_NAME, "td")[1].text
+        for row in driver.find_elements(By.CSS_SELECTOR, "#usage-summary tbody tr")
+    }
+    assert summary == {"v1": "3", "v2": "3"}  # one LLM call per ticket run
+    assert driver.find_elements(By.CSS_SELECTOR, "polyline.line")
+    assert driver.find_elements(By.CSS_SELECTOR, "circle.dot")
 
 
 def test_hostile_payloads_render_as_text_and_no_script_runs(
-    settings: Settings,
-    engine: Engine,
-    login: Login,
-    recorded: dict[str, Any],
-    tmp_path: Path,
+    recorded: dict[str, Any], browsing: Browsing
 ) -> None:
-    reader = login("blackbox_replayer", tenant="*")
+    base, driver = browsing.base, browsing.driver
     run_id = recorded["hostile"]
-    with console(settings, _url(reader), tmp_path / "web.log") as base, chromium() as driver:
-        driver.get(f"{base}/runs/{run_id}")
-        _no_script_ran(driver)
-        page = driver.find_element(By.TAG_NAME, "main").text
-        assert "<b>bold</b><script>x()</script>" in page
-        assert HOSTILE_TOOL in page
+    driver.get(f"{base}/runs/{run_id}")
+    _no_script_ran(driver)
+    page = driver.find_element(By.TAG_NAME, "main").text
+    assert "<b>bold</b><script>x()</script>" in page
+    assert HOSTILE_TOOL in page
 
-        driver.find_element(By.CSS_SELECTOR, "#events a.t-tool-call").click()
-        eventually(lambda: driver.find_elements(By.ID, "purpose-form"), what="the event page")
-        _no_script_ran(driver)
-        driver.find_element(By.ID, "purpose").send_keys("security review of a hostile tool")
-        driver.find_element(By.ID, "open-body").click()
-        shown = _opened_body(driver)
-        _no_script_ran(driver)
-        assert "<script>window.__pwned = 1</script>" in shown
-        assert 'onerror=\\"window.__pwned = 2\\"' in shown
-        assert "\\u001b]0;retitled" in shown  # the terminal escape, as visible text
-        assert "\\u202e" in shown  # the bidi override too
-        assert "\x1b" not in driver.page_source
-        assert "\u202e" not in driver.page_source
-        driver.save_screenshot(str(SCREENSHOTS / "hostile-body.png"))
+    driver.find_element(By.CSS_SELECTOR, "#events a.t-tool-call").click()
+    eventually(lambda: driver.find_elements(By.ID, "purpose-form"), what="the event page")
+    _no_script_ran(driver)
+    driver.find_element(By.ID, "purpose").send_keys("security review of a hostile tool")
+    driver.find_element(By.ID, "open-body").click()
+    shown = _opened_body(driver)
+    _no_script_ran(driver)
+    assert "<script>window.__pwned = 1</script>" in shown
+    assert 'onerror=\\"window.__pwned = 2\\"' in shown
+    assert "\\u001b]0;retitled" in shown  # the terminal escape, as visible text
+    assert "\\u202e" in shown  # the bidi override too
+    assert "\x1b" not in driver.page_source
+    assert "\u202e" not in driver.page_source
+    driver.save_screenshot(str(SCREENSHOTS / "hostile-body.png"))
 
 
 def test_without_a_token_only_loopback_clients_are_served(

@@ -22,6 +22,7 @@ from agent_blackbox.outbox.integrations.openai import capture_openai
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login
 from tests.integration._backups import KEK, PROVIDER, relay
+from tests.integration._fork_agents import WEATHER_TOOL
 from tests.integration._openai_server import OpenAIServer
 from tests.integration._views import build_views
 
@@ -31,18 +32,6 @@ PURPOSE = "ticket 5120: evaluation dataset for the weather agent"
 SYSTEM = "You answer questions about the weather."
 QUESTION = "How is the weather in Paris? Mail it to jo.hansen@example.com"
 PLACEHOLDER = "[redacted:email]"
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 def _weather(city: str) -> str:

@@ -44,24 +44,13 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     llm_reply,
 )
+from tests.integration._fork_agents import WEATHER_TOOL
 from tests.integration._openai_server import REQUEST_ID, TOOL_ARGUMENTS, OpenAIServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 API_KEY = "sk-test-7f3c9a1e5b2d4f6a8c0e1b3d5f7a9c2e"
 INPUT = {"question": "hi there"}
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 RESPONSES_TOOL = {
     "type": "function",
     "name": "get_weather",
