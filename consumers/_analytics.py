@@ -70,6 +70,7 @@ def _started_row(envelope: Envelope) -> dict[str, Any]:
         "agent_id": envelope.agent_id,
         "code_version": envelope.attributes.get("code_version"),
         "prompt_version": tags.get(PROMPT_VERSION_TAG),
+        "prompt_templates": envelope.attributes.get("prompt_templates"),
         "tags": tags,
         "started_at": envelope.recorded_at,
     }
@@ -82,7 +83,7 @@ def _start_rollups(conn: Connection, rows: list[dict[str, Any]]) -> int:
         return 0
     rows = list({row["run_id"]: row for row in reversed(rows)}.values())
     statement = pg.insert(run_rollups)
-    facts = ("code_version", "prompt_version", "tags", "started_at")
+    facts = ("code_version", "prompt_version", "prompt_templates", "tags", "started_at")
     upsert = statement.on_conflict_do_update(
         index_elements=["run_id"],
         set_={c: statement.excluded[c] for c in facts},

@@ -220,6 +220,8 @@ class RunDetail:
     effects: list[EffectPair]
     replays: list[ReplayResult]
     forks: list[str] = field(default_factory=list)
+    prompt_templates: str | None = None
+    """``id@digest`` of each prompt template of the run's snapshot."""
 
 
 def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
@@ -227,7 +229,8 @@ def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
     caller's role may not see its tenant)."""
     row = conn.execute(
         text(
-            f"SELECT {_LIST_COLUMNS}, coalesce(u.tags, '{{}}'::jsonb), p.replayability "
+            f"SELECT {_LIST_COLUMNS}, coalesce(u.tags, '{{}}'::jsonb), p.replayability, "
+            "u.prompt_templates "
             "FROM blackbox_views.runs r "
             "LEFT JOIN blackbox_views.run_rollups u ON u.run_id = r.run_id "
             "LEFT JOIN blackbox_views.run_replayability p ON p.run_id = r.run_id "
@@ -280,6 +283,7 @@ def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
         effects=effects,
         replays=replays,
         forks=forks,
+        prompt_templates=row[17],
     )
 
 

@@ -226,6 +226,8 @@ run_rollups = Table(
     Column("code_version", Text),
     Column("prompt_version", Text),
     Column("tags", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # ``id@digest`` of each prompt template of the run's snapshot.
+    Column("prompt_templates", Text),
     Column("started_at", DateTime(timezone=True)),
     _count("llm_calls"),
     _count("tool_calls"),

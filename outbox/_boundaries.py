@@ -155,6 +155,13 @@ def run_started(
     attributes = {"code_version": code_version}
     if parent_run_id is not None:
         attributes["parent_run_id"] = parent_run_id
+    if prompt_templates:
+        # Which prompt templates, by id and a short form of their digest: the version of
+        # each template the run used, for analytics without a data key.
+        attributes["prompt_templates"] = ",".join(
+            f"{name}@{str(value).rpartition(':')[2][:12]}"
+            for name, value in sorted(prompt_templates.items())
+        )[:500]
     return Crossing(EventType.RUN_STARTED, body, snapshot, {}, attributes, TYPED_VERSION)
 
 

@@ -149,6 +149,7 @@ def _expected_rollups(recorded: list[Envelope]) -> dict[str, tuple[Any, ...]]:
         tools = [e for e in mine if e.event_type == EventType.TOOL_CALL]
         tags = {k.removeprefix("tag."): v for k, v in started.attributes.items() if k[:4] == "tag."}
         expected[run_id] = (
+            started.attributes.get("prompt_templates"),
             tags.get("prompt_version"),
             tags,
             len(llm),
@@ -162,7 +163,8 @@ def _expected_rollups(recorded: list[Envelope]) -> dict[str, tuple[Any, ...]]:
 
 def _rollups(engine: Engine) -> dict[str, tuple[Any, ...]]:
     r = run_rollups.c
-    columns = (r.prompt_version, r.tags, r.llm_calls, r.tool_calls, r.errors, r.total_tokens)
+    columns = (r.prompt_templates, r.prompt_version, r.tags, r.llm_calls, r.tool_calls, r.errors)
+    columns = (*columns, r.total_tokens)
     with engine.connect() as conn:
         rows = conn.execute(select(r.run_id, *columns, r.models)).all()
     return {row[0]: (*row[1:-1], list(row[-1])) for row in rows}
@@ -174,8 +176,9 @@ def test_per_run_rollups_and_the_prompt_a_b_equal_the_recorded_runs(
     _build(settings, engine, group="analytics-a", expect=len(recorded))
 
     assert _rollups(engine) == _expected_rollups(recorded)
+    assert {facts[0][:7] for facts in _expected_rollups(recorded).values()} == {"triage@"}
     llm = [e for e in recorded if e.event_type == EventType.LLM_CALL]
-    version_of = {run_id: facts[0] for run_id, facts in _expected_rollups(recorded).items()}
+    version_of = {run_id: facts[1] for run_id, facts in _expected_rollups(recorded).items()}
     with engine.connect() as conn:
         usage = llm_usage_txn(conn, by="prompt_version", since=datetime(2000, 1, 1, tzinfo=UTC))
     assert {u.group: (u.calls, u.total_tokens) for u in usage} == {

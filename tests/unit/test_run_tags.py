@@ -9,7 +9,7 @@ import pytest
 
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, Redactor, RunSnapshot
 from agent_blackbox.replayer._fork import forked_snapshot
-from agent_blackbox.schemas import MAX_TAGS, InvalidTag, run_tags, tag_problem
+from agent_blackbox.schemas import MAX_TAGS, InvalidTag, digest, run_tags, tag_problem
 
 
 def _agent(run: AgentRun, _: Any) -> str:
@@ -67,3 +67,15 @@ def test_a_fork_keeps_the_parent_s_tags_and_can_change_one() -> None:
     fork = forked_snapshot(parent, "parent-run", {"tag.prompt_version": "v2"})
     assert fork.tags == {"prompt_version": "v2", "team": "x"}
     assert fork.changes == {"tag.prompt_version": "v2"}
+
+
+def test_run_started_names_its_prompt_templates_by_id_and_short_digest() -> None:
+    recorder = MemoryRecorder()
+    templates = {"triage": digest("You triage tickets."), "reply": digest("You reply.")}
+    recorder.record(
+        _agent, RunSnapshot(code_version="c1", prompt_templates=templates), agent_id="a"
+    )
+
+    named = recorder.events[0].attributes["prompt_templates"]
+    short = {k: v.removeprefix("sha256:")[:12] for k, v in templates.items()}
+    assert named == f"reply@{short['reply']},triage@{short['triage']}"
