@@ -13,12 +13,10 @@ import base64
 import json
 import math
 import re
-import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache
 from itertools import groupby
 from typing import Any
 
@@ -30,6 +28,7 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     SealedRunGuard,
     digest_bytes,
+    hidden_characters,
     is_sealed,
     permission_refused,
 )
@@ -241,7 +240,7 @@ def json_line(value: Any) -> str:
         text = _dumps(_finite(value))
     if text.isascii():
         return text.replace("\x7f", "\\u007f")
-    return _hidden_pattern().sub(_escape, text)
+    return hidden_characters().sub(_escape, text)
 
 
 def _dumps(value: Any) -> str:
@@ -266,40 +265,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
-
-
-# Categories escaped: controls, format characters, line and paragraph separators,
-# surrogates. JSON already escapes the ASCII controls but DEL.
-_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-# Planes 0, 1 and 14 hold every such character (as in schemas.safe_text).
-_SCANNED = (range(0x7F, 0x20000), range(0xE0000, 0xE1000))
-
-
-@cache
-def _hidden_pattern() -> re.Pattern[str]:
-    """Every character :func:`json_line` escapes, built on first use (a few tens of
-    milliseconds) from the running Python's Unicode database."""
-    codes = [
-        code
-        for codes in _SCANNED
-        for code in codes
-        if unicodedata.category(chr(code)) in _ESCAPED_CATEGORIES
-    ]
-    ranges: list[str] = []
-    start = previous = codes[0]
-    for code in [*codes[1:], -1]:
-        if code != previous + 1:
-            ranges.append(_class_item(start, previous))
-            start = code
-        previous = code
-    return re.compile(f"[{''.join(ranges)}]")
-
-
-def _class_item(first: int, last: int) -> str:
-    def one(code: int) -> str:
-        return f"\\U{code:08x}" if code > 0xFFFF else f"\\u{code:04x}"
-
-    return one(first) if first == last else f"{one(first)}-{one(last)}"
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -48,7 +48,12 @@ from agent_blackbox.schemas._deletion import (
     REDACTED_SIGNED_VERSION,
     deletion_statement,
 )
-from agent_blackbox.schemas._display import safe_console, safe_text, visible_text
+from agent_blackbox.schemas._display import (
+    hidden_characters,
+    safe_console,
+    safe_text,
+    visible_text,
+)
 from agent_blackbox.schemas._envelope import GENESIS_CHAIN_HASH, Envelope, next_chain_hash
 from agent_blackbox.schemas._errors import (
     BlackboxError,
@@ -194,6 +199,7 @@ __all__ = [
     "deletion_statement",
     "digest",
     "digest_bytes",
+    "hidden_characters",
     "incompatibilities",
     "is_plaintext",
     "is_sealed",

@@ -51,11 +51,9 @@ _ASCII_SCREEN = re.compile(r"[\x00-\x1f\x7f\[\\]")
 
 
 @cache
-def _patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
-    """The pattern of everything :func:`safe_text` rewrites (hidden characters, and
-    markup openings), and a one-class screen for non-ASCII text that finds every
-    character that may start a match. Built on first use from the running Python's
-    Unicode database."""
+def _hidden_class() -> str:
+    """The body of one regex character class of every hidden character (see the module
+    docstring), built on first use from the running Python's Unicode database."""
     hidden = [
         chr(code)
         for codes in _SCANNED
@@ -63,7 +61,24 @@ def _patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
         if unicodedata.category(chr(code)) in _HIDDEN_CATEGORIES
     ]
     hidden.extend(_BLANK_LETTERS)
-    chars = _class(hidden)
+    return _class(hidden)
+
+
+@cache
+def hidden_characters() -> re.Pattern[str]:
+    """A pattern matching one hidden character: what :func:`safe_text` and
+    :func:`visible_text` show as an escape (controls, format and bidi characters, line
+    and paragraph separators, lone surrogates, blank-rendering letters). For writers
+    of other formats that escape the same characters their own way."""
+    return re.compile(f"[{_hidden_class()}]")
+
+
+@cache
+def _patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The pattern of everything :func:`safe_text` rewrites (hidden characters, and
+    markup openings), and a one-class screen for non-ASCII text that finds every
+    character that may start a match."""
+    chars = _hidden_class()
     return re.compile(f"([{chars}])|{_MARKUP}"), re.compile(f"[{chars}\\[\\\\]")
 
 
