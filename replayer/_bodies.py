@@ -47,6 +47,7 @@ def open_body(
     sequence: int,
     *,
     purpose: str,
+    timeout_s: float = 15.0,
 ) -> OpenedBody:
     """The body of event ``sequence`` of ``run_id``, for a person to read.
 
@@ -58,13 +59,15 @@ def open_body(
     that event, so a plaintext body appended to a sealed run by someone other than its
     recorder is withheld, as replay refuses it.
 
+    A person waits on it: the topic read gives up after ``timeout_s`` without a message.
+
     Raises:
         AccessDenied: the purpose is unusable, or the login may not read the run.
         SourceError: the run is not indexed, or the topic cannot be read.
         BlackboxError: the event is not in the topic where the index says.
     """
     # Located first: a run the login's index does not show is refused before the audit.
-    source = KafkaRunSource(settings, index, run_id)
+    source = KafkaRunSource(settings, index, run_id, timeout_s=timeout_s)
     provider = LocalKeyProvider.from_env()
     if provider is None:
         request_access(engine, purpose=purpose, run_id=run_id)
