@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -19,18 +20,34 @@ from sqlalchemy import Connection, Engine, func, literal_column, select
 from sqlalchemy.dialects import postgresql as pg
 
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered
+from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.consumers._runtime import ConsumerRuntime
 from agent_blackbox.consumers._tables import effect_calls, llm_calls, run_rollups, tool_calls
 from agent_blackbox.consumers._views import views_screen
-from agent_blackbox.schemas import PROMPT_VERSION_TAG, Envelope, EventType, Settings, run_tags
+from agent_blackbox.schemas import (
+    PROMPT_VERSION_TAG,
+    CheckpointVerifier,
+    Envelope,
+    EventType,
+    Settings,
+    run_tags,
+)
 
 ANALYTICS_GROUP = "blackbox-analytics"
 """The analytics consumer's group unless another is given."""
 
 
-def apply_analytics(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
-    """Project ``records`` into the analytics views through ``conn``; the caller commits."""
+def apply_analytics(
+    conn: Connection, records: Sequence[Delivered], *, redactions: RedactionCheck | None = None
+) -> BatchOutcome:
+    """Project ``records`` into the analytics views through ``conn``; the caller commits.
+
+    A ``run.redacted`` the write side confirms (``redactions``, as the views consumer
+    checks it) makes the views forget what of its run could name the subject: the
+    run's tags and its effects' idempotency-key digests (a digest of a short key
+    confirms a guess)."""
     started: list[dict[str, Any]] = []
+    redacted: list[Envelope] = []
     llm: list[dict[str, Any]] = []
     tools: list[dict[str, Any]] = []
     intents: list[dict[str, Any]] = []
@@ -48,6 +65,8 @@ def apply_analytics(conn: Connection, records: Sequence[Delivered]) -> BatchOutc
             intents.append(_intent_row(envelope))
         elif kind == EventType.EFFECT_RECEIPT:
             receipts.append(_receipt_row(envelope))
+        elif kind == EventType.RUN_REDACTED:
+            redacted.append(envelope)
     # Run facts first: the calls of a run that starts in this batch carry its versions.
     inserted = _start_rollups(conn, started)
     _carry_versions(conn, llm)
@@ -57,9 +76,29 @@ def apply_analytics(conn: Connection, records: Sequence[Delivered]) -> BatchOutc
     inserted += len(new_llm) + len(new_tools)
     inserted += _fill(conn, _unique(intents), "intent_sequence", _INTENT)
     inserted += _fill(conn, _unique(receipts), "receipt_sequence", _RECEIPT)
+    if redacted:
+        refused = (redactions or RedactionCheck()).unconfirmed(conn, redacted)
+        _forget_runs(conn, sorted({e.run_id for e in redacted if e.event_id not in refused}))
     # Every message is accounted for: what changed a row, and what changed none here
     # (another event type, or one already applied).
     return BatchOutcome(inserted=inserted, duplicates=len(records) - inserted)
+
+
+SHREDDED_KEY = "shredded-"
+"""How an effect of a shredded run is keyed: this, then its intent (or receipt) sequence."""
+
+
+def _forget_runs(conn: Connection, run_ids: Sequence[str]) -> None:
+    if not run_ids:
+        return
+    conn.execute(run_rollups.update().where(run_rollups.c.run_id.in_(run_ids)).values(tags={}))
+    c = effect_calls.c
+    sequence = func.coalesce(c.intent_sequence, c.receipt_sequence)
+    conn.execute(
+        effect_calls.update()
+        .where(c.run_id.in_(run_ids), c.key_digest.not_like(f"{SHREDDED_KEY}%"))
+        .values(key_digest=func.concat(SHREDDED_KEY, sequence))
+    )
 
 
 def _started_row(envelope: Envelope) -> dict[str, Any]:
@@ -287,6 +326,8 @@ class AnalyticsConsumer(ConsumerRuntime):
     """The consumer that builds the analytics views (offsets in the same transaction).
 
     Call :func:`agent_blackbox.consumers.migrate_views` once before starting it.
+    ``verifier`` checks ``run.redacted`` notes where the views live without the write
+    side's deletion ledger, as for :class:`ViewConsumer`.
     """
 
     def __init__(
@@ -298,10 +339,11 @@ class AnalyticsConsumer(ConsumerRuntime):
         batch_size: int = 2000,
         registry: CollectorRegistry | None = None,
         instance_id: str | None = None,
+        verifier: CheckpointVerifier | None = None,
     ) -> None:
         super().__init__(
             settings,
-            apply_analytics,
+            partial(apply_analytics, redactions=RedactionCheck(verifier)),
             name="analytics",
             group_id=group_id or ANALYTICS_GROUP,
             screen=views_screen,

@@ -5,7 +5,9 @@ role. Once a run's data keys are destroyed, a digest is the last trace of the va
 that were sealed, and a digest of a low-entropy value (a customer id, a small random
 number) confirms a guess. When the views consumer takes a ``run.redacted`` note, the
 digests the views hold of that run (events index and integrity violations) are
-replaced by :data:`SHREDDED_DIGEST`, in the same transaction as the note's own row.
+replaced by :data:`SHREDDED_DIGEST`, and its events' attributes cut to those that hold
+no value of the subject (:data:`KEPT_ATTRIBUTES`), in the same transaction as the note's
+own row.
 The chain hashes stay: they cover the encrypted payloads too and confirm nothing.
 
 Anyone with produce access can write a correctly chained ``run.redacted`` to the topic,
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
 from agent_blackbox.consumers._ledger import (
     DatabaseFacts,
@@ -43,10 +45,28 @@ log = logging.getLogger(__name__)
 SHREDDED_DIGEST = "shredded"
 """What a digest of a shredded run reads as in the views."""
 
+KEPT_ATTRIBUTES = (
+    *("provider", "model", "latency_ms", "finish_reason", "prompt_tokens"),
+    *("completion_tokens", "cached_tokens", "total_tokens", "body_truncated", "error"),
+    *("tool", "effect", "status", "branch", "parent_branch", "started", "code_version"),
+    *("parent_run_id", "streamed", "tool_calls_requested", "tool_calls_invalid", "clock"),
+    *("kind", "redaction", "prompt_templates"),
+)
+"""The attributes the events index keeps of a shredded run's events: names, counts,
+times and classes the recorder writes itself. Every other attribute (a state's name,
+an idempotency key, an external id, a tag) may hold a value of the subject and goes."""
+
+
+_KEPT = text(
+    "(SELECT coalesce(jsonb_object_agg(a.key, a.value), '{}'::jsonb) "
+    "FROM jsonb_each(blackbox_views.events.attributes) AS a WHERE a.key = ANY(:kept))"
+)
+
 
 def scrub_redacted_runs_txn(conn: Connection, envelopes: Iterable[Envelope]) -> int:
     """Replace the views' digests of every run a ``run.redacted`` among ``envelopes``
-    names; the number of runs scrubbed. The caller commits."""
+    names, and keep only :data:`KEPT_ATTRIBUTES` of its events' attributes; the number
+    of runs scrubbed. The caller commits."""
     run_ids = sorted({e.run_id for e in envelopes if e.event_type == EventType.RUN_REDACTED})
     if not run_ids:
         return 0
@@ -54,7 +74,11 @@ def scrub_redacted_runs_txn(conn: Connection, envelopes: Iterable[Envelope]) -> 
     conn.execute(
         events_index.update()
         .where(events.run_id.in_(run_ids), events.input_digest != SHREDDED_DIGEST)
-        .values(input_digest=SHREDDED_DIGEST, output_digest=SHREDDED_DIGEST)
+        .values(
+            input_digest=SHREDDED_DIGEST,
+            output_digest=SHREDDED_DIGEST,
+            attributes=_KEPT.bindparams(kept=list(KEPT_ATTRIBUTES)),
+        )
     )
     violations = integrity_violations.c
     conn.execute(

@@ -243,7 +243,9 @@ def analytics_command(
     event topic, as `consume` builds the runs view; --until-idle as there."""
 
     def analytics(settings: Settings) -> ConsumerRuntime:
-        return AnalyticsConsumer(settings, group_id=settings.consumer_group)
+        return AnalyticsConsumer(
+            settings, group_id=settings.consumer_group, verifier=CheckpointVerifier.from_env()
+        )
 
     def gauges(settings: Settings, stop: threading.Event) -> None:
         if metrics_port is None:

@@ -5,11 +5,13 @@ A subject's run that is still marked running (its writer crashed) must not shiel
 subject's later runs: ``forget`` shreds those and reports the running one (exit 1), and
 retention marks the silent run abandoned and then expires it. After ``forget``, no value
 the agent recorded about the customer remains in what the reader role can read
-(``blackbox.runs``, the views' runs and events rows), nor in ``blackbox.effects``.
+(``blackbox.runs``, the views' runs and events rows, the analytics views), nor in
+``blackbox.effects``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -21,13 +23,14 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import ProgrammingError
 
 from agent_blackbox.cli import main
-from agent_blackbox.consumers import RetentionJob, RetentionPolicy
+from agent_blackbox.consumers import AnalyticsConsumer, RetentionJob, RetentionPolicy
 from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import AgentRun, EffectOutcome, Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login
 from tests.integration._views import build_views
+from tests.integration._wait import eventually
 from tests.security.conftest import TENANT_A
 
 pytestmark = pytest.mark.integration
@@ -66,7 +69,12 @@ def _refund_agent(run: AgentRun, input: Any) -> Any:
 
 
 def _ended(engine: Engine, settings: Settings, subject: str, email: str) -> str:
-    snapshot = RunSnapshot(code_version="security.7", input={"customer": subject, "email": email})
+    # A tag naming the customer is a misuse (tags are labels), and forget clears it too.
+    snapshot = RunSnapshot(
+        code_version="security.7",
+        input={"customer": subject, "email": email},
+        tags={"customer": subject},
+    )
     run, _ = _recorder(engine, settings).record(
         _refund_agent,
         snapshot,
@@ -153,12 +161,31 @@ def test_after_forget_no_customer_value_remains_where_the_reader_looks(
     finally:
         relay.close()
     build_views(settings, engine, expect=7)  # and run.redacted
+    with AnalyticsConsumer(settings, group_id="security-7", engine=engine) as analytics:
+        seen_messages = 0
+
+        def analysed() -> bool:
+            nonlocal seen_messages
+            outcome = analytics.poll_once(0.5)
+            seen_messages += outcome.messages if outcome is not None else 0
+            return seen_messages >= 7
+
+        eventually(analysed, timeout=60, what="the analytics consumer caught up")
 
     reader = login("blackbox_reader", tenant=TENANT_A)
     seen: list[str] = []
     for table in ("blackbox.runs", "blackbox_views.runs", "blackbox_views.events"):
         seen += _readable(reader, table, run_id)
     assert len(seen) == 1 + 1 + 7  # the reader does see the run; only its values are gone
+    analysed_rows = []
+    for table in ("run_rollups", "effects", "llm_calls", "tool_calls"):
+        analysed_rows += _readable(reader, f"blackbox_views.{table}", run_id)
+    assert len(analysed_rows) == 2  # the run's rollup and its effect: counted, no value
+    seen += analysed_rows
+    key = f"refund-{customer}-{email}"
+    assert not [
+        row for row in analysed_rows if hashlib.sha256(key.encode()).hexdigest()[:32] in row
+    ]
     with pytest.raises(ProgrammingError, match="permission denied"):
         _readable(reader, "blackbox.effects", run_id)
     with engine.connect() as conn:  # what a dump of the write side holds
