@@ -232,11 +232,11 @@ def _records(
         return partial(event_records, tally=tally), None
     reading = opening(lambda: engine, purpose=purpose)
     keys = reading.digests
-    audit = (
-        keys.request_access
-        if isinstance(keys, AuditedKeys)
-        else partial(request_access, engine, purpose=purpose)
-    )
+    def audit(run_id: str) -> object:
+        if isinstance(keys, AuditedKeys):
+            return keys.request_access(run_id)
+        return request_access(engine, purpose=purpose, run_id=run_id)
+
     pipeline, blobs = reading.pipeline, PostgresBlobs(engine)
     if form == "openai-chat":
         chat = partial(chat_examples, pipeline=pipeline, blobs=blobs, per_call=per_call)

@@ -74,12 +74,12 @@ def recorded(engine: Engine, settings: Settings) -> tuple[str, int]:
     return run.run_id, run.last_sequence
 
 
-def _export(settings: Settings, login: Engine, *args: str) -> Result:
+def _export(settings: Settings, login: Engine, *args: str, kek: bool = True) -> Result:
     env = {
         "BLACKBOX_DATABASE_URL": login.url.render_as_string(hide_password=False),
         "BLACKBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "BLACKBOX_TOPIC": settings.topic,
-        "BLACKBOX_KEK": f"v1:{base64.b64encode(KEK).decode()}",
+        "BLACKBOX_KEK": f"v1:{base64.b64encode(KEK).decode()}" if kek else None,
         "BLACKBOX_KEK_FILE": None,
         "BLACKBOX_PURPOSE": None,
         "COLUMNS": "400",
@@ -143,6 +143,25 @@ def test_the_replayer_exports_the_bodies_with_a_purpose_and_the_audit_keeps_it(
     # One access request for the run, then the unwrap of its data key, both with the
     # purpose given.
     assert _audit(engine, run_id) == [(PURPOSE, "requested", False), (PURPOSE, "granted", True)]
+
+
+def test_plaintext_runs_export_their_bodies_without_a_key_and_are_audited(
+    engine: Engine, settings: Settings, login: Login
+) -> None:
+    recorder = Recorder(engine, settings=settings)  # no data keys: bodies in plaintext
+    run, _ = recorder.record(
+        lambda r, _input: r.call("lookup", lambda q: {"found": q}, "plain"),
+        RunSnapshot(code_version="export.plain"),
+        agent_id="plain",
+    )
+    relay(engine, settings)
+    build_views(settings, engine, expect=run.last_sequence)
+
+    replayer = login("blackbox_replayer", tenant="*")
+    result = _export(settings, replayer, run.run_id, "--bodies", "--purpose", PURPOSE, kek=False)
+    lines = _lines(result)
+    assert json.loads(lines[1]["body"]["result_json"]) == {"found": "plain"}
+    assert _audit(engine, run.run_id) == [(PURPOSE, "requested", False)]
 
 
 def test_bodies_need_the_replayer_role(
