@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -27,6 +28,7 @@ from markupsafe import Markup, escape
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -40,6 +42,7 @@ from agent_blackbox.console._auth import (
     Refusal,
     StaticTokens,
     Viewer,
+    request_host,
 )
 from agent_blackbox.console._charts import CHART_HEIGHT, CHART_WIDTH, charts, waterfall
 from agent_blackbox.consumers import (
@@ -53,9 +56,9 @@ from agent_blackbox.consumers import (
     run_events_txn,
     usage_series_txn,
 )
-from agent_blackbox.keystore import purpose_problem
-from agent_blackbox.replayer import open_body
-from agent_blackbox.schemas import BlackboxError, Settings, visible_text
+from agent_blackbox.keystore import PURPOSE_MAX_CHARS, bodies_openable_txn, purpose_problem
+from agent_blackbox.replayer import SourceError, open_body
+from agent_blackbox.schemas import BlackboxError, Settings, hidden_characters, visible_text
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +90,16 @@ class Console:
     auth: Authenticator
 
 
-def create_app(settings: Settings, engine: Engine, auth: Authenticator) -> Starlette:
-    """The console as an ASGI application."""
+def create_app(
+    settings: Settings,
+    engine: Engine,
+    auth: Authenticator,
+    *,
+    allowed_hosts: Sequence[str] = (),
+) -> Starlette:
+    """The console as an ASGI application; with ``allowed_hosts``, it answers requests
+    for those host names only (without authentication: ``localhost`` and loopback
+    addresses only, whatever is given)."""
     console = Console(settings, engine, auth)
     templates = Environment(
         loader=FileSystemLoader(str(resources.files("agent_blackbox.console") / "templates")),
@@ -121,8 +132,15 @@ def create_app(settings: Settings, engine: Engine, auth: Authenticator) -> Starl
             Route("/charts", pages.charts),
             Route("/static/console.css", style),
         ],
-        middleware=[Middleware(_Guard, auth=auth, render=pages.render)],
-        exception_handlers={Exception: pages.failed},
+        middleware=[
+            Middleware(
+                _Guard,
+                auth=auth,
+                render=pages.render,
+                hosts=frozenset(h.lower() for h in allowed_hosts),
+            )
+        ],
+        exception_handlers={Exception: pages.failed, 404: pages.missing},
     )
 
 
@@ -130,10 +148,13 @@ class _Guard:
     """Every response gets the security headers; every page but sign-in and the
     stylesheet needs a viewer (a refusal is a page saying why, or the sign-in form)."""
 
-    def __init__(self, app: ASGIApp, auth: Authenticator, render: Any) -> None:
+    def __init__(
+        self, app: ASGIApp, auth: Authenticator, render: Any, hosts: frozenset[str]
+    ) -> None:
         self.app = app
         self.auth = auth
         self.render = render
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -153,6 +174,13 @@ class _Guard:
 
         request = Request(scope)
         path = scope["path"]
+        if self.hosts and request_host(request) not in self.hosts:
+            names = ", ".join(sorted(self.hosts))
+            page = self.render(
+                request, "error.html", status=400, message=f"this console answers to {names} only"
+            )
+            await page(scope, receive, secured)
+            return
         if path.startswith("/static/") or path == "/login":
             if path == "/login" and not isinstance(self.auth, StaticTokens):
                 await RedirectResponse("/runs", 303)(scope, receive, secured)
@@ -194,6 +222,12 @@ class _Pages:
         )
         return HTMLResponse(html, status_code=status)
 
+    def missing(self, request: Request, exc: Exception) -> Response:
+        """No such page: said on a page of the console's own."""
+        response = self.render(request, "error.html", status=404, message="no such page")
+        response.headers.update(_SECURITY_HEADERS)
+        return response
+
     def failed(self, request: Request, exc: Exception) -> Response:
         """A page that failed: logged with its cause, answered without a traceback."""
         log.error("console: %s failed: %s: %s", request.url.path, type(exc).__name__, exc)
@@ -233,9 +267,20 @@ class _Pages:
         form = await request.form()
         if _cross_site(request):
             return self.render(request, "error.html", status=403, message="cross-site sign-in")
+        client = request.client.host if request.client else "?"
+        if self.c.auth.throttled(client):
+            log.warning("console sign-in throttled for %s", client)
+            return self.render(
+                request,
+                "login.html",
+                status=429,
+                target=target,
+                message="too many failed sign-ins from here; wait a minute and try again",
+            )
         name = self.c.auth.check_token(str(form.get("token", "")))
         if name is None:
-            log.warning("console sign-in refused from %s", request.client)
+            self.c.auth.failed_sign_in(client)
+            log.warning("console sign-in refused from %s", client)
             return self.render(
                 request, "login.html", status=401, target=target, message="that token is not known"
             )
@@ -252,8 +297,14 @@ class _Pages:
         return response
 
     async def logout(self, request: Request) -> Response:
+        form = await request.form()
+        if self._form_allowed(request, form) is not None:
+            return self.render(request, "error.html", status=403, message="cross-site sign-out")
+        session = request.cookies.get(SESSION_COOKIE)
+        if isinstance(self.c.auth, StaticTokens) and session:
+            self.c.auth.end_session(session)
         response = RedirectResponse("/login" if isinstance(self.c.auth, StaticTokens) else "/", 303)
-        response.delete_cookie(SESSION_COOKIE)
+        response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
         return response
 
     # --- pages ---------------------------------------------------------------------
@@ -268,7 +319,10 @@ class _Pages:
             after = _cursor(query.get("after_at"), query.get("after_id"))
             limit = _int(query.get("limit"), "limit", default=50)
         except _BadInput as exc:
-            return self.render(request, "error.html", status=400, message=str(exc))
+            kept = {k: v for k, v in query.items() if v and k not in ("after_at", "after_id")}
+            return self.render(
+                request, "runs.html", status=400, page=None, query=kept, more=None, message=str(exc)
+            )
         with self._reading() as failed, self.c.engine.connect() as conn:
             page = list_runs_txn(conn, where, after=after, limit=limit)
         if failed.message:
@@ -279,7 +333,7 @@ class _Pages:
             more = urlencode(
                 {**kept, "after_at": page.next.started_at.isoformat(), "after_id": page.next.run_id}
             )
-        return self.render(request, "runs.html", page=page, query=kept, more=more)
+        return self.render(request, "runs.html", page=page, query=kept, more=more, message=None)
 
     def run(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -306,18 +360,26 @@ class _Pages:
         if refused is not None:
             return self.render(request, "error.html", status=403, message=refused)
         purpose = str(form.get("purpose", "")).strip()
-        problem = purpose_problem(purpose)
-        if problem is not None:
-            return self._event_page(request, opened=None, purpose=purpose, message=problem)
+        # The database and the topic are read in a worker thread: a slow topic holds up
+        # this one answer, never the console.
+        return await run_in_threadpool(self._open, request, purpose)
+
+    def _open(self, request: Request, purpose: str) -> Response:
         viewer: Viewer = request.state.viewer
         run_id = request.path_params["run_id"]
         sequence = request.path_params["sequence"]
+        problem = purpose_problem(purpose)
+        audited = _audited_purpose(viewer, purpose)
+        if problem is None and len(audited) > PURPOSE_MAX_CHARS:
+            room = PURPOSE_MAX_CHARS - len(audited) + len(purpose)
+            problem = f"the purpose is too long ({len(purpose)} characters, at most {room} here)"
+        if problem is not None:
+            return self._event_page(request, opened=None, purpose=purpose, message=problem)
         with self._reading() as failed, self.c.engine.connect() as conn:
             visible = run_events_txn(conn, run_id, first=sequence, limit=1)
         if failed.message or not visible or visible[0].sequence != sequence:
             # Not the login's to see (or not there): refused before anything is audited.
             return self._event_page(request, opened=None, purpose=purpose, message=None)
-        audited = f"console {viewer.name}: {purpose}"[:500]
         try:
             opened = open_body(
                 self.c.settings, self.c.engine, self.index, run_id, sequence, purpose=audited
@@ -326,17 +388,27 @@ class _Pages:
             log.warning(
                 "console: body of %s #%s not opened: %s", run_id, sequence, type(exc).__name__
             )
-            return self._event_page(request, opened=None, purpose=purpose, message=str(exc))
+            status = 503 if isinstance(exc, SourceError) else 403
+            return self._event_page(
+                request, opened=None, purpose=purpose, message=str(exc), status=status
+            )
         log.info("console: %s opened the body of %s #%s", viewer.name, run_id, sequence)
         return self._event_page(request, opened=opened, purpose=purpose, message=None)
 
     def _event_page(
-        self, request: Request, *, opened: Any, purpose: str, message: str | None
+        self,
+        request: Request,
+        *,
+        opened: Any,
+        purpose: str,
+        message: str | None,
+        status: int = 400,
     ) -> Response:
         run_id = request.path_params["run_id"]
         sequence = request.path_params["sequence"]
         with self._reading() as failed, self.c.engine.connect() as conn:
             found = run_events_txn(conn, run_id, first=sequence, limit=1)
+            may_open = bodies_openable_txn(conn)
         if failed.message:
             return self.render(request, "error.html", status=503, message=failed.message)
         if not found or found[0].sequence != sequence:
@@ -355,7 +427,9 @@ class _Pages:
             body=body,
             purpose=purpose,
             message=message,
-            status=200 if message is None else 400,
+            may_open=may_open,
+            room=PURPOSE_MAX_CHARS - len(_audited_purpose(request.state.viewer, "")),
+            status=200 if message is None else status,
         )
 
     def charts(self, request: Request) -> Response:
@@ -378,7 +452,7 @@ class _Pages:
         return self.render(
             request,
             "charts.html",
-            charts=charts(points),
+            charts=charts(points, bucket=bucket),
             summary=summary,
             by=by,
             bucket=bucket,
@@ -428,6 +502,8 @@ def _run_filter(query: Any) -> RunFilter:
         else:
             if len(raw) > 200:
                 raise _BadInput(f"{f.name} is longer than 200 characters")
+            if hidden_characters().search(raw):
+                raise _BadInput(f"{f.name} holds a control or invisible character")
             values[f.name] = raw
     return RunFilter(**values)
 
@@ -479,6 +555,11 @@ def _cursor(at: str | None, run_id: str | None) -> Cursor | None:
     return Cursor(_moment(at, "after_at"), run_id)
 
 
+def _audited_purpose(viewer: Viewer, purpose: str) -> str:
+    """The purpose as the access audit keeps it: who, through the console, and why."""
+    return f"console {viewer.name}: {purpose}"
+
+
 def _cross_site(request: Request) -> bool:
     """Whether a POST came from another site's page: by the browser's fetch metadata
     when it sends it, and by the Origin header (``null`` included) when present."""
@@ -512,10 +593,11 @@ def _run_path(run_id: str) -> Markup:
 
 
 def _attributes_line(attributes: dict[str, str]) -> str:
-    """An event's attributes on one line (``k=v``, each value cut to 80 characters),
-    hidden characters made visible: one string a row, however many attributes."""
+    """An event's attributes on one line (``k=v``, each value cut to 80 characters and an
+    ellipsis), hidden characters made visible: one string a row, however many."""
     return "  ".join(
-        f"{visible_text(k)}={visible_text(v[:80])}" for k, v in sorted(attributes.items())
+        f"{visible_text(k)}={visible_text(v if len(v) <= 80 else v[:79] + '…')}"
+        for k, v in sorted(attributes.items())
     )
 
 

@@ -24,11 +24,14 @@ import ipaddress
 import os
 import re
 import secrets
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
@@ -36,6 +39,8 @@ from agent_blackbox.schemas import OWNER_ONLY_FORBIDDEN, BlackboxError, read_che
 
 SESSION_COOKIE = "blackbox_session"
 SESSION_SECONDS = 8 * 3600
+SIGN_IN_FAILURES = 5
+SIGN_IN_WINDOW_S = 60.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 
@@ -71,6 +76,25 @@ class Authenticator(Protocol):
         ...
 
 
+def request_host(request: HTTPConnection) -> str | None:
+    """The host name the client asked for (the ``Host`` header without its port, IPv6
+    without brackets, lower case), or None when there is no usable one."""
+    raw = request.headers.get("host", "")
+    if not raw or any(c in raw for c in "/?#@\\ "):
+        return None
+    try:
+        return urlsplit(f"//{raw}").hostname
+    except ValueError:
+        return None
+
+
+def is_loopback_name(host: str | None) -> bool:
+    """Whether ``host`` (a requested host name) names this machine: ``localhost`` or a
+    loopback address. A page that reaches the console under any other name came through
+    a name someone else controls (DNS rebinding)."""
+    return host == "localhost" or is_loopback(host)
+
+
 def is_loopback(host: str | None) -> bool:
     """Whether ``host`` (a client's address) is a loopback address."""
     if not host:
@@ -93,13 +117,19 @@ class LoopbackOnly:
 
     def authenticate(self, request: HTTPConnection) -> Viewer | Refusal:
         host = request.client.host if request.client else None
-        if is_loopback(host):
-            return Viewer("local", "loopback")
-        return Refusal(
-            403,
-            "this console runs without authentication and serves its own machine only; "
-            "start it with --token-file (or behind a trusted proxy) to serve others",
-        )
+        if not is_loopback(host):
+            return Refusal(
+                403,
+                "this console runs without authentication and serves its own machine only; "
+                "start it with --token-file (or behind a trusted proxy) to serve others",
+            )
+        if not is_loopback_name(request_host(request)):
+            return Refusal(
+                403,
+                "this console answers to localhost and loopback addresses only; open it as "
+                "http://127.0.0.1:PORT (another name may be a page that rebinds its DNS)",
+            )
+        return Viewer("local", "loopback")
 
 
 class StaticTokens:
@@ -122,10 +152,22 @@ class StaticTokens:
                     f"the token of {name} is {len(token)} characters; use at least 24 random "
                     "ones (`python -c 'import secrets; print(secrets.token_urlsafe())'`)"
                 )
+            if len(set(token)) < 8:
+                raise ConsoleAuthError(
+                    f"the token of {name} repeats a few characters; use a random one"
+                )
+        if len(set(tokens.values())) != len(tokens):
+            raise ConsoleAuthError(
+                "two names share a token: give each viewer a token of their own, so the "
+                "audit can tell who read what"
+            )
         self._tokens = {
             name: hashlib.sha256(token.encode("utf-8")).digest() for name, token in tokens.items()
         }
         self._key = session_key or secrets.token_bytes(32)
+        self._revoked: dict[str, float] = {}
+        self._failures: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
 
     @classmethod
     def from_file(cls, path: Path) -> StaticTokens:
@@ -167,10 +209,39 @@ class StaticTokens:
         return found
 
     def session_cookie(self, name: str, *, now: float | None = None) -> str:
-        """A signed session value for ``name``, valid :data:`SESSION_SECONDS`."""
+        """A signed session value for ``name``, valid :data:`SESSION_SECONDS` or until
+        signed out (:meth:`end_session`)."""
         expires = int((now or time.time()) + SESSION_SECONDS)
-        payload = f"{name}|{expires}"
+        payload = f"{name}|{expires}|{secrets.token_urlsafe(12)}"
         return f"{payload}|{self._sign(payload)}"
+
+    def end_session(self, value: str) -> None:
+        """Sign the session ``value`` out: it is refused from now on (until it would have
+        expired anyway; a restart ends every session)."""
+        parts = value.split("|")
+        if self._session(value) is None or len(parts) != 4:
+            return
+        now = time.time()
+        with self._lock:
+            self._revoked = {n: t for n, t in self._revoked.items() if t > now}
+            self._revoked[parts[2]] = float(parts[1])
+
+    def throttled(self, client: str) -> bool:
+        """Whether ``client`` failed to sign in :data:`SIGN_IN_FAILURES` times within the
+        last :data:`SIGN_IN_WINDOW_S` seconds (it must wait before trying again)."""
+        now = time.monotonic()
+        with self._lock:
+            failures = self._failures.get(client)
+            while failures and failures[0] < now - SIGN_IN_WINDOW_S:
+                failures.popleft()
+            return failures is not None and len(failures) >= SIGN_IN_FAILURES
+
+    def failed_sign_in(self, client: str) -> None:
+        """Count a failed sign-in of ``client``."""
+        with self._lock:
+            if len(self._failures) > 10_000:  # a flood of addresses: start over
+                self._failures.clear()
+            self._failures.setdefault(client, deque()).append(time.monotonic())
 
     def csrf_token(self, session: str) -> str:
         """The token a form of this session must carry back."""
@@ -182,13 +253,16 @@ class StaticTokens:
 
     def _session(self, value: str) -> str | None:
         parts = value.split("|")
-        if len(parts) != 3:
+        if len(parts) != 4:
             return None
-        name, expires, mac = parts
-        if not hmac.compare_digest(mac, self._sign(f"{name}|{expires}")):
+        name, expires, nonce, mac = parts
+        if not hmac.compare_digest(mac, self._sign(f"{name}|{expires}|{nonce}")):
             return None
         if not expires.isdigit() or int(expires) < time.time() or name not in self._tokens:
             return None
+        with self._lock:
+            if nonce in self._revoked:
+                return None
         return name
 
     def authenticate(self, request: HTTPConnection) -> Viewer | Refusal:
@@ -218,6 +292,12 @@ class TrustedProxyHeader:
             raise ConsoleAuthError(f"a trusted proxy address is not an address: {exc}") from exc
         if not self._proxies:
             raise ConsoleAuthError("name the proxy's address with --trusted-proxy")
+        for network in self._proxies:
+            if network.prefixlen < (8 if network.version == 4 else 32):
+                raise ConsoleAuthError(
+                    f"--trusted-proxy {network} would believe the header from almost "
+                    "anyone; name the proxy's own address (or its small network)"
+                )
 
     @property
     def description(self) -> str:
@@ -232,7 +312,10 @@ class TrustedProxyHeader:
             peer = None
         if peer is None or not any(peer in network for network in self._proxies):
             return Refusal(403, "this console is served through its proxy only")
-        name = request.headers.get(self.header, "").strip()
+        named = request.headers.getlist(self.header)
+        if len(named) > 1:
+            return Refusal(401, f"the request names its user in {self.header} more than once")
+        name = named[0].strip() if named else ""
         if _NAME.fullmatch(name) is None:
             return Refusal(401, f"the proxy sent no usable user in {self.header}")
         return Viewer(name, "proxy")

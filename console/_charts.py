@@ -3,7 +3,7 @@ a run's waterfall and the usage charts. Templates place the numbers computed her
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -90,14 +90,23 @@ CHART_HEIGHT = 180
 
 
 @dataclass(frozen=True, slots=True)
+class Dot:
+    """One bucket of one group: where it is drawn and what hovering it says."""
+
+    x: float
+    y: float
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
 class Series:
-    """One group's line: its name, its SVG points and its colour slot."""
+    """One group's line: its name, its runs of consecutive buckets (a bucket without
+    calls breaks the line rather than drawing a zero), its dots and its colour slot."""
 
     name: str
-    points: str
+    segments: list[str]
+    dots: list[Dot]
     slot: int
-    dots: list[tuple[float, float]]
-    """The same points one by one (a single bucket draws no line)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,52 +118,78 @@ class Chart:
     last: str
 
 
-def charts(points: Sequence[UsagePoint]) -> list[Chart]:
-    """Calls, tokens, latency p50 / p95 / p99 and error rate over time, a line per group."""
+_CHARTS = (
+    ("LLM calls", "calls", ""),
+    ("Tokens", "total_tokens", ""),
+    ("Latency p50", "latency_p50_ms", " ms"),
+    ("Latency p95", "latency_p95_ms", " ms"),
+    ("Latency p99", "latency_p99_ms", " ms"),
+    ("Error rate", "error_rate", ""),
+)
+
+
+def charts(points: Sequence[UsagePoint], *, bucket: str) -> list[Chart]:
+    """Calls, tokens, latency p50 / p95 / p99 and error rate over time, a line per group.
+
+    The time axis is to scale (from the first bucket to the last); a group's line is
+    broken where it has no calls in a bucket.
+    """
     if not points:
         return []
-    buckets = sorted({p.bucket for p in points})
+    step = timedelta(minutes=1) if bucket == "minute" else timedelta(hours=1)
+    first = min(p.bucket for p in points)
+    last = max(p.bucket for p in points)
+    span = max((last - first).total_seconds(), step.total_seconds())
     groups = sorted({p.group or "(none)" for p in points})
-    at = {(p.bucket, p.group or "(none)"): p for p in points}
-    first, last = (
-        buckets[0].isoformat(timespec="minutes"),
-        buckets[-1].isoformat(timespec="minutes"),
-    )
-
-    def chart(title: str, value: str, unit: str = "") -> Chart:
-        lines = {g: [_value(at.get((b, g)), value) for b in buckets] for g in groups}
-        top = max((v for vs in lines.values() for v in vs if v is not None), default=0.0) or 1.0
+    by_group: dict[str, list[UsagePoint]] = {g: [] for g in groups}
+    for point in sorted(points, key=lambda p: p.bucket):
+        by_group[point.group or "(none)"].append(point)
+    made = []
+    for title, name, unit in _CHARTS:
+        values = {g: [(p, _value(p, name)) for p in rows] for g, rows in by_group.items()}
+        top = max((v for rows in values.values() for _, v in rows if v is not None), default=0)
+        top = top or 1.0
         series = []
-        for i, (g, vs) in enumerate(lines.items()):
-            dots = _dots(vs, top, len(buckets))
-            series.append(Series(g, " ".join(f"{x},{y}" for x, y in dots), i % LANES, dots))
-        return Chart(title, series, f"{top:,.4g}{unit}", first, last)
+        for slot, (group, rows) in enumerate(values.items()):
+            dots, segments, run = [], [], []
+            previous = None
+            for point, value in rows:
+                if value is None:
+                    continue
+                x = round((point.bucket - first).total_seconds() / span * CHART_WIDTH, 1)
+                y = round(CHART_HEIGHT - value / top * (CHART_HEIGHT - 10), 1)
+                if previous is not None and point.bucket - previous > step and run:
+                    segments.append(" ".join(run))
+                    run = []
+                run.append(f"{x},{y}")
+                previous = point.bucket
+                when = point.bucket.strftime("%Y-%m-%d %H:%M")
+                dots.append(Dot(x, y, f"{group} · {when} UTC · {_shown(value, name)}{unit}"))
+            if run:
+                segments.append(" ".join(run))
+            series.append(Series(group, segments, dots, slot % LANES))
+        made.append(
+            Chart(
+                title,
+                series,
+                f"{_shown(top, name)}{unit}",
+                first.strftime("%Y-%m-%d %H:%M UTC"),
+                last.strftime("%Y-%m-%d %H:%M UTC"),
+            )
+        )
+    return made
 
-    return [
-        chart("LLM calls", "calls"),
-        chart("Tokens", "total_tokens"),
-        chart("Latency p50", "latency_p50_ms", " ms"),
-        chart("Latency p95", "latency_p95_ms", " ms"),
-        chart("Latency p99", "latency_p99_ms", " ms"),
-        chart("Error rate", "error_rate"),
-    ]
+
+def _shown(value: float, name: str) -> str:
+    if name == "error_rate":
+        return f"{value * 100:.1f} %"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
 
 
-def _value(point: UsagePoint | None, name: str) -> float | None:
-    if point is None:
-        return None if name.startswith("latency") else 0.0
+def _value(point: UsagePoint, name: str) -> float | None:
     if name == "error_rate":
         return point.errors / point.calls if point.calls else 0.0
     value = getattr(point, name)
     return None if value is None else float(value)
-
-
-def _dots(values: Iterable[float | None], top: float, count: int) -> list[tuple[float, float]]:
-    step = CHART_WIDTH / max(count - 1, 1)
-    out = []
-    for i, value in enumerate(values):
-        if value is None:
-            continue
-        y = CHART_HEIGHT - (value / top) * (CHART_HEIGHT - 10)
-        out.append((round(i * step, 1), round(y, 1)))
-    return out

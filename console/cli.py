@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import click
 import uvicorn
 from sqlalchemy import create_engine, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from agent_blackbox.console._app import create_app
 from agent_blackbox.console._auth import (
@@ -42,12 +43,21 @@ from agent_blackbox.schemas import Settings, safe_console, safe_text
     multiple=True,
     help="The proxy's address or network (repeatable); needed with --proxy-header.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="Answer requests for this host name only (repeatable), e.g. the name the proxy "
+    "or the viewers use; without a token the console answers to localhost and loopback "
+    "addresses only anyway.",
+)
 def web_command(
     host: str,
     port: int,
     token_file: Path | None,
     proxy_header: str | None,
     trusted_proxy: tuple[str, ...],
+    allowed_hosts: tuple[str, ...],
 ) -> None:
     """Serve the run console (runs, waterfalls, bodies on a stated purpose, charts).
 
@@ -61,7 +71,15 @@ def web_command(
         err.print(f"[red]error:[/] {safe_text(exc)}")
         sys.exit(2)
     settings = Settings.from_env()
-    engine = create_engine(settings.database_url, pool_pre_ping=True, pool_size=8)
+    try:
+        engine = create_engine(settings.database_url, pool_pre_ping=True, pool_size=8)
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        err.print(
+            f"[red]error:[/] BLACKBOX_DATABASE_URL is not a PostgreSQL URL this console can "
+            f"use ({safe_text(exc)}); give one like "
+            "postgresql+psycopg://USER:PASSWORD@HOST:5432/DATABASE"
+        )
+        sys.exit(2)
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1 FROM blackbox_views.runs LIMIT 1"))
@@ -79,17 +97,19 @@ def web_command(
             "clients on this machine are served; give --token-file to serve others"
         )
     try:
-        probe = socket.create_server((host, port))
-        probe.close()
+        family = socket.AF_INET6 if ":" in _resolved(host) else socket.AF_INET
+        with socket.create_server((host, port), family=family) as probe:
+            port = port or int(probe.getsockname()[1])
     except OSError as exc:
+        fix = "choose another --port" if exc.errno == errno.EADDRINUSE else "check --host"
         err.print(
-            f"[red]error:[/] cannot listen on {safe_text(host)}:{port}: {exc.strerror}; "
-            "choose another --port"
+            f"[red]error:[/] cannot listen on {safe_text(host)}:{port}: "
+            f"{safe_text(exc.strerror or exc)}; {fix}"
         )
         sys.exit(2)
     err.print(f"console: http://{host if ':' not in host else f'[{host}]'}:{port}/runs")
     err.print(f"authentication: {auth.description}")
-    app = create_app(settings, engine, auth)
+    app = create_app(settings, engine, auth, allowed_hosts=allowed_hosts)
     # The client's address is the socket's peer: forwarding headers are never believed
     # (the trusted-proxy adapter checks the peer itself).
     config = uvicorn.Config(

@@ -21,8 +21,10 @@ from agent_blackbox.keystore._errors import (
     WrongKey,
 )
 from agent_blackbox.keystore._postgres import (
+    PURPOSE_MAX_CHARS,
     AuditedKeys,
     DataKeyStore,
+    bodies_openable_txn,
     destroy_key_ids_txn,
     destroy_keys_txn,
     forget_destroyed_keys_txn,
@@ -57,6 +59,7 @@ from agent_blackbox.keystore._snapshot import (
 
 __all__ = [
     "LEGACY_SEALED_ENCODING",
+    "PURPOSE_MAX_CHARS",
     "SEALED_ENCODING",
     "AccessDenied",
     "AesGcmSealer",
@@ -76,6 +79,7 @@ __all__ = [
     "WrapOnly",
     "WrappedKey",
     "WrongKey",
+    "bodies_openable_txn",
     "data_key_rows_txn",
     "destroy_key_ids_txn",
     "destroy_keys_txn",

@@ -383,6 +383,23 @@ class AuditedKeys:
         return _call(self._engine, statement, params, where)
 
 
+_OPENABLE = text(
+    "SELECT CASE WHEN to_regprocedure('blackbox.request_key_access(text, text, text)') IS NULL "
+    "THEN false "
+    "ELSE has_function_privilege('blackbox.request_key_access(text, text, text)', 'EXECUTE') END"
+)
+
+
+def bodies_openable_txn(conn: Connection) -> bool:
+    """Whether the connected login may ask for access to recorded bodies at all (the
+    replayer role may; a reader may not): to say so before asking it for a purpose."""
+    try:
+        with conn.begin_nested():
+            return bool(conn.execute(_OPENABLE).scalar())
+    except SQLAlchemyError:
+        return False
+
+
 def request_access(engine: Engine, *, purpose: str, run_id: str) -> int:
     """Write the access audit's request row for reading ``run_id``'s bodies (a run with
     no data key too); its id. What :meth:`AuditedKeys.request_access` does, for a

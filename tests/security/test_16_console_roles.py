@@ -50,7 +50,8 @@ def runs(settings: Settings, engine: Engine) -> dict[str, str]:
 
 
 def _console(settings: Settings, login: Engine) -> TestClient:
-    return TestClient(create_app(settings, login, LoopbackOnly()), client=("127.0.0.1", 1))
+    app = create_app(settings, login, LoopbackOnly())
+    return TestClient(app, client=("127.0.0.1", 1), base_url="http://127.0.0.1:8765")
 
 
 def _audit(engine: Engine) -> list[tuple[str, str]]:
@@ -77,6 +78,9 @@ def test_a_reader_sees_its_tenant_s_runs_and_no_body(
     assert foreign.status_code == 404
     assert SECRET not in foreign.text
 
+    page = client.get(f"/runs/{runs[TENANT_A]}/events/2").text
+    assert 'id="no-bodies"' in page  # said before asking for a purpose
+    assert 'id="purpose-form"' not in page
     own = _open(client, runs[TENANT_A])
     assert SECRET not in own.text
     assert 'id="body"' not in own.text
@@ -95,6 +99,7 @@ def test_a_replayer_opens_its_tenant_s_bodies_only_and_each_is_audited(
     assert SECRET not in foreign.text
     assert _audit(engine) == []
 
+    assert 'id="purpose-form"' in client.get(f"/runs/{runs[TENANT_A]}/events/2").text
     own = _open(client, runs[TENANT_A])
     assert 'id="body"' in own.text
     assert SECRET in own.text

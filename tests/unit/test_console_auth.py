@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
@@ -22,12 +23,19 @@ from agent_blackbox.console import (
 from agent_blackbox.schemas import Settings
 
 TOKEN = "a-token-of-ada-long-enough-1234"
+TOKEN_B = "another-token-for-bob-5678-xyz"
 NOWHERE = "postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=1"
 
 
-def _client(auth: object, *, client: tuple[str, int] = ("127.0.0.1", 5000)) -> TestClient:
-    app = create_app(Settings(), create_engine(NOWHERE), auth)  # type: ignore[arg-type]
-    return TestClient(app, client=client, follow_redirects=False)
+def _client(
+    auth: object,
+    *,
+    client: tuple[str, int] = ("127.0.0.1", 5000),
+    hosts: tuple[str, ...] = (),
+    base_url: str = "http://127.0.0.1:8765",
+) -> TestClient:
+    app = create_app(Settings(), create_engine(NOWHERE), auth, allowed_hosts=hosts)  # type: ignore[arg-type]
+    return TestClient(app, client=client, base_url=base_url, follow_redirects=False)
 
 
 def test_without_authentication_a_client_off_this_machine_is_refused() -> None:
@@ -69,11 +77,17 @@ def test_a_browser_signs_in_with_its_token_and_gets_a_strict_session() -> None:
 
 
 def test_a_forged_or_foreign_session_is_refused() -> None:
-    tokens = StaticTokens({"ada": TOKEN, "bob": TOKEN + "b"})
+    tokens = StaticTokens({"ada": TOKEN, "bob": TOKEN_B})
     client = _client(tokens)
     good = tokens.session_cookie("ada")
-    _name, expires, mac = good.split("|")
-    for forged in (f"bob|{expires}|{mac}", f"ada|{int(expires) + 999}|{mac}", "ada", ""):
+    _name, expires, nonce, mac = good.split("|")
+    for forged in (
+        f"bob|{expires}|{nonce}|{mac}",
+        f"ada|{int(expires) + 999}|{nonce}|{mac}",
+        f"ada|{expires}|other|{mac}",
+        "ada",
+        "",
+    ):
         client.cookies.set("blackbox_session", forged)
         assert client.get("/runs").status_code == 303  # back to sign-in
     other = StaticTokens({"ada": TOKEN})  # another console process: another key
@@ -134,7 +148,9 @@ def test_a_page_that_fails_answers_without_a_traceback(monkeypatch: pytest.Monke
 
     monkeypatch.setattr("agent_blackbox.console._app.list_runs_txn", broken)
     app = create_app(Settings(), create_engine(NOWHERE), LoopbackOnly())
-    client = TestClient(app, client=("127.0.0.1", 1), raise_server_exceptions=False)
+    client = TestClient(
+        app, client=("127.0.0.1", 1), base_url="http://127.0.0.1", raise_server_exceptions=False
+    )
     with monkeypatch.context() as patch:
         patch.setattr("sqlalchemy.engine.Engine.connect", lambda _self: _NoConnection())
         answer = client.get("/runs")
@@ -150,3 +166,77 @@ class _NoConnection:
 
     def __exit__(self, *_exc: object) -> None:
         return None
+
+
+@pytest.mark.parametrize("host", ["evil.example:8765", "evil.example", "127.0.0.1.evil.example"])
+def test_without_authentication_a_page_under_another_name_is_refused(host: str) -> None:
+    # DNS rebinding: a site the local user visits resolves its own name to 127.0.0.1.
+    answer = _client(LoopbackOnly()).get("/runs", headers={"Host": host})
+    assert answer.status_code == 403
+    assert "localhost and loopback addresses only" in answer.text
+    for local in ("localhost:8765", "127.0.0.1:8765", "[::1]:8765"):
+        assert _client(LoopbackOnly()).get("/runs", headers={"Host": local}).status_code == 503
+
+
+def test_the_allowed_host_names_are_the_only_ones_answered() -> None:
+    tokens = StaticTokens({"ada": TOKEN})
+    client = _client(tokens, hosts=("console.example",), base_url="http://console.example")
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    assert client.get("/runs", headers=bearer).status_code == 503
+    wrong = client.get("/runs", headers={**bearer, "Host": "evil.example"})
+    assert wrong.status_code == 400
+    assert "console.example only" in wrong.text
+
+
+def test_signing_out_ends_the_session_for_good() -> None:
+    tokens = StaticTokens({"ada": TOKEN})
+    client = _client(tokens)
+    session = tokens.session_cookie("ada")
+    client.cookies.set("blackbox_session", session)
+    assert client.get("/runs").status_code == 503
+    csrf = tokens.csrf_token(session)
+    assert client.post("/logout", data={"csrf": csrf}).status_code == 303
+    client.cookies.set("blackbox_session", session)  # the old cookie, kept by an attacker
+    assert client.get("/runs").status_code == 303
+
+
+def test_sign_in_is_throttled_after_repeated_failures() -> None:
+    client = _client(StaticTokens({"ada": TOKEN}))
+    answers = [client.post("/login", data={"token": f"guess-{i}"}).status_code for i in range(6)]
+    assert answers == [401] * 5 + [429]
+    assert client.post("/login", data={"token": TOKEN}).status_code == 429  # even the right one
+
+
+def test_a_user_named_twice_by_the_proxy_is_refused() -> None:
+    auth = TrustedProxyHeader("X-Forwarded-User", ["10.0.0.5"])
+    proxied = _client(auth, client=("10.0.0.5", 1234))
+    twice = [("X-Forwarded-User", "ada"), ("X-Forwarded-User", "mallory")]
+    assert proxied.get("/runs", headers=twice).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: TrustedProxyHeader("X-User", ["0.0.0.0/0"]), "almost"),
+        (lambda: TrustedProxyHeader("X-User", ["::/0"]), "almost"),
+        (lambda: StaticTokens({"ada": TOKEN, "bob": TOKEN}), "share a token"),
+        (lambda: StaticTokens({"ada": "a" * 30}), "repeats"),
+    ],
+)
+def test_unsafe_authentication_settings_are_refused(make: Any, named: str) -> None:
+    with pytest.raises(ConsoleAuthError, match=named):
+        make()
+
+
+def test_a_filter_with_a_control_character_is_bad_input_and_the_form_stays() -> None:
+    answer = _client(LoopbackOnly()).get("/runs", params={"agent": "a\x00b"})
+    assert answer.status_code == 400
+    assert "control or invisible character" in answer.text
+    assert 'id="filters"' in answer.text
+
+
+def test_an_unknown_page_is_the_console_s_own_404() -> None:
+    answer = _client(LoopbackOnly()).get("/runs/r1/events/-1")
+    assert answer.status_code == 404
+    assert "no such page" in answer.text
+    assert answer.headers["content-security-policy"] == CSP
