@@ -79,9 +79,14 @@ def apply_analytics(
     if redacted:
         refused = (redactions or RedactionCheck()).unconfirmed(conn, redacted)
         _forget_runs(conn, sorted({e.run_id for e in redacted if e.event_id not in refused}))
-    # Every message is accounted for: what changed a row, and what changed none here
-    # (another event type, or one already applied).
-    return BatchOutcome(inserted=inserted, duplicates=len(records) - inserted)
+    # Every message is accounted for: what changed a row, what of a kind kept here
+    # changed none (applied already), and the kinds this consumer passes over.
+    handled = len(started) + len(llm) + len(tools) + len(intents) + len(receipts)
+    handled += len(redacted)
+    passed_over = len(records) - handled
+    return BatchOutcome(
+        inserted=inserted, duplicates=max(handled - inserted, 0), passed_over=passed_over
+    )
 
 
 SHREDDED_KEY = "shredded-"

@@ -68,11 +68,15 @@ class BatchOutcome:
     violations: int = 0
     dead_lettered: int = 0
     stale: int = 0
+    passed_over: int = 0
+    """Events of a kind this consumer has nothing to do with (the analytics consumer and
+    a clock read, say): read, committed past, not stored."""
 
     @property
     def messages(self) -> int:
         """Every message the batch accounted for, whatever became of it."""
-        return self.inserted + self.duplicates + self.violations + self.dead_lettered + self.stale
+        kept = self.inserted + self.duplicates + self.violations
+        return kept + self.dead_lettered + self.stale + self.passed_over
 
     def __add__(self, other: BatchOutcome) -> BatchOutcome:
         return BatchOutcome(
@@ -81,6 +85,7 @@ class BatchOutcome:
             violations=self.violations + other.violations,
             dead_lettered=self.dead_lettered + other.dead_lettered,
             stale=self.stale + other.stale,
+            passed_over=self.passed_over + other.passed_over,
         )
 
 

@@ -26,6 +26,7 @@ class _Families:
     violations: Counter
     dead_lettered: Counter
     stale: Counter
+    passed_over: Counter
     failed_batches: Counter
     batch_seconds: Histogram
     lag: Gauge
@@ -57,6 +58,9 @@ def _create(registry: CollectorRegistry) -> _Families:
         stale=counter(
             "stale_dropped",
             "Stale relay copies (lease epoch older than one already read) dropped unapplied.",
+        ),
+        passed_over=counter(
+            "passed_over", "Events of a kind the consumer has nothing to do with, not stored."
         ),
         failed_batches=counter("failed_batches", "Batches rolled back and rewound."),
         batch_seconds=Histogram(
@@ -94,6 +98,7 @@ class ConsumerMetrics:
         self._violations = families.violations.labels(**labels)
         self._dead_lettered = families.dead_lettered.labels(**labels)
         self._stale = families.stale.labels(**labels)
+        self._passed_over = families.passed_over.labels(**labels)
         self._failed = families.failed_batches.labels(**labels)
         self._seconds = families.batch_seconds.labels(**labels)
         self._lag = families.lag
@@ -107,6 +112,7 @@ class ConsumerMetrics:
         self._violations.inc(outcome.violations)
         self._dead_lettered.inc(outcome.dead_lettered)
         self._stale.inc(outcome.stale)
+        self._passed_over.inc(outcome.passed_over)
         self._seconds.observe(seconds)
 
     def lag(self, partition: int, messages: int) -> None:

@@ -317,10 +317,12 @@ def _consume(
 
 
 def _summary(total: BatchOutcome) -> str:
+    passed = f", {total.passed_over:,} of kinds not kept here" if total.passed_over else ""
     return (
         f"{total.messages:,} messages: {total.inserted:,} events inserted, "
         f"{total.duplicates:,} duplicates, {total.violations:,} integrity violations, "
         f"{total.dead_lettered:,} dead-lettered, {total.stale:,} stale relay copies dropped"
+        f"{passed}"
     )
 
 

@@ -114,19 +114,34 @@ def _opened(envelope: Envelope, pipeline: PayloadPipeline) -> OpenedBody:
 
 
 def readable_body(event_type: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    """``body`` as a person reads it: every ``*_json`` text field parsed into the value
-    it holds (a raw request is shown as JSON, not as a string of JSON), and an LLM
-    call's answer (its choices and tool calls) first."""
+    """``body`` as a person reads it: every ``*_json`` text field of the body's own
+    structure, at any depth, parsed into the value it holds (a raw request is shown as
+    JSON, not as a string of JSON), and an LLM call's answer (its choices and tool
+    calls) first."""
     shown: dict[str, Any] = {}
     if event_type == EventType.LLM_CALL:
         reply = llm_reply(dict(body))
         shown.update(choices=list(reply.choices), tool_calls=list(reply.tool_calls))
-    for name, value in body.items():
-        if name.endswith("_json") and isinstance(value, str):
-            try:
-                shown[name.removesuffix("_json")] = json.loads(value)
-                continue
-            except ValueError:
-                pass
-        shown[name] = value
+    parsed = _parsed(dict(body))
+    shown.update(parsed if isinstance(parsed, dict) else {"body": parsed})
+    if event_type == EventType.LLM_CALL:
+        shown["tool_calls"] = _parsed(shown["tool_calls"])
     return shown
+
+
+def _parsed(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for name, item in value.items():
+            if isinstance(name, str) and name.endswith("_json") and isinstance(item, str):
+                try:
+                    # What the text held is shown as it is: recorded data, not our fields.
+                    out[name.removesuffix("_json")] = json.loads(item)
+                    continue
+                except ValueError:
+                    pass
+            out[name] = _parsed(item)
+        return out
+    if isinstance(value, list):
+        return [_parsed(item) for item in value]
+    return value

@@ -232,6 +232,7 @@ def _records(
         return partial(event_records, tally=tally), None
     reading = opening(lambda: engine, purpose=purpose)
     keys = reading.digests
+
     def audit(run_id: str) -> object:
         if isinstance(keys, AuditedKeys):
             return keys.request_access(run_id)

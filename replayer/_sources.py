@@ -141,8 +141,9 @@ class KafkaRunSource:
         location = index.locate(run_id)
         if location is None:
             raise SourceError(
-                f"run {run_id} is not in the events index; is the view consumer running "
-                "(blackbox consume) and is the run id right?"
+                f"run {run_id} is not in the events index this login can read: is the run id "
+                "right, is the view consumer running (blackbox consume), and is the run's "
+                "tenant granted to this login?"
             )
         self.topic, self.partition = location.topic, location.partition
         self.first, self.last = location.first_offset, location.last_offset

@@ -12,6 +12,7 @@ from sqlalchemy import Engine, select, text
 
 from agent_blackbox.consumers import (
     AnalyticsConsumer,
+    BatchOutcome,
     ConsumerRuntime,
     RetentionJob,
     RetentionPolicy,
@@ -54,17 +55,18 @@ def _rows(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
         }
 
 
-def _build(settings: Settings, engine: Engine, *, group: str, expect: int) -> None:
+def _build(settings: Settings, engine: Engine, *, group: str, expect: int) -> BatchOutcome:
+    total = BatchOutcome()
     with AnalyticsConsumer(settings, group_id=group, engine=engine) as consumer:
-        seen = 0
 
         def caught_up() -> bool:
-            nonlocal seen
+            nonlocal total
             outcome = consumer.poll_once(0.5)
-            seen += outcome.messages if outcome is not None else 0
-            return seen >= expect
+            total = total + outcome if outcome is not None else total
+            return total.messages >= expect
 
         eventually(caught_up, timeout=60, what=f"{expect} messages through the analytics")
+    return total
 
 
 @pytest.fixture
@@ -79,9 +81,12 @@ def recorded(settings: Settings, engine: Engine) -> list[Envelope]:
 def test_the_analytics_hold_every_call_and_effect_as_recorded(
     settings: Settings, engine: Engine, recorded: list[Envelope]
 ) -> None:
-    _build(settings, engine, group="analytics-a", expect=len(recorded))
+    outcome = _build(settings, engine, group="analytics-a", expect=len(recorded))
 
     rows = _rows(engine)
+    kept = {"run.started", "llm.call", "tool.call", "effect.intent", "effect.receipt"}
+    assert outcome.duplicates == 0  # a first build: nothing was there already
+    assert outcome.passed_over == sum(e.event_type not in kept for e in recorded) > 0
     llm = [e for e in recorded if e.event_type == EventType.LLM_CALL]
     tools = [e for e in recorded if e.event_type == EventType.TOOL_CALL]
     intents = [e for e in recorded if e.event_type == EventType.EFFECT_INTENT]
