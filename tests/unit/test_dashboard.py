@@ -42,3 +42,11 @@ def test_every_panel_queries_an_exported_metric() -> None:
     queried = {_base(n) for e in exprs for n in re.findall(r"blackbox_[a-z_]+", e)}
     assert len(exprs) > 20
     assert queried - _exported() == set()
+
+
+def test_every_exported_metric_is_on_the_dashboard() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    queried = {_base(n) for e in exprs for n in re.findall(r"blackbox_[a-z_]+", e)}
+    assert _exported() - queried == set()
+    assert [i["name"] for i in dashboard["__inputs"]] == ["DS_PROMETHEUS"]  # asked at import
