@@ -613,7 +613,10 @@ def _since(raw: str) -> datetime:
         raise click.BadParameter(
             f"{raw!r}: give a span like 30m, 1h, 2d or an ISO time", param_hint="--since"
         ) from None
-    return at if at.tzinfo is not None else at.astimezone()
+    at = at if at.tzinfo is not None else at.astimezone()
+    if at > datetime.now(UTC):
+        raise click.BadParameter(f"{raw!r} is in the future", param_hint="--since")
+    return at
 
 
 @click.command("stats")
@@ -647,9 +650,20 @@ def stats_command(by: str, since_raw: str, as_json: bool) -> None:
         for row in rows:
             click.echo(json.dumps({by: row.group, **_figures(row)}))
         return
+    if not rows:
+        console.print(
+            f"no LLM call since {since.isoformat(timespec='seconds')} in the analytics views "
+            "(is `blackbox analytics` running, and is the window right?)"
+        )
+        return
     table = Table(title=f"LLM calls since {since.isoformat(timespec='seconds')} by {by}")
     for column in (by, "calls", "errors", "tokens in", "tokens out", "p50 ms", "p95 ms", "p99 ms"):
-        table.add_column(column, justify="left" if column == by else "right", overflow="fold")
+        table.add_column(
+            column,
+            justify="left" if column == by else "right",
+            overflow="fold",
+            no_wrap=column != by,  # figures are never broken across lines
+        )
     for row in rows:
         figures = _figures(row)
         table.add_row(

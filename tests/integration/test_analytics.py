@@ -3,13 +3,16 @@ rebuild from offset zero (a fresh group, the tables emptied) gives the same rows
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, select, text
 
+from agent_blackbox.cli import main
 from agent_blackbox.consumers import (
     AnalyticsConsumer,
     BatchOutcome,
@@ -394,3 +397,23 @@ def test_tool_arguments_that_break_the_declared_schema_are_counted(
             conn.execute(select(llm_calls.c.run_id, llm_calls.c.tool_calls_invalid)).all()
         )
     assert invalid == {runs['{"amount": 12.5}']: 0, runs['{"amount": "all of it"}']: 1}
+
+
+def test_stats_by_prompt_version_on_the_command_line(
+    settings: Settings, engine: Engine, recorded: list[Envelope]
+) -> None:
+    _build(settings, engine, group="analytics-a", expect=len(recorded))
+    env = {"BLACKBOX_DATABASE_URL": settings.database_url}
+    runner = CliRunner(env=env)
+    shown = runner.invoke(main, ["stats", "--by", "prompt_version", "--since", "1h", "--json"])
+    assert shown.exit_code == 0, shown.output
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert sorted((line["prompt_version"], line["calls"]) for line in lines) == [
+        ("v1", 4),
+        ("v2", 4),
+    ]
+    empty = runner.invoke(main, ["stats", "--since", "2000-01-01T00:00", "--by", "tenant"])
+    assert empty.exit_code == 0
+    future = runner.invoke(main, ["stats", "--since", "2099-01-01"])
+    assert future.exit_code == 2
+    assert "in the future" in future.output
