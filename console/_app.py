@@ -23,12 +23,12 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from anyio import CapacityLimiter, to_thread
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -79,6 +79,9 @@ _SECURITY_HEADERS = {
     "cross-origin-opener-policy": "same-origin",
 }
 _RUN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+BODY_READERS = 8
+"""Bodies read from the topic at once (each may wait on Kafka up to its limit)."""
+_PURPOSE_EXAMPLE = "for example 'incident 4411: refund loop'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +99,12 @@ def create_app(
     auth: Authenticator,
     *,
     allowed_hosts: Sequence[str] = (),
+    secure_cookie: bool = False,
 ) -> Starlette:
     """The console as an ASGI application; with ``allowed_hosts``, it answers requests
     for those host names only (without authentication: ``localhost`` and loopback
-    addresses only, whatever is given)."""
+    addresses only, whatever is given). ``secure_cookie``: the console is served over
+    HTTPS by a proxy in front, so its session cookie is sent over HTTPS only."""
     console = Console(settings, engine, auth)
     templates = Environment(
         loader=FileSystemLoader(str(resources.files("agent_blackbox.console") / "templates")),
@@ -112,7 +117,7 @@ def create_app(
     templates.filters["when"] = _when
     templates.filters["ms"] = _ms
     templates.globals.update(chart_width=CHART_WIDTH, chart_height=CHART_HEIGHT)
-    pages = _Pages(console, templates)
+    pages = _Pages(console, templates, secure_cookie=secure_cookie)
     # One stylesheet, read once: served from memory (the package may be installed as
     # links, which a static-files server rightly refuses to follow).
     stylesheet = (resources.files("agent_blackbox.console") / "static" / "console.css").read_bytes()
@@ -190,7 +195,12 @@ class _Guard:
         found = self.auth.authenticate(request)
         if isinstance(found, Refusal):
             if found.can_sign_in and request.method == "GET":
-                target = "/login?" + urlencode({"next": path})
+                wanted = path + (
+                    f"?{scope['query_string'].decode('latin-1')}"
+                    if scope.get("query_string")
+                    else ""
+                )
+                target = "/login?" + urlencode({"next": wanted})
                 await RedirectResponse(target, 303)(scope, receive, secured)
                 return
             page = self.render(request, "error.html", status=found.status, message=found.reason)
@@ -205,10 +215,14 @@ class _BadInput(ValueError):
 
 
 class _Pages:
-    def __init__(self, console: Console, templates: Environment) -> None:
+    def __init__(
+        self, console: Console, templates: Environment, *, secure_cookie: bool = False
+    ) -> None:
         self.c = console
         self.templates = templates
         self.index = ViewRunIndex(console.engine)
+        self.secure_cookie = secure_cookie
+        self.body_readers = CapacityLimiter(BODY_READERS)
 
     def render(
         self, request: Request, name: str, *, status: int = 200, **values: Any
@@ -268,17 +282,17 @@ class _Pages:
         if _cross_site(request):
             return self.render(request, "error.html", status=403, message="cross-site sign-in")
         client = request.client.host if request.client else "?"
-        if self.c.auth.throttled(client):
-            log.warning("console sign-in throttled for %s", client)
-            return self.render(
-                request,
-                "login.html",
-                status=429,
-                target=target,
-                message="too many failed sign-ins from here; wait a minute and try again",
-            )
         name = self.c.auth.check_token(str(form.get("token", "")))
         if name is None:
+            if self.c.auth.throttled(client):
+                log.warning("console sign-in throttled for %s", client)
+                return self.render(
+                    request,
+                    "login.html",
+                    status=429,
+                    target=target,
+                    message="too many failed sign-ins from here; wait a minute and try again",
+                )
             self.c.auth.failed_sign_in(client)
             log.warning("console sign-in refused from %s", client)
             return self.render(
@@ -291,7 +305,7 @@ class _Pages:
             max_age=SESSION_SECONDS,
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
+            secure=self.secure_cookie or request.url.scheme == "https",
         )
         log.info("console: %s signed in", name)
         return response
@@ -304,7 +318,9 @@ class _Pages:
         if isinstance(self.c.auth, StaticTokens) and session:
             self.c.auth.end_session(session)
         response = RedirectResponse("/login" if isinstance(self.c.auth, StaticTokens) else "/", 303)
-        response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
+        response.delete_cookie(
+            SESSION_COOKIE, httponly=True, samesite="strict", secure=self.secure_cookie
+        )
         return response
 
     # --- pages ---------------------------------------------------------------------
@@ -360,25 +376,42 @@ class _Pages:
         if refused is not None:
             return self.render(request, "error.html", status=403, message=refused)
         purpose = str(form.get("purpose", "")).strip()
-        # The database and the topic are read in a worker thread: a slow topic holds up
-        # this one answer, never the console.
-        return await run_in_threadpool(self._open, request, purpose)
+        # Bodies are read in worker threads of their own, a few at a time: a slow topic
+        # holds up these answers, never the rest of the console (its pages use the
+        # default threads). When all are busy the viewer is told at once.
+        if self.body_readers.available_tokens < 1:
+            return self.render(
+                request,
+                "error.html",
+                status=503,
+                message=f"{BODY_READERS} bodies are being opened already (is Kafka slow?); "
+                "try again in a moment",
+            )
+        return await to_thread.run_sync(self._open, request, purpose, limiter=self.body_readers)
 
     def _open(self, request: Request, purpose: str) -> Response:
         viewer: Viewer = request.state.viewer
         run_id = request.path_params["run_id"]
         sequence = request.path_params["sequence"]
-        problem = purpose_problem(purpose)
         audited = _audited_purpose(viewer, purpose)
-        if problem is None and len(audited) > PURPOSE_MAX_CHARS:
-            room = PURPOSE_MAX_CHARS - len(audited) + len(purpose)
-            problem = f"the purpose is too long ({len(purpose)} characters, at most {room} here)"
+        room = PURPOSE_MAX_CHARS - len(_audited_purpose(viewer, ""))
+        if len(audited) > PURPOSE_MAX_CHARS:
+            problem: str | None = (
+                f"the purpose is too long ({len(purpose)} characters, at most {room} here)"
+            )
+        else:
+            problem = purpose_problem(purpose, example=_PURPOSE_EXAMPLE)
         if problem is not None:
             return self._event_page(request, opened=None, purpose=purpose, message=problem)
+        if _RUN_ID.fullmatch(run_id) is None:
+            return self._event_page(request, opened=None, purpose=purpose, message=None)
         with self._reading() as failed, self.c.engine.connect() as conn:
             visible = run_events_txn(conn, run_id, first=sequence, limit=1)
+            may_open = bodies_openable_txn(conn)
         if failed.message or not visible or visible[0].sequence != sequence:
             # Not the login's to see (or not there): refused before anything is audited.
+            return self._event_page(request, opened=None, purpose=purpose, message=None)
+        if not may_open:  # a reader: nothing to ask the key store, nothing audited
             return self._event_page(request, opened=None, purpose=purpose, message=None)
         try:
             opened = open_body(
@@ -406,6 +439,10 @@ class _Pages:
     ) -> Response:
         run_id = request.path_params["run_id"]
         sequence = request.path_params["sequence"]
+        if _RUN_ID.fullmatch(run_id) is None:
+            return self.render(
+                request, "error.html", status=404, message="no such run in these views"
+            )
         with self._reading() as failed, self.c.engine.connect() as conn:
             found = run_events_txn(conn, run_id, first=sequence, limit=1)
             may_open = bodies_openable_txn(conn)
@@ -519,7 +556,10 @@ def _since(raw: str) -> datetime:
         delta = {"m": timedelta(minutes=count), "h": timedelta(hours=count)}.get(
             unit, timedelta(days=count)
         )
-        return datetime.now(UTC) - delta
+        try:
+            return datetime.now(UTC) - delta
+        except OverflowError:
+            raise _BadInput(f"since: {raw} reaches back before the year 1") from None
     return _moment(raw, "since")
 
 
@@ -544,7 +584,7 @@ def _float(raw: str, name: str) -> float:
 def _int(raw: str | None, name: str, *, default: int) -> int:
     if not raw:
         return default
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 6:
         raise _BadInput(f"{name}: {raw!r} is not a whole number")
     return int(raw)
 
@@ -552,6 +592,8 @@ def _int(raw: str | None, name: str, *, default: int) -> int:
 def _cursor(at: str | None, run_id: str | None) -> Cursor | None:
     if not at or not run_id:
         return None
+    if len(run_id) > 200 or hidden_characters().search(run_id):
+        raise _BadInput("after_id is not a run id")
     return Cursor(_moment(at, "after_at"), run_id)
 
 

@@ -39,6 +39,7 @@ from agent_blackbox.schemas import OWNER_ONLY_FORBIDDEN, BlackboxError, read_che
 
 SESSION_COOKIE = "blackbox_session"
 SESSION_SECONDS = 8 * 3600
+_IPV4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
 SIGN_IN_FAILURES = 5
 SIGN_IN_WINDOW_S = 60.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
@@ -83,9 +84,10 @@ def request_host(request: HTTPConnection) -> str | None:
     if not raw or any(c in raw for c in "/?#@\\ "):
         return None
     try:
-        return urlsplit(f"//{raw}").hostname
+        name = urlsplit(f"//{raw}").hostname
     except ValueError:
         return None
+    return name.removesuffix(".") if name else None  # "localhost." is "localhost"
 
 
 def is_loopback_name(host: str | None) -> bool:
@@ -127,7 +129,8 @@ class LoopbackOnly:
             return Refusal(
                 403,
                 "this console answers to localhost and loopback addresses only; open it as "
-                "http://127.0.0.1:PORT (another name may be a page that rebinds its DNS)",
+                f"http://127.0.0.1:{request.url.port or 80}{request.url.path} (another name "
+                "may be a page that rebinds its DNS)",
             )
         return Viewer("local", "loopback")
 
@@ -228,7 +231,10 @@ class StaticTokens:
 
     def throttled(self, client: str) -> bool:
         """Whether ``client`` failed to sign in :data:`SIGN_IN_FAILURES` times within the
-        last :data:`SIGN_IN_WINDOW_S` seconds (it must wait before trying again)."""
+        last :data:`SIGN_IN_WINDOW_S` seconds: its wrong tokens are then answered "wait"
+        (429) until a minute has passed since the fifth. A right token is always let in
+        (a token of 24 random characters is not found by guessing; the wait only slows
+        guessing down), so whoever shares an address with a guesser is not locked out."""
         now = time.monotonic()
         with self._lock:
             failures = self._failures.get(client)
@@ -237,11 +243,13 @@ class StaticTokens:
             return failures is not None and len(failures) >= SIGN_IN_FAILURES
 
     def failed_sign_in(self, client: str) -> None:
-        """Count a failed sign-in of ``client``."""
+        """Count a failed sign-in (or bearer token) of ``client``."""
         with self._lock:
-            if len(self._failures) > 10_000:  # a flood of addresses: start over
-                self._failures.clear()
-            self._failures.setdefault(client, deque()).append(time.monotonic())
+            failures = self._failures.pop(client, None) or deque(maxlen=SIGN_IN_FAILURES)
+            failures.append(time.monotonic())
+            self._failures[client] = failures  # most recent last: the oldest go first
+            while len(self._failures) > 10_000:
+                del self._failures[next(iter(self._failures))]
 
     def csrf_token(self, session: str) -> str:
         """The token a form of this session must carry back."""
@@ -269,9 +277,13 @@ class StaticTokens:
         header = request.headers.get("authorization", "")
         if header.lower().startswith("bearer "):
             name = self.check_token(header[7:].strip())
-            if name is None:
-                return Refusal(401, "the bearer token is not one of this console's tokens")
-            return Viewer(name, "token")
+            if name is not None:
+                return Viewer(name, "token")
+            client = request.client.host if request.client else "?"
+            if self.throttled(client):
+                return Refusal(429, "too many wrong tokens from here; wait a minute")
+            self.failed_sign_in(client)
+            return Refusal(401, "the bearer token is not one of this console's tokens")
         cookie = request.cookies.get(SESSION_COOKIE)
         name = None if cookie is None else self._session(cookie)
         if name is None:
@@ -293,7 +305,9 @@ class TrustedProxyHeader:
         if not self._proxies:
             raise ConsoleAuthError("name the proxy's address with --trusted-proxy")
         for network in self._proxies:
-            if network.prefixlen < (8 if network.version == 4 else 32):
+            mapped = network.version == 6 and network.subnet_of(_IPV4_MAPPED)  # type: ignore[arg-type]
+            widest = 8 if network.version == 4 else 104 if mapped else 32
+            if network.prefixlen < widest:
                 raise ConsoleAuthError(
                     f"--trusted-proxy {network} would believe the header from almost "
                     "anyone; name the proxy's own address (or its small network)"

@@ -44,6 +44,12 @@ from agent_blackbox.schemas import Settings, safe_console, safe_text
     help="The proxy's address or network (repeatable); needed with --proxy-header.",
 )
 @click.option(
+    "--secure-cookie",
+    is_flag=True,
+    help="The console is served over HTTPS by a proxy in front: the session cookie is "
+    "then sent over HTTPS only.",
+)
+@click.option(
     "--allowed-host",
     "allowed_hosts",
     multiple=True,
@@ -57,6 +63,7 @@ def web_command(
     token_file: Path | None,
     proxy_header: str | None,
     trusted_proxy: tuple[str, ...],
+    secure_cookie: bool,
     allowed_hosts: tuple[str, ...],
 ) -> None:
     """Serve the run console (runs, waterfalls, bodies on a stated purpose, charts).
@@ -67,6 +74,16 @@ def web_command(
     err = safe_console(stderr=True)
     try:
         auth = _authenticator(token_file, proxy_header, trusted_proxy)
+        if allowed_hosts and isinstance(auth, LoopbackOnly):
+            raise ConsoleAuthError(
+                "--allowed-host needs --token-file or --proxy-header: without them the "
+                "console answers to localhost and loopback addresses only"
+            )
+        if isinstance(auth, TrustedProxyHeader) and not allowed_hosts:
+            raise ConsoleAuthError(
+                "behind a proxy, name the host the proxy serves with --allowed-host: a "
+                "page under another name could otherwise send the user header itself"
+            )
     except ConsoleAuthError as exc:
         err.print(f"[red]error:[/] {safe_text(exc)}")
         sys.exit(2)
@@ -107,9 +124,12 @@ def web_command(
             f"{safe_text(exc.strerror or exc)}; {fix}"
         )
         sys.exit(2)
-    err.print(f"console: http://{host if ':' not in host else f'[{host}]'}:{port}/runs")
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - shown, not bound
+    err.print(f"console: http://{shown if ':' not in shown else f'[{shown}]'}:{port}/runs")
     err.print(f"authentication: {auth.description}")
-    app = create_app(settings, engine, auth, allowed_hosts=allowed_hosts)
+    app = create_app(
+        settings, engine, auth, allowed_hosts=allowed_hosts, secure_cookie=secure_cookie
+    )
     # The client's address is the socket's peer: forwarding headers are never believed
     # (the trusted-proxy adapter checks the peer itself).
     config = uvicorn.Config(

@@ -443,7 +443,7 @@ PURPOSE_MAX_CHARS = 500
 _PURPOSE_EXAMPLE = "for example --purpose 'incident 4411: refund loop'"
 
 
-def purpose_problem(purpose: str) -> str | None:
+def purpose_problem(purpose: str, *, example: str = _PURPOSE_EXAMPLE) -> str | None:
     """What is wrong with ``purpose`` as the reason written to the access audit, or None.
 
     A purpose is one line of plain text of 3 to 500 characters: the audit shows it to
@@ -452,11 +452,11 @@ def purpose_problem(purpose: str) -> str | None:
     """
     stripped = purpose.strip()
     if not stripped:
-        return f"the purpose is empty; say why the recorded bodies are read, {_PURPOSE_EXAMPLE}"
+        return f"the purpose is empty; say why the recorded bodies are read, {example}"
     if len(stripped) < PURPOSE_MIN_CHARS:
         return (
             f"the purpose {stripped!r} is too short ({len(stripped)} characters, at least "
-            f"{PURPOSE_MIN_CHARS}); say why the recorded bodies are read, {_PURPOSE_EXAMPLE}"
+            f"{PURPOSE_MIN_CHARS}); say why the recorded bodies are read, {example}"
         )
     if len(purpose) > PURPOSE_MAX_CHARS:
         return (

@@ -268,4 +268,9 @@ def test_with_a_token_file_viewers_sign_in_and_scripts_send_a_bearer_token(
             assert cookie is not None
             assert cookie["httpOnly"]
             assert cookie["sameSite"] == "Strict"
+            driver.find_element(By.ID, "sign-out").click()
+            eventually(lambda: "/login" in driver.current_url, what="signed out")
+            driver.add_cookie(cookie)  # the old session, replayed
+            driver.get(f"{base}/runs")
+            assert "/login" in driver.current_url
     assert not re.search(re.escape(token), (tmp_path / "web.log").read_text())

@@ -204,7 +204,12 @@ def test_sign_in_is_throttled_after_repeated_failures() -> None:
     client = _client(StaticTokens({"ada": TOKEN}))
     answers = [client.post("/login", data={"token": f"guess-{i}"}).status_code for i in range(6)]
     assert answers == [401] * 5 + [429]
-    assert client.post("/login", data={"token": TOKEN}).status_code == 429  # even the right one
+    # Whoever shares the address is not locked out: the right token still signs in.
+    assert client.post("/login", data={"token": TOKEN}).status_code == 303
+    wrong = [client.get("/runs", headers={"Authorization": "Bearer x" * i}) for i in (1, 2)]
+    assert [w.status_code for w in wrong] == [429, 429]  # bearer guesses count too
+    right = client.get("/runs", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert right.status_code == 503
 
 
 def test_a_user_named_twice_by_the_proxy_is_refused() -> None:
@@ -240,3 +245,20 @@ def test_an_unknown_page_is_the_console_s_own_404() -> None:
     assert answer.status_code == 404
     assert "no such page" in answer.text
     assert answer.headers["content-security-policy"] == CSP
+
+
+def test_a_sign_in_keeps_the_filters_of_the_page_asked_for() -> None:
+    answer = _client(StaticTokens({"ada": TOKEN})).get("/runs?agent=a&since=1h")
+    assert answer.headers["location"] == "/login?next=%2Fruns%3Fagent%3Da%26since%3D1h"
+
+
+@pytest.mark.parametrize(
+    "query", ["since=999999d", "limit=%C2%B2", "after_at=2026-12-05T00:00&after_id=a%00b"]
+)
+def test_odd_filters_are_bad_input_not_failures(query: str) -> None:
+    assert _client(LoopbackOnly()).get(f"/runs?{query}").status_code == 400
+
+
+def test_a_trailing_dot_on_localhost_is_still_local() -> None:
+    answer = _client(LoopbackOnly()).get("/runs", headers={"Host": "localhost.:8765"})
+    assert answer.status_code == 503
