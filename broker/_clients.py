@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +17,48 @@ from agent_blackbox.schemas import Settings
 
 ClientConfig = Mapping[str, str | int | float | bool]
 """Extra librdkafka settings (security, tuning) merged into a client's configuration."""
+
+LIBRDKAFKA_LOGGER = "agent_blackbox.broker.librdkafka"
+"""Where the Kafka clients' own log lines go (unless a caller names another logger)."""
+
+
+class RepeatFilter(logging.Filter):
+    """Lets a line through once per ``every_s`` seconds per kind of line (its text with
+    the numbers taken out), and says how many like it were held back meanwhile.
+
+    librdkafka logs each failed connection attempt: while a broker is away that is
+    hundreds of lines a minute, which bury everything else a process says.
+    """
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._seen: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = re.sub(r"\d+", "#", record.getMessage())
+        now = time.monotonic()
+        with self._lock:
+            last, held = self._seen.get(kind, (float("-inf"), 0))
+            if now - last < self.every_s:
+                self._seen[kind] = (last, held + 1)
+                return False
+            if len(self._seen) > 1_000:
+                self._seen.clear()
+            self._seen[kind] = (now, 0)
+        if held:
+            record.msg = f"{record.getMessage()} ({held} like it in the last {self.every_s:.0f} s)"
+            record.args = None
+        return True
+
+
+def client_logger(logger: logging.Logger | None = None) -> logging.Logger:
+    """``logger`` (by default :data:`LIBRDKAFKA_LOGGER`) with a :class:`RepeatFilter`."""
+    chosen = logger or logging.getLogger(LIBRDKAFKA_LOGGER)
+    if not any(isinstance(f, RepeatFilter) for f in chosen.filters):
+        chosen.addFilter(RepeatFilter())
+    return chosen
 
 
 def producer_config(
@@ -61,7 +106,7 @@ def new_producer(
     """
     merged = {"bootstrap.servers": settings.kafka_bootstrap, **(config or {})}
     with kafka_errors("could not create a Kafka producer", hint="check the client settings"):
-        return Producer(merged, logger=logger) if logger else Producer(merged)
+        return Producer(merged, logger=client_logger(logger))
 
 
 def new_consumer(
@@ -98,7 +143,7 @@ def new_consumer(
         **(config or {}),
     }
     with kafka_errors("could not create a Kafka consumer", hint="check the client settings"):
-        return Consumer(merged, logger=logger) if logger else Consumer(merged)
+        return Consumer(merged, logger=client_logger(logger))
 
 
 def new_admin(
@@ -111,7 +156,7 @@ def new_admin(
     """
     merged = {"bootstrap.servers": bootstrap, **(config or {})}
     with kafka_errors("could not create a Kafka admin client", hint="check the client settings"):
-        return AdminClient(merged, logger=logger) if logger else AdminClient(merged)
+        return AdminClient(merged, logger=client_logger(logger))
 
 
 def broker_answers(admin: AdminClient, *, timeout_s: float = 2.0) -> bool:

@@ -45,3 +45,21 @@ def test_no_leader_past_the_deadline_is_raised() -> None:
     consumer = _Consumer(KafkaError.NOT_LEADER_FOR_PARTITION, refusals=10**6)
     with pytest.raises(KafkaException):
         _watermark(consumer, TopicPartition("t", 0), time.monotonic() + 0.3)  # type: ignore[arg-type]
+
+
+def test_kafka_client_lines_are_let_through_once_a_minute_per_kind() -> None:
+    import logging
+
+    from agent_blackbox.broker._clients import RepeatFilter
+
+    repeat = RepeatFilter(every_s=60)
+
+    def line(text: str) -> logging.LogRecord:
+        return logging.LogRecord("k", logging.ERROR, __file__, 1, text, None, None)
+
+    first = line("Connect to ipv4#127.0.0.1:9 failed (after 1ms in state CONNECT)")
+    assert repeat.filter(first)
+    again = "Connect to ipv4#127.0.0.1:9 failed (after {}ms in state CONNECT)"
+    held = [repeat.filter(line(again.format(n))) for n in (2, 3)]
+    assert held == [False, False]  # the same kind of line, numbers aside
+    assert repeat.filter(line("another kind of line"))
