@@ -325,7 +325,15 @@ class AsyncRun:
         return await self._drive(steps.finish(self.core, status, output, error, connection))
 
     async def _drive(self, boundary: steps.Steps[T]) -> T:
-        return await steps.drive_async(boundary, self._append)
+        spans = self._recorder.spans
+        if spans is None:
+            return await steps.drive_async(boundary, self._append)
+        with spans.crossing() as seen:
+
+            async def append(step: steps.Append) -> Envelope:
+                return seen(await self._append(step))
+
+            return await steps.drive_async(boundary, append)
 
     async def flush(self) -> None:
         """Write the events this run buffered (group commit mode) now; see

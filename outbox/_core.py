@@ -40,6 +40,7 @@ from agent_blackbox.outbox._recovery import StoredRun
 from agent_blackbox.outbox._redaction import Redactor
 from agent_blackbox.outbox._sandbox import NondeterminismMode, mode_from, watch_recording
 from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
+from agent_blackbox.outbox._spans import spans_from
 from agent_blackbox.outbox._writer import (
     Cursor,
     EventFactory,
@@ -471,6 +472,9 @@ class RecorderConfig(TypedDict, total=False):
             transaction (:class:`~agent_blackbox.outbox.GroupCommit`); None for one
             transaction per event; when omitted, from ``BLACKBOX_GROUP_COMMIT``
             (off when unset). A crash loses the unflushed events of the crashing process.
+        otel: emit an OpenTelemetry span (GenAI semantic conventions) around each
+            boundary crossing, whose ids the event then carries; default from
+            ``BLACKBOX_OTEL`` (off when unset). Spans never hold recorded content.
     """
 
     settings: Settings | None
@@ -482,6 +486,7 @@ class RecorderConfig(TypedDict, total=False):
     redaction: Redactor | None
     nondeterminism: NondeterminismMode | None
     group_commit: GroupCommit | None
+    otel: bool | None
 
 
 class RecorderBase:
@@ -505,6 +510,7 @@ class RecorderBase:
         self.group_commit = (
             config["group_commit"] if "group_commit" in config else GroupCommit.from_env()
         )
+        self.spans = spans_from(config.get("otel"))
 
     def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:
         """The digest of runs of ``classification``: the tenant's keyed digest once fetched

@@ -405,7 +405,11 @@ class Run:
     # Appending --------------------------------------------------------------------
 
     def _drive(self, boundary: steps.Steps[T]) -> T:
-        return steps.drive(boundary, self._append)
+        spans = self._recorder.spans
+        if spans is None:
+            return steps.drive(boundary, self._append)
+        with spans.crossing() as seen:
+            return steps.drive(boundary, lambda step: seen(self._append(step)))
 
     def flush(self) -> None:
         """Write the events this run buffered (group commit mode) now; nothing to do in
