@@ -48,6 +48,7 @@ from agent_blackbox.console._charts import CHART_HEIGHT, CHART_WIDTH, charts, wa
 from agent_blackbox.consumers import (
     USAGE_GROUPS,
     Cursor,
+    RunEvent,
     RunFilter,
     ViewRunIndex,
     list_runs_txn,
@@ -330,20 +331,19 @@ class _Pages:
 
     def runs(self, request: Request) -> Response:
         query = request.query_params
+        kept = {k: v for k, v in query.items() if v and k not in ("after_at", "after_id")}
         try:
             where = _run_filter(query)
             after = _cursor(query.get("after_at"), query.get("after_id"))
             limit = _int(query.get("limit"), "limit", default=50)
         except _BadInput as exc:
-            kept = {k: v for k, v in query.items() if v and k not in ("after_at", "after_id")}
             return self.render(
                 request, "runs.html", status=400, page=None, query=kept, more=None, message=str(exc)
             )
-        with self._reading() as failed, self.c.engine.connect() as conn:
+        with _Reading() as failed, self.c.engine.connect() as conn:
             page = list_runs_txn(conn, where, after=after, limit=limit)
         if failed.message:
             return self.render(request, "error.html", status=503, message=failed.message)
-        kept = {k: v for k, v in query.items() if k not in ("after_at", "after_id") and v}
         more = None
         if page.next is not None:
             more = urlencode(
@@ -353,7 +353,7 @@ class _Pages:
 
     def run(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        with self._reading() as failed, self.c.engine.connect() as conn:
+        with _Reading() as failed, self.c.engine.connect() as conn:
             detail = run_detail_txn(conn, run_id) if _RUN_ID.fullmatch(run_id) else None
         if failed.message:
             return self.render(request, "error.html", status=503, message=failed.message)
@@ -368,7 +368,10 @@ class _Pages:
         return self.render(request, "run.html", d=detail, fall=waterfall(detail.events), llm=llm)
 
     def event(self, request: Request) -> Response:
-        return self._event_page(request, opened=None, purpose="", message=None)
+        found = self._event(request)
+        if isinstance(found, Response):
+            return found
+        return self._event_page(request, *found, opened=None, purpose="", message=None)
 
     async def body(self, request: Request) -> Response:
         form = await request.form()
@@ -390,29 +393,26 @@ class _Pages:
         return await to_thread.run_sync(self._open, request, purpose, limiter=self.body_readers)
 
     def _open(self, request: Request, purpose: str) -> Response:
+        # Looked up first: a run the login cannot see is refused before anything is
+        # audited, and a reader is told it cannot open bodies without asking the keys.
+        found = self._event(request)
+        if isinstance(found, Response):
+            return found
+        event, may_open = found
         viewer: Viewer = request.state.viewer
-        run_id = request.path_params["run_id"]
-        sequence = request.path_params["sequence"]
         audited = _audited_purpose(viewer, purpose)
-        room = PURPOSE_MAX_CHARS - len(_audited_purpose(viewer, ""))
         if len(audited) > PURPOSE_MAX_CHARS:
+            room = PURPOSE_MAX_CHARS - len(_audited_purpose(viewer, ""))
             problem: str | None = (
                 f"the purpose is too long ({len(purpose)} characters, at most {room} here)"
             )
         else:
             problem = purpose_problem(purpose, example=_PURPOSE_EXAMPLE)
-        if problem is not None:
-            return self._event_page(request, opened=None, purpose=purpose, message=problem)
-        if _RUN_ID.fullmatch(run_id) is None:
-            return self._event_page(request, opened=None, purpose=purpose, message=None)
-        with self._reading() as failed, self.c.engine.connect() as conn:
-            visible = run_events_txn(conn, run_id, first=sequence, limit=1)
-            may_open = bodies_openable_txn(conn)
-        if failed.message or not visible or visible[0].sequence != sequence:
-            # Not the login's to see (or not there): refused before anything is audited.
-            return self._event_page(request, opened=None, purpose=purpose, message=None)
-        if not may_open:  # a reader: nothing to ask the key store, nothing audited
-            return self._event_page(request, opened=None, purpose=purpose, message=None)
+        if problem is not None or not may_open:
+            return self._event_page(
+                request, event, may_open, opened=None, purpose=purpose, message=problem
+            )
+        run_id, sequence = request.path_params["run_id"], event.sequence
         try:
             opened = open_body(
                 self.c.settings, self.c.engine, self.index, run_id, sequence, purpose=audited
@@ -423,27 +423,29 @@ class _Pages:
             )
             status = 503 if isinstance(exc, SourceError) else 403
             return self._event_page(
-                request, opened=None, purpose=purpose, message=str(exc), status=status
+                request,
+                event,
+                may_open,
+                opened=None,
+                purpose=purpose,
+                message=str(exc),
+                status=status,
             )
         log.info("console: %s opened the body of %s #%s", viewer.name, run_id, sequence)
-        return self._event_page(request, opened=opened, purpose=purpose, message=None)
+        return self._event_page(
+            request, event, may_open, opened=opened, purpose=purpose, message=None
+        )
 
-    def _event_page(
-        self,
-        request: Request,
-        *,
-        opened: Any,
-        purpose: str,
-        message: str | None,
-        status: int = 400,
-    ) -> Response:
+    def _event(self, request: Request) -> tuple[RunEvent, bool] | Response:
+        """The event the path names, as the login sees it, and whether the login may
+        open bodies; or the page saying why there is none."""
         run_id = request.path_params["run_id"]
         sequence = request.path_params["sequence"]
         if _RUN_ID.fullmatch(run_id) is None:
             return self.render(
                 request, "error.html", status=404, message="no such run in these views"
             )
-        with self._reading() as failed, self.c.engine.connect() as conn:
+        with _Reading() as failed, self.c.engine.connect() as conn:
             found = run_events_txn(conn, run_id, first=sequence, limit=1)
             may_open = bodies_openable_txn(conn)
         if failed.message:
@@ -452,14 +454,27 @@ class _Pages:
             return self.render(
                 request, "error.html", status=404, message=f"no event {sequence} of run {run_id}"
             )
+        return found[0], may_open
+
+    def _event_page(
+        self,
+        request: Request,
+        event: RunEvent,
+        may_open: bool,
+        *,
+        opened: Any,
+        purpose: str,
+        message: str | None,
+        status: int = 400,
+    ) -> Response:
         body = None
         if opened is not None and opened.body is not None:
             body = json.dumps(opened.body, indent=2, ensure_ascii=False, default=str)
         return self.render(
             request,
             "event.html",
-            run_id=run_id,
-            e=found[0],
+            run_id=request.path_params["run_id"],
+            e=event,
             opened=opened,
             body=body,
             purpose=purpose,
@@ -481,7 +496,7 @@ class _Pages:
                 raise _BadInput(f"bucket is minute or hour, not {bucket!r}")
         except _BadInput as exc:
             return self.render(request, "error.html", status=400, message=str(exc))
-        with self._reading() as failed, self.c.engine.connect() as conn:
+        with _Reading() as failed, self.c.engine.connect() as conn:
             points = usage_series_txn(conn, since=since, bucket=bucket, by=by)
             summary = llm_usage_txn(conn, by=by, since=since)
         if failed.message:
@@ -496,9 +511,6 @@ class _Pages:
             since=query.get("since") or "6h",
             groups=list(USAGE_GROUPS),
         )
-
-    def _reading(self) -> _Reading:
-        return _Reading()
 
 
 class _Reading:
