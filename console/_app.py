@@ -18,7 +18,7 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -59,7 +59,13 @@ from agent_blackbox.consumers import (
 )
 from agent_blackbox.keystore import PURPOSE_MAX_CHARS, bodies_openable_txn, purpose_problem
 from agent_blackbox.replayer import SourceError, open_body
-from agent_blackbox.schemas import BlackboxError, Settings, hidden_characters, visible_text
+from agent_blackbox.schemas import (
+    BlackboxError,
+    Settings,
+    hidden_characters,
+    moment,
+    visible_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -557,30 +563,22 @@ def _run_filter(query: Any) -> RunFilter:
     return RunFilter(**values)
 
 
-_DURATION = re.compile(r"(\d{1,6})([mhd])")
-
-
 def _since(raw: str) -> datetime:
-    """``15m``, ``6h``, ``7d`` ago, or an ISO 8601 moment."""
-    match = _DURATION.fullmatch(raw.strip())
-    if match is not None:
-        count, unit = int(match[1]), match[2]
-        delta = {"m": timedelta(minutes=count), "h": timedelta(hours=count)}.get(
-            unit, timedelta(days=count)
-        )
-        try:
-            return datetime.now(UTC) - delta
-        except OverflowError:
-            raise _BadInput(f"since: {raw} reaches back before the year 1") from None
-    return _moment(raw, "since")
+    """``15m``, ``6h``, ``7d`` ago, or an ISO 8601 moment (UTC when it names no zone)."""
+    try:
+        return moment(raw, spans="mhd", naive=UTC)
+    except ValueError as exc:
+        if "year 1" in str(exc):
+            raise _BadInput(f"since: {exc}") from None
+        raise _BadInput("since: give a time like 2026-12-01T10:00 or a span like 6h") from None
 
 
 def _moment(raw: str, name: str) -> datetime:
+    """An ISO 8601 moment (UTC when it names no zone)."""
     try:
-        moment = datetime.fromisoformat(raw.strip())
+        return moment(raw, spans="", naive=UTC)
     except ValueError:
         raise _BadInput(f"{name}: give a time like 2026-12-01T10:00 or a span like 6h") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _float(raw: str, name: str) -> float:

@@ -43,6 +43,7 @@ from agent_blackbox.schemas import (
     CheckpointSigner,
     CheckpointVerifier,
     Settings,
+    moment,
     permission_refused,
     safe_console,
     safe_text,
@@ -600,20 +601,14 @@ def sign_command(
     )
 
 
-_SPAN = {"m": 60, "h": 3600, "d": 86400}
-
-
 def _since(raw: str) -> datetime:
     """``1h``, ``30m``, ``2d`` ago, or an ISO time (local time without a zone)."""
-    if raw and raw[:-1].isdigit() and raw[-1] in _SPAN:
-        return datetime.now(UTC) - timedelta(seconds=int(raw[:-1]) * _SPAN[raw[-1]])
     try:
-        at = datetime.fromisoformat(raw)
+        at = moment(raw, spans="mhd")
     except ValueError:
         raise click.BadParameter(
             f"{raw!r}: give a span like 30m, 1h, 2d or an ISO time", param_hint="--since"
         ) from None
-    at = at if at.tzinfo is not None else at.astimezone()
     if at > datetime.now(UTC):
         raise click.BadParameter(f"{raw!r} is in the future", param_hint="--since")
     return at

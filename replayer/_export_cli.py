@@ -4,11 +4,10 @@ for with a purpose; or their LLM conversations as a chat dataset."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from functools import partial
 from itertools import chain, groupby
 from pathlib import Path
@@ -31,6 +30,7 @@ from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
     Settings,
+    moment,
     permission_refused,
     safe_console,
     safe_text,
@@ -43,8 +43,6 @@ RunEvents = tuple[str, Iterable[Envelope]]
 Records = Callable[[Iterable[Envelope]], Iterator[dict[str, Any]]]
 """What one run is written as: :func:`event_records` or :func:`chat_examples`."""
 
-_SPANS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SPAN = re.compile(r"(\d+)([smhdw])")
 
 _SELECTING = "--since, --until, --agent, --limit and --include-forks"
 
@@ -189,18 +187,14 @@ def _moment(raw: str | None, option: str) -> datetime | None:
     """``30m``, ``1h``, ``2d``, ``1w`` back from now, or an ISO time (local without a zone)."""
     if raw is None:
         return None
-    if (span := _SPAN.fullmatch(raw.strip())) is not None:
-        seconds = int(span.group(1)) * _SPANS[span.group(2)]
-        return datetime.now(UTC) - timedelta(seconds=seconds)
     try:
-        at = datetime.fromisoformat(raw)
+        return moment(raw)
     except ValueError:
         raise click.BadParameter(
             f"{raw!r}: give a span back from now (30m, 1h, 2d, 1w) or an ISO time such "
             "as 2026-12-01T09:00",
             param_hint=option,
         ) from None
-    return at if at.tzinfo is not None else at.astimezone()
 
 
 def _check(

@@ -92,6 +92,7 @@ from agent_blackbox.schemas._migrations import (
     Step,
     default_migrators,
 )
+from agent_blackbox.schemas._moments import SPAN_SECONDS, moment
 from agent_blackbox.schemas._payload import (
     PLAIN_ENCODING,
     DataKey,
@@ -144,6 +145,7 @@ __all__ = [
     "REDACTED_SIGNED_VERSION",
     "SIGNING_KEY_FILE_ENV",
     "SINGLE_OBJECT_MAGIC",
+    "SPAN_SECONDS",
     "TAG_PREFIX",
     "BlackboxError",
     "BodyCodec",
@@ -208,6 +210,7 @@ __all__ = [
     "llm_reply",
     "llm_tool_call",
     "llm_usage",
+    "moment",
     "next_chain_hash",
     "permission_refused",
     "read_checked_file",
