@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from confluent_kafka import KafkaException
 from rich.progress import (
@@ -24,7 +25,8 @@ from rich.progress import (
 )
 from sqlalchemy import Engine, text
 
-from agent_blackbox.broker import new_admin
+from agent_blackbox.broker import new_admin, settle_heap
+from agent_blackbox.consumers import BatchOutcome, ConsumerRuntime
 from agent_blackbox.outbox import migrate_write_side
 from agent_blackbox.schemas import Settings, safe_console
 
@@ -132,3 +134,64 @@ def delete_group(settings: Settings, group_id: str) -> None:
             future.result()
         except KafkaException as exc:
             console.log(f"could not delete consumer group {group}: {exc}")
+
+
+@dataclass
+class Batches:
+    """When a consumer's batches were committed, counted as :func:`run_counted` counts
+    them: the first batch's wall and CPU time and count, and the last's times."""
+
+    opened: float
+    first: tuple[float, float, int] | None = None
+    last: tuple[float, float] = (0.0, 0.0)
+    counted: int = 0
+
+    def measured(self, events: int, what: str) -> tuple[int, float, float]:
+        """After the first batch (whose poll also joins the group): how many were
+        counted, in how many wall seconds and how many CPU seconds of this process.
+
+        Raises:
+            RuntimeError: fewer than ``events`` were counted in time.
+            ValueError: every one of them came in the first batch.
+        """
+        if self.first is None or self.counted < events:
+            raise RuntimeError(f"only {self.counted} of {events} {what} in time")
+        first_at, cpu_at, first_count = self.first
+        if self.counted == first_count:
+            raise ValueError(f"{events} events fit one batch; ask for more to measure a rate")
+        done, cpu_done = self.last
+        return self.counted - first_count, done - first_at, cpu_done - cpu_at
+
+
+def run_counted(
+    consumer: ConsumerRuntime,
+    *,
+    events: int,
+    label: str,
+    count: Callable[[BatchOutcome], int],
+    deadline_s: float,
+) -> Batches:
+    """Run ``consumer`` as its command runs it (:meth:`ConsumerRuntime.run`, batches
+    pipelined) until ``count`` of its batches adds up to ``events``, or ``deadline_s``
+    passed; with a progress bar named ``label``."""
+    batches = Batches(opened=time.perf_counter())
+    stop = threading.Event()
+    deadline = threading.Timer(deadline_s, stop.set)
+    with progress() as display:
+        task = display.add_task(label, total=events)
+
+        def counted(outcome: BatchOutcome) -> None:
+            batches.counted += count(outcome)
+            display.advance(task, count(outcome))
+            batches.last = (time.perf_counter(), time.process_time())
+            batches.first = batches.first or (*batches.last, batches.counted)
+            if batches.counted >= events:
+                stop.set()
+
+        deadline.start()
+        settle_heap()  # as the commands do; the bench's rows are not scanned
+        try:
+            consumer.run(stop, on_batch=counted, poll_timeout_s=0.1)
+        finally:
+            deadline.cancel()
+    return batches

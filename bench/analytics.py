@@ -16,19 +16,17 @@ import argparse
 import os
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine
 
-from agent_blackbox.broker import ensure_topics, settle_heap
-from agent_blackbox.consumers import AnalyticsConsumer, BatchOutcome, migrate_views
+from agent_blackbox.broker import ensure_topics
+from agent_blackbox.consumers import AnalyticsConsumer, migrate_views
 from agent_blackbox.schemas import Settings
 from bench import _synthetic
-from bench._common import bench_settings, delete_topics, emit, progress, stage
+from bench._common import bench_settings, delete_topics, emit, run_counted, stage
 
 BENCH = "analytics"
 EVENTS_TARGET = 10_000.0
@@ -37,39 +35,17 @@ DEADLINE_S = 300.0
 
 def analytics_rate(settings: Settings, *, events: int) -> float:
     """Events/s of the analytics consumer over ``events`` messages (first batch left out)."""
-    first: tuple[float, int] | None = None
-    last = time.perf_counter()
-    seen = 0
-    stop = threading.Event()
-    deadline = threading.Timer(DEADLINE_S, stop.set)
     group = f"blackbox.bench.analytics.{uuid.uuid4().hex[:12]}"
-    with (
-        AnalyticsConsumer(settings, group_id=group, registry=CollectorRegistry()) as consumer,
-        progress() as display,
-    ):
-        task = display.add_task("analytics", total=events)
-
-        def counted(outcome: BatchOutcome) -> None:
-            nonlocal first, last, seen
-            seen += outcome.messages
-            display.advance(task, outcome.messages)
-            last = time.perf_counter()
-            first = first or (last, seen)
-            if seen >= events:
-                stop.set()
-
-        deadline.start()
-        settle_heap()
-        try:
-            consumer.run(stop, on_batch=counted, poll_timeout_s=0.1)
-        finally:
-            deadline.cancel()
-    if first is None or seen < events:
-        raise RuntimeError(f"only {seen} of {events} messages went through in time")
-    first_at, first_count = first
-    if seen == first_count:
-        raise ValueError(f"{events} events fit one batch; ask for more to measure a rate")
-    return (seen - first_count) / (last - first_at)
+    with AnalyticsConsumer(settings, group_id=group, registry=CollectorRegistry()) as consumer:
+        batches = run_counted(
+            consumer,
+            events=events,
+            label="analytics",
+            count=lambda outcome: outcome.messages,
+            deadline_s=DEADLINE_S,
+        )
+    measured, seconds, _cpu = batches.measured(events, "messages went through")
+    return measured / seconds
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -36,7 +36,6 @@ from agent_blackbox.broker import (
     ensure_topics,
     new_producer,
     producer_config,
-    settle_heap,
 )
 from agent_blackbox.consumers import (
     BatchOutcome,
@@ -62,7 +61,7 @@ from bench._common import (
     emit,
     fresh_topic,
     percentile,
-    progress,
+    run_counted,
     stage,
 )
 
@@ -82,42 +81,17 @@ def build_views(settings: Settings, *, group_id: str, events: int) -> tuple[floa
     group. The CPU time (this process only, not the database's) varies less than the
     rate on a busy machine.
     """
-    opened = time.perf_counter()
-    first: tuple[float, float, int] | None = None
-    last: tuple[float, float] = (opened, 0.0)
-    inserted = 0
-    stop = threading.Event()
-    deadline = threading.Timer(DEADLINE_S, stop.set)
-    with (
-        ViewConsumer(settings, group_id=group_id, registry=CollectorRegistry()) as consumer,
-        progress() as display,
-    ):
-        task = display.add_task("views", total=events)
-
-        def counted(outcome: BatchOutcome) -> None:
-            nonlocal first, last, inserted
-            inserted += outcome.inserted
-            display.advance(task, outcome.inserted)
-            last = (time.perf_counter(), time.process_time())
-            first = first or (*last, inserted)
-            if inserted >= events:
-                stop.set()
-
-        deadline.start()
-        settle_heap()  # as the command does; the bench's rows are not scanned
-        try:
-            consumer.run(stop, on_batch=counted, poll_timeout_s=0.1)
-        finally:
-            deadline.cancel()
-    if inserted < events:
-        raise RuntimeError(f"only {inserted} of {events} events indexed in time")
-    assert first is not None
-    first_at, cpu_at, first_count = first
-    if inserted == first_count:
-        raise ValueError(f"{events} events fit one batch; ask for more to measure a rate")
-    measured = inserted - first_count
-    done, cpu_done = last
-    return first_at - opened, measured / (done - first_at), (cpu_done - cpu_at) * 1e6 / measured
+    with ViewConsumer(settings, group_id=group_id, registry=CollectorRegistry()) as consumer:
+        batches = run_counted(
+            consumer,
+            events=events,
+            label="views",
+            count=lambda outcome: outcome.inserted,
+            deadline_s=DEADLINE_S,
+        )
+    measured, seconds, cpu = batches.measured(events, "events indexed")
+    assert batches.first is not None
+    return batches.first[0] - batches.opened, measured / seconds, cpu * 1e6 / measured
 
 
 def indexed(engine: Engine, topic: str) -> int:
