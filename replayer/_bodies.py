@@ -118,15 +118,20 @@ def readable_body(event_type: str, body: Mapping[str, Any]) -> dict[str, Any]:
     structure, at any depth, parsed into the value it holds (a raw request is shown as
     JSON, not as a string of JSON), and an LLM call's answer (its choices and tool
     calls) first."""
-    shown: dict[str, Any] = {}
-    if event_type == EventType.LLM_CALL:
-        reply = llm_reply(dict(body))
-        shown.update(choices=list(reply.choices), tool_calls=list(reply.tool_calls))
     parsed = _parsed(dict(body))
-    shown.update(parsed if isinstance(parsed, dict) else {"body": parsed})
-    if event_type == EventType.LLM_CALL:
-        shown["tool_calls"] = _parsed(shown["tool_calls"])
+    if event_type != EventType.LLM_CALL:
+        return dict(parsed)
+    first = answer_first(body)
+    shown = {"choices": first["choices"], "tool_calls": first["tool_calls"], **parsed}
+    shown["tool_calls"] = _parsed(shown["tool_calls"])
     return shown
+
+
+def answer_first(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An LLM call's body as a reader wants it first: the answer (choices and tool
+    calls, derived from the raw response), then the rest of the body."""
+    reply = llm_reply(dict(body))
+    return {"choices": list(reply.choices), "tool_calls": list(reply.tool_calls), **body}
 
 
 def _parsed(value: Any) -> Any:

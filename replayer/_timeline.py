@@ -6,13 +6,13 @@ import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.table import Table
 from sqlalchemy import create_engine
 
 from agent_blackbox.replayer._access import opening, purpose_option
+from agent_blackbox.replayer._bodies import answer_first
 from agent_blackbox.replayer._index import read_side
 from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
 from agent_blackbox.schemas import (
@@ -23,7 +23,6 @@ from agent_blackbox.schemas import (
     PlaintextInSealedRun,
     SealedRunGuard,
     Settings,
-    llm_reply,
     permission_refused,
     safe_console,
     safe_text,
@@ -76,15 +75,8 @@ def _body(envelope: Envelope, pipeline: PayloadPipeline) -> str:
     except BlackboxError as exc:  # a refusal too: shown in place of that body
         return safe_text(f"({type(exc).__name__}: {exc})", limit=BODY_LIMIT)
     if envelope.event_type == EventType.LLM_CALL:
-        body = _llm_shown(body)
+        body = answer_first(body)
     return safe_text(json.dumps(body, default=str, ensure_ascii=False), limit=BODY_LIMIT)
-
-
-def _llm_shown(body: dict[str, Any]) -> dict[str, Any]:
-    """An LLM call as a reader wants it first: the answer (choices and tool calls, derived
-    from the raw response), then the rest of the body."""
-    reply = llm_reply(body)
-    return {"choices": reply.choices, "tool_calls": reply.tool_calls, **body}
 
 
 @click.command("timeline")
