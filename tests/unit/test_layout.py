@@ -25,6 +25,7 @@ PARTS = {
     "consumers": "consumers",
     "replayer": "replayer",
     "backup": "backup",
+    "console": "console",
     "stack": "stack",
     "cli": "cli",
     "examples": "examples",
@@ -40,6 +41,9 @@ ALLOWED = {
     # Backups and restore drills: a consumer of the topic, a restore of the write side,
     # views rebuilt and runs replayed on the restored copy.
     "backup": {"schemas", "keystore", "broker", "outbox", "consumers", "replayer"},
+    # The run console: the views through the read side's functions, bodies through
+    # the replayer's audited path, the key store's purpose rule.
+    "console": {"schemas", "keystore", "consumers", "replayer"},
     "stack": {"schemas", "broker"},
     "examples": {"schemas", "outbox", "consumers", "stack", "backup"},
     "cli": set(PARTS) - {"cli"},
