@@ -53,9 +53,9 @@ from agent_blackbox.schemas import Settings, safe_console, safe_text
     "--allowed-host",
     "allowed_hosts",
     multiple=True,
-    help="Answer requests for this host name only (repeatable), e.g. the name the proxy "
-    "or the viewers use; without a token the console answers to localhost and loopback "
-    "addresses only anyway.",
+    help="Answer requests for this host name only (repeatable), e.g. the name the viewers "
+    "use; needed with --proxy-header. Without a token or a proxy it is refused: the "
+    "console then answers to localhost and loopback addresses only.",
 )
 def web_command(
     host: str,
