@@ -74,11 +74,14 @@ from agent_blackbox.schemas._keyfile import (
 )
 from agent_blackbox.schemas._llm_call import (
     LLM_CALL_VERSION,
+    anthropic_usage,
+    declared_tool_schemas,
     llm_call_v1_to_v2,
     llm_tool_call,
     llm_usage,
 )
 from agent_blackbox.schemas._llm_reply import (
+    ANTHROPIC_FINISH_REASONS,
     LlmReply,
     choice_view,
     completion_view,
@@ -125,6 +128,7 @@ from agent_blackbox.schemas._tags import (
 from agent_blackbox.schemas.event_types import EventType
 
 __all__ = [
+    "ANTHROPIC_FINISH_REASONS",
     "CONFLUENT_MAGIC",
     "DEFAULT_DATABASE_URL",
     "DEFAULT_KAFKA_BOOTSTRAP",
@@ -188,6 +192,7 @@ __all__ = [
     "Step",
     "UndecodableMessage",
     "UnknownSchemaVersion",
+    "anthropic_usage",
     "can_read",
     "canonical_json",
     "canonical_text",
@@ -195,6 +200,7 @@ __all__ = [
     "check_tags",
     "choice_view",
     "completion_view",
+    "declared_tool_schemas",
     "deepest_path",
     "default_migrators",
     "default_registry",

@@ -37,9 +37,15 @@ LLM_CALL_VERSION = 3
 
 
 def llm_usage(usage: Any) -> dict[str, int] | None:
-    """The v2 ``usage`` record of a provider's usage JSON; None when there is none."""
+    """The v2 ``usage`` record of a provider's usage JSON; None when there is none.
+
+    OpenAI's counts (Chat Completions or Responses) are read as they are; Anthropic's
+    are first put in the same terms by :func:`anthropic_usage`.
+    """
     if not isinstance(usage, Mapping):
         return None
+    if _ANTHROPIC_CACHE_COUNTS & usage.keys():
+        usage = anthropic_usage(usage)
     input_tokens = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
     output_tokens = _count(usage.get("completion_tokens", usage.get("output_tokens")))
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
@@ -50,6 +56,51 @@ def llm_usage(usage: Any) -> dict[str, int] | None:
         "cached_tokens": cached,
         "total_tokens": _count(usage.get("total_tokens")) or input_tokens + output_tokens,
     }
+
+
+_ANTHROPIC_CACHE_COUNTS = frozenset({"cache_read_input_tokens", "cache_creation_input_tokens"})
+
+
+def anthropic_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
+    """Anthropic's usage JSON in the Chat Completions names the body and views read.
+
+    Anthropic counts the input in three parts: ``input_tokens`` (after the last cache
+    breakpoint), ``cache_creation_input_tokens`` (written to the cache by this call) and
+    ``cache_read_input_tokens`` (read from it). OpenAI's ``prompt_tokens`` is the whole
+    input with the cached part inside it, so the input here is the sum of all three,
+    and the cached part is the part read from the cache only: tokens written to the
+    cache were processed (and billed) in full, so they are input, not cached input.
+    How many were written stays under ``prompt_tokens_details.cache_creation_tokens``
+    here and in the raw response; the ``llm.call`` body has no field for it.
+    """
+    fresh = _count(usage.get("input_tokens"))
+    written = _count(usage.get("cache_creation_input_tokens"))
+    read = _count(usage.get("cache_read_input_tokens"))
+    prompt, completion = fresh + written + read, _count(usage.get("output_tokens"))
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": read, "cache_creation_tokens": written},
+    }
+
+
+def declared_tool_schemas(tools: Any) -> dict[str, Mapping[str, Any]]:
+    """Tool name → the JSON Schema of its arguments, from a request's ``tools``: Chat
+    Completions function tools (``{"type": "function", "function": {"name",
+    "parameters"}}``) and Anthropic tools (``{"name", "input_schema"}``). Tools of other
+    kinds (a provider's built-in tools) declare no schema and are left out."""
+    schemas: dict[str, Mapping[str, Any]] = {}
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, Mapping):
+            continue
+        function = tool.get("function")
+        declared = function if isinstance(function, Mapping) else tool
+        name = declared.get("name")
+        schema = declared.get("parameters" if declared is function else "input_schema")
+        if isinstance(name, str) and isinstance(schema, Mapping):
+            schemas[name] = schema
+    return schemas
 
 
 def llm_tool_call(*, call_id: str, name: str, arguments: Any, kind: str) -> dict[str, Any]:
