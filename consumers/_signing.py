@@ -16,12 +16,14 @@ from enum import Enum, StrEnum
 from agent_blackbox.outbox import RunHead
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
-    PLAIN_ENCODING,
     BlackboxError,
     Envelope,
     EventType,
     Settings,
     safe_text,
+)
+from agent_blackbox.schemas import (
+    is_plaintext as body_in_clear,
 )
 
 
@@ -146,7 +148,7 @@ def is_plaintext(envelope: Envelope) -> bool:
     """
     return (
         envelope.key_id is None
-        and envelope.payload_encoding == PLAIN_ENCODING
+        and body_in_clear(envelope)
         and envelope.event_type != EventType.RUN_REDACTED
     )
 

@@ -63,7 +63,6 @@ from agent_blackbox.consumers._tables import (
     runs_view,
 )
 from agent_blackbox.schemas import (
-    PLAIN_ENCODING,
     PLAINTEXT_IN_SEALED_RUN,
     Envelope,
     EventType,
@@ -341,10 +340,10 @@ def refused_plaintext(
 
     ``existing`` of each violation is the event that showed the run sealed.
     """
-    encodings = {r.envelope.payload_encoding for r in records}
-    if PLAIN_ENCODING not in encodings:
+    plain = [is_plaintext(r.envelope) for r in records]
+    if not any(plain):
         return []  # no plaintext body to refuse
-    if not sealing and encodings == {PLAIN_ENCODING}:
+    if not sealing and all(plain):
         return []  # no run shows a data key, neither stored nor in the batch
     grouped: dict[str, list[Delivered]] = {}
     for record in records:

@@ -36,6 +36,7 @@ from agent_blackbox.outbox._errors import (
 from agent_blackbox.outbox._group import GroupCommit
 from agent_blackbox.outbox._llm import llm_call
 from agent_blackbox.outbox._placement import Place, Placement
+from agent_blackbox.outbox._prefixes import RequestPrefixes
 from agent_blackbox.outbox._recovery import StoredRun
 from agent_blackbox.outbox._redaction import Redactor
 from agent_blackbox.outbox._sandbox import NondeterminismMode, mode_from, watch_recording
@@ -178,6 +179,8 @@ class RunCore:
         self.nondeterminism: NondeterminismMode = "off"
         self.unreported: Exception | None = None
         """A failure of a group flush made in the background, raised at the next boundary."""
+        self.requests = RequestPrefixes(enabled=factory.settings.llm_request_references == "on")
+        """The run's latest LLM requests, that a new one may be stored against."""
 
     @property
     def run_id(self) -> str:
@@ -217,11 +220,16 @@ class RunCore:
             self.unreported = None
 
     def prepare(self, crossing: b.Crossing, event_id: str) -> PreparedEvent:
+        sequence = self.cursor.sequence + 1
+        crossing = self.requests.shortened(crossing, sequence)
         ids = {
             name: crossing.attributes[name] for name in _EFFECT_IDS if name in crossing.attributes
         }
         if not ids or self.scrub.version < 2:
-            return self.factory.prepare(self.identity, self.cursor, crossing, event_id=event_id)
+            event = self.factory.prepare(self.identity, self.cursor, crossing, event_id=event_id)
+            if "body_truncated" in event.envelope.attributes:
+                self.requests.forget(sequence)  # its request may not be stored whole
+            return event
         # The clear attributes reach the topic and every copy of it, outside the sealed
         # body and beyond the reach of a later shredding: they carry the ids scrubbed.
         scrubbed = {**crossing.attributes, **self.scrub.value(ids, set())}
@@ -501,7 +509,9 @@ class RecorderBase:
         self.scrub.check_key_store(present=keys is not None)
         pipeline = config.get("pipeline")
         if pipeline is None and keys is not None:
-            pipeline = PayloadPipeline(sealer=AesGcmSealer())
+            pipeline = PayloadPipeline(
+                sealer=AesGcmSealer(), compression=self.settings.payload_compression
+            )
         self._factory = new_factory(self.settings, pipeline, config.get("clock", utc_now))
         self._digests: dict[str, Digester] = {}
         self.tools: ToolPolicy = config.get("tools") or LiveTools()
@@ -594,7 +604,7 @@ def new_factory(
     """The event factory a recorder builds its envelopes with."""
     return EventFactory(
         settings=settings,
-        pipeline=pipeline or PayloadPipeline(),
+        pipeline=pipeline or PayloadPipeline(compression=settings.payload_compression),
         codec=EnvelopeCodec(),
         clock=clock,
     )

@@ -1,6 +1,6 @@
 """The ``llm.call`` boundary for OpenAI-compatible chat completion JSON.
 
-Bodies are written at :data:`agent_blackbox.schemas.LLM_CALL_VERSION` (v3): the raw
+Bodies are written at :data:`agent_blackbox.schemas.LLM_CALL_VERSION` (v4): the raw
 request and response once, plus the few summary fields views index on (response id,
 finish reason, usage). Choices and tool calls are derived from the raw response when a
 body is read (:func:`agent_blackbox.schemas.llm_reply`).
@@ -80,6 +80,7 @@ def llm_call(
         "latency_ms": latency_ms,
         "error": err,
         "body_truncated": None,
+        "request_prefix": None,
     }
     attributes = {"provider": provider, "model": model, "latency_ms": f"{latency_ms:.3f}"}
     if finish_reason:
@@ -214,11 +215,16 @@ def truncated_llm_call(crossing: Crossing, *, body_bytes: int, ceiling: int) -> 
         response_text = None
     body["raw_request_json"] = request_text if keep_request else None
     body["raw_response_json"] = response_text
+    whole = request_text
+    if body.get("request_prefix") is not None:  # stored by reference: the sizes are the whole's
+        whole = canonical_text(dict(crossing.input["request"]), path="llm.request")
+        if not keep_request:
+            body["request_prefix"] = None
     body["body_truncated"] = {
         "body_bytes": body_bytes,
         "ceiling_bytes": ceiling,
-        "request_bytes": request_size,
-        "request_sha256": digest_bytes(request_text.encode("utf-8")),
+        "request_bytes": _utf8_size(whole),
+        "request_sha256": digest_bytes(whole.encode("utf-8")),
         "response_bytes": response_size,
         "response_sha256": None
         if crossing.body["raw_response_json"] is None

@@ -119,6 +119,10 @@ class EventFactory:
         self._codec = codec
         self._clock = clock
 
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
     def prepare(
         self, identity: RunIdentity, cursor: Cursor, crossing: Crossing, *, event_id: str
     ) -> PreparedEvent:

@@ -59,7 +59,6 @@ from agent_blackbox.outbox.contract import (
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     HMAC_PREFIX,
-    PLAIN_ENCODING,
     BlackboxError,
     Digester,
     Envelope,
@@ -71,6 +70,7 @@ from agent_blackbox.schemas import (
     canonical_text,
     digest,
     digest_bytes,
+    is_plaintext,
 )
 
 T = TypeVar("T")
@@ -393,7 +393,7 @@ class ReplayRun:
         code's fault."""
         guard = SealedRunGuard()
         for envelope in events:
-            if guard.key_id is None or envelope.payload_encoding == PLAIN_ENCODING:
+            if guard.key_id is None or is_plaintext(envelope):
                 refusal = guard.refusal(envelope)
                 if refusal is not None:
                     error = ReplaySetupError(str(refusal))

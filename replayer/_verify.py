@@ -29,7 +29,6 @@ from agent_blackbox.replayer._verify_report import (
 )
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
-    PLAIN_ENCODING,
     BlackboxError,
     Checkpoint,
     CheckpointVerifier,
@@ -37,6 +36,7 @@ from agent_blackbox.schemas import (
     EventType,
     ForgedCheckpoint,
     digest_bytes,
+    is_plaintext,
     safe_text,
 )
 
@@ -364,7 +364,7 @@ class _Walk:
         if (
             not self._sealed
             or envelope.key_id is not None
-            or envelope.payload_encoding != PLAIN_ENCODING
+            or not is_plaintext(envelope)
             or envelope.event_type == EventType.RUN_REDACTED
         ):
             return None

@@ -43,6 +43,7 @@ from agent_blackbox.schemas._compat import (
     check_registry,
     incompatibilities,
 )
+from agent_blackbox.schemas._compression import COMPRESSIONS, Compression
 from agent_blackbox.schemas._deletion import (
     DELETION_PURPOSE,
     REDACTED_SIGNED_VERSION,
@@ -106,6 +107,12 @@ from agent_blackbox.schemas._payload import (
     Sealer,
 )
 from agent_blackbox.schemas._registry import ENVELOPE, SchemaEntry, SchemaRegistry, default_registry
+from agent_blackbox.schemas._request_prefix import (
+    REFERENCE_WINDOW,
+    RequestMemory,
+    RequestPrefixMissing,
+    SplitRequest,
+)
 from agent_blackbox.schemas._sealed_runs import (
     PLAINTEXT_IN_SEALED_RUN,
     PlaintextInSealedRun,
@@ -129,6 +136,7 @@ from agent_blackbox.schemas.event_types import EventType
 
 __all__ = [
     "ANTHROPIC_FINISH_REASONS",
+    "COMPRESSIONS",
     "CONFLUENT_MAGIC",
     "DEFAULT_DATABASE_URL",
     "DEFAULT_KAFKA_BOOTSTRAP",
@@ -147,6 +155,7 @@ __all__ = [
     "PROMPT_VERSION_TAG",
     "PUBLIC_KEYS_ENV",
     "REDACTED_SIGNED_VERSION",
+    "REFERENCE_WINDOW",
     "SIGNING_KEY_FILE_ENV",
     "SINGLE_OBJECT_MAGIC",
     "SPAN_SECONDS",
@@ -160,6 +169,7 @@ __all__ = [
     "CheckpointVerifier",
     "CompatibilityProblem",
     "CompatibilityReport",
+    "Compression",
     "DataKey",
     "Digester",
     "Envelope",
@@ -181,6 +191,8 @@ __all__ = [
     "PermissionRefused",
     "PlaintextInSealedRun",
     "PlaintextSealer",
+    "RequestMemory",
+    "RequestPrefixMissing",
     "SchemaEntry",
     "SchemaIdResolver",
     "SchemaRegistry",
@@ -189,6 +201,7 @@ __all__ = [
     "Sealer",
     "Settings",
     "SigningKeyError",
+    "SplitRequest",
     "Step",
     "UndecodableMessage",
     "UnknownSchemaVersion",

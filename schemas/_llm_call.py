@@ -32,7 +32,7 @@ from typing import Any
 from agent_blackbox.schemas._canonical import canonical_text
 from agent_blackbox.schemas._errors import NotSerialisable
 
-LLM_CALL_VERSION = 3
+LLM_CALL_VERSION = 4
 """The ``llm.call`` body version the recorder writes."""
 
 

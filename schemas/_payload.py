@@ -1,10 +1,14 @@
-"""The payload pipeline: body → Avro → seal, and open → Avro → body.
+"""The payload pipeline: body → Avro → compress → seal, and open → inflate → Avro →
+body (with an LLM request stored by reference made whole again).
 
-One place does each step. Sealing is a port (:class:`Sealer`); the plaintext adapter
-is for development, the envelope-encryption adapter plugs in behind the same two
-methods. The additional authenticated data binds a payload to its run, sequence, event
-id, event type, body version, tenant and data key, so a sealed body cannot be moved to
-another event, relabelled, or passed off under another tenant or key.
+One place does each step. Compression, and how ``payload_encoding`` names it, is
+:mod:`~agent_blackbox.schemas._compression`'s; requests stored by reference are
+:mod:`~agent_blackbox.schemas._request_prefix`'s. Sealing is a port (:class:`Sealer`):
+the plaintext adapter is for development, the envelope-encryption adapter plugs in
+behind the same two methods. The additional authenticated data binds a payload to its
+run, sequence, event id, event type, body version, tenant and data key, so a sealed
+body cannot be moved to another event, relabelled, or passed off under another tenant
+or key.
 """
 
 from __future__ import annotations
@@ -15,9 +19,21 @@ from typing import Any, Protocol
 
 from agent_blackbox.schemas._canonical import canonical_json
 from agent_blackbox.schemas._codec import BodyCodec
+from agent_blackbox.schemas._compression import (
+    Compressor,
+    Inflater,
+    split_encoding,
+    with_compression,
+)
 from agent_blackbox.schemas._envelope import Envelope
 from agent_blackbox.schemas._errors import UndecodableMessage
 from agent_blackbox.schemas._migrations import BodyReader
+from agent_blackbox.schemas._request_prefix import RequestMemory
+
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+"""The largest body a pipeline inflates (``Settings.max_blob_bytes``' default)."""
+
+_LLM_CALL = "llm.call"
 
 PLAIN_ENCODING = "avro"
 
@@ -115,7 +131,20 @@ class PlaintextSealer:
 
 
 class PayloadPipeline:
-    """Turns bodies into stored payload bytes and back."""
+    """Turns bodies into stored payload bytes and back.
+
+    Args:
+        bodies: the body codec.
+        sealer: seals and opens payloads (plaintext when None).
+        reader: decodes and migrates bodies.
+        compression: what :meth:`pack` compresses with (``Settings.payload_compression``:
+            ``zstd``, ``zstd-nodict``, ``deflate``; ``none``, the default, stores Avro as
+            it is). Opening reads every compression whatever this says.
+        max_body_bytes: the largest body :meth:`unpack` inflates a payload to.
+
+    A pipeline remembers the latest LLM requests of the runs it opens, to rebuild those
+    stored by reference: one pipeline per reader thread.
+    """
 
     def __init__(
         self,
@@ -123,6 +152,8 @@ class PayloadPipeline:
         sealer: Sealer | None = None,
         *,
         reader: BodyReader | None = None,
+        compression: str = "none",
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         self._bodies = bodies or BodyCodec()
         self._sealer = sealer or PlaintextSealer()
@@ -131,6 +162,9 @@ class PayloadPipeline:
         self._plaintext = type(self._sealer) is PlaintextSealer
         # Reading migrates: old body versions come out at the newest (or asked) version.
         self._reader = reader or BodyReader(self._bodies)
+        self._compressor = Compressor(compression)
+        self._inflater = Inflater(max_body_bytes)
+        self._requests = RequestMemory()
 
     @property
     def seals(self) -> bool:
@@ -144,7 +178,13 @@ class PayloadPipeline:
         version become ``event_type`` and ``version``)."""
         if context.event_type != event_type or context.body_version != version:
             context = replace(context, event_type=event_type, body_version=version)
-        return self._sealer.seal(self._bodies.encode(event_type, version, body), context)
+        plain = self._bodies.encode(event_type, version, body)
+        packed = self._compressor.compress(plain)
+        if packed is None:
+            return self._sealer.seal(plain, context)
+        sealed = self._sealer.seal(packed, context)
+        assert self._compressor.scheme is not None
+        return replace(sealed, encoding=with_compression(sealed.encoding, self._compressor.scheme))
 
     def unpack(
         self, envelope: Envelope, data: bytes | None = None, *, version: int | None = None
@@ -165,20 +205,33 @@ class PayloadPipeline:
                 f"run {envelope.run_id} sequence {envelope.sequence}: the body is stored "
                 f"out of line as {envelope.payload_ref}; fetch it from the blob store"
             )
-        if (
-            self._plaintext
-            and envelope.key_id is None
-            and envelope.payload_encoding == PLAIN_ENCODING
-        ):
-            return self._reader.read(envelope.event_type, envelope.body_version, stored, to=version)
-        context = PayloadContext(
-            run_id=envelope.run_id,
-            sequence=envelope.sequence,
-            event_id=envelope.event_id,
-            tenant_id=envelope.tenant_id,
-            event_type=envelope.event_type,
-            body_version=envelope.body_version,
+        body = self._reader.read(
+            envelope.event_type, envelope.body_version, self._opened(envelope, stored), to=version
         )
-        sealed = Sealed(data=stored, key_id=envelope.key_id, encoding=envelope.payload_encoding)
-        plaintext = self._sealer.open(sealed, context)
-        return self._reader.read(envelope.event_type, envelope.body_version, plaintext, to=version)
+        if envelope.event_type == _LLM_CALL and "raw_request_json" in body:
+            return self._requests.read(envelope.run_id, envelope.sequence, body)
+        return body
+
+    def _opened(self, envelope: Envelope, stored: bytes) -> bytes:
+        """The Avro bytes of ``stored``: opened by the sealer, then inflated."""
+        encoding = envelope.payload_encoding
+        if self._plaintext and envelope.key_id is None and encoding == PLAIN_ENCODING:
+            return stored
+        compression, sealed_as = split_encoding(encoding)
+        if self._plaintext and envelope.key_id is None and sealed_as == PLAIN_ENCODING:
+            plaintext = stored
+        else:
+            context = PayloadContext(
+                run_id=envelope.run_id,
+                sequence=envelope.sequence,
+                event_id=envelope.event_id,
+                tenant_id=envelope.tenant_id,
+                event_type=envelope.event_type,
+                body_version=envelope.body_version,
+            )
+            sealed = Sealed(data=stored, key_id=envelope.key_id, encoding=sealed_as)
+            plaintext = self._sealer.open(sealed, context)
+        if compression is None:
+            return plaintext
+        where = f"run {envelope.run_id} sequence {envelope.sequence}"
+        return self._inflater.inflate(compression, plaintext, where)

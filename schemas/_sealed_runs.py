@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from agent_blackbox.schemas._compression import split_encoding
 from agent_blackbox.schemas._envelope import Envelope
 from agent_blackbox.schemas._errors import BlackboxError
 from agent_blackbox.schemas._payload import PLAIN_ENCODING
@@ -50,12 +51,12 @@ class PlaintextInSealedRun(BlackboxError):
 
 def is_plaintext(envelope: Envelope) -> bool:
     """Whether the body of ``envelope`` is stored in the clear (not sealed)."""
-    return envelope.payload_encoding == PLAIN_ENCODING
+    return split_encoding(envelope.payload_encoding)[1] == PLAIN_ENCODING
 
 
 def is_sealed(envelope: Envelope) -> bool:
     """Whether ``envelope`` shows its run has a data key: its body is sealed under one."""
-    return envelope.key_id is not None and envelope.payload_encoding != PLAIN_ENCODING
+    return envelope.key_id is not None and not is_plaintext(envelope)
 
 
 class SealedRunGuard:
@@ -79,7 +80,7 @@ class SealedRunGuard:
         A sealed event makes the run sealed from its sequence on; a plaintext event
         after it (other than ``run.redacted``) is refused.
         """
-        if envelope.payload_encoding != PLAIN_ENCODING:
+        if not is_plaintext(envelope):
             if self.key_id is None and envelope.key_id is not None:
                 self.key_id, self.sealed_at = envelope.key_id, envelope.sequence
             return None

@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from agent_blackbox.schemas._compression import COMPRESSIONS
+
 DEFAULT_DATABASE_URL = "postgresql+psycopg://blackbox@127.0.0.1:25432/blackbox"
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:29092"
 
@@ -35,6 +37,15 @@ class Settings:
     is held in memory a few times over as it is encoded and sealed, and well under the
     database's 1 GiB value limit. ``BLACKBOX_MAX_PAYLOAD_BYTES``, its former name, is
     still read when this one is not set."""
+    payload_compression: str = "zstd"
+    """How recorders compress bodies before sealing them: ``zstd`` (with the shared
+    dictionary), ``zstd-nodict``, ``deflate`` or ``none``. Each payload names its own
+    compression, so readers open every setting, and events recorded before it."""
+    llm_request_references: str = "on"
+    """``on``: an LLM request that repeats the start of one of its run's latest requests
+    is stored as a reference to it plus what is new (a 50-turn conversation does not
+    store turn 1 fifty times); readers rebuild the whole request. ``off``: every request
+    is stored whole."""
     consumer_group: str = "blackbox-views"
     consumer_session_timeout_ms: int = 6000
     """How long the group waits for a silent consumer before giving its partitions to
@@ -98,7 +109,21 @@ class Settings:
                 continue
             current = getattr(defaults, name)
             values[name] = _positive_int(name, raw) if isinstance(current, int) else raw
-        return replace(defaults, **values)  # type: ignore[arg-type]
+        settings = replace(defaults, **values)  # type: ignore[arg-type]
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Raise ValueError naming a setting whose value is not one of its choices."""
+        if self.payload_compression not in COMPRESSIONS:
+            raise ValueError(
+                f"BLACKBOX_PAYLOAD_COMPRESSION={self.payload_compression!r} is not one of "
+                f"{', '.join(COMPRESSIONS)}"
+            )
+        if self.llm_request_references not in ("on", "off"):
+            raise ValueError(
+                f"BLACKBOX_LLM_REQUEST_REFERENCES={self.llm_request_references!r} is not on or off"
+            )
 
 
 def _classes(listed: str) -> set[str]:

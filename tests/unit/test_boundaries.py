@@ -15,6 +15,7 @@ from agent_blackbox.outbox._llm import llm_call
 from agent_blackbox.outbox._writer import Cursor, EventFactory, RunIdentity
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
+    LLM_CALL_VERSION,
     EnvelopeCodec,
     PayloadPipeline,
     Settings,
@@ -160,7 +161,7 @@ def test_llm_call_stores_the_response_once_and_derives_choices_and_tool_calls() 
     )
     body = crossing.body
     assert body["request_params_json"] == '{"temperature":0.2}'
-    assert crossing.version == 3
+    assert crossing.version == LLM_CALL_VERSION == 4
     assert "choices" not in body
     assert "tool_calls" not in body
     assert json.loads(body["raw_response_json"]) == RESPONSE

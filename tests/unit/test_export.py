@@ -277,7 +277,9 @@ def test_json_lines_escape_separators_and_invisible_characters_and_drop_non_fini
 
 
 def test_a_truncated_call_is_skipped_and_counted() -> None:
-    settings = Settings(blob_threshold_bytes=1_000, max_blob_bytes=100_000)
+    settings = Settings(
+        blob_threshold_bytes=1_000, max_blob_bytes=100_000, payload_compression="none"
+    )
     recorder = MemoryRecorder(settings=settings)
 
     def agent(run: AgentRun, input: Any) -> Any:

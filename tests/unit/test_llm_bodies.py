@@ -30,7 +30,9 @@ from agent_blackbox.schemas import (
 from tests.integration._agents import LARGE_REPLY_QUESTION, large_reply, large_reply_agent
 
 CEILING = 100_000
-SMALL = Settings(blob_threshold_bytes=1_000, max_blob_bytes=CEILING)
+# Uncompressed: the large replies here are repetitive text that zstd would fit under the
+# ceiling, and these tests are about bodies over it.
+SMALL = Settings(blob_threshold_bytes=1_000, max_blob_bytes=CEILING, payload_compression="none")
 REQUEST = {"model": "m-large", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -138,7 +140,7 @@ def test_a_stream_over_the_ceiling_keeps_its_tool_calls_and_drops_its_text_chunk
 
 
 def test_a_truncated_reply_replays_its_control_flow_and_says_what_it_could_not_check() -> None:
-    recorder = MemoryRecorder(settings=SMALL)
+    recorder = MemoryRecorder(settings=Settings(max_blob_bytes=CEILING, payload_compression="none"))
     entry = large_reply_agent(large_reply(500_000))
     snapshot = RunSnapshot(code_version="v1", input=LARGE_REPLY_QUESTION)
     _, output = recorder.record(entry, snapshot, agent_id="large")
@@ -156,7 +158,7 @@ def test_a_truncated_reply_replays_its_control_flow_and_says_what_it_could_not_c
 
 
 def test_changed_code_after_a_truncated_reply_still_diverges() -> None:
-    recorder = MemoryRecorder(settings=SMALL)
+    recorder = MemoryRecorder(settings=Settings(max_blob_bytes=CEILING, payload_compression="none"))
     snapshot = RunSnapshot(code_version="v1", input=LARGE_REPLY_QUESTION)
     recorder.record(large_reply_agent(large_reply(500_000)), snapshot, agent_id="large")
 
@@ -192,7 +194,7 @@ def test_the_ceiling_is_read_from_its_variable_and_from_its_former_name() -> Non
 
 
 def test_reexecute_does_not_resend_a_call_recorded_truncated() -> None:
-    recorder = MemoryRecorder(settings=Settings(max_blob_bytes=CEILING))
+    recorder = MemoryRecorder(settings=Settings(max_blob_bytes=CEILING, payload_compression="none"))
     snapshot = RunSnapshot(code_version="v1", input=LARGE_REPLY_QUESTION)
     recorder.record(large_reply_agent(large_reply(500_000)), snapshot, agent_id="large")
     sent: list[Any] = []
@@ -253,7 +255,7 @@ def test_state_and_output_taken_from_a_reduced_text_are_not_counted_as_divergenc
         run.transition("summarised", state={"length": len(text)})  # differs once cut
         return {"length": len(text)}
 
-    recorder = MemoryRecorder(settings=SMALL)
+    recorder = MemoryRecorder(settings=Settings(max_blob_bytes=CEILING, payload_compression="none"))
     snapshot = RunSnapshot(code_version="v1", input=LARGE_REPLY_QUESTION)
     recorder.record(entry, snapshot, agent_id="large")
     report = replay_run(recorder.events, entry, blobs=recorder)

@@ -25,6 +25,7 @@ from agent_blackbox.outbox._llm import llm_call
 from agent_blackbox.replayer import DivergenceKind, read_archive, replay_run
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
+    LLM_CALL_VERSION,
     BodyCodec,
     BodyReader,
     Envelope,
@@ -234,9 +235,9 @@ def test_v1_bytes_read_as_v2_through_the_pipeline() -> None:
     assert BodyReader().read("llm.call", 1, stored, to=1) == codec.decode("llm.call", 1, stored)
 
 
-def test_every_golden_llm_call_decodes_to_a_v3_body() -> None:
+def test_every_golden_llm_call_decodes_to_the_newest_body() -> None:
     assert len(GOLDEN_LLM_CALLS) == 5
-    assert default_registry().latest("llm.call").version == 3
+    assert default_registry().latest("llm.call").version == LLM_CALL_VERSION == 4
     pipeline, codec = PayloadPipeline(), BodyCodec()
     for envelope in GOLDEN_LLM_CALLS:
         assert envelope.body_version == 1
@@ -249,7 +250,8 @@ def test_every_golden_llm_call_decodes_to_a_v3_body() -> None:
         assert v2["usage"]["output_tokens"] == v1["usage"]["completion_tokens"]
         assert v2["usage"]["cached_tokens"] == 0
         v3 = pipeline.unpack(envelope)
-        codec.encode("llm.call", 3, v3)  # a valid v3 body
+        codec.encode("llm.call", LLM_CALL_VERSION, v3)  # a valid body of the newest version
+        assert v3["request_prefix"] is None  # stored whole
         assert "choices" not in v3
         assert "tool_calls" not in v3
         assert v3["raw_response_json"] == v1["raw_response_json"]
@@ -272,7 +274,7 @@ def test_every_golden_v2_llm_call_reads_as_v3_with_the_same_view() -> None:
         assert envelope.payload is not None
         v2 = codec.decode("llm.call", 2, envelope.payload)
         v3 = pipeline.unpack(envelope)
-        assert {k: v for k, v in v3.items() if k != "body_truncated"} == {
+        assert {k: v for k, v in v3.items() if k not in ("body_truncated", "request_prefix")} == {
             k: v for k, v in v2.items() if k not in ("choices", "tool_calls")
         }
         reply = llm_reply(v3)
@@ -345,7 +347,7 @@ def test_golden_v2_runs_replay_after_v3_exists(index: int) -> None:
     assert report.passed, report.divergence and report.divergence.describe()
 
 
-def test_the_recorder_writes_llm_call_v3_with_cached_tokens() -> None:
+def test_the_recorder_writes_the_newest_llm_call_with_cached_tokens() -> None:
     response = {
         "id": "x",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
@@ -359,19 +361,19 @@ def test_the_recorder_writes_llm_call_v3_with_cached_tokens() -> None:
     crossing = llm_call(
         provider="openai", model="m", request={}, response=response, error=None, latency_ms=1.0
     )
-    assert crossing.version == 3
+    assert crossing.version == LLM_CALL_VERSION
     assert crossing.body["usage"]["cached_tokens"] == 16
     assert crossing.attributes["cached_tokens"] == "16"
     assert crossing.attributes["prompt_tokens"] == "20"  # v1 attribute names kept
-    BodyCodec().encode("llm.call", 3, crossing.body)
+    BodyCodec().encode("llm.call", LLM_CALL_VERSION, crossing.body)
 
 
-def test_a_run_recorded_with_v3_replays() -> None:
+def test_a_run_recorded_with_the_newest_llm_call_replays() -> None:
     recorder = MemoryRecorder()
     agent = TicketAgent(sample_tickets(1), KeywordModel(), Notifier())
     recorder.record(agent.run, agent.snapshot("T-00000"), agent_id="ticket-agent")
     versions = {e.body_version for e in recorder.events if e.event_type == EventType.LLM_CALL}
-    assert versions == {3}
+    assert versions == {LLM_CALL_VERSION}
     assert replay_run(recorder.events, replay_entry, blobs=recorder).passed
 
 

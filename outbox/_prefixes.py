@@ -1,0 +1,131 @@
+"""The recorder's half of conversation-aware request storage (see
+:mod:`agent_blackbox.schemas._request_prefix`): an ``llm.call`` whose request repeats the
+start of one of the run's latest requests is stored as a reference to it plus what is
+new.
+
+Requests are compared by the canonical texts of their parts, taken from the recorder's
+own redacted copy of the request: what the agent does to its objects after the call
+changes nothing here. Texts equal to the earlier request's are kept as that request's
+objects, so a run holds one copy of its conversation however many calls repeat it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.schemas import (
+    REFERENCE_WINDOW,
+    EventType,
+    SplitRequest,
+    canonical_text,
+    digest_bytes,
+)
+
+MIN_SHARED_BYTES = 256
+"""A request names an earlier one only when that saves at least this many bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    sequence: int
+    split: SplitRequest
+
+
+class RequestPrefixes:
+    """The latest requests of one run, and how a new one is stored against them."""
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._recent: list[_Recorded] = []
+
+    def shortened(self, crossing: Crossing, sequence: int) -> Crossing:
+        """``crossing`` as it is stored as event ``sequence``: an llm.call's request by
+        reference when it shares enough with one of the run's latest requests.
+
+        Every llm.call with a request is remembered for the calls after it; anything at
+        ``sequence`` or later is forgotten first (a retried append re-prepares it).
+        """
+        recent = self._recent
+        while recent and recent[-1].sequence >= sequence:
+            recent.pop()
+        if not self.enabled or crossing.event_type != EventType.LLM_CALL:
+            return crossing
+        request = crossing.input.get("request")
+        if not isinstance(request, Mapping) or crossing.body.get("raw_request_json") is None:
+            return crossing
+        split = SplitRequest.of(request)
+        best, shared, saved = _best_match(split, recent)
+        recent.append(_Recorded(sequence, split))
+        del recent[:-REFERENCE_WINDOW]
+        if best is None or saved < MIN_SHARED_BYTES:
+            return crossing
+        own: dict[str, Any] = {
+            name: value
+            for name, value in request.items()
+            if name != split.key and name not in shared
+        }
+        if split.key is not None:
+            own[split.key] = list(request[split.key])[best.items :]
+        body = dict(crossing.body)
+        body["raw_request_json"] = canonical_text(own, path="llm.request")
+        body["request_prefix"] = {
+            "sequence": best.sequence,
+            "key": split.key or "",
+            "items": best.items,
+            "fields": sorted(shared),
+            "request_sha256": digest_bytes(crossing.body["raw_request_json"].encode("utf-8")),
+        }
+        return replace(crossing, body=body)
+
+    def forget(self, sequence: int) -> None:
+        """Never name event ``sequence`` (its request was not stored whole)."""
+        self._recent = [r for r in self._recent if r.sequence != sequence]
+
+
+@dataclass(frozen=True, slots=True)
+class _Match:
+    sequence: int
+    items: int
+
+
+def _best_match(
+    split: SplitRequest, recent: list[_Recorded]
+) -> tuple[_Match | None, set[str], int]:
+    """The earlier request sharing the most bytes with ``split``: (how it is named, the
+    fields shared whole, bytes saved). Shared texts are swapped for the earlier ones."""
+    best: _Match | None = None
+    best_fields: set[str] = set()
+    best_saved = 0
+    for earlier in reversed(recent):
+        old = earlier.split
+        if old.key != split.key:
+            continue
+        count = 0
+        saved = 0
+        for mine, theirs in zip(split.items, old.items, strict=False):
+            if mine != theirs:
+                break
+            count += 1
+            saved += len(theirs)
+        fields = {
+            name
+            for name, text in split.fields.items()
+            if len(text) > 64 and old.fields.get(name) == text
+        }
+        saved += sum(len(split.fields[name]) for name in fields)
+        if saved > best_saved:
+            best, best_fields, best_saved = _Match(earlier.sequence, count), fields, saved
+    if best is not None:
+        _share(split, next(r.split for r in recent if r.sequence == best.sequence), best.items)
+    return best, best_fields, best_saved
+
+
+def _share(split: SplitRequest, earlier: SplitRequest, items: int) -> None:
+    """Hold the texts ``split`` shares with ``earlier`` as ``earlier``'s objects."""
+    split.items[:items] = earlier.items[:items]
+    for name, text in split.fields.items():
+        if earlier.fields.get(name) == text:
+            split.fields[name] = earlier.fields[name]
