@@ -6,7 +6,12 @@ were recorded, redaction placeholders included); the model's reply is the assist
 message that ends it. Chat Completions requests are in that format already; Responses
 API requests (instructions and input items) are turned into the same messages, and a
 request that continues a stored response (``previous_response_id``) gets that response's
-conversation in front when the run recorded it.
+conversation in front when the run recorded it. Anthropic Messages requests are turned
+into the same messages too: the system prompt first, text blocks as text, ``tool_use``
+blocks as function tool calls, ``tool_result`` blocks as ``role: tool`` messages, and
+the tools' ``input_schema`` as function parameters; thinking blocks are left out (as a
+Responses reasoning item is). A call with images or documents, or with a tool built into
+the Anthropic API, has no chat form and is skipped as "not a chat".
 """
 
 from __future__ import annotations
@@ -151,7 +156,10 @@ def _call(
         _NotChat: the call has no form in the chat format (the message says why).
     """
     request, response = _json(body.get("raw_request_json")), _json(body.get("raw_response_json"))
-    if "messages" in request:
+    if body.get("provider") == "anthropic":
+        api, messages = "anthropic.messages", _anthropic_messages(request)
+        tools = _anthropic_tools(request)
+    elif "messages" in request:
         api, messages, tools = "chat.completions", _chat_messages(request), _list(request, "tools")
     elif "input" in request:
         api, messages, tools = "responses", _responses_messages(request, replies), _tools(request)
@@ -319,6 +327,79 @@ def _tools(request: Mapping[str, Any]) -> list[Any]:
             kind = tool.get("type") if isinstance(tool, Mapping) else None
             raise _NotChat(f"a tool of type {kind!r} (built into the Responses API)")
         chat.append({"type": "function", "function": {k: tool[k] for k in _TOOL_KEYS if k in tool}})
+    return chat
+
+
+# Anthropic Messages, turned into chat messages ------------------------------------------
+
+
+def _anthropic_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An Anthropic Messages request's system prompt and turns as chat messages."""
+    messages: list[dict[str, Any]] = []
+    system = request.get("system")
+    if system:
+        messages.append({"role": "system", "content": _anthropic_text(system)})
+    for turn in _list(request, "messages"):
+        if not isinstance(turn, Mapping) or turn.get("role") not in ("user", "assistant"):
+            raise _NotChat("a message that is neither a user nor an assistant turn")
+        content = turn.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list):
+            raise _NotChat("a message whose content is neither text nor a list of blocks")
+        messages += _anthropic_turn(str(turn["role"]), blocks)
+    if not messages:
+        raise _NotChat("the request has no messages")
+    return messages
+
+
+def _anthropic_turn(role: str, blocks: list[Any]) -> list[dict[str, Any]]:
+    """One Anthropic turn as chat messages: its tool results (each a ``role: tool``
+    message, first, as they answer the calls before them), then its text and calls."""
+    results: list[dict[str, Any]] = []
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for block in blocks:
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        if kind == "text":
+            texts.append(str(block.get("text") or ""))
+        elif kind == "tool_use":
+            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            function = {"name": block.get("name"), "arguments": arguments}
+            calls.append({"id": block.get("id"), "type": "function", "function": function})
+        elif kind == "tool_result":
+            content = _anthropic_text(block.get("content") or "")
+            results.append(
+                {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": content}
+            )
+        elif kind not in ("thinking", "redacted_thinking"):
+            raise _NotChat(f"a content block of type {kind!r}")
+    message: dict[str, Any] = {"role": role, "content": "".join(texts) if texts else None}
+    if calls:
+        message["tool_calls"] = calls
+    return [*results, _message(message)] if texts or calls else results
+
+
+def _anthropic_text(content: Any) -> str:
+    """A system prompt or a tool result: text, or a list of text blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return str(_text_content(content))
+    raise _NotChat("a system prompt or tool result that is neither text nor text blocks")
+
+
+def _anthropic_tools(request: Mapping[str, Any]) -> list[Any]:
+    """An Anthropic request's own tools as chat function tools; a tool built into the
+    API (``web_search_…``, ``bash_…``, ...) has no chat form."""
+    chat = []
+    for tool in _list(request, "tools"):
+        if not isinstance(tool, Mapping) or tool.get("type", "custom") != "custom":
+            kind = tool.get("type") if isinstance(tool, Mapping) else None
+            raise _NotChat(f"a tool of type {kind!r} (built into the Anthropic API)")
+        function = {"name": tool.get("name"), "parameters": tool.get("input_schema") or {}}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        chat.append({"type": "function", "function": function})
     return chat
 
 

@@ -19,7 +19,16 @@ from agent_blackbox.replayer._access import opening, purpose_option, recording_k
 from agent_blackbox.replayer._fork import TOOL_MODES, ForkResult, ToolMode, fork_run
 from agent_blackbox.replayer._fork_diff import CallPair, ForkDiff, fork_diff
 from agent_blackbox.replayer._index import read_side
-from agent_blackbox.replayer._reexecute import openai_sender, reexecute
+from agent_blackbox.replayer._reexecute import (
+    APIS,
+    Endpoint,
+    anthropic_sender,
+    api_of,
+    check_routes,
+    load_request_mapper,
+    openai_sender,
+    reexecute,
+)
 from agent_blackbox.replayer._registry import load_entry
 from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
 from agent_blackbox.schemas import (
@@ -248,14 +257,62 @@ def _clip(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+_SENDERS = {"openai": openai_sender, "anthropic": anthropic_sender}
+
+
+def _endpoints(
+    events: Sequence[Envelope], api: str | None, base_url: str, api_key_env: str | None
+) -> dict[str, Endpoint]:
+    """The endpoints calls are re-sent to, by API: the one ``--provider`` names, or,
+    without it, one for each API the run's LLM calls were made with (Anthropic calls
+    through the anthropic SDK, every other provider's through the OpenAI-compatible
+    one), all at ``base_url``."""
+    if api is None:
+        recorded = {
+            api_of(e.attributes.get("provider", "openai"))
+            for e in events
+            if e.event_type == EventType.LLM_CALL
+        }
+        wanted = sorted(recorded) or ["openai"]
+    else:
+        wanted = [api]
+    return {
+        name: _SENDERS[name](
+            base_url, os.environ.get(api_key_env or _KEY_VARIABLES[name], "not-set")
+        )
+        for name in wanted
+    }
+
+
 @click.command("reexecute")
 @click.argument("run_id")
-@click.option("--base-url", required=True, help="OpenAI-compatible endpoint to re-send to.")
+@click.option(
+    "--base-url",
+    required=True,
+    help="Endpoint to re-send to: OpenAI-compatible, or the Anthropic API (see --provider).",
+)
+@click.option(
+    "--provider",
+    "api",
+    type=click.Choice(APIS),
+    default=None,
+    help="The API the endpoint speaks. Default: each call's own (Anthropic calls as "
+    "Anthropic Messages requests, the others as OpenAI-compatible ones). A call recorded "
+    "with the other API needs --request-mapper.",
+)
+@click.option(
+    "--request-mapper",
+    "mapper_path",
+    default=None,
+    help="module:function turning a recorded request into one for the endpoint's API "
+    "(called as function(request) -> request), for calls recorded with the other API.",
+)
 @click.option(
     "--api-key-env",
-    default="OPENAI_API_KEY",
-    show_default=True,
-    help="Environment variable holding the endpoint's key (never recorded).",
+    default=None,
+    help="Environment variable holding the endpoint's key (never recorded). Default: "
+    "OPENAI_API_KEY for an OpenAI-compatible endpoint, ANTHROPIC_API_KEY for Anthropic.",
 )
 @click.option(
     "--archive",
@@ -268,14 +325,22 @@ def _clip(text: str, limit: int = 60) -> str:
     "--json", "as_json", is_flag=True, help="Per-call structured diffs as JSON on stdout."
 )
 def reexecute_command(
-    run_id: str, base_url: str, api_key_env: str, archive: Path | None, purpose: str, as_json: bool
+    run_id: str,
+    base_url: str,
+    api: str | None,
+    mapper_path: str | None,
+    api_key_env: str | None,
+    archive: Path | None,
+    purpose: str,
+    as_json: bool,
 ) -> None:
     """Re-send each recorded LLM request of RUN_ID and diff the answers per call: text,
     finish reason, tool calls (name and parsed arguments) and usage; ids, creation
     times and system fingerprints are ignored. A streamed call is re-sent streamed.
 
     Exit status: 0 when every answer is the same, 1 when one differs or failed, 2 when
-    the run could not be read.
+    the run could not be read or a call cannot be sent as asked (the endpoint speaks
+    another API than the call and no --request-mapper was given).
     """
     console = safe_console(stderr=True)
     engine: Engine | None = None
@@ -283,8 +348,12 @@ def reexecute_command(
         events, engine = _parent_events(run_id, archive)
         engine = engine or create_engine(Settings.from_env().database_url)
         pipeline = opening(lambda: engine, purpose=purpose).pipeline
-        send = openai_sender(base_url, os.environ.get(api_key_env, "not-set"))
-        diffs = reexecute(_progress(events, console), send, pipeline=pipeline)
+        mapper = None if mapper_path is None else load_request_mapper(mapper_path)
+        send = _endpoints(events, api, base_url, api_key_env)
+        check_routes(events, send, request_mapper=mapper)  # before any request is sent
+        diffs = reexecute(
+            _progress(events, console), send, pipeline=pipeline, request_mapper=mapper
+        )
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as

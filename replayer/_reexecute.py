@@ -2,11 +2,16 @@
 
 Only the answer's content is compared (text, finish reason, tool calls by name and
 parsed arguments, usage); ids, creation times and system fingerprints change on every
-call and are left out.
+call and are left out. Answers of either API (OpenAI-compatible chat completions and
+Responses, Anthropic Messages) are compared through the same view, so a call may be
+re-sent to the other provider's API: only through a request mapper the user supplies,
+which turns the recorded request into one that API takes (there is no faithful
+translation to guess: system prompts, tool formats and required fields differ).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -14,12 +19,48 @@ from typing import Any
 
 from agent_blackbox.replayer._fork import ForkError
 from agent_blackbox.replayer._fork_diff import llm_summary, recorded_response
+from agent_blackbox.replayer._registry import UnknownAgent, load_entry
 from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline, refusing_plaintext
 
 IGNORED_FIELDS = ("id", "created", "system_fingerprint")
 """What differs between two answers to the same request by design: never compared."""
 
 COMPARED_FIELDS = ("text", "finish_reason", "tool_calls", "usage")
+
+APIS = ("openai", "anthropic")
+"""The APIs an :class:`Endpoint` speaks: ``openai`` (OpenAI-compatible chat completions
+and Responses) and ``anthropic`` (the Anthropic Messages API)."""
+
+RequestMapper = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+"""Turns a recorded request into one the endpoint's API takes (for example an OpenAI
+chat request into an Anthropic Messages request); it must not change its argument."""
+
+Send = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+
+
+class ReexecuteSetupError(ForkError):
+    """A recorded call cannot be re-sent as asked: the endpoint speaks another API and
+    no request mapper was given, the mapper failed, or no endpoint was given for the
+    call's API. A setup problem, never reported as a changed answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where re-sent requests go: the API it speaks (one of :data:`APIS`) and how to
+    send a raw request to it (returning the raw answer, a stream as ``{"stream":
+    [...]}``). Calling it sends."""
+
+    api: str
+    send: Send
+
+    def __call__(self, request: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self.send(request)
+
+
+def api_of(provider: str) -> str:
+    """The API a call recorded under ``provider`` was made with: ``anthropic`` for the
+    Anthropic capture, ``openai`` (OpenAI-compatible JSON) for every other provider."""
+    return "anthropic" if provider == "anthropic" else "openai"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +107,10 @@ class CallDiff:
 
 def reexecute(
     events: Iterable[Envelope],
-    send: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+    send: Send | Endpoint | Mapping[str, Endpoint],
     *,
     pipeline: PayloadPipeline | None = None,
+    request_mapper: RequestMapper | None = None,
 ) -> list[CallDiff]:
     """Re-send every recorded raw LLM request through ``send`` and diff the answers
     (text, finish reason, tool calls by name and parsed arguments, usage), ignoring ids,
@@ -78,6 +120,21 @@ def reexecute(
     completion asks for usage in the stream (``stream_options.include_usage``), and
     usage is left out of the comparison when the recording has none. ``send`` returns
     a streamed answer as ``{"stream": [chunk, ...]}``, as the recorder stores one.
+
+    Args:
+        events: the run's events in sequence order.
+        send: a plain callable (every request is sent to it as recorded), an
+            :class:`Endpoint` (a call recorded with the other API goes through
+            ``request_mapper``), or endpoints by API (each call goes to the endpoint of
+            its own API; see :func:`route`).
+        pipeline: opens the bodies.
+        request_mapper: turns a request recorded with one API into one for the
+            endpoint's other API; used for those calls only.
+
+    Raises:
+        ReexecuteSetupError: a call cannot be sent as asked (see :func:`route`); raised
+            before that call is sent. Call :func:`check_routes` first to find out before
+            any call is.
     """
     opener = pipeline or PayloadPipeline()
     diffs = []
@@ -88,10 +145,13 @@ def reexecute(
         if body["raw_request_json"] is None or _reduced(body):
             diffs.append(CallDiff(envelope.sequence, body["model"], error=_NOT_KEPT))
             continue
-        request = json.loads(body["raw_request_json"])
+        target, api, mapper = route(
+            envelope.sequence, str(body["provider"]), send, request_mapper=request_mapper
+        )
+        request = _mapped(envelope.sequence, json.loads(body["raw_request_json"]), mapper)
         streamed = bool(request.get("stream"))
         try:
-            fresh = send(_with_stream_usage(request) if streamed else request)
+            fresh = target(_with_stream_usage(request, api) if streamed else request)
         except Exception as exc:  # the endpoint's failure is part of the comparison
             diffs.append(
                 CallDiff(
@@ -127,10 +187,105 @@ def _reduced(body: Mapping[str, Any]) -> bool:
     return body.get("body_truncated") is not None and body["raw_response_json"] is None
 
 
-def _with_stream_usage(request: Mapping[str, Any]) -> dict[str, Any]:
+def route(
+    sequence: int,
+    provider: str,
+    send: Send | Endpoint | Mapping[str, Endpoint],
+    *,
+    request_mapper: RequestMapper | None = None,
+) -> tuple[Send, str, RequestMapper | None]:
+    """Where the call ``sequence``, recorded under ``provider``, is sent: the sender, the
+    API it speaks, and the mapper its request goes through (None: sent as recorded).
+
+    A plain callable takes every call as recorded. An :class:`Endpoint` takes the calls
+    of its own API as recorded and the others through ``request_mapper``. Endpoints by
+    API send each call to the one of its own API; when there is none for it, a single
+    endpoint takes it as an :class:`Endpoint` would.
+
+    Raises:
+        ReexecuteSetupError: the call's API is not the endpoint's and no mapper was
+            given, or several endpoints were given and none speaks the call's API.
+    """
+    api = api_of(provider)
+    if isinstance(send, Mapping):
+        if api in send:
+            return route(sequence, provider, send[api])
+        if len(send) != 1:
+            raise ReexecuteSetupError(
+                f"call {sequence} was recorded from provider {provider!r} ({api} API) and no "
+                f"endpoint speaks that API (endpoints for: {', '.join(sorted(send))})"
+            )
+        (send,) = send.values()
+    if not isinstance(send, Endpoint):
+        return send, api, None
+    if send.api == api:
+        return send, api, None
+    if request_mapper is None:
+        raise ReexecuteSetupError(
+            f"call {sequence} was recorded from provider {provider!r} ({api} API) but the "
+            f"endpoint speaks the {send.api} API: pass a request mapper that turns {api} "
+            f"requests into {send.api} ones (on the command line --request-mapper "
+            f"module:function), or an endpoint of the {api} API"
+        )
+    return send, send.api, request_mapper
+
+
+def check_routes(
+    events: Iterable[Envelope],
+    send: Send | Endpoint | Mapping[str, Endpoint],
+    *,
+    request_mapper: RequestMapper | None = None,
+) -> None:
+    """Check that every LLM call of ``events`` can be routed (:func:`route`), by the
+    provider its event's attributes name, before any request is sent.
+
+    Raises:
+        ReexecuteSetupError: the first call that cannot be.
+    """
+    for envelope in events:
+        provider = envelope.attributes.get("provider")
+        if envelope.event_type == EventType.LLM_CALL and provider is not None:
+            route(envelope.sequence, provider, send, request_mapper=request_mapper)
+
+
+def load_request_mapper(path: str) -> RequestMapper:
+    """Import a request mapper given as ``module:function``.
+
+    Raises:
+        ReexecuteSetupError: the path is malformed, or the module or function cannot be
+            loaded (the message says which, and why).
+    """
+    try:
+        return load_entry(path)  # type: ignore[return-value]  # a callable; checked on use
+    except UnknownAgent as exc:
+        raise ReexecuteSetupError(f"request mapper: {exc}") from exc
+
+
+def _mapped(
+    sequence: int, request: Mapping[str, Any], mapper: RequestMapper | None
+) -> Mapping[str, Any]:
+    """``request`` through ``mapper`` (when there is one), checked to be a JSON object."""
+    if mapper is None:
+        return request
+    try:
+        mapped = mapper(request)
+    except Exception as exc:  # the user's own code: anything can fail
+        raise ReexecuteSetupError(
+            f"the request mapper failed on call {sequence}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(mapped, Mapping):
+        raise ReexecuteSetupError(
+            f"the request mapper returned a {type(mapped).__name__} for call {sequence}; "
+            "it must return the request to send, a mapping"
+        )
+    return mapped
+
+
+def _with_stream_usage(request: Mapping[str, Any], api: str) -> dict[str, Any]:
     """A streamed chat completion that also asks for its usage (the last chunk); other
-    requests as they were (a Responses API stream carries usage in its last event)."""
-    if "messages" not in request:
+    requests as they were (a Responses API or Anthropic stream carries usage in its
+    events)."""
+    if api != "openai" or "messages" not in request:
         return dict(request)
     options = {**(request.get("stream_options") or {}), "include_usage": True}
     return {**request, "stream_options": options}
@@ -144,10 +299,14 @@ def _uncompared(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str
     return {}
 
 
-def openai_sender(base_url: str, api_key: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+def openai_sender(base_url: str, api_key: str) -> Endpoint:
     """Sends a raw chat-completion or Responses API request with the official SDK
     (``openai`` extra); a streamed request is read to its end and returned as
-    ``{"stream": [chunk, ...]}``."""
+    ``{"stream": [chunk, ...]}``.
+
+    Raises:
+        ForkError: the ``openai`` SDK is not installed.
+    """
     try:
         from openai import OpenAI
     except ImportError as exc:
@@ -165,4 +324,43 @@ def openai_sender(base_url: str, api_key: str) -> Callable[[Mapping[str, Any]], 
         body: dict[str, Any] = endpoint.create(**arguments).to_dict(mode="json")
         return body
 
-    return send
+    return Endpoint("openai", send)
+
+
+def anthropic_sender(base_url: str, api_key: str) -> Endpoint:
+    """Sends a raw Messages API request with the official SDK (``anthropic`` extra); a
+    streamed request is read to its end and returned as ``{"stream": [event, ...]}``, as
+    the capture records one.
+
+    The request's fields the SDK's ``messages.create`` does not name go in the body as
+    they are (``extra_body``), so a request recorded with a field newer than the SDK is
+    re-sent whole.
+
+    Raises:
+        ForkError: the ``anthropic`` SDK is not installed.
+    """
+    try:
+        import anthropic
+    except ImportError as exc:
+        raise ForkError(
+            "re-execution of Anthropic calls needs the anthropic SDK: "
+            "pip install 'agent-blackbox[anthropic]'"
+        ) from exc
+    client = anthropic.Anthropic(base_url=base_url, api_key=api_key)
+    named = set(inspect.signature(client.messages.create).parameters) - _SDK_OPTIONS
+
+    def send(request: Mapping[str, Any]) -> dict[str, Any]:
+        arguments = {k: v for k, v in request.items() if k in named}
+        extra = {k: v for k, v in request.items() if k not in named}
+        raw = client.messages.with_raw_response.create(**arguments, extra_body=extra or None)
+        if arguments.get("stream"):
+            with raw.parse() as stream:
+                return {"stream": [event.to_dict(mode="json") for event in stream]}
+        body: dict[str, Any] = raw.http_response.json()
+        return body
+
+    return Endpoint("anthropic", send)
+
+
+# Arguments of the SDK's methods that are not body fields.
+_SDK_OPTIONS = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})

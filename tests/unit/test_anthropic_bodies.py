@@ -58,25 +58,23 @@ TEXT = {"type": "text", "text": "Let me look."}
 TOOL_USE = {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}}
 
 
+def _delta(index: int, **delta: str) -> dict[str, Any]:
+    return {"type": "content_block_delta", "index": index, "delta": delta}
+
+
 def streamed(*, partial: list[str], output_tokens: int = 5) -> dict[str, Any]:
     start = message(stop=None)
     start["usage"] = {**USAGE, "output_tokens": 1}
+    text_start = {"type": "text", "text": ""}
     return {
         "stream": [
             {"type": "message_start", "message": start},
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Let "}},
-            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "me look."}},
+            {"type": "content_block_start", "index": 0, "content_block": text_start},
+            _delta(0, type="text_delta", text="Let "),
+            _delta(0, type="text_delta", text="me look."),
             {"type": "content_block_stop", "index": 0},
-            {
-                "type": "content_block_start",
-                "index": 1,
-                "content_block": {**TOOL_USE, "input": {}},
-            },
-            *(
-                {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": p}}
-                for p in partial
-            ),
+            {"type": "content_block_start", "index": 1, "content_block": {**TOOL_USE, "input": {}}},
+            *(_delta(1, type="input_json_delta", partial_json=p) for p in partial),
             {"type": "content_block_stop", "index": 1},
             {
                 "type": "message_delta",
@@ -85,7 +83,7 @@ def streamed(*, partial: list[str], output_tokens: int = 5) -> dict[str, Any]:
             },
             {"type": "message_stop"},
         ]
-    }  # fmt: skip
+    }
 
 
 def _body(response: dict[str, Any], request: dict[str, Any] = REQUEST) -> Any:
