@@ -25,6 +25,7 @@ from agent_blackbox.schemas import (
     EventType,
     canonical_text,
     choice_view,
+    declared_tool_schemas,
     digest_bytes,
     llm_usage,
 )
@@ -32,7 +33,7 @@ from agent_blackbox.schemas import completion_view as completion_view  # outbox 
 
 # Request fields that are the conversation or the call itself, not sampling parameters.
 _NOT_PARAMS = frozenset(
-    {"messages", "tools", "model", "stream", "input", "instructions", "tool_choice"}
+    {"messages", "tools", "model", "stream", "input", "instructions", "system", "tool_choice"}
 )
 
 # Room left under the ceiling for the other fields, Avro framing and sealing (nonce,
@@ -124,7 +125,7 @@ def invalid_tool_arguments(request: Mapping[str, Any], choices: list[Any]) -> li
     The arguments are the model's: this is the quality of what it asked for, judged by
     the schema the agent gave it. A schema that is itself invalid counts as unknown.
     """
-    schemas = _declared_schemas(request.get("tools"))
+    schemas = declared_tool_schemas(request.get("tools"))
     checked = False
     invalid = []
     for choice in choices:
@@ -143,18 +144,6 @@ def invalid_tool_arguments(request: Mapping[str, Any], choices: list[Any]) -> li
             if not verdict:
                 invalid.append(str(name))
     return invalid if checked else None
-
-
-def _declared_schemas(tools: Any) -> dict[str, Mapping[str, Any]]:
-    """Function name → its parameters' JSON Schema, from a chat request's ``tools``."""
-    schemas: dict[str, Mapping[str, Any]] = {}
-    for tool in tools if isinstance(tools, list) else ():
-        function = tool.get("function") if isinstance(tool, Mapping) else None
-        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
-            parameters = function.get("parameters")
-            if isinstance(parameters, Mapping):
-                schemas[function["name"]] = parameters
-    return schemas
 
 
 def _arguments_valid(schema: Mapping[str, Any], arguments: Any) -> bool | None:

@@ -15,8 +15,8 @@ What it answers is chosen by the request:
   error body (``{"type": "error", "error": {"type", "message"}}``) with that HTTP status;
 - ``model`` ``"fail-midstream"`` with ``stream``: a stream that starts, then sends an
   ``error`` event (overloaded);
-- ``tools`` present: a short text block, then a ``tool_use`` block calling the first
-  tool, stop reason ``tool_use``. Its input is the tool's declared properties whose
+- ``tools`` present (and the last user turn not a tool result): a short text block,
+  then a ``tool_use`` block calling the first tool, stop reason ``tool_use``. Its input is the tool's declared properties whose
   ``name=value`` words appear in the last user text, as if the model read them there;
   when none does, ``{"city": "Paris"}``;
 - otherwise: one text block ``"echo: <last user text>"``, stop reason ``end_turn``.
@@ -232,7 +232,7 @@ def _tool_input(request: Mapping[str, Any], tool: Mapping[str, Any]) -> dict[str
 def message_for(request: Mapping[str, Any]) -> dict[str, Any]:
     """The whole message the server answers ``request`` with."""
     tools = request.get("tools") or []
-    if tools:
+    if tools and not last_user_text(request).startswith("tool_result:"):
         content: list[dict[str, Any]] = [
             {"type": "text", "text": PREFACE},
             {
