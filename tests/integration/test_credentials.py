@@ -7,14 +7,18 @@ stored is then searched for the secrets the agent handled.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import pytest
 from sqlalchemy import Engine, text
 
 from agent_blackbox.outbox import AgentRun, Recorder, Redactor, RunSnapshot
+from agent_blackbox.outbox.integrations.anthropic import CapturedAnthropic, capture_anthropic
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
+from tests.integration._anthropic_server import AnthropicServer
 from tests.integration._kafka import read_topic
 from tests.integration._views import build_views
 
@@ -81,3 +85,86 @@ def test_no_credential_is_stored_anywhere(
     for secret in SECRETS:
         assert secret.encode() not in everything, f"{secret[:8]}... was stored"
     assert b"[redacted:" in everything  # the placeholders are what was kept
+
+
+def _stored(settings: Settings, engine: Engine, expect: int) -> bytes:
+    """Every byte the pipeline stored: outbox rows, blobs, the topic's payloads and
+    attributes, and the views built from it."""
+    with engine.connect() as conn:
+        stored = [
+            bytes(b) for b in conn.execute(text("SELECT envelope FROM blackbox.outbox")).scalars()
+        ]
+        blobs = [bytes(b) for b in conn.execute(text("SELECT data FROM blackbox.blobs")).scalars()]
+    relay = Relay(engine, settings=settings)
+    relay.drain(timeout=60)
+    relay.close()
+    messages = read_topic(settings.kafka_bootstrap, settings.topic, expect=expect)
+    build_views(settings, engine, expect=expect)
+    with engine.connect() as conn:
+        views = " ".join(
+            str(row)
+            for table in ("runs", "events", "llm_calls")
+            for row in conn.execute(text(f"SELECT * FROM blackbox_views.{table}"))
+        )
+    everything = b"".join(stored + blobs) + views.encode()
+    everything += b"".join(e.payload or b"" for _, _, e in messages)
+    everything += "".join(str(e.attributes) for _, _, e in messages).encode()
+    return everything
+
+
+@pytest.fixture
+def anthropic_server() -> Iterator[AnthropicServer]:
+    with AnthropicServer() as running:
+        yield running
+
+
+def claude_agent(llm: CapturedAnthropic) -> Any:
+    """Calls the Messages API every way, with credentials in the per-call headers too."""
+    headers = {"Authorization": f"Bearer {BEARER}", "x-api-key": API_KEY, "Cookie": COOKIE}
+    question = [{"role": "user", "content": "hi"}]
+    tool = {"name": "look", "input_schema": {"type": "object", "properties": {}}}
+    plain = llm.messages.create(model="claude-test", max_tokens=8, messages=question)
+    streamed = llm.messages.create(
+        model="claude-test", max_tokens=8, messages=question, stream=True, extra_headers=headers
+    )
+    with llm.with_options(timeout=20.0).messages.stream(
+        model="claude-test", max_tokens=8, messages=question, tools=[tool], extra_headers=headers
+    ) as stream:
+        final = stream.get_final_message()
+    try:
+        llm.messages.create(
+            model="fail-401", max_tokens=8, messages=question, extra_query={"key": API_KEY}
+        )
+    except anthropic.AuthenticationError as exc:
+        failed = exc.status_code
+    return [plain.id, len(list(streamed)), final.stop_reason, failed]
+
+
+@pytest.mark.parametrize(
+    "rules", [None, Redactor(detectors=[], paths=[])], ids=["default", "everything off"]
+)
+def test_the_anthropic_sdks_key_headers_and_cookies_are_never_stored(
+    engine: Engine, settings: Settings, anthropic_server: AnthropicServer, rules: Redactor | None
+) -> None:
+    defaults = {"X-Custom-Auth": f"Token {BEARER}", "Cookie": COOKIE}
+    recorder = Recorder(engine, settings=settings, redaction=rules)
+    with anthropic.Anthropic(
+        base_url=anthropic_server.base_url,
+        api_key=API_KEY,
+        default_headers=defaults,
+        max_retries=0,
+    ) as sdk:
+        run, output = recorder.record(
+            lambda r, _input: claude_agent(capture_anthropic(sdk, r)),
+            RunSnapshot("creds.claude"),
+            agent_id="claude",
+        )
+    assert output == ["msg_01", 7, "tool_use", 401]
+    # They did travel: the key, the custom auth header and the cookie on every request.
+    sent = [" ".join(r.headers.values()) for r in anthropic_server.requests]
+    assert len(sent) == 4
+    assert all(API_KEY in h and BEARER in h and COOKIE in h for h in sent)
+    everything = _stored(settings, engine, run.last_sequence)
+    for secret in (API_KEY, BEARER, COOKIE, "x-custom-auth", "X-Custom-Auth"):
+        assert secret.encode() not in everything, f"{secret[:8]}... was stored"
+    assert b"claude-test" in everything  # what was recorded is there to search
