@@ -37,7 +37,16 @@ from agent_blackbox.replayer._history import (
     SkippedMessage,
 )
 from agent_blackbox.replayer._index import ReadSide, ReplayResults, RunIndex, RunLocation
-from agent_blackbox.replayer._reexecute import CallDiff, reexecute
+from agent_blackbox.replayer._reexecute import (
+    CallDiff,
+    Endpoint,
+    ReexecuteSetupError,
+    RequestMapper,
+    anthropic_sender,
+    check_routes,
+    openai_sender,
+    reexecute,
+)
 from agent_blackbox.replayer._registry import (
     AgentRegistry,
     MissingEntryPoint,
@@ -88,6 +97,7 @@ __all__ = [
     "DigestKeys",
     "Divergence",
     "DivergenceKind",
+    "Endpoint",
     "ExportError",
     "ExportTally",
     "ForkDiff",
@@ -105,12 +115,14 @@ __all__ = [
     "ReadSide",
     "RecordedHead",
     "RecordedTools",
+    "ReexecuteSetupError",
     "ReplayDivergence",
     "ReplayOptions",
     "ReplayReport",
     "ReplayResults",
     "ReplayRun",
     "ReplaySetupError",
+    "RequestMapper",
     "RunHandler",
     "RunIndex",
     "RunLocation",
@@ -121,7 +133,9 @@ __all__ = [
     "ToolNotRecorded",
     "UnknownAgent",
     "VerifyReport",
+    "anthropic_sender",
     "chat_examples",
+    "check_routes",
     "event_records",
     "fork_diff",
     "fork_replay_entry",
@@ -130,6 +144,7 @@ __all__ = [
     "json_line",
     "load_entry",
     "open_body",
+    "openai_sender",
     "read_archive",
     "readable_body",
     "reexecute",
