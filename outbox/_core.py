@@ -227,8 +227,10 @@ class RunCore:
         }
         if not ids or self.scrub.version < 2:
             event = self.factory.prepare(self.identity, self.cursor, crossing, event_id=event_id)
-            if "body_truncated" in event.envelope.attributes:
-                self.requests.forget(sequence)  # its request may not be stored whole
+            if event.blob is not None or "body_truncated" in event.envelope.attributes:
+                # Not named by later requests: its request may not be stored whole, and
+                # readers that show bodies in line (timeline, console) pass it over.
+                self.requests.forget(sequence)
             return event
         # The clear attributes reach the topic and every copy of it, outside the sealed
         # body and beyond the reach of a later shredding: they carry the ids scrubbed.

@@ -54,9 +54,12 @@ class RequestPrefixes:
         if not self.enabled or crossing.event_type != EventType.LLM_CALL:
             return crossing
         request = crossing.input.get("request")
-        if not isinstance(request, Mapping) or crossing.body.get("raw_request_json") is None:
+        whole = crossing.body.get("raw_request_json")
+        if not isinstance(request, Mapping) or whole is None:
             return crossing
-        split = SplitRequest.of(request)
+        split = SplitRequest.checked(request, whole)
+        if split is None:
+            return crossing
         best, shared, saved = _best_match(split, recent)
         recent.append(_Recorded(sequence, split))
         del recent[:-REFERENCE_WINDOW]
@@ -76,7 +79,7 @@ class RequestPrefixes:
             "key": split.key or "",
             "items": best.items,
             "fields": sorted(shared),
-            "request_sha256": digest_bytes(crossing.body["raw_request_json"].encode("utf-8")),
+            "request_sha256": digest_bytes(whole.encode("utf-8")),
         }
         return replace(crossing, body=body)
 
@@ -118,6 +121,8 @@ def _best_match(
         saved += sum(len(split.fields[name]) for name in fields)
         if saved > best_saved:
             best, best_fields, best_saved = _Match(earlier.sequence, count), fields, saved
+        if count and count == len(old.items):
+            break  # continues the latest request of its conversation: nothing beats that
     if best is not None:
         _share(split, next(r.split for r in recent if r.sequence == best.sequence), best.items)
     return best, best_fields, best_saved

@@ -78,6 +78,7 @@ def open_body(
         pipeline = PayloadPipeline(sealer=AesGcmSealer(keys))
     guard = SealedRunGuard()
     events = iter(source)
+    earlier: dict[int, Envelope] = {}  # the llm.calls a request stored by reference names
     try:
         for envelope in events:
             refusal = guard.refusal(envelope)
@@ -90,15 +91,19 @@ def open_body(
                         f"{refusal.key_id} since sequence {refusal.sealed_at}, not written "
                         "by the run's recorder",
                     )
-                return _opened(envelope, pipeline)
+                return _opened(envelope, pipeline, earlier)
             if envelope.sequence > sequence:
                 break
+            if envelope.event_type == EventType.LLM_CALL and refusal is None:
+                earlier[envelope.sequence] = envelope
     finally:
         getattr(events, "close", lambda: None)()  # the topic reader stops at once
     raise BlackboxError(f"run {run_id} has no event {sequence} in the topic")
 
 
-def _opened(envelope: Envelope, pipeline: PayloadPipeline) -> OpenedBody:
+def _opened(
+    envelope: Envelope, pipeline: PayloadPipeline, earlier: Mapping[int, Envelope]
+) -> OpenedBody:
     if envelope.payload is None:
         return OpenedBody(
             envelope,
@@ -107,7 +112,7 @@ def _opened(envelope: Envelope, pipeline: PayloadPipeline) -> OpenedBody:
             "or `blackbox export --bodies`",
         )
     try:
-        body = pipeline.unpack(envelope)
+        body = pipeline.unpack_in_run(envelope, earlier)
     except BlackboxError as exc:  # a destroyed key, a missing one, a corrupt body
         return OpenedBody(envelope, None, f"{type(exc).__name__}: {exc}")
     return OpenedBody(envelope, readable_body(envelope.event_type, body), None)

@@ -67,6 +67,16 @@ def canonical_text(value: Any, *, path: str = "$") -> str:
     return canonical_json(value, path=path).decode("utf-8")
 
 
+def encoded_parts(values: Sequence[Any]) -> list[str] | None:
+    """The canonical JSON texts of ``values``, each encoded without checking it first:
+    only for the parts of a value whose canonical text was just taken (so every part is
+    JSON), and whose caller compares the texts put back together with that text. None
+    where the C encoder is missing."""
+    if _C_ENCODER is None:
+        return None
+    return ["".join(_C_ENCODER(value, 0)) for value in values]
+
+
 def digest(value: Any, *, path: str = "$") -> str:
     """SHA-256 over the canonical JSON of ``value``, as ``sha256:<hex>``."""
     if _C_ENCODER is not None and _plain(value):  # canonical_json's common case, inlined

@@ -28,7 +28,7 @@ from agent_blackbox.schemas._compression import (
 from agent_blackbox.schemas._envelope import Envelope
 from agent_blackbox.schemas._errors import UndecodableMessage
 from agent_blackbox.schemas._migrations import BodyReader
-from agent_blackbox.schemas._request_prefix import RequestMemory
+from agent_blackbox.schemas._request_prefix import RequestMemory, RequestPrefixMissing
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 """The largest body a pipeline inflates (``Settings.max_blob_bytes``' default)."""
@@ -211,6 +211,32 @@ class PayloadPipeline:
         if envelope.event_type == _LLM_CALL and "raw_request_json" in body:
             return self._requests.read(envelope.run_id, envelope.sequence, body)
         return body
+
+    def unpack_in_run(
+        self, envelope: Envelope, earlier: Mapping[int, Envelope], data: bytes | None = None
+    ) -> dict[str, Any]:
+        """:meth:`unpack` for a reader that starts in the middle of a run: the earlier
+        llm.calls a request stored by reference needs are opened first, from ``earlier``
+        (the run's events before ``envelope``, by sequence).
+
+        Raises:
+            RequestPrefixMissing: a needed event is not in ``earlier``.
+            UndecodableMessage, UnknownSchemaVersion: as :meth:`unpack`.
+        """
+        pending = [envelope]
+        while True:
+            top = pending[-1]
+            try:
+                body = self.unpack(top, data if top is envelope else None)
+            except RequestPrefixMissing as missing:
+                needed = earlier.get(missing.needed)
+                if needed is None or needed in pending:
+                    raise
+                pending.append(needed)
+                continue
+            pending.pop()
+            if not pending:
+                return body
 
     def _opened(self, envelope: Envelope, stored: bytes) -> bytes:
         """The Avro bytes of ``stored``: opened by the sealer, then inflated."""

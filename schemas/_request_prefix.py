@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import Any, Final
 
-from agent_blackbox.schemas._canonical import canonical_text, digest_bytes
+from agent_blackbox.schemas._canonical import canonical_text, digest_bytes, encoded_parts
 from agent_blackbox.schemas._errors import UndecodableMessage
 
 REFERENCE_WINDOW: Final = 8
@@ -99,6 +99,21 @@ class SplitRequest:
         items = [] if key is None else [canonical_text(item, path=path) for item in request[key]]
         return cls(fields, key, items)
 
+    @classmethod
+    def checked(cls, request: Mapping[str, Any], text: str) -> SplitRequest | None:
+        """``request``, whose canonical JSON is ``text``, split into parts; None when
+        the parts do not put ``text`` back together (a value the fast encoder writes
+        otherwise: the request is then stored whole)."""
+        key = turn_key(request)
+        names = [name for name in request if name != key]
+        values: list[Any] = [request[name] for name in names]
+        items: list[Any] = [] if key is None else list(request[key])
+        texts = encoded_parts(values + items)
+        if texts is None:
+            return None
+        split = cls(dict(zip(names, texts[: len(names)], strict=True)), key, texts[len(names) :])
+        return split if split.text() == text else None
+
     def text(self) -> str:
         return assemble(self.fields, self.key, self.items)
 
@@ -114,7 +129,8 @@ class _Held:
     def parts(self) -> SplitRequest:
         if self.split is None:
             assert self.text is not None
-            self.split = SplitRequest.of(json.loads(self.text))
+            parsed = json.loads(self.text)
+            self.split = SplitRequest.checked(parsed, self.text) or SplitRequest.of(parsed)
             self.text = None
         return self.split
 
