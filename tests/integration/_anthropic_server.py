@@ -16,9 +16,9 @@ What it answers is chosen by the request:
 - ``model`` ``"fail-midstream"`` with ``stream``: a stream that starts, then sends an
   ``error`` event (overloaded);
 - ``tools`` present (and the last user turn not a tool result): a short text block,
-  then a ``tool_use`` block calling the first tool, stop reason ``tool_use``. Its input is the tool's declared properties whose
-  ``name=value`` words appear in the last user text, as if the model read them there;
-  when none does, ``{"city": "Paris"}``;
+  then a ``tool_use`` block calling the first tool, stop reason ``tool_use``. Its input
+  is the tool's declared properties whose ``name=value`` words appear in the last user
+  text, as if the model read them there; when none does, ``{"city": "Paris"}``;
 - otherwise: one text block ``"echo: <last user text>"``, stop reason ``end_turn``.
 """
 
