@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -55,13 +57,19 @@ LARGE_REPLY_QUESTION = "summarise the archive"
 
 
 def large_reply(text_bytes: int, *, city: str = "Paris") -> dict[str, Any]:
-    """A chat completion with ``text_bytes`` of text and one tool call."""
+    """A chat completion with ``text_bytes`` of text and one tool call.
+
+    The text is random base64, which compression shrinks by a quarter at most: a body
+    of this size stays large whatever the payload compression.
+    """
     call = {
         "id": "call_1",
         "type": "function",
         "function": {"name": "weather", "arguments": json.dumps({"city": city})},
     }
-    message = {"role": "assistant", "content": "Summary: " + "x" * text_bytes, "tool_calls": [call]}
+    noise = base64.b64encode(random.Random(text_bytes).randbytes(text_bytes * 3 // 4 + 3))
+    text = noise.decode("ascii")[:text_bytes]
+    message = {"role": "assistant", "content": "Summary: " + text, "tool_calls": [call]}
     return {
         "id": "chatcmpl-large",
         "object": "chat.completion",

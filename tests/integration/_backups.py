@@ -32,7 +32,7 @@ def lookup_agent(run: AgentRun, input: Any) -> Any:
     return found["address"]
 
 
-large_entry = large_reply_agent(large_reply(70_000))
+large_entry = large_reply_agent(large_reply(100_000))  # out of line, compressed or not
 """An agent whose LLM reply is stored out of line (over the 64 KiB blob threshold)."""
 
 
