@@ -6,49 +6,33 @@ client for one run. ``messages.create(...)`` (plain, with tools, or ``stream=Tru
 ``messages.stream(...)`` take the SDK's keyword arguments and hand back the SDK's objects,
 in record mode and in replay alike.
 
-What is recorded (provider ``"anthropic"``, the model of the request):
+Recorded, under provider ``"anthropic"``: the keyword arguments that make the JSON body
+(SDK objects dumped as the SDK sends them, ``extra_body`` merged in); never
+``extra_headers``, ``extra_query``, ``timeout``, the arguments sent as headers
+(``user_profile_id``, ``workspace_id``), the client's key or auth token, its default
+headers or its base URL. A value that is not JSON raises
+:class:`~agent_blackbox.schemas.NotSerialisable` before anything is sent. The response
+is recorded as the server sent it; a stream as ``{"stream": [event, ...]}``, each event
+as the SDK parsed it (``to_dict()``: the keys the server sent; ``ping`` is dropped by
+the SDK). An API error is recorded by class name with canonical JSON of its message,
+status, body and response text, and re-raised. The body's summary fields (usage, finish
+reason, tool calls) are read from the Anthropic JSON by the schemas' views
+(``completion_view``, ``anthropic_usage``).
 
-- the request: the keyword arguments that make the JSON body, as JSON (SDK objects
-  dumped the way the SDK sends them, ``extra_body`` merged in as the SDK merges it);
-  ``extra_headers``, ``extra_query``, ``timeout`` and the arguments the SDK sends as
-  headers (``user_profile_id``, ``workspace_id``) are left out, and so are the client's
-  API key or auth token, its default headers (custom auth headers, cookies), its base
-  URL and anything else that is not the body. A value that is not JSON raises
-  :class:`~agent_blackbox.schemas.NotSerialisable` before anything is sent;
-- the response: the JSON body exactly as the server sent it. A streamed call
-  (``stream=True`` or ``messages.stream``) is recorded as ``{"stream": [event, ...]}``,
-  each event the JSON of one server-sent event as the SDK parsed it (``to_dict()``: the
-  keys the server sent; ``ping`` events, which the SDK drops, are not kept);
-- an API error: its class name and, as the message, canonical JSON of the SDK's
-  message, status code, error body and the response text; then it is re-raised.
+Streams are read to their end inside the call, so that the call is one event where the
+agent made it, in record and in replay: ``create(stream=True)`` gives a
+:class:`RecordedStream` of the raw events; ``messages.stream(...)`` gives a manager that,
+when entered, makes the call and gives the SDK's own ``MessageStream`` (or
+``AsyncMessageStream``) reading the recorded events, so iteration, ``text_stream``,
+``get_final_message()``, ``get_final_text()`` and ``until_done()`` are the SDK's.
+``output_format`` is refused (pass the schema as ``output_config``).
 
-The summary fields of the body are read from the Anthropic JSON by the schemas'
-``completion_view``: usage (the input is ``input_tokens`` plus both cache counts, the
-cached part is ``cache_read_input_tokens``; see ``schemas.anthropic_usage``), the stop
-reason as a finish reason (``end_turn`` → ``stop``, ``tool_use`` → ``tool_calls``,
-``max_tokens`` → ``length``, ...) and ``tool_use`` blocks as tool calls.
-
-Streams are read to their end inside the call, so that the call is one event at the
-point where the agent made it, in record and in replay: ``create(stream=True)`` hands
-back a :class:`RecordedStream` of the SDK's raw events, and ``messages.stream(...)`` a
-context manager that, on entering, makes the call and gives the SDK's own
-``MessageStream`` (``AsyncMessageStream``) reading the recorded events: iteration,
-``text_stream``, ``get_final_message()``, ``get_final_text()``, ``until_done()`` behave
-as with the SDK. Time to the first token is therefore not what the agent sees while
-recording. ``output_format`` (structured outputs parsed by the helper) is refused with
-an error; ``output_config`` is recorded as any other argument.
-
-In replay nothing is sent: ``Message`` and the stream events are rebuilt from the
-recorded JSON the way the SDK builds them (loosely constructed, or validated when the
-client was created with strict response validation), so they compare equal to what
-record mode handed back. A recorded API error is raised again as the same ``anthropic``
-exception class, rebuilt from the recorded status and body; only the SDK's status error
-classes listed here are rebuilt, chosen by the recorded name, and nothing from a payload
-is imported or executed. Any other recorded error comes back as faithful values do
-(its own class where it can be rebuilt, else a
-:class:`~agent_blackbox.outbox.RecordedError` subclass named like it). Request ids
-(``_request_id``, ``request_id`` of a stream or an error) are not recorded and are
-``None`` in replay.
+In replay nothing is sent: ``Message`` and the events are rebuilt from the recorded JSON
+as the SDK builds them (validated when the client asked for strict validation), so they
+compare equal to what record mode handed back. A recorded API error is raised again as
+the same ``anthropic`` class, chosen by its recorded name among the SDK's status error
+classes only; nothing from a payload is imported. Any other recorded error comes back as
+faithful values do. Request ids are not recorded and are ``None`` in replay.
 """
 
 from __future__ import annotations
@@ -107,32 +91,15 @@ _PATH = "v1/messages"
 
 
 def _status_errors() -> dict[str, type[anthropic.APIStatusError]]:
-    """The API errors rebuilt in replay, by class name: the SDK's status errors, and
-    the classes its own table picks for a status and an error code."""
-    classes: list[type[anthropic.APIStatusError]] = [
-        anthropic.APIStatusError,
-        anthropic.BadRequestError,
-        anthropic.AuthenticationError,
-        anthropic.PaymentRequiredError,
-        anthropic.PermissionDeniedError,
-        anthropic.NotFoundError,
-        anthropic.RequestTimeoutError,
-        anthropic.ConflictError,
-        anthropic.PreconditionFailedError,
-        anthropic.ContentTooLargeError,
-        anthropic.UnprocessableEntityError,
-        anthropic.RateLimitError,
-        anthropic.RequestHeaderFieldsTooLargeError,
-        anthropic.ClientClosedRequestError,
-        anthropic.InternalServerError,
-        anthropic.HTTPNotImplementedError,
-        anthropic.ServiceUnavailableError,
-        anthropic.GatewayTimeoutError,
-        anthropic.OverloadedError,
+    """The API errors rebuilt in replay, by class name: the status errors the SDK
+    exports, and the classes its own table picks for a status and an error code."""
+    exported = [getattr(anthropic, name) for name in anthropic.__all__]
+    classes = [
+        c for c in exported if isinstance(c, type) and issubclass(c, anthropic.APIStatusError)
     ]
     try:
         from anthropic._error_classes import ERROR_CLASSES
-    except ImportError:  # an SDK without the table: the classes above
+    except ImportError:  # an SDK without the table: the exported classes
         pass
     else:
         classes += ERROR_CLASSES.values()
@@ -460,12 +427,14 @@ def _built(type_: Any, data: Any, *, strict: bool) -> Any:
     )
 
 
-def _rebuilt_error(recorded: RecordedError, url: httpx2.URL) -> Exception | None:
+def _rebuilt_error(
+    recorded: RecordedError, client: anthropic.Anthropic | anthropic.AsyncAnthropic
+) -> Exception | None:
     """The ``anthropic`` exception a recorded error stands for, or None for any other."""
     details = _details(recorded.message)
     if details is None:
         return None
-    request = httpx2.Request("POST", url)
+    request = httpx2.Request("POST", client.base_url.join(_PATH))
     message, body = str(details.get("message")), details.get("body")
     status, text = details.get("status_code"), details.get("response_text")
     cls = _STATUS_ERRORS.get(recorded.type_name)
@@ -567,7 +536,7 @@ class _Messages:
         try:
             response = self._run.llm(send, request, provider=PROVIDER, model=_model(request))
         except RecordedError as exc:
-            rebuilt = _rebuilt_error(exc, self._client.base_url.join(_PATH))
+            rebuilt = _rebuilt_error(exc, self._client)
             if rebuilt is None:
                 raise
             raise rebuilt from exc
@@ -658,7 +627,7 @@ class _AsyncMessages:
             # A replay run answers at once; a recording run is awaited.
             response = await answered if inspect.isawaitable(answered) else answered
         except RecordedError as exc:
-            rebuilt = _rebuilt_error(exc, self._client.base_url.join(_PATH))
+            rebuilt = _rebuilt_error(exc, self._client)
             if rebuilt is None:
                 raise
             raise rebuilt from exc

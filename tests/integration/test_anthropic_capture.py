@@ -35,6 +35,7 @@ from agent_blackbox.outbox import (
     AsyncRecorder,
     MemoryRecorder,
     PostgresBlobs,
+    RecordedError,
     Recorder,
     RunSnapshot,
 )
@@ -586,3 +587,23 @@ def test_a_changed_answer_from_the_cli_is_a_diff(
     assert result.exit_code == 1, result.output
     [call] = json.loads(result.stdout)["calls"]
     assert call["changed"] == {"text": {"recorded": ["echo: hi"], "now": ["something else"]}}
+
+
+def test_an_error_it_cannot_rebuild_is_raised_as_recorded_error(
+    offline: anthropic.Anthropic,
+) -> None:
+    # An error of a kind the capture does not rebuild: a sender's own exception, recorded
+    # by a plain run.llm call with the request the agent below makes.
+    recorder = MemoryRecorder()
+    run = recorder.start_run(RunSnapshot(code_version="t"), agent_id="a")
+    request = {"model": MODEL, "max_tokens": 8, "messages": user("x")}
+
+    def broken(_: Any) -> Any:
+        raise ValueError("proxy exploded")
+
+    with pytest.raises(ValueError, match="proxy exploded"):
+        run.llm(broken, request, provider="anthropic", model=MODEL)
+    llm = capture_anthropic(offline, ReplayRun(recorder.events))
+    with pytest.raises(RecordedError, match="proxy exploded") as raised:
+        llm.messages.create(**request)
+    assert raised.value.type_name == "ValueError"
