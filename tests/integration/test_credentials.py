@@ -7,6 +7,8 @@ stored is then searched for the secrets the agent handled.
 
 from __future__ import annotations
 
+import base64
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,13 +31,15 @@ BEARER = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LXRva2Vu.Q29va2llU2lnbmF0dXJl"
 COOKIE = "session=9b1f6c0e44d2a7b3c5d8e9f0a1b2c3d4"
 PASSWORD = "correct horse battery staple 42"
 SECRETS = (API_KEY, BEARER, COOKIE, PASSWORD)
+# A page too large to travel inline whatever the payload compression: random base64.
+PAGE = base64.b64encode(random.Random(7).randbytes(75_000)).decode("ascii")
 
 
 def agent(run: AgentRun, input: Any) -> Any:
     headers = {"Authorization": f"Bearer {BEARER}", "Cookie": COOKIE, "Accept": "text/plain"}
     page = run.call(
         "fetch",
-        lambda url, headers, api_key: {"body": "x" * 100_000},
+        lambda url, headers, api_key: {"body": PAGE},
         "https://x.test/a",
         headers=headers,
         api_key=API_KEY,
