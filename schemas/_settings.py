@@ -109,11 +109,9 @@ class Settings:
                 continue
             current = getattr(defaults, name)
             values[name] = _positive_int(name, raw) if isinstance(current, int) else raw
-        settings = replace(defaults, **values)  # type: ignore[arg-type]
-        settings.check()
-        return settings
+        return replace(defaults, **values)  # type: ignore[arg-type]
 
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         """Raise ValueError naming a setting whose value is not one of its choices."""
         if self.payload_compression not in COMPRESSIONS:
             raise ValueError(

@@ -280,8 +280,28 @@ def test_an_unknown_compression_setting_is_named() -> None:
         Settings.from_env({"BLACKBOX_PAYLOAD_COMPRESSION": "lz4"})
     with pytest.raises(ValueError, match="BLACKBOX_LLM_REQUEST_REFERENCES='yes'"):
         Settings.from_env({"BLACKBOX_LLM_REQUEST_REFERENCES": "yes"})
+    with pytest.raises(ValueError, match="BLACKBOX_LLM_REQUEST_REFERENCES='maybe'"):
+        Settings(llm_request_references="maybe")
     with pytest.raises(ValueError, match="payload compression 'brotli'"):
         PayloadPipeline(compression="brotli")
+
+
+def test_a_v3_body_recorded_before_references_reads_whole() -> None:
+    body = {
+        "provider": "openai",
+        "model": "m",
+        "request_params_json": "{}",
+        "raw_request_json": canonical_text({"model": "m", "messages": [{"content": "hi"}]}),
+        "raw_response_json": None,
+        "latency_ms": 3.0,
+    }
+    recorded = _llm(_record(turns=1).events)[0]
+    context = PayloadContext(recorded.run_id, recorded.sequence, recorded.event_id, "t")
+    old = PayloadPipeline(compression="none").pack("llm.call", 3, body, context)
+    envelope = replace(recorded, body_version=3, payload=old.data, payload_encoding=old.encoding)
+    read = PayloadPipeline().unpack(envelope)
+    assert read["request_prefix"] is None
+    assert read["raw_request_json"] == body["raw_request_json"]
 
 
 def test_interleaved_conversations_each_name_their_own() -> None:
