@@ -264,6 +264,9 @@ def _text_only(chunk: Any) -> bool:
     if not isinstance(chunk, Mapping):
         return False
     kind = chunk.get("type")
+    if kind == "content_block_delta":  # an Anthropic Messages event
+        delta = chunk.get("delta")
+        return isinstance(delta, Mapping) and delta.get("type") in ("text_delta", "thinking_delta")
     if isinstance(kind, str):  # a Responses API event
         return kind in ("response.output_text.delta", "response.reasoning_text.delta")
     choices = chunk.get("choices")

@@ -247,6 +247,42 @@ def test_a_responses_stream_over_the_ceiling_keeps_its_function_call() -> None:
     assert reply.choices[0]["content"].startswith("word word")
 
 
+def test_an_anthropic_stream_over_the_ceiling_keeps_its_tool_use() -> None:
+    start = {"id": "msg_9", "type": "message", "role": "assistant", "content": [], "usage": {}}
+    tool = {"type": "tool_use", "id": "toolu_9", "name": "weather", "input": {}}
+    stream = [
+        {"type": "message_start", "message": start},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        *(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "w "},
+            }
+            for _ in range(40_000)
+        ),
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": tool},
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '{"city":"Rome"}'},
+        },
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {}},
+        {"type": "message_stop"},
+    ]
+    crossing = _call({"stream": stream})
+    truncated = truncated_llm_call(crossing, body_bytes=3_000_000, ceiling=CEILING)
+    reduced = json.loads(truncated.body["body_truncated"]["reduced_response_json"])
+    assert len(reduced["stream"]) == 9  # the text deltas after the first are dropped
+    reply = llm_reply(truncated.body)
+    assert [(c["name"], c["arguments_json"]) for c in reply.tool_calls] == [
+        ("weather", '{"city":"Rome"}')
+    ]
+    assert reply.finish_reason == "tool_calls"
+
+
 def test_state_and_output_taken_from_a_reduced_text_are_not_counted_as_divergences() -> None:
     reply = large_reply(500_000)
 
