@@ -43,7 +43,7 @@ from agent_blackbox.schemas._compat import (
     check_registry,
     incompatibilities,
 )
-from agent_blackbox.schemas._compression import COMPRESSIONS, Compression
+from agent_blackbox.schemas._compression import COMPRESSIONS, Compression, split_encoding
 from agent_blackbox.schemas._deletion import (
     DELETION_PURPOSE,
     REDACTED_SIGNED_VERSION,
@@ -237,6 +237,7 @@ __all__ = [
     "run_tags",
     "safe_console",
     "safe_text",
+    "split_encoding",
     "tag_attributes",
     "tag_problem",
     "too_deep",

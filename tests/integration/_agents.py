@@ -56,6 +56,13 @@ def ticket_ids(count: int) -> list[str]:
 LARGE_REPLY_QUESTION = "summarise the archive"
 
 
+def noise(length: int, *, seed: int = 0) -> str:
+    """``length`` characters of random base64, the same for the same arguments: text
+    that compression shrinks by a quarter at most, for tests about large bodies."""
+    raw = random.Random(length * 7919 + seed).randbytes(length * 3 // 4 + 3)
+    return base64.b64encode(raw).decode("ascii")[:length]
+
+
 def large_reply(text_bytes: int, *, city: str = "Paris") -> dict[str, Any]:
     """A chat completion with ``text_bytes`` of text and one tool call.
 
@@ -67,9 +74,11 @@ def large_reply(text_bytes: int, *, city: str = "Paris") -> dict[str, Any]:
         "type": "function",
         "function": {"name": "weather", "arguments": json.dumps({"city": city})},
     }
-    noise = base64.b64encode(random.Random(text_bytes).randbytes(text_bytes * 3 // 4 + 3))
-    text = noise.decode("ascii")[:text_bytes]
-    message = {"role": "assistant", "content": "Summary: " + text, "tool_calls": [call]}
+    message = {
+        "role": "assistant",
+        "content": "Summary: " + noise(text_bytes),
+        "tool_calls": [call],
+    }
     return {
         "id": "chatcmpl-large",
         "object": "chat.completion",

@@ -60,6 +60,7 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     Settings,
     UndecodableMessage,
+    split_encoding,
 )
 from tests.integration._outbox import outbox_envelopes
 
@@ -510,7 +511,9 @@ def test_recorders_from_settings_seal_alike(
     for run_id in (sync_run, async_run):
         envelopes = read(run_id)
         assert len(envelopes) == 2 + sum(2 if s.method == "effect" else 1 for s in SCRIPT)
-        assert {e.payload_encoding for e in envelopes} == {SEALED_ENCODING}, run_id
+        assert {split_encoding(e.payload_encoding)[1] for e in envelopes} == {SEALED_ENCODING}, (
+            run_id
+        )
         assert len({e.key_id for e in envelopes}) == 1, "one data key per run"
         assert envelopes[0].key_id, run_id
         for envelope in envelopes:

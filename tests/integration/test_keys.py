@@ -39,6 +39,7 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     Settings,
     digest,
+    split_encoding,
 )
 from tests.integration._kafka import read_topic
 from tests.integration._outbox import outbox_envelopes
@@ -95,7 +96,7 @@ def test_encrypted_run_stores_no_plaintext_body(
 ) -> None:
     run_id = _record(engine, settings, provider)
     events = _envelopes(engine, run_id)
-    assert {e.payload_encoding for e in events} == {SEALED_ENCODING}
+    assert {split_encoding(e.payload_encoding)[1] for e in events} == {SEALED_ENCODING}
     assert len({e.key_id for e in events}) == 1
     with engine.connect() as conn:
         stored = b"".join(conn.execute(text("SELECT envelope FROM blackbox.outbox")).scalars())

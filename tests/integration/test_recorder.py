@@ -18,6 +18,7 @@ from agent_blackbox.outbox import (
     RunSnapshot,
 )
 from agent_blackbox.schemas import EnvelopeCodec, NotSerialisable, PayloadPipeline, Settings
+from tests.integration._agents import noise
 
 pytestmark = pytest.mark.integration
 
@@ -88,8 +89,8 @@ def test_unserialisable_result_is_a_recorded_error_and_oversized_body_writes_not
     # The tool ran: its call is recorded, as an error of kind unserialisable_result.
     assert _events(engine, run.run_id) == [(1, "run.started"), (2, "tool.call")]
     with pytest.raises(PayloadTooLarge, match="over the limit of 10000"):
-        run.call("lookup", lambda: "x" * 20_000)
-    run.call("lookup", lambda: "y" * 5_000)  # over the blob threshold: stored out of line
+        run.call("lookup", lambda: noise(20_000))
+    run.call("lookup", lambda: noise(5_000))  # over the blob threshold: stored out of line
     assert _events(engine, run.run_id) == [(1, "run.started"), (2, "tool.call"), (3, "tool.call")]
     codec = EnvelopeCodec()
     with engine.connect() as conn:
@@ -121,7 +122,7 @@ def test_unserialisable_result_is_a_recorded_error_and_oversized_body_writes_not
             referenced
         )
     body = PayloadPipeline().unpack(envelope, bytes(blob))
-    assert body["result_json"] == '"' + "y" * 5_000 + '"'
+    assert body["result_json"] == '"' + noise(5_000) + '"'
 
 
 def test_effect_intent_commits_before_the_external_call(engine: Engine, settings: Settings) -> None:

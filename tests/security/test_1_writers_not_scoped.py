@@ -37,6 +37,7 @@ from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login
+from tests.integration._agents import noise
 from tests.integration._views import build_views
 from tests.security.conftest import TENANT_A, TENANT_B
 
@@ -308,7 +309,7 @@ def test_writer_stores_bodies_only_under_their_own_digest(
     run = Recorder(writer, settings=settings).start_run(
         RunSnapshot(code_version="sec.1", input={}), agent_id="a", tenant_id=TENANT_A
     )
-    big = "x" * (settings.blob_threshold_bytes + 10)
+    big = noise(2 * settings.blob_threshold_bytes)  # out of line, compressed or not
     assert run.call("echo", lambda text: text, big) == big
     planted = "sha256:" + hashlib.sha256(b"the real body").hexdigest()
     with writer.connect() as conn, pytest.raises(Exception, match="does not match the digest"):

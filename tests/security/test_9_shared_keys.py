@@ -33,7 +33,7 @@ from agent_blackbox.keystore import (
 )
 from agent_blackbox.outbox import AgentRun, AsyncRecorder, Recorder, RunSnapshot
 from agent_blackbox.replayer import replay_run
-from agent_blackbox.schemas import Settings
+from agent_blackbox.schemas import Settings, split_encoding
 from tests.conftest import Login
 from tests.security._keys import envelopes, key_pair_files, replaying, table
 from tests.security.conftest import TENANT_A, TENANT_B
@@ -195,7 +195,7 @@ def test_recorders_built_from_an_agent_hosts_settings_are_wrap_only(
         recorder.engine.dispose()
         asyncio.run(async_recorder.engine.dispose())
     events = envelopes(engine, run.run_id)
-    assert {e.payload_encoding for e in events} == {SEALED_ENCODING}
+    assert {split_encoding(e.payload_encoding)[1] for e in events} == {SEALED_ENCODING}
     assert all(e.output_digest.startswith("hmac-sha256:") for e in events)
     replayer = login("blackbox_replayer", tenant=TENANT_A)
     report = replay_run(events, agent, **replaying(replayer, private, "finding 9 settings"))
