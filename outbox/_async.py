@@ -331,7 +331,7 @@ class AsyncRun:
         with spans.crossing() as seen:
 
             async def append(step: steps.Append) -> Envelope:
-                return seen(await self._append(step))
+                return seen(await self._append(step), step.crossing)
 
             return await steps.drive_async(boundary, append)
 

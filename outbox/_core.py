@@ -484,7 +484,11 @@ class RecorderConfig(TypedDict, total=False):
             (off when unset). A crash loses the unflushed events of the crashing process.
         otel: emit an OpenTelemetry span (GenAI semantic conventions) around each
             boundary crossing, whose ids the event then carries; default from
-            ``BLACKBOX_OTEL`` (off when unset). Spans never hold recorded content.
+            ``BLACKBOX_OTEL`` (off when unset). Spans hold no recorded content unless
+            ``otel_content`` says so.
+        otel_content: also put the crossing's content on its span (messages, the
+            answer, tool arguments and results), as recorded, so after redaction;
+            default from ``BLACKBOX_OTEL_CONTENT`` (off when unset). Needs ``otel``.
     """
 
     settings: Settings | None
@@ -497,6 +501,7 @@ class RecorderConfig(TypedDict, total=False):
     nondeterminism: NondeterminismMode | None
     group_commit: GroupCommit | None
     otel: bool | None
+    otel_content: bool | None
 
 
 class RecorderBase:
@@ -522,7 +527,7 @@ class RecorderBase:
         self.group_commit = (
             config["group_commit"] if "group_commit" in config else GroupCommit.from_env()
         )
-        self.spans = spans_from(config.get("otel"))
+        self.spans = spans_from(config.get("otel"), content=config.get("otel_content"))
 
     def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:
         """The digest of runs of ``classification``: the tenant's keyed digest once fetched

@@ -409,7 +409,7 @@ class Run:
         if spans is None:
             return steps.drive(boundary, self._append)
         with spans.crossing() as seen:
-            return steps.drive(boundary, lambda step: seen(self._append(step)))
+            return steps.drive(boundary, lambda step: seen(self._append(step), step.crossing))
 
     def flush(self) -> None:
         """Write the events this run buffered (group commit mode) now; nothing to do in

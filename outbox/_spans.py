@@ -4,24 +4,37 @@
 Each crossing runs inside a span of its own, so the envelope recorded for it carries that
 span's trace and span ids (the writer reads the current span), and the span carries the
 event's ``blackbox.run_id``, ``blackbox.sequence`` and ``blackbox.event_id``: a trace
-leads to the recorded event and back. Spans hold low-cardinality metadata only (model,
-provider, token counts, finish reason, tool name); no prompt, reply, argument or
-result is ever put on a span.
+leads to the recorded event and back. Spans hold low-cardinality metadata (model,
+provider, token counts, finish reason, tool name); no prompt, reply, argument or result
+is put on a span unless content is turned on (``BLACKBOX_OTEL_CONTENT=1``, or a
+recorder's ``otel_content=True``). Then an LLM call's span gets
+``gen_ai.input.messages``, ``gen_ai.system_instructions`` and ``gen_ai.output.messages``,
+a tool call's ``gen_ai.tool.call.arguments`` and ``gen_ai.tool.call.result``, each as
+JSON text of the crossing *as recorded*: after redaction, exactly what the event holds,
+cut at :data:`CONTENT_MAX_CHARS`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from agent_blackbox.schemas import Envelope, EventType
+from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.schemas import Envelope, EventType, completion_view
 
 OTEL_ENV = "BLACKBOX_OTEL"
+OTEL_CONTENT_ENV = "BLACKBOX_OTEL_CONTENT"
 TRACER_NAME = "agent_blackbox"
+CONTENT_MAX_CHARS = 32 * 1024
+"""The longest content attribute put on a span; longer text is cut, ending in ``…``
+(trace backends drop or cut long attributes themselves, less visibly)."""
+_ON = ("1", "true", "yes", "on")
 
 _TOKENS = (
     ("prompt_tokens", "gen_ai.usage.input_tokens"),
@@ -29,21 +42,27 @@ _TOKENS = (
 )
 
 
-def spans_from(setting: bool | None) -> BoundarySpans | None:
+def spans_from(setting: bool | None, *, content: bool | None = None) -> BoundarySpans | None:
     """The spans of a recorder: ``setting`` when given, else ``BLACKBOX_OTEL`` (``1``,
-    ``true``, ``yes`` or ``on`` turn them on)."""
-    on = setting
-    if on is None:
-        on = os.environ.get(OTEL_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-    return BoundarySpans() if on else None
+    ``true``, ``yes`` or ``on`` turn them on); with content when ``content`` says so,
+    else ``BLACKBOX_OTEL_CONTENT``."""
+    on = setting if setting is not None else _env_on(OTEL_ENV)
+    if content is None:
+        content = _env_on(OTEL_CONTENT_ENV)
+    return BoundarySpans(content=content) if on else None
+
+
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _ON
 
 
 class BoundarySpans:
     """Opens a span around each boundary crossing and names it once the crossing's
-    event is known."""
+    event is known; with ``content``, puts the recorded (redacted) content on it too."""
 
-    def __init__(self, tracer: trace.Tracer | None = None) -> None:
+    def __init__(self, tracer: trace.Tracer | None = None, *, content: bool = False) -> None:
         self._tracer = tracer
+        self.content = content
 
     @property
     def tracer(self) -> trace.Tracer:
@@ -54,17 +73,20 @@ class BoundarySpans:
         return self._tracer
 
     @contextmanager
-    def crossing(self) -> Iterator[Callable[[Envelope], Envelope]]:
+    def crossing(self) -> Iterator[Callable[[Envelope, Crossing], Envelope]]:
         """A span around one crossing; what it yields is given each event appended
-        inside it (and gives it back), and names and fills the span from it."""
+        inside it with its crossing (and gives the event back), and names and fills the
+        span from them."""
         with self.tracer.start_as_current_span(
             "blackbox.crossing", kind=SpanKind.CLIENT, record_exception=True
         ) as span:
 
-            def seen(envelope: Envelope) -> Envelope:
+            def seen(envelope: Envelope, crossing: Crossing) -> Envelope:
                 name, attributes = _described(envelope)
                 span.update_name(name)
                 span.set_attributes(attributes)
+                if self.content:
+                    span.set_attributes(_content(envelope.event_type, crossing))
                 if "error" in envelope.attributes:
                     span.set_attribute("error.type", envelope.attributes["error"])
                     span.set_status(Status(StatusCode.ERROR))
@@ -102,3 +124,34 @@ def _described(envelope: Envelope) -> tuple[str, dict[str, str | int | list[str]
         attributes.update({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool})
         return f"execute_tool {tool}".strip(), attributes
     return f"blackbox {envelope.event_type}", attributes
+
+
+def _content(event_type: str, crossing: Crossing) -> dict[str, str]:
+    """The content attributes of ``crossing`` as recorded (its redacted input and
+    output): JSON text, cut at :data:`CONTENT_MAX_CHARS`."""
+    found: dict[str, Any] = {}
+    if event_type == EventType.LLM_CALL:
+        request = crossing.input.get("request") or {}
+        turns = request.get("messages", request.get("input"))
+        if turns is not None:
+            found["gen_ai.input.messages"] = turns
+        system = request.get("system", request.get("instructions"))
+        if system is not None:
+            found["gen_ai.system_instructions"] = system
+        response = crossing.output.get("response")
+        if response is not None:
+            found["gen_ai.output.messages"] = [
+                choice.get("message", choice)
+                for choice in completion_view(response).get("choices") or []
+            ]
+    elif event_type == EventType.TOOL_CALL:
+        found["gen_ai.tool.call.arguments"] = crossing.input
+        found["gen_ai.tool.call.result"] = crossing.output
+    return {
+        name: _cut(json.dumps(value, ensure_ascii=False, default=str))
+        for name, value in found.items()
+    }
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= CONTENT_MAX_CHARS else text[: CONTENT_MAX_CHARS - 1] + "…"

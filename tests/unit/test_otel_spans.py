@@ -5,6 +5,7 @@ and no recorded content on any span."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,6 +94,46 @@ def test_no_recorded_content_is_put_on_a_span(spans: InMemorySpanExporter) -> No
     ]
     assert shown
     assert not [v for v in shown if SECRET_PROMPT in v or SECRET_RESULT in v or "an answer" in v]
+
+
+def test_content_goes_on_spans_only_when_asked_and_only_as_recorded(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mail = "jo.hansen@example.com"
+
+    def agent(run: AgentRun, _: Any) -> str:
+        found = run.call("lookup", lambda q: f"{SECRET_RESULT}, mail {mail}", SECRET_PROMPT)
+        messages = [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": f"{SECRET_PROMPT}: write to {mail}"},
+        ]
+        run.llm(lambda _r: REPLY, {"model": "m-1", "messages": messages}, provider="openai")
+        return str(found)
+
+    monkeypatch.setenv("BLACKBOX_OTEL_CONTENT", "1")
+    MemoryRecorder(otel=True).record(agent, RunSnapshot(code_version="c1"), agent_id="a")
+    named = _named(spans)
+    chat = dict(named["chat m-1"].attributes or {})
+    tool = dict(named["execute_tool lookup"].attributes or {})
+    sent = json.loads(str(chat["gen_ai.input.messages"]))
+    assert sent[1]["content"] == f"{SECRET_PROMPT}: write to [redacted:email]"
+    assert json.loads(str(chat["gen_ai.output.messages"]))[0]["content"] == "an answer"
+    assert SECRET_PROMPT in str(tool["gen_ai.tool.call.arguments"])
+    assert "[redacted:email]" in str(tool["gen_ai.tool.call.result"])
+    shown = [
+        str(v) for span in spans.get_finished_spans() for v in (span.attributes or {}).values()
+    ]
+    assert not [v for v in shown if mail in v]  # redacted as the event holds it
+
+    spans.clear()
+    MemoryRecorder(otel=True, otel_content=False).record(
+        agent, RunSnapshot(code_version="c1"), agent_id="a"
+    )
+    shown = [
+        str(v) for span in spans.get_finished_spans() for v in (span.attributes or {}).values()
+    ]
+    assert shown
+    assert not [v for v in shown if SECRET_PROMPT in v or "an answer" in v]
 
 
 def test_spans_are_off_unless_asked_for(
