@@ -60,6 +60,10 @@ console = safe_console(stderr=True)
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
     """agent-blackbox: a flight recorder for AI agents."""
+    try:  # a BLACKBOX_* variable with a bad value is named once, before any command runs
+        Settings.from_env()
+    except ValueError as exc:
+        raise click.UsageError(f"{exc}; fix the variable or unset it") from None
     # The composition root: the replayer reads runs through the read side's run index.
     ctx.obj = ReadSide(run_index=_run_index, replay_results=ViewReplayResults)
     logging.basicConfig(

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 import zstandard
+from click.testing import CliRunner
 
+from agent_blackbox.cli import main
 from agent_blackbox.keystore import SEALED_ENCODING, AesGcmSealer
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
 from agent_blackbox.replayer import reexecute, replay_run
@@ -325,3 +327,17 @@ def test_interleaved_conversations_each_name_their_own() -> None:
     # Each conversation continues its own previous call, two llm.calls back.
     assert [p["sequence"] if p else None for p in stored[2:]] == [e.sequence for e in calls[:-2]]
     assert replay_run(recorder.events, two_threads).passed
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("BLACKBOX_PAYLOAD_COMPRESSION", "lz4", "is not one of zstd, zstd-nodict, deflate, none"),
+        ("BLACKBOX_PARTITIONS", "twelve", "is not an integer"),
+    ],
+)
+def test_the_cli_names_a_bad_setting_and_exits_2(variable: str, value: str, said: str) -> None:
+    result = CliRunner(env={variable: value}).invoke(main, ["stats"])
+    assert result.exit_code == 2, result.output
+    assert f"{variable}={value!r} {said}" in result.output
+    assert "Traceback" not in result.output
