@@ -171,13 +171,17 @@ class Inflater:
             size = zstandard.frame_content_size(data)
         except zstandard.ZstdError as exc:
             raise UndecodableMessage(f"{where}: the zstd payload is corrupt ({exc})") from None
+        if size < 0:  # every frame this project writes says its size
+            raise UndecodableMessage(
+                f"{where}: the zstd payload does not say how large it inflates; refused unread"
+            )
         if size > self.limit:
             raise UndecodableMessage(
                 f"{where}: the zstd payload would inflate to {size} bytes, over the "
                 f"{self.limit}-byte limit of a body; refused unread"
             )
         try:
-            return _decompressor(dictionary).decompress(data, max_output_size=self.limit)
+            return _decompressor(dictionary).decompress(data)
         except zstandard.ZstdError as exc:
             raise UndecodableMessage(f"{where}: the zstd payload is corrupt ({exc})") from None
 

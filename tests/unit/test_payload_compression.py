@@ -255,6 +255,11 @@ _ZSTD_FRAME = zstandard.ZstdCompressor().compress(bytes(range(256)) * 40)
         (b"anything", "avro+zstd-d9", "shared dictionary 9, which this release does not have"),
         (b"anything", "avro+zstd-dx", "unknown payload compression 'zstd-dx'"),
         (zlib.compress(b"x")[:-3], "avro+deflate", "truncated"),
+        (
+            zstandard.ZstdCompressor(write_content_size=False).compress(b"x" * 1000),
+            "avro+zstd",
+            "does not say how large it inflates",
+        ),
     ],
 )
 def test_hostile_compressed_payloads_are_refused_by_name(
