@@ -37,8 +37,6 @@ faithful values do. Request ids are not recorded and are ``None`` in replay.
 
 from __future__ import annotations
 
-import inspect
-import json
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -49,9 +47,8 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from datetime import date
-from types import TracebackType
-from typing import Any, Generic, Literal, Protocol, TypeVar, cast, overload
+from functools import partial
+from typing import Any, Literal, TypeVar, cast, overload
 
 import anthropic
 import httpx2
@@ -60,9 +57,9 @@ from anthropic._models import construct_type, validate_type  # how the SDK build
 from anthropic.lib.streaming import AsyncMessageStream, MessageStream
 from anthropic.types import Message, RawMessageStreamEvent
 
-from agent_blackbox.outbox._errors import RecordedError
 from agent_blackbox.outbox._protocol import AgentRun
-from agent_blackbox.schemas import NotSerialisable, canonical_text
+from agent_blackbox.outbox.integrations import _capture
+from agent_blackbox.outbox.integrations._capture import AsyncAgentRun
 
 __all__ = [
     "PROVIDER",
@@ -87,6 +84,9 @@ _NOT_BODY = frozenset(
     {"extra_headers", "extra_query", "extra_body", "timeout", "user_profile_id", "workspace_id"}
 )
 
+# The SDK's markers of an argument not given; it leaves them out of the body.
+_OMITTED = (anthropic.NotGiven, anthropic.Omit)
+
 _PATH = "v1/messages"
 
 
@@ -106,21 +106,18 @@ def _status_errors() -> dict[str, type[anthropic.APIStatusError]]:
     return {cls.__name__: cls for cls in classes}
 
 
-_STATUS_ERRORS = _status_errors()
-
-
-class AsyncAgentRun(Protocol):
-    """The boundary an async capture needs: :class:`~agent_blackbox.outbox.AsyncRun` in
-    record mode, :class:`~agent_blackbox.replayer.AsyncReplayRun` in replay."""
-
-    def llm(
-        self,
-        send: Callable[[Mapping[str, Any]], Any],
-        request: Mapping[str, Any],
-        *,
-        provider: str,
-        model: str | None = None,
-    ) -> Awaitable[Mapping[str, Any]] | Mapping[str, Any]: ...
+_SDK = _capture.SDK(
+    provider=PROVIDER,
+    api_error=anthropic.APIError,
+    status_error=anthropic.APIStatusError,
+    timeout_error=anthropic.APITimeoutError,
+    connection_error=anthropic.APIConnectionError,
+    status_errors=_status_errors(),
+    # An error event in the middle of a stream is a status error with no body read.
+    rebuilds_without_text=True,
+    construct=construct_type,
+    validate=validate_type,
+)
 
 
 @overload
@@ -164,7 +161,7 @@ def capture_anthropic(
 # Recorded streams --------------------------------------------------------------------
 
 
-class RecordedStream(Generic[T]):
+class RecordedStream(_capture.RecordedStream[T]):
     """The raw events of a streamed call, in the order the server sent them.
 
     It iterates once, like the SDK's ``Stream``, and is a context manager; the HTTP
@@ -174,60 +171,15 @@ class RecordedStream(Generic[T]):
 
     def __init__(self, events: Iterable[T]) -> None:
         self.events: tuple[T, ...] = tuple(events)
-        self._iterator = iter(self.events)
-
-    def __iter__(self) -> Iterator[T]:
-        return self
-
-    def __next__(self) -> T:
-        return next(self._iterator)
-
-    def __enter__(self) -> RecordedStream[T]:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop the iteration; nothing is left open."""
-        self._iterator = iter(())
+        super().__init__(self.events)
 
 
-class AsyncRecordedStream(Generic[T]):
+class AsyncRecordedStream(_capture.AsyncRecordedStream[T]):
     """The async twin of :class:`RecordedStream`, iterated with ``async for``."""
 
     def __init__(self, events: Iterable[T]) -> None:
         self.events: tuple[T, ...] = tuple(events)
-        self._iterator = iter(self.events)
-
-    def __aiter__(self) -> AsyncRecordedStream[T]:
-        return self
-
-    async def __anext__(self) -> T:
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> AsyncRecordedStream[T]:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Stop the iteration; nothing is left open."""
-        self._iterator = iter(())
+        super().__init__(self.events)
 
 
 class _RawEvents:
@@ -272,12 +224,7 @@ class RecordedMessageStreamManager:
         self._stream = self._opened()
         return self._stream
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._stream is not None:
             self._stream.close()
 
@@ -293,12 +240,7 @@ class AsyncRecordedMessageStreamManager:
         self._stream = await self._opened()
         return self._stream
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._stream is not None:
             await self._stream.close()
 
@@ -321,16 +263,12 @@ def _prepared(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     request = {
         name: _json_value(value)
         for name, value in sent.items()
-        if name not in _NOT_BODY and not _omitted(value)
+        if name not in _NOT_BODY and not isinstance(value, _OMITTED)
     }
     extra = sent.get("extra_body")
     if isinstance(extra, Mapping):  # the SDK sends these in the body, over the arguments
         request.update({name: _json_value(value) for name, value in extra.items()})
     return sent, request
-
-
-def _omitted(value: Any) -> bool:
-    return isinstance(value, anthropic.NotGiven | anthropic.Omit)
 
 
 def _materialised(value: Any) -> Any:
@@ -344,52 +282,11 @@ def _materialised(value: Any) -> Any:
 
 
 def _json_value(value: Any) -> Any:
-    """``value`` as JSON; what is not JSON is left for the recorder to reject."""
-    if isinstance(value, pydantic.BaseModel):
-        # The SDK sends models this way; so the recorded request is the body it sent.
-        exclude = getattr(value, "__api_exclude__", None)
-        return value.model_dump(mode="json", exclude_unset=True, by_alias=True, exclude=exclude)
-    if isinstance(value, Mapping):
-        return {key: _json_value(item) for key, item in value.items() if not _omitted(item)}
-    if isinstance(value, list | tuple):
-        return [_json_value(item) for item in value]
-    if isinstance(value, date):
-        return value.isoformat()
-    return value
+    # As the SDK sends it: models by alias, dates as text, NotGiven and Omit left out.
+    return _capture.json_value(value, omitted=_OMITTED, by_alias=True, dates=True)
 
 
-def _model(request: Mapping[str, Any]) -> str | None:
-    model = request.get("model")
-    return model if isinstance(model, str) else None
-
-
-def _mark(exc: anthropic.APIError) -> None:
-    """Make the recorded form of ``exc`` carry what replay needs to rebuild it."""
-    status = exc.status_code if isinstance(exc, anthropic.APIStatusError) else None
-    details = {
-        "message": exc.message,
-        "status_code": status,
-        "body": exc.body,
-        "response_text": _response_text(exc),
-    }
-    try:
-        message = canonical_text(details, path="anthropic.error")
-    except NotSerialisable:
-        return  # recorded by its type and message alone, and replayed as RecordedError
-    # error_info() records this attribute instead of str(exc); see outbox._boundaries.
-    exc.recorded_error = {"type": type(exc).__qualname__, "message": message}  # type: ignore[attr-defined]
-
-
-def _response_text(exc: anthropic.APIError) -> str | None:
-    if not isinstance(exc, anthropic.APIStatusError):
-        return None
-    try:
-        return exc.response.text
-    except httpx2.ResponseNotRead:  # an error event in the middle of a stream
-        return None
-
-
-# What replay hands back -------------------------------------------------------------
+# What the agent is handed -----------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,6 +298,15 @@ class _Answer:
     response: httpx2.Response
 
 
+def _whole(message: Message, raw: Any) -> _capture.Sent[_Answer]:
+    """A plain call's answer: the message, and the body exactly as the server sent it."""
+    return _Answer(message, (), raw.http_response), raw.http_response.json()
+
+
+def _streamed(events: tuple[RawMessageStreamEvent, ...], raw: Any) -> _capture.Sent[_Answer]:
+    return _Answer(None, events, raw.http_response), _capture.stream_json(events)
+
+
 def _replayed(
     client: anthropic.Anthropic | anthropic.AsyncAnthropic,
     response: Mapping[str, Any],
@@ -408,61 +314,14 @@ def _replayed(
     streamed: bool,
 ) -> _Answer:
     """The SDK objects of a recorded response, built as the SDK builds them."""
-    strict = bool(getattr(client, "_strict_response_validation", False))
+    strict = _capture.strict_validation(client)
     stand_in = httpx2.Response(200, request=httpx2.Request("POST", client.base_url.join(_PATH)))
     if streamed:
-        events = tuple(_built(RawMessageStreamEvent, e, strict=strict) for e in response["stream"])
+        events = tuple(
+            _SDK.built(RawMessageStreamEvent, e, strict=strict) for e in response["stream"]
+        )
         return _Answer(None, events, stand_in)
-    return _Answer(_built(Message, response, strict=strict), (), stand_in)
-
-
-def _built(type_: Any, data: Any, *, strict: bool) -> Any:
-    # The SDK builds its objects without validation unless the client asked for strict
-    # validation; replay does the same, so an object is equal to the one record mode
-    # handed back also where the server's JSON does not match the SDK's types.
-    return (
-        validate_type(type_=type_, value=data)
-        if strict
-        else construct_type(type_=type_, value=data)
-    )
-
-
-def _rebuilt_error(
-    recorded: RecordedError, client: anthropic.Anthropic | anthropic.AsyncAnthropic
-) -> Exception | None:
-    """The ``anthropic`` exception a recorded error stands for, or None for any other."""
-    details = _details(recorded.message)
-    if details is None:
-        return None
-    request = httpx2.Request("POST", client.base_url.join(_PATH))
-    message, body = str(details.get("message")), details.get("body")
-    status, text = details.get("status_code"), details.get("response_text")
-    cls = _STATUS_ERRORS.get(recorded.type_name)
-    rebuilt: Exception
-    if cls is not None and isinstance(status, int):
-        content = text.encode() if isinstance(text, str) else b""
-        headers = {"content-type": "application/json"}
-        response = httpx2.Response(status, content=content, headers=headers, request=request)
-        rebuilt = cls(message, response=response, body=body)
-    elif recorded.type_name == "APITimeoutError":
-        rebuilt = anthropic.APITimeoutError(request=request)
-    elif recorded.type_name == "APIConnectionError":
-        rebuilt = anthropic.APIConnectionError(message=message, request=request)
-    elif recorded.type_name == "APIError":
-        rebuilt = anthropic.APIError(message, request, body=body)
-    else:
-        return None
-    # Recorded again the way it was recorded, should the agent's run end on it.
-    rebuilt.recorded_error = dict(recorded.recorded_error)  # type: ignore[attr-defined]
-    return rebuilt
-
-
-def _details(message: str) -> dict[str, Any] | None:
-    try:
-        details = json.loads(message)
-    except ValueError:
-        return None
-    return details if isinstance(details, dict) else None
+    return _Answer(_SDK.built(Message, response, strict=strict), (), stand_in)
 
 
 def _message_stream(answer: _Answer) -> MessageStream[None]:
@@ -475,15 +334,29 @@ def _async_message_stream(answer: _Answer) -> AsyncMessageStream[None]:
     return AsyncMessageStream(cast(Any, raw), output_format=anthropic.NOT_GIVEN)
 
 
+class _Calls:
+    """What the sync and the async ``messages`` share: the client, the run and where
+    the Messages API posts."""
+
+    def __init__(self, client: anthropic.Anthropic | anthropic.AsyncAnthropic, run: Any) -> None:
+        self._client = client
+        self._run = run
+
+    def _replayed(self, streamed: bool) -> Callable[[Mapping[str, Any]], _Answer]:
+        return partial(_replayed, self._client, streamed=streamed)
+
+    def _url(self) -> httpx2.URL:
+        return self._client.base_url.join(_PATH)
+
+
 # Sync ---------------------------------------------------------------------------------
 
 
-class _Messages:
+class _Messages(_Calls):
     """``messages`` of a sync client, through the run's boundary."""
 
     def __init__(self, client: anthropic.Anthropic, run: AgentRun) -> None:
-        self._client = client
-        self._run = run
+        super().__init__(client, run)
         # The raw-response variant, so the body is recorded exactly as the server sent it.
         self._raw_create: Callable[..., Any] = client.messages.with_raw_response.create
 
@@ -497,50 +370,29 @@ class _Messages:
 
     def create(self, **kwargs: Any) -> Message | RecordedStream[RawMessageStreamEvent]:
         """``client.messages.create`` with the same arguments, recorded."""
-        sent, request = _prepared(kwargs)
-        streamed = bool(sent.get("stream"))
-        answer = self._call(sent, request, streamed=streamed)
-        if streamed:
-            return RecordedStream(answer.events)
-        assert answer.message is not None
-        return answer.message
+        answer = self._call(*_prepared(kwargs))
+        return RecordedStream(answer.events) if answer.message is None else answer.message
 
     def stream(self, **kwargs: Any) -> RecordedMessageStreamManager:
         """``client.messages.stream`` with the same arguments: the call is made, and
         recorded, when the returned manager is entered."""
         sent, request = _prepared({**kwargs, "stream": True})
-        return RecordedMessageStreamManager(
-            lambda: _message_stream(self._call(sent, request, streamed=True))
+        return RecordedMessageStreamManager(lambda: _message_stream(self._call(sent, request)))
+
+    def _call(self, sent: Mapping[str, Any], request: Mapping[str, Any]) -> _Answer:
+        streamed = bool(sent.get("stream"))
+
+        def send() -> _capture.Sent[_Answer]:
+            raw = self._raw_create(**sent)
+            if not streamed:
+                return _whole(raw.parse(), raw)
+            with raw.parse() as stream:
+                events = tuple(stream)
+            return _streamed(events, raw)
+
+        return _capture.recorded_call(
+            _SDK, self._run, request, send=send, replayed=self._replayed(streamed), url=self._url
         )
-
-    def _call(
-        self, sent: Mapping[str, Any], request: Mapping[str, Any], *, streamed: bool
-    ) -> _Answer:
-        originals: list[_Answer] = []
-
-        def send(_: Mapping[str, Any]) -> Mapping[str, Any]:
-            try:
-                raw = self._raw_create(**sent)
-                if streamed:
-                    with raw.parse() as stream:
-                        events = tuple(stream)
-                    originals.append(_Answer(None, events, raw.http_response))
-                    return {"stream": [event.to_dict(mode="json") for event in events]}
-                originals.append(_Answer(raw.parse(), (), raw.http_response))
-                body: Mapping[str, Any] = raw.http_response.json()
-                return body
-            except anthropic.APIError as exc:
-                _mark(exc)
-                raise
-
-        try:
-            response = self._run.llm(send, request, provider=PROVIDER, model=_model(request))
-        except RecordedError as exc:
-            rebuilt = _rebuilt_error(exc, self._client)
-            if rebuilt is None:
-                raise
-            raise rebuilt from exc
-        return originals[0] if originals else _replayed(self._client, response, streamed=streamed)
 
 
 class CapturedAnthropic:
@@ -565,12 +417,11 @@ class CapturedAnthropic:
 # Async --------------------------------------------------------------------------------
 
 
-class _AsyncMessages:
+class _AsyncMessages(_Calls):
     """``messages`` of an async client, through the run's boundary."""
 
     def __init__(self, client: anthropic.AsyncAnthropic, run: AsyncAgentRun) -> None:
-        self._client = client
-        self._run = run
+        super().__init__(client, run)
         # The raw-response variant, so the body is recorded exactly as the server sent it.
         self._raw_create: Callable[..., Awaitable[Any]] = client.messages.with_raw_response.create
 
@@ -584,13 +435,8 @@ class _AsyncMessages:
 
     async def create(self, **kwargs: Any) -> Message | AsyncRecordedStream[RawMessageStreamEvent]:
         """``await client.messages.create`` with the same arguments, recorded."""
-        sent, request = _prepared(kwargs)
-        streamed = bool(sent.get("stream"))
-        answer = await self._call(sent, request, streamed=streamed)
-        if streamed:
-            return AsyncRecordedStream(answer.events)
-        assert answer.message is not None
-        return answer.message
+        answer = await self._call(*_prepared(kwargs))
+        return AsyncRecordedStream(answer.events) if answer.message is None else answer.message
 
     def stream(self, **kwargs: Any) -> AsyncRecordedMessageStreamManager:
         """``client.messages.stream`` with the same arguments, for ``async with``: the
@@ -598,40 +444,24 @@ class _AsyncMessages:
         sent, request = _prepared({**kwargs, "stream": True})
 
         async def opened() -> AsyncMessageStream[None]:
-            return _async_message_stream(await self._call(sent, request, streamed=True))
+            return _async_message_stream(await self._call(sent, request))
 
         return AsyncRecordedMessageStreamManager(opened)
 
-    async def _call(
-        self, sent: Mapping[str, Any], request: Mapping[str, Any], *, streamed: bool
-    ) -> _Answer:
-        originals: list[_Answer] = []
+    async def _call(self, sent: Mapping[str, Any], request: Mapping[str, Any]) -> _Answer:
+        streamed = bool(sent.get("stream"))
 
-        async def send(_: Mapping[str, Any]) -> Mapping[str, Any]:
-            try:
-                raw = await self._raw_create(**sent)
-                if streamed:
-                    async with await raw.parse() as stream:
-                        events = tuple([event async for event in stream])
-                    originals.append(_Answer(None, events, raw.http_response))
-                    return {"stream": [event.to_dict(mode="json") for event in events]}
-                originals.append(_Answer(await raw.parse(), (), raw.http_response))
-                body: Mapping[str, Any] = raw.http_response.json()
-                return body
-            except anthropic.APIError as exc:
-                _mark(exc)
-                raise
+        async def send() -> _capture.Sent[_Answer]:
+            raw = await self._raw_create(**sent)
+            if not streamed:
+                return _whole(await raw.parse(), raw)
+            async with await raw.parse() as stream:
+                events = tuple([event async for event in stream])
+            return _streamed(events, raw)
 
-        try:
-            answered = self._run.llm(send, request, provider=PROVIDER, model=_model(request))
-            # A replay run answers at once; a recording run is awaited.
-            response = await answered if inspect.isawaitable(answered) else answered
-        except RecordedError as exc:
-            rebuilt = _rebuilt_error(exc, self._client)
-            if rebuilt is None:
-                raise
-            raise rebuilt from exc
-        return originals[0] if originals else _replayed(self._client, response, streamed=streamed)
+        return await _capture.recorded_call_async(
+            _SDK, self._run, request, send=send, replayed=self._replayed(streamed), url=self._url
+        )
 
 
 class CapturedAsyncAnthropic:

@@ -38,12 +38,10 @@ named like it). The response's request id header
 
 from __future__ import annotations
 
-import inspect
-import json
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Generic, Literal, Protocol, TypeVar, overload
+from functools import partial
+from typing import Any, Literal, TypeVar, overload
 
 import httpx2
 import openai
@@ -52,9 +50,9 @@ from openai._models import construct_type, validate_type  # how the SDK builds i
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
-from agent_blackbox.outbox._errors import RecordedError
 from agent_blackbox.outbox._protocol import AgentRun
-from agent_blackbox.schemas import NotSerialisable, canonical_text
+from agent_blackbox.outbox.integrations import _capture
+from agent_blackbox.outbox.integrations._capture import AsyncAgentRun
 
 __all__ = [
     "PROVIDER",
@@ -75,35 +73,32 @@ T = TypeVar("T")
 # credentials, so none of them is ever recorded.
 _TRANSPORT_OPTIONS = frozenset({"extra_headers", "extra_query", "timeout"})
 
-# The API errors rebuilt in replay from their recorded status and body, by class name.
-_STATUS_ERRORS: dict[str, type[openai.APIStatusError]] = {
-    cls.__name__: cls
-    for cls in (
-        openai.APIStatusError,
-        openai.BadRequestError,
-        openai.AuthenticationError,
-        openai.PermissionDeniedError,
-        openai.NotFoundError,
-        openai.ConflictError,
-        openai.UnprocessableEntityError,
-        openai.RateLimitError,
-        openai.InternalServerError,
-    )
-}
-
-
-class AsyncAgentRun(Protocol):
-    """The boundary an async capture needs: :class:`~agent_blackbox.outbox.AsyncRun` in record mode,
-    :class:`~agent_blackbox.replayer.AsyncReplayRun` in replay."""
-
-    def llm(
-        self,
-        send: Callable[[Mapping[str, Any]], Any],
-        request: Mapping[str, Any],
-        *,
-        provider: str,
-        model: str | None = None,
-    ) -> Awaitable[Mapping[str, Any]] | Mapping[str, Any]: ...
+_SDK = _capture.SDK(
+    provider=PROVIDER,
+    api_error=openai.APIError,
+    status_error=openai.APIStatusError,
+    timeout_error=openai.APITimeoutError,
+    connection_error=openai.APIConnectionError,
+    # The API errors rebuilt in replay from their recorded status and body, by class name.
+    status_errors={
+        cls.__name__: cls
+        for cls in (
+            openai.APIStatusError,
+            openai.BadRequestError,
+            openai.AuthenticationError,
+            openai.PermissionDeniedError,
+            openai.NotFoundError,
+            openai.ConflictError,
+            openai.UnprocessableEntityError,
+            openai.RateLimitError,
+            openai.InternalServerError,
+        )
+    },
+    # The SDK reads an error response before raising, so a status error has its text.
+    rebuilds_without_text=False,
+    construct=construct_type,
+    validate=validate_type,
+)
 
 
 @overload
@@ -142,7 +137,7 @@ def capture_openai(
 # Recorded streams --------------------------------------------------------------------
 
 
-class RecordedStream(Generic[T]):
+class RecordedStream(_capture.RecordedStream[T]):
     """The chunks of a streamed call, in the order the server sent them.
 
     It iterates once, like the SDK's ``Stream``, and is a context manager; the HTTP
@@ -152,60 +147,15 @@ class RecordedStream(Generic[T]):
 
     def __init__(self, chunks: Iterable[T]) -> None:
         self.chunks: tuple[T, ...] = tuple(chunks)
-        self._iterator = iter(self.chunks)
-
-    def __iter__(self) -> Iterator[T]:
-        return self
-
-    def __next__(self) -> T:
-        return next(self._iterator)
-
-    def __enter__(self) -> RecordedStream[T]:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop the iteration; nothing is left open."""
-        self._iterator = iter(())
+        super().__init__(self.chunks)
 
 
-class AsyncRecordedStream(Generic[T]):
+class AsyncRecordedStream(_capture.AsyncRecordedStream[T]):
     """The async twin of :class:`RecordedStream`, iterated with ``async for``."""
 
     def __init__(self, chunks: Iterable[T]) -> None:
         self.chunks: tuple[T, ...] = tuple(chunks)
-        self._iterator = iter(self.chunks)
-
-    def __aiter__(self) -> AsyncRecordedStream[T]:
-        return self
-
-    async def __anext__(self) -> T:
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> AsyncRecordedStream[T]:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Stop the iteration; nothing is left open."""
-        self._iterator = iter(())
+        super().__init__(self.chunks)
 
 
 # What is recorded -------------------------------------------------------------------
@@ -233,7 +183,7 @@ def _prepared(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     """
     sent = {name: _materialised(value) for name, value in kwargs.items()}
     request = {
-        name: _json_value(value)
+        name: _capture.json_value(value)
         for name, value in sent.items()
         if name not in _TRANSPORT_OPTIONS and not isinstance(value, openai.NotGiven | openai.Omit)
     }
@@ -246,48 +196,13 @@ def _materialised(value: Any) -> Any:
     return list(value) if isinstance(value, Iterable) else value
 
 
-def _json_value(value: Any) -> Any:
-    """``value`` as JSON; what is not JSON is left for the recorder to reject."""
-    if isinstance(value, pydantic.BaseModel):
-        # The SDK sends models this way; so the recorded request is the body it sent.
-        exclude = getattr(value, "__api_exclude__", None)
-        return value.model_dump(mode="json", exclude_unset=True, exclude=exclude)
-    if isinstance(value, Mapping):
-        return {key: _json_value(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_value(item) for item in value]
-    return value
+def _whole(raw: Any) -> _capture.Sent[Any]:
+    """A plain call's answer: the SDK's object, and the body exactly as the server sent it."""
+    return raw.parse(), raw.http_response.json()
 
 
-def _model(request: Mapping[str, Any]) -> str | None:
-    model = request.get("model")
-    return model if isinstance(model, str) else None
-
-
-def _mark(exc: openai.APIError) -> None:
-    """Make the recorded form of ``exc`` carry what replay needs to rebuild it."""
-    status = exc.status_code if isinstance(exc, openai.APIStatusError) else None
-    details = {
-        "message": exc.message,
-        "status_code": status,
-        "body": exc.body,
-        "response_text": _response_text(exc),
-    }
-    try:
-        message = canonical_text(details, path="openai.error")
-    except NotSerialisable:
-        return  # recorded by its type and message alone, and replayed as RecordedError
-    # error_info() records this attribute instead of str(exc); see outbox._boundaries.
-    exc.recorded_error = {"type": type(exc).__qualname__, "message": message}  # type: ignore[attr-defined]
-
-
-def _response_text(exc: openai.APIError) -> str | None:
-    if not isinstance(exc, openai.APIStatusError):
-        return None
-    try:
-        return exc.response.text
-    except httpx2.ResponseNotRead:
-        return None
+def _streamed(chunks: list[Any]) -> _capture.Sent[Any]:
+    return chunks, _capture.stream_json(chunks)
 
 
 # What replay hands back -------------------------------------------------------------
@@ -298,80 +213,37 @@ def _rebuilt(
 ) -> Any:
     """The SDK objects of a recorded response: the chunks of a stream, or one result."""
     if streamed:
-        return [_built(endpoint.chunk, chunk, strict=strict) for chunk in response["stream"]]
-    return _built(endpoint.result, response, strict=strict)
+        return [_SDK.built(endpoint.chunk, chunk, strict=strict) for chunk in response["stream"]]
+    return _SDK.built(endpoint.result, response, strict=strict)
 
 
-def _handed_back(
-    client: openai.OpenAI | openai.AsyncOpenAI,
-    endpoint: _Endpoint,
-    originals: list[Any],
-    response: Mapping[str, Any],
-    streamed: bool,
-) -> Any:
-    """The SDK's own objects in record mode, or, in replay, their rebuilt twins."""
-    if originals:
-        return originals[0]
-    strict = bool(getattr(client, "_strict_response_validation", False))
-    return _rebuilt(endpoint, response, streamed=streamed, strict=strict)
+class _Method:
+    """What the sync and the async ``create`` of one endpoint share: the client, the run
+    and where the endpoint posts."""
 
+    def __init__(
+        self, client: openai.OpenAI | openai.AsyncOpenAI, run: Any, endpoint: _Endpoint
+    ) -> None:
+        self._client = client
+        self._run = run
+        self._endpoint = endpoint
 
-def _built(type_: Any, data: Any, *, strict: bool) -> Any:
-    # The SDK builds its objects without validation unless the client asked for strict
-    # validation; replay does the same, so an object is equal to the one record mode
-    # handed back also where the server's JSON does not match the SDK's types.
-    return (
-        validate_type(type_=type_, value=data)
-        if strict
-        else construct_type(type_=type_, value=data)
-    )
+    def _replayed(self, response: Mapping[str, Any], *, streamed: bool) -> Any:
+        strict = _capture.strict_validation(self._client)
+        return _rebuilt(self._endpoint, response, streamed=streamed, strict=strict)
 
-
-def _rebuilt_error(recorded: RecordedError, url: httpx2.URL) -> Exception | None:
-    """The ``openai`` exception a recorded error stands for, or None for any other."""
-    details = _details(recorded.message)
-    if details is None:
-        return None
-    request = httpx2.Request("POST", url)
-    message, body = str(details.get("message")), details.get("body")
-    status, text = details.get("status_code"), details.get("response_text")
-    cls = _STATUS_ERRORS.get(recorded.type_name)
-    rebuilt: Exception
-    if cls is not None and isinstance(status, int) and isinstance(text, str):
-        headers = {"content-type": "application/json"}
-        response = httpx2.Response(status, content=text.encode(), headers=headers, request=request)
-        rebuilt = cls(message, response=response, body=body)
-    elif recorded.type_name == "APITimeoutError":
-        rebuilt = openai.APITimeoutError(request=request)
-    elif recorded.type_name == "APIConnectionError":
-        rebuilt = openai.APIConnectionError(message=message, request=request)
-    elif recorded.type_name == "APIError":
-        rebuilt = openai.APIError(message, request, body=body)
-    else:
-        return None
-    # Recorded again the way it was recorded, should the agent's run end on it.
-    rebuilt.recorded_error = dict(recorded.recorded_error)  # type: ignore[attr-defined]
-    return rebuilt
-
-
-def _details(message: str) -> dict[str, Any] | None:
-    try:
-        details = json.loads(message)
-    except ValueError:
-        return None
-    return details if isinstance(details, dict) else None
+    def _url(self) -> httpx2.URL:
+        return self._client.base_url.join(self._endpoint.path)
 
 
 # Sync ---------------------------------------------------------------------------------
 
 
-class _SyncMethod:
+class _SyncMethod(_Method):
     """``create`` of one endpoint of a sync client, through the run's boundary."""
 
     def __init__(self, client: openai.OpenAI, run: AgentRun, endpoint: _Endpoint) -> None:
-        self._client = client
-        self._run = run
-        self._endpoint = endpoint
+        super().__init__(client, run, endpoint)
         resource = client.chat.completions if endpoint is _CHAT else client.responses
         # The raw-response variant, so the body is recorded exactly as the server sent it.
         self._raw_create: Callable[..., Any] = resource.with_raw_response.create
@@ -379,31 +251,19 @@ class _SyncMethod:
     def __call__(self, kwargs: Mapping[str, Any]) -> Any:
         sent, request = _prepared(kwargs)
         streamed = bool(sent.get("stream"))
-        originals: list[Any] = []
 
-        def send(_: Mapping[str, Any]) -> Mapping[str, Any]:
-            try:
-                raw = self._raw_create(**sent)
-                if streamed:
-                    with raw.parse() as stream:
-                        chunks = list(stream)
-                    originals.append(chunks)
-                    return {"stream": [chunk.to_dict(mode="json") for chunk in chunks]}
-                originals.append(raw.parse())
-                body: Mapping[str, Any] = raw.http_response.json()
-                return body
-            except openai.APIError as exc:
-                _mark(exc)
-                raise
+        def send() -> _capture.Sent[Any]:
+            raw = self._raw_create(**sent)
+            if not streamed:
+                return _whole(raw)
+            with raw.parse() as stream:
+                chunks = list(stream)
+            return _streamed(chunks)
 
-        try:
-            response = self._run.llm(send, request, provider=PROVIDER, model=_model(request))
-        except RecordedError as exc:
-            rebuilt = _rebuilt_error(exc, self._client.base_url.join(self._endpoint.path))
-            if rebuilt is None:
-                raise
-            raise rebuilt from exc
-        result = _handed_back(self._client, self._endpoint, originals, response, streamed)
+        replayed = partial(self._replayed, streamed=streamed)
+        result = _capture.recorded_call(
+            _SDK, self._run, request, send=send, replayed=replayed, url=self._url
+        )
         return RecordedStream(result) if streamed else result
 
 
@@ -470,13 +330,11 @@ class CapturedOpenAI:
 # Async --------------------------------------------------------------------------------
 
 
-class _AsyncMethod:
+class _AsyncMethod(_Method):
     """``create`` of one endpoint of an async client, through the run's boundary."""
 
     def __init__(self, client: openai.AsyncOpenAI, run: AsyncAgentRun, endpoint: _Endpoint) -> None:
-        self._client = client
-        self._run = run
-        self._endpoint = endpoint
+        super().__init__(client, run, endpoint)
         resource = client.chat.completions if endpoint is _CHAT else client.responses
         # The raw-response variant, so the body is recorded exactly as the server sent it.
         self._raw_create: Callable[..., Awaitable[Any]] = resource.with_raw_response.create
@@ -484,33 +342,19 @@ class _AsyncMethod:
     async def __call__(self, kwargs: Mapping[str, Any]) -> Any:
         sent, request = _prepared(kwargs)
         streamed = bool(sent.get("stream"))
-        originals: list[Any] = []
 
-        async def send(_: Mapping[str, Any]) -> Mapping[str, Any]:
-            try:
-                raw = await self._raw_create(**sent)
-                if streamed:
-                    async with raw.parse() as stream:
-                        chunks = [chunk async for chunk in stream]
-                    originals.append(chunks)
-                    return {"stream": [chunk.to_dict(mode="json") for chunk in chunks]}
-                originals.append(raw.parse())
-                body: Mapping[str, Any] = raw.http_response.json()
-                return body
-            except openai.APIError as exc:
-                _mark(exc)
-                raise
+        async def send() -> _capture.Sent[Any]:
+            raw = await self._raw_create(**sent)
+            if not streamed:
+                return _whole(raw)
+            async with raw.parse() as stream:
+                chunks = [chunk async for chunk in stream]
+            return _streamed(chunks)
 
-        try:
-            answered = self._run.llm(send, request, provider=PROVIDER, model=_model(request))
-            # A replay run answers at once; a recording run is awaited.
-            response = await answered if inspect.isawaitable(answered) else answered
-        except RecordedError as exc:
-            rebuilt = _rebuilt_error(exc, self._client.base_url.join(self._endpoint.path))
-            if rebuilt is None:
-                raise
-            raise rebuilt from exc
-        result = _handed_back(self._client, self._endpoint, originals, response, streamed)
+        replayed = partial(self._replayed, streamed=streamed)
+        result = await _capture.recorded_call_async(
+            _SDK, self._run, request, send=send, replayed=replayed, url=self._url
+        )
         return AsyncRecordedStream(result) if streamed else result
 
 
