@@ -25,13 +25,11 @@ What it answers is chosen by the request:
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+
+from tests.integration._llm_server import LLMServer, Reply
 
 TOOL_INPUT = {"city": "Paris"}
 REQUEST_ID = "req_anthropic_test_0001"
@@ -54,131 +52,23 @@ _ERROR_TYPES = {
 }
 
 
-@dataclass(frozen=True)
-class ReceivedRequest:
-    """One request as the server saw it."""
+class AnthropicServer(LLMServer):
+    """Serves the Messages API on 127.0.0.1 on a free port, in a thread; the SDK's base
+    URL is the bare address (it appends ``/v1/messages``).
 
-    method: str
-    path: str
-    headers: dict[str, str]
-    """Header names in lower case."""
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What the server sends back: a JSON body, or a list of SSE events."""
-
-    status: int
-    body: Any = None
-    events: tuple[tuple[str, str], ...] | None = None
-    """``(event name, data)`` pairs of a stream."""
-
-
-class AnthropicServer:
-    """Serves the Messages API on 127.0.0.1 on a free port, in a thread.
-
-    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    Use as a context manager, or call :meth:`start` and :meth:`stop`. What it sent back
+    (:attr:`sent`) leaves out the ``ping`` events of a stream.
     """
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._requests: list[ReceivedRequest] = []
-        self.sent: list[Any] = []
-        """The JSON documents sent back, in order: bodies, or each stream's event data
-        (without ``ping``)."""
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._httpd.daemon_threads = True  # keep-alive connections must not block stop()
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.02},
-            name="anthropic-test-server",
-            daemon=True,
-        )
+    name = "anthropic-test-server"
+    request_id_header = "request-id"
+    request_id = REQUEST_ID
 
-    @property
-    def base_url(self) -> str:
-        """The SDK's base URL (it appends ``/v1/messages``)."""
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+    def reply(self, path: str, request: Mapping[str, Any]) -> Reply:
+        return answer(path, request)  # looked up per request: a test may replace it
 
-    @property
-    def requests(self) -> list[ReceivedRequest]:
-        """A copy of the requests received so far."""
-        with self._lock:
-            return list(self._requests)
-
-    def start(self) -> AnthropicServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=10)
-
-    def __enter__(self) -> AnthropicServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def received(self, request: ReceivedRequest) -> None:
-        with self._lock:
-            self._requests.append(request)
-
-    def answered(self, document: Any) -> None:
-        with self._lock:
-            self.sent.append(document)
-
-
-def _handler(server: AnthropicServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = 30  # a client that stops talking frees its thread
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("content-length") or 0)
-            body = self.rfile.read(length)
-            headers = {name.lower(): value for name, value in self.headers.items()}
-            server.received(ReceivedRequest("POST", self.path, headers, body))
-            reply = answer(urlsplit(self.path).path, json.loads(body or b"{}"))
-            if reply.events is None:
-                server.answered(reply.body)
-                self._send_json(reply.status, reply.body)
-            else:
-                kept = [json.loads(data) for name, data in reply.events if name != "ping"]
-                server.answered(kept)
-                self._send_events(reply.events)
-
-        def _send_json(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.send_header("request-id", REQUEST_ID)
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _send_events(self, events: tuple[tuple[str, str], ...]) -> None:
-            self.send_response(HTTPStatus.OK)
-            self.send_header("content-type", "text/event-stream")
-            self.send_header("transfer-encoding", "chunked")
-            self.send_header("request-id", REQUEST_ID)
-            self.end_headers()
-            for event, data in events:
-                chunk = f"event: {event}\ndata: {data}\n\n".encode()
-                self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # keep test output quiet
-
-    return Handler
+    def kept(self, event: str | None, data: str) -> bool:
+        return event != "ping"
 
 
 # Answers ---------------------------------------------------------------------------
@@ -270,7 +160,9 @@ def _start(message: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "message_start", "message": started}
 
 
-def events_for(request: Mapping[str, Any], message: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+def events_for(
+    request: Mapping[str, Any], message: Mapping[str, Any]
+) -> Iterator[tuple[str | None, str]]:
     """The server-sent events of ``message``, streamed."""
     events: list[dict[str, Any]] = [_start(message), {"type": "ping"}]
     for index, block in enumerate(message["content"]):
@@ -311,7 +203,7 @@ def events_for(request: Mapping[str, Any], message: Mapping[str, Any]) -> Iterat
         yield event["type"], json.dumps(event)
 
 
-def _failing_events(request: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+def _failing_events(request: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
     message = message_for({**request, "tools": []})
     yield "message_start", json.dumps(_start(message))
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
