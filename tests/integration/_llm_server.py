@@ -166,7 +166,7 @@ def _handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def closed_url(path: str = "") -> str:
+def refused_url(path: str = "") -> str:
     """A loopback URL (with ``path`` after the port) where nothing listens: any request
     to it is refused."""
     with socket.socket() as sock:

@@ -50,6 +50,13 @@ ALLOWED = {
 }
 # What an agent process carries: none of the pipeline's machinery.
 FORBIDDEN_IN_AGENTS = ("confluent_kafka", "alembic", "prometheus_client", "rich")
+# The LLM SDKs are optional extras: on the write side each is imported by its own capture
+# module only (what the captures share, integrations/_capture.py, imports neither), so an
+# agent loads only the SDK it uses.
+SDK_CAPTURES = {
+    "openai": "outbox/integrations/openai.py",
+    "anthropic": "outbox/integrations/anthropic.py",
+}
 
 
 def _imported_parts(path: Path) -> Iterator[tuple[str, int]]:
@@ -124,8 +131,8 @@ def test_the_checker_sees_an_import_it_must_refuse(tmp_path: Path) -> None:
     assert sorted(_imported_parts(module)) == [("consumers", 3), ("replayer", 5)]
 
 
-def _loaded_after(code: str) -> list[str]:
-    report = f"print(','.join(m for m in {FORBIDDEN_IN_AGENTS!r} if m in sys.modules))"
+def _loaded_after(code: str, watched: tuple[str, ...] = FORBIDDEN_IN_AGENTS) -> list[str]:
+    report = f"print(','.join(m for m in {watched!r} if m in sys.modules))"
     probe = f"import sys\n{code}\n{report}"
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
@@ -159,3 +166,30 @@ def test_an_agent_using_every_public_name_loads_no_pipeline_machinery() -> None:
         "confluent_kafka",
         "prometheus_client",
     ]
+
+
+def _imported_modules(path: Path) -> Iterator[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module.split(".")[0]
+
+
+def test_on_the_write_side_each_llm_sdk_is_imported_by_its_own_capture_only() -> None:
+    importers = {
+        (sdk, str(path.relative_to(ROOT)))
+        for path in sorted((ROOT / "outbox").rglob("*.py"))
+        for sdk in set(_imported_modules(path)) & SDK_CAPTURES.keys()
+    }
+    assert importers == set(SDK_CAPTURES.items())
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_loads_only_the_llm_sdk_it_captures() -> None:
+    sdks = tuple(SDK_CAPTURES)
+    integrations = "agent_blackbox.outbox.integrations"
+    assert _loaded_after(f"import agent_blackbox.outbox, {integrations}._capture", sdks) == []
+    for sdk in sdks:
+        assert _loaded_after(f"import {integrations}.{sdk}", sdks) == [sdk]
