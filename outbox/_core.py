@@ -342,7 +342,7 @@ class RunCore:
                 provider=provider,
                 model=chosen,
                 request=scrubbed,
-                response=None if response is None else scrub.value(dict(response), seen),
+                response=None if response is None else scrub.response(response, seen),
                 error=scrub.error(error, seen),
                 latency_ms=latency_ms,
             )

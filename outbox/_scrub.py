@@ -14,6 +14,7 @@ from typing import Any
 
 from agent_blackbox.outbox._boundaries import Crossing, error_info
 from agent_blackbox.outbox._redaction import RedactionConfigError, Redactor
+from agent_blackbox.outbox._stream_redaction import redacted_stream
 from agent_blackbox.outbox._values import encode_value, restore_tags
 from agent_blackbox.schemas import HMAC_PREFIX, Digester, canonical_text
 
@@ -101,6 +102,16 @@ class Scrub:
     def rules_text(self) -> str | None:
         """The rules as ``run.started`` records them."""
         return None if self._redactor is None else canonical_text(self._redactor.config)
+
+    def response(self, response: Mapping[str, Any], fired: set[str]) -> Any:
+        """An LLM response with every rule applied; a stream's text is also redacted as a
+        whole, channel by channel, since a value split over chunks is in none of them
+        (:func:`~agent_blackbox.outbox._stream_redaction.redacted_stream`)."""
+        if self._redactor is not None and isinstance(response.get("stream"), list):
+            response = redacted_stream(
+                response, lambda text: self.value(text, fired, path="llm.response.stream")
+            )
+        return self.value(dict(response), fired, path="llm.response")
 
     def value(self, value: Any, fired: set[str], *, path: str = "$") -> Any:
         """``value`` with every rule applied; the rules that fired are added to ``fired``.
