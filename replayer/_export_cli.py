@@ -180,7 +180,9 @@ def export_command(
         sink.close()
         engine.dispose()
     _summary(tally, form, bodies=bodies, per_call=examples == "call", output=output, err=err)
-    sys.exit(1 if tally.refused else 0)
+    # A body that was asked for and not written (refused, or not opened: a corrupt or
+    # forged payload, a destroyed key) is a finding: a dataset built from this has holes.
+    sys.exit(1 if tally.refused or tally.unreadable else 0)
 
 
 def _moment(raw: str | None, option: str) -> datetime | None:

@@ -26,7 +26,7 @@ from agent_blackbox.schemas._compression import (
     with_compression,
 )
 from agent_blackbox.schemas._envelope import Envelope
-from agent_blackbox.schemas._errors import UndecodableMessage
+from agent_blackbox.schemas._errors import BlackboxError, UndecodableMessage
 from agent_blackbox.schemas._migrations import BodyReader
 from agent_blackbox.schemas._request_prefix import RequestMemory, RequestPrefixMissing
 
@@ -205,12 +205,26 @@ class PayloadPipeline:
                 f"run {envelope.run_id} sequence {envelope.sequence}: the body is stored "
                 f"out of line as {envelope.payload_ref}; fetch it from the blob store"
             )
-        body = self._reader.read(
-            envelope.event_type, envelope.body_version, self._opened(envelope, stored), to=version
-        )
-        if envelope.event_type == _LLM_CALL and "raw_request_json" in body:
+        if envelope.event_type != _LLM_CALL:
+            return self._reader.read(
+                envelope.event_type,
+                envelope.body_version,
+                self._opened(envelope, stored),
+                to=version,
+            )
+        try:
+            body = self._reader.read(
+                envelope.event_type,
+                envelope.body_version,
+                self._opened(envelope, stored),
+                to=version,
+            )
             return self._requests.read(envelope.run_id, envelope.sequence, body)
-        return body
+        except RequestPrefixMissing:
+            raise  # the reader may open what it lacks and try again
+        except BlackboxError as exc:
+            self._requests.lost(envelope.run_id, envelope.sequence, f"{type(exc).__name__}")
+            raise
 
     def unpack_in_run(
         self, envelope: Envelope, earlier: Mapping[int, Envelope], data: bytes | None = None

@@ -138,6 +138,8 @@ class _Held:
 @dataclass(slots=True)
 class _Run:
     calls: OrderedDict[int, _Held] = field(default_factory=OrderedDict)
+    lost: dict[int, str] = field(default_factory=dict)
+    """llm.calls whose bodies did not open, and why: what names them cannot be rebuilt."""
 
     def hold(self, sequence: int, held: _Held) -> None:
         calls = self.calls
@@ -164,6 +166,14 @@ class RequestMemory:
             self._runs.move_to_end(run_id)
         return run
 
+    def lost(self, run_id: str, sequence: int, why: str) -> None:
+        """Note that llm.call ``sequence`` of ``run_id`` did not open (``why``), so that
+        a request naming it says so."""
+        lost = self._run(run_id).lost
+        lost[sequence] = why
+        while len(lost) > REFERENCE_WINDOW:
+            del lost[next(iter(lost))]
+
     def read(self, run_id: str, sequence: int, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` (an llm.call at the newest version) with its whole request; the
         request is remembered for the llm.calls after it.
@@ -181,6 +191,11 @@ class RequestMemory:
             return body
         where = f"run {run_id} sequence {sequence}"
         earlier = run.calls.get(prefix["sequence"])
+        if earlier is None and prefix["sequence"] in run.lost:
+            raise UndecodableMessage(
+                f"{where}: the request continues the request of llm.call "
+                f"{prefix['sequence']}, whose body did not open ({run.lost[prefix['sequence']]})"
+            )
         if earlier is None:
             raise RequestPrefixMissing(run_id, sequence, prefix["sequence"])
         if text is None:

@@ -421,6 +421,27 @@ def _sealed_with_a_forged_finish(events: list[Envelope]) -> list[Envelope]:
     return out
 
 
+def test_a_body_that_does_not_open_is_null_and_the_export_exits_1(
+    recorded: list[Envelope], tmp_path: Path
+) -> None:
+    events = list(recorded)
+    at = next(i for i, e in enumerate(events) if e.event_type == "llm.call")
+    events[at] = replace(events[at], payload=b"not zstd", payload_encoding="avro+zstd-d1")
+    path = tmp_path / "damaged.avro"
+    write_archive(path, events)
+    result = _export("--archive", str(path), "--bodies", "--purpose", PURPOSE)
+    assert result.exit_code == 1, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == len(events)  # every event written, the others with their bodies
+    assert lines[at]["body"] is None
+    assert "zstd payload is corrupt" in lines[at]["body_unavailable"]
+    # The next call's request was stored against the damaged one: it cannot be rebuilt.
+    unopened = [line for line in lines if line["body"] is None]
+    assert len(unopened) == 2
+    assert "whose body did not open (UndecodableMessage)" in unopened[1]["body_unavailable"]
+    assert "2 bodies could not be opened" in result.stderr
+
+
 def test_a_plaintext_body_in_a_sealed_run_is_refused_not_exported(
     recorded: list[Envelope], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
