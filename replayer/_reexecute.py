@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent_blackbox.replayer._fork import ForkError
@@ -153,6 +153,12 @@ def reexecute(
         try:
             fresh = target(_with_stream_usage(request, api) if streamed else request)
         except Exception as exc:  # the endpoint's failure is part of the comparison
+            failed = (body.get("error") or {}).get("type")
+            if failed == type(exc).__name__:  # it failed the same way when recorded
+                note = f"the call failed with {failed} when recorded, and again now"
+                same = CallDiff(envelope.sequence, body["model"], streamed=streamed)
+                diffs.append(replace(same, uncompared=dict.fromkeys(COMPARED_FIELDS, note)))
+                continue
             diffs.append(
                 CallDiff(
                     envelope.sequence,
@@ -313,7 +319,8 @@ def openai_sender(base_url: str, api_key: str) -> Endpoint:
         raise ForkError(
             "re-execution needs the openai SDK: pip install 'agent-blackbox[openai]'"
         ) from exc
-    client = OpenAI(base_url=base_url, api_key=api_key)
+    # Each request is sent once: a retried answer is not the one to compare.
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
 
     def send(request: Mapping[str, Any]) -> dict[str, Any]:
         arguments = dict(request)
@@ -346,7 +353,8 @@ def anthropic_sender(base_url: str, api_key: str) -> Endpoint:
             "re-execution of Anthropic calls needs the anthropic SDK: "
             "pip install 'agent-blackbox[anthropic]'"
         ) from exc
-    client = anthropic.Anthropic(base_url=base_url, api_key=api_key)
+    # Each request is sent once: a retried answer is not the one to compare.
+    client = anthropic.Anthropic(base_url=base_url, api_key=api_key, max_retries=0)
     named = set(inspect.signature(client.messages.create).parameters) - _SDK_OPTIONS
 
     def send(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -485,3 +485,31 @@ def test_a_fork_of_a_fork_keeps_its_parents_changes() -> None:
     assert started["parent_run_id"] == first.run_id
     assert started["changes"] == {"model": "bigger-3", "prompt": "Be terse."}
     assert started["model_ids"] == ["bigger-3"]
+
+
+def test_a_call_that_fails_again_as_it_failed_when_recorded_is_the_same() -> None:
+    def agent(run: Any, _: Any) -> Any:
+        try:
+            run.llm(_rate_limited, {"model": "m", "messages": []}, provider="openai")
+        except TimeoutError:
+            return "gave up"
+        return "answered"
+
+    recorder = MemoryRecorder()
+    recorder.record(agent, RunSnapshot(code_version="c1"), agent_id="a")
+    [again] = reexecute(recorder.events, _rate_limited)
+    assert again.same
+    assert (
+        again.uncompared["text"] == "the call failed with TimeoutError when recorded, and again now"
+    )
+    [now_other] = reexecute(recorder.events, _refused)
+    assert not now_other.same
+    assert now_other.error == "PermissionError: refused"
+
+
+def _rate_limited(request: Any) -> dict[str, Any]:
+    raise TimeoutError("the model timed out")
+
+
+def _refused(request: Any) -> dict[str, Any]:
+    raise PermissionError("refused")
