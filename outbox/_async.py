@@ -94,10 +94,11 @@ class AsyncRecorderBase(RecorderBase):
         """Create the run and record ``run.started``; see
         :meth:`~agent_blackbox.outbox.Recorder.start_run`."""
         chosen = RunOptions.of(options, fields)
-        start = self.plan(snapshot, chosen, await self._digest_for(chosen))
-        run = AsyncRun(self, start.core)
-        await self._log.create(start, connection)
-        return run
+        digest = await self._digest_for(chosen)
+        with self.crossing_span() as seen:
+            start = self.plan(snapshot, chosen, digest)  # run.started takes the span's ids
+            seen(await self._log.create(start, connection), start.crossing)
+        return AsyncRun(self, start.core)
 
     async def record(
         self,

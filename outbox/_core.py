@@ -11,7 +11,8 @@ from __future__ import annotations
 import inspect
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
@@ -528,6 +529,16 @@ class RecorderBase:
             config["group_commit"] if "group_commit" in config else GroupCommit.from_env()
         )
         self.spans = spans_from(config.get("otel"), content=config.get("otel_content"))
+
+    @contextmanager
+    def crossing_span(self) -> Iterator[Callable[[Envelope, b.Crossing], Envelope]]:
+        """The span of one crossing when spans are on (see :class:`BoundarySpans`), else
+        nothing: what it yields is given the crossing's event and gives it back."""
+        if self.spans is None:
+            yield lambda envelope, crossing: envelope
+            return
+        with self.spans.crossing() as seen:
+            yield seen
 
     def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:
         """The digest of runs of ``classification``: the tenant's keyed digest once fetched

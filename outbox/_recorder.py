@@ -105,10 +105,11 @@ class SyncRecorder(RecorderBase):
             DatabaseUnavailable: Postgres could not be reached.
         """
         chosen = RunOptions.of(options, fields)
-        start = self.plan(snapshot, chosen, self._digest_for(chosen))
-        run = Run(self, start.core)
-        self._log.create(start, connection)
-        return run
+        digest = self._digest_for(chosen)
+        with self.crossing_span() as seen:
+            start = self.plan(snapshot, chosen, digest)  # run.started takes the span's ids
+            seen(self._log.create(start, connection), start.crossing)
+        return Run(self, start.core)
 
     def record(
         self,

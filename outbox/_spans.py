@@ -102,7 +102,7 @@ def _described(envelope: Envelope) -> tuple[str, dict[str, str | int | list[str]
         "blackbox.run_id": envelope.run_id,
         "blackbox.sequence": envelope.sequence,
         "blackbox.event_id": envelope.event_id,
-        "blackbox.event_type": envelope.event_type,
+        "blackbox.event_type": str(envelope.event_type),
     }
     if envelope.event_type == EventType.LLM_CALL:
         model = found.get("model", "")

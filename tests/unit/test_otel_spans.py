@@ -83,6 +83,14 @@ def test_each_crossing_is_a_genai_span_whose_ids_the_event_carries(
     assert chat.attributes["blackbox.run_id"] == llm_event.run_id
     assert chat.attributes["blackbox.sequence"] == llm_event.sequence
     assert chat.attributes["blackbox.event_id"] == llm_event.event_id
+    # Every crossing has its span, the run's start and end too, under the agent's span.
+    assert {"blackbox run.started", "blackbox run.finished"} <= set(named)
+    started = named["blackbox run.started"]
+    assert recorder.events[0].span_id == f"{started.get_span_context().span_id:016x}"
+    assert started.parent is not None
+    assert started.parent.span_id == outer.get_span_context().span_id
+    assert started.attributes is not None
+    assert type(started.attributes["blackbox.event_type"]) is str
 
 
 def test_no_recorded_content_is_put_on_a_span(spans: InMemorySpanExporter) -> None:
