@@ -48,7 +48,13 @@ from agent_blackbox.replayer.cli import (
     timeline_command,
     verify_command,
 )
-from agent_blackbox.schemas import BlackboxError, Settings, permission_refused, safe_console
+from agent_blackbox.schemas import (
+    BlackboxError,
+    Settings,
+    env_flag,
+    permission_refused,
+    safe_console,
+)
 from agent_blackbox.schemas.cli import schemas_group
 from agent_blackbox.stack.cli import stack_group
 
@@ -62,6 +68,8 @@ def main(ctx: click.Context, verbose: bool) -> None:
     """agent-blackbox: a flight recorder for AI agents."""
     try:  # a BLACKBOX_* variable with a bad value is named once, before any command runs
         Settings.from_env()
+        for name in ("BLACKBOX_OTEL", "BLACKBOX_OTEL_CONTENT"):
+            env_flag(name)
     except ValueError as exc:
         raise click.UsageError(f"{exc}; fix the variable or unset it") from None
     # The composition root: the replayer reads runs through the read side's run index.

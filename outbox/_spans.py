@@ -17,7 +17,6 @@ cut at :data:`CONTENT_MAX_CHARS`.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,7 +25,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agent_blackbox.outbox._boundaries import Crossing
-from agent_blackbox.schemas import Envelope, EventType, completion_view
+from agent_blackbox.schemas import Envelope, EventType, completion_view, env_flag
 
 OTEL_ENV = "BLACKBOX_OTEL"
 OTEL_CONTENT_ENV = "BLACKBOX_OTEL_CONTENT"
@@ -34,7 +33,6 @@ TRACER_NAME = "agent_blackbox"
 CONTENT_MAX_CHARS = 32 * 1024
 """The longest content attribute put on a span; longer text is cut, ending in ``…``
 (trace backends drop or cut long attributes themselves, less visibly)."""
-_ON = ("1", "true", "yes", "on")
 
 _TOKENS = (
     ("prompt_tokens", "gen_ai.usage.input_tokens"),
@@ -46,14 +44,10 @@ def spans_from(setting: bool | None, *, content: bool | None = None) -> Boundary
     """The spans of a recorder: ``setting`` when given, else ``BLACKBOX_OTEL`` (``1``,
     ``true``, ``yes`` or ``on`` turn them on); with content when ``content`` says so,
     else ``BLACKBOX_OTEL_CONTENT``."""
-    on = setting if setting is not None else _env_on(OTEL_ENV)
+    on = setting if setting is not None else env_flag(OTEL_ENV)
     if content is None:
-        content = _env_on(OTEL_CONTENT_ENV)
+        content = env_flag(OTEL_CONTENT_ENV)
     return BoundarySpans(content=content) if on else None
-
-
-def _env_on(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _ON
 
 
 class BoundarySpans:

@@ -121,7 +121,12 @@ from agent_blackbox.schemas._sealed_runs import (
     is_sealed,
     refusing_plaintext,
 )
-from agent_blackbox.schemas._settings import DEFAULT_DATABASE_URL, DEFAULT_KAFKA_BOOTSTRAP, Settings
+from agent_blackbox.schemas._settings import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_KAFKA_BOOTSTRAP,
+    Settings,
+    env_flag,
+)
 from agent_blackbox.schemas._tags import (
     MAX_TAGS,
     PROMPT_VERSION_TAG,
@@ -220,6 +225,7 @@ __all__ = [
     "deletion_statement",
     "digest",
     "digest_bytes",
+    "env_flag",
     "hidden_characters",
     "incompatibilities",
     "is_plaintext",

@@ -118,10 +118,8 @@ class Settings:
                 f"BLACKBOX_PAYLOAD_COMPRESSION={self.payload_compression!r} is not one of "
                 f"{', '.join(COMPRESSIONS)}"
             )
-        if self.llm_request_references not in ("on", "off"):
-            raise ValueError(
-                f"BLACKBOX_LLM_REQUEST_REFERENCES={self.llm_request_references!r} is not on or off"
-            )
+        on = flag("BLACKBOX_LLM_REQUEST_REFERENCES", self.llm_request_references)
+        object.__setattr__(self, "llm_request_references", "on" if on else "off")
 
 
 def _classes(listed: str) -> set[str]:
@@ -145,3 +143,30 @@ def _positive_int(name: str, raw: str) -> int:
     if value <= 0:
         raise ValueError(f"BLACKBOX_{name.upper()}={raw!r} must be positive")
     return value
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def flag(name: str, raw: str) -> bool:
+    """The on/off value of the variable ``name`` set to ``raw``: ``1``, ``true``,
+    ``yes`` or ``on`` (any case) for on, ``0``, ``false``, ``no`` or ``off`` for off.
+
+    Raises:
+        ValueError: naming the variable, for anything else.
+    """
+    word = raw.strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise ValueError(f"{name}={raw!r} is not on or off (1/0, true/false, yes/no)")
+
+
+def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the on/off variable ``name`` is on; unset or empty is off.
+
+    Raises:
+        ValueError: the variable holds something else.
+    """
+    raw = (os.environ if environ is None else environ).get(name, "")
+    return bool(raw.strip()) and flag(name, raw)

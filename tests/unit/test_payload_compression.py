@@ -285,10 +285,11 @@ def test_a_compression_bomb_is_refused_before_it_inflates() -> None:
 def test_an_unknown_compression_setting_is_named() -> None:
     with pytest.raises(ValueError, match=r"BLACKBOX_PAYLOAD_COMPRESSION='lz4' is not one of"):
         Settings.from_env({"BLACKBOX_PAYLOAD_COMPRESSION": "lz4"})
-    with pytest.raises(ValueError, match="BLACKBOX_LLM_REQUEST_REFERENCES='yes'"):
-        Settings.from_env({"BLACKBOX_LLM_REQUEST_REFERENCES": "yes"})
     with pytest.raises(ValueError, match="BLACKBOX_LLM_REQUEST_REFERENCES='maybe'"):
         Settings(llm_request_references="maybe")
+    for word, value in (("OFF", "off"), ("false", "off"), ("0", "off"), ("Yes", "on")):
+        settings = Settings.from_env({"BLACKBOX_LLM_REQUEST_REFERENCES": word})
+        assert settings.llm_request_references == value
     with pytest.raises(ValueError, match="payload compression 'brotli'"):
         PayloadPipeline(compression="brotli")
 
@@ -339,6 +340,9 @@ def test_interleaved_conversations_each_name_their_own() -> None:
     [
         ("BLACKBOX_PAYLOAD_COMPRESSION", "lz4", "is not one of zstd, zstd-nodict, deflate, none"),
         ("BLACKBOX_PARTITIONS", "twelve", "is not an integer"),
+        ("BLACKBOX_OTEL", "maybe", "is not on or off"),
+        ("BLACKBOX_OTEL_CONTENT", "sometimes", "is not on or off"),
+        ("BLACKBOX_LLM_REQUEST_REFERENCES", "perhaps", "is not on or off"),
     ],
 )
 def test_the_cli_names_a_bad_setting_and_exits_2(variable: str, value: str, said: str) -> None:
