@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 
 from agent_blackbox.outbox._errors import EventsNotRecorded
 from agent_blackbox.outbox._writer import Cursor, PreparedEvent
-from agent_blackbox.schemas import BlackboxError, Envelope
+from agent_blackbox.schemas import BlackboxError, Envelope, env_flag
 
 if TYPE_CHECKING:
     from agent_blackbox.outbox._boundaries import Crossing
@@ -61,9 +61,6 @@ if TYPE_CHECKING:
 
 BUFFERED = frozenset({"clock.read", "random.draw", "tool.call", "llm.call", "retrieval"})
 """The event types a run buffers in group commit mode: crossings that cause nothing."""
-
-_ON = {"1", "on", "true", "yes"}
-_OFF = {"", "0", "off", "false", "no"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +109,8 @@ class GroupCommit:
             ValueError: a variable holds something else than it takes.
         """
         env = os.environ if environ is None else environ
-        switch = env.get("BLACKBOX_GROUP_COMMIT", "").strip().lower()
-        if switch in _OFF:
+        if not env_flag("BLACKBOX_GROUP_COMMIT", env):
             return None
-        if switch not in _ON:
-            raise ValueError(
-                f"BLACKBOX_GROUP_COMMIT={switch!r}: set it to 'on' or 'off' (or leave it unset)"
-            )
         defaults = cls()
         delay = _number(env, "BLACKBOX_GROUP_COMMIT_MS", defaults.max_delay_ms, float)
         events = _number(env, "BLACKBOX_GROUP_COMMIT_EVENTS", defaults.max_events, int)
