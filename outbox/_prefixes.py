@@ -90,8 +90,12 @@ class RequestPrefixes:
 
 @dataclass(frozen=True, slots=True)
 class _Match:
-    sequence: int
+    earlier: _Recorded
     items: int
+
+    @property
+    def sequence(self) -> int:
+        return self.earlier.sequence
 
 
 def _best_match(
@@ -120,11 +124,11 @@ def _best_match(
         }
         saved += sum(len(split.fields[name]) for name in fields)
         if saved > best_saved:
-            best, best_fields, best_saved = _Match(earlier.sequence, count), fields, saved
+            best, best_fields, best_saved = _Match(earlier, count), fields, saved
         if count and count == len(old.items):
             break  # continues the latest request of its conversation: nothing beats that
     if best is not None:
-        _share(split, next(r.split for r in recent if r.sequence == best.sequence), best.items)
+        _share(split, best.earlier.split, best.items)
     return best, best_fields, best_saved
 
 

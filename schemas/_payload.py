@@ -29,11 +29,10 @@ from agent_blackbox.schemas._envelope import Envelope
 from agent_blackbox.schemas._errors import BlackboxError, UndecodableMessage
 from agent_blackbox.schemas._migrations import BodyReader
 from agent_blackbox.schemas._request_prefix import RequestMemory, RequestPrefixMissing
+from agent_blackbox.schemas.event_types import EventType
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 """The largest body a pipeline inflates (``Settings.max_blob_bytes``' default)."""
-
-_LLM_CALL = "llm.call"
 
 PLAIN_ENCODING = "avro"
 
@@ -205,25 +204,19 @@ class PayloadPipeline:
                 f"run {envelope.run_id} sequence {envelope.sequence}: the body is stored "
                 f"out of line as {envelope.payload_ref}; fetch it from the blob store"
             )
-        if envelope.event_type != _LLM_CALL:
-            return self._reader.read(
-                envelope.event_type,
-                envelope.body_version,
-                self._opened(envelope, stored),
-                to=version,
-            )
+        kind = envelope.event_type
         try:
             body = self._reader.read(
-                envelope.event_type,
-                envelope.body_version,
-                self._opened(envelope, stored),
-                to=version,
+                kind, envelope.body_version, self._opened(envelope, stored), to=version
             )
+            if kind != EventType.LLM_CALL:
+                return body
             return self._requests.read(envelope.run_id, envelope.sequence, body)
         except RequestPrefixMissing:
             raise  # the reader may open what it lacks and try again
         except BlackboxError as exc:
-            self._requests.lost(envelope.run_id, envelope.sequence, f"{type(exc).__name__}")
+            if kind == EventType.LLM_CALL:  # a request naming this call cannot be rebuilt
+                self._requests.lost(envelope.run_id, envelope.sequence, type(exc).__name__)
             raise
 
     def unpack_in_run(
@@ -254,10 +247,7 @@ class PayloadPipeline:
 
     def _opened(self, envelope: Envelope, stored: bytes) -> bytes:
         """The Avro bytes of ``stored``: opened by the sealer, then inflated."""
-        encoding = envelope.payload_encoding
-        if self._plaintext and envelope.key_id is None and encoding == PLAIN_ENCODING:
-            return stored
-        compression, sealed_as = split_encoding(encoding)
+        compression, sealed_as = split_encoding(envelope.payload_encoding)
         if self._plaintext and envelope.key_id is None and sealed_as == PLAIN_ENCODING:
             plaintext = stored
         else:
