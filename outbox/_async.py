@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import _steps as steps
 from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox._context import put_in_force, take_out
 from agent_blackbox.outbox._core import (
     RecorderBase,
     RecorderConfig,
@@ -30,6 +31,7 @@ from agent_blackbox.outbox._core import (
 )
 from agent_blackbox.outbox._effects import EffectReceipt
 from agent_blackbox.outbox._group import Batch, RunBuffer, buffered
+from agent_blackbox.outbox._network import Hole
 from agent_blackbox.outbox._postgres import AsyncPostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._writer import new_event_id
@@ -184,6 +186,14 @@ class AsyncRun:
         group = recorder.group_commit
         self._buffer = None if group is None else RunBuffer(group)
         self._timer: asyncio.Task[None] | None = None
+        self.loop = asyncio.get_running_loop()
+        """The event loop the run records from; sync code in other threads (a tool a
+        framework runs in an executor) records through it."""
+        # In force from here to the end, in the task that started it (see _context).
+        self._in_force = put_in_force(self)
+
+    replaying = False
+    """A run in record mode (a replay run says True)."""
 
     @property
     def run_id(self) -> str:
@@ -323,7 +333,35 @@ class AsyncRun:
         connection: AsyncConnection | None = None,
     ) -> Envelope:
         """Record ``run.finished``; afterwards the run takes no more events."""
-        return await self._drive(steps.finish(self.core, status, output, error, connection))
+        envelope = await self._drive(steps.finish(self.core, status, output, error, connection))
+        take_out(self, self._in_force)
+        return envelope
+
+    # Crossings whose work the agent's code finishes -------------------------------
+
+    def open_llm(
+        self, request: Mapping[str, Any], *, provider: str, model: str | None = None
+    ) -> AsyncOpenCrossing:
+        """Begin an ``llm.call`` whose answer the agent reads as it arrives; see
+        ``Run.open_llm``. Closing it is awaited.
+
+        Raises:
+            NotSerialisable: the request is not JSON (nothing was sent).
+        """
+        outcome, place = steps.llm_opened(self.core, request, provider, model)
+        return AsyncOpenCrossing(lambda done: self._drive(steps.settled(outcome, place, done)))
+
+    def open_tool(
+        self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> AsyncOpenCrossing:
+        """Begin a ``tool.call`` whose function the agent's code runs itself; see
+        ``Run.open_tool``."""
+        outcome, place = steps.tool_opened(self.core, tool, args, kwargs)
+        return AsyncOpenCrossing(lambda done: self._drive(steps.settled(outcome, place, done)))
+
+    def unrecorded(self, hole: Hole) -> None:
+        """A call left the process from this run's code without crossing a boundary."""
+        self.core.unrecorded(hole)
 
     async def _drive(self, boundary: steps.Steps[T]) -> T:
         spans = self._recorder.spans
@@ -385,3 +423,21 @@ class AsyncRun:
                 await self._flush()
             except Exception as exc:  # the agent's task gets it, not this one
                 self.core.unreported = exc
+
+
+class AsyncOpenCrossing:
+    """The async twin of :class:`~agent_blackbox.outbox._recorder.OpenCrossing`."""
+
+    def __init__(self, settle: Callable[[steps.Done], Awaitable[Any]]) -> None:
+        self._settle = settle
+        self.closed = False
+
+    async def close(
+        self, value: Any = None, *, error: Exception | None = None, latency_ms: float
+    ) -> Any:
+        """Record the result ``value`` (or ``error``, raised on once recorded); only the
+        first close counts."""
+        if self.closed:
+            return value
+        self.closed = True
+        return await self._settle(steps.Done(value, error, latency_ms))

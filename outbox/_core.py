@@ -36,12 +36,21 @@ from agent_blackbox.outbox._errors import (
 )
 from agent_blackbox.outbox._group import GroupCommit
 from agent_blackbox.outbox._llm import llm_call
+from agent_blackbox.outbox._network import (
+    Hole,
+    NetworkMode,
+    UnrecordedCall,
+    network_mode,
+    note_hole,
+    watch_connections,
+)
 from agent_blackbox.outbox._placement import Place, Placement
 from agent_blackbox.outbox._prefixes import RequestPrefixes
 from agent_blackbox.outbox._recovery import StoredRun
 from agent_blackbox.outbox._redaction import Redactor
 from agent_blackbox.outbox._sandbox import NondeterminismMode, mode_from, watch_recording
 from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
+from agent_blackbox.outbox._sites import Site
 from agent_blackbox.outbox._spans import spans_from
 from agent_blackbox.outbox._writer import (
     Cursor,
@@ -182,6 +191,11 @@ class RunCore:
         """A failure of a group flush made in the background, raised at the next boundary."""
         self.requests = RequestPrefixes(enabled=factory.settings.llm_request_references == "on")
         """The run's latest LLM requests, that a new one may be stored against."""
+        self.network: NetworkMode = "off"
+        """What to do about a call that leaves the process without crossing a boundary."""
+        self.holes: list[Hole] = []
+        """Those calls, in the order they were seen (see ``_network``)."""
+        self._hole_sites: set[Site | None] = set()
 
     @property
     def run_id(self) -> str:
@@ -202,6 +216,16 @@ class RunCore:
         if self.unwatch is not None:
             self.unwatch()
         self.unwatch = watch_recording(self.nondeterminism, module)
+
+    def unrecorded(self, hole: Hole) -> None:
+        """A call left the process without crossing a boundary: kept for ``run.finished``,
+        warned about, or (``fail`` mode) refused.
+
+        Raises:
+            UnrecordedCall: in ``fail`` mode.
+        """
+        if not self.finished:
+            note_hole(self.holes, hole, mode=self.network, seen=self._hole_sites)
 
     def check_active(self) -> None:
         """Raise when the run takes no more events, or (once) the failure of a group
@@ -411,6 +435,9 @@ class RunCore:
         self.check_active()
         if self.unwatch is not None:
             self.unwatch()
+        if self.holes and self.network == "fail" and status == "succeeded":
+            # The agent caught the refusal and went on: the run still had a hole.
+            status, error = "failed", UnrecordedCall(self.holes[0], "the run had a hole")
         ending = self.contract.finish(status, output, error, self.state_digest)
         finished = b.run_finished(
             status=status,
@@ -418,6 +445,15 @@ class RunCore:
             error=ending.error,
             final_state_digest=self.state_digest,
         )
+        if self.holes:
+            first = self.holes[0].describe()
+            finished = finished.with_attributes(
+                {
+                    **finished.attributes,
+                    "unrecorded_calls": str(len(self.holes)),
+                    "unrecorded_call": first if len(first) <= 300 else first[:299] + "…",
+                }
+            )
         return self._asked(finished, ending.ask, ending.fired)
 
 
@@ -490,6 +526,12 @@ class RecorderConfig(TypedDict, total=False):
         otel_content: also put the crossing's content on its span (messages, the
             answer, tool arguments and results), as recorded, so after redaction;
             default from ``BLACKBOX_OTEL_CONTENT`` (off when unset). Needs ``otel``.
+        network: ``off``, ``warn`` or ``fail``: what to do when a run's code opens a
+            connection that does not cross a boundary (a client the run does not
+            record): ``warn`` reports it on ``run.finished`` (``unrecorded_calls``) and
+            warns (``UnrecordedCallWarning``), ``fail`` also refuses it
+            (``UnrecordedCall``) and fails the run; default from
+            ``BLACKBOX_RECORD_NETWORK``, else ``warn``.
     """
 
     settings: Settings | None
@@ -503,6 +545,7 @@ class RecorderConfig(TypedDict, total=False):
     group_commit: GroupCommit | None
     otel: bool | None
     otel_content: bool | None
+    network: NetworkMode | None
 
 
 class RecorderBase:
@@ -529,6 +572,9 @@ class RecorderBase:
             config["group_commit"] if "group_commit" in config else GroupCommit.from_env()
         )
         self.spans = spans_from(config.get("otel"), content=config.get("otel_content"))
+        self.network = network_mode(config.get("network"))
+        if self.network != "off":
+            watch_connections()
 
     @contextmanager
     def crossing_span(self) -> Iterator[Callable[[Envelope, b.Crossing], Envelope]]:
@@ -584,6 +630,7 @@ class RecorderBase:
         )
         start.core.nondeterminism = self.nondeterminism
         start.core.unwatch = watch_recording(self.nondeterminism)
+        start.core.network = self.network
         return start
 
     def resumed(self, stored: StoredRun, data_key: DataKey | None) -> RunCore:
@@ -606,6 +653,7 @@ class RecorderBase:
         core.state = stored.state
         core.nondeterminism = self.nondeterminism
         core.unwatch = watch_recording(self.nondeterminism)
+        core.network = self.network
         return core
 
 

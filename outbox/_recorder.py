@@ -23,6 +23,7 @@ from sqlalchemy import Engine, create_engine
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import _steps as steps
 from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox._context import put_in_force, take_out
 from agent_blackbox.outbox._core import (
     RecorderBase,
     RecorderConfig,
@@ -34,6 +35,7 @@ from agent_blackbox.outbox._core import (
 )
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
 from agent_blackbox.outbox._group import IDLE_S, Batch, Flusher, RunBuffer, buffered
+from agent_blackbox.outbox._network import Hole
 from agent_blackbox.outbox._postgres import PostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._writer import new_event_id
@@ -220,6 +222,11 @@ class Run:
         self._random = random.Random()
         group = recorder.group_commit
         self._buffer = None if group is None else RunBuffer(group)
+        # In force from here to the end, in the context that started it (see _context).
+        self._in_force = put_in_force(self)
+
+    replaying = False
+    """A run in record mode (a replay run says True)."""
 
     @property
     def run_id(self) -> str:
@@ -401,7 +408,37 @@ class Run:
         connection: Joinable | None = None,
     ) -> Envelope:
         """Record ``run.finished``; afterwards the run takes no more events."""
-        return self._drive(steps.finish(self.core, status, output, error, connection))
+        envelope = self._drive(steps.finish(self.core, status, output, error, connection))
+        take_out(self, self._in_force)
+        return envelope
+
+    # Crossings whose work the agent's code finishes -------------------------------
+
+    def open_llm(
+        self, request: Mapping[str, Any], *, provider: str, model: str | None = None
+    ) -> OpenCrossing:
+        """Begin an ``llm.call`` whose answer the agent reads as it arrives (a stream):
+        the request is checked and the call takes its place now; the event is appended
+        when :meth:`OpenCrossing.close` says how it ended.
+
+        Raises:
+            NotSerialisable: the request is not JSON (nothing was sent).
+        """
+        outcome, place = steps.llm_opened(self.core, request, provider, model)
+        return OpenCrossing(lambda done: self._drive(steps.settled(outcome, place, done)))
+
+    def open_tool(
+        self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> OpenCrossing:
+        """Begin a ``tool.call`` whose function the agent's code runs itself (an async
+        tool in a sync run); see :meth:`open_llm`."""
+        outcome, place = steps.tool_opened(self.core, tool, args, kwargs)
+        return OpenCrossing(lambda done: self._drive(steps.settled(outcome, place, done)))
+
+    def unrecorded(self, hole: Hole) -> None:
+        """A call left the process from this run's code without crossing a boundary
+        (see :mod:`agent_blackbox.outbox._network`)."""
+        self.core.unrecorded(hole)
 
     # Appending --------------------------------------------------------------------
 
@@ -535,3 +572,24 @@ class Run:
         if len(buffer) and error is None and not self.core.finished:
             self._recorder.flusher.schedule(self, buffer.deadline, self._flush_due)
         self._written.notify_all()
+
+
+class OpenCrossing:
+    """A crossing begun and not yet recorded: :meth:`close` says how its work ended and
+    appends its event (in the run's place taken when it began)."""
+
+    def __init__(self, settle: Callable[[steps.Done], Any]) -> None:
+        self._settle = settle
+        self.closed = False
+
+    def close(self, value: Any = None, *, error: Exception | None = None, latency_ms: float) -> Any:
+        """Record the result ``value`` (or ``error``, raised on once recorded); only the
+        first close counts.
+
+        Raises:
+            Exception: ``error``, once recorded; a recorder error when appending failed.
+        """
+        if self.closed:
+            return value
+        self.closed = True
+        return self._settle(steps.Done(value, error, latency_ms))

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox._context import enter_crossing, leave_crossing
 from agent_blackbox.outbox._core import Outcome, RunCore
 from agent_blackbox.outbox._effects import EffectOutcome, EffectPolicy, EffectReceipt, ToolPolicy
 from agent_blackbox.outbox._errors import EffectRejected, RunNotActive
@@ -81,6 +82,13 @@ Steps = Generator[Call | Append, Any, T]
 def observed(perform: Callable[[], Any], outcome: Outcome, place: Place) -> Steps[Any]:
     """Call ``perform`` and record what came of it, also when it raised."""
     done: Done = yield Call(perform)
+    return (yield from settled(outcome, place, done))
+
+
+def settled(outcome: Outcome, place: Place, done: Done) -> Steps[Any]:
+    """Record what came of a call begun at ``place``: its value, or what it raised
+    (raised on once recorded). A crossing whose work ends later than the call that began
+    it (a streamed answer, read by the agent as it arrives) is settled here when done."""
     crossing = outcome(done.value, done.error, done.latency_ms)
     yield Append(crossing.placed(place))
     if crossing.raises is not None:  # the result could not be recorded: said so, and raised
@@ -110,9 +118,25 @@ def llm_call(
     model: str | None,
 ) -> Steps[Any]:
     """``llm.call``: the request is checked before it is sent."""
-    outcome = core.llm_outcome(provider, model, request)
-    place = core.placement.begin()
+    outcome, place = llm_opened(core, request, provider, model)
     return (yield from observed(lambda: send(request), outcome, place))
+
+
+def llm_opened(
+    core: RunCore, request: Mapping[str, Any], provider: str, model: str | None
+) -> tuple[Outcome, Place]:
+    """The first half of ``llm.call`` for an answer the agent reads as it arrives: the
+    request checked and the call's place taken; :func:`settled` records it once read."""
+    return core.llm_outcome(provider, model, request), core.placement.begin()
+
+
+def tool_opened(
+    core: RunCore, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> tuple[Outcome, Place]:
+    """The first half of ``tool.call`` for a tool the agent's own code awaits (an async
+    tool of a sync run): the arguments checked and the place taken; :func:`settled`
+    records the result."""
+    return core.tool_outcome(tool, args, kwargs), core.placement.begin()
 
 
 def retrieve(
@@ -314,21 +338,27 @@ async def drive_async(steps: Steps[T], append: Callable[[Append], Awaitable[Enve
 
 def _call(perform: Callable[[], Any]) -> Done:
     started = time.perf_counter()
+    inside = enter_crossing()  # what the function does belongs to this crossing
     try:
         value = perform()
     except Exception as exc:
         return Done(None, exc, _since(started))
+    finally:
+        leave_crossing(inside)
     return Done(value, None, _since(started))
 
 
 async def _call_async(perform: Callable[[], Any]) -> Done:
     started = time.perf_counter()
+    inside = enter_crossing()
     try:
         value = perform()
         if inspect.isawaitable(value):
             value = await value
     except Exception as exc:
         return Done(None, exc, _since(started))
+    finally:
+        leave_crossing(inside)
     return Done(value, None, _since(started))
 
 

@@ -21,7 +21,15 @@ from typing import Any, NamedTuple
 
 from agent_blackbox.outbox import _boundaries as b
 from agent_blackbox.outbox._boundaries import error_info, recorded, recorded_input
+from agent_blackbox.outbox._context import (
+    crossing,
+    current_run,
+    enter_crossing,
+    in_force,
+    leave_crossing,
+)
 from agent_blackbox.outbox._llm import llm_input
+from agent_blackbox.outbox._network import Hole, UnrecordedCall, watch_connections
 from agent_blackbox.outbox._placement import (
     BRANCH,
     STARTED,
@@ -40,15 +48,23 @@ __all__ = [
     "Ask",
     "Contract",
     "Ending",
+    "Hole",
     "Place",
     "Placement",
     "Scrub",
+    "UnrecordedCall",
     "branch_of",
+    "crossing",
+    "current_run",
     "default_idempotency_key",
+    "enter_crossing",
     "error_info",
+    "in_force",
+    "leave_crossing",
     "recorded",
     "recorded_input",
     "started_of",
+    "watch_connections",
 ]
 
 _NOTHING_FIRED: frozenset[str] = frozenset()

@@ -13,6 +13,7 @@ from typing import Any, TypedDict, Unpack, cast
 
 from agent_blackbox.keystore import DataKeyMissing, KeyDestroyed
 from agent_blackbox.outbox import AgentRun, NondeterminismGuard
+from agent_blackbox.outbox.contract import in_force, watch_connections
 from agent_blackbox.replayer._replay import (
     AsyncReplayRun,
     BlobReader,
@@ -67,6 +68,9 @@ class ReplayOptions(TypedDict, total=False):
             agent's own modules do to the report.
         agent_modules: modules or packages of the agent's own besides the package of
             the entry's module (their direct reads are reported too).
+        allow_network: let connections the agent's code opens through no boundary go
+            out (noted in the report) instead of refusing them as an
+            ``unrecorded_call`` divergence (the default: replay never goes online).
     """
 
     pipeline: PayloadPipeline | None
@@ -77,6 +81,7 @@ class ReplayOptions(TypedDict, total=False):
     reveal_values: bool
     nondeterminism: NondeterminismPolicy
     agent_modules: Iterable[str]
+    allow_network: bool
 
 
 def replay_run(
@@ -171,6 +176,7 @@ def _opened(
             entry=entry,
             stall_timeout=options.get("stall_timeout", 10.0),
             reveal_values=options.get("reveal_values", False),
+            allow_network=options.get("allow_network", False),
         )
     except KeyDestroyed as exc:
         return _limited(chain([first], stream), agent_id, blobs, str(exc))
@@ -185,8 +191,10 @@ def _opened(
 def _driven(run: ReplayRun, entry: AgentEntry) -> tuple[Any, BaseException | None]:
     """What the agent's code returned, or what it raised."""
     run.drives_here()
+    watch_connections()
     try:
-        output = entry(run, run.input)
+        with in_force(run):  # integrations without a run handed to them find it
+            output = entry(run, run.input)
     except Exception as exc:
         return None, exc
     if inspect.isawaitable(output):
@@ -206,8 +214,11 @@ async def _driven_async(run: ReplayRun, entry: AgentEntry, agent_id: str | None)
     # (gather(run.call(...))) has no agent frame on its stack to name as the call site.
     tracking = sys.get_coroutine_origin_tracking_depth()
     sys.set_coroutine_origin_tracking_depth(max(tracking, _ORIGIN_DEPTH))
+    watch_connections()
+    replay = AsyncReplayRun(run)
     try:
-        output, error = await coroutine_entry(AsyncReplayRun(run), run.input), None
+        with in_force(replay):
+            output, error = await coroutine_entry(replay, run.input), None
     except Exception as exc:
         output, error = None, exc
     finally:

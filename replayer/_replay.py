@@ -47,11 +47,16 @@ from agent_blackbox.outbox.contract import (
     STARTED,
     Ask,
     Contract,
+    Hole,
     Place,
     Placement,
     Scrub,
+    UnrecordedCall,
     branch_of,
+    crossing,
     default_idempotency_key,
+    enter_crossing,
+    leave_crossing,
     recorded,
     recorded_input,
     started_of,
@@ -123,6 +128,9 @@ class DivergenceKind(StrEnum):
     """The code started a different set of concurrent children than was recorded: an
     event others wait behind (results go back in recorded completion order) was never
     asked for."""
+    UNRECORDED_CALL = "unrecorded_call"
+    """The code tried to reach outside the process through no boundary (a connection, a
+    request the recording has no event for): replay never goes online, so it was refused."""
 
 
 LEVELS = {
@@ -132,6 +140,7 @@ LEVELS = {
     DivergenceKind.UNCONSUMED_EVENTS: "control_flow",
     DivergenceKind.SEQUENCE_GAP: "control_flow",
     DivergenceKind.CONCURRENCY_MISMATCH: "control_flow",
+    DivergenceKind.UNRECORDED_CALL: "control_flow",
     DivergenceKind.STATE_MISMATCH: "state",
     DivergenceKind.OUTPUT_MISMATCH: "content",
     DivergenceKind.TAMPERED_OUTPUT: "content",
@@ -311,7 +320,13 @@ class ReplayRun:
             code will never ask for the event before it.
         reveal_values: a divergence in a boundary's arguments lists the changed values
             (not only their paths). Off by default: reports carry digests and paths.
+        allow_network: let the code's own connections (through no boundary) go out,
+            noted as limitations of the replay, instead of refusing them as an
+            ``unrecorded_call`` divergence (the default: replay never goes online).
     """
+
+    replaying = True
+    """A replay run (a record-mode run says False): integrations answer from the log."""
 
     def __init__(
         self,
@@ -323,7 +338,9 @@ class ReplayRun:
         entry: Callable[..., Any] | None = None,
         stall_timeout: float = 10.0,
         reveal_values: bool = False,
+        allow_network: bool = False,
     ) -> None:
+        self._allow_network = allow_network
         self._events: Iterator[Envelope] = self._guarded(events)
         self._pipeline = pipeline or PayloadPipeline()
         self._blobs = blobs
@@ -392,7 +409,7 @@ class ReplayRun:
         an error naming the event: the run cannot be checked, and that is not the
         code's fault."""
         guard = SealedRunGuard()
-        for envelope in events:
+        for envelope in _read_as_own(events):
             if guard.key_id is None or is_plaintext(envelope):
                 refusal = guard.refusal(envelope)
                 if refusal is not None:
@@ -421,6 +438,32 @@ class ReplayRun:
         """The current task or thread drives the agent's entry: it is the run's own
         branch, as it was in record mode (see ``Placement.root``)."""
         self._placement.root()
+
+    def unrecorded(self, hole: Hole) -> None:
+        """The code tried to reach outside the process through no boundary: refused, and
+        the replay's ``unrecorded_call`` divergence (or, when the network is allowed, let
+        through and noted as a limitation).
+
+        Raises:
+            UnrecordedCall: the call is refused (a connection error, for the client).
+        """
+        if self._allow_network:
+            self.limitations.append((self._released, f"went online: {hole.describe()}"))
+            return
+        with self._lock:
+            head = self._head(0) if self._fatal is None and self._unreadable is None else None
+        try:
+            self._diverge(
+                DivergenceKind.UNRECORDED_CALL,
+                self._released + 1,
+                expected=_named(head) if head is not None else (None, None, None),
+                actual=("network", None, f"{hole.what} to {_target(hole)}"),
+                detail="replay never goes online: record the call through the run, or "
+                "replay with --allow-network",
+                fatal=True,
+            )
+        except ReplayDivergence as exc:
+            raise UnrecordedCall(hole, "replay never goes online") from exc
 
     # Boundaries -----------------------------------------------------------------
 
@@ -998,7 +1041,8 @@ class ReplayRun:
                         "given; pass blobs= (PostgresBlobs on the write side's engine)"
                     )
                 )
-            data = self._blobs.read(envelope.payload_ref)
+            with crossing():  # the replay's own reading, not the agent's I/O
+                data = self._blobs.read(envelope.payload_ref)
         try:
             body = self._pipeline.unpack(envelope, data)
         except UnknownSchemaVersion as exc:
@@ -1143,6 +1187,9 @@ class AsyncReplayRun:
     replay): the same checks, with boundaries to ``await``; concurrent tasks wait for
     their turn without blocking the loop."""
 
+    replaying = True
+    """A replay run: integrations answer from the log."""
+
     def __init__(self, replay: ReplayRun) -> None:
         self.replay = replay
 
@@ -1150,6 +1197,10 @@ class AsyncReplayRun:
     def run_id(self) -> str:
         """The id of the recorded run."""
         return self.replay.run_id
+
+    def unrecorded(self, hole: Hole) -> None:
+        """See :meth:`ReplayRun.unrecorded`."""
+        self.replay.unrecorded(hole)
 
     @property
     def input(self) -> Any:
@@ -1295,6 +1346,25 @@ def _reduced_note(envelope: Envelope, truncated: Mapping[str, Any]) -> str:
         f"{truncated['ceiling_bytes']}): its response was handed back reduced (long texts "
         "cut short) and not checked against its output digest"
     )
+
+
+def _read_as_own(events: Iterable[Envelope]) -> Iterator[Envelope]:
+    """``events``, each read as the replay's own I/O (an archive in object storage is
+    read over the network while the agent's code runs), not as the agent's."""
+    iterator = iter(events)
+    while True:
+        inside = enter_crossing()
+        try:
+            envelope = next(iterator, None)
+        finally:
+            leave_crossing(inside)
+        if envelope is None:
+            return
+        yield envelope
+
+
+def _target(hole: Hole) -> str:
+    return hole.host if hole.port is None else f"{hole.host}:{hole.port}"
 
 
 def _raise_recorded(error: Mapping[str, str] | None) -> None:
