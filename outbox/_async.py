@@ -12,6 +12,7 @@ import inspect
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import Token
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import _steps as steps
 from agent_blackbox.outbox._boundaries import Crossing
-from agent_blackbox.outbox._context import put_in_force, take_out
+from agent_blackbox.outbox._context import in_force, put_in_force, take_out
 from agent_blackbox.outbox._core import (
     RecorderBase,
     RecorderConfig,
@@ -189,8 +190,7 @@ class AsyncRun:
         self.loop = asyncio.get_running_loop()
         """The event loop the run records from; sync code in other threads (a tool a
         framework runs in an executor) records through it."""
-        # In force from here to the end, in the task that started it (see _context).
-        self._in_force = put_in_force(self)
+        self._in_force: Token[Any] | None = None
 
     replaying = False
     """A run in record mode (a replay run says True)."""
@@ -207,6 +207,8 @@ class AsyncRun:
         return self.core.cursor.sequence
 
     async def __aenter__(self) -> AsyncRun:
+        # In force inside the block, in this task and the tasks it starts (see _context).
+        self._in_force = put_in_force(self)
         return self
 
     async def __aexit__(
@@ -215,21 +217,25 @@ class AsyncRun:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.core.finished:
-            return
-        if exc is None:
-            await self.finish()
-        else:
-            await self.finish(status="failed", error=exc)
+        try:
+            if self.core.finished:
+                return
+            if exc is None:
+                await self.finish()
+            else:
+                await self.finish(status="failed", error=exc)
+        finally:
+            take_out(self, self._in_force)
 
     async def drive(self, entry: Callable[[AsyncRun, Any], Awaitable[T] | T], input: Any) -> T:
         """Run ``entry(self, input)`` (awaited when it is a coroutine) and finish the run
         with its output or its error."""
         self.core.placement.root()
         try:
-            output = entry(self, input)
-            if inspect.isawaitable(output):
-                output = await output
+            with in_force(self):
+                output = entry(self, input)
+                if inspect.isawaitable(output):
+                    output = await output
         except Exception as exc:
             await self.finish(status="failed", error=exc)
             raise
@@ -333,9 +339,7 @@ class AsyncRun:
         connection: AsyncConnection | None = None,
     ) -> Envelope:
         """Record ``run.finished``; afterwards the run takes no more events."""
-        envelope = await self._drive(steps.finish(self.core, status, output, error, connection))
-        take_out(self, self._in_force)
-        return envelope
+        return await self._drive(steps.finish(self.core, status, output, error, connection))
 
     # Crossings whose work the agent's code finishes -------------------------------
 

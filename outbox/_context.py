@@ -1,9 +1,11 @@
 """The run in force: which run a crossing reached from anywhere in the agent's code
 belongs to.
 
-A run is in force in the context that started it (the task or thread, and every asyncio
-task created from it, which copies the context), from its start to its end; the replayer
-puts its replay run in force while it drives the entry. Integrations that have no run
+A run is in force inside its ``with`` block (``with recorder.start_run(...) as run:``)
+and while the recorder drives its entry (``recorder.record(entry, ...)``), in that task or
+thread and in every asyncio task created from it (tasks copy the context); the replayer
+puts its replay run in force while it drives the entry. A run started without either is
+in force nowhere: integrations then need it handed to them. Integrations that have no run
 handed to them (a recording HTTP transport, the :func:`~agent_blackbox.outbox.tool`
 decorator, a process-wide SDK client) find it here, so one client serves concurrent runs
 and each records only its own calls: this is how OpenTelemetry finds the current span.

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 _LOCK = threading.Lock()
 _COUNTER: list[Counter] = []
+_UNRECORDED: list[Counter] = []
 
 
 def write_failures() -> Counter:
@@ -37,6 +38,24 @@ def write_failures() -> Counter:
                 )
             )
         return _COUNTER[0]
+
+
+def unrecorded_llm_requests() -> Counter:
+    """``blackbox_unrecorded_llm_requests_total{provider}``, made on first use: model
+    calls a recording client passed through because no run was in force."""
+    with _LOCK:
+        if not _UNRECORDED:
+            from prometheus_client import Counter  # loaded only when used
+
+            _UNRECORDED.append(
+                Counter(
+                    "blackbox_unrecorded_llm_requests",
+                    "Model calls made through a recording client (or an instrumented SDK) "
+                    "outside any run, passed through unrecorded. provider: the API's shape.",
+                    ["provider"],
+                )
+            )
+        return _UNRECORDED[0]
 
 
 @contextmanager

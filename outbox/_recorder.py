@@ -13,6 +13,7 @@ import random
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from contextvars import Token
 from contextlib import contextmanager
 from datetime import datetime
 from types import TracebackType
@@ -23,7 +24,7 @@ from sqlalchemy import Engine, create_engine
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import _steps as steps
 from agent_blackbox.outbox._boundaries import Crossing
-from agent_blackbox.outbox._context import put_in_force, take_out
+from agent_blackbox.outbox._context import in_force, put_in_force, take_out
 from agent_blackbox.outbox._core import (
     RecorderBase,
     RecorderConfig,
@@ -222,8 +223,7 @@ class Run:
         self._random = random.Random()
         group = recorder.group_commit
         self._buffer = None if group is None else RunBuffer(group)
-        # In force from here to the end, in the context that started it (see _context).
-        self._in_force = put_in_force(self)
+        self._in_force: Token[Any] | None = None
 
     replaying = False
     """A run in record mode (a replay run says True)."""
@@ -240,6 +240,9 @@ class Run:
         return self.core.cursor.sequence
 
     def __enter__(self) -> Run:
+        # In force inside the block (see _context): integrations with no run handed to
+        # them record into it, and connections it opens through no boundary are holes.
+        self._in_force = put_in_force(self)
         return self
 
     def __exit__(
@@ -248,18 +251,22 @@ class Run:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.core.finished:
-            return
-        if exc is None:
-            self.finish()
-        else:
-            self.finish(status="failed", error=exc)
+        try:
+            if self.core.finished:
+                return
+            if exc is None:
+                self.finish()
+            else:
+                self.finish(status="failed", error=exc)
+        finally:
+            take_out(self, self._in_force)
 
     def drive(self, entry: Callable[[Run, Any], T], input: Any) -> T:
         """Run ``entry(self, input)`` and finish the run with its output or its error."""
         self.core.placement.root()
         try:
-            output = entry(self, input)
+            with in_force(self):
+                output = entry(self, input)
         except Exception as exc:
             self.finish(status="failed", error=exc)
             raise
@@ -408,9 +415,7 @@ class Run:
         connection: Joinable | None = None,
     ) -> Envelope:
         """Record ``run.finished``; afterwards the run takes no more events."""
-        envelope = self._drive(steps.finish(self.core, status, output, error, connection))
-        take_out(self, self._in_force)
-        return envelope
+        return self._drive(steps.finish(self.core, status, output, error, connection))
 
     # Crossings whose work the agent's code finishes -------------------------------
 

@@ -1,13 +1,36 @@
-"""Capture of LLM SDKs an agent already uses, one module per SDK, each imported only by
-the agent that uses it (the SDK is an optional extra):
+"""Recording the model calls an agent makes through the SDKs and frameworks it already
+uses, at the HTTP transport (``httpx2``, and ``httpx`` for older clients):
 
-- :mod:`agent_blackbox.outbox.integrations.openai`: ``capture_openai(client, run)`` for
-  the official ``openai`` SDK (``pip install 'agent-blackbox[openai]'``);
-- :mod:`agent_blackbox.outbox.integrations.anthropic`: ``capture_anthropic(client, run)``
-  for the official ``anthropic`` SDK (``pip install 'agent-blackbox[anthropic]'``):
-  ``messages.create`` (with tools, ``stream=True``) and ``messages.stream``.
+- :func:`instrument`: every OpenAI and Anthropic client of the process records into the
+  run in force where each call is made (opt-in, once per process);
+- :func:`capture_openai` / :func:`capture_anthropic` (in :mod:`.openai` and
+  :mod:`.anthropic`, each importing its SDK): a real SDK client that records;
+- :func:`http_client` / :func:`async_http_client`: a client to pass as ``http_client=``
+  to any SDK or framework that takes one;
+- :class:`RecordingTransport` / :class:`AsyncRecordingTransport`: the transports
+  themselves, around any other.
 
-Both record the request body and the raw response JSON (a stream as its events) under
-their provider's name, never a key, header or base URL, and hand back the SDK's own
-objects in replay without a request.
+What is recorded, and how replay answers, is said in :mod:`.transport`.
 """
+
+from agent_blackbox.outbox.integrations._clients import (
+    async_http_client,
+    http_client,
+    recording_client,
+)
+from agent_blackbox.outbox.integrations._instrument import instrument, instrumented, uninstrument
+from agent_blackbox.outbox.integrations.transport import (
+    AsyncRecordingTransport,
+    RecordingTransport,
+)
+
+__all__ = [
+    "AsyncRecordingTransport",
+    "RecordingTransport",
+    "async_http_client",
+    "http_client",
+    "instrument",
+    "instrumented",
+    "recording_client",
+    "uninstrument",
+]

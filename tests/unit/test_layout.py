@@ -51,8 +51,8 @@ ALLOWED = {
 # What an agent process carries: none of the pipeline's machinery.
 FORBIDDEN_IN_AGENTS = ("confluent_kafka", "alembic", "prometheus_client", "rich")
 # The LLM SDKs are optional extras: on the write side each is imported by its own capture
-# module only (what the captures share, integrations/_capture.py, imports neither), so an
-# agent loads only the SDK it uses.
+# module only (the recording transports, instrument() and the clients in the
+# integrations package import neither), so an agent loads only the SDK it uses.
 SDK_CAPTURES = {
     "openai": "outbox/integrations/openai.py",
     "anthropic": "outbox/integrations/anthropic.py",
@@ -190,6 +190,6 @@ def test_on_the_write_side_each_llm_sdk_is_imported_by_its_own_capture_only() ->
 def test_an_agent_loads_only_the_llm_sdk_it_captures() -> None:
     sdks = tuple(SDK_CAPTURES)
     integrations = "agent_blackbox.outbox.integrations"
-    assert _loaded_after(f"import agent_blackbox.outbox, {integrations}._capture", sdks) == []
+    assert _loaded_after(f"import agent_blackbox.outbox, {integrations}", sdks) == []
     for sdk in sdks:
         assert _loaded_after(f"import {integrations}.{sdk}", sdks) == [sdk]
