@@ -13,8 +13,8 @@ import random
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextvars import Token
 from contextlib import contextmanager
+from contextvars import Token
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
