@@ -18,5 +18,18 @@ The parts, each a subpackage with its public surface in its ``__init__``:
 - :mod:`agent_blackbox.stack`, :mod:`agent_blackbox.cli`, :mod:`agent_blackbox.examples`:
   the local services, the ``blackbox`` command and the demo's agent.
 
-Importing this package imports none of them.
+Importing this package imports none of them. The names an agent needs to record every
+model and tool call are here, each loaded on first use:
+
+- :func:`instrument`: every OpenAI and Anthropic client of the process records into the
+  run in force (:func:`current_run`);
+- :func:`tool`: a function that records itself as a ``tool.call``;
+- :func:`capture_openai`, :func:`capture_anthropic`: a recording copy of one SDK client;
+- :func:`http_client`, :func:`async_http_client`: a recording ``httpx2`` client to pass
+  as ``http_client=`` to any SDK or framework.
 """
+
+import lazy_loader
+
+# The names are listed in __init__.pyi (lazy_loader reads it); each loads on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

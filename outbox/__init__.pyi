@@ -3,6 +3,7 @@
 from ._async import AsyncRecorder as AsyncRecorder
 from ._async import AsyncRecorderBase as AsyncRecorderBase
 from ._async import AsyncRun as AsyncRun
+from ._context import current_run as current_run
 from ._core import RecorderConfig as RecorderConfig
 from ._core import RunOptions as RunOptions
 from ._core import RunSnapshot as RunSnapshot
@@ -32,6 +33,9 @@ from ._llm import completion_view as completion_view
 from ._memory import AsyncMemoryRecorder as AsyncMemoryRecorder
 from ._memory import MemoryRecorder as MemoryRecorder
 from ._migrate import migrate_write_side as migrate_write_side
+from ._network import Hole as Hole
+from ._network import UnrecordedCall as UnrecordedCall
+from ._network import UnrecordedCallWarning as UnrecordedCallWarning
 from ._postgres import PostgresBlobs as PostgresBlobs
 from ._postgres import outbox_backlog_txn as outbox_backlog_txn
 from ._postgres import pending_events_txn as pending_events_txn
@@ -68,6 +72,7 @@ from ._tenants import EVERY_TENANT as EVERY_TENANT
 from ._tenants import grant_tenant_txn as grant_tenant_txn
 from ._tenants import revoke_tenant_txn as revoke_tenant_txn
 from ._tenants import tenant_grants_txn as tenant_grants_txn
+from ._tool import tool as tool
 from ._values import DEFAULT_CONVERTERS as DEFAULT_CONVERTERS
 from ._values import Converter as Converter
 from ._values import Converters as Converters
