@@ -61,6 +61,10 @@ class ListedRun:
     total_tokens: int
     max_latency_ms: float | None
     models: tuple[str, ...]
+    unrecorded_calls: int | None = None
+    """Calls the run's code made through no boundary (None: none, or not finished)."""
+    unrecorded_call: str | None = None
+    """The first of them: host, port and the agent's line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +77,7 @@ _LIST_COLUMNS = """
     r.run_id, r.tenant_id, r.agent_id, r.status, r.started_at, r.finished_at,
     r.event_count, r.code_version, r.parent_run_id, u.prompt_version,
     coalesce(u.llm_calls, 0), coalesce(u.errors, 0), coalesce(u.total_tokens, 0),
-    u.max_latency_ms, coalesce(u.models, '{}')
+    u.max_latency_ms, coalesce(u.models, '{}'), r.unrecorded_calls, r.unrecorded_call
 """
 
 
@@ -163,6 +167,8 @@ def _listed(row: Any) -> ListedRun:
         total_tokens=int(row[12]),
         max_latency_ms=row[13],
         models=tuple(row[14]),
+        unrecorded_calls=row[15],
+        unrecorded_call=row[16],
     )
 
 
@@ -276,14 +282,14 @@ def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
     return RunDetail(
         run=run,
         finished_at=run.finished_at,
-        tags=dict(row[15]),
-        replayability=row[16],
+        tags=dict(row[17]),
+        replayability=row[18],
         events=events[:MAX_RUN_EVENTS],
         events_cut=len(events) > MAX_RUN_EVENTS,
         effects=effects,
         replays=replays,
         forks=forks,
-        prompt_templates=row[17],
+        prompt_templates=row[19],
     )
 
 

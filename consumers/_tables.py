@@ -47,6 +47,9 @@ runs_view = Table(
     # Its data keys were destroyed: replay checks control flow from digests only.
     Column("limited_replay", Boolean, nullable=False, server_default=text("false")),
     Column("redacted_at", DateTime(timezone=True)),
+    # Calls the run's code made through no boundary (run.finished's attributes).
+    Column("unrecorded_calls", Integer),
+    Column("unrecorded_call", Text),
     Index("ix_runs_tenant_agent", "tenant_id", "agent_id"),
 )
 """One row per run: status, counts and the run.started / run.finished facts."""

@@ -135,6 +135,10 @@ class RunDelta:
     status: str | None = None
     redacted_at: datetime | None = None
     """When the run's keys were destroyed (a ``run.redacted`` in this batch)."""
+    unrecorded_calls: int | None = None
+    """Calls the run's code made through no boundary, as ``run.finished`` counts them."""
+    unrecorded_call: str | None = None
+    """The first of them: host, port and the agent's line."""
 
 
 def apply_batch(
@@ -423,7 +427,14 @@ def _run_delta(envelopes: list[Envelope]) -> RunDelta:
         finished_at=finished.recorded_at if finished else None,
         status=finished.attributes.get("status", FINISHED_WITHOUT_STATUS) if finished else None,
         redacted_at=redacted.recorded_at if redacted else None,
+        unrecorded_calls=_count(finished.attributes.get("unrecorded_calls")) if finished else None,
+        unrecorded_call=finished.attributes.get("unrecorded_call") if finished else None,
     )
+
+
+def _count(value: str | None) -> int | None:
+    """A count an attribute carries, or None when it carries none (or not a count)."""
+    return int(value) if value is not None and value.isdigit() else None
 
 
 _RUN_MARKS = frozenset({EventType.RUN_STARTED, EventType.RUN_FINISHED, EventType.RUN_REDACTED})
@@ -774,6 +785,8 @@ def _upsert_runs_statement(columns: dict[str, list[Any]]) -> Executable:
             "finished_at": func.coalesce(new.finished_at, old.finished_at),
             "redacted_at": func.coalesce(old.redacted_at, new.redacted_at),
             "limited_replay": old.limited_replay | new.limited_replay,
+            "unrecorded_calls": func.coalesce(new.unrecorded_calls, old.unrecorded_calls),
+            "unrecorded_call": func.coalesce(new.unrecorded_call, old.unrecorded_call),
             "updated_at": func.now(),
         },
     )
@@ -794,6 +807,8 @@ def _run_columns(deltas: Sequence[RunDelta]) -> dict[str, list[Any]]:
         "finished_at": [d.finished_at for d in deltas],
         "redacted_at": [d.redacted_at for d in deltas],
         "limited_replay": [d.redacted_at is not None for d in deltas],
+        "unrecorded_calls": [d.unrecorded_calls for d in deltas],
+        "unrecorded_call": [d.unrecorded_call for d in deltas],
     }
 
 

@@ -461,6 +461,7 @@ class ReplayRun:
                 detail="replay never goes online: record the call through the run, or "
                 "replay with --allow-network",
                 fatal=True,
+                site=_site_of(hole),
             )
         except ReplayDivergence as exc:
             raise UnrecordedCall(hole, "replay never goes online") from exc
@@ -1141,11 +1142,13 @@ class ReplayRun:
         detail: str = "",
         fatal: bool = False,
         changes: tuple[Change, ...] = (),
+        site: CallSite | None = None,
     ) -> None:
         """Raise a control-flow (or ``fatal``) divergence; note the first state or
         content one of its level and return, so the replay goes on.
 
-        ``expected`` and ``actual`` are (event type, digest, boundary name)."""
+        ``expected`` and ``actual`` are (event type, digest, boundary name); ``site`` is
+        the call site when the caller knows it better than the stack does."""
         divergence = Divergence(
             kind=kind,
             run_id=self._run_id,
@@ -1155,7 +1158,7 @@ class ReplayRun:
             expected_digest=expected[1],
             actual_digest=actual[1],
             # Past the entry's return, the stack is the caller's: the entry is the site.
-            call_site=(self._ending and self._end_site) or _call_site() or self._entry_site,
+            call_site=site or (self._ending and self._end_site) or _call_site() or self._entry_site,
             detail=detail,
             expected_name=expected[2],
             actual_name=actual[2],
@@ -1361,6 +1364,11 @@ def _read_as_own(events: Iterable[Envelope]) -> Iterator[Envelope]:
         if envelope is None:
             return
         yield envelope
+
+
+def _site_of(hole: Hole) -> CallSite | None:
+    site = hole.site
+    return None if site is None else CallSite(site.function, site.file, site.line)
 
 
 def _target(hole: Hole) -> str:
