@@ -17,6 +17,7 @@ control flow is still checked to the end; ``finish`` then raises naming the firs
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import os
@@ -40,7 +41,9 @@ from agent_blackbox.outbox import (
     EffectOutcome,
     EffectReceipt,
     EffectRejected,
+    RecordedError,
     ValueNotRestorable,
+    describe_error,
     rebuild_error,
     recorded_value,
 )
@@ -367,6 +370,8 @@ class ReplayRun:
         self.stall_timeout = stall_timeout
         self._reveal = reveal_values
         self._entry_site = _entry_site(entry)
+        self._aliases = _stand_ins(entry)
+        """Which imported module stands in for a module the recording names."""
         self._ending = False
         self._end_site: CallSite | None = None
         """Past the entry's return, the stack is the caller's: the site is where the
@@ -447,7 +452,7 @@ class ReplayRun:
         model: str | None = None,
     ) -> Mapping[str, Any]:
         """The recorded response to ``request``; ``send`` is not called."""
-        return _llm_answer(self._cross(self._contract.llm(provider, model, request)))
+        return self._llm_answer(self._cross(self._contract.llm(provider, model, request)))
 
     def retrieve(
         self,
@@ -568,6 +573,9 @@ class ReplayRun:
                 actual=(EventType.RUN_FINISHED, self._state_digest, None),
                 detail="final state",
             )
+        named = _as_recorded(error, recorded_end["error"], self._aliases)
+        if named is not error:
+            ending = self._contract.ending(output, named, self._state_digest)
         actual = self._contract.output_digest(ending, version=envelope.body_version)
         if actual != envelope.output_digest:
             self._diverge(
@@ -589,14 +597,19 @@ class ReplayRun:
 
     # What each boundary builds and hands back --------------------------------------
 
+    def _llm_answer(self, output: Any) -> Mapping[str, Any]:
+        self._raise_recorded(output["error"])
+        response: Mapping[str, Any] = output["response"]
+        return response
+
     def _tool_result(self, body: Mapping[str, Any], output: Any) -> Any:
         if output["error"] is not None:
-            _raise_recorded(output["error"])
+            self._raise_recorded(output["error"])
         return self._typed(output["result"], body.get("result_codec"))
 
     def _hits(self, body: Mapping[str, Any], output: Any) -> list[Any]:
         if output["error"] is not None:
-            _raise_recorded(output["error"])
+            self._raise_recorded(output["error"])
         hits: list[Any] = self._typed(output["hits"], body.get("hits_codec"))
         return hits
 
@@ -610,7 +623,7 @@ class ReplayRun:
                 external_id=output["external_id"],
             )
         if status == "unknown" or output["error"] is not None:  # or a result not recorded
-            _raise_recorded(output["error"])
+            self._raise_recorded(output["error"])
         result = self._typed(output["result"], body.get("result_codec"))
         return EffectReceipt(effect, key, status, output["external_id"], result)
 
@@ -620,9 +633,13 @@ class ReplayRun:
         if codec is None:
             return value
         try:
-            return recorded_value(value, codec)
+            return recorded_value(value, codec, aliases=self._aliases)
         except ValueNotRestorable as exc:  # this process lacks a class: not the code's fault
             raise self._setup(ReplaySetupError(f"run {self._run_id}: {exc}")) from exc
+
+    def _raise_recorded(self, error: Mapping[str, str] | None) -> None:
+        if error is not None:
+            raise rebuild_error(error, aliases=self._aliases)
 
     def _intent(
         self, effect: str, arguments: Mapping[str, Any], key: str | None, place: Place
@@ -1184,7 +1201,7 @@ class AsyncReplayRun:
     ) -> Mapping[str, Any]:
         """The recorded response to ``request``; ``send`` is not called."""
         replay = self.replay
-        return _llm_answer(
+        return replay._llm_answer(
             await replay._cross_async(replay._contract.llm(provider, model, request))
         )
 
@@ -1271,12 +1288,6 @@ class AsyncReplayRun:
 # Answers ----------------------------------------------------------------------------
 
 
-def _llm_answer(output: Any) -> Mapping[str, Any]:
-    _raise_recorded(output["error"])
-    response: Mapping[str, Any] = output["response"]
-    return response
-
-
 def _wall(output: Any) -> datetime:
     return datetime.fromtimestamp(output["value_us"] / 1e6, UTC)
 
@@ -1302,11 +1313,6 @@ def _reduced_note(envelope: Envelope, truncated: Mapping[str, Any]) -> str:
         f"{truncated['ceiling_bytes']}): its response was handed back reduced (long texts "
         "cut short) and not checked against its output digest"
     )
-
-
-def _raise_recorded(error: Mapping[str, str] | None) -> None:
-    if error is not None:
-        raise rebuild_error(error)
 
 
 class _Stalled(Exception):
@@ -1470,6 +1476,23 @@ def _raised_at(error: BaseException | None) -> CallSite | None:
     return replace(found, library=library)
 
 
+def _as_recorded(
+    error: BaseException | None, recorded: Mapping[str, str] | None, aliases: Mapping[str, str]
+) -> BaseException | None:
+    """``error`` as the recording named its class, when the module it named stands in
+    for the class's own (a script's ``__main__`` replayed by module): the same class,
+    under its recorded name. Otherwise ``error`` itself."""
+    if error is None or recorded is None or hasattr(error, "recorded_error"):
+        return error
+    info = describe_error(error)
+    module = recorded.get("module")
+    if module is None or aliases.get(module) != info["module"] or recorded["type"] != info["type"]:
+        return error
+    named = RecordedError(info["type"], info["message"], module=module)
+    named.recorded_error = {**info, "module": module}
+    return named
+
+
 def _how_it_ended(error: BaseException | None, reveal: bool) -> str:
     """`` (raising KeyError: ...)`` for a run the code ended with an exception (its
     message only when values may be shown: it may hold data)."""
@@ -1528,6 +1551,27 @@ def _library_file(filename: str) -> bool:
     if filename.startswith(_PROJECT_DIR):
         return False
     return filename.startswith(_INSTALLED_DIRS) or any(p in filename for p in _INSTALLED_PARTS)
+
+
+def _stand_ins(entry: Callable[..., Any] | None) -> dict[str, str]:
+    """Which imported module stands in for a module a recording names, judged by the
+    module of the agent's ``entry``: a script recorded as ``python agent.py`` named its
+    classes ``__main__.X``, and replayed by module they are the entry module's; an entry
+    replayed in a script (``__main__``) has the classes recorded under the script's
+    module name (``agent`` for ``agent.py`` or ``python -m agent``). Nothing is imported.
+    """
+    target = inspect.unwrap(entry) if entry is not None else None
+    while isinstance(target, functools.partial):
+        target = inspect.unwrap(target.func)
+    module = getattr(target, "__module__", None)
+    if not isinstance(module, str):
+        return {}
+    if module != "__main__":
+        return {"__main__": module}
+    script = sys.modules.get("__main__")
+    spec = getattr(script, "__spec__", None)
+    name = spec.name if spec is not None else Path(getattr(script, "__file__", "") or "").stem
+    return {name: "__main__"} if name and name != "__main__" else {}
 
 
 def _entry_site(entry: Callable[..., Any] | None) -> CallSite | None:
