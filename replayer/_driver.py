@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from itertools import chain
@@ -33,6 +33,7 @@ from agent_blackbox.replayer._sandbox import (
 from agent_blackbox.replayer._verify import verify_run
 from agent_blackbox.schemas import (
     Envelope,
+    EventType,
     KeyUnavailable,
     PayloadPipeline,
     UnknownSchemaVersion,
@@ -245,7 +246,15 @@ def _reported(
     LLM call recorded truncated over the blob ceiling)."""
     if not run.limitations:
         divergence = divergences[0] if divergences else None
-        return ReplayReport(run.run_id, agent_id, run.consumed, divergence, divergences=divergences)
+        return ReplayReport(
+            run.run_id,
+            agent_id,
+            run.consumed,
+            divergence,
+            divergences=divergences,
+            recorded_status=run.recorded_status,
+            recorded_error=run.recorded_error,
+        )
     first = run.limitations[0][0]
     notes = [note for _, note in run.limitations]
     kept, limited_levels = [], {"content"}
@@ -274,6 +283,8 @@ def _reported(
         limited=limited,
         notes=tuple(notes),
         limited_levels=tuple(sorted(limited_levels)),
+        recorded_status=run.recorded_status,
+        recorded_error=run.recorded_error,
     )
 
 
@@ -324,7 +335,8 @@ def _limited(
     """The replay of a run whose bodies were destroyed: its code cannot be driven (its
     input is gone with them), so the recorded control flow is checked from what is
     left, the sequences, event types, digests and hash chain."""
-    verified = verify_run(events, blobs=blobs)
+    ends: list[Envelope] = []
+    verified = verify_run(_noting_ends(events, ends), blobs=blobs)
     note = (
         f"limited replay: {why}. Control flow was checked from digests and the hash chain "
         "only; state and content cannot be checked and the agent's code was not driven."
@@ -344,4 +356,21 @@ def _limited(
             actual_type=None,
             detail=verified.detail,
         )
-    return ReplayReport(verified.run_id, agent_id, verified.events, divergence, limited=note)
+    ended = ends[-1].attributes if ends else {}
+    return ReplayReport(
+        verified.run_id,
+        agent_id,
+        verified.events,
+        divergence,
+        limited=note,
+        recorded_status=ended.get("status"),
+        recorded_error=ended.get("error"),
+    )
+
+
+def _noting_ends(events: Iterable[Envelope], ends: list[Envelope]) -> Iterator[Envelope]:
+    """``events``, noting each ``run.finished`` in ``ends`` (its attributes are plain)."""
+    for envelope in events:
+        if envelope.event_type == EventType.RUN_FINISHED:
+            ends.append(envelope)
+        yield envelope

@@ -345,6 +345,11 @@ class ReplayRun:
         """``run.finished``, once read (the driver takes it, from whatever thread)."""
         self._finished_read = False
         """Whether the log was read up to ``run.finished`` (or its end)."""
+        self.recorded_status: str | None = None
+        """How the recorded run ended (``run.finished``'s status: ``succeeded``,
+        ``failed``, ...), once the replay read that far."""
+        self.recorded_error: str | None = None
+        """The type of the error the recorded run failed with, once read."""
         self._read = 0
         self._released = 0
         """The last sequence handed back to the code: results go back in this order."""
@@ -888,6 +893,8 @@ class ReplayRun:
         if envelope.event_type == _FINISHED:
             self._finished = envelope
             self._finished_read = True
+            self.recorded_status = envelope.attributes.get("status")
+            self.recorded_error = envelope.attributes.get("error")
             return
         attributes = envelope.attributes
         if STARTED not in attributes and BRANCH not in attributes:

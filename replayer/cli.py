@@ -501,6 +501,9 @@ def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
     for finding in report.nondeterminism:
         label = "[red]NONDETERMINISTIC[/]" if report.nondeterminism_fails else "[yellow]warning[/]"
         err.print(f"{label} {safe_text(finding.describe())}")
+    recorded = report.recorded_ending()
+    if recorded is not None:
+        levels += f"; recorded run {safe_text(recorded)}"
     if report.passed:
         label = "[yellow]LIMITED[/]" if report.limited else "[green]PASS[/]"
         out.print(f"{label} run {safe_text(report.run_id)} ({report.events} events): {levels}")
@@ -555,6 +558,11 @@ def _print_summary(summary: dict[str, Any], reasons: dict[str, str], console: Co
         f"{summary['skipped']} skipped ({safe_text(str(summary['filters']))})",
         soft_wrap=True,
     )
+    if summary["recorded_failed"]:
+        console.print(
+            f"{summary['recorded_failed']} of the recorded runs had failed; "
+            f"{summary['passed_recorded_failed']} of them passed, reproducing their failure"
+        )
     kinds = summary["divergence_kinds"]
     if kinds:
         table = Table(title="First divergences")
