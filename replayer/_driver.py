@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from itertools import chain
-from typing import Any, TypedDict, Unpack, cast
+from typing import Any, TypedDict, TypeVar, Unpack, cast
 
 from agent_blackbox.keystore import DataKeyMissing, KeyDestroyed
 from agent_blackbox.outbox import AgentRun, NondeterminismGuard
@@ -38,6 +38,8 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     UnknownSchemaVersion,
 )
+
+T = TypeVar("T")
 
 _SETUP_ERRORS = (ReplaySetupError, KeyUnavailable, UnknownSchemaVersion, DataKeyMissing)
 """What stops a replay that is not the code's fault: reported as an error, never as a
@@ -288,7 +290,7 @@ def _reported(
     )
 
 
-def _in_own_loop(work: Coroutine[Any, Any, ReplayReport]) -> ReplayReport:
+def _in_own_loop(work: Coroutine[Any, Any, T]) -> T:
     """Run ``work`` in a new event loop: here, or in a thread of its own when this
     thread already runs one."""
     try:

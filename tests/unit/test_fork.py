@@ -513,3 +513,31 @@ def _rate_limited(request: Any) -> dict[str, Any]:
 
 def _refused(request: Any) -> dict[str, Any]:
     raise PermissionError("refused")
+
+
+async def _weather(city: str) -> dict[str, Any]:
+    return {"city": city, "temp_c": len(city) * 3}
+
+
+def test_an_async_fork_is_awaited_and_its_async_live_tools_noted_with_their_results() -> None:
+    parent = MemoryRecorder()
+    parent.record(
+        lambda run, _: run.call("weather", lambda city: {"city": city}, "Paris"),
+        RunSnapshot("weather/1", {}),
+        agent_id="weather",
+    )
+
+    async def agent(run: Any, input: Any) -> Any:
+        return await run.call("weather", _weather, "Oslo")
+
+    fork = fork_run(
+        parent.events,
+        lambda snapshot, **_: agent,
+        changes={},
+        base_url="http://model.invalid/v1",
+        api_key="k",
+        tools="live",
+    )
+    assert (fork.status, fork.output) == ("succeeded", {"city": "Oslo", "temp_c": 12})
+    assert [(use.source, use.result) for use in fork.tool_calls] == [("live", fork.output)]
+    assert fork.events[-1].attributes["status"] == "succeeded"
