@@ -15,7 +15,10 @@ a :class:`~agent_blackbox.outbox.RecordedError` subclass carrying the type name 
 class is not at hand.
 
 A class is looked up among the modules already imported (the agent's own imports
-decide); replay never imports a module because a recording names it. A
+decide); replay never imports a module because a recording names it. Where the same
+code runs under another module name than when it was recorded (a script recorded as
+``__main__`` and replayed by module, or the reverse), the replay says which imported
+module stands in for the recorded one (``aliases``): it is looked in first. A
 :class:`Converter` registered for a class (:func:`register_converter`) takes over its
 recorded form both ways, for values and exceptions alike.
 """
@@ -326,8 +329,9 @@ def restore_tags(encoded: Any, scrubbed: Any) -> Any:
 # Decoding ---------------------------------------------------------------------------
 
 
-def recorded_value(data: Any, codec: str) -> Any:
-    """The value a body recorded as ``data`` with ``codec`` (its ``*_codec`` field).
+def recorded_value(data: Any, codec: str, *, aliases: Mapping[str, str] | None = None) -> Any:
+    """The value a body recorded as ``data`` with ``codec`` (its ``*_codec`` field);
+    ``aliases`` maps a recorded module name to the imported module that stands in for it.
 
     Raises:
         ValueNotRestorable: an unknown codec, or a class or converter not at hand.
@@ -338,30 +342,71 @@ def recorded_value(data: Any, codec: str) -> Any:
             "read; replay it with the release that recorded it or a newer one"
         )
     kind = type(data)
-    return decode_value(data) if kind is dict or kind is list else data
+    return decode_value(data, aliases=aliases) if kind is dict or kind is list else data
 
 
-def decode_value(data: Any, *, converters: Converters = DEFAULT_CONVERTERS) -> Any:
-    """The value whose tagged JSON form is ``data``.
+def decode_value(
+    data: Any,
+    *,
+    converters: Converters = DEFAULT_CONVERTERS,
+    aliases: Mapping[str, str] | None = None,
+) -> Any:
+    """The value whose tagged JSON form is ``data``; ``aliases`` maps a recorded module
+    name to the imported module that stands in for it (looked in first).
 
     Raises:
         ValueNotRestorable: a class or converter the value needs is not at hand.
     """
+    return _decode(data, _Lookup(converters, aliases or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class _Lookup:
+    """Where decoding finds what a recorded value names: converters, and classes among
+    the imported modules (a stand-in module first)."""
+
+    converters: Converters
+    aliases: Mapping[str, str]
+
+    def names(self, path: str) -> tuple[str, ...]:
+        """``module:qualname`` as recorded, after its stand-in's when it has one."""
+        module_name, _, qualname = path.partition(":")
+        alias = self.aliases.get(module_name)
+        return (path,) if alias is None else (f"{alias}:{qualname}", path)
+
+    def resolve(self, path: str) -> Any:
+        """The class ``path`` names in this process, or None."""
+        for name in self.names(path):
+            found = _resolve(name)
+            if found is not None:
+                return found
+        return None
+
+    def converter(self, path: str) -> Converter[Any] | None:
+        """The converter of the class ``path`` names, or None."""
+        for name in self.names(path):
+            converter = self.converters.named(name)
+            if converter is not None:
+                return converter
+        return None
+
+
+def _decode(data: Any, how: _Lookup) -> Any:
     kind = type(data)
     if kind is list:
-        return [decode_value(item, converters=converters) for item in data]
+        return [_decode(item, how) for item in data]
     if kind is not dict:
         return data
     tag = data.get(TAG)
     if tag is None:
-        return {key: decode_value(item, converters=converters) for key, item in data.items()}
+        return {key: _decode(item, how) for key, item in data.items()}
     decode = _DECODERS.get(tag)
     if decode is None:
         raise ValueNotRestorable(
             f"a recorded value is tagged {tag!r}, which this release does not know"
         )
     try:
-        return decode(data, converters)
+        return decode(data, how)
     except BlackboxError:
         raise
     except Exception as exc:  # a damaged or redacted form; name what failed
@@ -370,21 +415,17 @@ def decode_value(data: Any, *, converters: Converters = DEFAULT_CONVERTERS) -> A
         ) from exc
 
 
-def _items(data: Mapping[str, Any], converters: Converters) -> list[Any]:
-    return [decode_value(item, converters=converters) for item in data["items"]]
+def _items(data: Mapping[str, Any], how: _Lookup) -> list[Any]:
+    return [_decode(item, how) for item in data["items"]]
 
 
-def _fields(data: Mapping[str, Any], converters: Converters) -> dict[str, Any]:
-    return {
-        key: decode_value(item, converters=converters)
-        for key, item in data.items()
-        if not key.startswith("$")
-    }
+def _fields(data: Mapping[str, Any], how: _Lookup) -> dict[str, Any]:
+    return {key: _decode(item, how) for key, item in data.items() if not key.startswith("$")}
 
 
-def _class(data: Mapping[str, Any], check: Callable[[Any], bool], what: str) -> Any:
+def _class(data: Mapping[str, Any], how: _Lookup, check: Callable[[Any], bool], what: str) -> Any:
     name = str(data[_CLASS])
-    cls = _resolve(name)
+    cls = how.resolve(name)
     if cls is None:
         raise ValueNotRestorable(
             f"the recorded {what} {name} is not among the imported modules; import its "
@@ -397,42 +438,42 @@ def _class(data: Mapping[str, Any], check: Callable[[Any], bool], what: str) -> 
     return cls
 
 
-def _dataclass(data: Mapping[str, Any], converters: Converters) -> Any:
-    cls = _class(data, dataclasses.is_dataclass, "dataclass")
+def _dataclass(data: Mapping[str, Any], how: _Lookup) -> Any:
+    cls = _class(data, how, dataclasses.is_dataclass, "dataclass")
     value = cls.__new__(cls)  # the recorded fields exactly, as they were after __init__
-    for name, item in _fields(data, converters).items():
+    for name, item in _fields(data, how).items():
         object.__setattr__(value, name, item)
     return value
 
 
-def _pydantic(data: Mapping[str, Any], converters: Converters) -> Any:
+def _pydantic(data: Mapping[str, Any], how: _Lookup) -> Any:
     base = sys.modules.get("pydantic")
     cls = _class(
-        data, lambda c: base is not None and issubclass(c, base.BaseModel), "pydantic model"
+        data, how, lambda c: base is not None and issubclass(c, base.BaseModel), "pydantic model"
     )
-    return cls.model_validate(_fields(data, converters))
+    return cls.model_validate(_fields(data, how))
 
 
-def _custom(data: Mapping[str, Any], converters: Converters) -> Any:
-    converter = converters.named(str(data[_CLASS]))
+def _custom(data: Mapping[str, Any], how: _Lookup) -> Any:
+    converter = how.converter(str(data[_CLASS]))
     if converter is None:
         raise ValueNotRestorable(
             f"the recorded value of class {data[_CLASS]} needs its converter; register it "
             "(agent_blackbox.outbox.register_converter) in a module the replay imports"
         )
-    return converter.from_recorded(decode_value(data["value"], converters=converters))
+    return converter.from_recorded(_decode(data["value"], how))
 
 
-def _namedtuple(data: Mapping[str, Any], converters: Converters) -> Any:
-    cls = _class(data, lambda c: issubclass(c, tuple) and hasattr(c, "_fields"), "named tuple")
-    return cls(*_items(data, converters))
+def _namedtuple(data: Mapping[str, Any], how: _Lookup) -> Any:
+    cls = _class(data, how, lambda c: issubclass(c, tuple) and hasattr(c, "_fields"), "named tuple")
+    return cls(*_items(data, how))
 
 
-def _enum(data: Mapping[str, Any], converters: Converters) -> Any:
-    return _class(data, lambda c: issubclass(c, Enum), "enum")[data["name"]]
+def _enum(data: Mapping[str, Any], how: _Lookup) -> Any:
+    return _class(data, how, lambda c: issubclass(c, Enum), "enum")[data["name"]]
 
 
-_DECODERS: dict[str, Callable[[Mapping[str, Any], Converters], Any]] = {
+_DECODERS: dict[str, Callable[[Mapping[str, Any], _Lookup], Any]] = {
     "float": lambda d, c: float(d["value"]),
     "bytes": lambda d, c: base64.b64decode(d["base64"], validate=True),
     "datetime": lambda d, c: dt.datetime.fromisoformat(d["iso"]),
@@ -444,9 +485,7 @@ _DECODERS: dict[str, Callable[[Mapping[str, Any], Converters], Any]] = {
     "tuple": lambda d, c: tuple(_items(d, c)),
     "set": lambda d, c: set(_items(d, c)),
     "frozenset": lambda d, c: frozenset(_items(d, c)),
-    "dict": lambda d, c: {
-        decode_value(k, converters=c): decode_value(v, converters=c) for k, v in d["items"]
-    },
+    "dict": lambda d, c: {_decode(k, c): _decode(v, c) for k, v in d["items"]},
     "enum": _enum,
     "dataclass": _dataclass,
     "namedtuple": _namedtuple,
@@ -476,31 +515,36 @@ def describe_error(
 
 
 def rebuild_error(
-    info: Mapping[str, str], *, converters: Converters = DEFAULT_CONVERTERS
+    info: Mapping[str, str],
+    *,
+    converters: Converters = DEFAULT_CONVERTERS,
+    aliases: Mapping[str, str] | None = None,
 ) -> Exception:
     """The exception a recorded error stands for: its own class where it is imported and
     its arguments were recorded, else a :class:`RecordedError` subclass named like it.
+    ``aliases`` maps a recorded module name to the imported module that stands in for it
+    (``{"__main__": "agent"}``: a script's class found in the module it is replayed as).
 
     The exception carries ``recorded_error`` (``info``), so a run that ends on it records
     the same error again.
     """
-    exc = _rebuilt(info, converters) or _recorded_error(info)
+    exc = _rebuilt(info, _Lookup(converters, aliases or {})) or _recorded_error(info)
     exc.recorded_error = dict(info)  # type: ignore[attr-defined]
     return exc
 
 
-def _rebuilt(info: Mapping[str, str], converters: Converters) -> Exception | None:
+def _rebuilt(info: Mapping[str, str], how: _Lookup) -> Exception | None:
     module, args_json = info.get("module"), info.get("args_json")
     if module is None or args_json is None:
         return None
-    cls = _resolve(f"{module}:{info['type']}")
+    cls = how.resolve(f"{module}:{info['type']}")
     if not isinstance(cls, type) or not issubclass(cls, Exception):
         return None
     try:
-        args = decode_value(json.loads(args_json), converters=converters)
+        args = _decode(json.loads(args_json), how)
     except (ValueError, BlackboxError):
         return None
-    converter = converters.get(cls)
+    converter = how.converters.get(cls)
     if converter is not None:
         rebuilt = converter.from_recorded(args)
         return rebuilt if isinstance(rebuilt, cls) else None

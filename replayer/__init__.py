@@ -44,6 +44,7 @@ from agent_blackbox.replayer._reexecute import (
     RequestMapper,
     anthropic_sender,
     check_routes,
+    endpoints_for,
     openai_sender,
     reexecute,
 )
@@ -136,6 +137,7 @@ __all__ = [
     "anthropic_sender",
     "chat_examples",
     "check_routes",
+    "endpoints_for",
     "event_records",
     "fork_diff",
     "fork_replay_entry",

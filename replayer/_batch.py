@@ -204,9 +204,18 @@ class Tally:
     unreadable: list[SkippedMessage] = field(default_factory=list)
     """Messages of the topic passed over because they are not events (reported, not
     findings of a replay: the run's own events were all read)."""
+    recorded_failed: int = 0
+    """Runs whose recording had failed (``run.finished`` status ``failed``), whatever
+    their replay found."""
+    passed_recorded_failed: int = 0
+    """Of the passed runs, those that reproduced a failed recording."""
 
     def add(self, report: ReplayReport) -> None:
         self.results[report.result] += 1
+        if report.recorded_failed:
+            self.recorded_failed += 1
+            if report.passed:
+                self.passed_recorded_failed += 1
         if report.divergence is not None:
             self.kinds[str(report.divergence.kind)] += 1
             self.positions.append(report.divergence.sequence)
@@ -252,6 +261,8 @@ class Tally:
             "errors": self.results["ERROR"],
             "skipped": self.results["SKIPPED"],
             "pass_rate": self.passed / runs if runs else None,
+            "recorded_failed": self.recorded_failed,
+            "passed_recorded_failed": self.passed_recorded_failed,
             "divergence_kinds": dict(sorted(self.kinds.items())),
             "first_divergence_sequence": {
                 "min": min(self.positions, default=None),

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from itertools import chain
-from typing import Any, TypedDict, Unpack, cast
+from typing import Any, TypedDict, TypeVar, Unpack, cast
 
 from agent_blackbox.keystore import DataKeyMissing, KeyDestroyed
 from agent_blackbox.outbox import AgentRun, NondeterminismGuard
@@ -34,10 +34,13 @@ from agent_blackbox.replayer._sandbox import (
 from agent_blackbox.replayer._verify import verify_run
 from agent_blackbox.schemas import (
     Envelope,
+    EventType,
     KeyUnavailable,
     PayloadPipeline,
     UnknownSchemaVersion,
 )
+
+T = TypeVar("T")
 
 _SETUP_ERRORS = (ReplaySetupError, KeyUnavailable, UnknownSchemaVersion, DataKeyMissing)
 """What stops a replay that is not the code's fault: reported as an error, never as a
@@ -256,7 +259,15 @@ def _reported(
     LLM call recorded truncated over the blob ceiling)."""
     if not run.limitations:
         divergence = divergences[0] if divergences else None
-        return ReplayReport(run.run_id, agent_id, run.consumed, divergence, divergences=divergences)
+        return ReplayReport(
+            run.run_id,
+            agent_id,
+            run.consumed,
+            divergence,
+            divergences=divergences,
+            recorded_status=run.recorded_status,
+            recorded_error=run.recorded_error,
+        )
     first = run.limitations[0][0]
     notes = [note for _, note in run.limitations]
     kept, limited_levels = [], {"content"}
@@ -285,10 +296,12 @@ def _reported(
         limited=limited,
         notes=tuple(notes),
         limited_levels=tuple(sorted(limited_levels)),
+        recorded_status=run.recorded_status,
+        recorded_error=run.recorded_error,
     )
 
 
-def _in_own_loop(work: Coroutine[Any, Any, ReplayReport]) -> ReplayReport:
+def _in_own_loop(work: Coroutine[Any, Any, T]) -> T:
     """Run ``work`` in a new event loop: here, or in a thread of its own when this
     thread already runs one."""
     try:
@@ -335,7 +348,8 @@ def _limited(
     """The replay of a run whose bodies were destroyed: its code cannot be driven (its
     input is gone with them), so the recorded control flow is checked from what is
     left, the sequences, event types, digests and hash chain."""
-    verified = verify_run(events, blobs=blobs)
+    ends: list[Envelope] = []
+    verified = verify_run(_noting_ends(events, ends), blobs=blobs)
     note = (
         f"limited replay: {why}. Control flow was checked from digests and the hash chain "
         "only; state and content cannot be checked and the agent's code was not driven."
@@ -355,4 +369,21 @@ def _limited(
             actual_type=None,
             detail=verified.detail,
         )
-    return ReplayReport(verified.run_id, agent_id, verified.events, divergence, limited=note)
+    ended = ends[-1].attributes if ends else {}
+    return ReplayReport(
+        verified.run_id,
+        agent_id,
+        verified.events,
+        divergence,
+        limited=note,
+        recorded_status=ended.get("status"),
+        recorded_error=ended.get("error"),
+    )
+
+
+def _noting_ends(events: Iterable[Envelope], ends: list[Envelope]) -> Iterator[Envelope]:
+    """``events``, noting each ``run.finished`` in ``ends`` (its attributes are plain)."""
+    for envelope in events:
+        if envelope.event_type == EventType.RUN_FINISHED:
+            ends.append(envelope)
+        yield envelope

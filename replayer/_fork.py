@@ -14,9 +14,10 @@ what comes back, call by call.
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -25,10 +26,15 @@ from sqlalchemy import Engine
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import (
     AgentRun,
+    AsyncMemoryRecorder,
+    AsyncRecorder,
+    AsyncRecorderBase,
+    AsyncRun,
     EffectPolicy,
     LiveTools,
     MemoryRecorder,
     Recorder,
+    RecorderConfig,
     RefuseEffects,
     Run,
     RunSnapshot,
@@ -38,7 +44,7 @@ from agent_blackbox.outbox import (
     recorded_value,
 )
 from agent_blackbox.outbox.contract import Contract, Scrub
-from agent_blackbox.replayer._driver import AgentEntry
+from agent_blackbox.replayer._driver import AgentEntry, _in_own_loop, is_async_entry
 from agent_blackbox.replayer._replay import DigestKeys, ReplaySetupError, run_digest
 from agent_blackbox.schemas import (
     TAG_PREFIX,
@@ -157,7 +163,18 @@ class RecordedTools:
         except Exception as exc:
             self._note(ToolUse(tool, ask.input, "live", error=_error_text(exc)))
             raise
+        if inspect.isawaitable(result):  # an async tool of an async agent: noted when done
+            return self._awaited(tool, ask.input, result)
         self._note(ToolUse(tool, ask.input, "live", self._contract.scrub.value(result, set())))
+        return result
+
+    async def _awaited(self, tool: str, arguments: Any, pending: Awaitable[Any]) -> Any:
+        try:
+            result = await pending
+        except Exception as exc:
+            self._note(ToolUse(tool, arguments, "live", error=_error_text(exc)))
+            raise
+        self._note(ToolUse(tool, arguments, "live", self._contract.scrub.value(result, set())))
         return result
 
     def _answer(self, input_digest: str) -> dict[str, Any] | None:
@@ -224,6 +241,34 @@ class _ObservedRun:
         named = model or str(request.get("model", "unknown"))
         try:
             response = self._run.llm(send, request, provider=provider, model=model)
+        except Exception as exc:
+            self._calls.append(LlmUse(named, None, _error_text(exc)))
+            raise
+        self._calls.append(LlmUse(named, response))
+        return response
+
+
+class _ObservedAsyncRun:
+    """:class:`_ObservedRun` for an async agent: the fork's :class:`AsyncRun`."""
+
+    def __init__(self, run: AsyncRun, calls: list[LlmUse]) -> None:
+        self._run = run
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._run, name)
+
+    async def llm(
+        self,
+        send: Callable[[Mapping[str, Any]], Any],
+        request: Mapping[str, Any],
+        *,
+        provider: str,
+        model: str | None = None,
+    ) -> Mapping[str, Any]:
+        named = model or str(request.get("model", "unknown"))
+        try:
+            response = await self._run.llm(send, request, provider=provider, model=model)
         except Exception as exc:
             self._calls.append(LlmUse(named, None, _error_text(exc)))
             raise
@@ -347,38 +392,120 @@ def fork_run(
     live = None if tools == "recorded" else LiveTools()
     policy = RecordedTools(events, pipeline=opener, digests=digests, fallback=live, mode=tools)
     effect_policy: EffectPolicy = SandboxEffects() if effects == "sandbox" else RefuseEffects()
-    recorder: Recorder | MemoryRecorder
-    if engine is not None:
-        recorder = Recorder(
-            engine, settings=settings, tools=policy, effects=effect_policy, keys=keys
+    config: RecorderConfig = {"settings": settings, "tools": policy, "effects": effect_policy}
+    entry = factory(snapshot, base_url=base_url, api_key=api_key)
+    fork = _Fork(entry, snapshot, events[0], [])
+    if is_async_entry(entry):
+        (run_id, status, output, error), recorded = _in_own_loop(
+            fork.record_async(engine, keys, config)
         )
     else:
-        recorder = MemoryRecorder(settings=settings, tools=policy, effects=effect_policy)
-    entry = factory(snapshot, base_url=base_url, api_key=api_key)
-    run = recorder.start_run(snapshot, agent_id=events[0].agent_id, tenant_id=events[0].tenant_id)
-    llm_calls: list[LlmUse] = []
-    status, output, error = "succeeded", None, None
-    try:
-        output = run.drive(
-            lambda own, given: entry(_ObservedRun(own, llm_calls), given), snapshot.input
-        )
-    except Exception as exc:  # recorded as the fork's failure by drive()
-        status, error = "failed", _error_text(exc)
+        (run_id, status, output, error), recorded = fork.record(engine, keys, config)
     sandboxed = effect_policy.sent if isinstance(effect_policy, SandboxEffects) else []
     return ForkResult(
-        run.run_id,
+        run_id,
         events[0].run_id,
         dict(changes),
         status,
         output,
         error,
         sandboxed,
-        recorder.events if isinstance(recorder, MemoryRecorder) else [],
+        recorded,
         tools,
         list(policy.uses),
-        llm_calls,
+        fork.llm_calls,
         policy.unrecorded,
     )
+
+
+_Ended = tuple[str, str, Any, str | None]
+"""How a fork's run ended: its id, status, output and error (``"Type: message"``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Fork:
+    """Drives the fork's agent as a new recorded run, plain or async, and ends that run
+    whatever happens: ``succeeded``, ``failed`` with the agent's error, or ``failed`` on
+    an interruption (which then goes on)."""
+
+    entry: AgentEntry
+    snapshot: RunSnapshot
+    parent: Envelope
+    llm_calls: list[LlmUse]
+
+    def record(
+        self, engine: Engine | None, keys: DataKeyStore | None, config: RecorderConfig
+    ) -> tuple[_Ended, Sequence[Envelope]]:
+        """Record a plain entry: into Postgres with ``engine``, else in memory (whose
+        events come back)."""
+        if engine is not None:
+            sealed: RecorderConfig = {**config, "keys": keys}
+            return self._driven(Recorder(engine, **sealed)), []
+        memory = MemoryRecorder(**config)
+        return self._driven(memory), memory.events
+
+    async def record_async(
+        self, engine: Engine | None, keys: DataKeyStore | None, config: RecorderConfig
+    ) -> tuple[_Ended, Sequence[Envelope]]:
+        """:meth:`record` for an ``async def`` entry, with an async recorder (on an
+        async engine to ``engine``'s database, made and disposed in this loop)."""
+        if engine is None:
+            memory = AsyncMemoryRecorder(**config)
+            return await self._driven_async(memory), memory.events
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        writer = create_async_engine(engine.url, pool_size=2)
+        try:
+            sealed: RecorderConfig = {**config, "keys": keys}
+            return await self._driven_async(AsyncRecorder(writer, **sealed)), []
+        finally:
+            await writer.dispose()
+
+    def _driven(self, recorder: Recorder | MemoryRecorder) -> _Ended:
+        parent, snapshot = self.parent, self.snapshot
+        run = recorder.start_run(snapshot, agent_id=parent.agent_id, tenant_id=parent.tenant_id)
+        try:
+            return run.run_id, "succeeded", run.drive(self._observed, snapshot.input), None
+        except Exception as exc:  # drive() recorded it as the fork's failure, if it could
+            _ended(run, exc)
+            return run.run_id, "failed", None, _error_text(exc)
+        except BaseException as exc:  # interrupted: the fork ends failed, and stops
+            _ended(run, exc)
+            raise
+
+    async def _driven_async(self, recorder: AsyncRecorderBase) -> _Ended:
+        parent, snapshot = self.parent, self.snapshot
+        run = await recorder.start_run(
+            snapshot, agent_id=parent.agent_id, tenant_id=parent.tenant_id
+        )
+        try:
+            output = await run.drive(self._observed_async, snapshot.input)
+            return run.run_id, "succeeded", output, None
+        except Exception as exc:  # drive() recorded it as the fork's failure, if it could
+            await _ended_async(run, exc)
+            return run.run_id, "failed", None, _error_text(exc)
+        except BaseException as exc:  # cancelled or interrupted: the fork ends failed
+            await _ended_async(run, exc)
+            raise
+
+    def _observed(self, run: Run, given: Any) -> Any:
+        return self.entry(_ObservedRun(run, self.llm_calls), given)
+
+    def _observed_async(self, run: AsyncRun, given: Any) -> Any:
+        return self.entry(_ObservedAsyncRun(run, self.llm_calls), given)  # type: ignore[arg-type]
+
+
+def _ended(run: Run, exc: BaseException) -> None:
+    """End ``run`` failed with ``exc`` unless it ended already (the agent's output that
+    could not be recorded, an interruption: ``drive()`` left it running)."""
+    if not run.core.finished:
+        run.finish(status="failed", error=exc)
+
+
+async def _ended_async(run: AsyncRun, exc: BaseException) -> None:
+    """:func:`_ended` for an async run."""
+    if not run.core.finished:
+        await run.finish(status="failed", error=exc)
 
 
 REPLAY_BASE_URL = "http://replay.invalid/v1"

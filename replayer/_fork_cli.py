@@ -21,12 +21,9 @@ from agent_blackbox.replayer._fork_diff import CallPair, ForkDiff, fork_diff
 from agent_blackbox.replayer._index import read_side
 from agent_blackbox.replayer._reexecute import (
     APIS,
-    Endpoint,
-    anthropic_sender,
-    api_of,
     check_routes,
+    endpoints_for,
     load_request_mapper,
-    openai_sender,
     reexecute,
 )
 from agent_blackbox.replayer._registry import load_entry
@@ -258,30 +255,39 @@ def _clip(text: str, limit: int = 60) -> str:
 
 
 _KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-_SENDERS = {"openai": openai_sender, "anthropic": anthropic_sender}
 
 
-def _endpoints(
-    events: Sequence[Envelope], api: str | None, base_url: str, api_key_env: str | None
-) -> dict[str, Endpoint]:
-    """The endpoints calls are re-sent to, by API: the one ``--provider`` names, or,
-    without it, one for each API the run's LLM calls were made with (Anthropic calls
-    through the anthropic SDK, every other provider's through the OpenAI-compatible
-    one), all at ``base_url``."""
-    if api is None:
-        recorded = {
-            api_of(e.attributes.get("provider", "openai"))
-            for e in events
-            if e.event_type == EventType.LLM_CALL
-        }
-        wanted = sorted(recorded) or ["openai"]
-    else:
-        wanted = [api]
-    return {
-        name: _SENDERS[name](
-            base_url, os.environ.get(api_key_env or _KEY_VARIABLES[name], "not-set")
+def _by_api(values: tuple[str, ...], option: str) -> str | dict[str, str]:
+    """The values of a repeatable option: one for every API, or one per API named as
+    ``openai=...`` or ``anthropic=...``."""
+    named: dict[str, str] = {}
+    plain = []
+    for value in values:
+        api, sep, rest = value.partition("=")
+        if not sep or api not in APIS:
+            plain.append(value)
+        elif api in named:
+            raise click.BadParameter(f"{api}= is given twice", param_hint=option)
+        else:
+            named[api] = rest
+    if len(plain) + bool(named) > 1:
+        raise click.BadParameter(
+            f"give one value for every API, or one per API ({option} openai=... "
+            f"{option} anthropic=...)",
+            param_hint=option,
         )
-        for name in wanted
+    return plain[0] if plain else named
+
+
+def _api_keys(key_envs: tuple[str, ...]) -> dict[str, str]:
+    """Each API's key, from the variable ``--api-key-env`` names for it (or for all),
+    else from its own (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``)."""
+    given = _by_api(key_envs, "--api-key-env") if key_envs else {}
+    return {
+        api: os.environ.get(
+            given if isinstance(given, str) else given.get(api, _KEY_VARIABLES[api]), "not-set"
+        )
+        for api in APIS
     }
 
 
@@ -289,8 +295,13 @@ def _endpoints(
 @click.argument("run_id")
 @click.option(
     "--base-url",
+    "base_urls",
     required=True,
-    help="Endpoint to re-send to: OpenAI-compatible, or the Anthropic API (see --provider).",
+    multiple=True,
+    metavar="[API=]URL",
+    help="Endpoint to re-send to: OpenAI-compatible, or the Anthropic API (see --provider). "
+    "A run that called both needs one per API: --base-url openai=URL --base-url "
+    "anthropic=URL.",
 )
 @click.option(
     "--provider",
@@ -310,9 +321,12 @@ def _endpoints(
 )
 @click.option(
     "--api-key-env",
-    default=None,
-    help="Environment variable holding the endpoint's key (never recorded). Default: "
-    "OPENAI_API_KEY for an OpenAI-compatible endpoint, ANTHROPIC_API_KEY for Anthropic.",
+    "key_envs",
+    multiple=True,
+    metavar="[API=]VARIABLE",
+    help="Environment variable holding the endpoint's key (never recorded), for every API "
+    "or per API (openai=VARIABLE, anthropic=VARIABLE). Default: OPENAI_API_KEY for an "
+    "OpenAI-compatible endpoint, ANTHROPIC_API_KEY for Anthropic.",
 )
 @click.option(
     "--archive",
@@ -326,10 +340,10 @@ def _endpoints(
 )
 def reexecute_command(
     run_id: str,
-    base_url: str,
+    base_urls: tuple[str, ...],
     api: str | None,
     mapper_path: str | None,
-    api_key_env: str | None,
+    key_envs: tuple[str, ...],
     archive: Path | None,
     purpose: str,
     as_json: bool,
@@ -340,16 +354,18 @@ def reexecute_command(
 
     Exit status: 0 when every answer is the same, 1 when one differs or failed, 2 when
     the run could not be read or a call cannot be sent as asked (the endpoint speaks
-    another API than the call and no --request-mapper was given).
+    another API than the call and no --request-mapper was given; one --base-url for a
+    run that called both APIs).
     """
     console = safe_console(stderr=True)
+    base_url, api_keys = _by_api(base_urls, "--base-url"), _api_keys(key_envs)
     engine: Engine | None = None
     try:
         events, engine = _parent_events(run_id, archive)
         engine = engine or create_engine(Settings.from_env().database_url)
         pipeline = opening(lambda: engine, purpose=purpose).pipeline
         mapper = None if mapper_path is None else load_request_mapper(mapper_path)
-        send = _endpoints(events, api, base_url, api_key_env)
+        send = endpoints_for(events, base_url, api_key=api_keys, api=api)
         check_routes(events, send, request_mapper=mapper)  # before any request is sent
         diffs = reexecute(
             _progress(events, console), send, pipeline=pipeline, request_mapper=mapper
@@ -366,7 +382,8 @@ def reexecute_command(
         rows = [d.to_dict() for d in diffs]
         click.echo(json.dumps({"run_id": run_id, "calls": rows}, indent=2, default=str))
     else:
-        table = Table(title=f"LLM calls of {run_id}, re-sent to {safe_text(base_url)}")
+        where = ", ".join(base_urls)
+        table = Table(title=f"LLM calls of {run_id}, re-sent to {safe_text(where)}")
         for column in ("sequence", "model", "result", "changed"):
             table.add_column(column)
         for d in diffs:

@@ -372,3 +372,76 @@ def anthropic_sender(base_url: str, api_key: str) -> Endpoint:
 
 # Arguments of the SDK's methods that are not body fields.
 _SDK_OPTIONS = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
+
+
+_SENDERS = {"openai": openai_sender, "anthropic": anthropic_sender}
+
+
+def recorded_apis(events: Iterable[Envelope]) -> list[str]:
+    """The APIs the LLM calls of ``events`` were made with (see :func:`api_of`), sorted."""
+    return sorted(
+        {
+            api_of(envelope.attributes.get("provider", "openai"))
+            for envelope in events
+            if envelope.event_type == EventType.LLM_CALL
+        }
+    )
+
+
+def endpoints_for(
+    events: Iterable[Envelope],
+    base_url: str | Mapping[str, str],
+    *,
+    api_key: str | Mapping[str, str],
+    api: str | None = None,
+) -> dict[str, Endpoint]:
+    """The endpoints a run's LLM calls are re-sent to, by API, for :func:`reexecute`:
+    one for each API the run's calls were made with (Anthropic calls through the
+    anthropic SDK, every other provider's through the OpenAI-compatible one), or, with
+    ``api``, one endpoint of that API only (a call of the other then needs a request
+    mapper).
+
+    Args:
+        events: the run's events.
+        base_url: the endpoint's URL, or one per API (``{"openai": url, "anthropic":
+            url}``; an API the run did not call may be left out). One URL serves a run
+            of one API; a run that called both needs one per API.
+        api_key: the key of every endpoint, or one per API.
+        api: the one API the endpoint speaks, if it speaks one only.
+
+    Raises:
+        ReexecuteSetupError: one URL for a run that called both APIs, no URL or key for
+            an API the run called, or an API that is not one of :data:`APIS`.
+    """
+    wanted = [api] if api is not None else (recorded_apis(events) or ["openai"])
+    urls = _per_api(base_url, wanted, what="base URL", option="--base-url", shared=False)
+    keys = _per_api(api_key, wanted, what="key", option="--api-key-env", shared=True)
+    return {name: _SENDERS[name](urls[name], keys[name]) for name in wanted}
+
+
+def _per_api(
+    given: str | Mapping[str, str], wanted: list[str], *, what: str, option: str, shared: bool
+) -> dict[str, str]:
+    """``given`` for each API of ``wanted``: one value for all (when it may be
+    ``shared``, or serves one API), or the value named for each."""
+    if isinstance(given, str):
+        if len(wanted) > 1 and not shared:
+            raise ReexecuteSetupError(
+                f"the run's LLM calls were made with the {' and '.join(wanted)} APIs, and one "
+                f"{what} cannot serve both: give one per API (on the command line "
+                f"{' '.join(f'{option} {name}=URL' for name in wanted)})"
+            )
+        return dict.fromkeys(wanted, given)
+    unknown = sorted(set(given) - set(APIS))
+    if unknown:
+        raise ReexecuteSetupError(
+            f"a {what} was given for {', '.join(map(repr, unknown))}, which is not an API "
+            f"re-execution speaks ({', '.join(APIS)})"
+        )
+    missing = [name for name in wanted if name not in given]
+    if missing:
+        raise ReexecuteSetupError(
+            f"the run's LLM calls were made with the {' and '.join(missing)} API and no "
+            f"{what} was given for it (on the command line {option} {missing[0]}=...)"
+        )
+    return {name: given[name] for name in wanted}

@@ -17,8 +17,11 @@ control flow is still checked to the end; ``finish`` then raises naming the firs
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
+import os
+import site
 import sys
 import sysconfig
 import threading
@@ -27,7 +30,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -38,7 +41,9 @@ from agent_blackbox.outbox import (
     EffectOutcome,
     EffectReceipt,
     EffectRejected,
+    RecordedError,
     ValueNotRestorable,
+    describe_error,
     rebuild_error,
     recorded_value,
 )
@@ -156,6 +161,9 @@ class CallSite:
     function: str
     file: str
     line: int
+    library: CallSite | None = None
+    """The innermost frame of an installed library (a framework, an SDK) between the
+    agent's frame and the boundary, when a library crossed it on the agent's behalf."""
 
     def __str__(self) -> str:
         return f"{self.function} ({self.file}:{self.line})"
@@ -214,6 +222,8 @@ class Divergence:
     def describe(self) -> str:
         """One line for people."""
         where = f" at {self.call_site}" if self.call_site else ""
+        if self.call_site is not None and self.call_site.library is not None:
+            where += f" through {self.call_site.library}"
         digests = ""
         if self.expected_digest or self.actual_digest:
             digests = f"; expected {self.expected_digest}, got {self.actual_digest}"
@@ -352,6 +362,11 @@ class ReplayRun:
         """``run.finished``, once read (the driver takes it, from whatever thread)."""
         self._finished_read = False
         """Whether the log was read up to ``run.finished`` (or its end)."""
+        self.recorded_status: str | None = None
+        """How the recorded run ended (``run.finished``'s status: ``succeeded``,
+        ``failed``, ...), once the replay read that far."""
+        self.recorded_error: str | None = None
+        """The type of the error the recorded run failed with, once read."""
         self._read = 0
         self._released = 0
         """The last sequence handed back to the code: results go back in this order."""
@@ -377,6 +392,8 @@ class ReplayRun:
         self.stall_timeout = stall_timeout
         self._reveal = reveal_values
         self._entry_site = _entry_site(entry)
+        self._aliases = _stand_ins(entry)
+        """Which imported module stands in for a module the recording names."""
         self._ending = False
         self._end_site: CallSite | None = None
         """Past the entry's return, the stack is the caller's: the site is where the
@@ -484,7 +501,7 @@ class ReplayRun:
         model: str | None = None,
     ) -> Mapping[str, Any]:
         """The recorded response to ``request``; ``send`` is not called."""
-        return _llm_answer(self._cross(self._contract.llm(provider, model, request)))
+        return self._llm_answer(self._cross(self._contract.llm(provider, model, request)))
 
     def retrieve(
         self,
@@ -605,6 +622,9 @@ class ReplayRun:
                 actual=(EventType.RUN_FINISHED, self._state_digest, None),
                 detail="final state",
             )
+        named = _as_recorded(error, recorded_end["error"], self._aliases)
+        if named is not error:
+            ending = self._contract.ending(output, named, self._state_digest)
         actual = self._contract.output_digest(ending, version=envelope.body_version)
         if actual != envelope.output_digest:
             self._diverge(
@@ -626,14 +646,19 @@ class ReplayRun:
 
     # What each boundary builds and hands back --------------------------------------
 
+    def _llm_answer(self, output: Any) -> Mapping[str, Any]:
+        self._raise_recorded(output["error"])
+        response: Mapping[str, Any] = output["response"]
+        return response
+
     def _tool_result(self, body: Mapping[str, Any], output: Any) -> Any:
         if output["error"] is not None:
-            _raise_recorded(output["error"])
+            self._raise_recorded(output["error"])
         return self._typed(output["result"], body.get("result_codec"))
 
     def _hits(self, body: Mapping[str, Any], output: Any) -> list[Any]:
         if output["error"] is not None:
-            _raise_recorded(output["error"])
+            self._raise_recorded(output["error"])
         hits: list[Any] = self._typed(output["hits"], body.get("hits_codec"))
         return hits
 
@@ -647,7 +672,7 @@ class ReplayRun:
                 external_id=output["external_id"],
             )
         if status == "unknown" or output["error"] is not None:  # or a result not recorded
-            _raise_recorded(output["error"])
+            self._raise_recorded(output["error"])
         result = self._typed(output["result"], body.get("result_codec"))
         return EffectReceipt(effect, key, status, output["external_id"], result)
 
@@ -657,9 +682,13 @@ class ReplayRun:
         if codec is None:
             return value
         try:
-            return recorded_value(value, codec)
+            return recorded_value(value, codec, aliases=self._aliases)
         except ValueNotRestorable as exc:  # this process lacks a class: not the code's fault
             raise self._setup(ReplaySetupError(f"run {self._run_id}: {exc}")) from exc
+
+    def _raise_recorded(self, error: Mapping[str, str] | None) -> None:
+        if error is not None:
+            raise rebuild_error(error, aliases=self._aliases)
 
     def _intent(
         self, effect: str, arguments: Mapping[str, Any], key: str | None, place: Place
@@ -908,6 +937,8 @@ class ReplayRun:
         if envelope.event_type == _FINISHED:
             self._finished = envelope
             self._finished_read = True
+            self.recorded_status = envelope.attributes.get("status")
+            self.recorded_error = envelope.attributes.get("error")
             return
         attributes = envelope.attributes
         if STARTED not in attributes and BRANCH not in attributes:
@@ -1231,7 +1262,7 @@ class AsyncReplayRun:
     ) -> Mapping[str, Any]:
         """The recorded response to ``request``; ``send`` is not called."""
         replay = self.replay
-        return _llm_answer(
+        return replay._llm_answer(
             await replay._cross_async(replay._contract.llm(provider, model, request))
         )
 
@@ -1318,12 +1349,6 @@ class AsyncReplayRun:
 # Answers ----------------------------------------------------------------------------
 
 
-def _llm_answer(output: Any) -> Mapping[str, Any]:
-    _raise_recorded(output["error"])
-    response: Mapping[str, Any] = output["response"]
-    return response
-
-
 def _wall(output: Any) -> datetime:
     return datetime.fromtimestamp(output["value_us"] / 1e6, UTC)
 
@@ -1367,17 +1392,13 @@ def _read_as_own(events: Iterable[Envelope]) -> Iterator[Envelope]:
 
 
 def _site_of(hole: Hole) -> CallSite | None:
-    site = hole.site
-    return None if site is None else CallSite(site.function, site.file, site.line)
+    site, library = hole.site, hole.library
+    through = None if library is None else CallSite(library.function, library.file, library.line)
+    return None if site is None else CallSite(site.function, site.file, site.line, through)
 
 
 def _target(hole: Hole) -> str:
     return hole.host if hole.port is None else f"{hole.host}:{hole.port}"
-
-
-def _raise_recorded(error: Mapping[str, str] | None) -> None:
-    if error is not None:
-        raise rebuild_error(error)
 
 
 class _Stalled(Exception):
@@ -1476,44 +1497,86 @@ def _differences(before: Any, after: Any, path: str) -> Iterator[tuple[str, Any,
 
 def _call_site() -> CallSite | None:
     """The innermost frame of the agent's code on the stack: the one that crossed the
-    boundary. The project's own frames (but its examples'), and the event loop's,
-    threads' and the CLI framework's, are never it; nor is anything below the driver
-    that called the entry (whoever called the replay).
+    boundary, with the innermost library frame below it (a framework that crossed it on
+    the agent's behalf). The project's own frames (but its examples'), the event loop's,
+    threads', the CLI framework's, the standard library's and installed libraries' are
+    never it; nor is anything below the driver that called the entry (whoever called
+    the replay).
 
     When a task runs the boundary's coroutine itself (``gather(run.call(...), ...)``), no
     agent frame is on its stack: then it is the place that made the coroutine, as the
     coroutine's origin says (the driver turns origin tracking on while an async entry
-    replays).
+    replays). Without an agent frame at all, the library frame is the site.
     """
+    library = None
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         module = str(frame.f_globals.get("__name__", ""))
         if module == _DRIVER:
             break
-        if _agent_module(module):
-            code = frame.f_code
-            return CallSite(code.co_name, code.co_filename, frame.f_lineno)
+        code = frame.f_code
+        if _agent_frame(module, code.co_filename):
+            return CallSite(code.co_name, code.co_filename, frame.f_lineno, library)
+        if library is None and _library_frame(module, code.co_filename):
+            library = CallSite(code.co_name, code.co_filename, frame.f_lineno)
         frame = frame.f_back
-    return _origin()
+    origin = _origin()
+    if origin is None or origin.library is not None or library is None:
+        return origin or library
+    return replace(origin, library=library)
 
 
-def _agent_module(module: str) -> bool:
+def _agent_frame(module: str, filename: str) -> bool:
     """Whether a frame of ``module`` is the agent's: not the project's (but its
-    examples'), the event loop's, threads' or the CLI framework's."""
-    return not module.startswith(_NOT_AGENT) or module.startswith(_EXAMPLES)
+    examples'), the event loop's, threads' or the CLI framework's, nor one of a file
+    of the standard library or an installed library."""
+    if module.startswith(_EXAMPLES):
+        return True
+    if module.startswith(_NOT_AGENT):
+        return False
+    return not filename.startswith(_STDLIB_DIR) and not _library_file(filename)
+
+
+def _library_frame(module: str, filename: str) -> bool:
+    """Whether a frame of ``module`` is an installed library's (not the project's)."""
+    return not module.startswith(_NOT_AGENT) and _library_file(filename)
 
 
 def _raised_at(error: BaseException | None) -> CallSite | None:
-    """The innermost frame of the agent's code that ``error`` passed through."""
-    found = None
+    """The innermost frame of the agent's code that ``error`` passed through, with the
+    innermost library frame it passed through after it (or the library frame alone,
+    when no frame was the agent's)."""
+    found, library = None, None
     traceback = error.__traceback__ if error is not None else None
     while traceback is not None:
-        frame = traceback.tb_frame
-        module = str(frame.f_globals.get("__name__", ""))
-        if _agent_module(module):
-            found = CallSite(frame.f_code.co_name, frame.f_code.co_filename, traceback.tb_lineno)
+        code = traceback.tb_frame.f_code
+        module = str(traceback.tb_frame.f_globals.get("__name__", ""))
+        here = CallSite(code.co_name, code.co_filename, traceback.tb_lineno)
+        if _agent_frame(module, code.co_filename):
+            found, library = here, None
+        elif _library_frame(module, code.co_filename):
+            library = here
         traceback = traceback.tb_next
-    return found
+    if found is None:
+        return library
+    return replace(found, library=library)
+
+
+def _as_recorded(
+    error: BaseException | None, recorded: Mapping[str, str] | None, aliases: Mapping[str, str]
+) -> BaseException | None:
+    """``error`` as the recording named its class, when the module it named stands in
+    for the class's own (a script's ``__main__`` replayed by module): the same class,
+    under its recorded name. Otherwise ``error`` itself."""
+    if error is None or recorded is None or hasattr(error, "recorded_error"):
+        return error
+    info = describe_error(error)
+    module = recorded.get("module")
+    if module is None or aliases.get(module) != info["module"] or recorded["type"] != info["type"]:
+        return error
+    named = RecordedError(info["type"], info["message"], module=module)
+    named.recorded_error = {**info, "module": module}
+    return named
 
 
 def _how_it_ended(error: BaseException | None, reveal: bool) -> str:
@@ -1526,29 +1589,75 @@ def _how_it_ended(error: BaseException | None, reveal: bool) -> str:
 
 
 def _origin() -> CallSite | None:
-    """Where the running task's coroutine was made, in the agent's code."""
+    """Where the running task's coroutine was made, in the agent's code (with the
+    innermost library frame between), else in a library's."""
     if asyncio.events._get_running_loop() is None:
         return None
     task = asyncio.current_task()
     origin = getattr(task.get_coro(), "cr_origin", None) if task is not None else None
+    library = None
     for filename, line, function in origin or ():
         if _agent_file(filename):
-            return CallSite(function, filename, line)
-    return None
+            return CallSite(function, filename, line, library)
+        if library is None and _library_file(filename):
+            library = CallSite(function, filename, line)
+    return library
 
 
 # As the interpreter names the files it imported (code objects keep those names).
 _PROJECT_DIR = str(Path(__file__).parents[1])
 _EXAMPLES_DIR = str(Path(_PROJECT_DIR) / "examples")
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"]
+_INSTALLED_DIRS = tuple(
+    os.path.join(folder, "")
+    for folder in sorted(
+        {sysconfig.get_paths()[name] for name in ("purelib", "platlib")}
+        | set(site.getsitepackages())
+    )
+)
+"""Where installed distributions live: this interpreter's site-packages (a virtual
+environment's, the user's, the system's)."""
+_INSTALLED_PARTS = tuple(f"{os.sep}{name}{os.sep}" for name in ("site-packages", "dist-packages"))
+"""The folders any installation puts distributions in (another environment's too)."""
 
 
 def _agent_file(filename: str) -> bool:
     """Whether a source file is the agent's: not the project's (but its examples'), not
-    the standard library's."""
+    the standard library's, not an installed library's. An agent in the current
+    directory or anywhere else on ``sys.path`` is the agent's."""
     if filename.startswith(_EXAMPLES_DIR):
         return True
-    return not filename.startswith((_PROJECT_DIR, _STDLIB_DIR))
+    if filename.startswith((_PROJECT_DIR, _STDLIB_DIR)):
+        return False
+    return not _library_file(filename)
+
+
+def _library_file(filename: str) -> bool:
+    """Whether a source file belongs to an installed distribution (not the project)."""
+    if filename.startswith(_PROJECT_DIR):
+        return False
+    return filename.startswith(_INSTALLED_DIRS) or any(p in filename for p in _INSTALLED_PARTS)
+
+
+def _stand_ins(entry: Callable[..., Any] | None) -> dict[str, str]:
+    """Which imported module stands in for a module a recording names, judged by the
+    module of the agent's ``entry``: a script recorded as ``python agent.py`` named its
+    classes ``__main__.X``, and replayed by module they are the entry module's; an entry
+    replayed in a script (``__main__``) has the classes recorded under the script's
+    module name (``agent`` for ``agent.py`` or ``python -m agent``). Nothing is imported.
+    """
+    target = inspect.unwrap(entry) if entry is not None else None
+    while isinstance(target, functools.partial):
+        target = inspect.unwrap(target.func)
+    module = getattr(target, "__module__", None)
+    if not isinstance(module, str):
+        return {}
+    if module != "__main__":
+        return {"__main__": module}
+    script = sys.modules.get("__main__")
+    spec = getattr(script, "__spec__", None)
+    name = spec.name if spec is not None else Path(getattr(script, "__file__", "") or "").stem
+    return {name: "__main__"} if name and name != "__main__" else {}
 
 
 def _entry_site(entry: Callable[..., Any] | None) -> CallSite | None:

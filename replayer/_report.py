@@ -46,6 +46,12 @@ class ReplayReport:
     """Whether those reads fail the run (``fail``) or are warnings (``warn``)."""
     duration_ms: float | None = None
     """How long opening and replaying the run took (a batch replay measures it)."""
+    recorded_status: str | None = None
+    """How the recorded run ended (its ``run.finished`` status: ``succeeded``,
+    ``failed``, ...); None when the replay stopped before reading its end. A replay
+    that reproduces a failed run passes: the code did what was recorded."""
+    recorded_error: str | None = None
+    """The type of the error a failed recorded run ended with."""
 
     def __post_init__(self) -> None:
         if self.divergence is not None and not self.divergences:
@@ -59,6 +65,18 @@ class ReplayReport:
         return (
             self.divergence is None and self.error is None and self.skipped is None and not failing
         )
+
+    @property
+    def recorded_failed(self) -> bool:
+        """Whether the recorded run had failed (a pass reproduced the failure)."""
+        return self.recorded_status == "failed"
+
+    def recorded_ending(self) -> str | None:
+        """How the recorded run ended, in words (``failed (KeyError)``), or None."""
+        if self.recorded_status is None:
+            return None
+        error = f" ({self.recorded_error})" if self.recorded_error else ""
+        return f"{self.recorded_status}{error}"
 
     @property
     def levels(self) -> dict[str, str]:
@@ -115,4 +133,6 @@ class ReplayReport:
             "skipped": self.skipped,
             "nondeterminism": [n.to_dict() for n in self.nondeterminism],
             "nondeterminism_policy": "fail" if self.nondeterminism_fails else "warn",
+            "recorded_status": self.recorded_status,
+            "recorded_error": self.recorded_error,
         }

@@ -501,6 +501,9 @@ def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
     for finding in report.nondeterminism:
         label = "[red]NONDETERMINISTIC[/]" if report.nondeterminism_fails else "[yellow]warning[/]"
         err.print(f"{label} {safe_text(finding.describe())}")
+    recorded = report.recorded_ending()
+    if recorded is not None:
+        levels += f"; recorded run {safe_text(recorded)}"
     if report.passed:
         label = "[yellow]LIMITED[/]" if report.limited else "[green]PASS[/]"
         out.print(f"{label} run {safe_text(report.run_id)} ({report.events} events): {levels}")
@@ -516,6 +519,7 @@ def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
     )
     for divergence in report.divergences:
         table = Table(show_header=False, box=None)
+        site = divergence.call_site
         rows = {
             "kind": str(divergence.kind),
             "level": divergence.level,
@@ -526,7 +530,8 @@ def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
             "actual": _side(
                 divergence.actual_type, divergence.actual_name, divergence.actual_digest
             ),
-            "call site": str(divergence.call_site or "(unknown)"),
+            "call site": str(site or "(unknown)"),
+            **({"library frame": str(site.library)} if site and site.library else {}),
             "detail": divergence.detail or "",
         }
         if divergence.changes:
@@ -553,6 +558,11 @@ def _print_summary(summary: dict[str, Any], reasons: dict[str, str], console: Co
         f"{summary['skipped']} skipped ({safe_text(str(summary['filters']))})",
         soft_wrap=True,
     )
+    if summary["recorded_failed"]:
+        console.print(
+            f"{summary['recorded_failed']} of the recorded runs had failed; "
+            f"{summary['passed_recorded_failed']} of them passed, reproducing their failure"
+        )
     kinds = summary["divergence_kinds"]
     if kinds:
         table = Table(title="First divergences")

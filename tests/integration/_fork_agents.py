@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from openai import OpenAI
+from openai import AsyncOpenAI, OpenAI
 
-from agent_blackbox.outbox import AgentRun, RunSnapshot
+from agent_blackbox.outbox import AgentRun, AsyncRun, RunSnapshot
 from agent_blackbox.outbox.integrations.openai import capture_openai
 from agent_blackbox.replayer import fork_replay_entry
 from agent_blackbox.replayer._fork import REPLAY_BASE_URL
@@ -62,6 +62,48 @@ class WeatherAgent:
         )
         text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
         return {"weather": found, "answer": text}
+
+
+class WeatherOutage(Exception):
+    """The async agent's own failure, when its snapshot's ``outage`` flag says so."""
+
+
+class AsyncWeatherAgent:
+    """:class:`WeatherAgent` for asyncio code: the same calls, awaited."""
+
+    def __init__(self, client: AsyncOpenAI, model: str, *, outage: bool = False) -> None:
+        self.client = client
+        self.model = model
+        self.outage = outage
+
+    async def run(self, run: AsyncRun, input: Any) -> dict[str, Any]:
+        client = capture_openai(self.client, run)
+        messages: list[Any] = [{"role": "user", "content": input["question"]}]
+        plan = await client.chat.completions.create(
+            model=self.model, messages=messages, tools=[WEATHER_TOOL]
+        )
+        calls = plan.choices[0].message.tool_calls or []
+        found = [
+            await run.call("get_weather", weather_service, json.loads(c.function.arguments)["city"])  # type: ignore[union-attr]
+            for c in calls
+        ]
+        if self.outage:
+            raise WeatherOutage("the weather service is down")
+        messages.append({"role": "user", "content": json.dumps(found)})
+        stream = await client.chat.completions.create(
+            model=self.model, messages=messages, stream=True
+        )
+        text = "".join(
+            [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+        )
+        return {"weather": found, "answer": text}
+
+
+def async_fork_entry(snapshot: RunSnapshot, *, base_url: str, api_key: str) -> Any:
+    """The fork factory of the async agent (``--set flag.outage=yes`` makes it fail)."""
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    outage = snapshot.flags.get("outage") == "yes"
+    return AsyncWeatherAgent(client, snapshot.model_ids[0], outage=outage).run
 
 
 def snapshot(question: str = "Weather for my trip?") -> RunSnapshot:

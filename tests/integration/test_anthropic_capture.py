@@ -45,7 +45,7 @@ from agent_blackbox.outbox.integrations.anthropic import (
 from agent_blackbox.outbox.integrations.openai import capture_openai
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import KafkaRunSource, ReplayRun, replay_run, write_archive
-from agent_blackbox.replayer._reexecute import anthropic_sender, reexecute
+from agent_blackbox.replayer._reexecute import anthropic_sender, endpoints_for, reexecute
 from agent_blackbox.schemas import Envelope, NotSerialisable, PayloadPipeline, Settings, llm_reply
 from tests.integration import _anthropic_server
 from tests.integration._anthropic_server import PREFACE, REQUEST_ID, AnthropicServer, Reply
@@ -549,6 +549,56 @@ def test_an_openai_run_goes_to_an_anthropic_endpoint_only_with_a_request_mapper(
     missing = _cli([*arguments, "--request-mapper", "no_such_module:f"])
     assert missing.exit_code == 2
     assert "no_such_module" in missing.stderr
+
+
+def test_a_run_of_both_apis_is_re_sent_to_each_ones_endpoint(
+    server: AnthropicServer, client: anthropic.Anthropic, tmp_path: Path
+) -> None:
+    with (
+        OpenAIServer() as openai_server,
+        openai.OpenAI(base_url=openai_server.base_url, api_key="sk-openai", max_retries=0) as sdk,
+    ):
+
+        def agent(run: AgentRun, _input: Any) -> Any:
+            gpt = capture_openai(sdk, run).chat.completions.create(
+                model="gpt-test", messages=user("hi there")
+            )
+            claude = capture_anthropic(client, run).messages.create(
+                model=MODEL, max_tokens=64, messages=user("hi")
+            )
+            return [gpt.id, claude.id]
+
+        recorder = MemoryRecorder()
+        run, _ = recorder.record(agent, RunSnapshot("both.1", INPUT), agent_id="both")
+        write_archive(tmp_path / "both.avro", recorder.events)
+        arguments = [run.run_id, "--archive", str(tmp_path / "both.avro")]
+        arguments += ["--purpose", "drift check of both", "--json"]
+        sent = len(openai_server.requests), len(server.requests)
+
+        one_url = _cli([*arguments, "--base-url", server.base_url])
+        assert one_url.exit_code == 2, one_url.output
+        assert "--base-url openai=URL" in one_url.stderr.replace("\n", " ")
+        assert (len(openai_server.requests), len(server.requests)) == sent  # nothing sent
+
+        urls = ["--base-url", f"openai={openai_server.base_url}"]
+        urls += ["--base-url", f"anthropic={server.base_url}"]
+        each = _cli([*arguments, *urls], OPENAI_API_KEY="sk-openai")
+        assert each.exit_code == 0, each.output
+        assert [c["same"] for c in json.loads(each.stdout)["calls"]] == [True, True]
+        [gpt] = openai_server.requests[sent[0] :]
+        [claude] = server.requests[sent[1] :]
+        assert (gpt.json()["model"], claude.json()["model"]) == ("gpt-test", MODEL)
+        assert gpt.headers["authorization"] == "Bearer sk-openai"
+        assert API_KEY in " ".join(claude.headers.values())
+
+        # The same from Python: one endpoint per API.
+        endpoints = endpoints_for(
+            recorder.events,
+            {"openai": openai_server.base_url, "anthropic": server.base_url},
+            api_key={"openai": "sk-openai", "anthropic": API_KEY},
+        )
+        assert [d.same for d in reexecute(recorder.events, endpoints)] == [True, True]
+        assert (len(openai_server.requests), len(server.requests)) == (sent[0] + 2, sent[1] + 2)
 
 
 def test_a_changed_answer_from_the_cli_is_a_diff(

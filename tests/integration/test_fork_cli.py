@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from openai import OpenAI
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from agent_blackbox.cli import main
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
@@ -338,3 +338,75 @@ def test_a_fork_with_live_tools_is_recorded_in_the_outbox(
         "$.weather[0].city",
         "$.weather[0].temp_c",
     ]
+
+
+# Forks of async agents, recorded in the outbox -------------------------------------------
+
+
+def _async_fork(server: OpenAIServer, tmp_path: Path, settings: Settings, *options: str) -> Result:
+    run_id = _weather_parent(server, tmp_path)
+    arguments = [run_id, "--archive", str(tmp_path / "weather.avro"), "--base-url"]
+    arguments += [server.base_url, "--agent", "tests.integration._fork_agents:async_fork_entry"]
+    arguments += ["--purpose", "fork an async agent", "--json", *options]
+    env = {"BLACKBOX_DATABASE_URL": settings.database_url, "BLACKBOX_KEK_FILE": None}
+    return CliRunner(env={**env, "BLACKBOX_KEK": None}).invoke(main, ["fork", *arguments])
+
+
+def _status(engine: Engine, run_id: str) -> str:
+    with engine.connect() as conn:
+        query = text("SELECT status FROM blackbox.runs WHERE run_id = :r")
+        return str(conn.execute(query, {"r": run_id}).scalar_one())
+
+
+def test_a_fork_of_an_async_agent_is_awaited_and_ends_succeeded(
+    weather_server: OpenAIServer, tmp_path: Path, engine: Engine, settings: Settings
+) -> None:
+    result = _async_fork(weather_server, tmp_path, settings)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["status"], summary["recorded"]) == ("succeeded", "outbox")
+    assert summary["diff"]["same"] is True  # the same calls as the plain agent's, awaited
+    assert _status(engine, summary["run_id"]) == "succeeded"
+    with engine.connect() as conn:
+        # run.started, the two LLM calls, the tool call, run.finished
+        assert pending_events_txn(conn, [summary["run_id"]]) == 5
+
+
+def test_a_fork_of_an_async_agent_that_raises_ends_failed(
+    weather_server: OpenAIServer, tmp_path: Path, engine: Engine, settings: Settings
+) -> None:
+    result = _async_fork(weather_server, tmp_path, settings, "--set", "flag.outage=yes")
+    assert result.exit_code == 1, result.output
+    summary = json.loads(result.stdout)
+    assert summary["status"] == "failed"
+    assert summary["error"] == "WeatherOutage: the weather service is down"
+    assert _status(engine, summary["run_id"]) == "failed"
+
+
+def _interrupted(run: Any, input: Any) -> Any:
+    raise KeyboardInterrupt
+
+
+async def _interrupted_async(run: Any, input: Any) -> Any:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("agent", [_interrupted, _interrupted_async], ids=["plain", "async"])
+def test_an_interrupted_fork_ends_failed_and_the_interruption_goes_on(
+    weather_server: OpenAIServer, tmp_path: Path, engine: Engine, settings: Settings, agent: Any
+) -> None:
+    _weather_parent(weather_server, tmp_path)
+    parent = list(read_archive(tmp_path / "weather.avro"))
+    with pytest.raises(KeyboardInterrupt):
+        fork_run(
+            parent,
+            lambda snapshot, **_: agent,
+            changes={},
+            base_url=weather_server.base_url,
+            api_key="k",
+            engine=engine,
+            settings=settings,
+        )
+    with engine.connect() as conn:
+        statuses = conn.execute(text("SELECT status FROM blackbox.runs")).scalars().all()
+    assert statuses == ["failed"]

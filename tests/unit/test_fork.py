@@ -20,6 +20,8 @@ from agent_blackbox.examples.ticket_agent import (
 from agent_blackbox.outbox import MemoryRecorder, RunSnapshot
 from agent_blackbox.replayer import (
     ForkError,
+    ReexecuteSetupError,
+    endpoints_for,
     fork_diff,
     fork_replay_entry,
     fork_run,
@@ -513,3 +515,63 @@ def _rate_limited(request: Any) -> dict[str, Any]:
 
 def _refused(request: Any) -> dict[str, Any]:
     raise PermissionError("refused")
+
+
+async def _weather(city: str) -> dict[str, Any]:
+    return {"city": city, "temp_c": len(city) * 3}
+
+
+def test_an_async_fork_is_awaited_and_its_async_live_tools_noted_with_their_results() -> None:
+    parent = MemoryRecorder()
+    parent.record(
+        lambda run, _: run.call("weather", lambda city: {"city": city}, "Paris"),
+        RunSnapshot("weather/1", {}),
+        agent_id="weather",
+    )
+
+    async def agent(run: Any, input: Any) -> Any:
+        return await run.call("weather", _weather, "Oslo")
+
+    fork = fork_run(
+        parent.events,
+        lambda snapshot, **_: agent,
+        changes={},
+        base_url="http://model.invalid/v1",
+        api_key="k",
+        tools="live",
+    )
+    assert (fork.status, fork.output) == ("succeeded", {"city": "Oslo", "temp_c": 12})
+    assert [(use.source, use.result) for use in fork.tool_calls] == [("live", fork.output)]
+    assert fork.events[-1].attributes["status"] == "succeeded"
+
+
+def _both_apis() -> list[Any]:
+    recorder = MemoryRecorder()
+
+    def agent(run: Any, _: Any) -> Any:
+        chat = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
+        run.llm(lambda request: KeywordModel().complete(request), chat, provider="openai")
+        run.llm(lambda request: {"content": []}, {"model": "claude"}, provider="anthropic")
+
+    recorder.record(agent, RunSnapshot("both/1", {}), agent_id="both")
+    return recorder.events
+
+
+def test_endpoints_take_a_url_per_api_and_refuse_one_url_for_both() -> None:
+    events = _both_apis()
+    endpoints = endpoints_for(
+        events,
+        {"openai": "http://gpt.invalid/v1", "anthropic": "http://claude.invalid"},
+        api_key="k",
+    )
+    assert {name: endpoint.api for name, endpoint in endpoints.items()} == {
+        "anthropic": "anthropic",
+        "openai": "openai",
+    }
+    with pytest.raises(ReexecuteSetupError, match="--base-url anthropic=URL --base-url openai=URL"):
+        endpoints_for(events, "http://one.invalid/v1", api_key="k")
+    with pytest.raises(ReexecuteSetupError, match="--base-url anthropic="):
+        endpoints_for(events, {"openai": "http://gpt.invalid/v1"}, api_key="k")
+    # One URL keeps its meaning for an endpoint of one API (the other's calls are mapped).
+    [only] = endpoints_for(events, "http://claude.invalid", api_key="k", api="anthropic").values()
+    assert only.api == "anthropic"

@@ -400,3 +400,34 @@ def test_agent_names_bind_entry_points_to_their_agents(cli: Any, runs: dict[str,
     two_defaults = cli("--all", "--agent", TICKET_ENTRY, "--agent", TICKET_ENTRY)
     assert two_defaults.exit_code == 2
     assert "name the others' agents" in two_defaults.stderr
+
+
+# -- runs that failed when recorded ----------------------------------------------------
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v1.avro"
+
+
+def _golden(*args: str) -> Result:
+    env = {"BLACKBOX_PURPOSE": "unit test of recorded failures", "BLACKBOX_KEK_FILE": None}
+    arguments = ["replay", *args, "--archive", str(GOLDEN), "--agent", TICKET_ENTRY]
+    return CliRunner(env={**env, "BLACKBOX_KEK": None}).invoke(main, arguments)
+
+
+def test_a_run_that_failed_when_recorded_passes_and_the_report_says_so() -> None:
+    result = _golden("--all", "--json")
+    assert result.exit_code == 0, result.output
+    lines = _lines(result)
+    _validate(lines)
+    ended = [(line["recorded_status"], line["recorded_error"]) for line in lines[:-1]]
+    assert sorted(ended, key=str) == [("failed", "KeyError"), *[("succeeded", None)] * 5]
+    assert {line["result"] for line in lines[:-1]} == {"PASS"}
+    summary = lines[-1]
+    assert (summary["passed"], summary["recorded_failed"]) == (6, 1)
+    assert summary["passed_recorded_failed"] == 1
+    text = _golden("--all")
+    assert "6/6 runs passed" in text.stdout
+    assert "1 of the recorded runs had failed; 1 of them passed" in text.stdout
+    [failed] = [line["run_id"] for line in lines[:-1] if line["recorded_status"] == "failed"]
+    single = _golden(failed)
+    assert "PASS" in single.stdout
+    assert "recorded run failed (KeyError)" in single.stdout
