@@ -3,11 +3,13 @@ that is neither the project's, the standard library's nor an installed library's
 
 An agent built on a framework crosses boundaries from deep inside it (the OpenAI Agents
 SDK sends a request from its model module, LangChain from its chat model): the line that
-helps is the agent's own, and the framework's innermost frame comes second.
+helps is the agent's own, and the framework's innermost frame comes second. Recorded
+holes and replay divergences name their call sites by the same rules, kept here.
 """
 
 from __future__ import annotations
 
+import os
 import site
 import sys
 import sysconfig
@@ -15,10 +17,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["Site", "agent_site", "is_agent_file"]
+__all__ = ["Site", "agent_file", "agent_site", "installed_file", "stdlib_file"]
 
-_OWN_PREFIX = "agent_blackbox."
-_EXAMPLES_PREFIX = "agent_blackbox.examples"
+# As the interpreter names the files it imported (code objects keep those names).
+PROJECT_DIR = str(Path(__file__).parents[1])
+"""The project's own package (its examples are the agent's code, the rest is not)."""
+EXAMPLES_DIR = str(Path(PROJECT_DIR) / "examples")
+_STDLIB_DIRS = tuple(
+    os.path.join(folder, "")
+    for folder in {sysconfig.get_paths()[n] for n in ("stdlib", "platstdlib")}
+)
+_INSTALLED_DIRS = tuple(
+    os.path.join(folder, "")
+    for folder in sorted(
+        {sysconfig.get_paths()[name] for name in ("purelib", "platlib")}
+        | set(site.getsitepackages())
+    )
+)
+"""Where installed distributions live: this interpreter's site-packages (a virtual
+environment's, the user's, the system's)."""
+_INSTALLED_PARTS = tuple(f"{os.sep}{name}{os.sep}" for name in ("site-packages", "dist-packages"))
+"""The folders any installation puts distributions in (another environment's too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,47 +52,40 @@ class Site:
         return f"{self.function} ({self.file}:{self.line})"
 
 
-def _library_dirs() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    found = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"]}
-    found.update(site.getsitepackages())
-    if site.ENABLE_USER_SITE and site.USER_SITE:
-        found.add(site.USER_SITE)
-    return tuple(sorted(str(Path(p)) for p in found if p))
+def stdlib_file(filename: str) -> bool:
+    """Whether a source file is the standard library's (or the interpreter's own)."""
+    return filename.startswith(_STDLIB_DIRS) or filename.startswith("<")
 
 
-_LIBRARY_DIRS = _library_dirs()
-_INSTALLED_MARKS = ("/site-packages/", "/dist-packages/")
-
-
-def is_agent_file(filename: str) -> bool:
-    """Whether ``filename`` holds the agent's own code: not the standard library's, not an
-    installed distribution's (site-packages), not the interpreter's frozen modules."""
-    if filename.startswith("<"):  # <frozen ...>, <string>: not a file of the agent's
+def installed_file(filename: str) -> bool:
+    """Whether a source file belongs to an installed distribution (not the project)."""
+    if filename.startswith(PROJECT_DIR):
         return False
-    if any(mark in filename for mark in _INSTALLED_MARKS):
+    return filename.startswith(_INSTALLED_DIRS) or any(p in filename for p in _INSTALLED_PARTS)
+
+
+def agent_file(filename: str) -> bool:
+    """Whether a source file is the agent's: not the project's (but its examples'), not
+    the standard library's, not an installed library's. An agent in the current
+    directory or anywhere else on ``sys.path`` is the agent's."""
+    if filename.startswith(EXAMPLES_DIR):
+        return True
+    if filename.startswith(PROJECT_DIR) or stdlib_file(filename):
         return False
-    return not filename.startswith(_LIBRARY_DIRS)
-
-
-def _own_module(module: str) -> bool:
-    return module.startswith(_OWN_PREFIX) and not module.startswith(_EXAMPLES_PREFIX)
+    return not installed_file(filename)
 
 
 def agent_site(frame: FrameType | None = None) -> tuple[Site | None, Site | None]:
     """The innermost frame of the agent's code from ``frame`` outwards (the caller's
-    caller when None), and the innermost library frame below it (None when the agent
-    crossed directly). The project's own frames (but its examples') are neither."""
+    caller when None), and the innermost installed library's frame below it (None when
+    the agent crossed directly)."""
     frame = frame if frame is not None else sys._getframe(2)
     library: Site | None = None
     while frame is not None:
-        module = str(frame.f_globals.get("__name__", ""))
-        if not _own_module(module):
-            code = frame.f_code
-            here = Site(code.co_name, code.co_filename, frame.f_lineno)
-            if module.startswith(_EXAMPLES_PREFIX) or is_agent_file(code.co_filename):
-                return here, library
-            if library is None:
-                library = here
+        code = frame.f_code
+        if agent_file(code.co_filename):
+            return Site(code.co_name, code.co_filename, frame.f_lineno), library
+        if library is None and installed_file(code.co_filename):
+            library = Site(code.co_name, code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return None, library

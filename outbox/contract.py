@@ -39,6 +39,7 @@ from agent_blackbox.outbox._placement import (
     started_of,
 )
 from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
+from agent_blackbox.outbox._sites import agent_file, installed_file, stdlib_file
 from agent_blackbox.schemas import Digester, EventType
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "Placement",
     "Scrub",
     "UnrecordedCall",
+    "agent_file",
     "branch_of",
     "crossing",
     "current_run",
@@ -60,10 +62,12 @@ __all__ = [
     "enter_crossing",
     "error_info",
     "in_force",
+    "installed_file",
     "leave_crossing",
     "recorded",
     "recorded_input",
     "started_of",
+    "stdlib_file",
     "watch_connections",
 ]
 

@@ -20,10 +20,7 @@ import asyncio
 import functools
 import inspect
 import json
-import os
-import site
 import sys
-import sysconfig
 import threading
 import time
 import uuid
@@ -57,14 +54,17 @@ from agent_blackbox.outbox.contract import (
     Placement,
     Scrub,
     UnrecordedCall,
+    agent_file,
     branch_of,
     crossing,
     default_idempotency_key,
     enter_crossing,
+    installed_file,
     leave_crossing,
     recorded,
     recorded_input,
     started_of,
+    stdlib_file,
 )
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
@@ -1534,12 +1534,12 @@ def _agent_frame(module: str, filename: str) -> bool:
         return True
     if module.startswith(_NOT_AGENT):
         return False
-    return not filename.startswith(_STDLIB_DIR) and not _library_file(filename)
+    return not stdlib_file(filename) and not installed_file(filename)
 
 
 def _library_frame(module: str, filename: str) -> bool:
     """Whether a frame of ``module`` is an installed library's (not the project's)."""
-    return not module.startswith(_NOT_AGENT) and _library_file(filename)
+    return not module.startswith(_NOT_AGENT) and installed_file(filename)
 
 
 def _raised_at(error: BaseException | None) -> CallSite | None:
@@ -1597,46 +1597,11 @@ def _origin() -> CallSite | None:
     origin = getattr(task.get_coro(), "cr_origin", None) if task is not None else None
     library = None
     for filename, line, function in origin or ():
-        if _agent_file(filename):
+        if agent_file(filename):
             return CallSite(function, filename, line, library)
-        if library is None and _library_file(filename):
+        if library is None and installed_file(filename):
             library = CallSite(function, filename, line)
     return library
-
-
-# As the interpreter names the files it imported (code objects keep those names).
-_PROJECT_DIR = str(Path(__file__).parents[1])
-_EXAMPLES_DIR = str(Path(_PROJECT_DIR) / "examples")
-_STDLIB_DIR = sysconfig.get_paths()["stdlib"]
-_INSTALLED_DIRS = tuple(
-    os.path.join(folder, "")
-    for folder in sorted(
-        {sysconfig.get_paths()[name] for name in ("purelib", "platlib")}
-        | set(site.getsitepackages())
-    )
-)
-"""Where installed distributions live: this interpreter's site-packages (a virtual
-environment's, the user's, the system's)."""
-_INSTALLED_PARTS = tuple(f"{os.sep}{name}{os.sep}" for name in ("site-packages", "dist-packages"))
-"""The folders any installation puts distributions in (another environment's too)."""
-
-
-def _agent_file(filename: str) -> bool:
-    """Whether a source file is the agent's: not the project's (but its examples'), not
-    the standard library's, not an installed library's. An agent in the current
-    directory or anywhere else on ``sys.path`` is the agent's."""
-    if filename.startswith(_EXAMPLES_DIR):
-        return True
-    if filename.startswith((_PROJECT_DIR, _STDLIB_DIR)):
-        return False
-    return not _library_file(filename)
-
-
-def _library_file(filename: str) -> bool:
-    """Whether a source file belongs to an installed distribution (not the project)."""
-    if filename.startswith(_PROJECT_DIR):
-        return False
-    return filename.startswith(_INSTALLED_DIRS) or any(p in filename for p in _INSTALLED_PARTS)
 
 
 def _stand_ins(entry: Callable[..., Any] | None) -> dict[str, str]:
