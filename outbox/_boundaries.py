@@ -4,6 +4,14 @@ and the unsealed attributes views index on.
 The same functions serve record mode and replay: replay recomputes the input part from
 the call the agent makes now and compares its digest with the recorded one, so the
 input of a boundary is exactly what the agent code decides, and nothing it receives.
+
+A value replay hands back to the code (a run's input, a tool's result, retrieval hits,
+an effect's result, an LLM response) is stored as ordered JSON, each mapping's keys in
+the order the code first got them: code that writes one out (``json.dumps(result)`` in
+its next request) writes the same text in replay. Everything else a body holds (inputs,
+states, the run's output, errors) stays canonical JSON. Digests are taken over the
+canonical JSON of the values either way, so they do not depend on which was stored;
+bodies written before ordered JSON hold canonical JSON and read the same.
 """
 
 from __future__ import annotations
@@ -15,7 +23,12 @@ from typing import Any
 
 from agent_blackbox.outbox._placement import Place
 from agent_blackbox.outbox._values import TAGGED, describe_error
-from agent_blackbox.schemas import REDACTED_SIGNED_VERSION, EventType, canonical_text
+from agent_blackbox.schemas import (
+    REDACTED_SIGNED_VERSION,
+    EventType,
+    canonical_text,
+    ordered_text,
+)
 
 VERSION = 1
 """Body version the builders here write, unless they name another."""
@@ -142,7 +155,7 @@ def run_started(
     }
     body = {
         "code_version": code_version,
-        "input_json": canonical_text(input, path="input"),
+        "input_json": ordered_text(input, path="input"),
         "prompt_templates": [{"id": k, "digest": v} for k, v in sorted(prompt_templates.items())],
         "tool_schemas": [{"name": k, "version": v} for k, v in sorted(tool_schemas.items())],
         "model_ids": list(model_ids),
@@ -185,7 +198,7 @@ def tool_call(
     body = {
         "tool": tool,
         "arguments_json": canonical_text(inputs, path=f"{tool}.arguments"),
-        "result_json": None if error else canonical_text(result, path=f"{tool}.result"),
+        "result_json": None if error else ordered_text(result, path=f"{tool}.result"),
         "result_codec": TAGGED,
         "error": err,
         "latency_ms": latency_ms,
@@ -234,7 +247,7 @@ def retrieval(
         "query_json": canonical_text(query, path=f"{index}.query"),
         "filters_json": None if filters is None else canonical_text(dict(filters)),
         "top_k": top_k,
-        "hits_json": None if error or hits is None else canonical_text(hits, path=f"{index}.hits"),
+        "hits_json": None if error or hits is None else ordered_text(hits, path=f"{index}.hits"),
         "hits_codec": TAGGED,
         "error": err,
         "latency_ms": latency_ms,
@@ -298,10 +311,15 @@ def recorded_output(event_type: str, body: Mapping[str, Any]) -> Any:
 
 
 def recorded_output_json(event_type: str, body: Mapping[str, Any]) -> bytes | None:
-    """The canonical JSON of :func:`recorded_output`, composed from the JSON texts the
-    body already holds (they were written canonical), for the frequent kinds; None for
-    the others. Replay digests every output: this skips re-encoding the value. A body
-    whose JSON text was rewritten, even to an equal value, no longer matches."""
+    """:func:`recorded_output` as JSON composed from the JSON texts the body already
+    holds, for the frequent kinds; None for the others. Replay digests every output:
+    this skips re-encoding the value.
+
+    It is the canonical JSON of the output when those texts are canonical: always for
+    clock reads, random draws and state transitions, and for a tool's result or hits
+    when no mapping in them has its keys out of sorted order (they are stored as ordered
+    JSON). So its digest matching the recorded one proves the output; a mismatch proves
+    nothing until the value itself is digested."""
     return recorded(event_type, body)[1]
 
 
@@ -337,10 +355,10 @@ def recorded_input(event_type: str, body: Mapping[str, Any]) -> Any:
 
 
 def _loads(raw: str | None) -> Any:
-    """The value of a JSON text of a body. Those were written canonical, so the C
-    scanner reads them whole from the start; ``json.loads`` (four times the cost on
-    these short texts: it also strips whitespace) takes any other text, and names
-    what is wrong with an invalid one."""
+    """The value of a JSON text of a body. Those were written canonical or ordered (no
+    whitespace), so the C scanner reads them whole from the start; ``json.loads`` (four
+    times the cost on these short texts: it also strips whitespace) takes any other
+    text, and names what is wrong with an invalid one."""
     if raw is None:
         return None
     try:
@@ -466,7 +484,7 @@ def effect_receipt(
         "idempotency_key": idempotency_key,
         "status": status,
         "external_id": external_id,
-        "result_json": None if result is None else canonical_text(result, path=f"{effect}.result"),
+        "result_json": None if result is None else ordered_text(result, path=f"{effect}.result"),
         "result_codec": TAGGED,
         "error": err,
         "latency_ms": latency_ms,

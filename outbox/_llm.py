@@ -23,11 +23,13 @@ from agent_blackbox.outbox._boundaries import Crossing, error_info, plain_error
 from agent_blackbox.schemas import (
     LLM_CALL_VERSION,
     EventType,
+    canonical_json,
     canonical_text,
     choice_view,
     declared_tool_schemas,
     digest_bytes,
     llm_usage,
+    ordered_text,
 )
 from agent_blackbox.schemas import completion_view as completion_view  # outbox re-exports it
 
@@ -72,9 +74,12 @@ def llm_call(
         "model": model,
         "request_params_json": canonical_text(params, path="llm.params"),
         "raw_request_json": canonical_text(dict(request), path="llm.request"),
+        # The response is handed back in replay: stored in its own key order. The
+        # request is the agent's input, checked by its digest and never handed back:
+        # it stays canonical, which the prefix references (_prefixes) compose from.
         "raw_response_json": None
         if response is None
-        else canonical_text(dict(response), path="llm.response"),
+        else ordered_text(dict(response), path="llm.response"),
         "response_id": None if reply.get("id") is None else str(reply["id"]),
         "finish_reason": finish_reason,
         "usage": usage,
@@ -215,22 +220,29 @@ def truncated_llm_call(crossing: Crossing, *, body_bytes: int, ceiling: int) -> 
         "request_bytes": _utf8_size(whole),
         "request_sha256": digest_bytes(whole.encode("utf-8")),
         "response_bytes": response_size,
-        "response_sha256": None
-        if crossing.body["raw_response_json"] is None
-        else digest_bytes(crossing.body["raw_response_json"].encode("utf-8")),
+        "response_sha256": _response_sha256(crossing),
         "reduced_response_json": reduced,
     }
     attributes = {**crossing.attributes, "body_truncated": "true"}
     return replace(crossing, body=body, attributes=attributes)
 
 
+def _response_sha256(crossing: Crossing) -> str | None:
+    """SHA-256 of the canonical JSON of the whole response. The stored text is ordered
+    JSON, of the same length (``response_bytes`` is its size) but not what is hashed."""
+    if crossing.body["raw_response_json"] is None:
+        return None
+    return digest_bytes(canonical_json(dict(crossing.output["response"]), path="llm.response"))
+
+
 def _reduced(response: Mapping[str, Any], room: int) -> str | None:
-    """Canonical JSON of ``response`` reduced to at most ``room`` UTF-8 bytes, or None."""
+    """Ordered JSON of ``response`` (replay hands it back) reduced to at most ``room``
+    UTF-8 bytes, or None."""
     for length in _CUT_LENGTHS:
         kept = _cut(response, length)
         if isinstance(kept.get("stream"), list):
             kept["stream"] = _thinned(kept["stream"])
-        text = canonical_text(kept, path="llm.response")
+        text = ordered_text(kept, path="llm.response")
         if _utf8_size(text) <= room:
             return text
     return None

@@ -16,6 +16,7 @@ from agent_blackbox.schemas._canonical import (
     deepest_path,
     digest,
     digest_bytes,
+    ordered_text,
     too_deep,
 )
 from agent_blackbox.schemas._checkpoint import (
@@ -237,6 +238,7 @@ __all__ = [
     "llm_usage",
     "moment",
     "next_chain_hash",
+    "ordered_text",
     "permission_refused",
     "read_checked_file",
     "refusing_plaintext",

@@ -3,6 +3,11 @@
 Canonical JSON is the only thing agent-blackbox hashes: keys sorted, no whitespace,
 UTF-8, integers as integers, NaN and infinities rejected. Python's ``repr`` is never
 hashed, so a digest means the same thing in every process and every language.
+
+Ordered JSON (:func:`ordered_text`) is canonical JSON in everything but key order: each
+mapping keeps its own. Bodies store the values replay hands back in it, so an agent gets
+its dicts in the order it first got them (and ``json.dumps`` of one writes what it wrote
+when recorded); their digests are still taken over canonical JSON.
 """
 
 from __future__ import annotations
@@ -48,6 +53,16 @@ _C_ENCODER = (
     else c_make_encoder(None, _unencodable, encode_basestring, None, ":", ",", True, False, False)
 )
 
+# The same two for ordered JSON: every option as above but sort_keys.
+_ORDERED_ENCODER = json.JSONEncoder(
+    sort_keys=False, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+_C_ORDERED_ENCODER = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(None, _unencodable, encode_basestring, None, ":", ",", False, False, False)
+)
+
 
 def canonical_json(value: Any, *, path: str = "$") -> bytes:
     """Return the canonical JSON encoding of ``value``.
@@ -65,6 +80,23 @@ def canonical_json(value: Any, *, path: str = "$") -> bytes:
 def canonical_text(value: Any, *, path: str = "$") -> str:
     """Canonical JSON as text, for fields of Avro bodies that carry JSON."""
     return canonical_json(value, path=path).decode("utf-8")
+
+
+def ordered_text(value: Any, *, path: str = "$") -> str:
+    """The JSON text of ``value`` written as :func:`canonical_text` writes it, but with
+    each mapping's keys in their own order: for the fields of Avro bodies that hold a
+    value replay hands back. Its canonical JSON (``canonical_json(json.loads(text))``) is
+    the canonical JSON of ``value``, so digests do not depend on which of the two a body
+    stored; the text itself is canonical only where no mapping has its keys out of
+    sorted order.
+
+    Raises:
+        NotSerialisable: as :func:`canonical_json`, for the same values.
+    """
+    if _C_ORDERED_ENCODER is not None and _plain(value):
+        return "".join(_C_ORDERED_ENCODER(value, 0))
+    _check(value, path, 0)
+    return _ORDERED_ENCODER.encode(value)
 
 
 def encoded_parts(values: Sequence[Any]) -> list[str] | None:

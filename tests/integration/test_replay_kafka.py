@@ -21,11 +21,12 @@ from agent_blackbox.examples.ticket_agent import (
     replay_entry,
     sample_tickets,
 )
-from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
-from agent_blackbox.outbox import PostgresBlobs, Recorder
+from agent_blackbox.keystore import AesGcmSealer, AuditedKeys, DataKeyStore, LocalKeyProvider
+from agent_blackbox.outbox import PostgresBlobs, Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import DivergenceKind, KafkaRunSource, replay_run
-from agent_blackbox.schemas import Settings
+from agent_blackbox.schemas import PayloadPipeline, Settings
+from tests.golden.record_key_order import UNSORTED_INPUT, KeyOrderAgent
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._views import build_views
 
@@ -60,6 +61,36 @@ def test_runs_fetched_back_from_kafka_replay_offline(settings: Settings, engine:
         DivergenceKind.ARGUMENT_MISMATCH,
         2,
     )
+
+
+def test_values_read_back_from_kafka_come_back_in_their_recorded_key_order(
+    settings: Settings, engine: Engine
+) -> None:
+    # One run plain (SHA-256 digests: replay's fast path), one sealed (keyed digests).
+    provider = LocalKeyProvider({"v1": os.urandom(32)})
+    recorded: list[Any] = []
+    runs = []
+    for keys in (None, DataKeyStore(provider)):
+        recorder = Recorder(engine, settings=settings, keys=keys)
+        agent = KeyOrderAgent(sort_keys=False, seen=recorded)
+        snapshot = RunSnapshot("key-order.1", input=UNSORTED_INPUT)
+        run, _ = recorder.record(agent, snapshot, agent_id="key-order")
+        runs.append((run.run_id, keys is not None))
+    relay = Relay(engine, settings=settings)
+    relay.drain(timeout=60)
+    relay.close()
+    build_views(settings, engine, expect=2 * 8)
+    for (run_id, sealed), wanted in zip(runs, recorded, strict=True):
+        replayed: list[Any] = []
+        keys = AuditedKeys(engine, provider, purpose="key order check") if sealed else None
+        report = replay_run(
+            KafkaRunSource(settings, ViewRunIndex(engine), run_id),
+            KeyOrderAgent(sort_keys=False, seen=replayed),
+            pipeline=PayloadPipeline(sealer=AesGcmSealer(keys)) if keys else None,
+            digests=keys,
+        )
+        assert report.passed, report.error or (report.divergence and report.divergence.describe())
+        assert json.dumps(replayed) == json.dumps([wanted])
 
 
 def _cli_env(settings: Settings) -> dict[str, str | None]:

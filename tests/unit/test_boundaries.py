@@ -232,7 +232,9 @@ def test_murmur2_matches_kafka(key: bytes, java_hash: int) -> None:
 
 def test_composed_output_json_is_the_canonical_json_of_the_recorded_output() -> None:
     # Replay digests outputs from the body's own JSON texts; they must be exactly the
-    # canonical JSON of the value it hands back, for every kind it composes.
+    # canonical JSON of the value it hands back, for every kind it composes, unless they
+    # hold a tool's result (or hits) in its own key order: then only the value is the
+    # same, and replay digests the value.
     from pathlib import Path
 
     from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
@@ -252,14 +254,17 @@ def test_composed_output_json_is_the_canonical_json_of_the_recorded_output() -> 
     recorder.record(agent, RunSnapshot("c.1"), agent_id="c")
     golden = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v1.avro"
     events = [*recorder.events, *read_archive(golden)]
-    pipeline, composed = PayloadPipeline(), 0
+    pipeline, composed, reordered = PayloadPipeline(), 0, 0
     for envelope in events:
         body = pipeline.unpack(envelope)
         material = recorded_output_json(envelope.event_type, body)
         if material is not None:
             composed += 1
             expected = canonical_json(recorded_output(envelope.event_type, body))
-            assert material == expected, envelope.event_type
+            if material != expected:
+                assert envelope.event_type in ("tool.call", "retrieval"), envelope.event_type
+                assert json.loads(material) == json.loads(expected)
+                reordered += 1
     assert {e.event_type for e in recorder.events} >= {
         "tool.call",
         "random.draw",
@@ -267,6 +272,7 @@ def test_composed_output_json_is_the_canonical_json_of_the_recorded_output() -> 
         "state.transition",
     }
     assert composed >= 10
+    assert reordered == 1  # the first tool's result: "é" sorts after "n"
 
 
 def _raise() -> None:

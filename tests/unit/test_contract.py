@@ -15,6 +15,7 @@ from fastavro import schemaless_writer
 
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
+    MAX_VALUE_DEPTH,
     BodyCodec,
     BodyEncodingError,
     Envelope,
@@ -25,9 +26,12 @@ from agent_blackbox.schemas import (
     UndecodableMessage,
     UnknownSchemaVersion,
     canonical_json,
+    canonical_text,
     default_registry,
     digest,
     digest_bytes,
+    ordered_text,
+    too_deep,
 )
 
 _STRING_FIELDS = [
@@ -100,6 +104,13 @@ def test_canonical_json_takes_subclasses_mappings_and_deep_values_as_before() ->
     assert caught.value.path == "$.a[0].b"
 
 
+def _nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 _JSON_CORPUS: list[Any] = [
     {"b": 1, "a": [1.5, True, None, "é"]},
     [0.1, 1e-07, 1e16, -0.0, 123456789.125, 2.5e-300, -(10**30)],
@@ -119,6 +130,43 @@ def test_canonical_json_is_what_json_dumps_writes(value: Any) -> None:
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
     assert canonical_json(value) == expected.encode("utf-8")
+
+
+@pytest.mark.parametrize("value", _JSON_CORPUS)
+def test_ordered_text_is_canonical_json_but_for_key_order(value: Any) -> None:
+    # Bodies store what replay hands back in it; digests stay over canonical JSON.
+    text = ordered_text(value)
+    assert text == json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    assert canonical_json(json.loads(text)) == canonical_json(value)
+    assert len(text) == len(canonical_text(value))
+
+
+def test_ordered_text_keeps_each_mappings_order_on_either_path() -> None:
+    value = {"zeta": 1, "alpha": {"y": [{"b": 1, "a": 2}], "x": None}}
+    assert ordered_text(value) == '{"zeta":1,"alpha":{"y":[{"b":1,"a":2}],"x":null}}'
+
+    class Subclass(dict[str, Any]):
+        """Not exactly a dict: written on the checked path."""
+
+    assert ordered_text(Subclass(b=1, a=2)) == '{"b":1,"a":2}'
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({"a": float("nan")}, "$.a"),
+        ({"a": [float("inf")]}, "$.a[0]"),
+        ({"a": object()}, "$.a"),
+        ({1: "x"}, "$"),
+        ({"a": _nested(MAX_VALUE_DEPTH)}, too_deep("$.a" + "[0]" * (MAX_VALUE_DEPTH - 1)).path),
+    ],
+)
+def test_ordered_text_refuses_what_canonical_json_refuses(value: Any, path: str) -> None:
+    with pytest.raises(NotSerialisable) as ordered:
+        ordered_text(value)
+    with pytest.raises(NotSerialisable) as canonical:
+        canonical_text(value)
+    assert ordered.value.path == canonical.value.path == path
 
 
 @pytest.mark.parametrize("logical", [True, False], ids=["logical-types", "base-types"])
