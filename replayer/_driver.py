@@ -46,8 +46,11 @@ _SETUP_ERRORS = (ReplaySetupError, KeyUnavailable, UnknownSchemaVersion, DataKey
 """What stops a replay that is not the code's fault: reported as an error, never as a
 divergence."""
 
-_ORIGIN_DEPTH = 4
-"""Frames kept of where each coroutine was made, while an async entry replays."""
+_ORIGIN_DEPTH = 32
+"""Frames kept of where each coroutine was made, while an async entry replays. A
+framework may cross the boundary from a task of its own that it starts well below the
+agent's line (pydantic-ai sends each model request from an anyio task some 16 frames
+down): the origin must reach that line for the call site to name it."""
 
 AgentEntry = Callable[[AgentRun, Any], Any]
 """An agent entry point: ``entry(run, input) -> output``, the same code as in production

@@ -1,0 +1,349 @@
+"""Model servers that work through a tool loop one step at a time, as a model asked to
+use every tool before it answers would: the OpenAI-compatible one (Chat Completions and
+Responses) and the Anthropic-compatible one, plain and streamed.
+
+Each turn is decided by the request alone (so a replay's recorded answers are what the
+server would say again):
+
+1. the first offered function tool the conversation has not called yet is called, with
+   ``{"city": <city>}``;
+2. once every one was, an offered output tool (a name starting ``final_result``, as
+   pydantic-ai names it) is called with the structured answer;
+3. otherwise, when the request asks for JSON output (Anthropic's ``output_config`` or
+   OpenAI's ``response_format``/``text.format``), the structured answer is the text;
+4. otherwise the text is ``"answer: <the last tool result>"``.
+
+The structured answer fills each property of the requested schema: ``city`` with the
+city, any other with the last tool result. The city is the ``city=<name>`` word of the
+first user text (``Paris`` when it has none).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from tests.integration import _anthropic_server as anthropic_server
+from tests.integration._llm_server import Reply
+from tests.integration.frameworks._model import (
+    AgentAnthropicServer,
+    AgentOpenAIServer,
+    tool_result_of,
+)
+
+__all__ = ["LoopAnthropicServer", "LoopOpenAIServer", "first_user_text", "next_turn"]
+
+OUTPUT_TOOL_PREFIX = "final_result"
+DEFAULT_CITY = "Paris"
+CREATED = 1_700_000_000
+
+
+@dataclass(frozen=True)
+class Call:
+    """A turn that calls a tool."""
+
+    name: str
+    arguments: dict[str, Any]
+    number: int
+    """The call's number in the conversation (its id)."""
+
+
+@dataclass(frozen=True)
+class Text:
+    """A turn that answers with text."""
+
+    text: str
+
+
+Turn = Call | Text
+
+
+# Reading a conversation of any of the three APIs ----------------------------------------
+
+
+def _plain(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _items(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The conversation: Chat or Anthropic messages, or Responses input items."""
+    found = request.get("messages", request.get("input"))
+    if isinstance(found, str):
+        return [{"role": "user", "content": found}]
+    return [item for item in found or [] if isinstance(item, dict)]
+
+
+def _called(request: Mapping[str, Any]) -> list[str]:
+    """The names of the tools the conversation called, in order."""
+    names: list[str] = []
+    for item in _items(request):
+        if item.get("type") == "function_call":
+            names.append(str(item.get("name")))
+        for call in item.get("tool_calls") or []:
+            names.append(str(call["function"]["name"]))
+        content = item.get("content")
+        if item.get("role") == "assistant" and isinstance(content, list):
+            names += [str(b.get("name")) for b in content if b.get("type") == "tool_use"]
+    return names
+
+
+def first_user_text(request: Mapping[str, Any]) -> str:
+    """The text of the conversation's first user turn, in any of the three APIs."""
+    users = [_plain(item.get("content")) for item in _items(request) if item.get("role") == "user"]
+    return users[0] if users else ""
+
+
+def _city(request: Mapping[str, Any]) -> str:
+    words = dict(w.split("=", 1) for w in first_user_text(request).split() if "=" in w)
+    return words.get("city", DEFAULT_CITY)
+
+
+def _tool_schema(tool: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    function = tool.get("function") or tool
+    schema = function.get("parameters") or function.get("input_schema") or {}
+    return str(function.get("name")), schema
+
+
+def _json_format(request: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema the request asks the text to follow, or None."""
+    for found in (
+        (request.get("output_config") or {}).get("format"),
+        request.get("response_format"),
+        (request.get("text") or {}).get("format"),
+    ):
+        if isinstance(found, dict) and found.get("type") == "json_schema":
+            schema = found.get("schema") or (found.get("json_schema") or {}).get("schema")
+            return schema if isinstance(schema, dict) else {}
+    return None
+
+
+def _structured(schema: Mapping[str, Any], city: str, result: str) -> dict[str, Any]:
+    names = (schema.get("properties") or {}).keys()
+    return {name: city if name == "city" else result for name in names}
+
+
+def next_turn(request: Mapping[str, Any]) -> Turn:
+    """What the model does next (see the module)."""
+    called = _called(request)
+    city = _city(request)
+    result = tool_result_of(request) or ""
+    offered = [_tool_schema(tool) for tool in request.get("tools") or []]
+    functions = [name for name, _ in offered if not name.startswith(OUTPUT_TOOL_PREFIX)]
+    outputs = [(name, s) for name, s in offered if name.startswith(OUTPUT_TOOL_PREFIX)]
+    number = len(called) + 1
+    for name in functions:
+        if name not in called:
+            return Call(name, {"city": city}, number)
+    if outputs:
+        name, schema = outputs[0]
+        return Call(name, _structured(schema, city, result), number)
+    schema = _json_format(request)
+    if schema is not None:
+        return Text(json.dumps(_structured(schema, city, result)))
+    return Text(f"answer: {result}")
+
+
+# OpenAI Chat Completions ------------------------------------------------------------------
+
+
+def _chat_usage() -> dict[str, int]:
+    return {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+
+
+def _chat_tool_call(turn: Call) -> dict[str, Any]:
+    arguments = json.dumps(turn.arguments)
+    function = {"name": turn.name, "arguments": arguments}
+    return {"id": f"call_{turn.number}", "type": "function", "function": function}
+
+
+def _chat(request: Mapping[str, Any], choice: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-loop",
+        "object": kind,
+        "created": CREATED,
+        "model": request["model"],
+        "choices": [{"index": 0, "logprobs": None, **choice}],
+    }
+
+
+def _chat_reply(request: Mapping[str, Any], turn: Turn) -> Reply:
+    if isinstance(turn, Call):
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        message["tool_calls"] = [_chat_tool_call(turn)]
+        finish = "tool_calls"
+    else:
+        message = {"role": "assistant", "content": turn.text}
+        finish = "stop"
+    if not request.get("stream"):
+        body = _chat(request, {"message": message, "finish_reason": finish}, "chat.completion")
+        return Reply(HTTPStatus.OK, {**body, "usage": _chat_usage()})
+    return Reply(HTTPStatus.OK, events=tuple(_chat_events(request, message, finish)))
+
+
+def _chat_events(
+    request: Mapping[str, Any], message: dict[str, Any], finish: str
+) -> Iterator[tuple[str | None, str]]:
+    kind = "chat.completion.chunk"
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    for index, call in enumerate(message.get("tool_calls") or []):
+        deltas.append({"tool_calls": [{"index": index, **call}]})
+    if message["content"]:
+        deltas += [{"content": word} for word in _pieces(message["content"])]
+    for delta in deltas:
+        yield None, json.dumps(_chat(request, {"delta": delta, "finish_reason": None}, kind))
+    yield None, json.dumps(_chat(request, {"delta": {}, "finish_reason": finish}, kind))
+    if (request.get("stream_options") or {}).get("include_usage"):
+        last = {**_chat(request, {}, kind), "choices": [], "usage": _chat_usage()}
+        yield None, json.dumps(last)
+    yield None, "[DONE]"
+
+
+def _pieces(text: str) -> list[str]:
+    words = text.split(" ")
+    return [word if i == 0 else f" {word}" for i, word in enumerate(words)]
+
+
+# OpenAI Responses -------------------------------------------------------------------------
+
+
+def _response_item(turn: Turn) -> dict[str, Any]:
+    if isinstance(turn, Call):
+        return {
+            "type": "function_call",
+            "id": f"fc_{turn.number}",
+            "call_id": f"call_{turn.number}",
+            "name": turn.name,
+            "arguments": json.dumps(turn.arguments),
+            "status": "completed",
+        }
+    text = {"type": "output_text", "text": turn.text, "annotations": []}
+    return {
+        "type": "message",
+        "id": "msg_loop",
+        "role": "assistant",
+        "status": "completed",
+        "content": [text],
+    }
+
+
+def _response(request: Mapping[str, Any], output: list[Any], status: str) -> dict[str, Any]:
+    usage = {
+        "input_tokens": 20,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 6,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 26,
+    }
+    return {
+        "id": "resp_loop",
+        "object": "response",
+        "created_at": CREATED,
+        "status": status,
+        "model": request["model"],
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": usage if status == "completed" else None,
+    }
+
+
+def _responses_reply(request: Mapping[str, Any], turn: Turn) -> Reply:
+    item = _response_item(turn)
+    if not request.get("stream"):
+        return Reply(HTTPStatus.OK, _response(request, [item], "completed"))
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": _response(request, [], "in_progress")},
+        {"type": "response.output_item.added", "output_index": 0, "item": _opened(item)},
+        *_text_deltas(item),
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": _response(request, [item], "completed")},
+    ]
+    for number, event in enumerate(events):
+        event["sequence_number"] = number
+    return Reply(HTTPStatus.OK, events=tuple((e["type"], json.dumps(e)) for e in events))
+
+
+def _opened(item: dict[str, Any]) -> dict[str, Any]:
+    """``item`` as a stream announces it, before its content arrives."""
+    if item["type"] == "message":
+        return {**item, "status": "in_progress", "content": []}
+    return {**item, "status": "in_progress", "arguments": ""}
+
+
+def _text_deltas(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events that stream ``item``'s content: its text word by word, or its
+    arguments at once."""
+    place = {"item_id": item["id"], "output_index": 0}
+    if item["type"] != "message":
+        delta = {"type": "response.function_call_arguments.delta", "delta": item["arguments"]}
+        return [{**delta, **place}]
+    text = item["content"][0]["text"]
+    at = {**place, "content_index": 0, "logprobs": []}
+    deltas = [{"type": "response.output_text.delta", "delta": w, **at} for w in _pieces(text)]
+    return [*deltas, {"type": "response.output_text.done", "text": text, **at}]
+
+
+class LoopOpenAIServer(AgentOpenAIServer):
+    """The OpenAI-compatible server working through the tool loop (see the module);
+    requests without tools are answered as :class:`AgentOpenAIServer` does."""
+
+    name = "loop-openai-test-server"
+
+    def reply(self, path: str, request: Mapping[str, Any]) -> Reply:
+        if not request.get("tools") or str(request.get("model", "")).startswith("fail-"):
+            return super().reply(path, request)
+        if path == "/v1/chat/completions":
+            return _chat_reply(request, next_turn(request))
+        if path == "/v1/responses":
+            return _responses_reply(request, next_turn(request))
+        return super().reply(path, request)
+
+
+# Anthropic Messages -----------------------------------------------------------------------
+
+
+def _anthropic_message(request: Mapping[str, Any], turn: Turn) -> dict[str, Any]:
+    if isinstance(turn, Call):
+        block = {
+            "type": "tool_use",
+            "id": f"toolu_{turn.number:02d}",
+            "name": turn.name,
+            "input": turn.arguments,
+        }
+        content, stop = [block], "tool_use"
+    else:
+        content, stop = [{"type": "text", "text": turn.text}], "end_turn"
+    return {
+        "id": "msg_loop",
+        "type": "message",
+        "role": "assistant",
+        "model": request["model"],
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": dict(anthropic_server.USAGE),
+    }
+
+
+class LoopAnthropicServer(AgentAnthropicServer):
+    """The Anthropic-compatible server working through the tool loop (see the module)."""
+
+    name = "loop-anthropic-test-server"
+
+    def reply(self, path: str, request: Mapping[str, Any]) -> Reply:
+        model = str(request.get("model", ""))
+        asks = request.get("tools") or _json_format(request) is not None
+        if path != "/v1/messages" or model.startswith("fail-") or not asks:
+            return super().reply(path, request)
+        message = _anthropic_message(request, next_turn(request))
+        if not request.get("stream"):
+            return Reply(HTTPStatus.OK, message)
+        return Reply(HTTPStatus.OK, events=tuple(anthropic_server.events_for(request, message)))

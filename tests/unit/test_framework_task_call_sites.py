@@ -1,0 +1,85 @@
+"""A framework that crosses a boundary from a task of its own, started far below the
+agent's line (pydantic-ai sends each model request from an anyio task some 16 frames
+down), still has the divergence name the agent's line: the coroutine's origin reaches
+it."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from agent_blackbox.outbox import AsyncMemoryRecorder, RunSnapshot
+from agent_blackbox.replayer import DivergenceKind, replay_run
+from agent_blackbox.schemas import Envelope
+
+FRAMEWORK = "blackbox_fake_tasking_framework"
+FRAMEWORK_SOURCE = """
+import asyncio
+
+
+async def look_up(run, city, depth):
+    if depth:
+        return await look_up(run, city, depth - 1)
+    return await asyncio.create_task(_cross(run, city))
+
+
+async def _cross(run, city):
+    return await run.call("weather", _weather, city)
+
+
+async def _weather(city):
+    return {"city": city}
+"""
+DEPTH = 20
+"""Frames of the framework between the agent's line and the task it starts."""
+
+
+@pytest.fixture
+def framework(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """A library installed the way distributions are: in a site-packages folder."""
+    folder = tmp_path / "env" / "lib" / "python3" / "site-packages"
+    folder.mkdir(parents=True)
+    (folder / f"{FRAMEWORK}.py").write_text(FRAMEWORK_SOURCE)
+    monkeypatch.syspath_prepend(str(folder))
+    yield importlib.import_module(FRAMEWORK)
+    sys.modules.pop(FRAMEWORK, None)
+
+
+async def paris_entry(run: Any, input: Any) -> Any:
+    return await sys.modules[FRAMEWORK].look_up(run, "Paris", DEPTH)
+
+
+async def oslo_entry(run: Any, input: Any) -> Any:
+    return await sys.modules[FRAMEWORK].look_up(run, "Oslo", DEPTH)  # mark:agent
+
+
+def _recorded() -> list[Envelope]:
+    async def record() -> list[Envelope]:
+        recorder = AsyncMemoryRecorder()
+        await recorder.record(paris_entry, RunSnapshot("weather/1", {}), agent_id="weather")
+        return recorder.events
+
+    return asyncio.run(record())
+
+
+def test_a_call_from_a_task_a_framework_started_deep_down_names_the_agents_line(
+    framework: ModuleType,
+) -> None:
+    report = replay_run(_recorded(), oslo_entry)
+    divergence = report.divergence
+    assert divergence is not None
+    assert divergence.kind == DivergenceKind.ARGUMENT_MISMATCH
+    lines = Path(__file__).read_text().splitlines()
+    agent_line = next(n for n, text in enumerate(lines, 1) if text.endswith("# mark:agent"))
+    assert divergence.call_site is not None
+    site = divergence.call_site
+    assert (site.function, site.file, site.line) == ("oslo_entry", __file__, agent_line)
+    assert site.library is not None
+    assert site.library.file == framework.__file__
