@@ -1472,21 +1472,34 @@ def _call_site() -> CallSite | None:
     threads' and the CLI framework's, are never it; nor is anything below the driver
     that called the entry (whoever called the replay).
 
+    An installed library's frames (a framework's, an SDK's, its HTTP client's) come
+    second: the agent's own line that led into the framework is the site, and the
+    library's innermost frame only when no line of the agent's is on the stack.
+
     When a task runs the boundary's coroutine itself (``gather(run.call(...), ...)``), no
     agent frame is on its stack: then it is the place that made the coroutine, as the
     coroutine's origin says (the driver turns origin tracking on while an async entry
     replays).
     """
     frame: FrameType | None = sys._getframe(2)
+    library: CallSite | None = None
     while frame is not None:
         module = str(frame.f_globals.get("__name__", ""))
         if module == _DRIVER:
             break
         if _agent_module(module):
             code = frame.f_code
-            return CallSite(code.co_name, code.co_filename, frame.f_lineno)
+            here = CallSite(code.co_name, code.co_filename, frame.f_lineno)
+            if not _installed(code.co_filename):
+                return here
+            library = library or here
         frame = frame.f_back
-    return _origin()
+    return library or _origin()
+
+
+def _installed(filename: str) -> bool:
+    """Whether a source file is an installed distribution's (a library the agent uses)."""
+    return any(mark in filename for mark in _INSTALLED_MARKS)
 
 
 def _agent_module(module: str) -> bool:
@@ -1533,6 +1546,7 @@ def _origin() -> CallSite | None:
 _PROJECT_DIR = str(Path(__file__).parents[1])
 _EXAMPLES_DIR = str(Path(_PROJECT_DIR) / "examples")
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"]
+_INSTALLED_MARKS = ("/site-packages/", "/dist-packages/")
 
 
 def _agent_file(filename: str) -> bool:

@@ -134,6 +134,8 @@ def test_a_replay_in_the_same_process_does_not_go_online(server: _Server) -> Non
     assert server.requests == before
     assert report.divergence is not None
     assert report.divergence.kind is DivergenceKind.UNRECORDED_CALL
+    assert report.divergence.call_site is not None
+    assert report.divergence.call_site.file == __file__
 
 
 def test_what_a_recording_client_sends_is_recorded_and_no_hole(server: _Server) -> None:
