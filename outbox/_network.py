@@ -13,11 +13,13 @@ from inside a boundary's own work, is a hole:
   host, port and the agent's call site, unless the replay allows the network.
 
 Connections are seen through the interpreter's audit hooks (``socket.connect``): every
-connection made by Python code, whatever library makes it. Not seen: connections of a
-thread that does not carry the run's context (a plain ``threading.Thread``; asyncio
-tasks, ``asyncio.to_thread`` and frameworks' executors do carry it), and connections
-made by native code (libpq, librdkafka, gRPC's core), which is how the project's own
-database and broker connections stay out of it.
+connection made by Python code, whatever library makes it; a request sent over a
+connection an HTTP client keeps open opens none, so the pools of ``httpx2`` and ``httpx``
+are watched too (``_pools``). Not seen: connections of a thread that does not carry the
+run's context (a plain ``threading.Thread``; asyncio tasks, ``asyncio.to_thread`` and
+frameworks' executors do carry it), and connections made by native code (libpq,
+librdkafka, gRPC's core), which is how the project's own database and broker connections
+stay out of it.
 """
 
 from __future__ import annotations
@@ -112,12 +114,18 @@ connection goes to (the hook sees the address, not the name)."""
 
 def watch_connections() -> None:
     """Install the audit hook that sees connections (once per process; it cannot be
-    removed, and costs a string comparison per audited event outside runs)."""
+    removed, and costs a string comparison per audited event outside runs), and watch the
+    connection pools of the HTTP libraries imported so far (``_pools``: a request over a
+    pooled connection opens none)."""
     global _installed
     with _INSTALLED:
         if not _installed:
             sys.addaudithook(_audit)
             _installed = True
+    # Imported here: the pools' watch reports its holes with this module's classes.
+    from agent_blackbox.outbox._pools import watch_pools
+
+    watch_pools()
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
