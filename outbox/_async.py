@@ -346,11 +346,11 @@ class AsyncRun:
     def open_llm(
         self, request: Mapping[str, Any], *, provider: str, model: str | None = None
     ) -> AsyncOpenCrossing:
-        """Begin an ``llm.call`` whose answer the agent reads as it arrives; see
-        ``Run.open_llm``. Closing it is awaited.
+        """Begin an ``llm.call`` for a request on its way; see ``Run.open_llm``.
+        Closing it is awaited.
 
         Raises:
-            NotSerialisable: the request is not JSON (nothing was sent).
+            RunNotActive: the run is finished.
         """
         outcome, place = steps.llm_opened(self.core, request, provider, model)
         return AsyncOpenCrossing(lambda done: self._drive(steps.settled(outcome, place, done)))

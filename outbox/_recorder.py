@@ -422,12 +422,12 @@ class Run:
     def open_llm(
         self, request: Mapping[str, Any], *, provider: str, model: str | None = None
     ) -> OpenCrossing:
-        """Begin an ``llm.call`` whose answer the agent reads as it arrives (a stream):
-        the request is checked and the call takes its place now; the event is appended
-        when :meth:`OpenCrossing.close` says how it ended.
+        """Begin an ``llm.call`` for a request on its way (a recording transport's):
+        the call takes its place now; the request is checked and the event appended
+        when :meth:`OpenCrossing.close` says how it ended (a stream: once read).
 
         Raises:
-            NotSerialisable: the request is not JSON (nothing was sent).
+            RunNotActive: the run is finished.
         """
         outcome, place = steps.llm_opened(self.core, request, provider, model)
         return OpenCrossing(lambda done: self._drive(steps.settled(outcome, place, done)))

@@ -118,16 +118,26 @@ def llm_call(
     model: str | None,
 ) -> Steps[Any]:
     """``llm.call``: the request is checked before it is sent."""
-    outcome, place = llm_opened(core, request, provider, model)
+    outcome = core.llm_outcome(provider, model, request)
+    place = core.placement.begin()
     return (yield from observed(lambda: send(request), outcome, place))
 
 
 def llm_opened(
     core: RunCore, request: Mapping[str, Any], provider: str, model: str | None
 ) -> tuple[Outcome, Place]:
-    """The first half of ``llm.call`` for an answer the agent reads as it arrives: the
-    request checked and the call's place taken; :func:`settled` records it once read."""
-    return core.llm_outcome(provider, model, request), core.placement.begin()
+    """The first half of ``llm.call`` for a request already on its way (a recording
+    transport's): the call's place is taken now, and the request is checked (redacted,
+    digested) when :func:`settled` records the call. Nothing then stands between the
+    agent and the model's first chunk; a request that cannot be recorded (JSON with a
+    NaN) is found after it was sent, as a recording failure."""
+    core.check_active()
+    place = core.placement.begin()
+
+    def outcome(response: Any, error: BaseException | None, latency_ms: float) -> Crossing:
+        return core.llm_outcome(provider, model, request)(response, error, latency_ms)
+
+    return outcome, place
 
 
 def tool_opened(
