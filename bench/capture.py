@@ -37,8 +37,9 @@ the answer after it came; a grown request also costs the SDK itself tens of mill
                             [--chunk-delay-ms 2]
 
 The defaults (61 s on this project's 2-core machine while other work kept its load
-average near 7; 20 s of it CPU) come from ``CAPTURE_CALLS``, ``CAPTURE_PACED_CALLS``, ``CAPTURE_CHUNKS`` and
-``CAPTURE_CHUNK_DELAY_MS`` when set, which is how ``python -m bench`` scales it up.
+average near 7; 20 s of it CPU) come from ``CAPTURE_CALLS``, ``CAPTURE_PACED_CALLS``,
+``CAPTURE_CHUNKS`` and ``CAPTURE_CHUNK_DELAY_MS`` when set, which is how ``python -m
+bench`` scales it up.
 """
 
 from __future__ import annotations
