@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from bench import (
     analytics,
     backup,
+    capture,
     concurrency,
     consumer_resume,
     imports,
@@ -31,6 +32,7 @@ from bench._common import console
 BENCHES: dict[str, Callable[[Sequence[str]], None]] = {
     "imports": imports.main,
     "recorder": recorder.main,
+    "capture": capture.main,
     "sealing": sealing.main,
     "redaction": redaction.main,
     "relay": relay.main,
