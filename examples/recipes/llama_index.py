@@ -1,9 +1,10 @@
 """LlamaIndex: a tool-calling agent on LlamaIndex's OpenAI LLM, recorded.
 
 The agent answers a weather question in the loop LlamaIndex's function-calling LLMs
-are driven by: ``chat_with_tools`` offers the tools, the tool calls the model asks for
-are run (``FunctionTool``\\ s around functions recorded through ``agent_blackbox.tool``),
-their results go back as ``tool`` messages, until the model answers in text.
+are driven by: ``chat_with_tools`` offers the tools (``FunctionTool`` objects around
+functions recorded through ``agent_blackbox.tool``), the tool calls the model asks for
+are run, their results go back as ``tool`` messages, until the model answers in text.
+:func:`answer_with_agent` is the same agent as LlamaIndex's ``FunctionAgent``.
 
 The wiring is one argument: the LLM is given a recording OpenAI client
 (``openai_client=agent_blackbox.capture_openai(openai.OpenAI())``), which works on every
@@ -16,6 +17,7 @@ from __future__ import annotations
 import functools
 
 import openai
+from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.llms import ChatMessage, ChatResponse
 from llama_index.core.tools import FunctionTool, ToolSelection
 from llama_index.llms.openai import OpenAI
@@ -85,13 +87,9 @@ def answer(run: object, question: str) -> str:
     raise RuntimeError(f"no answer after {MAX_TOOL_ROUNDS} rounds of tool calls")
 
 
-async def answer_async(run: object, question: str) -> str:
-    """:func:`answer` for asyncio (``achat_with_tools``)."""
-    messages = _started(question)
-    for _ in range(MAX_TOOL_ROUNDS):
-        response = await llm().achat_with_tools(TOOLS, chat_history=list(messages))
-        calls = _tool_calls(response)
-        if not calls:
-            return str(response.message.content)
-        messages += [response.message, *_tool_messages(calls)]
-    raise RuntimeError(f"no answer after {MAX_TOOL_ROUNDS} rounds of tool calls")
+async def answer_with_agent(run: object, question: str) -> str:
+    """The same agent as LlamaIndex's ``FunctionAgent`` (a workflow, asyncio, streaming
+    the model's answers): the same tools, the same LLM."""
+    agent = FunctionAgent(tools=TOOLS, llm=llm(), system_prompt=SYSTEM_PROMPT)
+    response = await agent.run(user_msg=question)
+    return str(response)

@@ -77,10 +77,10 @@ class Driver:
         at_once: int = 1,
     ) -> Recorded:
         """Record one run of ``entry`` per input (``at_once`` at a time: async entries);
-        asserts that no run warned (an unrecorded call is warned)."""
+        asserts that none warned of an unrecorded call."""
         spec = {"entry": entry, "inputs": inputs, "agent_id": agent_id, "at_once": at_once}
         done = self.ask(settings, "record", spec)
-        assert done["warnings"] == [], f"the runs warned: {done['warnings']}"
+        assert done["holes"] == [], f"the runs made unrecorded calls: {done['holes']}"
         return Recorded({run_id: (pair[0], pair[1]) for run_id, pair in done["runs"].items()})
 
     def replay(
@@ -175,6 +175,15 @@ def tools_called(engine: Engine, run_ids: list[str]) -> dict[str, int]:
     with engine.connect() as conn:
         names = [str(row[0]) for row in conn.execute(query)]
     return {name: names.count(name) for name in set(names)}
+
+
+def llm_call_attribute(engine: Engine, run_ids: list[str], name: str) -> list[str | None]:
+    """The attribute ``name`` of every ``llm.call`` event of the runs (None where unset)."""
+    query = select(events_index.c.attributes[name].astext).where(
+        events_index.c.run_id.in_(run_ids), events_index.c.event_type == "llm.call"
+    )
+    with engine.connect() as conn:
+        return [row[0] for row in conn.execute(query)]
 
 
 def overlapped(engine: Engine, run_ids: list[str]) -> bool:

@@ -15,9 +15,9 @@ model server is the one of ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``, for the p
 life (the recipes build one client per process, as an application does).
 
 - ``record``: ``{"entry": "module:function", "inputs": [...], "agent_id": ...,
-  "at_once": N}`` → ``{"runs": {run_id: [input, output]}, "warnings": [...]}``; an
-  ``async`` entry records ``at_once`` runs at a time in one event loop, through the
-  same process-wide clients.
+  "at_once": N}`` → ``{"runs": {run_id: [input, output]}, "holes": [...]}`` (the
+  unrecorded calls warned about); an ``async`` entry records ``at_once`` runs at a time
+  in one event loop, through the same process-wide clients.
 - ``replay``: ``{"entry": ..., "run_ids": [...], "set": {"module.NAME": value}}`` →
   ``{"reports": [report, ...], "refused": [address, ...]}``: each run read back from
   Kafka through the views' run index and replayed, all under a socket guard that lets
@@ -40,6 +40,7 @@ from typing import Any, TextIO
 
 from sqlalchemy import create_engine
 
+from agent_blackbox.outbox import UnrecordedCallWarning
 from agent_blackbox.schemas import Settings
 from tests.integration.frameworks._harness import (
     SocketGuard,
@@ -60,7 +61,7 @@ def record(settings: Settings, spec: dict[str, Any]) -> dict[str, Any]:
     entry = load(spec["entry"])
     inputs, agent_id = spec["inputs"], spec["agent_id"]
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("always", UnrecordedCallWarning)
         if inspect.iscoroutinefunction(entry):
             at_once = int(spec.get("at_once", 1))
             done = record_runs_async(settings, entry, inputs, agent_id=agent_id, at_once=at_once)
@@ -70,8 +71,8 @@ def record(settings: Settings, spec: dict[str, Any]) -> dict[str, Any]:
                 done = record_runs(settings, engine, entry, inputs, agent_id=agent_id)
             finally:
                 engine.dispose()
-    said = [f"{w.category.__name__}: {w.message}" for w in caught]
-    return {"runs": {run_id: list(pair) for run_id, pair in done.runs.items()}, "warnings": said}
+    holes = [str(w.message) for w in caught if issubclass(w.category, UnrecordedCallWarning)]
+    return {"runs": {run_id: list(pair) for run_id, pair in done.runs.items()}, "holes": holes}
 
 
 def replay(settings: Settings, spec: dict[str, Any]) -> dict[str, Any]:

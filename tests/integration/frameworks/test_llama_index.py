@@ -23,6 +23,7 @@ from tests.integration.frameworks._compat import (
     Driver,
     events_by_run,
     holes_reported,
+    llm_call_attribute,
     overlapped,
     tools_called,
 )
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.integration]
 
 RECIPE = "agent_blackbox.examples.recipes.llama_index"
 ENTRY = f"{RECIPE}:answer"
-ASYNC_ENTRY = f"{RECIPE}:answer_async"
+AGENT_ENTRY = f"{RECIPE}:answer_with_agent"
 RECIPE_FILE = ROOT / "examples" / "recipes" / "llama_index.py"
 AGENT_ID = "llama-index-recipe"
 CITIES = ("Oslo", "Lima", "Perth", "Quito", "Tunis", "Hanoi", "Dakar")
@@ -95,14 +96,22 @@ def test_runs_record_and_replay_offline(
     assert len(model.requests) == sent, "the model server was asked during replay"
 
 
+@pytest.mark.parametrize(
+    ("entry", "function", "call"),
+    [
+        (ENTRY, "answer", "chat_with_tools("),
+        (AGENT_ENTRY, "answer_with_agent", "def answer_with_agent("),
+    ],
+    ids=["tool-loop", "function-agent"],
+)
 def test_prompt_change_diverges_at_the_recipes_line(
-    driver: Driver, settings: Settings, engine: Engine
+    driver: Driver, settings: Settings, engine: Engine, entry: str, function: str, call: str
 ) -> None:
-    recorded = driver.record(settings, ENTRY, [question(3)], agent_id=AGENT_ID)
+    recorded = driver.record(settings, entry, [question(3)], agent_id=AGENT_ID)
     publish(settings, engine)
 
     edited = {f"{RECIPE}.SYSTEM_PROMPT": "You answer questions about the weather, briefly."}
-    [report] = driver.replay(settings, ENTRY, recorded.run_ids, changed=edited)
+    [report] = driver.replay(settings, entry, recorded.run_ids, changed=edited)
 
     divergence = report["divergence"]
     assert report["result"] == "DIVERGED"
@@ -111,25 +120,28 @@ def test_prompt_change_diverges_at_the_recipes_line(
     assert divergence["sequence"] == 2  # the first model call, right after run.started
     site = divergence["call_site"]
     assert Path(site["file"]) == RECIPE_FILE
-    expected_line = line_of("chat_with_tools(", after="def answer(")
-    assert (site["function"], site["line"]) == ("answer", expected_line)
+    # The FunctionAgent calls the model from a task its workflow made, where no line of
+    # the agent's is on the stack or in the task's origin: the entry itself is named.
+    assert (site["function"], site["line"]) == (function, line_of(call, after=f"def {function}("))
     assert {"path": "request.messages[0].content"} in divergence["changes"]
 
 
-def test_two_runs_at_once_record_their_own_calls(
+def test_two_function_agents_at_once_record_their_own_calls(
     driver: Driver, model: AgentOpenAIServer, settings: Settings, engine: Engine
 ) -> None:
     inputs = [question(0), question(1)]
-    recorded = driver.record(settings, ASYNC_ENTRY, inputs, agent_id=AGENT_ID, at_once=2)
-    # Both runs have the same shape: a call recorded into the other run shows in the
-    # counts, or as a divergence of the replays (each answer names its own city).
+    recorded = driver.record(settings, AGENT_ENTRY, inputs, agent_id=AGENT_ID, at_once=2)
     assert [output for _, output in recorded.runs.values()] == list(map(expected_answer, inputs))
     publish(settings, engine)
 
+    # Both runs have the same shape: a call recorded into the other run shows in the
+    # counts, or as a divergence of the replays (each answer names its own city).
     assert events_by_run(engine, recorded.run_ids) == dict.fromkeys(recorded.run_ids, ONE_RUN)
     assert overlapped(engine, recorded.run_ids), "the two runs were not under way at once"
+    # The FunctionAgent streams the model's answers: recorded as streams, replayed so.
+    assert llm_call_attribute(engine, recorded.run_ids, "streamed") == ["true"] * 4
 
     sent = len(model.requests)
-    reports = driver.replay(settings, ASYNC_ENTRY, recorded.run_ids)
+    reports = driver.replay(settings, AGENT_ENTRY, recorded.run_ids)
     assert [r["result"] for r in reports] == ["PASS", "PASS"], reports
     assert len(model.requests) == sent
