@@ -54,17 +54,6 @@ CHECK_IMPORTS = (
     "print(json.dumps({n: m.version(n) for n in names}))"
 )
 _MARKER = "blackbox-complete.json"
-_UNREACHABLE = (
-    "Failed to establish a new connection",
-    "Temporary failure in name resolution",
-    "Name or service not known",
-    "Network is unreachable",
-    "No route to host",
-    "Connection refused",
-    "connection broken by",
-)
-"""What pip says when the package index cannot be reached (not a failed resolution)."""
-
 Say = Callable[[str], None]
 
 
@@ -224,8 +213,7 @@ def _step(command: list[str], *, say: Say, log: Path, quiet: bool = False) -> st
 
 
 def _failure(command: list[str], status: int, lines: list[str], log: Path) -> CompatEnvUnavailable:
-    text = "\n".join(lines)
-    offline = any(mark in text for mark in _UNREACHABLE)
+    offline = not _index_answers(Path(command[0]))
     why = "the package index is unreachable" if offline else f"exit status {status}"
     tail = "\n".join(lines[-15:])
     return CompatEnvUnavailable(
@@ -233,6 +221,24 @@ def _failure(command: list[str], status: int, lines: list[str], log: Path) -> Co
         f"full log in {_shown(log)}; last lines:\n{tail}",
         offline=offline,
     )
+
+
+def _index_answers(python: Path) -> bool:
+    """Whether pip's package index answers (asked for pip's own releases, with no local
+    wheel folder to answer instead): a failed install with an index that does not is
+    the network's fault, not the requirements'."""
+    ask = [str(python), "-m", "pip", "index", "versions", "pip", "--disable-pip-version-check"]
+    try:
+        asked = subprocess.run(
+            ask,
+            capture_output=True,
+            timeout=120,
+            env={**os.environ, "PIP_FIND_LINKS": "", "PIP_RETRIES": "1"},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return asked.returncode == 0
 
 
 def _shown(path: Path) -> str:
