@@ -80,6 +80,19 @@ def answer(run: object, question: str) -> dict[str, Any]:
     return {"query": query.model_dump(), "weather": get_weather(query.city, query.unit)}
 
 
+def answer_streamed(run: object, question: str) -> dict[str, Any]:
+    """:func:`answer` with the query streamed as the model writes it
+    (``create_partial``: what a user interface shows meanwhile)."""
+    partials = client().chat.completions.create_partial(
+        model=MODEL,
+        response_model=WeatherQuery,
+        messages=_messages(question),
+    )
+    shown = [partial.model_dump() for partial in partials]
+    query = shown[-1]  # the last partial is the whole query
+    return {"query": query, "weather": get_weather(query["city"], query["unit"])}
+
+
 async def answer_async(run: object, question: str) -> dict[str, Any]:
     """:func:`answer` for asyncio (``instructor.AsyncInstructor``)."""
     query = await async_client().chat.completions.create(

@@ -29,6 +29,7 @@ from tests.integration.frameworks._compat import (
     Driver,
     events_by_run,
     holes_reported,
+    llm_call_attribute,
     overlapped,
     tools_called,
 )
@@ -40,6 +41,7 @@ pytestmark = [pytest.mark.integration]
 RECIPE = "agent_blackbox.examples.recipes.instructor"
 ENTRY = f"{RECIPE}:answer"
 ASYNC_ENTRY = f"{RECIPE}:answer_async"
+STREAMED_ENTRY = f"{RECIPE}:answer_streamed"
 RECIPE_FILE = ROOT / "examples" / "recipes" / "instructor.py"
 AGENT_ID = "instructor-recipe"
 CITIES = ("Oslo", "Lima", "Perth", "Quito", "Tunis", "Hanoi", "Dakar")
@@ -148,6 +150,25 @@ def test_prompt_change_diverges_at_the_recipes_line(
     assert Path(site["file"]) == RECIPE_FILE
     assert (site["function"], site["line"]) == ("answer", line_of("create(", after="def answer"))
     assert {"path": "request.messages[0].content"} in divergence["changes"]
+
+
+def test_streamed_extraction_records_the_stream_and_replays_it(
+    driver: Driver, model: CorrectableServer, settings: Settings, engine: Engine
+) -> None:
+    inputs = [question(n) for n in (1, 2, 3)]  # no kelvin: one streamed ask each
+    recorded = driver.record(settings, STREAMED_ENTRY, inputs, agent_id=AGENT_ID)
+    for given, output in recorded.runs.values():
+        assert output["query"] == extracted(given)
+    publish(settings, engine)
+
+    expected = ["run.started", "llm.call", "tool.call", "run.finished"]
+    assert events_by_run(engine, recorded.run_ids) == dict.fromkeys(recorded.run_ids, expected)
+    assert llm_call_attribute(engine, recorded.run_ids, "streamed") == ["true"] * 3
+
+    sent = len(model.requests)
+    reports = driver.replay(settings, STREAMED_ENTRY, recorded.run_ids)
+    assert [r["result"] for r in reports] == ["PASS"] * 3, reports
+    assert len(model.requests) == sent
 
 
 def test_two_runs_at_once_record_their_own_calls(
