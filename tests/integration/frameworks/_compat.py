@@ -66,6 +66,9 @@ class Driver:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        finally:
+            if process.stdout is not None:
+                process.stdout.close()
 
     def record(
         self,
