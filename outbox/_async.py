@@ -191,6 +191,9 @@ class AsyncRun:
         """The event loop the run records from; sync code in other threads (a tool a
         framework runs in an executor) records through it."""
         self._in_force: Token[Any] | None = None
+        self.settling: set[asyncio.Task[Any]] = set()
+        """Events appended by tasks of their own (a sync tool the agent called on the
+        loop: ``_tool``), not yet written; :meth:`finish` waits for them."""
 
     replaying = False
     """A run in record mode (a replay run says True)."""
@@ -339,6 +342,9 @@ class AsyncRun:
         connection: AsyncConnection | None = None,
     ) -> Envelope:
         """Record ``run.finished``; afterwards the run takes no more events."""
+        if self.settling:
+            # A tool called last, on the loop, is still being appended: it comes first.
+            await asyncio.wait(list(self.settling))
         return await self._drive(steps.finish(self.core, status, output, error, connection))
 
     # Crossings whose work the agent's code finishes -------------------------------

@@ -154,6 +154,8 @@ def _settle_on_loop(run: Any, closing: Any, error: Exception | None) -> None:
         # failure is raised at the run's next boundary.
         task = run.loop.create_task(closing)
         task.add_done_callback(functools.partial(_keep_failure, run, error))
+        run.settling.add(task)  # the run's finish waits for it (the agent may await nothing)
+        task.add_done_callback(run.settling.discard)
         return
     try:
         asyncio.run_coroutine_threadsafe(closing, run.loop).result()
