@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from agent_blackbox.outbox import AgentRun, Recorder, Redactor, RunSnapshot
-from agent_blackbox.outbox.integrations.anthropic import CapturedAnthropic, capture_anthropic
+from agent_blackbox.outbox.integrations.anthropic import capture_anthropic
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
 from tests.integration._anthropic_server import AnthropicServer
@@ -122,7 +122,7 @@ def anthropic_server() -> Iterator[AnthropicServer]:
         yield running
 
 
-def claude_agent(llm: CapturedAnthropic) -> Any:
+def claude_agent(llm: anthropic.Anthropic) -> Any:
     """Calls the Messages API every way, with credentials in the per-call headers too."""
     headers = {"Authorization": f"Bearer {BEARER}", "x-api-key": API_KEY, "Cookie": COOKIE}
     question = [{"role": "user", "content": "hi"}]
