@@ -487,7 +487,9 @@ def test_a_connection_error_is_recorded_and_replayed(closed_url: str) -> None:
         # connection refused, before the SDK wraps it); replay raises that class again
         # in the transport, and the SDK wraps it in the same APIConnectionError.
         assert recorded.llm_bodies()[0]["error"]["type"] == "ConnectError"
-        assert recorded.seen == [(openai.APIConnectionError, "Connection error.", httpx2.ConnectError)]
+        assert recorded.seen == [
+            (openai.APIConnectionError, "Connection error.", httpx2.ConnectError)
+        ]
         assert replay(agent, recorded.events, sdk) == recorded.seen
 
 
