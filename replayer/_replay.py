@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
+import site
 import sys
 import sysconfig
 import threading
@@ -27,7 +29,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -156,6 +158,9 @@ class CallSite:
     function: str
     file: str
     line: int
+    library: CallSite | None = None
+    """The innermost frame of an installed library (a framework, an SDK) between the
+    agent's frame and the boundary, when a library crossed it on the agent's behalf."""
 
     def __str__(self) -> str:
         return f"{self.function} ({self.file}:{self.line})"
@@ -214,6 +219,8 @@ class Divergence:
     def describe(self) -> str:
         """One line for people."""
         where = f" at {self.call_site}" if self.call_site else ""
+        if self.call_site is not None and self.call_site.library is not None:
+            where += f" through {self.call_site.library}"
         digests = ""
         if self.expected_digest or self.actual_digest:
             digests = f"; expected {self.expected_digest}, got {self.actual_digest}"
@@ -1468,44 +1475,69 @@ def _differences(before: Any, after: Any, path: str) -> Iterator[tuple[str, Any,
 
 def _call_site() -> CallSite | None:
     """The innermost frame of the agent's code on the stack: the one that crossed the
-    boundary. The project's own frames (but its examples'), and the event loop's,
-    threads' and the CLI framework's, are never it; nor is anything below the driver
-    that called the entry (whoever called the replay).
+    boundary, with the innermost library frame below it (a framework that crossed it on
+    the agent's behalf). The project's own frames (but its examples'), the event loop's,
+    threads', the CLI framework's, the standard library's and installed libraries' are
+    never it; nor is anything below the driver that called the entry (whoever called
+    the replay).
 
     When a task runs the boundary's coroutine itself (``gather(run.call(...), ...)``), no
     agent frame is on its stack: then it is the place that made the coroutine, as the
     coroutine's origin says (the driver turns origin tracking on while an async entry
-    replays).
+    replays). Without an agent frame at all, the library frame is the site.
     """
+    library = None
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         module = str(frame.f_globals.get("__name__", ""))
         if module == _DRIVER:
             break
-        if _agent_module(module):
-            code = frame.f_code
-            return CallSite(code.co_name, code.co_filename, frame.f_lineno)
+        code = frame.f_code
+        if _agent_frame(module, code.co_filename):
+            return CallSite(code.co_name, code.co_filename, frame.f_lineno, library)
+        if library is None and _library_frame(module, code.co_filename):
+            library = CallSite(code.co_name, code.co_filename, frame.f_lineno)
         frame = frame.f_back
-    return _origin()
+    origin = _origin()
+    if origin is None or origin.library is not None or library is None:
+        return origin or library
+    return replace(origin, library=library)
 
 
-def _agent_module(module: str) -> bool:
+def _agent_frame(module: str, filename: str) -> bool:
     """Whether a frame of ``module`` is the agent's: not the project's (but its
-    examples'), the event loop's, threads' or the CLI framework's."""
-    return not module.startswith(_NOT_AGENT) or module.startswith(_EXAMPLES)
+    examples'), the event loop's, threads' or the CLI framework's, nor one of a file
+    of the standard library or an installed library."""
+    if module.startswith(_EXAMPLES):
+        return True
+    if module.startswith(_NOT_AGENT):
+        return False
+    return not filename.startswith(_STDLIB_DIR) and not _library_file(filename)
+
+
+def _library_frame(module: str, filename: str) -> bool:
+    """Whether a frame of ``module`` is an installed library's (not the project's)."""
+    return not module.startswith(_NOT_AGENT) and _library_file(filename)
 
 
 def _raised_at(error: BaseException | None) -> CallSite | None:
-    """The innermost frame of the agent's code that ``error`` passed through."""
-    found = None
+    """The innermost frame of the agent's code that ``error`` passed through, with the
+    innermost library frame it passed through after it (or the library frame alone,
+    when no frame was the agent's)."""
+    found, library = None, None
     traceback = error.__traceback__ if error is not None else None
     while traceback is not None:
-        frame = traceback.tb_frame
-        module = str(frame.f_globals.get("__name__", ""))
-        if _agent_module(module):
-            found = CallSite(frame.f_code.co_name, frame.f_code.co_filename, traceback.tb_lineno)
+        code = traceback.tb_frame.f_code
+        module = str(traceback.tb_frame.f_globals.get("__name__", ""))
+        here = CallSite(code.co_name, code.co_filename, traceback.tb_lineno)
+        if _agent_frame(module, code.co_filename):
+            found, library = here, None
+        elif _library_frame(module, code.co_filename):
+            library = here
         traceback = traceback.tb_next
-    return found
+    if found is None:
+        return library
+    return replace(found, library=library)
 
 
 def _how_it_ended(error: BaseException | None, reveal: bool) -> str:
@@ -1518,29 +1550,54 @@ def _how_it_ended(error: BaseException | None, reveal: bool) -> str:
 
 
 def _origin() -> CallSite | None:
-    """Where the running task's coroutine was made, in the agent's code."""
+    """Where the running task's coroutine was made, in the agent's code (with the
+    innermost library frame between), else in a library's."""
     if asyncio.events._get_running_loop() is None:
         return None
     task = asyncio.current_task()
     origin = getattr(task.get_coro(), "cr_origin", None) if task is not None else None
+    library = None
     for filename, line, function in origin or ():
         if _agent_file(filename):
-            return CallSite(function, filename, line)
-    return None
+            return CallSite(function, filename, line, library)
+        if library is None and _library_file(filename):
+            library = CallSite(function, filename, line)
+    return library
 
 
 # As the interpreter names the files it imported (code objects keep those names).
 _PROJECT_DIR = str(Path(__file__).parents[1])
 _EXAMPLES_DIR = str(Path(_PROJECT_DIR) / "examples")
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"]
+_INSTALLED_DIRS = tuple(
+    os.path.join(folder, "")
+    for folder in sorted(
+        {sysconfig.get_paths()[name] for name in ("purelib", "platlib")}
+        | set(site.getsitepackages())
+    )
+)
+"""Where installed distributions live: this interpreter's site-packages (a virtual
+environment's, the user's, the system's)."""
+_INSTALLED_PARTS = tuple(f"{os.sep}{name}{os.sep}" for name in ("site-packages", "dist-packages"))
+"""The folders any installation puts distributions in (another environment's too)."""
 
 
 def _agent_file(filename: str) -> bool:
     """Whether a source file is the agent's: not the project's (but its examples'), not
-    the standard library's."""
+    the standard library's, not an installed library's. An agent in the current
+    directory or anywhere else on ``sys.path`` is the agent's."""
     if filename.startswith(_EXAMPLES_DIR):
         return True
-    return not filename.startswith((_PROJECT_DIR, _STDLIB_DIR))
+    if filename.startswith((_PROJECT_DIR, _STDLIB_DIR)):
+        return False
+    return not _library_file(filename)
+
+
+def _library_file(filename: str) -> bool:
+    """Whether a source file belongs to an installed distribution (not the project)."""
+    if filename.startswith(_PROJECT_DIR):
+        return False
+    return filename.startswith(_INSTALLED_DIRS) or any(p in filename for p in _INSTALLED_PARTS)
 
 
 def _entry_site(entry: Callable[..., Any] | None) -> CallSite | None:

@@ -516,6 +516,7 @@ def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
     )
     for divergence in report.divergences:
         table = Table(show_header=False, box=None)
+        site = divergence.call_site
         rows = {
             "kind": str(divergence.kind),
             "level": divergence.level,
@@ -526,7 +527,8 @@ def _print_report(report: ReplayReport, out: Console, err: Console) -> None:
             "actual": _side(
                 divergence.actual_type, divergence.actual_name, divergence.actual_digest
             ),
-            "call site": str(divergence.call_site or "(unknown)"),
+            "call site": str(site or "(unknown)"),
+            **({"library frame": str(site.library)} if site and site.library else {}),
             "detail": divergence.detail or "",
         }
         if divergence.changes:
