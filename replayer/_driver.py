@@ -260,7 +260,9 @@ def _reported(
     if not run.limitations:
         divergence = divergences[0] if divergences else None
         return ReplayReport(run.run_id, agent_id, run.consumed, divergence, divergences=divergences)
-    kept, notes, summary = list(divergences), [], []
+    kept: list[Divergence] = list(divergences)
+    notes: list[str] = []
+    summary: list[str] = []
     limited_levels = {"content"}
     if truncated:
         kept, notes, levels = _past_truncation(truncated, divergences)

@@ -148,8 +148,8 @@ def reexecute(
             continue
         left_out = _not_compared(json.loads(body["raw_request_json"]), recorded_response(body))
         if left_out is not None:
-            note = dict.fromkeys(COMPARED_FIELDS, left_out)
-            diffs.append(CallDiff(envelope.sequence, body["model"], uncompared=note))
+            notes = dict.fromkeys(COMPARED_FIELDS, left_out)
+            diffs.append(CallDiff(envelope.sequence, body["model"], uncompared=notes))
             continue
         target, api, mapper = route(
             envelope.sequence, str(body["provider"]), send, request_mapper=request_mapper
