@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -208,6 +210,22 @@ def test_a_captured_client_is_a_real_client_and_the_original_is_left_as_it_was(
     assert [e.event_type for e in recorder.events] == ["run.started", "llm.call", "run.finished"]
     assert requests(recorder.events)[0]["messages"] == user("a")
     assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "instead"),
+    [
+        ("openai", "CapturedOpenAI", "openai.OpenAI"),
+        ("openai", "RecordedStream", "openai.Stream"),
+        ("anthropic", "CapturedAsyncAnthropic", "anthropic.AsyncAnthropic"),
+    ],
+)
+def test_the_names_of_the_sdk_level_capture_say_what_replaced_them(
+    module: str, name: str, instead: str
+) -> None:
+    imported = importlib.import_module(f"agent_blackbox.outbox.integrations.{module}")
+    with pytest.raises(ImportError, match=rf"{name} is gone: .*\({re.escape(instead)}\)"):
+        getattr(imported, name)
 
 
 def test_extra_body_is_recorded_merged_into_the_body_as_sent(server: ApiServer) -> None:
