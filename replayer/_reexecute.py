@@ -160,7 +160,7 @@ def reexecute(
             fresh = target(_with_stream_usage(request, api) if streamed else request)
         except Exception as exc:  # the endpoint's failure is part of the comparison
             failed = (body.get("error") or {}).get("type")
-            if failed == type(exc).__name__:  # it failed the same way when recorded
+            if failed in _names(exc):  # it failed the same way when recorded
                 note = f"the call failed with {failed} when recorded, and again now"
                 same = CallDiff(envelope.sequence, body["model"], streamed=streamed)
                 diffs.append(replace(same, uncompared=dict.fromkeys(COMPARED_FIELDS, note)))
@@ -193,6 +193,16 @@ _NOT_KEPT = (
     "recorded truncated over the blob ceiling: the whole request or response was not kept, "
     "so the call was not re-sent"
 )
+
+
+def _names(exc: BaseException) -> set[str]:
+    """The names a failure may have been recorded under: its class's, and (a transport
+    error the SDK wrapped: ``APIConnectionError`` from ``ConnectError``) its cause's,
+    since a capture at the HTTP transport records the error the transport raised."""
+    names = {type(exc).__name__}
+    if exc.__cause__ is not None:
+        names.add(type(exc.__cause__).__name__)
+    return names
 
 
 def _reduced(body: Mapping[str, Any]) -> bool:
