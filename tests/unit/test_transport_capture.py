@@ -545,6 +545,13 @@ def test_a_refused_connection_is_recorded_per_attempt_and_raised_again() -> None
     # The transport's own error, once per attempt of the SDK.
     assert [b["error"]["type"] for b in bodies(events)] == ["ConnectError", "ConnectError"]
     assert_replays(unreachable, events, llm, seen)
+    # Re-executed against an endpoint as unreachable, it fails the same way (the SDK
+    # raises APIConnectionError from the transport's ConnectError).
+    diffs = reexecute(events, openai_sender(refused_url("/v1"), KEY))
+    assert [d.same for d in diffs] == [True, True]
+    assert diffs[0].uncompared["text"] == (
+        "the call failed with ConnectError when recorded, and again now"
+    )
 
 
 def test_a_changed_request_is_answered_with_a_400_naming_the_divergence(
