@@ -247,9 +247,18 @@ class SyncTee(_Tee, httpx2.SyncByteStream):
 
 
 class AsyncTee(_Tee, httpx2.AsyncByteStream):
-    """The async twin of :class:`SyncTee`."""
+    """The async twin of :class:`SyncTee`.
+
+    The call is recorded in a task of its own, which the stream's end and its closing
+    both wait for: whoever reads the stream may read it under a deadline (the openai SDK
+    drains the rest of a finished stream within 0.1 s), and a deadline that passes while
+    the event is being appended must cancel the waiting, never the appending (the call
+    was lost when the database took longer). Closing waits for it again, so the agent
+    goes on only once the call is recorded.
+    """
 
     _source: AsyncIterator[bytes] | None = None
+    _recording: asyncio.Future[Any] | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._source is None:
@@ -258,15 +267,27 @@ class AsyncTee(_Tee, httpx2.AsyncByteStream):
             async for chunk in self._source:
                 yield self._kept(chunk)
         except Exception as exc:
-            await _maybe(self._end(exc))
+            await self._recorded(exc)
             raise
-        await _maybe(self._end(None))
+        await self._recorded(None)
 
     async def aclose(self) -> None:
         try:
             await self._response.aclose()
         finally:
-            await _maybe(self._end(None))
+            await self._recorded(None)
+
+    async def _recorded(self, error: BaseException | None) -> None:
+        """Record the call, once, and wait until it is."""
+        if self._recording is None:
+            work = self._end(error)
+            if not isinstance(work, Awaitable):
+                return
+            if asyncio.events._get_running_loop() is None:  # not asyncio (trio): no tasks
+                await work
+                return
+            self._recording = asyncio.ensure_future(work)
+        await asyncio.shield(self._recording)
 
 
 async def _maybe(result: Any) -> Any:
