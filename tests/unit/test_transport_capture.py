@@ -488,6 +488,46 @@ def test_an_async_stream_reaches_the_agent_as_it_arrives(server: ApiServer) -> N
     assert responses(events) == [{"stream": server.sent[0]}]
 
 
+class SlowAsyncRecorder(AsyncMemoryRecorder):
+    """An async recorder whose appends take as long as a busy database's can (a fifth of
+    a second): latency, not synchronisation."""
+
+    async def append(self, core: Any, crossing: Any, event_id: str, connection: Any) -> Envelope:
+        await asyncio.sleep(0.2)
+        return await super().append(core, crossing, event_id, connection)
+
+
+def test_a_stream_is_recorded_also_when_the_sdk_drains_it_under_a_deadline(
+    server: ApiServer,
+) -> None:
+    """The async SDK drains the rest of a finished stream under a 0.1 s deadline; the
+    call, recorded when the stream ends, must not be cancelled with the draining."""
+
+    async def main() -> tuple[list[Envelope], list[str]]:
+        recorder = SlowAsyncRecorder()
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key=KEY) as client:
+            llm = bb.capture_openai(client)
+
+            async def entry(run: Any, _input: Any) -> list[str]:
+                answers = []
+                for question in ("a b", "c d"):
+                    stream = await llm.chat.completions.create(
+                        model="m", messages=user(question), stream=True
+                    )
+                    answers.append(chunk_text([chunk async for chunk in stream]))
+                    await run.call("note", lambda text: text, answers[-1])
+                return answers
+
+            _, output = await recorder.record(entry, RunSnapshot("t"), agent_id="a")
+        return recorder.events, output
+
+    events, output = asyncio.run(main())
+    assert output == ["echo: a b", "echo: c d"]
+    assert [e.event_type for e in events] == [
+        "run.started", "llm.call", "tool.call", "llm.call", "tool.call", "run.finished",
+    ]  # fmt: skip
+
+
 # Retries and transport errors -------------------------------------------------------------
 
 
