@@ -37,6 +37,7 @@ answered.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import sys
 import time
@@ -313,6 +314,8 @@ def handle(kit: Kit, send: Callable[[Any], Any], request: Any, run: Any = None) 
     call = _call_of(request, request.read())
     if call is None:
         return _passed_hole(kit, send, request, run)
+    if _on_its_loop(run):
+        return refused(kit, request, SyncClientOnLoop())
     if getattr(run, "replaying", False):
         return _replay(kit, request, call, getattr(run, "replay", run))
     if isinstance(getattr(run, "loop", None), asyncio.AbstractEventLoop):
@@ -397,8 +400,6 @@ def _record_through_loop(
     """A sync client inside an async run, called from another thread than the run's
     loop (a framework's executor): the call is recorded through the loop."""
     loop: asyncio.AbstractEventLoop = run.loop
-    if asyncio.events._get_running_loop() is loop:
-        return refused(kit, request, _SyncOnLoop())
     try:
         opened = run.open_llm(call.request, provider=call.endpoint.provider, model=call.model)
     except BlackboxError as exc:
@@ -411,7 +412,22 @@ def _record_through_loop(
     return _record(kit, send, request, run, close)
 
 
-class _SyncOnLoop(BlackboxError):
+def _on_its_loop(run: Any) -> bool:
+    """Whether a sync client is called on the event loop of an async run: refused in
+    record mode (recording would block the loop), and so in replay too, where the run
+    replays on the loop that drives the entry."""
+    running = asyncio.events._get_running_loop()
+    if running is None:
+        return False
+    loop = getattr(run, "loop", None)
+    if isinstance(loop, asyncio.AbstractEventLoop):
+        return running is loop
+    return bool(getattr(run, "replaying", False)) and inspect.iscoroutinefunction(run.llm)
+
+
+class SyncClientOnLoop(BlackboxError):
+    """A sync model client was called on the event loop of an async run."""
+
     def __init__(self) -> None:
         super().__init__(
             "a sync model client was called inside an async run, on its event loop: the "
