@@ -390,6 +390,40 @@ def test_two_runs_as_asyncio_tasks_through_one_client_record_only_their_own_call
     }
 
 
+def test_a_sync_client_in_an_async_run_records_from_a_thread_and_is_refused_on_the_loop(
+    server: ApiServer,
+) -> None:
+    """Through ``http_client=``: a thread (a framework's executor) records through the
+    run's loop; on the loop itself recording would block it, so the call is refused, in
+    replay as when recorded, and the agent's handling of it replays."""
+    llm = openai_client(server.base_url, http_client=bb.http_client())
+
+    def ask(text: str) -> str | None:
+        return (
+            llm.chat.completions.create(model="m", messages=user(text)).choices[0].message.content
+        )
+
+    async def entry(run: Any, _input: Any) -> list[Any]:
+        found: list[Any] = [await asyncio.to_thread(ask, "from a thread")]
+        try:
+            ask("on the loop")
+        except openai.BadRequestError as exc:
+            found.append(exc.code)
+        return found
+
+    async def main() -> tuple[list[Envelope], Any]:
+        recorder = AsyncMemoryRecorder()
+        _, output = await recorder.record(entry, RunSnapshot("t"), agent_id="a")
+        return recorder.events, output
+
+    events, output = asyncio.run(main())
+    assert output == ["echo: from a thread", "SyncClientOnLoop"]
+    assert requests(events) == [{"messages": user("from a thread"), "model": "m"}]
+    assert len(server.requests) == 1
+    report = replay_run(events, entry)
+    assert report.passed, report.divergence and report.divergence.describe()
+
+
 # Streams pass through ---------------------------------------------------------------------
 
 
