@@ -1,8 +1,10 @@
 """A customer-support agent for asyncio, written the way a team would write one.
 
 For each ticket it searches the help centre (a retrieval), asks a model which tools to
-use (an OpenAI call through :func:`capture_openai`; the reply asks for several tools at
-once), runs those tool calls in parallel with ``asyncio.gather``, handles the fraud
+use (an OpenAI call through one client captured for every run with
+:func:`capture_openai`: each call is recorded into the run in force where it is made; the
+reply asks for several tools at once), runs those tool calls in parallel with
+``asyncio.gather``, handles the fraud
 service's own exception, asks the model for a decision as a streamed call with tool
 calls, e-mails the customer (a side effect with an idempotency key) and closes the case
 in its own Postgres table, in the same transaction as the recorded state change.
@@ -13,6 +15,10 @@ real help desk and the case table (:func:`production_agent`); in replay
 (:func:`replay_entry`) the boundaries answer from the recording, the help desk refuses
 every call, and the case store skips its business writes (:class:`ReplayCases`): replay
 checks the state change against the recording and never touches the agent's tables.
+
+Every call it makes to the outside crosses a boundary, so its runs record no hole with
+the recorder's network guard at its default (``warn``), and a replay never needs the
+network.
 """
 
 from __future__ import annotations
@@ -222,7 +228,8 @@ class ReplayCases:
 
 @dataclass
 class SupportAgent:
-    """The agent and what it is given: a model client, the help desk and the case store."""
+    """The agent and what it is given: a model client (captured: see
+    :func:`production_agent`), the help desk and the case store."""
 
     llm: openai.AsyncOpenAI
     desk: HelpDesk
@@ -243,7 +250,7 @@ class SupportAgent:
     async def entry(self, run: Any, input: Any) -> dict[str, Any]:
         """Handle one ticket; ``run`` is an ``AsyncRun`` or, in replay, an
         ``AsyncReplayRun``. Returns the run's output."""
-        client = capture_openai(self.llm, run)
+        client = self.llm  # records into this run: the run in force here
         articles = await run.retrieve(
             KB_INDEX,
             self.desk.search,
@@ -361,11 +368,10 @@ def _facts(ticket: Mapping[str, str]) -> str:
 
 
 def production_agent(*, base_url: str, api_key: str, engine: AsyncEngine) -> SupportAgent:
-    """The agent as production runs it: a real model endpoint, the help desk, the case
-    table of ``engine``."""
-    return SupportAgent(
-        openai.AsyncOpenAI(base_url=base_url, api_key=api_key), HelpDesk(), CaseStore(engine)
-    )
+    """The agent as production runs it: a real model endpoint (one client for every run,
+    captured), the help desk, the case table of ``engine``."""
+    client = capture_openai(openai.AsyncOpenAI(base_url=base_url, api_key=api_key))
+    return SupportAgent(client, HelpDesk(), CaseStore(engine))
 
 
 async def record_ticket(
@@ -385,7 +391,7 @@ def offline_agent() -> SupportAgent:
     Built once per process: nothing in it keeps state between runs, and creating a
     model client (its TLS context) costs more than replaying a run."""
     client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused-in-replay")
-    return SupportAgent(client, OfflineHelpDesk(), ReplayCases())
+    return SupportAgent(capture_openai(client), OfflineHelpDesk(), ReplayCases())
 
 
 async def replay_entry(run: Any, input: Any) -> dict[str, Any]:

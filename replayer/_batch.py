@@ -117,6 +117,7 @@ class Replaying:
     nondeterminism: NondeterminismPolicy = "warn"
     agent_modules: tuple[str, ...] = ()
     reveal_values: bool = False
+    allow_network: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +178,7 @@ class BatchReplayer:
                 nondeterminism=self.how.nondeterminism,
                 agent_modules=self.how.agent_modules,
                 reveal_values=self.how.reveal_values,
+                allow_network=self.how.allow_network,
             )
         except BlackboxError as exc:
             report = ReplayReport(run_id, agent, 0, error=failure(exc))

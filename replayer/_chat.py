@@ -156,6 +156,10 @@ def _call(
         _NotChat: the call has no form in the chat format (the message says why).
     """
     request, response = _json(body.get("raw_request_json")), _json(body.get("raw_response_json"))
+    choices = completion_view(response).get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        # Read first: an embeddings request has an input too, and is no Responses call.
+        raise _NotChat("the response has no reply (an embeddings or token count answer)")
     if body.get("provider") == "anthropic":
         api, messages = "anthropic.messages", _anthropic_messages(request)
         tools = _anthropic_tools(request)
@@ -165,9 +169,6 @@ def _call(
         api, messages, tools = "responses", _responses_messages(request, replies), _tools(request)
     else:
         raise _NotChat("the request has neither messages nor input")
-    choices = completion_view(response).get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        raise _NotChat("the response has no reply")
     reply = choices[0].get("message")
     if not isinstance(reply, Mapping):
         raise _NotChat("the reply has no message")

@@ -259,7 +259,10 @@ def _reported(
     run: ReplayRun, agent_id: str | None, divergences: tuple[Divergence, ...]
 ) -> ReplayReport:
     """The report of a replay that ran, with a note per event checked only in part (an
-    LLM call recorded truncated over the blob ceiling)."""
+    LLM call recorded truncated over the blob ceiling) and per call the code made to the
+    network through no boundary, let through because the replay allowed it."""
+    online = [note for _, note in run.limitations if note.startswith(_WENT_ONLINE)]
+    truncated = [(seq, note) for seq, note in run.limitations if not note.startswith(_WENT_ONLINE)]
     if not run.limitations:
         divergence = divergences[0] if divergences else None
         return ReplayReport(
@@ -271,37 +274,62 @@ def _reported(
             recorded_status=run.recorded_status,
             recorded_error=run.recorded_error,
         )
-    first = run.limitations[0][0]
-    notes = [note for _, note in run.limitations]
-    kept, limited_levels = [], {"content"}
-    for divergence in divergences:
-        if divergence.kind in _FROM_TEXT and divergence.sequence > first:
-            limited_levels.add(divergence.level)
-            notes.append(
-                f"{divergence.kind} at sequence {divergence.sequence} not counted: it follows "
-                f"sequence "
-                f"{first}, whose response was handed back reduced"
-            )
-        else:
-            kept.append(divergence)
-    count = len(run.limitations)
-    limited = (
-        f"{count} LLM call{'s' if count > 1 else ''} recorded truncated over the blob "
-        "ceiling: control flow was checked, the reduced responses and what followed from "
-        "their text were not; " + "; ".join(notes)
-    )
+    kept: list[Divergence] = list(divergences)
+    notes: list[str] = []
+    summary: list[str] = []
+    limited_levels = {"content"}
+    if truncated:
+        kept, notes, levels = _past_truncation(truncated, divergences)
+        limited_levels |= levels
+        count = len(truncated)
+        summary.append(
+            f"{count} LLM call{'s' if count > 1 else ''} recorded truncated over the blob "
+            "ceiling: control flow was checked, the reduced responses and what followed "
+            "from their text were not"
+        )
+    if online:
+        count = len(online)
+        summary.append(
+            f"{count} call{'s' if count > 1 else ''} went online through no boundary "
+            "(the network was allowed): what came back was not recorded, nor checked"
+        )
+        notes += online
     return ReplayReport(
         run.run_id,
         agent_id,
         run.consumed,
         kept[0] if kept else None,
         divergences=tuple(kept),
-        limited=limited,
+        limited="; ".join([*summary, *notes]),
         notes=tuple(notes),
         limited_levels=tuple(sorted(limited_levels)),
         recorded_status=run.recorded_status,
         recorded_error=run.recorded_error,
     )
+
+
+_WENT_ONLINE = "went online: "
+"""How :meth:`ReplayRun.unrecorded` notes a call it let through (``allow_network``)."""
+
+
+def _past_truncation(
+    truncated: list[tuple[int, str]], divergences: tuple[Divergence, ...]
+) -> tuple[list[Divergence], list[str], set[str]]:
+    """The divergences that count (those from the text of a response handed back reduced
+    do not), the notes, and the levels so limited."""
+    first = truncated[0][0]
+    notes = [note for _, note in truncated]
+    kept, levels = [], set()
+    for divergence in divergences:
+        if divergence.kind in _FROM_TEXT and divergence.sequence > first:
+            levels.add(divergence.level)
+            notes.append(
+                f"{divergence.kind} at sequence {divergence.sequence} not counted: it follows "
+                f"sequence {first}, whose response was handed back reduced"
+            )
+        else:
+            kept.append(divergence)
+    return kept, notes, levels
 
 
 def _in_own_loop(work: Coroutine[Any, Any, T]) -> T:

@@ -43,7 +43,7 @@ from agent_blackbox.outbox import (
     rebuild_error,
     recorded_value,
 )
-from agent_blackbox.outbox.contract import Contract, Scrub
+from agent_blackbox.outbox.contract import Contract, Scrub, in_force
 from agent_blackbox.replayer._driver import AgentEntry, _in_own_loop, is_async_entry
 from agent_blackbox.replayer._replay import DigestKeys, ReplaySetupError, run_digest
 from agent_blackbox.schemas import (
@@ -221,7 +221,10 @@ class LlmUse:
 
 class _ObservedRun:
     """The fork's run as the agent's code sees it: every boundary is the recorder's,
-    and the LLM calls are also noted for the comparison with the parent."""
+    and the LLM calls are also noted for the comparison with the parent: those the
+    code makes through ``run.llm`` and those a recording HTTP transport (a captured or
+    instrumented SDK client) opens and settles (it is the run in force while the fork's
+    entry runs, so a client that finds its run there notes its calls too)."""
 
     def __init__(self, run: Run, calls: list[LlmUse]) -> None:
         self._run = run
@@ -246,6 +249,34 @@ class _ObservedRun:
             raise
         self._calls.append(LlmUse(named, response))
         return response
+
+    def open_llm(
+        self, request: Mapping[str, Any], *, provider: str, model: str | None = None
+    ) -> _ObservedCrossing:
+        """:meth:`Run.open_llm` (the call of a recording HTTP transport), noted when it
+        is settled."""
+        opened = self._run.open_llm(request, provider=provider, model=model)
+        return _ObservedCrossing(opened, model or str(request.get("model", "unknown")), self)
+
+    def note(self, use: LlmUse) -> None:
+        self._calls.append(use)
+
+
+class _ObservedCrossing:
+    """An LLM call a transport opened on the fork's run: noted as it is settled."""
+
+    def __init__(self, opened: Any, model: str, run: _ObservedRun | _ObservedAsyncRun) -> None:
+        self._opened = opened
+        self._model = model
+        self._run = run
+
+    def close(
+        self, value: Any = None, *, error: BaseException | None = None, latency_ms: float
+    ) -> Any:
+        if not self._opened.closed:
+            failed = None if error is None else _error_text(error)
+            self._run.note(LlmUse(self._model, None if failed else value, failed))
+        return self._opened.close(value, error=error, latency_ms=latency_ms)
 
 
 class _ObservedAsyncRun:
@@ -275,8 +306,23 @@ class _ObservedAsyncRun:
         self._calls.append(LlmUse(named, response))
         return response
 
+    def open_llm(
+        self, request: Mapping[str, Any], *, provider: str, model: str | None = None
+    ) -> _ObservedCrossing:
+        """:meth:`AsyncRun.open_llm`, noted when it is settled (its close is awaited)."""
+        opened = self._run.open_llm(request, provider=provider, model=model)
+        return _ObservedCrossing(opened, model or str(request.get("model", "unknown")), self)
+
+    def note(self, use: LlmUse) -> None:
+        self._calls.append(use)
+
 
 def _error_text(exc: BaseException) -> str:
+    # An HTTP error status a transport recorded carries the name it was recorded under
+    # (RateLimitError), as the parent's recorded error does.
+    recorded = getattr(exc, "recorded_error", None)
+    if isinstance(recorded, Mapping) and isinstance(recorded.get("type"), str):
+        return f"{recorded['type']}: {exc}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -489,10 +535,15 @@ class _Fork:
             raise
 
     def _observed(self, run: Run, given: Any) -> Any:
-        return self.entry(_ObservedRun(run, self.llm_calls), given)
+        watched = _ObservedRun(run, self.llm_calls)
+        with in_force(watched):  # a client that finds its run in force finds this one
+            return self.entry(watched, given)
 
-    def _observed_async(self, run: AsyncRun, given: Any) -> Any:
-        return self.entry(_ObservedAsyncRun(run, self.llm_calls), given)  # type: ignore[arg-type]
+    async def _observed_async(self, run: AsyncRun, given: Any) -> Any:
+        watched = _ObservedAsyncRun(run, self.llm_calls)
+        with in_force(watched):
+            output = self.entry(watched, given)  # type: ignore[arg-type]
+            return await output if inspect.isawaitable(output) else output
 
 
 def _ended(run: Run, exc: BaseException) -> None:

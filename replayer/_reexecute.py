@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agent_blackbox.outbox import completion_view
 from agent_blackbox.replayer._fork import ForkError
 from agent_blackbox.replayer._fork_diff import llm_summary, recorded_response
 from agent_blackbox.replayer._registry import UnknownAgent, load_entry
@@ -145,6 +146,11 @@ def reexecute(
         if body["raw_request_json"] is None or _reduced(body):
             diffs.append(CallDiff(envelope.sequence, body["model"], error=_NOT_KEPT))
             continue
+        left_out = _not_compared(json.loads(body["raw_request_json"]), recorded_response(body))
+        if left_out is not None:
+            notes = dict.fromkeys(COMPARED_FIELDS, left_out)
+            diffs.append(CallDiff(envelope.sequence, body["model"], uncompared=notes))
+            continue
         target, api, mapper = route(
             envelope.sequence, str(body["provider"]), send, request_mapper=request_mapper
         )
@@ -154,7 +160,7 @@ def reexecute(
             fresh = target(_with_stream_usage(request, api) if streamed else request)
         except Exception as exc:  # the endpoint's failure is part of the comparison
             failed = (body.get("error") or {}).get("type")
-            if failed == type(exc).__name__:  # it failed the same way when recorded
+            if failed in _names(exc):  # it failed the same way when recorded
                 note = f"the call failed with {failed} when recorded, and again now"
                 same = CallDiff(envelope.sequence, body["model"], streamed=streamed)
                 diffs.append(replace(same, uncompared=dict.fromkeys(COMPARED_FIELDS, note)))
@@ -189,8 +195,33 @@ _NOT_KEPT = (
 )
 
 
+def _names(exc: BaseException) -> set[str]:
+    """The names a failure may have been recorded under: its class's, and (a transport
+    error the SDK wrapped: ``APIConnectionError`` from ``ConnectError``) its cause's,
+    since a capture at the HTTP transport records the error the transport raised."""
+    names = {type(exc).__name__}
+    if exc.__cause__ is not None:
+        names.add(type(exc.__cause__).__name__)
+    return names
+
+
 def _reduced(body: Mapping[str, Any]) -> bool:
     return body.get("body_truncated") is not None and body["raw_response_json"] is None
+
+
+def _not_compared(request: Mapping[str, Any], response: Mapping[str, Any] | None) -> str | None:
+    """Why a recorded call is not re-sent, or None. A capture at the HTTP transport
+    records every model API an SDK calls; re-execution compares replies (chat
+    completions, Responses, Messages), so it leaves out the calls whose answer is none
+    (embeddings, token counts, moderations) and the APIs its senders do not speak (the
+    legacy completions): sent as if they were, they would reach the wrong API."""
+    if response is not None and not completion_view(response).get("choices"):
+        return (
+            "not re-sent: its answer is not a reply (an embeddings, token count or moderation call)"
+        )
+    if "messages" not in request and "input" not in request:
+        return "not re-sent: re-execution sends chat, Responses and Messages requests only"
+    return None
 
 
 def route(

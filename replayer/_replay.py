@@ -469,7 +469,11 @@ class ReplayRun:
             self.limitations.append((self._released, f"went online: {hole.describe()}"))
             return
         with self._lock:
-            head = self._head(0) if self._fatal is None and self._unreadable is None else None
+            head = None
+            if self._fatal is None and self._unreadable is None:
+                # The next recorded event: the run's own, else its end (run.finished is
+                # kept apart from the branches once read).
+                head = self._head(0) or self._finished
         try:
             self._diverge(
                 DivergenceKind.UNRECORDED_CALL,

@@ -135,6 +135,14 @@ T = TypeVar("T")
     "be personal data: the purpose is audited).",
 )
 @click.option(
+    "--allow-network",
+    is_flag=True,
+    help="Let the agent's code reach the network through no boundary (a client the run "
+    "does not record): each call goes out and is noted, and the run is LIMITED. By "
+    "default replay never goes online: such a call is refused and the run diverges "
+    "with unrecorded_call.",
+)
+@click.option(
     "--code-version",
     envvar="BLACKBOX_CODE_VERSION",
     default=None,
@@ -156,6 +164,7 @@ def replay_command(
     nondeterminism: NondeterminismPolicy,
     agent_modules: tuple[str, ...],
     show_values: bool,
+    allow_network: bool,
     code_version: str | None,
 ) -> None:
     """Replay RUN_ID (or --all) through the agent's own code, offline. Each result is
@@ -188,7 +197,7 @@ def replay_command(
     out = _Output(as_json, Tally(filters=scope.describe() if scope else None))
     results = _ResultKeeper(code_version, wired=archive is None)
     try:
-        how = Replaying(nondeterminism, agent_modules, show_values)
+        how = Replaying(nondeterminism, agent_modules, show_values, allow_network)
         work = ReplayWork(agent_paths, purpose, how, skip_unknown=scope is not None)
         for item in _reports(run_id, scope, archive, work, workers):
             if isinstance(item, SkippedMessage):

@@ -45,3 +45,24 @@ def capture_openai(client: C, run: Any = None) -> C:
         raise TypeError(f"capture_openai takes openai.OpenAI or openai.AsyncOpenAI, not {client!r}")
     captured: C = client.with_options(http_client=recording_client(client._client, run=run))
     return captured
+
+
+_GONE = {
+    "CapturedOpenAI": "openai.OpenAI",
+    "CapturedAsyncOpenAI": "openai.AsyncOpenAI",
+    "RecordedStream": "openai.Stream",
+    "AsyncRecordedStream": "openai.AsyncStream",
+}
+"""Names of the capture at the SDK level, which wrapped the client: what stands in for
+each now that the capture gives back the SDK's own client."""
+
+
+def __getattr__(name: str) -> object:
+    gone = _GONE.get(name)
+    if gone is not None:
+        # ImportError, not AttributeError: ``from ... import`` shows this message only then.
+        raise ImportError(
+            f"{__name__}.{name} is gone: capture_openai returns the SDK's own client, and "
+            f"what it hands back is the SDK's own type ({gone})"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

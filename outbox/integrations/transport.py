@@ -37,6 +37,7 @@ answered.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import sys
 import time
@@ -247,9 +248,18 @@ class SyncTee(_Tee, httpx2.SyncByteStream):
 
 
 class AsyncTee(_Tee, httpx2.AsyncByteStream):
-    """The async twin of :class:`SyncTee`."""
+    """The async twin of :class:`SyncTee`.
+
+    The call is recorded in a task of its own, which the stream's end and its closing
+    both wait for: whoever reads the stream may read it under a deadline (the openai SDK
+    drains the rest of a finished stream within 0.1 s), and a deadline that passes while
+    the event is being appended must cancel the waiting, never the appending (the call
+    was lost when the database took longer). Closing waits for it again, so the agent
+    goes on only once the call is recorded.
+    """
 
     _source: AsyncIterator[bytes] | None = None
+    _recording: asyncio.Future[Any] | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._source is None:
@@ -258,15 +268,27 @@ class AsyncTee(_Tee, httpx2.AsyncByteStream):
             async for chunk in self._source:
                 yield self._kept(chunk)
         except Exception as exc:
-            await _maybe(self._end(exc))
+            await self._recorded(exc)
             raise
-        await _maybe(self._end(None))
+        await self._recorded(None)
 
     async def aclose(self) -> None:
         try:
             await self._response.aclose()
         finally:
-            await _maybe(self._end(None))
+            await self._recorded(None)
+
+    async def _recorded(self, error: BaseException | None) -> None:
+        """Record the call, once, and wait until it is."""
+        if self._recording is None:
+            work = self._end(error)
+            if not isinstance(work, Awaitable):
+                return
+            if asyncio.events._get_running_loop() is None:  # not asyncio (trio): no tasks
+                await work
+                return
+            self._recording = asyncio.ensure_future(work)
+        await asyncio.shield(self._recording)
 
 
 async def _maybe(result: Any) -> Any:
@@ -292,6 +314,8 @@ def handle(kit: Kit, send: Callable[[Any], Any], request: Any, run: Any = None) 
     call = _call_of(request, request.read())
     if call is None:
         return _passed_hole(kit, send, request, run)
+    if _on_its_loop(run):
+        return refused(kit, request, SyncClientOnLoop())
     if getattr(run, "replaying", False):
         return _replay(kit, request, call, getattr(run, "replay", run))
     if isinstance(getattr(run, "loop", None), asyncio.AbstractEventLoop):
@@ -376,8 +400,6 @@ def _record_through_loop(
     """A sync client inside an async run, called from another thread than the run's
     loop (a framework's executor): the call is recorded through the loop."""
     loop: asyncio.AbstractEventLoop = run.loop
-    if asyncio.events._get_running_loop() is loop:
-        return refused(kit, request, _SyncOnLoop())
     try:
         opened = run.open_llm(call.request, provider=call.endpoint.provider, model=call.model)
     except BlackboxError as exc:
@@ -390,7 +412,22 @@ def _record_through_loop(
     return _record(kit, send, request, run, close)
 
 
-class _SyncOnLoop(BlackboxError):
+def _on_its_loop(run: Any) -> bool:
+    """Whether a sync client is called on the event loop of an async run: refused in
+    record mode (recording would block the loop), and so in replay too, where the run
+    replays on the loop that drives the entry."""
+    running = asyncio.events._get_running_loop()
+    if running is None:
+        return False
+    loop = getattr(run, "loop", None)
+    if isinstance(loop, asyncio.AbstractEventLoop):
+        return running is loop
+    return bool(getattr(run, "replaying", False)) and inspect.iscoroutinefunction(run.llm)
+
+
+class SyncClientOnLoop(BlackboxError):
+    """A sync model client was called on the event loop of an async run."""
+
     def __init__(self) -> None:
         super().__init__(
             "a sync model client was called inside an async run, on its event loop: the "

@@ -1,7 +1,11 @@
 """A weather agent for the fork and re-execution tests: it asks a model (through the
 official SDK, captured) which cities to look up, looks each up with a tool, and asks
 again, streamed, for an answer. Which cities it looks up is the model's choice, so a
-fork with another model can make tool calls its parent never made."""
+fork with another model can make tool calls its parent never made.
+
+The client is captured once, for every run (``capture_openai(client)``): each call is
+recorded into the run in force where it is made, the recording run, the fork's run or
+the replay run alike."""
 
 from __future__ import annotations
 
@@ -40,12 +44,12 @@ def weather_service(city: str) -> dict[str, Any]:
 
 class WeatherAgent:
     def __init__(self, client: OpenAI, model: str, *, stream_usage: bool = False) -> None:
-        self.client = client
+        self.client = capture_openai(client)
         self.model = model
         self.stream_usage = stream_usage
 
     def run(self, run: AgentRun, input: Any) -> dict[str, Any]:
-        client = capture_openai(self.client, run)
+        client = self.client
         messages: list[Any] = [{"role": "user", "content": input["question"]}]
         plan = client.chat.completions.create(
             model=self.model, messages=messages, tools=[WEATHER_TOOL]

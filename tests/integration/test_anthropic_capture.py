@@ -4,7 +4,9 @@ all, and re-executed against the endpoint.
 
 The tests run the real SDK (sync and async clients; ``messages.create`` plain, with
 tools and streamed; ``messages.stream``) against the local Anthropic-compatible server
-of ``_anthropic_server``.
+of ``_anthropic_server``. ``capture_anthropic`` gives back a real ``anthropic.Anthropic``
+whose HTTP transport records: a stream is the SDK's own, read as it arrives, and is
+recorded as the server sent it (its ``ping`` events included).
 """
 
 from __future__ import annotations
@@ -36,17 +38,12 @@ from agent_blackbox.outbox import (
     Recorder,
     RunSnapshot,
 )
-from agent_blackbox.outbox.integrations.anthropic import (
-    CapturedAnthropic,
-    CapturedAsyncAnthropic,
-    RecordedStream,
-    capture_anthropic,
-)
+from agent_blackbox.outbox.integrations.anthropic import capture_anthropic
 from agent_blackbox.outbox.integrations.openai import capture_openai
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import KafkaRunSource, ReplayRun, replay_run, write_archive
 from agent_blackbox.replayer._reexecute import anthropic_sender, endpoints_for, reexecute
-from agent_blackbox.schemas import Envelope, NotSerialisable, PayloadPipeline, Settings, llm_reply
+from agent_blackbox.schemas import Envelope, PayloadPipeline, Settings, llm_reply
 from tests.integration import _anthropic_server
 from tests.integration._anthropic_server import PREFACE, REQUEST_ID, AnthropicServer, Reply
 from tests.integration._llm_server import refused_url
@@ -69,8 +66,8 @@ TOOL = {
 }
 USAGE = {"input_tokens": 23, "output_tokens": 5, "cached_tokens": 8, "total_tokens": 28}
 
-SyncAgent = Callable[[CapturedAnthropic, list[Any]], Any]
-AsyncAgent = Callable[[CapturedAsyncAnthropic, list[Any]], Awaitable[Any]]
+SyncAgent = Callable[[anthropic.Anthropic, list[Any]], Any]
+AsyncAgent = Callable[[anthropic.AsyncAnthropic, list[Any]], Awaitable[Any]]
 
 
 # Fixtures ---------------------------------------------------------------------------
@@ -108,7 +105,7 @@ def user(text: str) -> list[dict[str, Any]]:
 # Agents -----------------------------------------------------------------------------
 
 
-def sync_agent(llm: CapturedAnthropic, seen: list[Any]) -> Any:
+def sync_agent(llm: anthropic.Anthropic, seen: list[Any]) -> Any:
     """Every way an agent calls the Messages API, once each."""
     plain = llm.messages.create(
         model=MODEL,
@@ -151,7 +148,7 @@ def sync_agent(llm: CapturedAnthropic, seen: list[Any]) -> Any:
     return {"text": plain.content[0].text, "tool": use.input, "streamed": final.stop_reason}
 
 
-async def async_agent(llm: CapturedAsyncAnthropic, seen: list[Any]) -> Any:
+async def async_agent(llm: anthropic.AsyncAnthropic, seen: list[Any]) -> Any:
     plain = await llm.messages.create(model=MODEL, max_tokens=64, messages=user("hi there"))
     seen.append(plain)
     stream = await llm.messages.create(
@@ -244,6 +241,12 @@ def test_sync_calls_are_recorded_published_and_replayed_from_kafka(
         r.json() for r in server.requests
     ]
     responses = [json.loads(b["raw_response_json"] or "null") for b in bodies]
+    # A stream is recorded as it went over the wire: the server's pings too (the test
+    # server leaves them out of what it lists as sent).
+    assert {"type": "ping"} in responses[1]["stream"]
+    for response in responses:
+        if isinstance(response, dict) and "stream" in response:
+            response["stream"] = [e for e in response["stream"] if e != {"type": "ping"}]
     assert responses[:6] == [
         server.sent[0],
         {"stream": server.sent[1]},
@@ -332,7 +335,7 @@ def test_async_calls_are_recorded_published_and_replayed(
 # Errors -----------------------------------------------------------------------------
 
 
-def overloaded_agent(llm: CapturedAnthropic, seen: list[Any]) -> Any:
+def overloaded_agent(llm: anthropic.Anthropic, seen: list[Any]) -> Any:
     return llm.messages.create(model="fail-529", max_tokens=8, messages=user("x"))
 
 
@@ -361,9 +364,12 @@ def test_a_run_failed_by_an_api_error_replays_to_the_same_failure(
 def test_an_error_event_in_the_middle_of_a_stream_is_recorded_and_raised_again(
     server: AnthropicServer, client: anthropic.Anthropic, offline: anthropic.Anthropic
 ) -> None:
-    def agent(llm: CapturedAnthropic, seen: list[Any]) -> Any:
+    def agent(llm: anthropic.Anthropic, seen: list[Any]) -> Any:
         try:
-            with llm.messages.stream(model="fail-midstream", max_tokens=8, messages=user("x")):
+            # The error event arrives as the stream is read (the stream is live now: it
+            # is no longer read to its end before the agent gets it).
+            with llm.messages.stream(model="fail-midstream", max_tokens=8, messages=user("x")) as s:
+                s.until_done()
                 return "finished"
         except anthropic.APIStatusError as exc:
             seen.append((type(exc), exc.body))
@@ -380,7 +386,7 @@ def test_an_error_event_in_the_middle_of_a_stream_is_recorded_and_raised_again(
 
 
 def test_a_connection_error_is_recorded_and_replayed(closed_url: str) -> None:
-    def agent(llm: CapturedAnthropic, seen: list[Any]) -> Any:
+    def agent(llm: anthropic.Anthropic, seen: list[Any]) -> Any:
         try:
             llm.messages.create(model=MODEL, max_tokens=8, messages=user("x"))
         except anthropic.APIConnectionError as exc:
@@ -394,32 +400,39 @@ def test_a_connection_error_is_recorded_and_replayed(closed_url: str) -> None:
         assert replay(agent, recorder.events, sdk) == seen
 
 
-def test_what_cannot_be_recorded_is_refused_before_sending(
+def test_what_the_sdk_cannot_send_is_neither_sent_nor_recorded(
     server: AnthropicServer, client: anthropic.Anthropic
 ) -> None:
-    run = MemoryRecorder().start_run(RunSnapshot(code_version="t"), agent_id="a")
+    recorder = MemoryRecorder()
+    run = recorder.start_run(RunSnapshot(code_version="t"), agent_id="a")
     llm = capture_anthropic(client, run)
-    with pytest.raises(NotSerialisable):
+    # The SDK refuses it itself, before its transport (the capture) sees a request. (What
+    # the SDK does send, it sends as it chose to: the capture no longer refuses SDK
+    # arguments of its own accord, such as the old capture's check of output_format.)
+    with pytest.raises(TypeError, match="not JSON serializable"):
         llm.messages.create(
             model=MODEL, max_tokens=8, messages=[{"role": "user", "content": object()}]
         )
-    with pytest.raises(TypeError, match="output_config"):
-        llm.messages.stream(model=MODEL, max_tokens=8, messages=user("x"), output_format=dict)
     assert server.requests == []
+    assert [e.event_type for e in recorder.events] == ["run.started"]
 
 
 # Streams and clients ----------------------------------------------------------------
 
 
-def test_streams_behave_like_the_sdks(client: anthropic.Anthropic) -> None:
-    run = MemoryRecorder().start_run(RunSnapshot(code_version="t"), agent_id="a")
+def test_streams_are_the_sdks_own(server: AnthropicServer, client: anthropic.Anthropic) -> None:
+    recorder = MemoryRecorder()
+    run = recorder.start_run(RunSnapshot(code_version="t"), agent_id="a")
     llm = capture_anthropic(client, run)
     stream = llm.messages.create(model=MODEL, max_tokens=8, messages=user("a b"), stream=True)
-    assert isinstance(stream, RecordedStream)
-    assert len(list(stream)) == len(stream.events) > 0
+    assert isinstance(stream, anthropic.Stream)  # the SDK's own, over the live response
+    assert run.last_sequence == 1  # recorded when it ends
+    events = list(stream)
+    assert [e.type for e in events] == [e["type"] for e in server.sent[0]]
     assert list(stream) == []  # iterates once
+    assert run.last_sequence == 2
     with llm.messages.stream(model=MODEL, max_tokens=8, messages=user("a b")) as helper:
-        assert isinstance(helper, MessageStream)  # the SDK's own helper, over recorded events
+        assert isinstance(helper, MessageStream)  # the SDK's own helper
         assert helper.request_id == REQUEST_ID
         assert helper.get_final_text() == "echo: a b"
     assert run.last_sequence == 3  # run.started and two llm.call
@@ -480,10 +493,10 @@ def _cli(arguments: list[str], **env: str) -> Any:
 def test_the_reexecute_command_picks_the_sender_by_each_calls_provider(
     server: AnthropicServer, client: anthropic.Anthropic, tmp_path: Path
 ) -> None:
-    def agent(llm: CapturedAnthropic, seen: list[Any]) -> Any:
+    def agent(llm: anthropic.Anthropic, seen: list[Any]) -> Any:
         planned = llm.messages.create(model=MODEL, max_tokens=64, messages=user("hi"), tools=[TOOL])
         stream = llm.messages.create(model=MODEL, max_tokens=64, messages=user("a b"), stream=True)
-        return [planned.id, stream.events[-1].type]
+        return [planned.id, [event.type for event in stream][-1]]
 
     recorder = MemoryRecorder()
     run_id, *_ = record_sync(agent, client, recorder)
@@ -642,6 +655,12 @@ def test_an_error_it_cannot_rebuild_is_raised_as_recorded_error(
     with pytest.raises(ValueError, match="proxy exploded"):
         run.llm(broken, request, provider="anthropic", model=MODEL)
     llm = capture_anthropic(offline, ReplayRun(recorder.events))
-    with pytest.raises(RecordedError, match="proxy exploded") as raised:
+    # Raised again in the transport; the Anthropic SDK wraps whatever its transport
+    # raises in APIConnectionError (it would have wrapped the sender's own error so
+    # too), with the recorded error as the cause.
+    with pytest.raises(anthropic.APIConnectionError) as raised:
         llm.messages.create(**request)
-    assert raised.value.type_name == "ValueError"
+    cause = raised.value.__cause__
+    assert isinstance(cause, RecordedError)
+    assert cause.type_name == "ValueError"
+    assert "proxy exploded" in str(cause)

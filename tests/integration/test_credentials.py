@@ -8,6 +8,7 @@ stored is then searched for the secrets the agent handled.
 from __future__ import annotations
 
 import base64
+import contextlib
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -17,12 +18,13 @@ import pytest
 from sqlalchemy import Engine, text
 
 from agent_blackbox.outbox import AgentRun, Recorder, Redactor, RunSnapshot
-from agent_blackbox.outbox.integrations.anthropic import CapturedAnthropic, capture_anthropic
+from agent_blackbox.outbox.integrations.anthropic import capture_anthropic
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
 from tests.integration._anthropic_server import AnthropicServer
 from tests.integration._kafka import read_topic
 from tests.integration._views import build_views
+from tests.integration.frameworks._harness import instrumented
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +124,7 @@ def anthropic_server() -> Iterator[AnthropicServer]:
         yield running
 
 
-def claude_agent(llm: CapturedAnthropic) -> Any:
+def claude_agent(llm: anthropic.Anthropic) -> Any:
     """Calls the Messages API every way, with credentials in the per-call headers too."""
     headers = {"Authorization": f"Bearer {BEARER}", "x-api-key": API_KEY, "Cookie": COOKIE}
     question = [{"role": "user", "content": "hi"}]
@@ -145,25 +147,40 @@ def claude_agent(llm: CapturedAnthropic) -> Any:
 
 
 @pytest.mark.parametrize(
-    "rules", [None, Redactor(detectors=[], paths=[])], ids=["default", "everything off"]
+    ("rules", "wiring"),
+    [
+        (None, "captured"),
+        (Redactor(detectors=[], paths=[]), "captured"),
+        (Redactor(detectors=[], paths=[]), "instrumented"),
+    ],
+    ids=["default", "everything off", "everything off, instrumented"],
 )
 def test_the_anthropic_sdks_key_headers_and_cookies_are_never_stored(
-    engine: Engine, settings: Settings, anthropic_server: AnthropicServer, rules: Redactor | None
+    engine: Engine,
+    settings: Settings,
+    anthropic_server: AnthropicServer,
+    rules: Redactor | None,
+    wiring: str,
 ) -> None:
+    """Through a client captured for the run, and through the agent's own client with
+    every client of the process instrumented (recording into the run in force)."""
     defaults = {"X-Custom-Auth": f"Token {BEARER}", "Cookie": COOKIE}
     recorder = Recorder(engine, settings=settings, redaction=rules)
-    with anthropic.Anthropic(
-        base_url=anthropic_server.base_url,
-        api_key=API_KEY,
-        default_headers=defaults,
-        max_retries=0,
-    ) as sdk:
+    with (
+        instrumented() if wiring == "instrumented" else contextlib.nullcontext(),
+        anthropic.Anthropic(
+            base_url=anthropic_server.base_url,
+            api_key=API_KEY,
+            default_headers=defaults,
+            max_retries=0,
+        ) as sdk,
+    ):
+        llm = sdk if wiring == "instrumented" else capture_anthropic(sdk)
         run, output = recorder.record(
-            lambda r, _input: claude_agent(capture_anthropic(sdk, r)),
-            RunSnapshot("creds.claude"),
-            agent_id="claude",
+            lambda _run, _input: claude_agent(llm), RunSnapshot("creds.claude"), agent_id="claude"
         )
     assert output == ["msg_01", 7, "tool_use", 401]
+    assert run.last_sequence == 6  # run.started, the four calls, run.finished
     # They did travel: the key, the custom auth header and the cookie on every request.
     sent = [" ".join(r.headers.values()) for r in anthropic_server.requests]
     assert len(sent) == 4

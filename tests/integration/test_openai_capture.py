@@ -5,6 +5,12 @@ The tests run the real SDK (sync and async clients, Chat Completions and Respons
 plain and streamed) against the local OpenAI-compatible server of ``_openai_server``.
 Runs are recorded with a MemoryRecorder, so no Postgres or Kafka is needed; they are
 integration tests for the SDK and the HTTP they drive.
+
+The capture records at the HTTP transport: ``capture_openai`` gives back a real
+``openai.OpenAI`` whose transport records, so what the agent is handed is what the SDK
+builds without any capture (a stream is the SDK's own ``Stream``, read as it arrives;
+an object carries its ``_request_id``), and in replay the SDK builds the same objects
+from the recorded HTTP answer.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -27,20 +34,9 @@ from agent_blackbox.outbox import (
     RecordedError,
     RunSnapshot,
 )
-from agent_blackbox.outbox.integrations.openai import (
-    CapturedAsyncOpenAI,
-    CapturedOpenAI,
-    RecordedStream,
-    capture_openai,
-)
+from agent_blackbox.outbox.integrations.openai import capture_openai
 from agent_blackbox.replayer import ReplayRun, replay_run
-from agent_blackbox.schemas import (
-    Envelope,
-    EnvelopeCodec,
-    NotSerialisable,
-    PayloadPipeline,
-    llm_reply,
-)
+from agent_blackbox.schemas import Envelope, EnvelopeCodec, PayloadPipeline, llm_reply
 from tests.integration._fork_agents import WEATHER_TOOL
 from tests.integration._llm_server import refused_url
 from tests.integration._openai_server import REQUEST_ID, TOOL_ARGUMENTS, OpenAIServer
@@ -57,8 +53,8 @@ RESPONSES_TOOL = {
     "strict": True,
 }
 
-SyncAgent = Callable[[CapturedOpenAI, list[Any]], Any]
-AsyncAgent = Callable[[CapturedAsyncOpenAI, list[Any]], Awaitable[Any]]
+SyncAgent = Callable[[openai.OpenAI, list[Any]], Any]
+AsyncAgent = Callable[[openai.AsyncOpenAI, list[Any]], Awaitable[Any]]
 
 
 # Fixtures ---------------------------------------------------------------------------
@@ -167,7 +163,7 @@ def chunk_text(chunks: list[ChatCompletionChunk]) -> str:
 # Chat Completions -------------------------------------------------------------------
 
 
-def chat_agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+def chat_agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
     completion = llm.chat.completions.create(
         model="gpt-test",
         messages=[{"role": "user", "content": INPUT["question"]}],
@@ -210,9 +206,12 @@ def test_chat_completion_is_recorded_and_replayed(
     assert ChatCompletion.model_validate(json.loads(body["raw_response_json"])) == original
 
     assert_replays(chat_agent, recorded, server=server, client=client, offline=offline)
+    # Headers are never recorded, so a replayed object has no request id of its own.
+    (replayed,) = replay(chat_agent, recorded.events, offline)
+    assert replayed._request_id is None
 
 
-def chat_stream_agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+def chat_stream_agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
     stream = llm.chat.completions.create(
         model="gpt-test",
         messages=[{"role": "user", "content": INPUT["question"]}],
@@ -245,7 +244,7 @@ def test_chat_stream_chunks_are_recorded_and_re_yielded(
     assert [type(c) for c in replayed] == [type(c) for c in chunks]
 
 
-def chat_tool_agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+def chat_tool_agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
     messages: list[Any] = [{"role": "user", "content": "weather in Paris?"}]
     first = llm.chat.completions.create(model="gpt-test", messages=messages, tools=[WEATHER_TOOL])
     seen.append(first)
@@ -284,7 +283,7 @@ def test_chat_tool_call_is_recorded(
     assert_replays(chat_tool_agent, recorded, server=server, client=client, offline=offline)
 
 
-def chat_stream_tool_agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+def chat_stream_tool_agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
     stream = llm.chat.completions.create(
         model="gpt-test",
         messages=[{"role": "user", "content": "weather in Paris?"}],
@@ -313,7 +312,7 @@ def test_streamed_tool_call_is_folded_into_the_body(
 # Responses --------------------------------------------------------------------------
 
 
-def responses_agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+def responses_agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
     response = llm.responses.create(
         model="gpt-test", input=INPUT["question"], instructions="Be brief."
     )
@@ -347,7 +346,7 @@ def test_responses_call_is_recorded_and_replayed(
     assert_replays(responses_agent, recorded, server=server, client=client, offline=offline)
 
 
-def responses_stream_agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+def responses_stream_agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
     stream = llm.responses.create(model="gpt-test", input=INPUT["question"], stream=True)
     events = list(stream)
     seen.append(events)
@@ -373,7 +372,7 @@ def test_responses_stream_events_are_recorded_and_re_yielded(
     assert [type(e) for e in replayed] == [type(e) for e in events]
 
 
-def responses_tool_agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+def responses_tool_agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
     response = llm.responses.create(
         model="gpt-test", input="weather in Paris?", tools=[RESPONSES_TOOL]
     )
@@ -407,7 +406,7 @@ def test_responses_function_call_is_recorded(
 
 
 def caught_error_agent(model: str) -> SyncAgent:
-    def agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+    def agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
         try:
             llm.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
         except openai.APIStatusError as exc:
@@ -445,7 +444,7 @@ def test_api_error_is_recorded_and_raised_again_as_the_same_class(
     assert_replays(agent, recorded, server=server, client=client, offline=offline)
 
 
-def uncaught_error_agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+def uncaught_error_agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
     return llm.responses.create(model="fail-429", input="x")
 
 
@@ -473,18 +472,24 @@ def test_a_run_failed_by_an_api_error_replays_to_the_same_failure(
 
 
 def test_a_connection_error_is_recorded_and_replayed(closed_url: str) -> None:
-    def agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+    def agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
         try:
             llm.chat.completions.create(model="gpt-test", messages=[])
         except openai.APIConnectionError as exc:
-            seen.append((type(exc), exc.message))
+            seen.append((type(exc), exc.message, type(exc.__cause__)))
             return "unreachable"
         return "reached"
 
     with openai.OpenAI(base_url=closed_url, api_key=API_KEY, max_retries=0) as sdk:
         recorded = record(agent, sdk)
         assert recorded.output == "unreachable"
-        assert recorded.llm_bodies()[0]["error"]["type"] == "APIConnectionError"
+        # Recorded under the HTTP library's name for what failed (the transport sees the
+        # connection refused, before the SDK wraps it); replay raises that class again
+        # in the transport, and the SDK wraps it in the same APIConnectionError.
+        assert recorded.llm_bodies()[0]["error"]["type"] == "ConnectError"
+        assert recorded.seen == [
+            (openai.APIConnectionError, "Connection error.", httpx2.ConnectError)
+        ]
         assert replay(agent, recorded.events, sdk) == recorded.seen
 
 
@@ -516,7 +521,9 @@ def test_a_request_that_is_not_json_is_refused_before_sending(
     recorder = MemoryRecorder()
     run = recorder.start_run(RunSnapshot(code_version="t"), agent_id="a")
     llm = capture_openai(client, run)
-    with pytest.raises(NotSerialisable):
+    # The SDK itself refuses a body it cannot write as JSON, before its transport (and
+    # so the capture) sees a request: its own TypeError, as without capture.
+    with pytest.raises(TypeError, match="not JSON serializable"):
         llm.chat.completions.create(
             model="gpt-test", messages=[{"role": "user", "content": object()}]
         )
@@ -524,10 +531,28 @@ def test_a_request_that_is_not_json_is_refused_before_sending(
     assert [e.event_type for e in recorder.events] == ["run.started"]
 
 
+def test_a_call_the_recorder_refuses_is_a_400_the_sdk_does_not_retry(
+    server: OpenAIServer,
+) -> None:
+    recorder = MemoryRecorder()
+    run = recorder.start_run(RunSnapshot(code_version="t"), agent_id="a")
+    run.finish(output=None)
+    # Retries on: a 400 that says x-should-retry false is not sent again.
+    with openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=3) as sdk:
+        llm = capture_openai(sdk, run)  # bound to a run that takes no more events
+        with pytest.raises(openai.BadRequestError) as refused:
+            chat_agent(llm, [])
+    assert refused.value.code == "RunNotActive"
+    assert "is finished" in refused.value.message
+    assert refused.value.response.headers["x-should-retry"] == "false"
+    assert server.requests == []  # nothing was sent, not even once
+    assert [e.event_type for e in recorder.events] == ["run.started", "run.finished"]
+
+
 # Credentials ------------------------------------------------------------------------
 
 
-def everything_agent(llm: CapturedOpenAI, seen: list[Any]) -> Any:
+def everything_agent(llm: openai.OpenAI, seen: list[Any]) -> Any:
     headers = {"x-tenant-secret": API_KEY, "Authorization": f"Bearer {API_KEY}"}
     outputs = [
         chat_agent(llm, seen),
@@ -574,7 +599,7 @@ def test_no_credential_is_ever_recorded(
 # Async ------------------------------------------------------------------------------
 
 
-async def async_agent(llm: CapturedAsyncOpenAI, seen: list[Any]) -> Any:
+async def async_agent(llm: openai.AsyncOpenAI, seen: list[Any]) -> Any:
     question = {"role": "user", "content": INPUT["question"]}
     completion = await llm.chat.completions.create(model="gpt-test", messages=[question])
     seen.append(completion)
@@ -624,7 +649,7 @@ def test_async_client_records_and_replays(server: OpenAIServer, closed_url: str)
 
 
 def test_async_stream_is_an_async_iterator(server: OpenAIServer) -> None:
-    async def agent(llm: CapturedAsyncOpenAI, seen: list[Any]) -> Any:
+    async def agent(llm: openai.AsyncOpenAI, seen: list[Any]) -> Any:
         stream = await llm.chat.completions.create(
             model="gpt-test", messages=[{"role": "user", "content": "a b c"}], stream=True
         )
@@ -637,15 +662,25 @@ def test_async_stream_is_an_async_iterator(server: OpenAIServer) -> None:
     assert recorded.output == len(server.sent[0])
 
 
-def test_sync_stream_iterates_once_like_the_sdk(client: openai.OpenAI) -> None:
+def test_a_stream_is_the_sdks_own_and_is_recorded_when_it_ends(
+    server: OpenAIServer, client: openai.OpenAI
+) -> None:
     recorder = MemoryRecorder()
     run = recorder.start_run(RunSnapshot(code_version="t"), agent_id="a")
     stream = capture_openai(client, run).chat.completions.create(
         model="gpt-test", messages=[{"role": "user", "content": "a b"}], stream=True
     )
-    assert isinstance(stream, RecordedStream)
-    assert len(list(stream)) == len(stream.chunks) > 0
-    assert list(stream) == []
+    # The SDK's own Stream over the live response (no longer a recording read to its
+    # end before the agent saw a chunk), with the response's headers.
+    assert isinstance(stream, openai.Stream)
+    assert stream.response.headers["x-request-id"] == REQUEST_ID
+    assert [e.event_type for e in recorder.events] == ["run.started"]  # not ended yet
+    chunks = list(stream)
+    assert [c.model_dump(exclude_unset=True) for c in chunks] == server.sent[0]
+    assert list(stream) == []  # it iterates once, as the SDK's streams do
+    assert [e.event_type for e in recorder.events] == ["run.started", "llm.call"]
+    (body,) = Recorded(recorder.events, None, []).llm_bodies()
+    assert json.loads(body["raw_response_json"]) == {"stream": server.sent[0]}
 
 
 def test_a_strictly_validating_client_replays_validated_objects(

@@ -46,7 +46,7 @@ from agent_blackbox.examples.support_agent import (
 from agent_blackbox.outbox import AsyncRecorder
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import DivergenceKind, KafkaRunSource, ReplayReport, replay_run
-from agent_blackbox.schemas import Envelope, Settings
+from agent_blackbox.schemas import Envelope, EnvelopeCodec, Settings
 from tests.integration._openai_server import OpenAIServer
 from tests.integration._views import build_views
 
@@ -85,6 +85,9 @@ def _publish(settings: Settings, engine: Engine, count: int) -> dict[str, str]:
     with OpenAIServer() as server:
         runs = asyncio.run(_record(settings, server.base_url, count))
         assert len(server.requests) == 2 * count
+    # Every call of the agent crossed a boundary: with the recorder's network guard at
+    # its default (warn), no run reported a hole.
+    assert _holes(engine) == []
     relay = Relay(engine, settings=settings)
     try:
         published = relay.drain(timeout=120)
@@ -93,6 +96,16 @@ def _publish(settings: Settings, engine: Engine, count: int) -> dict[str, str]:
     assert published == 11 * count  # every run: 11 events
     build_views(settings, engine, expect=11 * count, timeout=120)
     return runs
+
+
+def _holes(engine: Engine) -> list[str]:
+    """The unrecorded calls the runs in the outbox reported on their run.finished."""
+    codec = EnvelopeCodec()
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT envelope FROM blackbox.outbox")).scalars()
+        ends = [e for e in map(codec.decode, rows) if e.event_type == "run.finished"]
+    assert ends, "no run finished"
+    return [e.attributes["unrecorded_call"] for e in ends if "unrecorded_calls" in e.attributes]
 
 
 # The socket guard ---------------------------------------------------------------------

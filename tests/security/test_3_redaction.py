@@ -4,10 +4,12 @@ A tenant-A writer (a login user) records, on the real stack and with encryption,
 whose secrets travel where the finding saw them slip through: URL query strings and a
 URL password in tool arguments, a credential under a key name outside the old list, a
 token as a dict key, a key shape in free text, an LLM tool call's ``arguments`` JSON
-string, OpenAI ``extra_body`` and ``metadata`` request fields (through the SDK capture),
-the snapshot's flags, a transition's reason, and an exception message. Then, as the
-replayer holding the keys, every body is opened and every clear attribute and view row
-read: none of the secrets is anywhere, in the outbox rows, the topic, or the views.
+string (whole, and streamed in two chunks cut through the secret), OpenAI
+``extra_body`` and ``metadata`` request fields (through the SDK capture, which records
+the body as sent, ``extra_body`` merged), the snapshot's flags, a transition's reason,
+and an exception message. Then, as the replayer holding the keys, every body is opened
+and every clear attribute and view row read: none of the secrets is anywhere, in the
+outbox rows, the topic, or the views.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ SECRETS = {
     "token as a dict key": "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
     "stripe key in text": "sk_live_51Hq7xYzAbCdEfGhIjKlMnOp",
     "llm tool-call arguments": "Tz9Wq3Er7Yu1Io5Pa",
+    "streamed tool-call arguments": "Sx4Rt8Yu2Io6Pa1Df",
     "openai extra_body": "AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY",
     "openai metadata": "hooks.slack.com/services/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",
     "snapshot flag": "flRv8Nc2Mx6Bz4Kd7",
@@ -92,6 +95,23 @@ def agent(run: AgentRun, input: Any) -> Any:
     )
     arguments = reply.choices[0].message.tool_calls[0].function.arguments
     assert S["llm tool-call arguments"] in arguments  # the agent gets the real reply
+    # Streamed, the model's arguments arrive cut in two chunks (the local server halves
+    # them), the secret across the cut: the stream passes through to the agent as sent
+    # and is redacted as a whole when it is recorded.
+    stream = llm.chat.completions.create(
+        model="gpt-test",
+        messages=[{"role": "user", "content": f"db_password={S['streamed tool-call arguments']}"}],
+        tools=[LOGIN_TOOL],
+        stream=True,
+    )
+    pieces = [
+        call.function.arguments or ""
+        for chunk in stream
+        for call in (chunk.choices[0].delta.tool_calls or [] if chunk.choices else [])
+        if call.function
+    ]
+    assert S["streamed tool-call arguments"] in "".join(pieces)
+    assert not any(S["streamed tool-call arguments"] in piece for piece in pieces)
 
     def connect() -> None:
         raise RuntimeError(f"login failed: password={S['exception message']} for bob")
@@ -153,7 +173,7 @@ def test_no_secret_of_finding_3_survives_anywhere(
 
     raw_rows = outbox_rows(engine, run_id)  # before the relay publishes them
     outbox = [codec.decode(row) for row in raw_rows]
-    assert len(outbox) == 6
+    assert len(outbox) == 7
     assert _leaks(_bytes_texts(raw_rows)) == []
     assert _leaks(_envelope_texts(outbox, opener)) == []
 
