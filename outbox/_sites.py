@@ -77,15 +77,16 @@ def agent_file(filename: str) -> bool:
 
 def agent_site(frame: FrameType | None = None) -> tuple[Site | None, Site | None]:
     """The innermost frame of the agent's code from ``frame`` outwards (the caller's
-    caller when None), and the innermost installed library's frame below it (None when
-    the agent crossed directly)."""
+    caller when None), and the installed library's frame it called (None when the agent
+    crossed directly): the framework function the agent's line called, not the HTTP
+    library's frame deep below it."""
     frame = frame if frame is not None else sys._getframe(2)
     library: Site | None = None
     while frame is not None:
         code = frame.f_code
         if agent_file(code.co_filename):
             return Site(code.co_name, code.co_filename, frame.f_lineno), library
-        if library is None and installed_file(code.co_filename):
+        if installed_file(code.co_filename):  # the outermost: the one the agent called
             library = Site(code.co_name, code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return None, library

@@ -1515,8 +1515,8 @@ def _differences(before: Any, after: Any, path: str) -> Iterator[tuple[str, Any,
 
 def _call_site() -> CallSite | None:
     """The innermost frame of the agent's code on the stack: the one that crossed the
-    boundary, with the innermost library frame below it (a framework that crossed it on
-    the agent's behalf). The project's own frames (but its examples'), the event loop's,
+    boundary, with the library frame it called (the framework's function that crossed
+    the boundary on the agent's behalf, several frames down). The project's own frames (but its examples'), the event loop's,
     threads', the CLI framework's, the standard library's and installed libraries' are
     never it; nor is anything below the driver that called the entry (whoever called
     the replay).
@@ -1535,7 +1535,7 @@ def _call_site() -> CallSite | None:
         code = frame.f_code
         if _agent_frame(module, code.co_filename):
             return CallSite(code.co_name, code.co_filename, frame.f_lineno, library)
-        if library is None and _library_frame(module, code.co_filename):
+        if _library_frame(module, code.co_filename):  # the outermost: what the agent called
             library = CallSite(code.co_name, code.co_filename, frame.f_lineno)
         frame = frame.f_back
     origin = _origin()
@@ -1572,8 +1572,8 @@ def _raised_at(error: BaseException | None) -> CallSite | None:
         here = CallSite(code.co_name, code.co_filename, traceback.tb_lineno)
         if _agent_frame(module, code.co_filename):
             found, library = here, None
-        elif _library_frame(module, code.co_filename):
-            library = here
+        elif library is None and _library_frame(module, code.co_filename):
+            library = here  # the first after the agent's frame: what the agent called
         traceback = traceback.tb_next
     if found is None:
         return library
@@ -1608,7 +1608,7 @@ def _how_it_ended(error: BaseException | None, reveal: bool) -> str:
 
 def _origin() -> CallSite | None:
     """Where the running task's coroutine was made, in the agent's code (with the
-    innermost library frame between), else in a library's."""
+    library frame it called), else in a library's."""
     if asyncio.events._get_running_loop() is None:
         return None
     task = asyncio.current_task()
@@ -1617,7 +1617,7 @@ def _origin() -> CallSite | None:
     for filename, line, function in origin or ():
         if agent_file(filename):
             return CallSite(function, filename, line, library)
-        if library is None and installed_file(filename):
+        if installed_file(filename):  # the outermost: what the agent's line called
             library = CallSite(function, filename, line)
     return library
 

@@ -31,7 +31,12 @@ import openai
 import pytest
 
 import agent_blackbox as bb
-from agent_blackbox.outbox import AsyncMemoryRecorder, MemoryRecorder, RunSnapshot
+from agent_blackbox.outbox import (
+    AsyncMemoryRecorder,
+    MemoryRecorder,
+    RunSnapshot,
+    UnrecordedCallWarning,
+)
 from agent_blackbox.outbox.integrations import recording_client
 from agent_blackbox.replayer import (
     DivergenceKind,
@@ -206,7 +211,8 @@ def test_a_captured_client_is_a_real_client_and_the_original_is_left_as_it_was(
     recorder = MemoryRecorder()
     with recorder.start_run(RunSnapshot("t"), agent_id="a"):
         captured.with_options(timeout=5).chat.completions.create(model="m", messages=user("a"))
-        original.chat.completions.create(model="m", messages=user("b"))  # records nothing
+        with pytest.warns(UnrecordedCallWarning, match="POST /v1/chat/completions"):
+            original.chat.completions.create(model="m", messages=user("b"))  # a hole
     assert [e.event_type for e in recorder.events] == ["run.started", "llm.call", "run.finished"]
     assert requests(recorder.events)[0]["messages"] == user("a")
     assert len(server.requests) == 2
