@@ -1516,10 +1516,10 @@ def _differences(before: Any, after: Any, path: str) -> Iterator[tuple[str, Any,
 def _call_site() -> CallSite | None:
     """The innermost frame of the agent's code on the stack: the one that crossed the
     boundary, with the library frame it called (the framework's function that crossed
-    the boundary on the agent's behalf, several frames down). The project's own frames (but its examples'), the event loop's,
-    threads', the CLI framework's, the standard library's and installed libraries' are
-    never it; nor is anything below the driver that called the entry (whoever called
-    the replay).
+    the boundary on the agent's behalf, several frames down). The project's own frames
+    (but its examples'), the event loop's, threads', the CLI framework's, the standard
+    library's and installed libraries' are never it; nor is anything below the driver
+    that called the entry (whoever called the replay).
 
     When a task runs the boundary's coroutine itself (``gather(run.call(...), ...)``), no
     agent frame is on its stack: then it is the place that made the coroutine, as the
