@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import Token
-from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 
@@ -34,7 +32,9 @@ from agent_blackbox.outbox._effects import EffectReceipt
 from agent_blackbox.outbox._group import Batch, RunBuffer, buffered
 from agent_blackbox.outbox._network import Hole
 from agent_blackbox.outbox._postgres import AsyncPostgresLog
+from agent_blackbox.outbox._recording import drive_async
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
+from agent_blackbox.outbox._surface import AsyncBoundaries
 from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
 
@@ -175,15 +175,19 @@ class AsyncRecorder(AsyncRecorderBase):
         return cls(engine, settings=settings, keys=DataKeyStore.from_env())
 
 
-class AsyncRun:
+class AsyncRun(AsyncBoundaries):
     """One agent run in record mode for asyncio code; mirrors
     :class:`~agent_blackbox.outbox.Run`, method for method."""
+
+    core: RunCore
 
     def __init__(self, recorder: AsyncRecorderBase, core: RunCore) -> None:
         self._recorder = recorder
         self.core = core
         self._lock = asyncio.Lock()
-        self._random = random.Random()
+        self._tools = recorder.tools
+        self._effects = recorder.effects
+        self._draws = random.Random()
         group = recorder.group_commit
         self._buffer = None if group is None else RunBuffer(group)
         self._timer: asyncio.Task[None] | None = None
@@ -193,7 +197,7 @@ class AsyncRun:
         self._in_force: Token[Any] | None = None
         self.settling: set[asyncio.Task[Any]] = set()
         """Events appended by tasks of their own (a sync tool the agent called on the
-        loop: ``_tool``), not yet written; :meth:`finish` waits for them."""
+        loop: ``_tool``), not yet written; the end of the run waits for them."""
 
     replaying = False
     """A run in record mode (a replay run says True)."""
@@ -245,73 +249,7 @@ class AsyncRun:
         await self.finish(output=output)
         return output
 
-    async def call(self, tool: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """Call tool ``fn`` (sync or async) and record ``tool.call``."""
-        tools = self._recorder.tools
-        return await self._drive(steps.tool_call(self.core, tools, tool, fn, args, kwargs))
-
-    async def llm(
-        self,
-        send: Callable[[Mapping[str, Any]], Any],
-        request: Mapping[str, Any],
-        *,
-        provider: str,
-        model: str | None = None,
-    ) -> Mapping[str, Any]:
-        """Send ``request`` through ``send`` (sync or async) and record ``llm.call``."""
-        response: Mapping[str, Any] = await self._drive(
-            steps.llm_call(self.core, send, request, provider, model)
-        )
-        return response
-
-    async def retrieve(
-        self,
-        index: str,
-        search: Callable[..., Any],
-        query: Any,
-        *,
-        index_version: str,
-        filters: Mapping[str, Any] | None = None,
-        top_k: int | None = None,
-    ) -> list[Any]:
-        """Search ``index`` through ``search`` (sync or async) and record ``retrieval``;
-        see ``Run.retrieve``."""
-        hits: list[Any] = await self._drive(
-            steps.retrieve(self.core, search, index, query, index_version, filters, top_k)
-        )
-        return hits
-
-    async def now(self) -> datetime:
-        """The wall clock, UTC, recorded as ``clock.read``."""
-        return await self._drive(steps.now(self.core))
-
-    async def monotonic(self) -> float:
-        """A monotonic clock in seconds, recorded as ``clock.read``."""
-        return await self._drive(steps.monotonic(self.core))
-
-    async def random(self) -> float:
-        """A float in [0, 1), recorded as ``random.draw``."""
-        return await self._drive(steps.random_float(self.core, self._random))
-
-    async def randint(self, low: int, high: int) -> int:
-        """An integer in [low, high], recorded as ``random.draw``."""
-        return await self._drive(steps.random_int(self.core, self._random, low, high))
-
-    async def uuid(self) -> uuid.UUID:
-        """A random UUID, recorded as ``random.draw``."""
-        return await self._drive(steps.random_uuid(self.core))
-
-    async def effect(
-        self,
-        effect: str,
-        perform: Callable[[str], Any],
-        *,
-        arguments: Mapping[str, Any],
-        key: str | None = None,
-    ) -> EffectReceipt:
-        """Cause a side effect with intent before and receipt after; see ``Run.effect``."""
-        policy = self._recorder.effects
-        return await self._drive(steps.effect(self.core, policy, effect, perform, arguments, key))
+    # What only a recording run has ------------------------------------------------
 
     async def resolve_effect(
         self,
@@ -321,31 +259,6 @@ class AsyncRun:
         """Record the receipt of an effect left open by a crash; see
         ``Run.resolve_effect`` (``lookup`` may be a coroutine function)."""
         return await self._drive(steps.resolve_effect(self.core, pending, lookup))
-
-    async def transition(
-        self,
-        to_state: str,
-        *,
-        state: Any,
-        reason: str | None = None,
-        connection: AsyncConnection | None = None,
-    ) -> Envelope:
-        """Record ``state.transition``, optionally in the caller's transaction."""
-        return await self._drive(steps.transition(self.core, to_state, state, reason, connection))
-
-    async def finish(
-        self,
-        *,
-        status: str = "succeeded",
-        output: Any = None,
-        error: BaseException | None = None,
-        connection: AsyncConnection | None = None,
-    ) -> Envelope:
-        """Record ``run.finished``; afterwards the run takes no more events."""
-        if self.settling:
-            # A tool called last, on the loop, is still being appended: it comes first.
-            await asyncio.wait(list(self.settling))
-        return await self._drive(steps.finish(self.core, status, output, error, connection))
 
     # Crossings whose work the agent's code finishes -------------------------------
 
@@ -376,13 +289,13 @@ class AsyncRun:
     async def _drive(self, boundary: steps.Steps[T]) -> T:
         spans = self._recorder.spans
         if spans is None:
-            return await steps.drive_async(boundary, self._append)
+            return await drive_async(boundary, self.core, self._append, self.settling)
         with spans.crossing() as seen:
 
-            async def append(step: steps.Append) -> Envelope:
-                return seen(await self._append(step), step.crossing)
+            async def append(crossing: Crossing, connection: Any) -> Envelope:
+                return seen(await self._append(crossing, connection), crossing)
 
-            return await steps.drive_async(boundary, append)
+            return await drive_async(boundary, self.core, append, self.settling)
 
     async def flush(self) -> None:
         """Write the events this run buffered (group commit mode) now; see
@@ -390,16 +303,14 @@ class AsyncRun:
         async with self._lock:
             await self._flush()
 
-    async def _append(self, step: steps.Append) -> Envelope:
+    async def _append(self, crossing: Crossing, connection: AsyncConnection | None) -> Envelope:
         async with self._lock:
             self.core.check_active()
             if self._buffer is not None:
-                if step.connection is None and buffered(step.crossing):
-                    return await self._buffered(self._buffer, step.crossing)
+                if connection is None and buffered(crossing):
+                    return await self._buffered(self._buffer, crossing)
                 await self._flush()  # everything before an effect, a transition, a joined event
-            return await self._recorder.append(
-                self.core, step.crossing, new_event_id(), step.connection
-            )
+            return await self._recorder.append(self.core, crossing, new_event_id(), connection)
 
     async def _buffered(self, buffer: RunBuffer, crossing: Crossing) -> Envelope:
         if buffer.full:

@@ -1,15 +1,15 @@
-"""What a recording run knows and decides, whatever the mode of its driver.
+"""What a recording run knows and decides, whatever the flavour of its driver.
 
 The sync :class:`~agent_blackbox.outbox.Run` and the async
 :class:`~agent_blackbox.outbox.AsyncRun` differ only in how they call agent functions and
-wait for their event log; the crossings (through the boundary contract), the cursor and
-the lifecycle of a run live here, and so does what every recorder is configured with.
+wait for their event log; the identity, cursor and lifecycle of a run live here (what
+each crossing records is ``_crossings.py``'s, the same in replay), and so does what every
+recorder is configured with.
 """
 
 from __future__ import annotations
 
 import inspect
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -20,22 +20,17 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from agent_blackbox.keystore import AesGcmSealer, DataKeyStore, KeystoreError, LocalKeyProvider
 from agent_blackbox.outbox import _boundaries as b
 from agent_blackbox.outbox._effects import (
-    EffectOutcome,
     EffectPolicy,
-    EffectReceipt,
     LiveEffects,
     LiveTools,
     ToolPolicy,
 )
 from agent_blackbox.outbox._errors import (
     ConcurrentRunWriter,
-    EffectRejected,
     EventsNotRecorded,
-    NotSerialisable,
     RunNotActive,
 )
 from agent_blackbox.outbox._group import GroupCommit
-from agent_blackbox.outbox._llm import llm_call
 from agent_blackbox.outbox._network import (
     Hole,
     NetworkMode,
@@ -44,7 +39,7 @@ from agent_blackbox.outbox._network import (
     note_hole,
     watch_connections,
 )
-from agent_blackbox.outbox._placement import Place, Placement
+from agent_blackbox.outbox._placement import Placement
 from agent_blackbox.outbox._prefixes import RequestPrefixes
 from agent_blackbox.outbox._recovery import StoredRun
 from agent_blackbox.outbox._redaction import Redactor
@@ -61,7 +56,7 @@ from agent_blackbox.outbox._writer import (
     new_event_id,
     shard_of,
 )
-from agent_blackbox.outbox.contract import Ask, Contract, default_idempotency_key
+from agent_blackbox.outbox.contract import Contract
 from agent_blackbox.schemas import (
     DataKey,
     Digester,
@@ -78,9 +73,6 @@ if TYPE_CHECKING:
     from sqlalchemy import TextClause
 
 APPEND_ATTEMPTS = 3
-
-Outcome = Callable[[Any, BaseException | None, float], b.Crossing]
-"""Turns what a boundary call returned or raised, and its latency, into its crossing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +174,6 @@ class RunCore:
         self.state: str | None = None
         self.state_digest: str | None = None
         self.finished = False
-        self.effects = 0
         self.placement = Placement()
         self.unwatch: Callable[[], None] | None = None
         """Stops watching the agent's code for unrecorded nondeterminism."""
@@ -285,152 +276,6 @@ class RunCore:
             "attempts; a run must have one writer at a time"
         )
 
-    # Crossings. Inputs are built (and checked) by the contract before the agent's
-    # function is called, so a value that cannot be recorded fails before any external
-    # call happens.
-
-    def _asked(
-        self, crossing: b.Crossing, ask: Ask, fired: set[str] | frozenset[str]
-    ) -> b.Crossing:
-        """``crossing`` with the input digest its ask took and the rules that fired."""
-        return self.scrub.mark(crossing.with_input_digest(ask.input_digest), set(fired))
-
-    def tool_outcome(self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Outcome:
-        """Check the arguments, then say how the tool's result or error becomes its
-        ``tool.call`` crossing."""
-        self.check_active()
-        ask = self.contract.tool(tool, args, kwargs)
-        args, kwargs = ask.value
-        scrub = self.scrub
-
-        def crossing(result: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
-            seen = set(ask.fired)
-            result, refused = recordable(scrub, result, error, seen, path=f"{tool}.result")
-            built = b.tool_call(
-                tool=tool,
-                args=args,
-                kwargs=kwargs,
-                result=result,
-                error=scrub.error(refused or error, seen),
-                latency_ms=latency_ms,
-            )
-            return self._asked(built, ask, seen).raising(refused)
-
-        return crossing
-
-    def retrieval_outcome(
-        self,
-        index: str,
-        index_version: str,
-        query: Any,
-        filters: Mapping[str, Any] | None,
-        top_k: int | None,
-    ) -> Outcome:
-        """Check the query, then say how the hits (or the error) become the
-        ``retrieval`` crossing."""
-        self.check_active()
-        ask = self.contract.retrieval(index, index_version, query, filters, top_k)
-        query, filters = ask.value
-        scrub = self.scrub
-
-        def crossing(hits: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
-            seen = set(ask.fired)
-            refused = None if error is not None else _invalid_hits(index, hits)
-            encoded, unrecordable = recordable(
-                scrub, hits, error or refused, seen, path=f"{index}.hits"
-            )
-            refused = refused or unrecordable
-            built = b.retrieval(
-                index=index,
-                index_version=index_version,
-                query=query,
-                filters=filters,
-                top_k=top_k,
-                hits=encoded,
-                error=scrub.error(refused or error, seen),
-                latency_ms=latency_ms,
-            )
-            return self._asked(built, ask, seen).raising(refused)
-
-        return crossing
-
-    def llm_outcome(self, provider: str, model: str | None, request: Mapping[str, Any]) -> Outcome:
-        """Check the request, then say how the response becomes its ``llm.call``."""
-        self.check_active()
-        ask = self.contract.llm(provider, model, request)
-        chosen, scrubbed = ask.input["model"], ask.value
-        scrub = self.scrub
-
-        def crossing(response: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
-            seen = set(ask.fired)
-            built = llm_call(
-                provider=provider,
-                model=chosen,
-                request=scrubbed,
-                response=None if response is None else scrub.response(response, seen),
-                error=scrub.error(error, seen),
-                latency_ms=latency_ms,
-            )
-            if error is not None:
-                # The error carries what llm.call recorded of it (v2: type and message),
-                # so a run that ends on it records the same error in replay as here.
-                error.__dict__.setdefault("recorded_error", built.body["error"])
-            return self._asked(built, ask, seen)
-
-        return crossing
-
-    def wall_clock(self) -> b.Crossing:
-        read = b.clock_read(clock="wall", value_us=time.time_ns() // 1000)
-        return read.with_input_digest(self.contract.clock("wall").input_digest)
-
-    def monotonic_clock(self) -> b.Crossing:
-        read = b.clock_read(clock="monotonic", value_us=time.monotonic_ns() // 1000)
-        return read.with_input_digest(self.contract.clock("monotonic").input_digest)
-
-    def random_float(self, value: float) -> b.Crossing:
-        draw = b.random_draw(kind="random", arguments={}, value=value)
-        return draw.with_input_digest(self.contract.random("random").input_digest)
-
-    def random_int(self, low: int, high: int, value: int) -> b.Crossing:
-        bounds = {"low": low, "high": high}
-        draw = b.random_draw(kind="randint", arguments=bounds, value=value)
-        return draw.with_input_digest(self.contract.random("randint", bounds).input_digest)
-
-    def random_uuid(self) -> tuple[uuid.UUID, b.Crossing]:
-        value = uuid.uuid4()
-        draw = b.random_draw(kind="uuid4", arguments={}, value=str(value))
-        return value, draw.with_input_digest(self.contract.random("uuid4").input_digest)
-
-    def effect_intent(
-        self, effect: str, arguments: Mapping[str, Any], key: str | None, place: Place
-    ) -> b.Crossing:
-        self.check_active()
-        self.effects += 1
-        # The intent's start number: its sequence when effects run one at a time (keys
-        # stay what they always were), and unique among concurrent ones.
-        idempotency_key = key or default_idempotency_key(self.run_id, place.started)
-        ask = self.contract.intent(effect, idempotency_key, arguments)
-        intent = b.effect_intent(
-            effect=effect, idempotency_key=idempotency_key, arguments=ask.value
-        )
-        return self._asked(intent, ask, ask.fired)
-
-    def receipt(self, effect: str, idempotency_key: str) -> ReceiptBuilder:
-        """The builder of the receipt of an intent of this run."""
-        return ReceiptBuilder(effect, idempotency_key, self.contract)
-
-    def transition(self, to_state: str, state: Any, reason: str | None) -> b.Crossing:
-        self.check_active()
-        ask = self.contract.transition(self.state, to_state, state, reason)
-        moved = b.state_transition(
-            from_state=self.state, to_state=to_state, state=ask.value, reason=ask.input["reason"]
-        )
-        return self._asked(moved, ask, ask.fired)
-
-    def transitioned(self, crossing: b.Crossing) -> None:
-        self.state = crossing.attributes["to_state"]
-        self.state_digest = digest(crossing.output["state"])
-
     def finish(self, status: str, output: Any, error: BaseException | None) -> b.Crossing:
         self.check_active()
         if self.unwatch is not None:
@@ -454,38 +299,8 @@ class RunCore:
                     "unrecorded_call": first if len(first) <= 300 else first[:299] + "…",
                 }
             )
-        return self._asked(finished, ending.ask, ending.fired)
-
-
-def recordable(
-    scrub: Scrub, result: Any, error: BaseException | None, fired: set[str], *, path: str
-) -> tuple[Any, BaseException | None]:
-    """A result in its recorded form (tagged, scrubbed), or, when it cannot be recorded,
-    None and the refusal to record as the crossing's error and raise to the agent."""
-    if error is not None or result is None:
-        return None, None
-    try:
-        return scrub.encoded(result, fired, path=path), None
-    except NotSerialisable as exc:
-        return None, b.unserialisable(exc)
-
-
-def _invalid_hits(index: str, hits: Any) -> BaseException | None:
-    """Why ``hits`` are not a retrieval's answer (a list of mappings, each with an ``id``
-    and a numeric ``score``), or None."""
-    if not isinstance(hits, list):
-        return TypeError(f"the search of index {index!r} returned {type(hits).__name__}, not hits")
-    for position, hit in enumerate(hits):
-        if not isinstance(hit, Mapping) or "id" not in hit:
-            return ValueError(
-                f"hit {position} of index {index!r} has no 'id': a search returns mappings "
-                "with at least 'id' (the document) and 'score' (and, if chunked, "
-                "'chunk_version')"
-            )
-        score = hit.get("score")
-        if isinstance(score, bool) or not isinstance(score, int | float):
-            return ValueError(f"hit {position} of index {index!r} has no numeric 'score'")
-    return None
+        marked = finished.with_input_digest(ending.ask.input_digest)
+        return self.scrub.mark(marked, set(ending.fired))
 
 
 def utc_now() -> datetime:
@@ -753,48 +568,3 @@ def _start_crossing(snapshot: RunSnapshot, scrub: Scrub) -> b.Crossing:
     if rules is not None:
         started = replace(started, attributes={**started.attributes, RULES_ATTRIBUTE: rules})
     return scrub.mark(started, fired)
-
-
-class ReceiptBuilder:
-    """Builds the receipt of an intent from what ``perform`` did, and keeps it."""
-
-    def __init__(self, effect: str, idempotency_key: str, contract: Contract) -> None:
-        self.effect = effect
-        self.idempotency_key = idempotency_key
-        self.contract = contract
-        self.receipt = EffectReceipt(effect, idempotency_key, "unknown", None, None)
-
-    def crossing(self, value: Any, error: BaseException | None, latency_ms: float) -> b.Crossing:
-        """The receipt crossing: confirmed, failed (rejected for sure) or unknown."""
-        effect, key = self.effect, self.idempotency_key
-        outcome = as_outcome(value)
-        if error is None:
-            status = "confirmed"
-            external_id = outcome.external_id if outcome else None
-            result = outcome.result if outcome else None
-        elif isinstance(error, EffectRejected):
-            status, external_id, result = "failed", error.external_id, None
-        else:
-            status, external_id, result = "unknown", None, None
-        self.receipt = EffectReceipt(effect, key, status, external_id, result)
-        scrub, fired = self.contract.scrub, set[str]()
-        recorded, refused = recordable(scrub, result, error, fired, path=f"{effect}.result")
-        receipt = b.effect_receipt(
-            effect=effect,
-            idempotency_key=key,
-            status=status,
-            external_id=external_id,
-            result=recorded,
-            error=scrub.error(refused or error, fired),
-            latency_ms=latency_ms,
-        )
-        ask = self.contract.receipt(effect, key)
-        receipt = replace(receipt, input_digest=ask.input_digest, raises=refused)
-        return scrub.mark(receipt, fired)
-
-
-def as_outcome(value: EffectOutcome | Mapping[str, Any] | None) -> EffectOutcome | None:
-    """Accept an :class:`EffectOutcome`, a mapping with ``external_id``/``result``, or None."""
-    if value is None or isinstance(value, EffectOutcome):
-        return value
-    return EffectOutcome(external_id=value.get("external_id"), result=value.get("result"))

@@ -33,7 +33,7 @@ from sqlalchemy import Engine, TextClause
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from agent_blackbox.outbox._failures import TRANSIENT_RETRIES, refusal, retry_delay, unavailable
-from agent_blackbox.outbox._steps import Stepper
+from agent_blackbox.outbox._stepper import Stepper
 
 if TYPE_CHECKING:
     from sqlalchemy.pool import PoolProxiedConnection

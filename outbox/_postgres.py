@@ -43,7 +43,7 @@ from agent_blackbox.outbox._failures import TRANSIENT_RETRIES, refusal, retry_de
 from agent_blackbox.outbox._group import Batch
 from agent_blackbox.outbox._metrics import counting_failures
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
-from agent_blackbox.outbox._steps import Stepper
+from agent_blackbox.outbox._stepper import Stepper
 from agent_blackbox.outbox._writer import (
     Cursor,
     PreparedEvent,

@@ -11,11 +11,9 @@ from __future__ import annotations
 import queue
 import random
 import threading
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import Token
-from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 
@@ -38,7 +36,9 @@ from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
 from agent_blackbox.outbox._group import IDLE_S, Batch, Flusher, RunBuffer, buffered
 from agent_blackbox.outbox._network import Hole
 from agent_blackbox.outbox._postgres import PostgresLog
+from agent_blackbox.outbox._recording import drive
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
+from agent_blackbox.outbox._surface import Boundaries
 from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
 
@@ -192,7 +192,7 @@ class Recorder(SyncRecorder):
         return cls(engine, settings=settings, keys=DataKeyStore.from_env())
 
 
-class Run:
+class Run(Boundaries):
     """One agent run in record mode: the only door between agent code and the world.
 
     Use it as a context manager: leaving the block records ``run.finished``, as
@@ -207,6 +207,8 @@ class Run:
     receipt.
     """
 
+    core: RunCore
+
     def __init__(self, recorder: SyncRecorder, core: RunCore) -> None:
         self._recorder = recorder
         self.core = core
@@ -220,7 +222,9 @@ class Run:
         writer waking on it was starved for milliseconds a batch (the run then waited
         for a batch that had not started)."""
         self._joined: Joinable | None = None
-        self._random = random.Random()
+        self._tools = recorder.tools
+        self._effects = recorder.effects
+        self._draws = random.Random()
         group = recorder.group_commit
         self._buffer = None if group is None else RunBuffer(group)
         self._in_force: Token[Any] | None = None
@@ -283,101 +287,7 @@ class Run:
             finally:
                 self._joined = previous
 
-    # Boundaries -----------------------------------------------------------------
-
-    def call(self, tool: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """Call tool ``fn(*args, **kwargs)`` and record ``tool.call``.
-
-        The arguments are checked before ``fn`` runs; an exception from ``fn`` is
-        recorded and re-raised.
-
-        Raises:
-            NotSerialisable: an argument or the result is not JSON.
-        """
-        tools = self._recorder.tools
-        result: T = self._drive(steps.tool_call(self.core, tools, tool, fn, args, kwargs))
-        return result
-
-    def llm(
-        self,
-        send: Callable[[Mapping[str, Any]], Mapping[str, Any]],
-        request: Mapping[str, Any],
-        *,
-        provider: str,
-        model: str | None = None,
-    ) -> Mapping[str, Any]:
-        """Send ``request`` to a model through ``send`` and record ``llm.call``.
-
-        ``send`` takes the raw request JSON and returns the raw response JSON of an
-        OpenAI-compatible chat completion. Errors are recorded and re-raised.
-        """
-        response: Mapping[str, Any] = self._drive(
-            steps.llm_call(self.core, send, request, provider, model)
-        )
-        return response
-
-    def retrieve(
-        self,
-        index: str,
-        search: Callable[..., Any],
-        query: Any,
-        *,
-        index_version: str,
-        filters: Mapping[str, Any] | None = None,
-        top_k: int | None = None,
-    ) -> list[Any]:
-        """Search ``index`` (at ``index_version``) through ``search`` and record
-        ``retrieval``: the query, filters and top-k, and the hits (document ids, chunk
-        versions, scores, and whatever else each hit carries).
-
-        ``search(query, filters=..., top_k=...)`` is the agent's own search (sync or
-        async) and returns hits: mappings with at least ``"id"`` and a numeric
-        ``"score"`` (and ``"chunk_version"`` when the index is chunked). The query is
-        checked before the search runs; hits that are not hits, or cannot be recorded,
-        are recorded as the retrieval's error and raised.
-        """
-        hits: list[Any] = self._drive(
-            steps.retrieve(self.core, search, index, query, index_version, filters, top_k)
-        )
-        return hits
-
-    def now(self) -> datetime:
-        """The wall clock, UTC, recorded as ``clock.read``."""
-        return self._drive(steps.now(self.core))
-
-    def monotonic(self) -> float:
-        """A monotonic clock in seconds, recorded as ``clock.read``."""
-        return self._drive(steps.monotonic(self.core))
-
-    def random(self) -> float:
-        """A float in [0, 1), recorded as ``random.draw``."""
-        return self._drive(steps.random_float(self.core, self._random))
-
-    def randint(self, low: int, high: int) -> int:
-        """An integer in [low, high], recorded as ``random.draw``."""
-        return self._drive(steps.random_int(self.core, self._random, low, high))
-
-    def uuid(self) -> uuid.UUID:
-        """A random UUID, recorded as ``random.draw``."""
-        return self._drive(steps.random_uuid(self.core))
-
-    def effect(
-        self,
-        effect: str,
-        perform: Callable[[str], EffectOutcome | Mapping[str, Any] | None],
-        *,
-        arguments: Mapping[str, Any],
-        key: str | None = None,
-    ) -> EffectReceipt:
-        """Cause a side effect: ``effect.intent`` commits, then ``perform(key)``, then
-        ``effect.receipt``.
-
-        ``perform`` receives the idempotency key and should hand it to the external
-        system. It raises :class:`EffectRejected` when the system refused for sure;
-        any other exception leaves the receipt ``unknown`` and is re-raised.
-        """
-        policy = self._recorder.effects
-        return self._drive(steps.effect(self.core, policy, effect, perform, arguments, key))
+    # What only a recording run has ------------------------------------------------
 
     def resolve_effect(
         self,
@@ -393,29 +303,6 @@ class Run:
         tell (the receipt says ``unknown`` and the exception propagates).
         """
         return self._drive(steps.resolve_effect(self.core, pending, lookup))
-
-    def transition(
-        self,
-        to_state: str,
-        *,
-        state: Any,
-        reason: str | None = None,
-        connection: Joinable | None = None,
-    ) -> Envelope:
-        """Record ``state.transition``; with ``connection``, in the caller's transaction
-        so the business state change and the event commit together."""
-        return self._drive(steps.transition(self.core, to_state, state, reason, connection))
-
-    def finish(
-        self,
-        *,
-        status: str = "succeeded",
-        output: Any = None,
-        error: BaseException | None = None,
-        connection: Joinable | None = None,
-    ) -> Envelope:
-        """Record ``run.finished``; afterwards the run takes no more events."""
-        return self._drive(steps.finish(self.core, status, output, error, connection))
 
     # Crossings whose work the agent's code finishes -------------------------------
 
@@ -450,9 +337,13 @@ class Run:
     def _drive(self, boundary: steps.Steps[T]) -> T:
         spans = self._recorder.spans
         if spans is None:
-            return steps.drive(boundary, self._append)
+            return drive(boundary, self.core, self._append)
         with spans.crossing() as seen:
-            return steps.drive(boundary, lambda step: seen(self._append(step), step.crossing))
+
+            def append(crossing: Crossing, connection: Any) -> Envelope:
+                return seen(self._append(crossing, connection), crossing)
+
+            return drive(boundary, self.core, append)
 
     def flush(self) -> None:
         """Write the events this run buffered (group commit mode) now; nothing to do in
@@ -464,15 +355,15 @@ class Run:
         with self._lock:
             self._flush()
 
-    def _append(self, step: steps.Append) -> Envelope:
+    def _append(self, crossing: Crossing, connection: Joinable | None) -> Envelope:
         with self._lock:
             self.core.check_active()
-            target = step.connection if step.connection is not None else self._joined
+            target = connection if connection is not None else self._joined
             if self._buffer is not None:
-                if target is None and buffered(step.crossing):
-                    return self._buffered(self._buffer, step.crossing)
+                if target is None and buffered(crossing):
+                    return self._buffered(self._buffer, crossing)
                 self._flush()  # everything before an effect, a transition, a joined event
-            return self._recorder.append(self.core, step.crossing, new_event_id(), target)
+            return self._recorder.append(self.core, crossing, new_event_id(), target)
 
     def _buffered(self, buffer: RunBuffer, crossing: Crossing) -> Envelope:
         if buffer.full:

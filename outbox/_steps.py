@@ -1,103 +1,144 @@
-"""Every boundary of a recording run, written once for the sync and the async run.
+"""Every boundary of a run, written once for record and replay, sync and async.
 
-Each boundary is a generator of steps: :class:`Call` asks the driver to call an agent
-function (awaiting what it returns, for an async run) and to send back what came of it
-as a :class:`Done`; :class:`Append` asks it to append a crossing to the run's event log
-and to send back the envelope. The generator's return value is what the boundary
-returns. :func:`drive` and :func:`drive_async` are the two drivers, and the only code
-that differs between the modes.
+Each boundary is a generator of steps, and the generator's return value is what the
+boundary hands back to the agent's code. The steps say what the boundary needs, never
+how a mode does it:
 
-This is the shape of a sans-IO core: the order of what happens at a boundary (check the
-input, call, record what came of it, also when it raised) cannot drift between the sync
-and the async API, because there is one copy of it. Generating the sync code from the
-async code (as psycopg does) would also keep the two in step, but as two copies kept
-equal by a tool and a check in CI; a generator core is one copy, and costs a driver loop
-per boundary: recording into memory runs at the same rate as with the hand-kept twins
-(about 12k events/s on the bench machine, where building the envelope is the work).
+- :class:`Call`: a crossing around a call (the agent's function, or a read of the
+  world: a clock, a random source); the driver sends back a :class:`Done`, what came of
+  the call;
+- :class:`Cross`: a crossing that calls nothing (an effect's intent, a state
+  transition); the driver sends back its envelope and its output;
+- :class:`Begin`: the place of a crossing that begins now (an effect's intent, whose
+  default key is its start number);
+- :class:`Settle`: a crossing whose call the agent's code already made (an open
+  crossing: a recording transport's request, closed when its stream ends);
+- :class:`End`: the end of the run.
+
+Record mode's drivers (``_recording.py``) answer them by calling and appending; replay
+mode's (the replayer's ``ReplayRun``) by taking the recorded event that answers each ask
+and reading back what came of it. So the order of what happens at a boundary (check the
+run, ask, call, record what came of it, also when it raised, hand back) cannot drift
+between the modes or between sync and async code: there is one copy of it, and four thin
+loops around it. This is the shape of a sans-IO core (Temporal's replayer reuses its live
+worker the same way).
+
+What each crossing records and how it is read back is in ``_crossings.py``: a step names
+a builder and a reader, so building one costs a tuple and no closure (replay builds one
+for every event it hands back).
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
+from agent_blackbox.outbox import _crossings as c
 from agent_blackbox.outbox._boundaries import Crossing
-from agent_blackbox.outbox._context import enter_crossing, leave_crossing
-from agent_blackbox.outbox._core import Outcome, RunCore
+from agent_blackbox.outbox._crossings import Build, Done, Outcome, Read
 from agent_blackbox.outbox._effects import EffectOutcome, EffectPolicy, EffectReceipt, ToolPolicy
 from agent_blackbox.outbox._errors import EffectRejected, RunNotActive
 from agent_blackbox.outbox._placement import Place
 from agent_blackbox.outbox._recovery import PendingEffect
-from agent_blackbox.schemas import Envelope
+from agent_blackbox.outbox.contract import Ask, Contract, default_idempotency_key
+from agent_blackbox.schemas import EventType, digest
 
-if TYPE_CHECKING:
-    from random import Random
+__all__ = ["Begin", "Call", "Cross", "Done", "End", "Settle", "Steps"]
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """Call ``perform`` (and await its result, in async code); send back a :class:`Done`."""
+class Call(NamedTuple):
+    """Cross the boundary ``ask`` asks for around a call of ``perform(*arguments)``; send
+    back a :class:`Done`. Record mode calls it (awaiting what it returns, in async code)
+    and appends ``build``'s crossing of what came of it; replay mode calls nothing and
+    reads what came of it from the recorded event with ``read``."""
 
-    perform: Callable[[], Any]
+    ask: Ask
+    build: Build
+    read: Read
+    perform: Callable[..., Any]
+    arguments: tuple[Any, ...] = ()
+    place: Place | None = None
+    """Where the crossing began; None: the driver places it as it begins."""
 
 
-@dataclass(frozen=True, slots=True)
-class Append:
-    """Append ``crossing`` to the run's event log (in ``connection``, the caller's
-    transaction, when given); send back the envelope."""
+class Cross(NamedTuple):
+    """Cross the boundary ``ask`` asks for, calling nothing; send back its envelope and
+    its output (the JSON its output digest is taken over: as built, or as recorded)."""
 
-    crossing: Crossing
+    ask: Ask
+    build: Build
+    place: Place | None = None
+    connection: Any = None
+    """Record mode appends in this caller's transaction (replay touches nothing)."""
+    decided: Callable[[Contract, Ask], str] | None = None
+    """The digest of the output the code decides (a transition's state): replay checks
+    it against the recorded output digest."""
+
+
+class Begin(NamedTuple):
+    """Send back the place of a crossing of ``event_type`` that begins now, its start
+    number as the run numbers it (replay: as the log does)."""
+
+    event_type: EventType
+
+
+class Settle(NamedTuple):
+    """Record what came of a call the agent's code made itself (``done``), as the crossing
+    ``outcome`` builds, begun at ``place``; send back ``done``."""
+
+    outcome: Outcome
+    place: Place
+    done: Done
+
+
+class End(NamedTuple):
+    """End the run (``run.finished``); send back its envelope."""
+
+    status: str
+    output: Any
+    error: BaseException | None
     connection: Any = None
 
 
-@dataclass(frozen=True, slots=True)
-class Done:
-    """What came of a :class:`Call`: its value or its exception, and how long it took."""
-
-    value: Any
-    error: Exception | None
-    latency_ms: float
-
-    def result(self) -> Any:
-        """The value, or the exception raised again."""
-        if self.error is not None:
-            raise self.error
-        return self.value
+Step = Call | Cross | Begin | Settle | End
+Steps = Generator[Step, Any, T]
 
 
-Steps = Generator[Call | Append, Any, T]
+class BoundaryCore(Protocol):
+    """What a boundary needs of its run, whatever the mode: its id, the boundary contract
+    of its redaction rules and digest, and the state its code set."""
+
+    contract: Contract
+    state: str | None
+    state_digest: str | None
+
+    @property
+    def run_id(self) -> str: ...
+
+    def check_active(self) -> None:
+        """Raise when the run takes no more crossings."""
+        ...
+
+
+class Draws(Protocol):
+    """A source of randomness (``random.Random``)."""
+
+    def random(self) -> float: ...
+
+    def randint(self, a: int, b: int) -> int: ...
 
 
 # The boundaries -----------------------------------------------------------------------
 
 
-def observed(perform: Callable[[], Any], outcome: Outcome, place: Place) -> Steps[Any]:
-    """Call ``perform`` and record what came of it, also when it raised."""
-    done: Done = yield Call(perform)
-    return (yield from settled(outcome, place, done))
-
-
-def settled(outcome: Outcome, place: Place, done: Done) -> Steps[Any]:
-    """Record what came of a call begun at ``place``: its value, or what it raised
-    (raised on once recorded). A crossing whose work ends later than the call that began
-    it (a streamed answer, read by the agent as it arrives) is settled here when done."""
-    crossing = outcome(done.value, done.error, done.latency_ms)
-    yield Append(crossing.placed(place))
-    if crossing.raises is not None:  # the result could not be recorded: said so, and raised
-        raise crossing.raises
-    return done.result()
-
-
 def tool_call(
-    core: RunCore,
+    core: BoundaryCore,
     tools: ToolPolicy,
     tool: str,
     fn: Callable[..., Any],
@@ -105,52 +146,28 @@ def tool_call(
     kwargs: Mapping[str, Any],
 ) -> Steps[Any]:
     """``tool.call``: the arguments are checked before ``fn`` runs."""
-    outcome = core.tool_outcome(tool, args, kwargs)  # checked before a start is taken
-    place = core.placement.begin()
-    return (yield from observed(lambda: tools.call(tool, args, kwargs, fn), outcome, place))
+    core.check_active()
+    ask = core.contract.tool(tool, args, kwargs)
+    done: Done = yield Call(ask, c.tool_call, c.tool_result, tools.call, (tool, args, kwargs, fn))
+    return done.result()
 
 
 def llm_call(
-    core: RunCore,
+    core: BoundaryCore,
     send: Callable[[Mapping[str, Any]], Any],
     request: Mapping[str, Any],
     provider: str,
     model: str | None,
 ) -> Steps[Any]:
     """``llm.call``: the request is checked before it is sent."""
-    outcome = core.llm_outcome(provider, model, request)
-    place = core.placement.begin()
-    return (yield from observed(lambda: send(request), outcome, place))
-
-
-def llm_opened(
-    core: RunCore, request: Mapping[str, Any], provider: str, model: str | None
-) -> tuple[Outcome, Place]:
-    """The first half of ``llm.call`` for a request already on its way (a recording
-    transport's): the call's place is taken now, and the request is checked (redacted,
-    digested) when :func:`settled` records the call. Nothing then stands between the
-    agent and the model's first chunk; a request that cannot be recorded (JSON with a
-    NaN) is found after it was sent, as a recording failure."""
     core.check_active()
-    place = core.placement.begin()
-
-    def outcome(response: Any, error: BaseException | None, latency_ms: float) -> Crossing:
-        return core.llm_outcome(provider, model, request)(response, error, latency_ms)
-
-    return outcome, place
-
-
-def tool_opened(
-    core: RunCore, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-) -> tuple[Outcome, Place]:
-    """The first half of ``tool.call`` for a tool the agent's own code awaits (an async
-    tool of a sync run): the arguments checked and the place taken; :func:`settled`
-    records the result."""
-    return core.tool_outcome(tool, args, kwargs), core.placement.begin()
+    ask = core.contract.llm(provider, model, request)
+    done: Done = yield Call(ask, c.llm, c.llm_response, send, (request,))
+    return done.result()
 
 
 def retrieve(
-    core: RunCore,
+    core: BoundaryCore,
     search: Callable[..., Any],
     index: str,
     query: Any,
@@ -160,13 +177,17 @@ def retrieve(
 ) -> Steps[Any]:
     """``retrieval``: the query is checked before the search runs; the hits come back as
     a list (what the search returned, listed)."""
-    outcome = core.retrieval_outcome(index, index_version, query, filters, top_k)
-    place = core.placement.begin()
+    core.check_active()
+    ask = core.contract.retrieval(index, index_version, query, filters, top_k)
+    arguments = (search, query, filters, top_k)
+    done: Done = yield Call(ask, c.retrieval, c.retrieval_hits, _search, arguments)
+    return done.result()
 
-    def perform() -> Any:
-        return _then(search(query, filters=filters, top_k=top_k), _listed)
 
-    return (yield from observed(perform, outcome, place))
+def _search(
+    search: Callable[..., Any], query: Any, filters: Mapping[str, Any] | None, top_k: int | None
+) -> Any:
+    return _then(search(query, filters=filters, top_k=top_k), _listed)
 
 
 def _listed(hits: Any) -> Any:
@@ -184,81 +205,98 @@ async def _finished_later(found: Awaitable[Any], finish: Callable[[Any], Any]) -
     return finish(await found)
 
 
-def now(core: RunCore) -> Steps[datetime]:
+def now(core: BoundaryCore) -> Steps[datetime]:
     """The wall clock, UTC."""
-    crossing = core.wall_clock()
-    yield Append(crossing.placed(core.placement.begin()))
-    return datetime.fromtimestamp(crossing.body["value_us"] / 1e6, UTC)
+    core.check_active()
+    ask = core.contract.clock("wall")
+    done: Done = yield Call(ask, c.clock_read, c.clock_value, _wall_us)
+    return datetime.fromtimestamp(done.result() / 1e6, UTC)
 
 
-def monotonic(core: RunCore) -> Steps[float]:
+def monotonic(core: BoundaryCore) -> Steps[float]:
     """A monotonic clock in seconds."""
-    crossing = core.monotonic_clock()
-    yield Append(crossing.placed(core.placement.begin()))
-    return float(crossing.body["value_us"]) / 1e6
+    core.check_active()
+    ask = core.contract.clock("monotonic")
+    done: Done = yield Call(ask, c.clock_read, c.clock_value, _monotonic_us)
+    return float(done.result()) / 1e6
 
 
-def random_float(core: RunCore, source: Random) -> Steps[float]:
+def _wall_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _monotonic_us() -> int:
+    return time.monotonic_ns() // 1000
+
+
+def random_float(core: BoundaryCore, source: Draws) -> Steps[float]:
     """A float in [0, 1)."""
-    value = source.random()
-    yield Append(core.random_float(value).placed(core.placement.begin()))
-    return value
+    core.check_active()
+    ask = core.contract.random("random")
+    done: Done = yield Call(ask, c.random_draw, c.drawn_float, source.random)
+    return cast(float, done.result())
 
 
-def random_int(core: RunCore, source: Random, low: int, high: int) -> Steps[int]:
+def random_int(core: BoundaryCore, source: Draws, low: int, high: int) -> Steps[int]:
     """An integer in [low, high]."""
-    value = source.randint(low, high)
-    yield Append(core.random_int(low, high, value).placed(core.placement.begin()))
-    return value
+    core.check_active()
+    ask = core.contract.random("randint", {"low": low, "high": high})
+    done: Done = yield Call(ask, c.random_draw, c.drawn_int, source.randint, (low, high))
+    return cast(int, done.result())
 
 
-def random_uuid(core: RunCore) -> Steps[uuid.UUID]:
+def random_uuid(core: BoundaryCore) -> Steps[uuid.UUID]:
     """A random UUID."""
-    value, crossing = core.random_uuid()
-    yield Append(crossing.placed(core.placement.begin()))
-    return value
+    core.check_active()
+    ask = core.contract.random("uuid4")
+    done: Done = yield Call(ask, c.uuid_draw, c.drawn_uuid, uuid.uuid4)
+    return cast(uuid.UUID, done.result())
 
 
 def effect(
-    core: RunCore,
+    core: BoundaryCore,
     policy: EffectPolicy,
     name: str,
     perform: Callable[[str], Any],
     arguments: Mapping[str, Any],
     key: str | None,
 ) -> Steps[EffectReceipt]:
-    """``effect.intent`` commits, then ``perform(key)``, then ``effect.receipt``."""
-    place = core.placement.begin()
-    intent = core.effect_intent(name, arguments, key, place)
-    yield Append(intent.placed(place))  # committed before the external call, by design
-    idempotency_key = intent.body["idempotency_key"]
-    receipt = core.receipt(name, idempotency_key)
+    """``effect.intent`` commits, then ``perform(key)``, then ``effect.receipt``.
 
-    def call() -> Any:
-        return policy.perform(name, idempotency_key, arguments, perform)
-
-    yield from observed(call, receipt.crossing, core.placement.begin())
-    return receipt.receipt
+    Without a key of the code's own, the intent's start number keys it: its sequence
+    when effects run one at a time, and unique among concurrent ones (a replay reads it
+    off the recorded intent)."""
+    core.check_active()
+    place: Place = yield Begin(EventType.EFFECT_INTENT)
+    key = key or default_idempotency_key(core.run_id, place.started)
+    contract = core.contract
+    intent = contract.intent(name, key, arguments)
+    yield Cross(intent, c.intent, place)  # committed before the external call, by design
+    receipt = contract.receipt(name, key)
+    call = (name, key, arguments, perform)
+    done: Done = yield Call(receipt, c.receipt, c.recorded_receipt, policy.perform, call)
+    return c.receipt_of(name, key, done)
 
 
 def resolve_effect(
-    core: RunCore,
+    core: BoundaryCore,
     pending: PendingEffect,
     lookup: Callable[[str], Any],
 ) -> Steps[EffectReceipt]:
-    """The receipt of an effect a crash left open, from what ``lookup`` finds out."""
+    """The receipt of an effect a crash left open, from what ``lookup`` finds out: a
+    missing record is ``failed``, which the caller reads off the receipt."""
     if pending.run_id != core.run_id:
         raise RunNotActive(f"effect {pending.idempotency_key} belongs to run {pending.run_id}")
-    receipt = core.receipt(pending.effect, pending.idempotency_key)
-    place = core.placement.begin()
+    name, key = pending.effect, pending.idempotency_key
+    receipt = core.contract.receipt(name, key)
+    done: Done = yield Call(receipt, c.receipt, c.recorded_receipt, _look_up, (lookup, key))
+    if isinstance(done.error, EffectRejected):
+        return EffectReceipt(name, key, "failed", done.error.external_id, None)
+    return c.receipt_of(name, key, done)
 
-    def ask() -> Any:
-        return _then(lookup(pending.idempotency_key), _confirmed)
 
-    # A missing record is recorded as ``failed``; the caller reads it off the receipt.
-    with contextlib.suppress(EffectRejected):
-        yield from observed(ask, receipt.crossing, place)
-    return receipt.receipt
+def _look_up(lookup: Callable[[str], Any], key: str) -> Any:
+    return _then(lookup(key), _confirmed)
 
 
 def _confirmed(
@@ -270,107 +308,67 @@ def _confirmed(
 
 
 def transition(
-    core: RunCore, to_state: str, state: Any, reason: str | None, connection: Any
-) -> Steps[Envelope]:
-    """``state.transition``, in the caller's transaction when ``connection`` is given."""
-    crossing = core.transition(to_state, state, reason)
-    envelope: Envelope = yield Append(crossing.placed(core.placement.begin()), connection)
-    core.transitioned(crossing)
+    core: BoundaryCore, to_state: str, state: Any, reason: str | None, connection: Any
+) -> Steps[Any]:
+    """``state.transition`` (in the caller's transaction when ``connection`` is given);
+    the state it sets is the output, checked by its digest in replay."""
+    core.check_active()
+    ask = core.contract.transition(core.state, to_state, state, reason)
+    envelope, output = yield Cross(ask, c.transition, None, connection, c.state_digest)
+    core.state = to_state
+    core.state_digest = digest(output["state"])
     return envelope
 
 
 def finish(
-    core: RunCore, status: str, output: Any, error: BaseException | None, connection: Any
-) -> Steps[Envelope]:
+    core: BoundaryCore, status: str, output: Any, error: BaseException | None, connection: Any
+) -> Steps[Any]:
     """``run.finished``; afterwards the run takes no more events."""
-    crossing = core.finish(status, output, error).placed(core.placement.begin())
-    envelope: Envelope = yield Append(crossing, connection)
-    core.finished = True
-    return envelope
+    core.check_active()
+    return (yield End(status, output, error, connection))
 
 
-# The drivers --------------------------------------------------------------------------
+# Crossings whose call the agent's code makes itself -----------------------------------
 
 
-S = TypeVar("S")
+def settled(outcome: Outcome, place: Place, done: Done) -> Steps[Any]:
+    """Record what came of a call begun at ``place``: its value, or what it raised
+    (raised on once recorded)."""
+    settled_done: Done = yield Settle(outcome, place, done)
+    return settled_done.result()
 
 
-class Stepper(Generic[S, T]):
-    """Walks a generator of steps: :meth:`next` gives the step to do (None once the
-    generator returned); :meth:`reply` sends back what the step gave, :meth:`fail` an
-    exception for the generator to handle; :meth:`result` is what the generator
-    returned. Every driver (sync, async, of boundaries and of SQL plans) is a loop
-    around one of these."""
+def llm_opened(
+    core: Any, request: Mapping[str, Any], provider: str, model: str | None
+) -> tuple[Outcome, Place]:
+    """The first half of ``llm.call`` for a request already on its way (a recording
+    transport's): the call's place is taken now, and the request is checked (redacted,
+    digested) when :func:`settled` records the call. Nothing then stands between the
+    agent and the model's first chunk; a request that cannot be recorded (JSON with a
+    NaN) is found after it was sent, as a recording failure."""
+    core.check_active()
+    place = core.placement.begin()
+    contract: Contract = core.contract
 
-    def __init__(self, steps: Generator[S, Any, T]) -> None:
-        self._steps = steps
-        self._reply: Any = None
-        self._failed: BaseException | None = None
-        self._value: T | None = None
+    def outcome(response: Any, error: BaseException | None, latency_ms: float) -> Crossing:
+        core.check_active()
+        ask = contract.llm(provider, model, request)
+        return c.llm(contract, ask, response, error, latency_ms)
 
-    def next(self) -> S | None:
-        failed, self._failed = self._failed, None
-        try:
-            if failed is not None:
-                return self._steps.throw(failed)
-            return self._steps.send(self._reply)
-        except StopIteration as done:
-            self._value = done.value
-            return None
-
-    def reply(self, value: Any) -> None:
-        self._reply = value
-
-    def fail(self, exc: BaseException) -> None:
-        self._failed = exc
-
-    def result(self) -> T:
-        return cast(T, self._value)
+    return outcome, place
 
 
-def drive(steps: Steps[T], append: Callable[[Append], Envelope]) -> T:
-    """Run ``steps`` in sync code."""
-    walk = Stepper(steps)
-    while (step := walk.next()) is not None:
-        walk.reply(append(step) if isinstance(step, Append) else _call(step.perform))
-    return walk.result()
+def tool_opened(
+    core: Any, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> tuple[Outcome, Place]:
+    """The first half of ``tool.call`` for a tool the agent's own code awaits (an async
+    tool of a sync run): the arguments checked and the place taken; :func:`settled`
+    records the result."""
+    core.check_active()
+    contract: Contract = core.contract
+    ask = contract.tool(tool, args, kwargs)
 
+    def outcome(result: Any, error: BaseException | None, latency_ms: float) -> Crossing:
+        return c.tool_call(contract, ask, result, error, latency_ms)
 
-async def drive_async(steps: Steps[T], append: Callable[[Append], Awaitable[Envelope]]) -> T:
-    """Run ``steps`` in async code: agent functions may be plain or ``async``."""
-    walk = Stepper(steps)
-    while (step := walk.next()) is not None:
-        walk.reply(
-            await append(step) if isinstance(step, Append) else await _call_async(step.perform)
-        )
-    return walk.result()
-
-
-def _call(perform: Callable[[], Any]) -> Done:
-    started = time.perf_counter()
-    inside = enter_crossing()  # what the function does belongs to this crossing
-    try:
-        value = perform()
-    except Exception as exc:
-        return Done(None, exc, _since(started))
-    finally:
-        leave_crossing(inside)
-    return Done(value, None, _since(started))
-
-
-async def _call_async(perform: Callable[[], Any]) -> Done:
-    started = time.perf_counter()
-    inside = enter_crossing()
-    try:
-        value = perform()
-        if inspect.isawaitable(value):
-            value = await value
-    except Exception as exc:
-        return Done(None, exc, _since(started))
-    finally:
-        leave_crossing(inside)
-    return Done(value, None, _since(started))
-
-
-def _since(started: float) -> float:
-    return (time.perf_counter() - started) * 1000.0
+    return outcome, core.placement.begin()

@@ -121,7 +121,7 @@ def held_still(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     for module in ("agent_blackbox.outbox._core", "agent_blackbox.outbox._recorder"):
         monkeypatch.setattr(f"{module}.new_event_id", event_id)
-    monkeypatch.setattr("agent_blackbox.outbox._steps._since", lambda started: 0.0)
+    monkeypatch.setattr("agent_blackbox.outbox._recording._since", lambda started: 0.0)
     yield
 
 
