@@ -28,6 +28,7 @@ from agent_blackbox.outbox._core import (
     RunSnapshot,
     StartPlan,
 )
+from agent_blackbox.outbox._crossings import Done
 from agent_blackbox.outbox._effects import EffectReceipt
 from agent_blackbox.outbox._group import Batch, RunBuffer, buffered
 from agent_blackbox.outbox._network import Hole
@@ -349,7 +350,7 @@ class AsyncRun(AsyncBoundaries):
 class AsyncOpenCrossing:
     """The async twin of :class:`~agent_blackbox.outbox._recorder.OpenCrossing`."""
 
-    def __init__(self, settle: Callable[[steps.Done], Awaitable[Any]]) -> None:
+    def __init__(self, settle: Callable[[Done], Awaitable[Any]]) -> None:
         self._settle = settle
         self.closed = False
 
@@ -361,4 +362,4 @@ class AsyncOpenCrossing:
         if self.closed:
             return value
         self.closed = True
-        return await self._settle(steps.Done(value, error, latency_ms))
+        return await self._settle(Done(value, error, latency_ms))

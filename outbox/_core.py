@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from agent_blackbox.keystore import AesGcmSealer, DataKeyStore, KeystoreError, LocalKeyProvider
 from agent_blackbox.outbox import _boundaries as b
+from agent_blackbox.outbox._asks import Contract
 from agent_blackbox.outbox._effects import (
     EffectPolicy,
     LiveEffects,
@@ -56,7 +57,6 @@ from agent_blackbox.outbox._writer import (
     new_event_id,
     shard_of,
 )
-from agent_blackbox.outbox.contract import Contract
 from agent_blackbox.schemas import (
     DataKey,
     Digester,

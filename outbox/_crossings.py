@@ -4,7 +4,8 @@ Both halves of every boundary kind are here, side by side. A *builder* turns wha
 a boundary call (its value or its exception, and its latency) into the crossing record
 mode appends: the body, the input and output that are digested, the attributes. A
 *reader* turns the recorded crossing back into what came of the call, as replay mode
-hands it to the code: the value with its type, or the exception with its class. Each is
+hands it to the code: it returns the value with its type, or raises the exception with
+its class. Each is
 built from the boundary's :class:`~agent_blackbox.outbox.contract.Ask` alone (what the
 code asked, already scrubbed and digested), so the steps of ``_steps.py`` name a builder
 and a reader and carry no closure of their own.
@@ -17,17 +18,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from agent_blackbox.outbox import _boundaries as b
+from agent_blackbox.outbox._asks import Ask, Contract
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
 from agent_blackbox.outbox._errors import EffectRejected, NotSerialisable
 from agent_blackbox.outbox._llm import llm_call
 from agent_blackbox.outbox._scrub import Scrub
-from agent_blackbox.outbox.contract import Ask, Contract
 
 
 class Done(NamedTuple):
-    """What came of a boundary call: its value or its exception, and how long it took (a
-    named tuple: one is made for every crossing, in both modes)."""
+    """What came of a boundary call in record mode: its value or its exception, and how
+    long it took."""
 
     value: Any
     error: BaseException | None = None
@@ -60,8 +61,9 @@ class Restore(Protocol):
         ...
 
 
-Read = Callable[[Restore, dict[str, Any], Any], Done]
-"""Replay mode: what came of a call, from its recorded body and output."""
+Read = Callable[[Restore, dict[str, Any], Any], Any]
+"""Replay mode: what a call returned, from its recorded body and output; raises what it
+raised."""
 
 
 def _asked(
@@ -94,11 +96,11 @@ def tool_call(
     return _asked(scrub, built, ask, seen).raising(refused)
 
 
-def tool_result(restore: Restore, body: dict[str, Any], output: Any) -> Done:
-    """A tool's recorded result with its type, or its recorded error."""
+def tool_result(restore: Restore, body: dict[str, Any], output: Any) -> Any:
+    """A tool's recorded result with its type; raises its recorded error."""
     if output["error"] is not None:
-        return Done(None, restore.error(output["error"]))
-    return Done(restore.value(output["result"], body.get("result_codec")))
+        raise restore.error(output["error"])
+    return restore.value(output["result"], body.get("result_codec"))
 
 
 def retrieval(
@@ -126,11 +128,11 @@ def retrieval(
     return _asked(scrub, built, ask, seen).raising(refused)
 
 
-def retrieval_hits(restore: Restore, body: dict[str, Any], output: Any) -> Done:
-    """A retrieval's recorded hits with their types, or its recorded error."""
+def retrieval_hits(restore: Restore, body: dict[str, Any], output: Any) -> Any:
+    """A retrieval's recorded hits with their types; raises its recorded error."""
     if output["error"] is not None:
-        return Done(None, restore.error(output["error"]))
-    return Done(restore.value(output["hits"], body.get("hits_codec")))
+        raise restore.error(output["error"])
+    return restore.value(output["hits"], body.get("hits_codec"))
 
 
 def llm(
@@ -153,11 +155,11 @@ def llm(
     return _asked(scrub, built, ask, seen)
 
 
-def llm_response(restore: Restore, body: dict[str, Any], output: Any) -> Done:
-    """A model's recorded response (its raw JSON), or its recorded error."""
+def llm_response(restore: Restore, body: dict[str, Any], output: Any) -> Any:
+    """A model's recorded response (its raw JSON); raises its recorded error."""
     if output["error"] is not None:
-        return Done(None, restore.error(output["error"]))
-    return Done(output["response"])
+        raise restore.error(output["error"])
+    return output["response"]
 
 
 def receipt(
@@ -189,32 +191,27 @@ def receipt(
     return scrub.mark(built.with_input_digest(ask.input_digest).raising(refused), fired)
 
 
-def recorded_receipt(restore: Restore, body: dict[str, Any], output: Any) -> Done:
-    """What an effect's recorded receipt says came of it: its outcome; the rejection
-    (``failed``); the error it raised (``unknown``, or a result that was not recorded).
-    A receipt of another status without an error (written by no recorder of ours) comes
-    back whole."""
+def recorded_receipt(restore: Restore, body: dict[str, Any], output: Any) -> Any:
+    """What an effect's recorded receipt says came of it: its outcome; raises the
+    rejection (``failed``) or the error ``perform`` raised (``unknown``, or a result that
+    was not recorded). A receipt of another status without an error (written by no
+    recorder of ours) comes back whole."""
     status = output["status"]
     if status == "failed":
         message = (output["error"] or {}).get("message", "rejected")
-        return Done(None, EffectRejected(message, external_id=output["external_id"]))
+        raise EffectRejected(message, external_id=output["external_id"])
     if output["error"] is not None:
-        return Done(None, restore.error(output["error"]))
+        raise restore.error(output["error"])
     result = restore.value(output["result"], body.get("result_codec"))
     if status == "confirmed":
-        return Done(EffectOutcome(external_id=output["external_id"], result=result))
+        return EffectOutcome(external_id=output["external_id"], result=result)
     effect, key = body["effect"], body["idempotency_key"]
-    return Done(EffectReceipt(effect, key, status, output["external_id"], result))
+    return EffectReceipt(effect, key, status, output["external_id"], result)
 
 
-def receipt_of(effect: str, key: str, done: Done) -> EffectReceipt:
-    """The receipt of an effect, from what came of its call (raised again when it failed).
-
-    Raises:
-        EffectRejected: the external system refused the effect.
-        Exception: what ``perform`` raised, when the outcome is unknown.
-    """
-    value = done.result()
+def receipt_of(effect: str, key: str, value: Any) -> EffectReceipt:
+    """The receipt of an effect whose call returned ``value`` (what ``perform`` returned,
+    or, in replay, the recorded outcome)."""
     if isinstance(value, EffectReceipt):
         return value
     outcome = as_outcome(value)
@@ -240,9 +237,9 @@ def clock_read(
     return read.with_input_digest(ask.input_digest)
 
 
-def clock_value(restore: Restore, body: dict[str, Any], output: Any) -> Done:
+def clock_value(restore: Restore, body: dict[str, Any], output: Any) -> Any:
     """A recorded clock reading, in microseconds."""
-    return Done(output["value_us"])
+    return output["value_us"]
 
 
 def random_draw(
@@ -261,19 +258,19 @@ def uuid_draw(
     return random_draw(contract, ask, str(value), error, latency_ms)
 
 
-def drawn_float(restore: Restore, body: dict[str, Any], output: Any) -> Done:
+def drawn_float(restore: Restore, body: dict[str, Any], output: Any) -> float:
     """A recorded float draw."""
-    return Done(float(output["value"]))
+    return float(output["value"])
 
 
-def drawn_int(restore: Restore, body: dict[str, Any], output: Any) -> Done:
+def drawn_int(restore: Restore, body: dict[str, Any], output: Any) -> int:
     """A recorded integer draw."""
-    return Done(int(output["value"]))
+    return int(output["value"])
 
 
-def drawn_uuid(restore: Restore, body: dict[str, Any], output: Any) -> Done:
+def drawn_uuid(restore: Restore, body: dict[str, Any], output: Any) -> uuid.UUID:
     """A recorded UUID draw."""
-    return Done(uuid.UUID(output["value"]))
+    return uuid.UUID(output["value"])
 
 
 # Crossings the code decides alone ------------------------------------------------------

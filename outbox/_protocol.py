@@ -15,7 +15,10 @@ T = TypeVar("T")
 class AgentRun(Protocol):
     """The boundaries of a run. Agent code takes one of these and calls nothing else
     that reaches outside: in record mode the Recorder's :class:`~agent_blackbox.outbox.Run` provides
-    it, in replay mode the replayer's run does, so the same code runs in both."""
+    it, in replay mode the replayer's run does, so the same code runs in both.
+
+    Both inherit these boundaries from one surface (``_surface.Boundaries``); a test
+    checks this protocol against it, parameter for parameter."""
 
     @property
     def run_id(self) -> str: ...
@@ -61,4 +64,6 @@ class AgentRun(Protocol):
         key: str | None = None,
     ) -> EffectReceipt: ...
 
-    def transition(self, to_state: str, *, state: Any, reason: str | None = None) -> Any: ...
+    def transition(
+        self, to_state: str, *, state: Any, reason: str | None = None, connection: Any = None
+    ) -> Any: ...

@@ -32,6 +32,7 @@ from agent_blackbox.outbox._core import (
     RunSnapshot,
     StartPlan,
 )
+from agent_blackbox.outbox._crossings import Done
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
 from agent_blackbox.outbox._group import IDLE_S, Batch, Flusher, RunBuffer, buffered
 from agent_blackbox.outbox._network import Hole
@@ -474,7 +475,7 @@ class OpenCrossing:
     """A crossing begun and not yet recorded: :meth:`close` says how its work ended and
     appends its event (in the run's place taken when it began)."""
 
-    def __init__(self, settle: Callable[[steps.Done], Any]) -> None:
+    def __init__(self, settle: Callable[[Done], Any]) -> None:
         self._settle = settle
         self.closed = False
 
@@ -488,4 +489,4 @@ class OpenCrossing:
         if self.closed:
             return value
         self.closed = True
-        return self._settle(steps.Done(value, error, latency_ms))
+        return self._settle(Done(value, error, latency_ms))

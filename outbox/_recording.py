@@ -2,7 +2,8 @@
 
 Each answers a boundary's steps by doing them: a :class:`~agent_blackbox.outbox._steps.Call`
 calls the agent's function (awaiting what it returns, in async code), builds the crossing
-of what came of it and appends it; a :class:`~agent_blackbox.outbox._steps.Cross` builds
+of what came of it and appends it, then sends the value back into the boundary or throws
+in the exception; a :class:`~agent_blackbox.outbox._steps.Cross` builds
 and appends a crossing that calls nothing; the run's placement gives each crossing its
 place as it begins. The two loops differ only in ``await``; replay mode answers the same
 steps from the log (the replayer's ``ReplayRun``).
@@ -38,28 +39,31 @@ AsyncAppend = Callable[[Crossing, Any], Awaitable[Envelope]]
 def drive(boundary: Steps[T], core: RunCore, append: Append) -> T:
     """Record the boundary ``boundary`` in sync code."""
     reply: Any = None
+    failed: BaseException | None = None
     while True:
         try:
-            step = boundary.send(reply)
+            step = boundary.send(reply) if failed is None else boundary.throw(failed)
         except StopIteration as returned:
             return returned.value  # type: ignore[no-any-return]
         if isinstance(step, Call):
-            place = _placed(step.place, core)
-            done = _call(step.perform, step.arguments)
-            crossing = step.build(core.contract, step.ask, *done).placed(place)
+            ask, build, _, perform, arguments, place = step
+            place = _placed(place, core)
+            done = _call(perform, arguments)
+            crossing = build(core.contract, ask, *done).placed(place)
             append(crossing, None)
-            reply = _raised_on(crossing, done)
+            reply, failed = done.value, _raised(crossing, done)
         elif isinstance(step, Cross):
             crossing = _crossed(step, core)
-            reply = append(crossing, step.connection), crossing.output
+            reply, failed = (append(crossing, step.connection), crossing.output), None
         elif isinstance(step, Begin):
-            reply = core.placement.begin()
+            reply, failed = core.placement.begin(), None
         elif isinstance(step, Settle):
             crossing = step.outcome(*step.done).placed(step.place)
             append(crossing, None)
-            reply = _raised_on(crossing, step.done)
+            reply, failed = step.done.value, _raised(crossing, step.done)
         else:
-            reply = append(_ending(step, core), step.connection)
+            assert isinstance(step, End)
+            reply, failed = append(_ending(step, core), step.connection), None
             core.finished = True
 
 
@@ -71,33 +75,48 @@ async def drive_async(
 ) -> T:
     """Record the boundary ``boundary`` in async code: agent functions may be plain or
     ``async``. ``settling``: crossings appended by tasks of their own (a sync tool called
-    on the loop), which come before the end of the run: it waits for them."""
+    on the loop), begun before this one: it waits for them before it appends."""
     reply: Any = None
+    failed: BaseException | None = None
     while True:
         try:
-            step = boundary.send(reply)
+            step = boundary.send(reply) if failed is None else boundary.throw(failed)
         except StopIteration as returned:
             return returned.value  # type: ignore[no-any-return]
         if isinstance(step, Call):
-            place = _placed(step.place, core)
-            done = await _call_async(step.perform, step.arguments)
-            crossing = step.build(core.contract, step.ask, *done).placed(place)
+            ask, build, _, perform, arguments, place = step
+            place = _placed(place, core)
+            done = await _call_async(perform, arguments)
+            crossing = build(core.contract, ask, *done).placed(place)
+            await _after(settling)
             await append(crossing, None)
-            reply = _raised_on(crossing, done)
+            reply, failed = done.value, _raised(crossing, done)
         elif isinstance(step, Cross):
             crossing = _crossed(step, core)
-            reply = await append(crossing, step.connection), crossing.output
+            await _after(settling)
+            reply, failed = (await append(crossing, step.connection), crossing.output), None
         elif isinstance(step, Begin):
-            reply = core.placement.begin()
-        elif isinstance(step, Settle):
+            reply, failed = core.placement.begin(), None
+        elif isinstance(step, Settle):  # (in a settling task: those go in their order)
             crossing = step.outcome(*step.done).placed(step.place)
             await append(crossing, None)
-            reply = _raised_on(crossing, step.done)
+            reply, failed = step.done.value, _raised(crossing, step.done)
         else:
-            if settling:
-                await asyncio.wait(list(settling))
-            reply = await append(_ending(step, core), step.connection)
+            assert isinstance(step, End)
+            await _after(settling)
+            reply, failed = await append(_ending(step, core), step.connection), None
             core.finished = True
+
+
+async def _after(settling: Collection[asyncio.Task[Any]]) -> None:
+    """Wait for the crossings tasks of their own are appending (a sync tool called on the
+    loop settles in a task): they began before the one about to be appended, and a
+    branch's events must be in the order it began them, which replay follows. (Without
+    this, a crossing that appends without yielding to the loop, as into memory, went
+    first, and the replay of the run diverged.) The settling tasks append in the order
+    they were made: each takes the run's lock in turn."""
+    if settling:
+        await asyncio.wait(list(settling))
 
 
 def _placed(place: Place | None, core: RunCore) -> Place:
@@ -116,12 +135,10 @@ def _ending(step: End, core: RunCore) -> Crossing:
     return core.finish(step.status, step.output, step.error).placed(core.placement.begin())
 
 
-def _raised_on(crossing: Crossing, done: Done) -> Done:
-    """``done``, once its crossing is appended; a result that could not be recorded was
-    recorded as an error, which the agent gets now."""
-    if crossing.raises is not None:
-        raise crossing.raises
-    return done
+def _raised(crossing: Crossing, done: Done) -> BaseException | None:
+    """What the boundary raises once its crossing is appended: what the call raised, or
+    the refusal to record a result that cannot be recorded (recorded as its error)."""
+    return crossing.raises if crossing.raises is not None else done.error
 
 
 def _call(perform: Callable[..., Any], arguments: tuple[Any, ...]) -> Done:

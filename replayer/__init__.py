@@ -9,6 +9,13 @@ fine-tuning and evaluation (:func:`chat_examples`).
 
 from agent_blackbox.replayer._bodies import OpenedBody, open_body, readable_body
 from agent_blackbox.replayer._chat import chat_examples
+from agent_blackbox.replayer._divergence import (
+    Change,
+    Divergence,
+    DivergenceKind,
+    ReplayDivergence,
+    ReplaySetupError,
+)
 from agent_blackbox.replayer._driver import (
     AgentEntry,
     ReplayOptions,
@@ -37,6 +44,7 @@ from agent_blackbox.replayer._history import (
     SkippedMessage,
 )
 from agent_blackbox.replayer._index import ReadSide, ReplayResults, RunIndex, RunLocation
+from agent_blackbox.replayer._opening import BlobReader, DigestKeys
 from agent_blackbox.replayer._reexecute import (
     CallDiff,
     Endpoint,
@@ -54,20 +62,10 @@ from agent_blackbox.replayer._registry import (
     UnknownAgent,
     load_entry,
 )
-from agent_blackbox.replayer._replay import (
-    AsyncReplayRun,
-    BlobReader,
-    CallSite,
-    Change,
-    DigestKeys,
-    Divergence,
-    DivergenceKind,
-    ReplayDivergence,
-    ReplayRun,
-    ReplaySetupError,
-)
+from agent_blackbox.replayer._replay import AsyncReplayRun, ReplayRun
 from agent_blackbox.replayer._report import LEVEL_NAMES, ReplayReport
 from agent_blackbox.replayer._sandbox import Nondeterminism, NondeterminismPolicy
+from agent_blackbox.replayer._sites import CallSite
 from agent_blackbox.replayer._sources import (
     KafkaRunSource,
     SourceError,

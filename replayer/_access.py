@@ -17,7 +17,7 @@ from agent_blackbox.keystore import (
     LocalKeyProvider,
     purpose_problem,
 )
-from agent_blackbox.replayer._replay import DigestKeys
+from agent_blackbox.replayer._opening import DigestKeys
 from agent_blackbox.schemas import PayloadPipeline
 
 FC = TypeVar("FC", bound=Callable[..., object])

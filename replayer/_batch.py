@@ -22,8 +22,8 @@ from typing import Any
 from agent_blackbox.replayer._access import Opening
 from agent_blackbox.replayer._driver import replay_run
 from agent_blackbox.replayer._history import SkippedMessage
+from agent_blackbox.replayer._opening import BlobReader
 from agent_blackbox.replayer._registry import AgentRegistry, MissingEntryPoint
-from agent_blackbox.replayer._replay import BlobReader
 from agent_blackbox.replayer._report import ReplayReport
 from agent_blackbox.replayer._sandbox import NondeterminismPolicy
 from agent_blackbox.schemas import BlackboxError, Envelope

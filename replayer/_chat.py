@@ -24,7 +24,7 @@ from itertools import groupby
 from typing import Any
 
 from agent_blackbox.replayer._export import BodyOpener, ExportTally, timestamp
-from agent_blackbox.replayer._replay import BlobReader
+from agent_blackbox.replayer._opening import BlobReader
 from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline, completion_view
 
 _MESSAGE_KEYS = ("role", "name", "content", "tool_calls", "tool_call_id")

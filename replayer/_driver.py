@@ -14,16 +14,14 @@ from typing import Any, TypedDict, TypeVar, Unpack, cast
 from agent_blackbox.keystore import DataKeyMissing, KeyDestroyed
 from agent_blackbox.outbox import AgentRun, NondeterminismGuard
 from agent_blackbox.outbox.contract import in_force, watch_connections
-from agent_blackbox.replayer._replay import (
-    AsyncReplayRun,
-    BlobReader,
-    DigestKeys,
+from agent_blackbox.replayer._divergence import (
     Divergence,
     DivergenceKind,
     ReplayDivergence,
-    ReplayRun,
     ReplaySetupError,
 )
+from agent_blackbox.replayer._opening import BlobReader, DigestKeys
+from agent_blackbox.replayer._replay import AsyncReplayRun, ReplayRun
 from agent_blackbox.replayer._report import ReplayReport
 from agent_blackbox.replayer._sandbox import (
     NondeterminismPolicy,
@@ -240,7 +238,8 @@ def _concluded(
         if isinstance(error, (ReplayDivergence, *_SETUP_ERRORS)):
             raise error
         _setup_first(run)
-        run.finish(output=output, error=error)  # the agent failed: was that recorded?
+        status = "succeeded" if error is None else "failed"
+        run.finish(status=status, output=output, error=error)  # was that how it ended?
     except _SETUP_ERRORS as exc:
         return _setup_failed(run.run_id, agent_id, run.consumed, run.setup_error or exc)
     except ReplayDivergence as exc:

@@ -20,7 +20,7 @@ from datetime import datetime
 from itertools import groupby
 from typing import Any
 
-from agent_blackbox.replayer._replay import BlobReader
+from agent_blackbox.replayer._opening import BlobReader
 from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,

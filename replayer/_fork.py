@@ -44,8 +44,9 @@ from agent_blackbox.outbox import (
     recorded_value,
 )
 from agent_blackbox.outbox.contract import Contract, Scrub, in_force
+from agent_blackbox.replayer._divergence import ReplaySetupError
 from agent_blackbox.replayer._driver import AgentEntry, _in_own_loop, is_async_entry
-from agent_blackbox.replayer._replay import DigestKeys, ReplaySetupError, run_digest
+from agent_blackbox.replayer._opening import DigestKeys, run_digest
 from agent_blackbox.schemas import (
     TAG_PREFIX,
     BlackboxError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent_blackbox.replayer._replay import Divergence
+from agent_blackbox.replayer._divergence import Divergence
 from agent_blackbox.replayer._sandbox import Nondeterminism
 
 LEVEL_NAMES = ("control_flow", "state", "content")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent_blackbox.outbox import NondeterminismGuard, NondeterministicRead, agent_package
-from agent_blackbox.replayer._replay import CallSite
+from agent_blackbox.replayer._sites import CallSite
 
 NondeterminismPolicy = Literal["warn", "fail"]
 """What a replay makes of unrecorded nondeterminism: a warning in the report (the run

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from agent_blackbox.replayer._replay import BlobReader
+from agent_blackbox.replayer._opening import BlobReader
 from agent_blackbox.replayer._verify_report import (
     CheckpointStatus,
     DatabaseCheck,

@@ -1,18 +1,22 @@
-"""The recorder's front: who a run belongs to (RunOptions), the errors of misuse, and
-the async API as the sync one, method for method."""
+"""The recorder's front: who a run belongs to (RunOptions), the errors of misuse, the
+async API as the sync one, method for method, and the boundaries written once per
+flavour: both modes' runs inherit them, and the async ones are the sync ones awaited."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import inspect
 import os
+import textwrap
 from typing import Any
 
 import pytest
 
 from agent_blackbox.keystore import DataKeyStore, KeystoreError, LocalKeyProvider
 from agent_blackbox.outbox import (
+    AgentRun,
     AsyncMemoryRecorder,
     AsyncRecorder,
     AsyncRun,
@@ -23,6 +27,7 @@ from agent_blackbox.outbox import (
     RunOptions,
     RunSnapshot,
 )
+from agent_blackbox.outbox.contract import AsyncBoundaries, Boundaries
 from agent_blackbox.replayer import AsyncReplayRun, ReplayRun
 
 SNAPSHOT = RunSnapshot(code_version="api/1", input={"n": 1})
@@ -94,7 +99,19 @@ SYNC_ONLY = {
     # A block that joins every event to one transaction: the async code passes
     # ``connection=`` to ``transition`` and ``finish`` instead.
     (Run, AsyncRun): {"joined"},
-    (ReplayRun, AsyncReplayRun): {"joined", "drives_here", "divergences"},
+    # What the replay driver reports on (its sync twin, ``AsyncReplayRun.replay``, is the
+    # same replay); the driver reads it there.
+    (ReplayRun, AsyncReplayRun): {
+        "joined",
+        "drives_here",
+        "divergences",
+        "consumed",
+        "stall_timeout",
+        "recorded_status",
+        "recorded_error",
+        "setup_error",
+        "limitations",
+    },
 }
 
 
@@ -136,6 +153,109 @@ def test_the_async_twin_has_every_method_of_the_sync_one(sync: type, asynchronou
         ), f"{asynchronous.__name__}.{name} takes other parameters than {sync.__name__}.{name}"
     if hasattr(sync, "from_settings"):
         assert isinstance(inspect.getattr_static(asynchronous, "from_settings"), classmethod)
+
+
+# The boundaries are written once per flavour, and both modes inherit them -------------
+
+SURFACE = sorted(name for name in vars(Boundaries) if not name.startswith("_"))
+
+RECORD_ONLY = {
+    # Crossings whose call the agent's code makes itself (a recording transport's request,
+    # a tool awaited in a sync run): in replay the transport and the tool decorator ask
+    # ``llm`` and ``call``, which answer from the log without sending anything.
+    "open_llm",
+    "open_tool",
+    # Recovery after a crash is an operator's act on a resumed writer, not agent code.
+    "resolve_effect",
+    # The recorder drives the entry; the replayer's driver (``replay_run``) drives it there.
+    "drive",
+}
+REPLAY_ONLY = {
+    "input",
+    "drives_here",
+    "divergences",
+    "consumed",
+    "stall_timeout",
+    "recorded_status",
+    "recorded_error",
+    "setup_error",
+    "limitations",
+}
+"""What only a replay has: the recorded input it drives the code with, and its report."""
+
+
+def _shape(function: Any) -> tuple[list[tuple[str, Any, Any]], str | None, str]:
+    """A function's parameters (name, kind, default), docstring and body, its body with
+    every ``await`` taken out and without annotations: what a sync twin generated from
+    the async code would be."""
+
+    class Unawaited(ast.NodeTransformer):
+        def visit_Await(self, node: ast.Await) -> ast.AST:
+            return self.visit(node.value)
+
+        def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+            assert node.value is not None
+            return ast.Assign(targets=[node.target], value=self.visit(node.value), lineno=0)
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    assert isinstance(tree, ast.FunctionDef | ast.AsyncFunctionDef)
+    body = [Unawaited().visit(statement) for statement in tree.body[1:]]  # after the docstring
+    parameters = [
+        (p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()
+    ]
+    return parameters, inspect.getdoc(function), "\n".join(ast.dump(node) for node in body)
+
+
+@pytest.mark.parametrize("name", SURFACE)
+def test_the_async_surface_is_the_sync_one_awaited(name: str) -> None:
+    """Name for name, parameter for parameter, docstring and body, but for ``await``:
+    the check psycopg's generated sync code gets, on a surface written twice by hand."""
+    sync, asynchronous = vars(Boundaries)[name], vars(AsyncBoundaries)[name]
+    assert inspect.iscoroutinefunction(asynchronous)
+    assert _shape(asynchronous) == _shape(sync)
+
+
+def test_the_two_surfaces_have_the_same_boundaries() -> None:
+    assert sorted(n for n in vars(AsyncBoundaries) if not n.startswith("_")) == SURFACE
+
+
+@pytest.mark.parametrize(
+    ("run", "surface"),
+    [
+        (Run, Boundaries),
+        (ReplayRun, Boundaries),
+        (AsyncRun, AsyncBoundaries),
+        (AsyncReplayRun, AsyncBoundaries),
+    ],
+    ids=lambda cls: cls.__name__,
+)
+def test_every_run_crosses_its_boundaries_through_the_surface(run: type, surface: type) -> None:
+    """No run class writes a boundary of its own: record and replay, sync and async, go
+    through the same methods, and so through the same step generators."""
+    for name in SURFACE:
+        assert inspect.getattr_static(run, name) is vars(surface)[name], f"{run.__name__}.{name}"
+
+
+def test_what_only_one_mode_has_is_listed_with_its_reason() -> None:
+    """A public name of one mode's runs that the other mode's lack fails here, unless it
+    is listed above with why."""
+    record = _public(Run) | _public(AsyncRun)
+    replay = _public(ReplayRun) | _public(AsyncReplayRun)
+    assert record - replay == RECORD_ONLY
+    assert replay - record == REPLAY_ONLY
+
+
+def test_the_agent_protocol_is_the_surface_but_the_end() -> None:
+    """What agent code programs against (``AgentRun``) is the surface's boundaries with
+    the same parameters; ending the run is the driver's."""
+    protocol = {name for name in vars(AgentRun) if not name.startswith("_")} - {"run_id"}
+    assert protocol == set(SURFACE) - {"finish"}
+    for name in protocol:
+        declared = inspect.signature(vars(AgentRun)[name]).parameters.values()
+        written = inspect.signature(vars(Boundaries)[name]).parameters.values()
+        assert [(p.name, p.kind, p.default) for p in declared] == [
+            (p.name, p.kind, p.default) for p in written
+        ], name
 
 
 def test_the_async_recorders_record_resume_and_resolve_like_the_sync_ones() -> None:

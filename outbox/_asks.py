@@ -1,0 +1,224 @@
+"""What a crossing asks, as both modes build it: each boundary's input, scrubbed with the
+run's redaction rules and digested with its digest (see :mod:`agent_blackbox.outbox.contract`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from agent_blackbox.outbox import _boundaries as b
+from agent_blackbox.outbox._boundaries import error_info
+from agent_blackbox.outbox._llm import llm_input
+from agent_blackbox.outbox._scrub import Scrub
+from agent_blackbox.schemas import Digester, EventType
+
+_NOTHING_FIRED: frozenset[str] = frozenset()
+
+
+class Ask(NamedTuple):
+    """One crossing as the agent's code asks for it (a named tuple: replay builds one for
+    every event it checks, and a tuple is the cheapest immutable value to build).
+
+    ``input`` is the JSON the input digest is taken over (already scrubbed); ``value`` is
+    what the crossing's body repeats of it (a tool's scrubbed arguments, the scrubbed
+    request of an LLM call, an effect's scrubbed arguments); ``fired`` names the
+    redaction rules that replaced something on the way.
+    """
+
+    event_type: EventType
+    input: Any
+    input_digest: str
+    value: Any = None
+    fired: frozenset[str] = _NOTHING_FIRED
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How the agent's code ended a run: its output and error as recorded (scrubbed), and
+    the JSON the ``run.finished`` output digest is taken over."""
+
+    ask: Ask
+    output: Any
+    error: BaseException | None
+    recorded_output: dict[str, Any]
+    fired: frozenset[str]
+
+
+def default_idempotency_key(run_id: str, sequence: int) -> str:
+    """The key of an effect whose code names none: the intent's own position in the run,
+    stable across a crash and a recovery, unique across runs."""
+    return f"{run_id}:{sequence}"
+
+
+class Contract:
+    """The boundary builders of one run.
+
+    Args:
+        scrub: the run's redaction rules (in replay, the rules it was recorded under).
+        digest: the run's digest (SHA-256, or the tenant's keyed digest, which also
+            keys the rules' pseudonyms).
+
+    Raises:
+        RedactionConfigError: the rules give pseudonyms and ``digest`` is not keyed.
+    """
+
+    def __init__(self, scrub: Scrub, digest: Digester) -> None:
+        self.scrub = scrub.keyed(digest)  # pseudonyms take the run's tenant key
+        self.digest = digest
+        # Inputs that never change are digested once per run, not once per call.
+        self._clocks: dict[str, Ask] = {}
+        self._draws: dict[str, Ask] = {}
+        self._endings: dict[str, Ask] = {}
+
+    def _ask(
+        self, event_type: EventType, inputs: Any, *, path: str, value: Any = None, fired: set[str]
+    ) -> Ask:
+        digest = self.digest(inputs, path=path)
+        return Ask(event_type, inputs, digest, value, frozenset(fired) if fired else _NOTHING_FIRED)
+
+    def _fixed_ask(
+        self, known: dict[str, Ask], key: str, event_type: EventType, inputs: Any
+    ) -> Ask:
+        """Digest ``inputs`` once and keep the ask under ``key`` (callers look there first,
+        building ``inputs`` only when it is missing)."""
+        ask = known[key] = self._ask(event_type, inputs, path=f"{event_type}.input", fired=set())
+        return ask
+
+    # Inputs ------------------------------------------------------------------------
+
+    def tool(self, tool: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Ask:
+        """A tool call; ``value`` is the scrubbed ``(args, kwargs)``.
+
+        Raises:
+            NotSerialisable: an argument is not JSON (before the tool is called).
+        """
+        fired: set[str] = set()
+        path = f"{tool}.arguments"
+        args, kwargs = self.scrub.arguments(args, kwargs, fired, path=path)
+        inputs = b.tool_input(tool, args, kwargs)
+        return self._ask(EventType.TOOL_CALL, inputs, path=path, value=(args, kwargs), fired=fired)
+
+    def llm(self, provider: str, model: str | None, request: Mapping[str, Any]) -> Ask:
+        """An LLM call; ``value`` is the scrubbed request. The model is the one named,
+        else the request's own, else ``unknown``."""
+        chosen = model or str(request.get("model", "unknown"))
+        fired: set[str] = set()
+        scrubbed = self.scrub.value(dict(request), fired, path="llm.request")
+        inputs = llm_input(provider, chosen, scrubbed)
+        return self._ask(
+            EventType.LLM_CALL, inputs, path="llm.request", value=scrubbed, fired=fired
+        )
+
+    def retrieval(
+        self,
+        index: str,
+        index_version: str,
+        query: Any,
+        filters: Mapping[str, Any] | None,
+        top_k: int | None,
+    ) -> Ask:
+        """A search of a retrieval index; ``value`` is the scrubbed ``(query, filters)``.
+
+        Raises:
+            NotSerialisable: the query or the filters are not JSON (before the search).
+        """
+        fired: set[str] = set()
+        query = self.scrub.value(query, fired, path=f"{index}.query")
+        filters = (
+            None
+            if filters is None
+            else self.scrub.value(dict(filters), fired, path=f"{index}.filters")
+        )
+        inputs = b.retrieval_input(index, index_version, query, filters, top_k)
+        return self._ask(
+            EventType.RETRIEVAL,
+            inputs,
+            path=f"{index}.query",
+            value=(query, filters),
+            fired=fired,
+        )
+
+    def clock(self, clock: str) -> Ask:
+        """A read of the ``wall`` or ``monotonic`` clock."""
+        return self._clocks.get(clock) or self._fixed_ask(
+            self._clocks, clock, EventType.CLOCK_READ, b.clock_input(clock)
+        )
+
+    def random(self, kind: str, arguments: Mapping[str, Any] | None = None) -> Ask:
+        """A random draw (``random``, ``randint`` with its bounds, ``uuid4``)."""
+        if not arguments:
+            return self._draws.get(kind) or self._fixed_ask(
+                self._draws, kind, EventType.RANDOM_DRAW, b.random_input(kind, {})
+            )
+        inputs = b.random_input(kind, arguments)
+        return self._ask(EventType.RANDOM_DRAW, inputs, path=f"{kind}.arguments", fired=set())
+
+    def intent(self, effect: str, idempotency_key: str, arguments: Mapping[str, Any]) -> Ask:
+        """The intent of a side effect; ``value`` is the scrubbed arguments."""
+        fired: set[str] = set()
+        scrubbed = self.scrub.value(dict(arguments), fired, path=f"{effect}.arguments")
+        inputs = b.intent_input(effect, idempotency_key, scrubbed)
+        return self._ask(
+            EventType.EFFECT_INTENT, inputs, path=f"{effect}.arguments", value=scrubbed, fired=fired
+        )
+
+    def receipt(self, effect: str, idempotency_key: str) -> Ask:
+        """The receipt of a side effect."""
+        inputs = b.receipt_input(effect, idempotency_key)
+        return self._ask(EventType.EFFECT_RECEIPT, inputs, path=f"{effect}.receipt", fired=set())
+
+    def transition(
+        self, from_state: str | None, to_state: str, state: Any, reason: str | None
+    ) -> Ask:
+        """A state transition; ``value`` is the scrubbed state, whose digest (over
+        ``{"state": ...}``) is the recorded output digest."""
+        fired: set[str] = set()
+        scrubbed = self.scrub.value(state, fired, path=f"{to_state}.state")
+        if reason is not None and self.scrub.version >= 2:  # v1 runs recorded it as given
+            reason = self.scrub.value(reason, fired)
+        inputs = b.transition_input(from_state, to_state, reason)
+        return self._ask(
+            EventType.STATE_TRANSITION,
+            inputs,
+            path=f"{to_state}.transition",
+            value=scrubbed,
+            fired=fired,
+        )
+
+    def state_digest(self, ask: Ask, to_state: str) -> str:
+        """The output digest of a transition: over the state it set."""
+        return self.digest(b.state_output(ask.value), path=f"{to_state}.state")
+
+    def ending(
+        self, output: Any, error: BaseException | None, final_state_digest: str | None
+    ) -> Ending:
+        """How the code ended the run: ``succeeded`` with ``output``, or ``failed`` with
+        ``error``, after the last state it set."""
+        status = "succeeded" if error is None else "failed"
+        return self.finish(status, output, error, final_state_digest)
+
+    def finish(
+        self,
+        status: str,
+        output: Any,
+        error: BaseException | None,
+        final_state_digest: str | None,
+    ) -> Ending:
+        """The end of a run with ``status``; see :meth:`ending`."""
+        fired: set[str] = set()
+        output = self.scrub.value(output, fired, path="run.output")
+        error = self.scrub.error(error, fired)
+        ask = self._endings.get(status) or self._fixed_ask(
+            self._endings, status, EventType.RUN_FINISHED, b.finished_input(status)
+        )
+        recorded_output = b.finished_output(output, error_info(error), final_state_digest)
+        return Ending(ask, output, error, recorded_output, frozenset(fired))
+
+    def output_digest(self, ending: Ending, *, version: int = b.TYPED_VERSION) -> str:
+        """The digest ``run.finished`` records over how the run ended, in the shape of
+        body ``version`` (version 1 recorded an error as its type and message alone)."""
+        output = ending.recorded_output
+        if version < b.TYPED_VERSION and output["error"] is not None:
+            output = {**output, "error": b.plain_error(output["error"])}
+        return self.digest(output, path="output")
