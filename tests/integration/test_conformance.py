@@ -6,12 +6,14 @@ async run returns. Postgres recorders are read back from the outbox; memory reco
 from their list. Volatile values (event and run ids, times, latencies, random draws) are
 masked; everything else, digests and bodies included, must be equal across recorders.
 A crash between an effect's intent and its receipt, the recovery of that effect and
-the replay of every recorded run are part of the suite: through :class:`ReplayRun`
-itself, and through ``replay_run`` with a coroutine entry (driven by an
-:class:`AsyncReplayRun`). An agent written twice, as a plain function and as a coroutine
-function, records the same envelopes with every recorder and replays through either
-twin. With a key-encryption key in the environment, the sync and the async recorder built
-from settings seal every body alike.
+the replay of every recorded run are part of the suite: through :class:`ReplayRun` and
+:class:`AsyncReplayRun` driven by hand (the code sees what it saw when recording), and
+through ``replay_run`` with a coroutine entry (every boundary, sync and async, through
+record and replay, is ``tests/unit/test_record_replay.py``'s, with the memory
+recorders). An agent written twice, as a plain function and as a coroutine function,
+records the same envelopes with every recorder and replays through either twin. With a
+key-encryption key in the environment, the sync and the async recorder built from
+settings seal every body alike.
 """
 
 from __future__ import annotations
@@ -111,6 +113,10 @@ def model(request: Any) -> dict[str, Any]:
     return {"id": "r-1", "choices": [{"index": 0, "message": {"content": "ok"}}]}
 
 
+def search(query: str, *, filters: Any, top_k: int | None) -> list[dict[str, Any]]:
+    return [{"id": "kb-1", "score": 0.8, "chunk_version": "3"}]
+
+
 def send(key: str) -> EffectOutcome:
     return EffectOutcome(external_id="msg-1", result={"sent": True})
 
@@ -142,6 +148,11 @@ SCRIPT = [
         (model, {"model": "m-1", "messages": [{"role": "user", "content": "hi"}]}),
         {"provider": "openai"},
     ),
+    Step(
+        "retrieve",
+        ("kb", search, "refund policy"),
+        {"index_version": "v3", "filters": {"lang": "en"}, "top_k": 1},
+    ),
     Step("now"),
     Step("monotonic"),
     Step("random"),
@@ -170,8 +181,10 @@ async def _perform(run: Any, step: Step) -> Any:
     except BaseException as exc:
         if step.raises is None or not _expected(exc, step.raises):
             raise
-        return None
+        return type(exc)
     assert step.raises is None, f"{step.method} did not raise {step.raises}"
+    if isinstance(value, Envelope):  # a transition's: as appended, or as recorded
+        return value.sequence, value.chain_hash
     return value
 
 
@@ -185,10 +198,14 @@ async def _settle(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def _script(recorder: Any, steps: list[Step], *, finish: bool) -> str:
+async def _script(
+    recorder: Any, steps: list[Step], *, finish: bool, seen: list[Any] | None = None
+) -> str:
     run = await _settle(recorder.start_run(SNAPSHOT, OPTIONS))
     for step in steps:
-        await _perform(run, step)
+        value = await _perform(run, step)
+        if seen is not None:
+            seen.append(value)
     if finish:
         await _settle(run.finish(output={"done": True}))
     return str(run.run_id)
@@ -299,9 +316,11 @@ def _shape(
     return shaped
 
 
-def _record_all(harness: Harness) -> tuple[list[Envelope], list[Envelope]]:
+def _record_all(
+    harness: Harness, seen: list[Any] | None = None
+) -> tuple[list[Envelope], list[Envelope]]:
     async def scenario() -> tuple[str, str]:
-        finished = await _script(harness.recorder, SCRIPT, finish=True)
+        finished = await _script(harness.recorder, SCRIPT, finish=True, seen=seen)
         crashed = await _script(harness.recorder, CRASHING, finish=False)
         await _recover(harness.recorder, crashed)
         return finished, crashed
@@ -343,16 +362,23 @@ def test_every_recorder_records_the_same_envelopes(request: pytest.FixtureReques
         assert shape == reference, f"{kind} records other envelopes than the memory recorder"
 
 
-def test_what_every_recorder_records_replays(harness: Harness) -> None:
-    finished, _ = _record_all(harness)
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_what_every_recorder_records_replays(harness: Harness, flavour: str) -> None:
+    """Through :class:`ReplayRun` and :class:`AsyncReplayRun` driven by hand: the code
+    sees what it saw when recording (values with their types, the exceptions it
+    expected), and the recorded end comes back."""
+    seen: list[Any] = []
+    finished, _ = _record_all(harness, seen)
     replay = ReplayRun(finished)
+    run: Any = replay if flavour == "sync" else AsyncReplayRun(replay)
 
-    async def again() -> None:
-        for step in SCRIPT:
-            await _perform(replay, step)
+    async def again() -> tuple[list[Any], Envelope]:
+        values = [await _perform(run, step) for step in SCRIPT]
+        return values, await _settle(run.finish(output={"done": True}))
 
-    asyncio.run(again())
-    replay.finish(output={"done": True})
+    values, ended = asyncio.run(again())
+    assert [(type(v), v) for v in values] == [(type(v), v) for v in seen]
+    assert (ended.event_type, ended.sequence) == ("run.finished", len(finished))
     assert replay.consumed == len(finished)
 
 
