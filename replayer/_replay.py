@@ -59,7 +59,7 @@ from agent_blackbox.replayer._opening import (
 from agent_blackbox.replayer._sites import entry_site, raised_at, site_of
 from agent_blackbox.replayer._taking import Taken, Taker
 from agent_blackbox.replayer._turns import Turns
-from agent_blackbox.schemas import Envelope, EventType, PayloadPipeline
+from agent_blackbox.schemas import BlackboxError, Envelope, EventType, PayloadPipeline
 
 T = TypeVar("T")
 
@@ -220,7 +220,7 @@ class ReplayRun(Boundaries):
         return self._log.recorded_error
 
     @property
-    def setup_error(self) -> BaseException | None:
+    def setup_error(self) -> BlackboxError | None:
         """Why the replay could not go on through no fault of the code, kept also when
         the agent's code caught it."""
         return self._findings.setup_error
