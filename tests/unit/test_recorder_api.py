@@ -243,6 +243,15 @@ def test_what_only_one_mode_has_is_listed_with_its_reason() -> None:
     replay = _public(ReplayRun) | _public(AsyncReplayRun)
     assert record - replay == RECORD_ONLY
     assert replay - record == REPLAY_ONLY
+    for recording, replaying in ((Run, ReplayRun), (AsyncRun, AsyncReplayRun)):
+        for name in sorted(_public(recording) & _public(replaying)):
+            plain, twin = (inspect.getattr_static(c, name) for c in (recording, replaying))
+            if not inspect.isfunction(plain):
+                continue  # a property, or a class attribute (``replaying``)
+            assert inspect.iscoroutinefunction(twin) == inspect.iscoroutinefunction(plain)
+            assert list(inspect.signature(twin).parameters) == list(
+                inspect.signature(plain).parameters
+            ), f"{replaying.__name__}.{name} takes other parameters than {recording.__name__}'s"
 
 
 def test_the_agent_protocol_is_the_surface_but_the_end() -> None:
