@@ -90,7 +90,9 @@ class Begin(NamedTuple):
 
 class Settle(NamedTuple):
     """Record what came of a call the agent's code made itself (``done``), as the crossing
-    ``outcome`` builds, begun at ``place``; send back its value, or throw in its error."""
+    ``outcome`` builds, begun at ``place``; send back its value, or throw in its error.
+    Record mode only: in replay, the recording transport and the tool decorator ask
+    ``llm`` and ``call``, which send nothing."""
 
     outcome: Outcome
     place: Place

@@ -108,7 +108,9 @@ class RecordedLog:
         asks (type, then input digest: ``actual``, None to leave it unchecked), and taken
         out of the events read ahead. ``begin`` places a call made as
         :data:`SEQUENTIAL` once reading ahead found concurrent work."""
-        self._findings.check()
+        findings = self._findings
+        if findings.unreadable is not None or findings.fatal is not None:
+            findings.check()  # the replay stopped: raises why
         if place is ENDING:  # the end of the run read the log up to run.finished
             envelope, lane = self.finished, None
         else:
@@ -129,12 +131,28 @@ class RecordedLog:
                 and (found := self._threaded(place.branch, event_type, actual)) is not None
             ):
                 envelope, lane = found
-        self._check(envelope, event_type, actual, ask, place)
+        if (
+            envelope is None
+            or envelope.event_type != event_type
+            or (actual is not None and actual != envelope.input_digest)
+        ):
+            self._diverge(envelope, event_type, actual, ask, place)
         assert envelope is not None
-        self._take_out(envelope, lane)
+        # Taken out of the events read ahead (inline: every call of an async run, and
+        # every call of a sync one past the straight path, comes this way).
+        if lane is None:
+            self.finished = None
+        elif lane[0] is envelope:
+            lane.popleft()
+        else:
+            del lane[next(i for i, e in enumerate(lane) if e is envelope)]
+        if lane is not None and not lane and lane is not self.own:
+            # A child's branch is often done: forget it (read ahead, it comes back).
+            # Lanes are keyed by the recorded branch of the events they hold.
+            self._lanes.pop(branch_of(envelope.attributes), None)
         return envelope
 
-    def _check(
+    def _diverge(
         self,
         envelope: Envelope | None,
         event_type: EventType,
@@ -142,7 +160,8 @@ class RecordedLog:
         ask: Ask | None,
         place: Place,
     ) -> None:
-        """Diverge when ``envelope`` is not what the call asks for."""
+        """Diverge: ``envelope`` is not what the call asks for (a missing event, another
+        kind of boundary, other input)."""
         findings = self._findings
         if envelope is None or (envelope.event_type == _FINISHED and event_type != _FINISHED):
             where = f" of branch {place.branch}" if place.branch else ""
@@ -170,18 +189,6 @@ class RecordedLog:
                 actual=asked(event_type, actual, ask),
                 changes=() if before is None or ask is None else findings.changes(before, ask),
             )
-
-    def _take_out(self, envelope: Envelope, lane: deque[Envelope] | None) -> None:
-        if lane is None:
-            self.finished = None
-        elif lane[0] is envelope:
-            lane.popleft()
-        else:
-            del lane[next(i for i, e in enumerate(lane) if e is envelope)]
-        if lane is not None and not lane and lane is not self.own:
-            # A child's branch is often done: forget it (read ahead, it comes back).
-            # Lanes are keyed by the recorded branch of the events they hold.
-            self._lanes.pop(branch_of(envelope.attributes), None)
 
     def head(self, branch: int) -> Envelope | None:
         """The next recorded event of ``branch`` not yet asked for, reading ahead for it

@@ -166,7 +166,7 @@ class ReplayRun(Boundaries):
         self._restore = Restorer(findings, entry)
         self._log = RecordedLog(guarded(events, findings), findings, turns, self._bodies)
         self._taker = taker = Taker(self._log, self._bodies, turns, findings)
-        self._take, self._take_async = taker.take, taker.take_async
+        self._take = taker.take
         with turns.lock:
             first = self._log.head(0)
         self._bodies.digest = run_digest(first, digests)
@@ -455,7 +455,7 @@ class AsyncReplayRun(AsyncBoundaries):
         """Nothing is buffered in replay (see :meth:`ReplayRun.flush`)."""
 
     async def _drive(self, boundary: Steps[T]) -> T:
-        replay = self.replay
+        replay, taker = self.replay, self.replay._taker
         reply: Any = None
         failed: BaseException | None = None
         while True:
@@ -465,13 +465,16 @@ class AsyncReplayRun(AsyncBoundaries):
                 return returned.value  # type: ignore[no-any-return]
             if type(step) is Call:
                 ask, _, read, _, _, place = step
-                _, body, output = await replay._take_async(ask, place)
+                (envelope, body, output), waiting = taker.claim(ask, place)
+                if waiting is not None:  # an event completed before it is not handed back
+                    await taker.turn(envelope, waiting)
+                taker.hand_back(envelope)
                 try:
                     reply, failed = read(replay._restore, body, output), None
                 except Exception as exc:  # what the call raised: thrown into the boundary
                     reply, failed = None, exc
             elif isinstance(step, Cross):
-                taken = await replay._take_async(step.ask, step.place)
+                taken = await taker.take_async(step.ask, step.place)
                 reply, failed = replay._crossed(step, taken), None
             else:
                 reply, failed = replay._answer(step), None  # no turn to wait for

@@ -8,6 +8,7 @@ cause of a divergence.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, NoReturn
 
 from agent_blackbox.outbox.contract import Ask, Place, Placement, started_of
@@ -96,10 +97,13 @@ class Taker:
         self._turns.release(envelope)
         return envelope, body, output
 
-    async def take_async(self, ask: Ask, place: Place | None) -> Taken:
-        """:meth:`take` for a coroutine: tasks start in a repeatable order, so every
-        call must find its event in its own branch; it waits for its turn without
-        blocking the loop."""
+    def claim(self, ask: Ask, place: Place | None) -> tuple[Taken, asyncio.Future[None] | None]:
+        """:meth:`take` for a task, in three parts (so a call whose turn has come costs
+        no coroutine of its own: with origin tracking on, as an async replay has it,
+        each one made costs its stack): the event, checked, and what the task awaits
+        until its turn comes (None when it has: then :meth:`hand_back` at once; else
+        ``await`` :meth:`turn` first). Tasks start in a repeatable order, so every call
+        must find its event in its own branch."""
         if place is None:
             place = self.placement.begin()
         turns = self._turns
@@ -107,18 +111,40 @@ class Taker:
             begin = self.placement.begin
             envelope = self._log.claim(ask.event_type, ask.input_digest, ask, place, True, begin)
             body, output = self._bodies.open(envelope)
-            waiting = turns.future(envelope)
-        if waiting is not None:
-            try:
-                await turns.wait_async(waiting)
-            except Stalled:
-                with turns.lock:
-                    self.stalled(envelope)
-        with turns.lock:
+            waiting = None if envelope.sequence == turns.released + 1 else turns.future(envelope)
+        return (envelope, body, output), waiting
+
+    async def turn(self, envelope: Envelope, waiting: asyncio.Future[None]) -> None:
+        """Wait for ``envelope``'s turn without blocking the loop.
+
+        Raises:
+            ReplayDivergence: the replay stopped meanwhile, or the turn never came
+                (``concurrency_mismatch``).
+        """
+        try:
+            await self._turns.wait_async(waiting)
+        except Stalled:
+            with self._turns.lock:
+                self.stalled(envelope)
+
+    def hand_back(self, envelope: Envelope) -> None:
+        """Hand back the event a task claimed, its turn come.
+
+        Raises:
+            ReplayDivergence: the replay stopped meanwhile.
+        """
+        with self._turns.lock:
             if self._findings.fatal is not None:
                 raise self._findings.fatal
-            turns.release(envelope)
-        return envelope, body, output
+            self._turns.release(envelope)
+
+    async def take_async(self, ask: Ask, place: Place | None) -> Taken:
+        """:meth:`take` for a task: waits for its turn without blocking the loop."""
+        taken, waiting = self.claim(ask, place)
+        if waiting is not None:
+            await self.turn(taken[0], waiting)
+        self.hand_back(taken[0])
+        return taken
 
     def stalled(self, waiting: Envelope) -> NoReturn:
         """A call waited ``stall_timeout`` for an event the code never asked for."""

@@ -95,11 +95,9 @@ class Turns:
             finally:
                 self._sleepers -= 1
 
-    def future(self, envelope: Envelope) -> asyncio.Future[None] | None:
-        """What the current task awaits until ``envelope``'s turn comes; None when it has
-        come (held: :attr:`lock`)."""
-        if envelope.sequence == self.released + 1:
-            return None
+    def future(self, envelope: Envelope) -> asyncio.Future[None]:
+        """What the current task awaits until ``envelope``'s turn comes (held:
+        :attr:`lock`)."""
         waiting = asyncio.get_running_loop().create_future()
         self._waiting[envelope.sequence] = waiting
         return waiting
