@@ -241,6 +241,7 @@ class AsyncRun:
                     output = await output
         except Exception as exc:
             await self.finish(status="failed", error=exc)
+            exc.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
             raise
         await self.finish(output=output)
         return output

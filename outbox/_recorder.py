@@ -269,6 +269,7 @@ class Run:
                 output = entry(self, input)
         except Exception as exc:
             self.finish(status="failed", error=exc)
+            exc.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
             raise
         self.finish(output=output)
         return output
