@@ -18,6 +18,10 @@ from pathlib import Path
 
 import pytest
 
+# Builds the wheel and installs it into fresh environments: the slowest unit tests. CI runs
+# them (``make test`` selects every marker); ``-m 'not packaging'`` leaves them out locally.
+pytestmark = pytest.mark.packaging
+
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "agent_blackbox"
 # What a user's own files next to their agent may be called; importing one fails.
