@@ -210,6 +210,12 @@ def _handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def pieces(text: str) -> list[str]:
+    """``text`` cut into word-sized deltas that join back into it, as a stream sends it."""
+    words = text.split(" ")
+    return [word if i == 0 else f" {word}" for i, word in enumerate(words)]
+
+
 def refused_url(path: str = "") -> str:
     """A loopback URL (with ``path`` after the port) where nothing listens: any request
     to it is refused."""
