@@ -34,7 +34,7 @@ from tests.integration.frameworks._compat import (
     recipe_line,
     tools_called,
 )
-from tests.integration.frameworks._compat_env import ROOT, CompatEnv
+from tests.integration.frameworks._compat_env import ROOT
 from tests.integration.frameworks._harness import CITIES, RUNS, publish
 
 pytestmark = [pytest.mark.integration]
@@ -88,15 +88,6 @@ def extracted(given: str) -> dict[str, str]:
 def model() -> Iterator[CorrectableServer]:
     with CorrectableServer() as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def driver(
-    compat_env: CompatEnv, model: CorrectableServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Driver]:
-    log = tmp_path_factory.mktemp("instructor") / "driver.log"
-    with Driver(compat_env, model.base_url, log) as driver:
-        yield driver
 
 
 def test_runs_record_and_replay_offline(

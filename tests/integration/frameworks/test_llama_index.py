@@ -28,7 +28,7 @@ from tests.integration.frameworks._compat import (
     recipe_line,
     tools_called,
 )
-from tests.integration.frameworks._compat_env import ROOT, CompatEnv
+from tests.integration.frameworks._compat_env import ROOT
 from tests.integration.frameworks._harness import CITIES, RUNS, city_of, publish
 from tests.integration.frameworks._model import AgentOpenAIServer
 
@@ -58,15 +58,6 @@ def expected_answer(given: str) -> str:
 def model() -> Iterator[AgentOpenAIServer]:
     with AgentOpenAIServer() as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def driver(
-    compat_env: CompatEnv, model: AgentOpenAIServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Driver]:
-    log = tmp_path_factory.mktemp("llama-index") / "driver.log"
-    with Driver(compat_env, model.base_url, log) as driver:
-        yield driver
 
 
 def test_runs_record_and_replay_offline(

@@ -152,6 +152,23 @@ def record_groups(
     return recorded
 
 
+def assert_published_whole_and_replayed(
+    settings: Settings, engine: Engine, recorded: list[tuple[Entry, str, Recorded]], *, runs: int
+) -> None:
+    """Publish the groups' runs: each is whole in the views (``assert_answered_whole``),
+    and all ``runs`` of them replay offline and pass."""
+    publish(settings, engine)
+    for _, method, group in recorded:
+        assert_answered_whole(engine, group, method)
+    reports = [
+        report
+        for entry, _, group in recorded
+        for report in replay_all_offline(settings, engine, group, entry)
+    ]
+    assert len(reports) == runs
+    assert_all_passed(reports)
+
+
 # The acceptance -----------------------------------------------------------------------
 
 
@@ -174,17 +191,7 @@ def test_twenty_runs_on_the_openai_models_record_and_replay_offline(
     ]
     sent = [(r.path, r.json().get("stream", False)) for r in openai_server.requests]
     assert sent == expected_sent
-    publish(settings, engine)
-    for _, method, runs in recorded:
-        assert_answered_whole(engine, runs, method)
-
-    reports = [
-        report
-        for entry, _, runs in recorded
-        for report in replay_all_offline(settings, engine, runs, entry)
-    ]
-    assert len(reports) == RUNS
-    assert_all_passed(reports)
+    assert_published_whole_and_replayed(settings, engine, recorded, runs=RUNS)
 
 
 def test_anthropic_runs_go_through_beta_messages_and_replay_offline(
@@ -217,17 +224,7 @@ def test_anthropic_runs_go_through_beta_messages_and_replay_offline(
     assert set(sent_by) == {"beta.messages"}
     sent = [(r.path, r.json().get("stream")) for r in anthropic_server.requests]
     assert sent == [("/v1/messages", True)] * 6 * MODEL_CALLS
-    publish(settings, engine)
-    for _, method, runs in recorded:
-        assert_answered_whole(engine, runs, method)
-
-    reports = [
-        report
-        for entry, _, runs in recorded
-        for report in replay_all_offline(settings, engine, runs, entry)
-    ]
-    assert_all_passed(reports)
-    assert len(reports) == 6
+    assert_published_whole_and_replayed(settings, engine, recorded, runs=6)
 
 
 def _agent_line(method: str) -> int:
