@@ -10,6 +10,7 @@ import random
 import struct
 from dataclasses import replace
 from datetime import UTC, datetime
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from agent_blackbox.schemas import (
     rfc8785_json,
 )
 from agent_blackbox.schemas._jcs import _write, es_number
+from tests.golden.record_contract import support_agent
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
 
@@ -369,3 +371,13 @@ def test_requests_stored_by_reference_rebuild_against_their_rfc8785_digest() -> 
         json.loads(bodies[1]["raw_request_json"])
     )
     assert replay_run(recorder.events, _conversing_agent).passed
+
+
+def test_the_rfc8785_golden_history_replays() -> None:
+    events = read_archive(GOLDEN_DIR / "contract.rfc8785.avro")
+    runs = {run: list(group) for run, group in groupby(events, lambda e: e.run_id)}
+    assert len(runs) == 4
+    for run in runs.values():
+        assert {e.attributes[C14N_ATTRIBUTE] for e in run} == {"rfc8785"}
+        report = replay_run(run, support_agent)
+        assert report.passed, report.divergence and report.divergence.describe()
