@@ -25,10 +25,11 @@ id of 64 bits would stop recording), does not name where a bad value sits, and w
 every value through Python code. Digests are taken on the agent's path for every
 event, so the common value (strings, integers of at most 2**53, floats that both forms
 write alike, keys whose code-point and UTF-16 orders agree) goes through the standard
-library's C encoder, whose output is then byte for byte the JCS text; anything else is
-written by :func:`_write`. The tests check both paths against ``rfc8785`` and the
-published examples of the RFC, and the JVM consumer checks digests of new runs with a
-Java implementation.
+library's C encoder, whose output is then byte for byte the JCS text; :func:`_write`
+writes the rest (a request with ``temperature=1.0`` hands its messages to the C encoder
+and writes the ``1`` itself), on a par with the first form's cost. The tests check both
+paths against ``rfc8785`` and the published examples of the RFC, and the JVM consumer
+checks digests of new runs with a Java implementation.
 """
 
 from __future__ import annotations
@@ -64,14 +65,17 @@ def rfc8785_json(value: Any, *, path: str = "$") -> bytes:
     Raises:
         NotSerialisable: naming the path of the first value that has no JSON form.
     """
-    if _C_ENCODER is not None and _jcs_alike(value):
-        try:
-            return "".join(_C_ENCODER(value, 0)).encode("utf-8")
-        except UnicodeEncodeError:
-            pass  # a lone surrogate: the writer below names where
+    # Whatever the C encoder writes as JCS (the whole value, most often) goes through it.
     out: list[str] = []
-    _write(value, path, 0, out)
-    return "".join(out).encode("utf-8")
+    _write(value, path, 0, out, fast=_C_ENCODER is not None)
+    text = "".join(out)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate: written again, checking every string, to name where.
+        out = []
+        _write(value, path, 0, out, fast=False)
+        return "".join(out).encode("utf-8")
 
 
 def es_number(value: float) -> str:
@@ -121,6 +125,7 @@ def utf16_key(key: str) -> bytes:
 
 
 _SCALARS = frozenset({str, bool, type(None)})
+_CONTAINERS = frozenset({dict, list, tuple})
 _FIXED_BAND = (1e-4, 1e16)
 """Non-integral floats in this band of magnitudes: ``repr`` writes them in fixed
 notation with the digits ECMAScript writes, so the C encoder's text is JCS."""
@@ -144,9 +149,13 @@ def _jcs_alike(value: Any, depth: int = 0) -> bool:
     if depth >= MAX_VALUE_DEPTH:
         return False
     if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str or not (key.isascii() or max(key) < "\ue000"):
-                return False
+        try:
+            keys = "".join(value)  # every key a str, checked in one pass
+        except TypeError:
+            return False
+        if not (keys.isascii() or max(keys) < "\ue000"):
+            return False
+        for item in value.values():
             if type(item) not in _SCALARS and not _jcs_alike(item, depth + 1):
                 return False
         return True
@@ -158,14 +167,18 @@ def _jcs_alike(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _write(value: Any, path: str, depth: int, out: list[str]) -> None:
-    """Append the JCS text of ``value`` to ``out``; refuse what has none, naming where."""
-    if value is None:
+def _write(value: Any, path: str, depth: int, out: list[str], *, fast: bool = False) -> None:
+    """Append the JCS text of ``value`` to ``out``; refuse what has none, naming where.
+    With ``fast``, lists and mappings the C encoder writes as JCS are written by it, and
+    strings are not checked for lone surrogates (the caller's encoding finds them)."""
+    if fast and type(value) in _CONTAINERS and _jcs_alike(value, depth):
+        out.append("".join(_C_ENCODER(value, 0)))
+    elif value is None:
         out.append("null")
     elif value is True or value is False:
         out.append("true" if value else "false")
     elif isinstance(value, str):
-        out.append(_string(value, path))
+        out.append(encode_basestring(value) if fast else _string(value, path))
     elif isinstance(value, int):
         out.append(_integer(value, path))
     elif isinstance(value, float):
@@ -175,30 +188,33 @@ def _write(value: Any, path: str, depth: int, out: list[str]) -> None:
     elif isinstance(value, Mapping | list | tuple) and depth >= MAX_VALUE_DEPTH:
         raise too_deep(path)
     elif isinstance(value, Mapping):
-        _write_object(value, path, depth, out)
+        _write_object(value, path, depth, out, fast=fast)
     elif isinstance(value, list | tuple):
         out.append("[")
         for index, item in enumerate(value):
             if index:
                 out.append(",")
-            _write(item, f"{path}[{index}]", depth + 1, out)
+            _write(item, f"{path}[{index}]", depth + 1, out, fast=fast)
         out.append("]")
     else:
         raise NotSerialisable(path, f"a {type(value).__name__} is not JSON-serialisable")
 
 
-def _write_object(value: Mapping[Any, Any], path: str, depth: int, out: list[str]) -> None:
+def _write_object(
+    value: Mapping[Any, Any], path: str, depth: int, out: list[str], *, fast: bool
+) -> None:
     for key in value:
         if not isinstance(key, str):
             raise NotSerialisable(path, f"key {key!r} is a {type(key).__name__}, not a str")
-        _string(key, path, what="key")  # a key with a lone surrogate is refused here
+        if not fast:
+            _string(key, path, what="key")  # a key with a lone surrogate is refused here
     out.append("{")
     for index, key in enumerate(sorted(value, key=utf16_key)):
         if index:
             out.append(",")
         out.append(encode_basestring(key))
         out.append(":")
-        _write(value[key], f"{path}.{key}", depth + 1, out)
+        _write(value[key], f"{path}.{key}", depth + 1, out, fast=fast)
     out.append("}")
 
 
