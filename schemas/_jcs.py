@@ -171,8 +171,9 @@ def _write(value: Any, path: str, depth: int, out: list[str], *, fast: bool = Fa
     """Append the JCS text of ``value`` to ``out``; refuse what has none, naming where.
     With ``fast``, lists and mappings the C encoder writes as JCS are written by it, and
     strings are not checked for lone surrogates (the caller's encoding finds them)."""
-    if fast and type(value) in _CONTAINERS and _jcs_alike(value, depth):
-        out.append("".join(_C_ENCODER(value, 0)))
+    encoder = _C_ENCODER if fast else None
+    if encoder is not None and type(value) in _CONTAINERS and _jcs_alike(value, depth):
+        out.append("".join(encoder(value, 0)))
     elif value is None:
         out.append("null")
     elif value is True or value is False:
