@@ -15,7 +15,7 @@ shrinks as they are shredded.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -104,8 +104,9 @@ def append_redaction_txn(
         signature=signature,
     )
     factory = new_factory(settings, None, utc_now)  # plain: no key is left to seal with
-    event = factory.prepare(stored.identity, stored.cursor, crossing, event_id=new_event_id())
-    if event.envelope.sequence != sequence or not append_txn(conn, stored.identity, event):
+    identity = replace(stored.identity, digest=settings.canonicalisation.digest)
+    event = factory.prepare(identity, stored.cursor, crossing, event_id=new_event_id())
+    if event.envelope.sequence != sequence or not append_txn(conn, identity, event):
         raise RunNotActive(f"run {run_id} moved on while its redaction was appended")
     return event.envelope
 

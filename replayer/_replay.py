@@ -69,6 +69,7 @@ from agent_blackbox.outbox.contract import (
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     HMAC_PREFIX,
+    NEW_RUNS,
     BlackboxError,
     Digester,
     Envelope,
@@ -76,10 +77,10 @@ from agent_blackbox.schemas import (
     KeyUnavailable,
     NotSerialisable,
     PayloadPipeline,
+    PlainDigest,
     SealedRunGuard,
     UnknownSchemaVersion,
     canonical_text,
-    digest,
     digest_bytes,
     is_plaintext,
 )
@@ -286,19 +287,24 @@ class BlobReader(Protocol):
 
 def run_digest(first: Envelope | None, digests: DigestKeys | None) -> Digester:
     """The digest a run was recorded with, judged by its first envelope: SHA-256, or the
-    tenant's keyed digest.
+    tenant's keyed digest, over the canonicalisation the envelope names.
 
     Raises:
         KeyUnavailable: the run is keyed and no ``digests`` were given.
+        UnknownCanonicalisation: the envelope names a canonicalisation this release
+            does not know.
     """
-    if first is None or not first.output_digest.startswith(HMAC_PREFIX):
-        return digest
+    if first is None:
+        return NEW_RUNS.digest
+    canonical = first.canonicalisation
+    if not first.output_digest.startswith(HMAC_PREFIX):
+        return canonical.digest
     if digests is None:
         raise KeyUnavailable(
             f"run {first.run_id} of tenant {first.tenant_id} was digested under the "
             "tenant's key; replay it with a key store (BLACKBOX_KEK_FILE) and a purpose"
         )
-    return digests.tenant_digest(first.tenant_id)
+    return digests.tenant_digest(first.tenant_id).under(canonical)
 
 
 class ReplayRun:
@@ -722,7 +728,7 @@ class ReplayRun:
                 actual=(EventType.STATE_TRANSITION, actual, to_state),
             )
         self._state = to_state
-        self._state_digest = digest(output["state"])
+        self._state_digest = self._digest.canonical.digest(output["state"])
 
     def _after_end(self) -> None:
         """Notes of redaction may follow the end (chained); anything else may not."""
@@ -1124,7 +1130,7 @@ class ReplayRun:
             self.limitations.append((envelope.sequence, note))
             return body, output  # the whole response is gone: its digest cannot be checked
         actual = None
-        if material is not None and self._digest is digest:
+        if material is not None and type(self._digest) is PlainDigest:
             actual = digest_bytes(material)
         if actual != envelope.output_digest:
             # No fast path, or the body's texts are not canonical: a result or hits

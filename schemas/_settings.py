@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from agent_blackbox.schemas._compression import COMPRESSIONS
+from agent_blackbox.schemas._digests import CANONICALISATIONS, NEW_RUNS, Canonicalisation
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://blackbox@127.0.0.1:25432/blackbox"
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:29092"
@@ -46,6 +47,12 @@ class Settings:
     is stored as a reference to it plus what is new (a 50-turn conversation does not
     store turn 1 fifty times); readers rebuild the whole request. ``off``: every request
     is stored whole."""
+    canonical_json: str = NEW_RUNS.name
+    """How runs started now write the canonical JSON their digests and hash chain are
+    taken over: ``rfc8785`` (RFC 8785, the JSON Canonicalization Scheme, which other
+    languages reproduce) or ``v1`` (the form of earlier releases, for a fleet whose
+    replayers are not all upgraded yet). Each envelope names its run's; readers follow
+    the envelope, whatever this says."""
     consumer_group: str = "blackbox-views"
     consumer_session_timeout_ms: int = 6000
     """How long the group waits for a silent consumer before giving its partitions to
@@ -88,6 +95,11 @@ class Settings:
         return encrypted and "*" not in plain and classification not in plain
 
     @property
+    def canonicalisation(self) -> Canonicalisation:
+        """The canonicalisation of :attr:`canonical_json`."""
+        return CANONICALISATIONS[self.canonical_json]
+
+    @property
     def dlq_topic(self) -> str:
         """The dead-letter topic of :attr:`topic`."""
         return f"{self.topic}.dlq"
@@ -117,6 +129,11 @@ class Settings:
             raise ValueError(
                 f"BLACKBOX_PAYLOAD_COMPRESSION={self.payload_compression!r} is not one of "
                 f"{', '.join(COMPRESSIONS)}"
+            )
+        if self.canonical_json not in CANONICALISATIONS:
+            raise ValueError(
+                f"BLACKBOX_CANONICAL_JSON={self.canonical_json!r} is not one of "
+                f"{', '.join(CANONICALISATIONS)}"
             )
         on = flag("BLACKBOX_LLM_REQUEST_REFERENCES", self.llm_request_references)
         object.__setattr__(self, "llm_request_references", "on" if on else "off")
