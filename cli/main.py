@@ -36,9 +36,9 @@ from agent_blackbox.consumers.cli import (
     until_idle_option,
 )
 from agent_blackbox.keystore.cli import keys_group
-from agent_blackbox.outbox import migrate_write_side
 from agent_blackbox.outbox.cli import tenants_group
 from agent_blackbox.outbox.relay import Relay, RelayOptions
+from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.replayer import ReadSide
 from agent_blackbox.replayer.cli import (
     export_command,

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import Engine, create_engine
 
-from agent_blackbox.outbox import PostgresBlobs
+from agent_blackbox.outbox.storage import PostgresBlobs
 from agent_blackbox.replayer._access import opening, purpose_option
 from agent_blackbox.replayer._batch import (
     DEFAULT_LIMIT,
