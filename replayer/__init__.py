@@ -7,6 +7,8 @@ JSON lines (:func:`event_records`, :func:`json_line`) or as a chat dataset for
 fine-tuning and evaluation (:func:`chat_examples`).
 """
 
+from agent_blackbox.replayer._access import Opening, opening
+from agent_blackbox.replayer._batch import Replaying
 from agent_blackbox.replayer._bodies import OpenedBody, open_body, readable_body
 from agent_blackbox.replayer._chat import chat_examples
 from agent_blackbox.replayer._driver import (
@@ -37,6 +39,7 @@ from agent_blackbox.replayer._history import (
     SkippedMessage,
 )
 from agent_blackbox.replayer._index import ReadSide, ReplayResults, RunIndex, RunLocation
+from agent_blackbox.replayer._indexed import replay_indexed
 from agent_blackbox.replayer._reexecute import (
     CallDiff,
     Endpoint,
@@ -53,6 +56,7 @@ from agent_blackbox.replayer._registry import (
     MissingEntryPoint,
     UnknownAgent,
     load_entry,
+    load_replay_entry,
 )
 from agent_blackbox.replayer._replay import (
     AsyncReplayRun,
@@ -111,6 +115,7 @@ __all__ = [
     "Nondeterminism",
     "NondeterminismPolicy",
     "OpenedBody",
+    "Opening",
     "PartitionFailed",
     "Problem",
     "ReadSide",
@@ -123,6 +128,7 @@ __all__ = [
     "ReplayResults",
     "ReplayRun",
     "ReplaySetupError",
+    "Replaying",
     "RequestMapper",
     "RunHandler",
     "RunIndex",
@@ -145,11 +151,14 @@ __all__ = [
     "is_async_entry",
     "json_line",
     "load_entry",
+    "load_replay_entry",
     "open_body",
     "openai_sender",
+    "opening",
     "read_archive",
     "readable_body",
     "reexecute",
+    "replay_indexed",
     "replay_run",
     "replay_run_async",
     "verify_run",
