@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from agent_blackbox.backup._errors import BackupError, first_line
 from agent_blackbox.broker import KafkaUnavailable, default_topics, delete_topics, ensure_topics
 from agent_blackbox.consumers import MigrationFailed, migrate_views
-from agent_blackbox.outbox import migrate_write_side
+from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import BlackboxError, Settings
 
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,40}")

@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 
 import click
 from rich.console import Console
@@ -16,7 +15,7 @@ from rich.logging import RichHandler
 from sqlalchemy import Engine, create_engine
 
 from agent_blackbox.backup.cli import backup_group, drill_command, restore_command
-from agent_blackbox.broker import partition_count, settle_heap
+from agent_blackbox.broker import settle_heap
 from agent_blackbox.cli._roles import RoleCheckedGroup
 from agent_blackbox.console.cli import web_command
 from agent_blackbox.consumers import ViewReplayResults, ViewRunIndex, migrate_views
@@ -36,9 +35,9 @@ from agent_blackbox.consumers.cli import (
     until_idle_option,
 )
 from agent_blackbox.keystore.cli import keys_group
-from agent_blackbox.outbox import migrate_write_side
 from agent_blackbox.outbox.cli import tenants_group
 from agent_blackbox.outbox.relay import Relay, RelayOptions
+from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.replayer import ReadSide
 from agent_blackbox.replayer.cli import (
     export_command,
@@ -88,8 +87,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 def _run_index(engine: Engine) -> ViewRunIndex:
     """The views' run index, which asks the broker for a topic's partition count when a
     run is indexed on several partitions (to read the one its key maps to)."""
-    settings = Settings.from_env()
-    return ViewRunIndex(engine, partition_count=partial(partition_count, settings))
+    return ViewRunIndex.from_settings(engine, Settings.from_env())
 
 
 main.add_command(stack_group, "stack")

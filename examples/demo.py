@@ -29,8 +29,9 @@ from agent_blackbox.consumers import (
     views_summary_txn,
 )
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-from agent_blackbox.outbox import Recorder, migrate_write_side, pending_events_txn
+from agent_blackbox.outbox import Recorder
 from agent_blackbox.outbox.relay import Relay
+from agent_blackbox.outbox.storage import migrate_write_side, pending_events_txn
 from agent_blackbox.schemas import (
     PUBLIC_KEYS_ENV,
     SIGNING_KEY_FILE_ENV,

@@ -77,10 +77,11 @@ class AsyncRunLog(Protocol):
         ...
 
 
-class AsyncRecorderBase(RecorderBase):
-    """Records runs of asyncio agents into an event log; the API of
-    :class:`AsyncRecorder` and :class:`~agent_blackbox.outbox.AsyncMemoryRecorder`,
-    method for method that of the sync recorders."""
+class AsyncRunLogRecorder(RecorderBase):
+    """Records runs of asyncio agents into an :class:`AsyncRunLog`: the API
+    :class:`AsyncRecorder` and :class:`~agent_blackbox.outbox.AsyncMemoryRecorder` share,
+    method for method that of the sync recorders. Not public: users construct one of those
+    two, and annotate with ``AsyncRecorder | AsyncMemoryRecorder`` where either will do."""
 
     def __init__(self, log: AsyncRunLog, **config: Unpack[RecorderConfig]) -> None:
         super().__init__(**config)
@@ -150,7 +151,7 @@ class AsyncRecorderBase(RecorderBase):
         return self.remember_digest(options.tenant_id, keyed)
 
 
-class AsyncRecorder(AsyncRecorderBase):
+class AsyncRecorder(AsyncRunLogRecorder):
     """Records runs of asyncio agents into the Postgres outbox; the async twin of
     :class:`~agent_blackbox.outbox.Recorder`.
 
@@ -179,7 +180,7 @@ class AsyncRun:
     """One agent run in record mode for asyncio code; mirrors
     :class:`~agent_blackbox.outbox.Run`, method for method."""
 
-    def __init__(self, recorder: AsyncRecorderBase, core: RunCore) -> None:
+    def __init__(self, recorder: AsyncRunLogRecorder, core: RunCore) -> None:
         self._recorder = recorder
         self.core = core
         self._lock = asyncio.Lock()

@@ -1,6 +1,6 @@
 """The Recorder in record mode, for synchronous agents.
 
-:class:`SyncRecorder` is the API (start, record, resume, recover); what it appends to is
+:class:`RunLogRecorder` is the API (start, record, resume, recover); what it appends to is
 an event log, Postgres for :class:`Recorder` and a list for
 :class:`~agent_blackbox.outbox.MemoryRecorder`. :class:`Run` is the agent's door to the
 world; each of its boundaries is a step generator of ``_steps.py`` driven in sync code.
@@ -79,9 +79,10 @@ class RunLog(Protocol):
         ...
 
 
-class SyncRecorder(RecorderBase):
-    """Records agent runs into an event log; the API of :class:`Recorder` and
-    :class:`~agent_blackbox.outbox.MemoryRecorder`."""
+class RunLogRecorder(RecorderBase):
+    """Records agent runs into a :class:`RunLog`: the API :class:`Recorder` (Postgres) and
+    :class:`~agent_blackbox.outbox.MemoryRecorder` share. Not public: users construct one
+    of those two, and annotate with ``Recorder | MemoryRecorder`` where either will do."""
 
     def __init__(self, log: RunLog, **config: Unpack[RecorderConfig]) -> None:
         super().__init__(**config)
@@ -169,7 +170,7 @@ class SyncRecorder(RecorderBase):
         return self.remember_digest(options.tenant_id, keyed)
 
 
-class Recorder(SyncRecorder):
+class Recorder(RunLogRecorder):
     """Records agent runs into the Postgres outbox.
 
     Args:
@@ -207,7 +208,7 @@ class Run:
     receipt.
     """
 
-    def __init__(self, recorder: SyncRecorder, core: RunCore) -> None:
+    def __init__(self, recorder: RunLogRecorder, core: RunCore) -> None:
         self._recorder = recorder
         self.core = core
         self._lock = threading.RLock()

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sqlalchemy import Engine, create_engine
 
 from agent_blackbox.keystore import AuditedKeys, request_access
-from agent_blackbox.outbox import PostgresBlobs
+from agent_blackbox.outbox.storage import PostgresBlobs
 from agent_blackbox.replayer._access import opening, purpose_option
 from agent_blackbox.replayer._batch import DEFAULT_LIMIT, RunFilter, nothing_matched
 from agent_blackbox.replayer._chat import chat_examples

@@ -29,7 +29,6 @@ from agent_blackbox.outbox import (
     AgentRun,
     AsyncMemoryRecorder,
     AsyncRecorder,
-    AsyncRecorderBase,
     AsyncRun,
     EffectPolicy,
     LiveTools,
@@ -522,7 +521,7 @@ class _Fork:
             _ended(run, exc)
             raise
 
-    async def _driven_async(self, recorder: AsyncRecorderBase) -> _Ended:
+    async def _driven_async(self, recorder: AsyncRecorder | AsyncMemoryRecorder) -> _Ended:
         parent, snapshot = self.parent, self.snapshot
         run = await recorder.start_run(
             snapshot, agent_id=parent.agent_id, tenant_id=parent.tenant_id

@@ -24,7 +24,7 @@ from rich.table import Table
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from agent_blackbox.outbox import PostgresBlobs, pending_events_txn, run_heads_txn
+from agent_blackbox.outbox.storage import PostgresBlobs, pending_events_txn, run_heads_txn
 from agent_blackbox.replayer._history import (
     AssembledRun,
     HistoryScan,

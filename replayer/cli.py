@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy import Engine, create_engine
 
-from agent_blackbox.outbox import PostgresBlobs
+from agent_blackbox.outbox.storage import PostgresBlobs
 from agent_blackbox.replayer._access import opening, purpose_option
 from agent_blackbox.replayer._batch import (
     DEFAULT_LIMIT,
@@ -41,10 +41,11 @@ from agent_blackbox.replayer._history import (
     SkippedMessage,
 )
 from agent_blackbox.replayer._index import ReadSide, ReplayResults, RunIndex, read_side
+from agent_blackbox.replayer._indexed import replay_indexed
 from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_replay_entry
 from agent_blackbox.replayer._report import ReplayReport
 from agent_blackbox.replayer._sandbox import POLICIES, NondeterminismPolicy
-from agent_blackbox.replayer._sources import KafkaRunSource, SourceError, read_archive
+from agent_blackbox.replayer._sources import SourceError, read_archive
 from agent_blackbox.replayer._timeline import timeline_command
 from agent_blackbox.replayer._verify_cli import verify_command
 from agent_blackbox.schemas import (
@@ -302,19 +303,9 @@ def _reports(
                 yield item if isinstance(item, SkippedMessage) else item.result
             return
         assert run_id is not None
-        replayer = BatchReplayer(
-            registry, reading, PostgresBlobs(engine), skip_unknown=False, how=work.how
+        yield from replay_indexed(
+            [run_id], registry, reading, settings=settings, engine=engine, index=index, how=work.how
         )
-        sources: list[KafkaRunSource] = []
-
-        def open_run() -> OpenedRun:  # located through the index, one stretch read
-            source = KafkaRunSource(settings, index, run_id)
-            sources.append(source)
-            return source, source.agent_id
-
-        yield replayer.replay(run_id, open_run)
-        for source in sources:
-            yield from source.skipped
     finally:
         engine.dispose()
 

@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 from agent_blackbox.consumers import CheckpointPolicy, ViewRunIndex, load_checkpoint
-from agent_blackbox.outbox import EVERY_TENANT, Recorder
+from agent_blackbox.outbox import Recorder
+from agent_blackbox.outbox.storage import EVERY_TENANT
 from agent_blackbox.replayer import write_archive
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login

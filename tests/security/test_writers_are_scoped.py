@@ -21,20 +21,19 @@ from sqlalchemy.exc import ProgrammingError
 from agent_blackbox.cli import main
 from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import (
-    EVERY_TENANT,
     AgentRun,
     ConcurrentRunWriter,
     Recorder,
     RunNotActive,
     RunSnapshot,
     WriterRefused,
-    grant_tenant_txn,
 )
 from agent_blackbox.outbox._boundaries import run_finished
 from agent_blackbox.outbox._core import new_factory, utc_now
 from agent_blackbox.outbox._postgres import load_run_txn
 from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.outbox.relay import Relay
+from agent_blackbox.outbox.storage import EVERY_TENANT, grant_tenant_txn
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login
 from tests.integration._agents import noise

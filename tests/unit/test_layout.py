@@ -48,6 +48,12 @@ ALLOWED = {
     "examples": {"schemas", "outbox", "consumers", "stack", "backup"},
     "cli": set(PARTS) - {"cli"},
 }
+# The front door (blackbox/: agent_blackbox itself and agent_blackbox.testing) composes the
+# parts in the user's words: what it may import. The parts never import it, but for the
+# examples, which are written as a user writes an agent.
+FRONT_DOOR = "blackbox"
+FRONT_DOOR_ALLOWED = {"schemas", "keystore", "outbox", "consumers", "replayer"}
+FRONT_DOOR_USERS = {"examples"}
 # What an agent process carries: none of the pipeline's machinery.
 FORBIDDEN_IN_AGENTS = ("confluent_kafka", "alembic", "prometheus_client", "rich")
 # The LLM SDKs are optional extras: on the write side each is imported by its own capture
@@ -116,6 +122,56 @@ def test_the_write_side_imports_neither_the_read_side_nor_the_replayer() -> None
     edges = _graph()["outbox"]
     assert "consumers" not in edges
     assert "replayer" not in edges
+
+
+def _imports_of_the_front_door(path: Path) -> Iterator[int]:
+    """The lines of ``path`` that import ``agent_blackbox`` itself or a module of its own
+    folder (``agent_blackbox.testing``, ``agent_blackbox._replay``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "agent_blackbox" and (len(parts) == 1 or parts[1] not in PARTS):
+                yield node.lineno
+
+
+def test_the_front_door_imports_only_the_parts_it_composes() -> None:
+    imported = {
+        (part, f"{path.relative_to(ROOT)}:{line}")
+        for path in sorted((ROOT / FRONT_DOOR).rglob("*.py"))
+        if path.name != "__main__.py"  # ``python -m agent_blackbox`` is the blackbox command
+        for part, line in _imported_parts(path)
+    }
+    assert {part for part, _ in imported} <= FRONT_DOOR_ALLOWED, sorted(imported)
+
+
+def test_no_part_imports_the_front_door() -> None:
+    found = {
+        f"{path.relative_to(ROOT)}:{line}"
+        for part, folder in PARTS.items()
+        if part not in FRONT_DOOR_USERS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line in _imports_of_the_front_door(path)
+    }
+    assert not found
+
+
+def test_the_checker_sees_the_front_door_however_it_is_imported(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import agent_blackbox as bb\n"
+        "from agent_blackbox import Recorder\n"
+        "import agent_blackbox.outbox\n"
+        "def f():\n"
+        "    from agent_blackbox.testing import MemoryRecorder\n",
+        encoding="utf-8",
+    )
+    assert sorted(_imports_of_the_front_door(module)) == [1, 2, 5]
 
 
 def test_the_checker_sees_an_import_it_must_refuse(tmp_path: Path) -> None:
