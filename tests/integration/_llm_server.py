@@ -36,6 +36,10 @@ class LoopbackServer:
     def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True  # keep-alive connections must not block stop()
+        # A connection reset between the poll that saw it and the accept would leave a
+        # blocking accept waiting forever, and stop() behind it: a non-blocking listener
+        # makes that accept fail at once (socketserver passes over the error).
+        self._httpd.socket.setblocking(False)
         # A short poll interval lets stop() return at once instead of after half a second.
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,
