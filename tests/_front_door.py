@@ -11,6 +11,7 @@ written. Delete this module when :data:`PENDING` is empty.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import sys
 import types
