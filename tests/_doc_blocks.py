@@ -73,7 +73,26 @@ KINDS: Mapping[str, frozenset[str]] = {
 DEFAULT_KIND = {"python": "run", "sh": "run", "sql": "run", "json": "parse", "cron": "parse"}
 
 PROGRAMS = frozenset(
-    {"cd", "echo", "export", "grep", "tail", "jq", "psql", "cat", "ls", "rm", "docker", "git"}
+    {
+        "cd",
+        "echo",
+        "export",
+        "grep",
+        "tail",
+        "jq",
+        "psql",
+        "cat",
+        "ls",
+        "rm",
+        "docker",
+        "git",
+        "kafka-topics.sh",
+        "kafka-consumer-groups.sh",
+        "openssl",
+        "chmod",
+        "page-oncall",
+        "date",
+    }
 )
 """Programs other than ``blackbox``, ``make``, ``python`` and ``pip`` a parse-checked
 command may name (shell built-ins and common tools the pages use)."""
@@ -486,8 +505,10 @@ class BlockFailed(DocBlockError):
         self, block: Block, output: str, error: BaseException | None, status: int | None = None
     ) -> None:
         what = f"exit status {status}" if status is not None else f"{type(error).__name__}"
-        super().__init__(f"{block.where}: the {block.language} block failed ({what}: {error})\n"
-                         f"--- block ---\n{block.code}--- output ---\n{output}")
+        super().__init__(
+            f"{block.where}: the {block.language} block failed ({what}: {error})\n"
+            f"--- block ---\n{block.code}--- output ---\n{output}"
+        )
         self.block = block
         self.error = error
 
