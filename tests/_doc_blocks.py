@@ -261,6 +261,10 @@ def commands(script: str) -> Iterator[list[str]]:
     """The simple commands of a shell script, as words (continued lines joined, comments
     dropped, split at ``;``, ``&&``, ``||``, ``|`` and ``$(...)``)."""
     text = script.replace("\\\n", " ")
+    inner = re.findall(r"\$\(([^()]*)\)", text)
+    text = re.sub(r"\$\(([^()]*)\)", "SUBSTITUTED", text)
+    for command in inner:
+        yield from commands(command)
     for line in text.splitlines():
         lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
         lexer.whitespace_split = True
@@ -286,7 +290,10 @@ def check_command(words: list[str]) -> None:
         words = words[1:]
     if not words:
         return
-    program, args = Path(words[0]).name, words[1:]
+    program, args = words[0], words[1:]
+    if program in (".", "source"):
+        return  # reads a file of variables the page or a command wrote
+    program = Path(program).name
     if program == "blackbox":
         check_blackbox(args)
     elif program == "make":
@@ -304,7 +311,7 @@ def check_command(words: list[str]) -> None:
     elif program == "export":
         for arg in args:
             check_variable(arg.split("=", 1)[0])
-    elif program not in PROGRAMS and program != ".":
+    elif program not in PROGRAMS:
         raise DocBlockError(f"unknown program {program!r} (tests/_doc_blocks.py PROGRAMS)")
 
 
