@@ -3,8 +3,8 @@
 A permission error (SQLSTATE 42501) means the command connected as the wrong role, or its
 login lacks a grant: retrying cannot help and a traceback helps nobody. Every command
 therefore stops at once with exit 2, naming what the database refused, the login it
-connected as, and the role the README's table ("Which role each process connects as")
-gives the command.
+connected as, and the role that the table "Which role each process connects as" of
+docs/guides/privacy-security.md gives the command.
 """
 
 from __future__ import annotations
@@ -49,11 +49,12 @@ ROLES: dict[str, str] = {
     "migrate": _OWNER,
     "demo": _OWNER,
 }
-"""Command (its first word) → the role it runs as: the README's role table."""
+"""Command (its first word) → the role it runs as: the role table of
+docs/guides/privacy-security.md."""
 
 
 def role_for(command: str) -> str:
-    """The role the README gives ``command`` (its first word after ``blackbox``)."""
+    """The role the documentation gives ``command`` (its first word after ``blackbox``)."""
     return ROLES.get(command, _OWNER)
 
 
@@ -98,8 +99,8 @@ def _refused(command: str, refusal: str) -> NoReturn:
     safe_console(stderr=True).print(
         f"[red]error:[/] the database refused `blackbox {safe_text(command)}` "
         f"({safe_text(_login())}): {safe_text(refusal)}. Retrying cannot help: run it as {role} "
-        '(README, "Which role each process connects as"); the refused statement changed '
-        "nothing",
+        '(docs/guides/privacy-security.md, "Which role each process connects as"); '
+        "the refused statement changed nothing",
         soft_wrap=True,
     )
     sys.exit(2)

@@ -584,7 +584,7 @@ class ReplayRun:
         """Check the transition against the recorded one, state included.
 
         ``connection`` is accepted and never touched: in replay, the agent's business
-        writes are its own concern (see the README on skipping them)."""
+        writes are its own concern (see docs/guides/replay.md on skipping them)."""
         ask = self._contract.transition(self._state, to_state, state, reason)
         self._transitioned(ask, to_state, self._take(ask.event_type, ask.input_digest, ask))
         return None

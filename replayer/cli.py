@@ -112,7 +112,7 @@ T = TypeVar("T")
     "--json",
     "as_json",
     is_flag=True,
-    help="JSON lines on stdout: one per run, then a summary (docs/replay-json.md).",
+    help="JSON lines on stdout: one per run, then a summary (docs/reference/replay-json.md).",
 )
 @click.option(
     "--nondeterminism",

@@ -22,11 +22,24 @@ class Settings:
     """
 
     database_url: str = DEFAULT_DATABASE_URL
+    """The Postgres database of the write side (``blackbox``) and the views
+    (``blackbox_views``), as an SQLAlchemy URL. Unset, with the Kafka bootstrap unset too,
+    it is the local stack's."""
     kafka_bootstrap: str = DEFAULT_KAFKA_BOOTSTRAP
+    """The Kafka brokers (``host:port``, comma-separated) the relay publishes to and
+    every consumer reads from."""
     topic: str = "blackbox.events"
+    """The events topic; dead letters go to ``<topic>.dlq``. Replay finds a run's topic
+    and partition through the events index, not through this setting."""
     partitions: int = 12
+    """The topic's partition count when the relay creates it. Choose it before the topic
+    holds data: more partitions later move runs to other partitions."""
     replication_factor: int = 1
+    """The topic's replication factor when the relay creates it (3 on a production
+    cluster)."""
     outbox_shards: int = 16
+    """How many shards the outbox is split into, each read by the one relay leasing it.
+    Writers and relays must agree; change it only with an empty outbox."""
     blob_threshold_bytes: int = 64 * 1024
     """A body (encoded and sealed) over this many bytes is stored in the content-addressed
     blob store, and the envelope carries its ``payload_ref`` instead of the bytes."""
@@ -54,6 +67,8 @@ class Settings:
     replayers are not all upgraded yet). Each envelope names its run's; readers follow
     the envelope, whatever this says."""
     consumer_group: str = "blackbox-views"
+    """The view consumer's group (``blackbox consume``; ``--group`` overrides it). Give
+    each topic its own groups."""
     consumer_session_timeout_ms: int = 6000
     """How long the group waits for a silent consumer before giving its partitions to
     another member. 6 s is the broker's smallest allowed session by default; heartbeats
@@ -66,6 +81,8 @@ class Settings:
     per member of a group; ``blackbox consume`` and ``sign`` default it to the consumer's
     name and the host's name (``#2``, ``#3``... for more running on the host at once)."""
     schema_registry_url: str | None = None
+    """Reserved for a Confluent-compatible schema registry; no part reads it yet, and
+    envelopes are written in Avro single-object encoding whatever it holds."""
     keyed_digest_classes: str = "sensitive,restricted"
     """Classifications whose digests must be HMAC-SHA256 under the tenant's key (comma
     list): a recorder without keys refuses their runs. A recorder with keys takes keyed

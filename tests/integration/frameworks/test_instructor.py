@@ -1,5 +1,5 @@
 """instructor, recorded on the real stack and replayed offline: the recipe
-``agent_blackbox.examples.recipes.instructor`` (``docs/recipes/instructor.md``).
+``agent_blackbox.examples.recipes.instructor`` (``docs/guides/frameworks/instructor.md``).
 
 instructor cannot share the dev environment (its ``jiter<0.15`` against ``openai>=3.4``),
 so the agent runs in the environment of its own (``_compat_env``, ``openai`` 2.x on the

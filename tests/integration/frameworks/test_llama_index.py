@@ -1,5 +1,5 @@
 """LlamaIndex's OpenAI LLM, recorded on the real stack and replayed offline: the recipe
-``agent_blackbox.examples.recipes.llama_index`` (``docs/recipes/llama-index.md``).
+``agent_blackbox.examples.recipes.llama_index`` (``docs/guides/frameworks/llama-index.md``).
 
 ``llama-index-llms-openai`` (every release to 0.8.3) needs ``openai<3``, below the dev
 pins, so the agent runs in the environment of its own (``_compat_env``, ``openai`` 2.x
