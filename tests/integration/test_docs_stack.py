@@ -10,24 +10,16 @@ import pytest
 
 from agent_blackbox.schemas import Settings
 from tests._doc_blocks import Page, pages
-from tests._doc_pages import (
-    model_servers,
-    run_page,
-    stand_ins_undone,  # noqa: F401 (a fixture)
-    variants,
-)
+from tests._doc_pages import model_servers, run_page
 
 pytestmark = pytest.mark.integration
 
 STACK_PAGES = [page for page in pages() if page.stack]
 
 
-@pytest.mark.usefixtures("stand_ins_undone")
-@pytest.mark.parametrize(("page", "stand_ins"), variants(STACK_PAGES))
+@pytest.mark.parametrize("page", STACK_PAGES, ids=[page.name for page in STACK_PAGES])
 @pytest.mark.timeout(900)
-def test_page_runs_on_the_stack(
-    page: Page, stand_ins: bool, settings: Settings, tmp_path: Path
-) -> None:
+def test_page_runs_on_the_stack(page: Page, settings: Settings, tmp_path: Path) -> None:
     env = {
         "BLACKBOX_DATABASE_URL": settings.database_url,
         "BLACKBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
@@ -40,6 +32,5 @@ def test_page_runs_on_the_stack(
             page,
             tmp_path,
             {**env, **providers},
-            stand_ins=stand_ins,
             database_url=settings.database_url,
         )

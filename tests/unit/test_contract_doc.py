@@ -1,4 +1,4 @@
-"""docs/consuming-from-other-languages.md says what the code does: its worked examples,
+"""docs/reference/other-languages.md says what the code does: its worked examples,
 names, bytes and tables are taken from the page and checked against the code."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from agent_blackbox.schemas import (
 from agent_blackbox.schemas._payload import _AAD_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = (ROOT / "docs" / "consuming-from-other-languages.md").read_text(encoding="utf-8")
+PAGE = (ROOT / "docs" / "reference" / "other-languages.md").read_text(encoding="utf-8")
 GOLDEN = ROOT / "tests" / "golden"
 
 

@@ -11,13 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests._doc_blocks import ROOT, Page, documented_variables, pages, parse_check
-from tests._doc_pages import (
-    model_servers,
-    pending_expected,
-    run_page,
-    stand_ins_undone,  # noqa: F401 (a fixture)
-    variants,
-)
+from tests._doc_pages import model_servers, run_page
 
 PAGES = pages()
 UNIT_PAGES = [page for page in PAGES if not page.stack]
@@ -35,18 +29,16 @@ NO_SERVICES = {
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
 def test_every_block_passes_its_parse_check(page: Page) -> None:
     assert page.error is None
-    with pending_expected(page):
-        for block in page.blocks:
-            if block.kind in ("parse", "run"):
-                parse_check(block)
+    for block in page.blocks:
+        if block.kind in ("parse", "run"):
+            parse_check(block)
 
 
-@pytest.mark.usefixtures("stand_ins_undone")
-@pytest.mark.parametrize(("page", "stand_ins"), variants(UNIT_PAGES))
+@pytest.mark.parametrize("page", UNIT_PAGES, ids=[page.name for page in UNIT_PAGES])
 @pytest.mark.timeout(600)
-def test_page_runs(page: Page, stand_ins: bool, tmp_path: Path) -> None:
+def test_page_runs(page: Page, tmp_path: Path) -> None:
     with model_servers() as providers:
-        run_page(page, tmp_path, {**NO_SERVICES, **providers}, stand_ins=stand_ins)
+        run_page(page, tmp_path, {**NO_SERVICES, **providers})
 
 
 def test_the_pages_have_blocks_of_every_kind_they_claim() -> None:
