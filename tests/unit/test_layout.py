@@ -28,24 +28,28 @@ PARTS = {
     "console": "console",
     "stack": "stack",
     "cli": "cli",
+    "wiring": "wiring",
     "examples": "examples",
 }
 ALLOWED = {
     "schemas": set(),
+    # The pool policy: every engine is built there (a leaf, like the contract).
+    "wiring": set(),
     "keystore": {"schemas"},
     "broker": {"schemas"},
     # The write side: the relay (outbox.relay) publishes through the broker layer.
-    "outbox": {"schemas", "keystore", "broker"},
-    "consumers": {"schemas", "keystore", "broker", "outbox"},
-    "replayer": {"schemas", "keystore", "broker", "outbox"},
+    "outbox": {"schemas", "wiring", "keystore", "broker"},
+    "consumers": {"schemas", "wiring", "keystore", "broker", "outbox"},
+    "replayer": {"schemas", "wiring", "keystore", "broker", "outbox"},
     # Backups and restore drills: a consumer of the topic, a restore of the write side,
     # views rebuilt on the restored copy.
-    "backup": {"schemas", "keystore", "broker", "outbox", "consumers"},
+    "backup": {"schemas", "wiring", "keystore", "broker", "outbox", "consumers"},
     # The run console: the views through the read side's functions, bodies through
     # the replayer's audited path, the key store's purpose rule.
     "console": {"schemas", "keystore", "consumers", "replayer"},
     "stack": {"schemas", "broker"},
-    "examples": {"schemas", "outbox", "consumers", "stack", "backup"},
+    "examples": {"schemas", "wiring", "outbox", "consumers", "stack", "backup"},
+    # The composition root: the one part that wires the others together.
     "cli": set(PARTS) - {"cli"},
 }
 # What an agent process carries: none of the pipeline's machinery.
@@ -193,3 +197,4 @@ def test_an_agent_loads_only_the_llm_sdk_it_captures() -> None:
     assert _loaded_after(f"import agent_blackbox.outbox, {integrations}", sdks) == []
     for sdk in sdks:
         assert _loaded_after(f"import {integrations}.{sdk}", sdks) == [sdk]
+
