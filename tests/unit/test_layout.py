@@ -198,3 +198,15 @@ def test_an_agent_loads_only_the_llm_sdk_it_captures() -> None:
     for sdk in sdks:
         assert _loaded_after(f"import {integrations}.{sdk}", sdks) == [sdk]
 
+
+def test_the_commands_live_in_the_cli_only() -> None:
+    """The parts are libraries: no module of theirs is a command (none imports click);
+    the ``blackbox`` commands live under ``cli/``, which wires the parts together."""
+    commands = {
+        str(path.relative_to(ROOT))
+        for part, folder in PARTS.items()
+        if part != "cli"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "click" in set(_imported_modules(path))
+    }
+    assert commands == set()
