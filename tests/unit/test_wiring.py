@@ -80,6 +80,18 @@ def test_every_engine_of_the_product_is_built_by_the_pool_policy() -> None:
     assert builders == {"wiring/_pools.py": 2}
 
 
+def test_kafka_clients_and_backup_stores_are_each_built_in_one_place() -> None:
+    kafka = {"Producer", "Consumer", "AdminClient"}
+    stores = {"FolderStore", "S3Store"}
+    built = {
+        (path, "kafka" if names is kafka else "store")
+        for path, source in _product_files()
+        for names in (kafka, stores)
+        if _calls(source, names)
+    }
+    assert built == {("broker/_clients.py", "kafka"), ("backup/_open.py", "store")}
+
+
 def test_only_the_listed_conveniences_read_the_settings_from_the_environment() -> None:
     readers = {
         path: count
