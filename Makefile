@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The files of the folders mapped into the agent_blackbox package. The editable install
 # is strict (a tree of links in build/ that static tools can read), so a module added or
 # removed is picked up by installing again. The list is rewritten only when it changes.
-PARTS := blackbox schemas outbox consumers replayer backup console keystore broker stack cli examples
+PARTS := blackbox schemas outbox consumers replayer backup console keystore broker stack cli wiring examples
 MANIFEST := $(VENV)/.package-files
 $(shell mkdir -p $(VENV) && find $(PARTS) -type f -not -path '*/__pycache__/*' 2>/dev/null | sort > $(MANIFEST).new && (cmp -s $(MANIFEST).new $(MANIFEST) || mv $(MANIFEST).new $(MANIFEST)); rm -f $(MANIFEST).new)
 

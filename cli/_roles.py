@@ -16,7 +16,8 @@ import click
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from agent_blackbox.schemas import Settings, permission_refused, safe_console, safe_text
+from agent_blackbox.cli._wiring import wired
+from agent_blackbox.schemas import permission_refused, safe_console, safe_text
 
 _OWNER = "the owner of both schemas (the migrations' user)"
 _VIEWS_OWNER = "the owner of blackbox_views"
@@ -80,25 +81,26 @@ class RoleCheckedGroup(click.Group):
             refusal = permission_refused(exc)
             if refusal is None:
                 raise
-            _refused(str(ctx.meta.get(_COMMAND_KEY, "")), refusal)
+            _refused(str(ctx.meta.get(_COMMAND_KEY, "")), refusal, _login(ctx))
 
 
 _COMMAND_KEY = "agent_blackbox.command"
 
 
-def _login() -> str:
+def _login(ctx: click.Context) -> str:
+    """The login the command connected as, from the invocation's settings."""
     try:
-        user = make_url(Settings.from_env().database_url).username
+        user = make_url(wired(ctx).settings.database_url).username
     except (ArgumentError, ValueError):
         return "its login"
     return f"login {user!r}" if user else "its login"
 
 
-def _refused(command: str, refusal: str) -> NoReturn:
+def _refused(command: str, refusal: str, login: str) -> NoReturn:
     role = role_for(command.split(" ")[0])
     safe_console(stderr=True).print(
         f"[red]error:[/] the database refused `blackbox {safe_text(command)}` "
-        f"({safe_text(_login())}): {safe_text(refusal)}. Retrying cannot help: run it as {role} "
+        f"({safe_text(login)}): {safe_text(refusal)}. Retrying cannot help: run it as {role} "
         '(docs/guides/privacy-security.md, "Which role each process connects as"); '
         "the refused statement changed nothing",
         soft_wrap=True,

@@ -37,6 +37,7 @@ from agent_blackbox.outbox._postgres import AsyncPostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
+from agent_blackbox.wiring import AGENT_POOL
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -169,10 +170,8 @@ class AsyncRecorder(AsyncRunLogRecorder):
         """A recorder with its own async engine for ``settings.database_url``; runs are
         encrypted when key-encryption keys are configured, as with
         :meth:`~agent_blackbox.outbox.Recorder.from_settings`."""
-        from sqlalchemy.ext.asyncio import create_async_engine
-
         settings = settings or Settings.from_env()
-        engine = create_async_engine(settings.database_url, pool_size=10)
+        engine = AGENT_POOL.async_engine(settings.database_url)
         return cls(engine, settings=settings, keys=DataKeyStore.from_env())
 
 

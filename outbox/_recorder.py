@@ -19,7 +19,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import _steps as steps
@@ -41,6 +41,7 @@ from agent_blackbox.outbox._postgres import PostgresLog
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
+from agent_blackbox.wiring import AGENT_POOL
 
 if TYPE_CHECKING:
     from agent_blackbox.outbox._postgres import Joinable
@@ -189,7 +190,7 @@ class Recorder(RunLogRecorder):
         encrypted when key-encryption keys are configured: ``BLACKBOX_KEK_PUBLIC_FILE``
         on agent hosts (wrap-only), or ``BLACKBOX_KEK_FILE`` / ``BLACKBOX_KEK``."""
         settings = settings or Settings.from_env()
-        engine = create_engine(settings.database_url, pool_size=10, max_overflow=20)
+        engine = AGENT_POOL.engine(settings.database_url)
         return cls(engine, settings=settings, keys=DataKeyStore.from_env())
 
 

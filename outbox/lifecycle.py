@@ -64,7 +64,7 @@ def append_redaction_txn(
     reason: str,
     key_ids: list[str],
     subject_id: str | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
     sign: StatementSigner | None = None,
 ) -> Envelope:
     """Append ``run.redacted`` to ``run_id`` in the caller's transaction; never commits.
@@ -79,7 +79,6 @@ def append_redaction_txn(
     Raises:
         RunNotActive: the run does not exist, or it moved on under this transaction.
     """
-    settings = settings or Settings.from_env()
     stored = load_run_txn(conn, run_id, shards=settings.outbox_shards)
     retention_class = stored.identity.retention_class if reason == "retention" else None
     sequence = stored.cursor.sequence + 1

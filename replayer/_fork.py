@@ -56,6 +56,7 @@ from agent_blackbox.schemas import (
     refusing_plaintext,
     run_tags,
 )
+from agent_blackbox.wiring import COMMAND_POOL
 
 ForkFactory = Callable[..., AgentEntry]
 """``factory(snapshot, *, base_url=..., api_key=...) -> entry``: the agent, built as the
@@ -500,9 +501,7 @@ class _Fork:
         if engine is None:
             memory = AsyncMemoryRecorder(**config)
             return await self._driven_async(memory), memory.events
-        from sqlalchemy.ext.asyncio import create_async_engine
-
-        writer = create_async_engine(engine.url, pool_size=2)
+        writer = COMMAND_POOL.async_engine(engine.url)
         try:
             sealed: RecorderConfig = {**config, "keys": keys}
             return await self._driven_async(AsyncRecorder(writer, **sealed)), []

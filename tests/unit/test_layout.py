@@ -28,24 +28,28 @@ PARTS = {
     "console": "console",
     "stack": "stack",
     "cli": "cli",
+    "wiring": "wiring",
     "examples": "examples",
 }
 ALLOWED = {
     "schemas": set(),
+    # The pool policy: every engine is built there (a leaf, like the contract).
+    "wiring": set(),
     "keystore": {"schemas"},
     "broker": {"schemas"},
     # The write side: the relay (outbox.relay) publishes through the broker layer.
-    "outbox": {"schemas", "keystore", "broker"},
-    "consumers": {"schemas", "keystore", "broker", "outbox"},
-    "replayer": {"schemas", "keystore", "broker", "outbox"},
+    "outbox": {"schemas", "wiring", "keystore", "broker"},
+    "consumers": {"schemas", "wiring", "keystore", "broker", "outbox"},
+    "replayer": {"schemas", "wiring", "keystore", "broker", "outbox"},
     # Backups and restore drills: a consumer of the topic, a restore of the write side,
     # views rebuilt on the restored copy.
-    "backup": {"schemas", "keystore", "broker", "outbox", "consumers"},
+    "backup": {"schemas", "wiring", "keystore", "broker", "outbox", "consumers"},
     # The run console: the views through the read side's functions, bodies through
     # the replayer's audited path, the key store's purpose rule.
     "console": {"schemas", "keystore", "consumers", "replayer"},
     "stack": {"schemas", "broker"},
-    "examples": {"schemas", "outbox", "consumers", "stack", "backup"},
+    "examples": {"schemas", "wiring", "outbox", "consumers", "stack", "backup"},
+    # The composition root: the one part that wires the others together.
     "cli": set(PARTS) - {"cli"},
 }
 # The front door (blackbox/: agent_blackbox itself and agent_blackbox.testing) composes the
@@ -249,3 +253,16 @@ def test_an_agent_loads_only_the_llm_sdk_it_captures() -> None:
     assert _loaded_after(f"import agent_blackbox.outbox, {integrations}", sdks) == []
     for sdk in sdks:
         assert _loaded_after(f"import {integrations}.{sdk}", sdks) == [sdk]
+
+
+def test_the_commands_live_in_the_cli_only() -> None:
+    """The parts are libraries: no module of theirs is a command (none imports click);
+    the ``blackbox`` commands live under ``cli/``, which wires the parts together."""
+    commands = {
+        str(path.relative_to(ROOT))
+        for part, folder in PARTS.items()
+        if part != "cli"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "click" in set(_imported_modules(path))
+    }
+    assert commands == set()

@@ -8,10 +8,16 @@ from pathlib import Path
 import click
 from fastavro.schema import SchemaParseException
 
-from agent_blackbox.schemas._compat import CompatibilityReport, check_registry
-from agent_blackbox.schemas._display import safe_console, safe_text
-from agent_blackbox.schemas._migrations import MigratorRegistry, default_migrators
-from agent_blackbox.schemas._registry import AVSC_DIR, SchemaRegistry
+from agent_blackbox.schemas import (
+    CompatibilityReport,
+    MigratorRegistry,
+    SchemaRegistry,
+    check_registry,
+    default_migrators,
+    safe_console,
+    safe_text,
+)
+from agent_blackbox.schemas._registry import AVSC_DIR
 
 
 @click.group("schemas")

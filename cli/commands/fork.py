@@ -13,26 +13,30 @@ import click
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
-from agent_blackbox.replayer._access import opening, purpose_option, recording_keys
-from agent_blackbox.replayer._fork import TOOL_MODES, ForkResult, ToolMode, fork_run
-from agent_blackbox.replayer._fork_diff import CallPair, ForkDiff, fork_diff
-from agent_blackbox.replayer._index import read_side
-from agent_blackbox.replayer._reexecute import (
-    APIS,
+from agent_blackbox.cli._purpose import purpose_option
+from agent_blackbox.cli._wiring import Wiring, wired
+from agent_blackbox.replayer import (
+    ForkResult,
+    KafkaRunSource,
+    ToolMode,
     check_routes,
     endpoints_for,
-    load_request_mapper,
+    fork_diff,
+    fork_run,
+    load_entry,
+    read_archive,
     reexecute,
 )
-from agent_blackbox.replayer._registry import load_entry
-from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
+from agent_blackbox.replayer._access import opening, recording_keys
+from agent_blackbox.replayer._fork import TOOL_MODES
+from agent_blackbox.replayer._fork_diff import CallPair, ForkDiff
+from agent_blackbox.replayer._reexecute import APIS, load_request_mapper
 from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
     EventType,
-    Settings,
     permission_refused,
     safe_console,
     safe_text,
@@ -41,15 +45,19 @@ from agent_blackbox.schemas import (
 __all__ = ["fork_command", "reexecute_command"]
 
 
-def _parent_events(run_id: str, archive: Path | None) -> tuple[list[Envelope], Engine | None]:
+def _parent_events(
+    wiring: Wiring, run_id: str, archive: Path | None
+) -> tuple[list[Envelope], Engine | None]:
+    """The run's events, from ``archive``, or from the topic through the run index (and
+    the engine made for that)."""
     if archive is not None:
         events = list(read_archive(archive, run_id=run_id))
         if not events:
             raise BlackboxError(f"run {run_id} is not in {archive}")
         return events, None
-    settings = Settings.from_env()
-    engine = create_engine(settings.database_url)
-    return list(KafkaRunSource(settings, read_side().run_index(engine), run_id)), engine
+    engine = wiring.engine()
+    index = wiring.read_side.run_index(engine)
+    return list(KafkaRunSource(wiring.settings, index, run_id)), engine
 
 
 def _changes(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -125,11 +133,12 @@ def fork_command(
     """
     console = safe_console(stderr=True)
     changes = _changes(pairs)
+    wiring = wired()
     engine: Engine | None = None
     try:
         factory = load_entry(factory_path)
-        parent, engine = _parent_events(run_id, archive)
-        engine = engine or create_engine(Settings.from_env().database_url)
+        parent, engine = _parent_events(wiring, run_id, archive)
+        engine = engine or wiring.engine()
         reading = opening(lambda: engine, purpose=purpose)
         result = fork_run(
             parent,
@@ -140,7 +149,7 @@ def fork_command(
             tools=tools,
             effects="sandbox" if effects == "sandbox" else "refuse",
             engine=None if dry_run else engine,
-            settings=Settings.from_env(),
+            settings=wiring.settings,
             pipeline=reading.pipeline,
             digests=reading.digests,
             keys=recording_keys(),
@@ -359,10 +368,11 @@ def reexecute_command(
     """
     console = safe_console(stderr=True)
     base_url, api_keys = _by_api(base_urls, "--base-url"), _api_keys(key_envs)
+    wiring = wired()
     engine: Engine | None = None
     try:
-        events, engine = _parent_events(run_id, archive)
-        engine = engine or create_engine(Settings.from_env().database_url)
+        events, engine = _parent_events(wiring, run_id, archive)
+        engine = engine or wiring.engine()
         pipeline = opening(lambda: engine, purpose=purpose).pipeline
         mapper = None if mapper_path is None else load_request_mapper(mapper_path)
         send = endpoints_for(events, base_url, api_key=api_keys, api=api)

@@ -1,8 +1,7 @@
 """``stack up | down | status``: the command-line face of :class:`agent_blackbox.stack.LocalStack`.
 
-The root ``blackbox`` command mounts :data:`stack_group`; ``python -m agent_blackbox.stack``
-runs it alone.
-Progress goes to stderr, results (endpoints, the status table) to stdout.
+The root ``blackbox`` command mounts :data:`stack_group`. Progress goes to stderr, results
+(endpoints, the status table) to stdout.
 """
 
 from __future__ import annotations

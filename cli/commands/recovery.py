@@ -15,14 +15,23 @@ from typing import NoReturn
 
 import click
 from rich.console import Console
-from rich.table import Table
 
-from agent_blackbox.backup._drill import DrillOptions, DrillReport, run_drill
-from agent_blackbox.backup._errors import BackupCorrupt, BackupError
-from agent_blackbox.backup._open import open_store
-from agent_blackbox.backup._partial import RESTORE_PREFIX, RestoreRequest, restore_runs
-from agent_blackbox.backup._store import BACKUP_URL_ENV
-from agent_blackbox.backup._target import Target, drop_target, existing_target
+from agent_blackbox.backup import (
+    BACKUP_URL_ENV,
+    BackupCorrupt,
+    BackupError,
+    DrillOptions,
+    RestoreRequest,
+    Target,
+    drop_target,
+    open_store,
+    print_drill,
+    restore_runs,
+    run_drill,
+)
+from agent_blackbox.backup._partial import RESTORE_PREFIX
+from agent_blackbox.backup._target import existing_target
+from agent_blackbox.cli._wiring import wired
 from agent_blackbox.keystore import purpose_problem
 from agent_blackbox.schemas import (
     PUBLIC_KEYS_ENV,
@@ -143,7 +152,7 @@ def drill_command(
     """
     console = safe_console(stderr=True, log_path=False)
     quiet_views()
-    settings = Settings.from_env()
+    settings = wired().settings
     if drop_name is not None:
         _drop(console, settings, drop_name, prefix="blackbox_drill_")
     if (problem := purpose_problem(purpose)) is not None:
@@ -168,36 +177,6 @@ def drill_command(
         name = report.kept_target.name
         console.print(f"kept: . ./{name}.env to use it; blackbox drill --drop {name} to drop it")
     sys.exit(0 if report.passed else 1)
-
-
-def print_drill(console: Console, report: DrillReport) -> None:
-    """The drill's report as tables: stages, checks, RPO and RTO."""
-    console.print(
-        f"cut {report.cut} of {report.cut_created_at}: {report.events:,} events of "
-        f"{report.runs:,} runs; target {safe_text(report.target or '-')}"
-        + (" (kept)" if report.kept else "")
-    )
-    stages = Table(title="stages")
-    stages.add_column("stage")
-    stages.add_column("seconds", justify="right")
-    for name, seconds in report.stages.items():
-        stages.add_row(name, f"{seconds:.1f}")
-    console.print(stages)
-    checks = Table(title="checks")
-    for column in ("check", "result", "detail"):
-        checks.add_column(column, overflow="fold")
-    marks = {True: "[green]PASS[/]", False: "[red]FAIL[/]", None: "[yellow]n/a[/]"}
-    for check in report.checks:
-        detail = "\n".join([safe_text(check.detail), *(safe_text(w) for w in check.where)])
-        checks.add_row(check.name, marks[check.passed], detail)
-    console.print(checks)
-    rpo = "-" if report.rpo_s is None else f"{report.rpo_s:.1f} s"
-    rto = "-" if report.rto_s is None else f"{report.rto_s:.1f} s"
-    console.print(f"RPO {rpo} (disaster point minus the cut's newest event), RTO {rto}")
-    for left in report.left_behind:
-        console.print(f"[yellow]left behind:[/] {safe_text(left)}")
-    verdict = "[green]PASS[/]: the backup restores" if report.passed else "[red]FAIL[/]"
-    console.print(verdict)
 
 
 @click.command("restore")
@@ -240,7 +219,7 @@ def restore_command(
     """
     console = safe_console(stderr=True, log_path=False)
     quiet_views()
-    settings = Settings.from_env()
+    settings = wired().settings
     env_path = env_file or Path(f"{into}.env")
     if drop:
         _drop(console, settings, RESTORE_PREFIX + into, prefix=RESTORE_PREFIX, env=env_path)

@@ -9,19 +9,21 @@ from pathlib import Path
 
 import click
 import uvicorn
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
-from agent_blackbox.console._app import create_app
-from agent_blackbox.console._auth import (
+from agent_blackbox.cli._wiring import wired
+from agent_blackbox.console import (
     Authenticator,
     ConsoleAuthError,
     LoopbackOnly,
     StaticTokens,
     TrustedProxyHeader,
+    create_app,
     is_loopback,
 )
-from agent_blackbox.schemas import Settings, safe_console, safe_text
+from agent_blackbox.schemas import safe_console, safe_text
+from agent_blackbox.wiring import SERVICE_POOL
 
 
 @click.command("web")
@@ -87,9 +89,10 @@ def web_command(
     except ConsoleAuthError as exc:
         err.print(f"[red]error:[/] {safe_text(exc)}")
         sys.exit(2)
-    settings = Settings.from_env()
+    wiring = wired()
+    settings = wiring.settings
     try:
-        engine = create_engine(settings.database_url, pool_pre_ping=True, pool_size=8)
+        engine = wiring.engine(SERVICE_POOL)
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         err.print(
             f"[red]error:[/] BLACKBOX_DATABASE_URL is not a PostgreSQL URL this console can "

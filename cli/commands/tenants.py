@@ -7,16 +7,17 @@ from typing import NoReturn, TypeVar
 
 import click
 from rich.table import Table
-from sqlalchemy import Connection, create_engine
+from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
+from agent_blackbox.cli._wiring import wired
 from agent_blackbox.outbox._tenants import (
     EVERY_TENANT,
     grant_tenant_txn,
     revoke_tenant_txn,
     tenant_grants_txn,
 )
-from agent_blackbox.schemas import Settings, permission_refused, safe_console, safe_text
+from agent_blackbox.schemas import permission_refused, safe_console, safe_text
 
 T = TypeVar("T")
 
@@ -30,7 +31,7 @@ def tenants_group() -> None:
 
 def _apply(change: Callable[[Connection, str, str], T], role: str, tenant: str) -> T:
     """``change`` in a transaction of its own; bad names are a usage error (exit 2)."""
-    engine = create_engine(Settings.from_env().database_url)
+    engine = wired().engine()
     try:
         with engine.begin() as conn:
             return change(conn, role, tenant)
@@ -80,7 +81,7 @@ def revoke(role: str, tenant: str) -> None:
 @click.option("--role", default=None, help="Only this role's grants.")
 def list_grants(role: str | None) -> None:
     """The grants, role by role."""
-    engine = create_engine(Settings.from_env().database_url)
+    engine = wired().engine()
     try:
         with engine.connect() as conn:
             grants = tenant_grants_txn(conn, role)

@@ -1,5 +1,5 @@
-"""``blackbox backup``: run the continuous backup, check a backup in its store, prune it;
-``blackbox drill`` and ``blackbox restore`` (from :mod:`._recovery_cli`)."""
+"""``blackbox backup``: run the continuous backup, check a backup in its store, prune it
+(``blackbox drill`` and ``blackbox restore`` are in :mod:`.recovery`)."""
 
 from __future__ import annotations
 
@@ -13,36 +13,39 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from agent_blackbox.backup._drill import no_cut, recorded_by_production
-from agent_blackbox.backup._errors import BackupError
-from agent_blackbox.backup._manifest import Manifest
-from agent_blackbox.backup._open import open_store
-from agent_blackbox.backup._prune import horizon_note, plan_prune, prune
-from agent_blackbox.backup._recovery_cli import (
-    AT,
-    STORE_HELP,
-    aware,
-    cannot_run,
-    drill_command,
-    print_drill,
-    required_verifier,
-    restore_command,
+from agent_blackbox.backup import (
+    BackupError,
+    BackupPolicy,
+    BackupWriter,
+    Manifest,
+    StoreCheck,
+    check_store,
+    open_store,
+    plan_prune,
+    prune,
 )
-from agent_blackbox.backup._verify import StoreCheck, check_store
-from agent_blackbox.backup._writer import BackupPolicy, BackupWriter
+from agent_blackbox.backup._drill import no_cut, recorded_by_production
+from agent_blackbox.backup._prune import horizon_note
 from agent_blackbox.broker import settle_heap
-from agent_blackbox.consumers import RetentionPolicy
-from agent_blackbox.consumers.cli import (
+from agent_blackbox.cli._wiring import wired
+from agent_blackbox.cli._workers import (
     could_not_run,
     metrics_port_option,
     serve_metrics,
     stop_on_signals,
 )
+from agent_blackbox.cli.commands.recovery import (
+    AT,
+    STORE_HELP,
+    aware,
+    cannot_run,
+    required_verifier,
+)
+from agent_blackbox.consumers import RetentionPolicy
 from agent_blackbox.schemas import (
     BlackboxError,
     CheckpointSigner,
     CheckpointVerifier,
-    Settings,
     permission_refused,
     safe_console,
     safe_text,
@@ -83,7 +86,7 @@ def backup_run(
     Manifests are signed with the checkpoint signer's key (BLACKBOX_SIGNING_KEY_FILE).
     """
     console = safe_console(stderr=True, log_path=False)
-    settings = Settings.from_env()
+    settings = wired().settings
     try:
         policy = BackupPolicy(roll_bytes=roll_mb * 1024 * 1024, roll_seconds=roll_seconds)
     except ValueError as exc:
@@ -155,7 +158,7 @@ def backup_verify(url: str | None, at: datetime | None, as_json: bool) -> None:
     Public keys: BLACKBOX_SIGNING_PUBLIC_KEYS, else the key of BLACKBOX_SIGNING_KEY_FILE.
     """
     console = safe_console(stderr=True, log_path=False)
-    settings = Settings.from_env()
+    settings = wired().settings
     when = aware(at)
     try:
         store = open_store(url)
@@ -243,6 +246,3 @@ def backup_prune(url: str | None, dry_run: bool) -> None:
     except BlackboxError as exc:
         could_not_run(console, exc)
     click.echo("nothing expired" if record is None else f"removed {summary} ({record.key})")
-
-
-__all__ = ["backup_group", "drill_command", "print_drill", "restore_command"]

@@ -16,16 +16,24 @@ from typing import IO, Any, Literal
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
+from agent_blackbox.cli._purpose import purpose_option
+from agent_blackbox.cli._wiring import Wiring, wired
 from agent_blackbox.keystore import AuditedKeys, request_access
 from agent_blackbox.outbox.storage import PostgresBlobs
-from agent_blackbox.replayer._access import opening, purpose_option
+from agent_blackbox.replayer import (
+    ExportTally,
+    KafkaRunSource,
+    RunIndex,
+    SourceError,
+    chat_examples,
+    event_records,
+    json_line,
+    read_archive,
+)
+from agent_blackbox.replayer._access import opening
 from agent_blackbox.replayer._batch import DEFAULT_LIMIT, RunFilter, nothing_matched
-from agent_blackbox.replayer._chat import chat_examples
-from agent_blackbox.replayer._export import ExportTally, event_records, json_line
-from agent_blackbox.replayer._index import RunIndex, read_side
-from agent_blackbox.replayer._sources import KafkaRunSource, SourceError, read_archive
 from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
@@ -154,14 +162,14 @@ def export_command(
     selecting = since is not None or (archive is not None and not run_ids)
     scope = RunFilter(agent_id, since, limit, include_forks) if selecting else None
     err = safe_console(stderr=True, soft_wrap=True)
-    settings = Settings.from_env()
-    engine = create_engine(settings.database_url, pool_size=2)
+    wiring = wired()
+    engine = wiring.engine()
     tally = ExportTally()
     sink = _Sink(output)
     try:
         read = purpose if bodies else None
         records, audit = _records(engine, form, examples == "call", read, tally)
-        runs, total = _runs(settings, engine, run_ids, scope, until, archive, err)
+        runs, total = _runs(wiring, engine, run_ids, scope, until, archive, err)
         for run_id, events in _progress(runs, total, tally, err, hidden=sink.on_terminal):
             if audit is not None and archive is None:
                 audit(run_id)  # the run's access request, before any of its bodies opens
@@ -245,7 +253,7 @@ def _records(
 
 
 def _runs(
-    settings: Settings,
+    wiring: Wiring,
     engine: Engine,
     run_ids: tuple[str, ...],
     scope: RunFilter | None,
@@ -262,7 +270,7 @@ def _runs(
     wanted = list(dict.fromkeys(run_ids))  # each once, in the order given
     if archive is not None:
         return _archive_runs(archive, wanted, scope, until), len(wanted) or None
-    index = read_side().run_index(engine)
+    settings, index = wiring.settings, wiring.read_side.run_index(engine)
     if scope is None:
         # Every run is located before anything is written: an unknown id stops the
         # export at once.

@@ -21,25 +21,26 @@ from rich.progress import (
     track,
 )
 from rich.table import Table
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from agent_blackbox.cli._wiring import wired
 from agent_blackbox.outbox.storage import PostgresBlobs, pending_events_txn, run_heads_txn
-from agent_blackbox.replayer._history import (
+from agent_blackbox.replayer import (
     AssembledRun,
-    HistoryScan,
-    RunHandler,
-    SkippedMessage,
-)
-from agent_blackbox.replayer._index import ReadSide, RunIndex, read_side
-from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
-from agent_blackbox.replayer._verify import (
     DatabaseCheck,
+    HistoryScan,
+    KafkaRunSource,
+    Problem,
+    ReadSide,
     RecordedHead,
+    RunHandler,
+    RunIndex,
+    SkippedMessage,
     VerifyReport,
+    read_archive,
     verify_run,
 )
-from agent_blackbox.replayer._verify_report import Problem
 from agent_blackbox.schemas import (
     PUBLIC_KEYS_ENV,
     BlackboxError,
@@ -50,6 +51,7 @@ from agent_blackbox.schemas import (
     safe_console,
     safe_text,
 )
+from agent_blackbox.wiring import COMMAND_POOL
 
 
 @click.command("verify")
@@ -113,14 +115,14 @@ def verify_command(
             raise BlackboxError(
                 f"--require-checkpoint needs the signers' public keys: set {PUBLIC_KEYS_ENV}"
             )
-        settings = Settings.from_env()
-        engine = create_engine(settings.database_url)
+        wiring = wired()
+        settings, side = wiring.settings, wiring.read_side
+        engine = wiring.engine()
         try:
-            side = read_side()
             index = side.run_index(engine)
             check = _Check(engine, index, verifier, require_checkpoint, archive is None)
             if every and archive is None:
-                work = VerifyWork(side, require_checkpoint)
+                work = VerifyWork(side, require_checkpoint, settings)
                 reports = _scanned(settings, index, work, workers, console)
             elif every:
                 assert archive is not None
@@ -212,15 +214,17 @@ def _scanned(
 @dataclass(frozen=True, slots=True)
 class VerifyWork:
     """What a worker of ``verify --all`` needs (picklable: each worker process makes
-    its own connection, run index and checkpoint verifier from it)."""
+    its own connection, run index and checkpoint verifier from it, with the settings of
+    the command that started it)."""
 
     side: ReadSide
     require_checkpoint: bool
+    settings: Settings
 
     def start(self) -> RunHandler[VerifyReport]:
-        settings = Settings.from_env()
-        # A small pool: every run is checked against blackbox.runs and the index.
-        engine = create_engine(settings.database_url, pool_size=2)
+        settings = self.settings
+        # A command's pool: every run is checked against blackbox.runs and the index.
+        engine = COMMAND_POOL.engine(settings.database_url)
         index = self.side.run_index(engine)
         check = _Check(engine, index, CheckpointVerifier.from_env(), self.require_checkpoint, True)
         return _VerifyHandler(check, settings, index, engine)

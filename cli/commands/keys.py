@@ -8,16 +8,13 @@ from pathlib import Path
 from typing import NoReturn
 
 import click
-from sqlalchemy import create_engine
 
-from agent_blackbox.keystore._errors import KeyProviderError
+from agent_blackbox.cli._wiring import wired
+from agent_blackbox.keystore import DataKeyStore, KeyProviderError, LocalKeyProvider
 from agent_blackbox.keystore._keyfile import write_key_file
-from agent_blackbox.keystore._postgres import DataKeyStore
-from agent_blackbox.keystore._provider import LocalKeyProvider
 from agent_blackbox.schemas import (
     BlackboxError,
     CheckpointSigner,
-    Settings,
     permission_refused,
     safe_console,
     safe_text,
@@ -130,7 +127,7 @@ def keys_rotate() -> None:
         could_not_run(exc)
     if provider is None:
         could_not_run("set BLACKBOX_KEK_FILE (holding the old and the new version)")
-    engine = create_engine(Settings.from_env().database_url)
+    engine = wired().engine()
     try:
         with safe_console(stderr=True).status(f"re-wrapping under {provider.current_version}"):
             count = DataKeyStore(provider).rotate(engine)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from itertools import chain, groupby
@@ -17,10 +17,27 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
+from agent_blackbox.cli._purpose import purpose_option
+from agent_blackbox.cli._wiring import Wiring, wired
 from agent_blackbox.outbox.storage import PostgresBlobs
-from agent_blackbox.replayer._access import opening, purpose_option
+from agent_blackbox.replayer import (
+    AgentRegistry,
+    AssembledRun,
+    Handled,
+    HistoryScan,
+    NondeterminismPolicy,
+    ReplayReport,
+    ReplayResults,
+    RunHandler,
+    RunIndex,
+    SkippedMessage,
+    SourceError,
+    UnknownAgent,
+    read_archive,
+)
+from agent_blackbox.replayer._access import opening
 from agent_blackbox.replayer._batch import (
     DEFAULT_LIMIT,
     BatchReplayer,
@@ -31,23 +48,9 @@ from agent_blackbox.replayer._batch import (
     nothing_matched,
     run_line,
 )
-from agent_blackbox.replayer._export_cli import export_command
-from agent_blackbox.replayer._fork_cli import fork_command, reexecute_command
-from agent_blackbox.replayer._history import (
-    AssembledRun,
-    Handled,
-    HistoryScan,
-    RunHandler,
-    SkippedMessage,
-)
-from agent_blackbox.replayer._index import ReadSide, ReplayResults, RunIndex, read_side
 from agent_blackbox.replayer._indexed import replay_indexed
-from agent_blackbox.replayer._registry import AgentRegistry, UnknownAgent, load_replay_entry
-from agent_blackbox.replayer._report import ReplayReport
-from agent_blackbox.replayer._sandbox import POLICIES, NondeterminismPolicy
-from agent_blackbox.replayer._sources import SourceError, read_archive
-from agent_blackbox.replayer._timeline import timeline_command
-from agent_blackbox.replayer._verify_cli import verify_command
+from agent_blackbox.replayer._registry import load_replay_entry
+from agent_blackbox.replayer._sandbox import POLICIES
 from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
@@ -56,15 +59,7 @@ from agent_blackbox.schemas import (
     safe_console,
     safe_text,
 )
-
-__all__ = [
-    "export_command",
-    "fork_command",
-    "reexecute_command",
-    "replay_command",
-    "timeline_command",
-    "verify_command",
-]
+from agent_blackbox.wiring import COMMAND_POOL
 
 T = TypeVar("T")
 
@@ -196,11 +191,14 @@ def replay_command(
         )
     scope = RunFilter(agent_id, since, limit, include_forks) if every else None
     out = _Output(as_json, Tally(filters=scope.describe() if scope else None))
-    results = _ResultKeeper(code_version, wired=archive is None)
+    wiring = wired()
+    results = _ResultKeeper(code_version, None if archive is not None else wiring)
     try:
         how = Replaying(nondeterminism, agent_modules, show_values, allow_network)
-        work = ReplayWork(agent_paths, purpose, how, skip_unknown=scope is not None)
-        for item in _reports(run_id, scope, archive, work, workers):
+        work = ReplayWork(
+            agent_paths, purpose, how, skip_unknown=scope is not None, settings=wiring.settings
+        )
+        for item in _reports(wiring, run_id, scope, archive, work, workers):
             if isinstance(item, SkippedMessage):
                 out.skip(item)
             else:
@@ -219,17 +217,17 @@ def replay_command(
 
 class _ResultKeeper:
     """Keeps each report in the read side's replay results, when the command was wired
-    with them; a result that cannot be kept is said once, and replay goes on."""
+    with them (``wiring``: none for runs read from an archive); a result that cannot be
+    kept is said once, and replay goes on."""
 
-    def __init__(self, code_version: str | None, *, wired: bool) -> None:
+    def __init__(self, code_version: str | None, wiring: Wiring | None) -> None:
         self._code_version = code_version
         self._engine: Engine | None = None
         self._results: ReplayResults | None = None
         self._failed = False
-        context = click.get_current_context(silent=True)
-        side = None if context is None or not wired else context.find_object(ReadSide)
-        if side is not None and side.replay_results is not None:
-            self._engine = create_engine(Settings.from_env().database_url, pool_size=1)
+        side = None if wiring is None else wiring.read_side
+        if wiring is not None and side is not None and side.replay_results is not None:
+            self._engine = wiring.engine()
             self._results = side.replay_results(self._engine)
 
     def keep(self, report: ReplayReport, out: _Output) -> None:
@@ -268,6 +266,7 @@ def _registry(agent_paths: tuple[str, ...]) -> AgentRegistry:
 
 
 def _reports(
+    wiring: Wiring,
     run_id: str | None,
     scope: RunFilter | None,
     archive: Path | None,
@@ -281,8 +280,8 @@ def _reports(
             keys cannot be read, the topic cannot be listed); a problem of one run is
             that run's report instead.
     """
-    settings = Settings.from_env()
-    engine = create_engine(settings.database_url)
+    settings = wiring.settings
+    engine = wiring.engine()
     console = safe_console(stderr=True)
     try:
         registry = _registry(work.agent_paths)
@@ -295,7 +294,7 @@ def _reports(
             for rid, opened in _progress(runs, None, console):
                 yield replayer.replay(rid, opened)
             return
-        index = read_side().run_index(engine)
+        index = wiring.read_side.run_index(engine)
         if scope is not None:
             ids = _indexed_runs(index, scope)
             scan = HistoryScan(settings, work, wanted=frozenset(ids), workers=workers)
@@ -313,16 +312,18 @@ def _reports(
 @dataclass(frozen=True, slots=True)
 class ReplayWork:
     """What a worker of ``replay --all`` needs to replay runs (picklable: each worker
-    process builds its own registry, keys and database connection from it)."""
+    process builds its own registry, keys and database connection from it, with the
+    settings of the command that started it)."""
 
     agent_paths: tuple[str, ...]
     purpose: str
     how: Replaying
     skip_unknown: bool = True
+    settings: Settings = field(kw_only=True)
 
     def start(self) -> RunHandler[ReplayReport]:
-        # A small pool: every run of the worker may read blobs or unwrap a key.
-        engine = create_engine(Settings.from_env().database_url, pool_size=2)
+        # A command's pool: every run of the worker may read blobs or unwrap a key.
+        engine = COMMAND_POOL.engine(self.settings.database_url)
         replayer = BatchReplayer(
             _registry(self.agent_paths),
             opening(lambda: engine, purpose=self.purpose),
