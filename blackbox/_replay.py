@@ -162,8 +162,6 @@ def _from_topic(
     Raises:
         AccessDenied: no usable purpose.
     """
-    from sqlalchemy import create_engine
-
     from agent_blackbox.consumers import ViewRunIndex
     from agent_blackbox.keystore import AccessDenied, purpose_problem
     from agent_blackbox.replayer import AgentRegistry, ReplayReport, opening, replay_indexed
@@ -177,9 +175,11 @@ def _from_topic(
         )
     if (problem := purpose_problem(stated, example=_PURPOSE_EXAMPLE)) is not None:
         raise AccessDenied(problem)
+    from agent_blackbox.wiring import COMMAND_POOL
+
     settings = settings or Settings.from_env()
-    # A small pool: the run index, the blobs and the key unwraps, one run at a time.
-    engine = create_engine(settings.database_url, pool_size=2)
+    # The run index, the blobs and the key unwraps, one run at a time: a command's pool.
+    engine = COMMAND_POOL.engine(settings.database_url)
     try:
         reports: list[ReplayReport] = []
         for item in replay_indexed(

@@ -56,7 +56,7 @@ ALLOWED = {
 # parts in the user's words: what it may import. The parts never import it, but for the
 # examples, which are written as a user writes an agent.
 FRONT_DOOR = "blackbox"
-FRONT_DOOR_ALLOWED = {"schemas", "keystore", "outbox", "consumers", "replayer"}
+FRONT_DOOR_ALLOWED = {"schemas", "wiring", "keystore", "outbox", "consumers", "replayer"}
 FRONT_DOOR_USERS = {"examples"}
 # What an agent process carries: none of the pipeline's machinery.
 FORBIDDEN_IN_AGENTS = ("confluent_kafka", "alembic", "prometheus_client", "rich")

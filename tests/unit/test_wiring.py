@@ -45,6 +45,9 @@ READS_THE_ENVIRONMENT = {
     "outbox/_core.py": 1,
     # A relay embedded in another process, made without settings.
     "outbox/relay/_relay.py": 1,
+    # bb.replay(run_id, entry) in an agent's own code: the one-call replay reads the
+    # environment as the one-line recorder does.
+    "blackbox/_replay.py": 1,
 }
 
 
