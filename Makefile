@@ -6,12 +6,12 @@ STAMP := $(VENV)/.installed
 # The files of the folders mapped into the agent_blackbox package. The editable install
 # is strict (a tree of links in build/ that static tools can read), so a module added or
 # removed is picked up by installing again. The list is rewritten only when it changes.
-PARTS := blackbox schemas outbox consumers replayer backup console keystore broker stack cli examples
+PARTS := blackbox schemas outbox consumers replayer backup console keystore broker stack cli wiring examples
 MANIFEST := $(VENV)/.package-files
 $(shell mkdir -p $(VENV) && find $(PARTS) -type f -not -path '*/__pycache__/*' 2>/dev/null | sort > $(MANIFEST).new && (cmp -s $(MANIFEST).new $(MANIFEST) || mv $(MANIFEST).new $(MANIFEST)); rm -f $(MANIFEST).new)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint bench soak up down status clean
+.PHONY: help demo test docs lint bench soak up down status clean
 
 help: ## List the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -27,8 +27,13 @@ $(STAMP): pyproject.toml $(MANIFEST)
 demo: $(STAMP) ## Set up, start the local stack, run the demo pipeline end to end
 	$(BIN)/blackbox demo
 
-test: $(STAMP) ## Set up and run every test (starts and stops its own Postgres and Kafka)
+test: $(STAMP) docs ## Set up, build the docs and run every test (starts and stops its own Postgres and Kafka)
 	$(BIN)/python -m pytest
+
+# Every warning (a broken link or anchor, a name the API reference cannot find, a setting
+# without a docstring) fails the build.
+docs: $(STAMP) ## Build the documentation site into build/site/ (mkdocs --strict)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict
 	$(BIN)/ruff check .

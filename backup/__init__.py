@@ -20,6 +20,7 @@ from __future__ import annotations
 from agent_blackbox.backup._chain import Chain, ChainProblem, head_manifest, load_chain
 from agent_blackbox.backup._drill import DrillOptions, DrillReport, run_drill
 from agent_blackbox.backup._drill_checks import Check
+from agent_blackbox.backup._drill_tables import print_drill
 from agent_blackbox.backup._errors import (
     BackupBusy,
     BackupCorrupt,
@@ -107,6 +108,7 @@ __all__ = [
     "load_pruned",
     "open_store",
     "plan_prune",
+    "print_drill",
     "prune",
     "restore_runs",
     "run_drill",

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 import agent_blackbox.outbox.snapshot as write_side
@@ -30,6 +30,7 @@ from agent_blackbox.consumers import (
 )
 from agent_blackbox.keystore import key_states_txn
 from agent_blackbox.schemas import Settings
+from agent_blackbox.wiring import COMMAND_POOL
 
 _SHOWN = 20
 _CHILD_TIMEOUT_S = 1_800.0
@@ -183,7 +184,7 @@ class DrillChecks:
         name = "views equal production's at the cut"
         limits = {run: head[0] for run, head in self._check.heads.items()}
         try:
-            production = create_engine(self._production.database_url, pool_size=1)
+            production = COMMAND_POOL.engine(self._production.database_url)
             try:
                 with production.connect() as conn:
                     theirs = view_digests_txn(conn, limits)

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
 import agent_blackbox.outbox.snapshot as write_side
@@ -41,6 +40,7 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     Settings,
 )
+from agent_blackbox.wiring import COMMAND_POOL
 
 
 @dataclass(slots=True)
@@ -116,7 +116,7 @@ def _notes(store: BackupStore, manifests: list[Manifest], gone: set[str]) -> Ite
 
 def _production_database(found: NewerDeletions, production: Settings, known: int) -> None:
     try:
-        engine = create_engine(production.database_url, pool_size=1)
+        engine = COMMAND_POOL.engine(production.database_url)
         try:
             with engine.connect() as conn:
                 found.add_rows(write_side.ledger_rows_txn(conn), known)

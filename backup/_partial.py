@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._copy import RestoredCopy, Stages, restore_copy
@@ -33,6 +33,7 @@ from agent_blackbox.backup._target import (
 from agent_blackbox.backup._verify import check_store
 from agent_blackbox.keystore import purpose_problem, record_access_txn
 from agent_blackbox.schemas import CheckpointVerifier, Settings
+from agent_blackbox.wiring import COMMAND_POOL
 
 RESTORE_PREFIX = "blackbox_restore_"
 _INTO = re.compile(r"[a-z][a-z0-9_]{0,23}")
@@ -168,7 +169,7 @@ def _audit_production(
     target: Target,
     say: Callable[[str], None],
 ) -> None:
-    engine = create_engine(production.database_url, pool_size=1)
+    engine = COMMAND_POOL.engine(production.database_url)
     try:
         _audit(engine, rows, request, outcome=f"restored from backup into {target.name}")
     except SQLAlchemyError as exc:

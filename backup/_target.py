@@ -15,15 +15,16 @@ import secrets
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from agent_blackbox.backup._errors import BackupError, first_line
 from agent_blackbox.broker import KafkaUnavailable, default_topics, delete_topics, ensure_topics
 from agent_blackbox.consumers import MigrationFailed, migrate_views
-from agent_blackbox.outbox import migrate_write_side
+from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import BlackboxError, Settings
+from agent_blackbox.wiring import COMMAND_POOL
 
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,40}")
 
@@ -178,7 +179,7 @@ def _admin(production: Settings) -> Engine:
     # The server's maintenance database, not production's: a drill must also run once
     # the production database is gone (and a database cannot be dropped from inside).
     url = make_url(production.database_url).set(database="postgres")
-    return create_engine(url, isolation_level="AUTOCOMMIT")
+    return COMMAND_POOL.engine(url, isolation_level="AUTOCOMMIT")
 
 
 def _drop_database(admin: Engine, name: str) -> str | None:
@@ -193,4 +194,4 @@ def _drop_database(admin: Engine, name: str) -> str | None:
 
 def target_engine(target: Target) -> Engine:
     """An engine on the target's database, as the target's own role."""
-    return create_engine(target.settings.database_url, pool_size=4, pool_pre_ping=True)
+    return COMMAND_POOL.engine(target.settings.database_url)

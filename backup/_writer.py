@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka import Message as KafkaMessage
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._chain import head_manifest
@@ -46,6 +46,7 @@ from agent_blackbox.backup._store import BackupStore
 from agent_blackbox.broker import KafkaUnavailable, kafka_errors, new_consumer, watermarks
 from agent_blackbox.consumers import OffsetMove, OffsetsMoved, advance_offsets, load_offsets
 from agent_blackbox.schemas import CheckpointSigner, EnvelopeCodec, Settings
+from agent_blackbox.wiring import COMMAND_POOL, SERVICE_POOL
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def recorded_offsets(
     (partition -> next offset); None when the database cannot be read (a disaster took
     it) or records nothing."""
     wanted = [(settings.topic, p) for p in partitions]
-    engine = create_engine(settings.database_url, pool_size=1)
+    engine = COMMAND_POOL.engine(settings.database_url)
     try:
         with engine.connect() as conn:
             found = load_offsets(conn, group_id=backup_group(store), partitions=wanted)
@@ -123,7 +124,7 @@ class BackupWriter:
         self._store = store
         self._signer = signer
         self._owns_engine = engine is None
-        self._engine = engine or create_engine(settings.database_url, pool_pre_ping=True)
+        self._engine = engine or SERVICE_POOL.engine(settings.database_url)
         self._policy = policy or BackupPolicy()
         self.metrics = metrics or BackupMetrics(topic=settings.topic)
         self.group_id = backup_group(store)

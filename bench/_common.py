@@ -27,7 +27,7 @@ from sqlalchemy import Engine, text
 
 from agent_blackbox.broker import new_admin, settle_heap
 from agent_blackbox.consumers import BatchOutcome, ConsumerRuntime
-from agent_blackbox.outbox import migrate_write_side
+from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings, safe_console
 
 PARTITIONS = 12

@@ -19,8 +19,9 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from agent_blackbox.broker import LeaseStamp, new_producer, producer_config
-from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot, shard_of
+from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import EVENT_ID_HEADER
+from agent_blackbox.outbox.storage import shard_of
 from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, EnvelopeCodec, Settings
 from bench._common import drop_runs
 

@@ -68,13 +68,11 @@ from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import (
     AsyncMemoryRecorder,
     AsyncRecorder,
-    AsyncRecorderBase,
     MemoryRecorder,
     Recorder,
     RunSnapshot,
-    SyncRecorder,
-    migrate_write_side,
 )
+from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings
 from bench import _sdk_capture
 from bench._common import console, emit, percentile, stage
@@ -246,7 +244,9 @@ class SyncVariant:
         base_url: the fake server's.
     """
 
-    def __init__(self, capture: str, recorder: SyncRecorder | None, base_url: str) -> None:
+    def __init__(
+        self, capture: str, recorder: Recorder | MemoryRecorder | None, base_url: str
+    ) -> None:
         self.capture, self.recorder = capture, recorder
         self.client = openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0)
         if capture == "transport":
@@ -271,7 +271,9 @@ class SyncVariant:
 class AsyncVariant:
     """The async twin of :class:`SyncVariant`."""
 
-    def __init__(self, capture: str, recorder: AsyncRecorderBase | None, base_url: str) -> None:
+    def __init__(
+        self, capture: str, recorder: AsyncRecorder | AsyncMemoryRecorder | None, base_url: str
+    ) -> None:
         self.capture, self.recorder = capture, recorder
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
         if capture == "transport":
@@ -519,7 +521,7 @@ def _fields(settings: Settings) -> dict[str, Any]:
 
 
 def sync_variants(
-    recorders: Mapping[str, SyncRecorder | None], base_url: str
+    recorders: Mapping[str, Recorder | MemoryRecorder | None], base_url: str
 ) -> dict[str, SyncVariant]:
     """The variants whose recorder is among ``recorders`` (by recorder name)."""
     return {
@@ -530,7 +532,7 @@ def sync_variants(
 
 
 def async_variants(
-    recorders: Mapping[str, AsyncRecorderBase | None], base_url: str
+    recorders: Mapping[str, AsyncRecorder | AsyncMemoryRecorder | None], base_url: str
 ) -> dict[str, AsyncVariant]:
     """The async twin of :func:`sync_variants`."""
     return {

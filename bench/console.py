@@ -30,7 +30,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from agent_blackbox.consumers import migrate_views
-from agent_blackbox.outbox import migrate_write_side
+from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings
 from bench._common import emit, percentile, progress, stage
 

@@ -38,8 +38,8 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 from sqlalchemy import Engine, create_engine, text
 
 from agent_blackbox.broker import ensure_topics, read_stamp, settle_heap, watermarks
-from agent_blackbox.outbox import pending_events_txn
 from agent_blackbox.outbox.relay import Relay
+from agent_blackbox.outbox.storage import pending_events_txn
 from agent_blackbox.schemas import Settings
 from bench import _synthetic
 from bench._common import (

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_blackbox.broker import LeaseStamp, ensure_topics, new_producer, producer_config
+from agent_blackbox.cli.commands.replay import ReplayWork
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
 from agent_blackbox.replayer import (
     HistoryScan,
@@ -56,7 +57,6 @@ from agent_blackbox.replayer import (
     write_archive,
 )
 from agent_blackbox.replayer._batch import Replaying
-from agent_blackbox.replayer.cli import ReplayWork
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, Settings
 from agent_blackbox.stack import StackSettings
 from bench._common import PARTITIONS, bench_settings, console, delete_topics, emit, progress, stage
@@ -290,7 +290,9 @@ def replay_history(settings: Settings, *, workers: int | None) -> tuple[int, int
     seconds, CPU seconds of this process and its workers). Raises when a run did not
     pass."""
     how = Replaying()
-    work = ReplayWork((f"{BENCH}=bench.replay:loop_agent",), "bench of history replay", how)
+    work = ReplayWork(
+        (f"{BENCH}=bench.replay:loop_agent",), "bench of history replay", how, settings=settings
+    )
     scan = HistoryScan(settings, work, workers=workers)
     runs, failed = 0, []
     cpu = _cpu_seconds()

@@ -3,8 +3,8 @@
 A permission error (SQLSTATE 42501) means the command connected as the wrong role, or its
 login lacks a grant: retrying cannot help and a traceback helps nobody. Every command
 therefore stops at once with exit 2, naming what the database refused, the login it
-connected as, and the role the README's table ("Which role each process connects as")
-gives the command.
+connected as, and the role that the table "Which role each process connects as" of
+docs/guides/privacy-security.md gives the command.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import click
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from agent_blackbox.schemas import Settings, permission_refused, safe_console, safe_text
+from agent_blackbox.cli._wiring import wired
+from agent_blackbox.schemas import permission_refused, safe_console, safe_text
 
 _OWNER = "the owner of both schemas (the migrations' user)"
 _VIEWS_OWNER = "the owner of blackbox_views"
@@ -49,11 +50,12 @@ ROLES: dict[str, str] = {
     "migrate": _OWNER,
     "demo": _OWNER,
 }
-"""Command (its first word) → the role it runs as: the README's role table."""
+"""Command (its first word) → the role it runs as: the role table of
+docs/guides/privacy-security.md."""
 
 
 def role_for(command: str) -> str:
-    """The role the README gives ``command`` (its first word after ``blackbox``)."""
+    """The role the documentation gives ``command`` (its first word after ``blackbox``)."""
     return ROLES.get(command, _OWNER)
 
 
@@ -79,27 +81,28 @@ class RoleCheckedGroup(click.Group):
             refusal = permission_refused(exc)
             if refusal is None:
                 raise
-            _refused(str(ctx.meta.get(_COMMAND_KEY, "")), refusal)
+            _refused(str(ctx.meta.get(_COMMAND_KEY, "")), refusal, _login(ctx))
 
 
 _COMMAND_KEY = "agent_blackbox.command"
 
 
-def _login() -> str:
+def _login(ctx: click.Context) -> str:
+    """The login the command connected as, from the invocation's settings."""
     try:
-        user = make_url(Settings.from_env().database_url).username
+        user = make_url(wired(ctx).settings.database_url).username
     except (ArgumentError, ValueError):
         return "its login"
     return f"login {user!r}" if user else "its login"
 
 
-def _refused(command: str, refusal: str) -> NoReturn:
+def _refused(command: str, refusal: str, login: str) -> NoReturn:
     role = role_for(command.split(" ")[0])
     safe_console(stderr=True).print(
         f"[red]error:[/] the database refused `blackbox {safe_text(command)}` "
-        f"({safe_text(_login())}): {safe_text(refusal)}. Retrying cannot help: run it as {role} "
-        '(README, "Which role each process connects as"); the refused statement changed '
-        "nothing",
+        f"({safe_text(login)}): {safe_text(refusal)}. Retrying cannot help: run it as {role} "
+        '(docs/guides/privacy-security.md, "Which role each process connects as"); '
+        "the refused statement changed nothing",
         soft_wrap=True,
     )
     sys.exit(2)

@@ -1,8 +1,7 @@
 """The read side: a consumer runtime with offsets in the database, and the first views.
 
-Typical use::
+Typical use, with the settings the process read once::
 
-    settings = Settings.from_env()
     migrate_views(settings.database_url)
     with ViewConsumer(settings) as consumer:
         consumer.run(stop=stop_event)

@@ -3,13 +3,14 @@
 Agents never hold the signing key. This consumer follows every run's hash chain as its
 events arrive (one stored head per run) and signs run, tenant, last sequence, chain
 hash and whether the run had finished with Ed25519, but only when ``blackbox.runs`` (the
-write side's source of truth, read through :func:`agent_blackbox.outbox.run_heads_txn`)
-holds exactly that head: a run the database does not know, or a topic head it never
-committed, is refused and recorded in ``integrity_violations`` (with a log line and the
-consumer's violations metric), never signed. A run is signed when it ends, and while it
-runs every ``every_events`` events or ``every_seconds`` (mid-run checkpoints), so long
-and crashed runs are covered too. ``blackbox verify`` checks the log against the latest
-signature: a log rewritten later, even consistently, no longer matches the signed head.
+write side's source of truth, read through
+:func:`agent_blackbox.outbox.storage.run_heads_txn`) holds exactly that head: a run the
+database does not know, or a topic head it never committed, is refused and recorded in
+``integrity_violations`` (with a log line and the consumer's violations metric), never
+signed. A run is signed when it ends, and while it runs every ``every_events`` events
+or ``every_seconds`` (mid-run checkpoints), so long and crashed runs are covered too.
+``blackbox verify`` checks the log against the latest signature: a log rewritten later,
+even consistently, no longer matches the signed head.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from agent_blackbox.consumers._signing import (
     judge,
 )
 from agent_blackbox.consumers._tables import integrity_violations
-from agent_blackbox.outbox import RunHead, run_heads_txn
+from agent_blackbox.outbox.storage import RunHead, run_heads_txn
 from agent_blackbox.schemas import Checkpoint, CheckpointSigner, Envelope, Settings, safe_text
 
 log = logging.getLogger(__name__)

@@ -170,7 +170,7 @@ def shred_run_txn(
     *,
     reason: str,
     subject_id: str | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
     signer: CheckpointSigner | None = None,
 ) -> Redaction | None:
     """Destroy the data keys of ``run_id``, scrub the run's clear values (state, effect
@@ -255,6 +255,7 @@ class RetentionJob:
     Args:
         engine: a connection as the schema owner (it destroys keys and deletes rows).
         policy: the retention classes.
+        settings: the outbox's shard count, for the ``run.redacted`` notes it appends.
         clock: the current time (tests move it).
         abandon_after: how long a run may go without an event before a pass marks it
             ``abandoned`` (``BLACKBOX_ABANDON_AFTER_HOURS``, default 24): crashed runs
@@ -269,7 +270,7 @@ class RetentionJob:
         engine: Engine,
         *,
         policy: RetentionPolicy | None = None,
-        settings: Settings | None = None,
+        settings: Settings,
         clock: Callable[[], datetime] | None = None,
         batch: int = 200,
         abandon_after: timedelta | None = None,
@@ -279,7 +280,7 @@ class RetentionJob:
         self._signer = signer
         self.abandon_after = abandon_after or abandon_after_from_env()
         self.policy = policy or RetentionPolicy.from_env()
-        self._settings = settings or Settings.from_env()
+        self._settings = settings
         self._clock = clock or (lambda: datetime.now(UTC))
         self._batch = batch
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
+from agent_blackbox.broker import partition_count as topic_partitions
 from agent_blackbox.broker import run_partition
 from agent_blackbox.consumers._checkpoints import load_checkpoint
 from agent_blackbox.consumers._errors import ViewStoreUnavailable
-from agent_blackbox.schemas import BlackboxError, Checkpoint, safe_text
+from agent_blackbox.schemas import BlackboxError, Checkpoint, Settings, safe_text
 
 _LOCATE = text(
     """
@@ -71,6 +73,13 @@ class ViewRunIndex:
     ) -> None:
         self._engine = engine
         self._partition_count = partition_count
+
+    @classmethod
+    def from_settings(cls, engine: Engine, settings: Settings) -> ViewRunIndex:
+        """The run index of the views in ``engine``, which asks the broker of
+        ``settings`` for a topic's partition count when a run is indexed on several
+        partitions (to read the one its key maps to)."""
+        return cls(engine, partition_count=partial(topic_partitions, settings))
 
     def locate(self, run_id: str) -> IndexedRun | None:
         """Where ``run_id`` is; None when the events index does not know it.

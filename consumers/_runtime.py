@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaPartition
 from prometheus_client import CollectorRegistry
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from agent_blackbox.broker import (
@@ -67,6 +67,7 @@ from agent_blackbox.schemas import (
     EnvelopeCodec,
     Settings,
 )
+from agent_blackbox.wiring import SERVICE_POOL
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class ConsumerRuntime:
         self.group_id = group_id or settings.consumer_group
         self._screen = screen
         self._owns_engine = engine is None
-        self._engine = engine or create_engine(settings.database_url, pool_pre_ping=True)
+        self._engine = engine or SERVICE_POOL.engine(settings.database_url)
         self._codec = codec or EnvelopeCodec()
         self._batch_size = batch_size
         self._client_config = dict(client_config or {})

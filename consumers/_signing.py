@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum, StrEnum
 
-from agent_blackbox.outbox import RunHead
+from agent_blackbox.outbox.storage import RunHead
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     BlackboxError,

@@ -14,10 +14,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, Engine
 
-from agent_blackbox.backup import BACKUP_URL_ENV, BackupWriter, DrillOptions, open_store, run_drill
-from agent_blackbox.backup.cli import print_drill
+from agent_blackbox.backup import (
+    BACKUP_URL_ENV,
+    BackupWriter,
+    DrillOptions,
+    open_store,
+    print_drill,
+    run_drill,
+)
 from agent_blackbox.consumers import (
     AnalyticsConsumer,
     CheckpointConsumer,
@@ -29,8 +35,9 @@ from agent_blackbox.consumers import (
     views_summary_txn,
 )
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-from agent_blackbox.outbox import Recorder, migrate_write_side, pending_events_txn
+from agent_blackbox.outbox import Recorder
 from agent_blackbox.outbox.relay import Relay
+from agent_blackbox.outbox.storage import migrate_write_side, pending_events_txn
 from agent_blackbox.schemas import (
     PUBLIC_KEYS_ENV,
     SIGNING_KEY_FILE_ENV,
@@ -41,25 +48,28 @@ from agent_blackbox.schemas import (
     write_owner_only,
 )
 from agent_blackbox.stack import Endpoints, LocalStack, StackError
+from agent_blackbox.wiring import AGENT_POOL
 
 AGENTS_ENV = "BLACKBOX_AGENTS"
 DEMO_AGENTS = "ticket-agent=agent_blackbox.examples.ticket_agent:replay_entry"
 
 
-def run_demo(*, runs: int, workers: int, console: Console) -> bool:
+def run_demo(settings: Settings, *, runs: int, workers: int, console: Console) -> bool:
     """Bring the pipeline up and push ``runs`` ticket-agent runs through all of it; whether
-    the closing restore drill passed."""
+    the closing restore drill passed. ``settings`` are the command's; the database and
+    the broker are the stack's."""
     console.rule("agent-blackbox demo")
     stack = LocalStack(console=console)
     endpoints = stack.up(with_s3=True)
     settings = replace(
-        Settings.from_env(),
+        settings,
         database_url=endpoints.database_url,
         kafka_bootstrap=endpoints.kafka_bootstrap,
     )
     migrate_write_side(settings.database_url)
     migrate_views(settings.database_url)
-    engine = create_engine(settings.database_url, pool_size=workers + 4)
+    # The pool of an agent's recorder: the demo's agents record from `workers` threads.
+    engine = AGENT_POOL.engine(settings.database_url)
     try:
         timings: dict[str, float] = {}
         run_ids = _record(engine, settings, runs, workers, console, timings)

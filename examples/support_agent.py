@@ -36,7 +36,13 @@ import openai
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from agent_blackbox.outbox import AsyncRecorderBase, AsyncRun, EffectOutcome, RunSnapshot
+from agent_blackbox.outbox import (
+    AsyncMemoryRecorder,
+    AsyncRecorder,
+    AsyncRun,
+    EffectOutcome,
+    RunSnapshot,
+)
 from agent_blackbox.outbox.integrations.openai import capture_openai
 from agent_blackbox.schemas import digest
 
@@ -375,7 +381,7 @@ def production_agent(*, base_url: str, api_key: str, engine: AsyncEngine) -> Sup
 
 
 async def record_ticket(
-    recorder: AsyncRecorderBase, agent: SupportAgent, ticket: Mapping[str, str]
+    recorder: AsyncRecorder | AsyncMemoryRecorder, agent: SupportAgent, ticket: Mapping[str, str]
 ) -> tuple[AsyncRun, dict[str, Any]]:
     """Handle ``ticket`` as one recorded run (what production calls per ticket)."""
     return await recorder.record(

@@ -1,7 +1,6 @@
 # The public surface of agent_blackbox.outbox. Names are loaded lazily (see __init__.py);
 # lazy_loader reads this stub, so every import here is relative and names one module.
 from ._async import AsyncRecorder as AsyncRecorder
-from ._async import AsyncRecorderBase as AsyncRecorderBase
 from ._async import AsyncRun as AsyncRun
 from ._context import current_run as current_run
 from ._core import RecorderConfig as RecorderConfig
@@ -27,22 +26,15 @@ from ._errors import RecordedError as RecordedError
 from ._errors import RunNotActive as RunNotActive
 from ._errors import WriterRefused as WriterRefused
 from ._group import GroupCommit as GroupCommit
-from ._heads import RunHead as RunHead
-from ._heads import run_heads_txn as run_heads_txn
 from ._llm import completion_view as completion_view
 from ._memory import AsyncMemoryRecorder as AsyncMemoryRecorder
 from ._memory import MemoryRecorder as MemoryRecorder
-from ._migrate import migrate_write_side as migrate_write_side
 from ._network import Hole as Hole
 from ._network import UnrecordedCall as UnrecordedCall
 from ._network import UnrecordedCallWarning as UnrecordedCallWarning
-from ._postgres import PostgresBlobs as PostgresBlobs
-from ._postgres import outbox_backlog_txn as outbox_backlog_txn
-from ._postgres import pending_events_txn as pending_events_txn
 from ._protocol import AgentRun as AgentRun
 from ._recorder import Recorder as Recorder
 from ._recorder import Run as Run
-from ._recorder import SyncRecorder as SyncRecorder
 from ._recovery import PendingEffect as PendingEffect
 from ._redaction import DEFAULT_DETECTORS as DEFAULT_DETECTORS
 from ._redaction import DETECTORS as DETECTORS
@@ -56,22 +48,6 @@ from ._sandbox import NondeterminismWarning as NondeterminismWarning
 from ._sandbox import NondeterministicRead as NondeterministicRead
 from ._sandbox import UnrecordedNondeterminism as UnrecordedNondeterminism
 from ._sandbox import agent_package as agent_package
-from ._tables import NOTIFY_CHANNEL as NOTIFY_CHANNEL
-from ._tables import SCHEMA as SCHEMA
-from ._tables import access_audit as access_audit
-from ._tables import blobs as blobs
-from ._tables import data_keys as data_keys
-from ._tables import deletion_ledger as deletion_ledger
-from ._tables import effects as effects
-from ._tables import outbox as outbox
-from ._tables import relay_leases as relay_leases
-from ._tables import relay_members as relay_members
-from ._tables import runs as runs
-from ._tables import tenant_grants as tenant_grants
-from ._tenants import EVERY_TENANT as EVERY_TENANT
-from ._tenants import grant_tenant_txn as grant_tenant_txn
-from ._tenants import revoke_tenant_txn as revoke_tenant_txn
-from ._tenants import tenant_grants_txn as tenant_grants_txn
 from ._tool import tool as tool
 from ._values import DEFAULT_CONVERTERS as DEFAULT_CONVERTERS
 from ._values import Converter as Converter
@@ -83,4 +59,3 @@ from ._values import encode_value as encode_value
 from ._values import rebuild_error as rebuild_error
 from ._values import recorded_value as recorded_value
 from ._values import register_converter as register_converter
-from ._writer import shard_of as shard_of

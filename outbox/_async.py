@@ -38,6 +38,7 @@ from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._surface import AsyncBoundaries
 from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
+from agent_blackbox.wiring import AGENT_POOL
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -78,10 +79,11 @@ class AsyncRunLog(Protocol):
         ...
 
 
-class AsyncRecorderBase(RecorderBase):
-    """Records runs of asyncio agents into an event log; the API of
-    :class:`AsyncRecorder` and :class:`~agent_blackbox.outbox.AsyncMemoryRecorder`,
-    method for method that of the sync recorders."""
+class AsyncRunLogRecorder(RecorderBase):
+    """Records runs of asyncio agents into an :class:`AsyncRunLog`: the API
+    :class:`AsyncRecorder` and :class:`~agent_blackbox.outbox.AsyncMemoryRecorder` share,
+    method for method that of the sync recorders. Not public: users construct one of those
+    two, and annotate with ``AsyncRecorder | AsyncMemoryRecorder`` where either will do."""
 
     def __init__(self, log: AsyncRunLog, **config: Unpack[RecorderConfig]) -> None:
         super().__init__(**config)
@@ -151,7 +153,7 @@ class AsyncRecorderBase(RecorderBase):
         return self.remember_digest(options.tenant_id, keyed)
 
 
-class AsyncRecorder(AsyncRecorderBase):
+class AsyncRecorder(AsyncRunLogRecorder):
     """Records runs of asyncio agents into the Postgres outbox; the async twin of
     :class:`~agent_blackbox.outbox.Recorder`.
 
@@ -169,10 +171,8 @@ class AsyncRecorder(AsyncRecorderBase):
         """A recorder with its own async engine for ``settings.database_url``; runs are
         encrypted when key-encryption keys are configured, as with
         :meth:`~agent_blackbox.outbox.Recorder.from_settings`."""
-        from sqlalchemy.ext.asyncio import create_async_engine
-
         settings = settings or Settings.from_env()
-        engine = create_async_engine(settings.database_url, pool_size=10)
+        engine = AGENT_POOL.async_engine(settings.database_url)
         return cls(engine, settings=settings, keys=DataKeyStore.from_env())
 
 
@@ -182,7 +182,7 @@ class AsyncRun(AsyncBoundaries):
 
     core: RunCore
 
-    def __init__(self, recorder: AsyncRecorderBase, core: RunCore) -> None:
+    def __init__(self, recorder: AsyncRunLogRecorder, core: RunCore) -> None:
         self._recorder = recorder
         self.core = core
         self._lock = asyncio.Lock()
@@ -246,6 +246,7 @@ class AsyncRun(AsyncBoundaries):
                     output = await output
         except Exception as exc:
             await self.finish(status="failed", error=exc)
+            exc.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
             raise
         await self.finish(output=output)
         return output

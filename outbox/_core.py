@@ -58,6 +58,7 @@ from agent_blackbox.outbox._writer import (
     shard_of,
 )
 from agent_blackbox.schemas import (
+    NEW_RUNS,
     DataKey,
     Digester,
     Envelope,
@@ -65,7 +66,6 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     Settings,
     check_tags,
-    digest,
     tag_attributes,
 )
 
@@ -180,7 +180,10 @@ class RunCore:
         self.nondeterminism: NondeterminismMode = "off"
         self.unreported: Exception | None = None
         """A failure of a group flush made in the background, raised at the next boundary."""
-        self.requests = RequestPrefixes(enabled=factory.settings.llm_request_references == "on")
+        self.requests = RequestPrefixes(
+            enabled=factory.settings.llm_request_references == "on",
+            canonical=identity.digest.canonical,
+        )
         """The run's latest LLM requests, that a new one may be stored against."""
         self.network: NetworkMode = "off"
         """What to do about a call that leaves the process without crossing a boundary."""
@@ -415,7 +418,7 @@ class RecorderBase:
         encrypted = self.keys is not None
         keyed = self.settings.digest_keyed(classification, encrypted=encrypted)
         if not keyed and not self.scrub.pseudonymous:
-            return digest
+            return self.settings.canonicalisation.digest
         if self.keys is None:
             raise KeystoreError(
                 f"runs classified {classification!r} take keyed digests (HMAC under the "
@@ -424,7 +427,8 @@ class RecorderBase:
         return self._digests.get(tenant_id)
 
     def remember_digest(self, tenant_id: str, keyed: Digester) -> Digester:
-        self._digests[tenant_id] = keyed
+        """Keep the tenant's keyed digest, over the canonicalisation of new runs."""
+        keyed = self._digests[tenant_id] = keyed.under(self.settings.canonicalisation)
         return keyed
 
     def plan(self, snapshot: RunSnapshot, options: RunOptions, run_digest: Digester) -> StartPlan:
@@ -459,7 +463,9 @@ class RecorderBase:
             raise RunNotActive(
                 f"run {stored.identity.run_id} is {stored.status}; only running runs resume"
             )
-        identity = stored.identity
+        # A run carries on in this recorder's canonicalisation: each event names its own.
+        canonical = self.settings.canonicalisation
+        identity = replace(stored.identity, digest=stored.identity.digest.under(canonical))
         if data_key is not None:
             identity = replace(identity, data_key=data_key)
         core = RunCore(identity, self._factory, self.scrub)
@@ -516,7 +522,7 @@ def plan_start(
     options: RunOptions,
     *,
     keys: DataKeyStore | None = None,
-    digest: Digester = digest,
+    digest: Digester = NEW_RUNS.digest,
     scrub: Scrub | None = None,
 ) -> StartPlan:
     """Identity and first event of a new run (and its data key when ``keys`` is given);

@@ -21,9 +21,10 @@ from typing import Any
 
 from agent_blackbox.outbox._boundaries import Crossing, error_info, plain_error
 from agent_blackbox.schemas import (
+    CANONICAL_V1,
     LLM_CALL_VERSION,
+    Canonicalisation,
     EventType,
-    canonical_json,
     canonical_text,
     choice_view,
     declared_tool_schemas,
@@ -175,7 +176,13 @@ def _tool_calls(choice: Any) -> list[Any]:
     return calls if isinstance(calls, list) else []
 
 
-def truncated_llm_call(crossing: Crossing, *, body_bytes: int, ceiling: int) -> Crossing:
+def truncated_llm_call(
+    crossing: Crossing,
+    *,
+    body_bytes: int,
+    ceiling: int,
+    canonical: Canonicalisation = CANONICAL_V1,
+) -> Crossing:
     """``crossing`` (an :func:`llm_call`) with a body that fits under ``ceiling`` bytes.
 
     The input and output (and so the envelope's digests) stay those of the whole call:
@@ -195,6 +202,8 @@ def truncated_llm_call(crossing: Crossing, *, body_bytes: int, ceiling: int) -> 
         crossing: the LLM call as :func:`llm_call` built it.
         body_bytes: the size of its encoded body, which was over ``ceiling``.
         ceiling: the largest body the store keeps (``Settings.max_blob_bytes``).
+        canonical: the run's canonicalisation, which the digests of the request and
+            the response are taken over.
     """
     body = dict(crossing.body)
     room = max(ceiling - _HEADROOM - _utf8_size(body["request_params_json"]), 0)
@@ -209,30 +218,31 @@ def truncated_llm_call(crossing: Crossing, *, body_bytes: int, ceiling: int) -> 
         response_text = None
     body["raw_request_json"] = request_text if keep_request else None
     body["raw_response_json"] = response_text
-    whole = request_text
-    if body.get("request_prefix") is not None:  # stored by reference: the sizes are the whole's
-        whole = canonical_text(dict(crossing.input["request"]), path="llm.request")
+    whole = request_text.encode("utf-8")
+    if body.get("request_prefix") is not None or canonical is not CANONICAL_V1:
+        # Stored by reference (the sizes are the whole's), or hashed in another form.
+        whole = canonical.json(dict(crossing.input["request"]), path="llm.request")
         if not keep_request:
             body["request_prefix"] = None
     body["body_truncated"] = {
         "body_bytes": body_bytes,
         "ceiling_bytes": ceiling,
-        "request_bytes": _utf8_size(whole),
-        "request_sha256": digest_bytes(whole.encode("utf-8")),
+        "request_bytes": len(whole),
+        "request_sha256": digest_bytes(whole),
         "response_bytes": response_size,
-        "response_sha256": _response_sha256(crossing),
+        "response_sha256": _response_sha256(crossing, canonical),
         "reduced_response_json": reduced,
     }
     attributes = {**crossing.attributes, "body_truncated": "true"}
     return replace(crossing, body=body, attributes=attributes)
 
 
-def _response_sha256(crossing: Crossing) -> str | None:
+def _response_sha256(crossing: Crossing, canonical: Canonicalisation) -> str | None:
     """SHA-256 of the canonical JSON of the whole response. The stored text is ordered
-    JSON, of the same length (``response_bytes`` is its size) but not what is hashed."""
+    JSON (``response_bytes`` is its size), not what is hashed."""
     if crossing.body["raw_response_json"] is None:
         return None
-    return digest_bytes(canonical_json(dict(crossing.output["response"]), path="llm.response"))
+    return canonical.digest(dict(crossing.output["response"]), path="llm.response")
 
 
 def _reduced(response: Mapping[str, Any], room: int) -> str | None:

@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Unpack
 
 from agent_blackbox.keystore import DataKeyStore, KeystoreError
-from agent_blackbox.outbox._async import AsyncRecorderBase
+from agent_blackbox.outbox._async import AsyncRunLogRecorder
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import RecorderConfig, RunCore, StartPlan
 from agent_blackbox.outbox._errors import RunNotActive
 from agent_blackbox.outbox._group import Batch
-from agent_blackbox.outbox._recorder import SyncRecorder
+from agent_blackbox.outbox._recorder import RunLogRecorder
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._writer import Cursor, PreparedEvent, RunIdentity
 from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
@@ -191,7 +191,7 @@ class _InMemory:
         return self.log.read(ref)
 
 
-class MemoryRecorder(_InMemory, SyncRecorder):
+class MemoryRecorder(_InMemory, RunLogRecorder):
     """Records runs exactly as :class:`~agent_blackbox.outbox.Recorder` does, into a list.
 
     Args:
@@ -211,7 +211,7 @@ class MemoryRecorder(_InMemory, SyncRecorder):
         super().__init__(self.log, **_memory_config(config))
 
 
-class AsyncMemoryRecorder(_InMemory, AsyncRecorderBase):
+class AsyncMemoryRecorder(_InMemory, AsyncRunLogRecorder):
     """The async twin of :class:`MemoryRecorder`, for asyncio agents' unit tests."""
 
     def __init__(

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.outbox._errors import DatabaseUnavailable
+from agent_blackbox.wiring import MIGRATION_POOL
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -23,7 +24,7 @@ def migrate_write_side(database: str | Engine) -> None:
     from alembic import command
     from alembic.config import Config
 
-    engine = create_engine(database) if isinstance(database, str) else database
+    engine = MIGRATION_POOL.engine(database) if isinstance(database, str) else database
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     try:

@@ -24,15 +24,15 @@ stay out of it.
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from agent_blackbox.outbox._context import current_run, in_crossing
+from agent_blackbox.outbox._sandbox import NondeterminismMode, watch_mode
 from agent_blackbox.outbox._sites import Site, agent_site
 from agent_blackbox.schemas import BlackboxError
 
@@ -46,11 +46,10 @@ __all__ = [
     "watch_connections",
 ]
 
-NetworkMode = Literal["off", "warn", "fail"]
+NetworkMode = NondeterminismMode
 """What a recording run does about a hole: nothing, report it (attribute and warning),
 or refuse it and fail the run."""
 MODE_VARIABLE = "BLACKBOX_RECORD_NETWORK"
-_MODES = ("off", "warn", "fail")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +94,7 @@ def network_mode(value: str | None) -> NetworkMode:
     Raises:
         ValueError: not ``off``, ``warn`` or ``fail``.
     """
-    source = "the network option"
-    if value is None:
-        value, source = os.environ.get(MODE_VARIABLE, "warn") or "warn", MODE_VARIABLE
-    if value not in _MODES:
-        raise ValueError(f"{source} is {value!r}; use one of {', '.join(_MODES)}")
-    return value  # type: ignore[return-value]
+    return watch_mode(value, variable=MODE_VARIABLE, default="warn", option="network")
 
 
 # The audit hook ------------------------------------------------------------------------

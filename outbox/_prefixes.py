@@ -17,7 +17,9 @@ from typing import Any
 
 from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.schemas import (
+    CANONICAL_V1,
     REFERENCE_WINDOW,
+    Canonicalisation,
     EventType,
     SplitRequest,
     canonical_text,
@@ -37,8 +39,10 @@ class _Recorded:
 class RequestPrefixes:
     """The latest requests of one run, and how a new one is stored against them."""
 
-    def __init__(self, *, enabled: bool = True) -> None:
+    def __init__(self, *, enabled: bool = True, canonical: Canonicalisation = CANONICAL_V1) -> None:
         self.enabled = enabled
+        self.canonical = canonical
+        """The run's canonicalisation: a whole request's digest is taken over it."""
         self._recent: list[_Recorded] = []
 
     def shortened(self, crossing: Crossing, sequence: int) -> Crossing:
@@ -79,9 +83,16 @@ class RequestPrefixes:
             "key": split.key or "",
             "items": best.items,
             "fields": sorted(shared),
-            "request_sha256": digest_bytes(whole.encode("utf-8")),
+            "request_sha256": self._request_sha256(request, whole),
         }
         return replace(crossing, body=body)
+
+    def _request_sha256(self, request: Mapping[str, Any], whole: str) -> str:
+        """The digest of the whole request: of its text, which is its version 1
+        canonical JSON, or of the request under the run's canonicalisation."""
+        if self.canonical is CANONICAL_V1:
+            return digest_bytes(whole.encode("utf-8"))
+        return self.canonical.digest(request, path="llm.request")
 
     def forget(self, sequence: int) -> None:
         """Never name event ``sequence`` (its request was not stored whole)."""

@@ -1,6 +1,6 @@
 """The Recorder in record mode, for synchronous agents.
 
-:class:`SyncRecorder` is the API (start, record, resume, recover); what it appends to is
+:class:`RunLogRecorder` is the API (start, record, resume, recover); what it appends to is
 an event log, Postgres for :class:`Recorder` and a list for
 :class:`~agent_blackbox.outbox.MemoryRecorder`. :class:`Run` is the agent's door to the
 world; each of its boundaries is a step generator of ``_steps.py`` driven in sync code.
@@ -17,7 +17,7 @@ from contextvars import Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import _steps as steps
@@ -42,6 +42,7 @@ from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._surface import Boundaries
 from agent_blackbox.outbox._writer import new_event_id
 from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
+from agent_blackbox.wiring import AGENT_POOL
 
 if TYPE_CHECKING:
     from agent_blackbox.outbox._postgres import Joinable
@@ -80,9 +81,10 @@ class RunLog(Protocol):
         ...
 
 
-class SyncRecorder(RecorderBase):
-    """Records agent runs into an event log; the API of :class:`Recorder` and
-    :class:`~agent_blackbox.outbox.MemoryRecorder`."""
+class RunLogRecorder(RecorderBase):
+    """Records agent runs into a :class:`RunLog`: the API :class:`Recorder` (Postgres) and
+    :class:`~agent_blackbox.outbox.MemoryRecorder` share. Not public: users construct one
+    of those two, and annotate with ``Recorder | MemoryRecorder`` where either will do."""
 
     def __init__(self, log: RunLog, **config: Unpack[RecorderConfig]) -> None:
         super().__init__(**config)
@@ -170,7 +172,7 @@ class SyncRecorder(RecorderBase):
         return self.remember_digest(options.tenant_id, keyed)
 
 
-class Recorder(SyncRecorder):
+class Recorder(RunLogRecorder):
     """Records agent runs into the Postgres outbox.
 
     Args:
@@ -189,7 +191,7 @@ class Recorder(SyncRecorder):
         encrypted when key-encryption keys are configured: ``BLACKBOX_KEK_PUBLIC_FILE``
         on agent hosts (wrap-only), or ``BLACKBOX_KEK_FILE`` / ``BLACKBOX_KEK``."""
         settings = settings or Settings.from_env()
-        engine = create_engine(settings.database_url, pool_size=10, max_overflow=20)
+        engine = AGENT_POOL.engine(settings.database_url)
         return cls(engine, settings=settings, keys=DataKeyStore.from_env())
 
 
@@ -210,7 +212,7 @@ class Run(Boundaries):
 
     core: RunCore
 
-    def __init__(self, recorder: SyncRecorder, core: RunCore) -> None:
+    def __init__(self, recorder: RunLogRecorder, core: RunCore) -> None:
         self._recorder = recorder
         self.core = core
         self._lock = threading.RLock()
@@ -274,6 +276,7 @@ class Run(Boundaries):
                 output = entry(self, input)
         except Exception as exc:
             self.finish(status="failed", error=exc)
+            exc.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
             raise
         self.finish(output=output)
         return output

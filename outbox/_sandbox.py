@@ -405,9 +405,22 @@ def mode_from(value: str | None) -> NondeterminismMode:
     Raises:
         ValueError: the value is not ``off``, ``warn`` or ``fail``.
     """
-    source = "the nondeterminism option"
+    return watch_mode(value, variable=MODE_VARIABLE, default="off", option="nondeterminism")
+
+
+def watch_mode(
+    value: str | None, *, variable: str, default: NondeterminismMode, option: str
+) -> NondeterminismMode:
+    """What a recorder does about something it watches for (``off``, ``warn`` or
+    ``fail``): ``value`` when given, else the environment ``variable``'s, else
+    ``default``.
+
+    Raises:
+        ValueError: the value is not one of the three, naming the ``option`` or variable.
+    """
+    source = f"the {option} option"
     if value is None:
-        value, source = os.environ.get(MODE_VARIABLE, "off") or "off", MODE_VARIABLE
+        value, source = os.environ.get(variable, default) or default, variable
     if value not in _MODES:
         raise ValueError(f"{source} is {value!r}; use one of {', '.join(_MODES)}")
     return value  # type: ignore[return-value]

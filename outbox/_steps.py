@@ -45,7 +45,7 @@ from agent_blackbox.outbox._effects import EffectOutcome, EffectPolicy, EffectRe
 from agent_blackbox.outbox._errors import EffectRejected, RunNotActive
 from agent_blackbox.outbox._placement import Place
 from agent_blackbox.outbox._recovery import PendingEffect
-from agent_blackbox.schemas import EventType, digest
+from agent_blackbox.schemas import EventType
 
 __all__ = ["Begin", "Call", "Cross", "End", "Settle", "Steps"]
 
@@ -318,7 +318,7 @@ def transition(
     ask = core.contract.transition(core.state, to_state, state, reason)
     envelope, output = yield Cross(ask, c.transition, None, connection, c.state_digest)
     core.state = to_state
-    core.state_digest = digest(output["state"])
+    core.state_digest = core.contract.digest.canonical.digest(output["state"])
     return envelope
 
 

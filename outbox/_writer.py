@@ -19,6 +19,8 @@ from agent_blackbox.outbox._placement import placed_attributes
 from agent_blackbox.outbox._tracing import current_trace
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
+    NEW_RUNS,
+    Canonicalisation,
     DataKey,
     Digester,
     Envelope,
@@ -28,13 +30,13 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     Sealed,
     Settings,
-    digest,
     digest_bytes,
 )
 
 Truncate = Callable[..., Crossing]
 """Builds a crossing whose body fits under the ceiling: ``(crossing, *, body_bytes,
-ceiling) -> Crossing``; its input and output (so its digests) must stay the same."""
+ceiling, canonical) -> Crossing``; its input and output (so its digests) must stay the
+same, and the digests it writes into the body are taken over ``canonical``."""
 
 _TRUNCATE: dict[str, Truncate] = {EventType.LLM_CALL: truncated_llm_call}
 """Bodies that are recorded truncated over the ceiling rather than refused: a model
@@ -59,8 +61,10 @@ class RunIdentity:
     retention_class: str = "standard"
     data_key: DataKey | None = field(default=None, repr=False, compare=False)
     """The run's data key while this writer records it (encrypted runs only)."""
-    digest: Digester = field(default=digest, repr=False, compare=False)
-    """How the run's input and output digests are taken (keyed for sensitive classes)."""
+    digest: Digester = field(default=NEW_RUNS.digest, repr=False, compare=False)
+    """How the run's input and output digests are taken (keyed for sensitive classes),
+    and over which canonicalisation: its chain is taken over the same, and each of its
+    envelopes names it."""
     credential: bytes | None = field(default=None, repr=False, compare=False)
     """The writer credential of this writer (the database keeps only its SHA-256): what
     lets it, and only it, append to the run. None for jobs that write as the schema's
@@ -144,7 +148,8 @@ class EventFactory:
             event_type=crossing.event_type,
             body_version=crossing.version,
         )
-        crossing, sealed = self._packed(crossing, context)
+        canonical = identity.digest.canonical
+        crossing, sealed = self._packed(crossing, context, canonical)
         size = len(sealed.data)
         blob = None
         payload: bytes | None = sealed.data
@@ -176,7 +181,9 @@ class EventFactory:
             key_id=sealed.key_id,
             classification=identity.classification,
             retention_class=identity.retention_class,
-            attributes=placed_attributes(crossing.attributes, crossing.place, sequence),
+            attributes=_with_canonicalisation(
+                placed_attributes(crossing.attributes, crossing.place, sequence), canonical
+            ),
         )
         envelope = unchained.linked(cursor.chain_head)
         status = (
@@ -184,7 +191,9 @@ class EventFactory:
         )
         return PreparedEvent(envelope, self._codec.encode(envelope), blob, status)
 
-    def _packed(self, crossing: Crossing, context: PayloadContext) -> tuple[Crossing, Sealed]:
+    def _packed(
+        self, crossing: Crossing, context: PayloadContext, canonical: Canonicalisation
+    ) -> tuple[Crossing, Sealed]:
         """The sealed body of ``crossing``, or of its truncated form when the whole body
         is over the ceiling."""
         sealed = self._pipeline.pack(crossing.event_type, crossing.version, crossing.body, context)
@@ -194,7 +203,9 @@ class EventFactory:
         truncate = _TRUNCATE.get(crossing.event_type)
         if truncate is None:
             raise PayloadTooLarge(crossing.event_type, len(sealed.data), ceiling)
-        crossing = truncate(crossing, body_bytes=len(sealed.data), ceiling=ceiling)
+        crossing = truncate(
+            crossing, body_bytes=len(sealed.data), ceiling=ceiling, canonical=canonical
+        )
         sealed = self._pipeline.pack(crossing.event_type, crossing.version, crossing.body, context)
         if len(sealed.data) > ceiling:
             raise PayloadTooLarge(crossing.event_type, len(sealed.data), ceiling)
@@ -247,3 +258,12 @@ def new_event_id() -> str:
         pool.data, at, pool.generation = os.urandom(_POOL_BYTES), 0, _generation
     pool.at = at + 16
     return str(uuid.UUID(bytes=pool.data[at : at + 16], version=4))
+
+
+def _with_canonicalisation(
+    attributes: dict[str, str], canonical: Canonicalisation
+) -> dict[str, str]:
+    """``attributes`` naming ``canonical`` (the same dict for version 1, which envelopes
+    name by saying nothing)."""
+    named = canonical.attributes
+    return {**attributes, **named} if named else attributes

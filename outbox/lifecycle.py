@@ -15,7 +15,7 @@ shrinks as they are shredded.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -64,7 +64,7 @@ def append_redaction_txn(
     reason: str,
     key_ids: list[str],
     subject_id: str | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
     sign: StatementSigner | None = None,
 ) -> Envelope:
     """Append ``run.redacted`` to ``run_id`` in the caller's transaction; never commits.
@@ -79,7 +79,6 @@ def append_redaction_txn(
     Raises:
         RunNotActive: the run does not exist, or it moved on under this transaction.
     """
-    settings = settings or Settings.from_env()
     stored = load_run_txn(conn, run_id, shards=settings.outbox_shards)
     retention_class = stored.identity.retention_class if reason == "retention" else None
     sequence = stored.cursor.sequence + 1
@@ -104,8 +103,9 @@ def append_redaction_txn(
         signature=signature,
     )
     factory = new_factory(settings, None, utc_now)  # plain: no key is left to seal with
-    event = factory.prepare(stored.identity, stored.cursor, crossing, event_id=new_event_id())
-    if event.envelope.sequence != sequence or not append_txn(conn, stored.identity, event):
+    identity = replace(stored.identity, digest=settings.canonicalisation.digest)
+    event = factory.prepare(identity, stored.cursor, crossing, event_id=new_event_id())
+    if event.envelope.sequence != sequence or not append_txn(conn, identity, event):
         raise RunNotActive(f"run {run_id} moved on while its redaction was appended")
     return event.envelope
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
-import click
 from sqlalchemy import Engine
 
 from agent_blackbox.keystore import (
@@ -19,8 +17,6 @@ from agent_blackbox.keystore import (
 )
 from agent_blackbox.replayer._opening import DigestKeys
 from agent_blackbox.schemas import PayloadPipeline
-
-FC = TypeVar("FC", bound=Callable[..., object])
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,26 +50,6 @@ def opening(engine: Callable[[], Engine], *, purpose: str) -> Opening:
         return Opening(PayloadPipeline())
     keys = AuditedKeys(engine(), provider, purpose=purpose)
     return Opening(PayloadPipeline(sealer=AesGcmSealer(keys)), keys)
-
-
-def _check_purpose(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    if value is not None and (problem := purpose_problem(value)) is not None:
-        raise click.BadParameter(problem)
-    return value
-
-
-def purpose_option(*, required: bool) -> Callable[[FC], FC]:
-    """The ``--purpose`` option (``BLACKBOX_PURPOSE``) of every command that reads bodies;
-    a purpose :func:`purpose_problem` finds fault with is a usage error (exit 2)."""
-    # No explicit default: click then refuses a required option that is missing.
-    return click.option(
-        "--purpose",
-        envvar="BLACKBOX_PURPOSE",
-        required=required,
-        callback=_check_purpose,
-        help="Why recorded bodies are read (one line, 3-500 characters); written to the "
-        "access audit with every key unwrapped.",
-    )
 
 
 def recording_keys() -> DataKeyStore | None:

@@ -6,7 +6,8 @@ import, a key is missing) is a result of its own, ``ERROR``, and the batch goes 
 whose agent has no entry point at all is ``SKIPPED``. Only divergences are findings.
 
 The ``--json`` form of both is one JSON-lines stream (documented in
-``docs/replay-json.md``): a ``run`` line per run as it finishes, then one ``summary`` line.
+``docs/reference/replay-json.md``): a ``run`` line per run as it finishes, then one
+``summary`` line.
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ from __future__ import annotations
 import inspect
 import json
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from sqlalchemy import Engine
 
@@ -28,7 +29,6 @@ from agent_blackbox.outbox import (
     AgentRun,
     AsyncMemoryRecorder,
     AsyncRecorder,
-    AsyncRecorderBase,
     AsyncRun,
     EffectPolicy,
     LiveTools,
@@ -57,6 +57,7 @@ from agent_blackbox.schemas import (
     refusing_plaintext,
     run_tags,
 )
+from agent_blackbox.wiring import COMMAND_POOL
 
 ForkFactory = Callable[..., AgentEntry]
 """``factory(snapshot, *, base_url=..., api_key=...) -> entry``: the agent, built as the
@@ -220,19 +221,56 @@ class LlmUse:
     error: str | None = None
 
 
-class _ObservedRun:
+RunT = TypeVar("RunT", Run, AsyncRun)
+
+
+class _Observed(Generic[RunT]):
     """The fork's run as the agent's code sees it: every boundary is the recorder's,
     and the LLM calls are also noted for the comparison with the parent: those the
     code makes through ``run.llm`` and those a recording HTTP transport (a captured or
     instrumented SDK client) opens and settles (it is the run in force while the fork's
-    entry runs, so a client that finds its run there notes its calls too)."""
+    entry runs, so a client that finds its run there notes its calls too). A subclass
+    adds ``run.llm``, plain or awaited, over :meth:`_noting`."""
 
-    def __init__(self, run: Run, calls: list[LlmUse]) -> None:
-        self._run = run
+    def __init__(self, run: RunT, calls: list[LlmUse]) -> None:
+        self._run: RunT = run
         self._calls = calls
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._run, name)
+
+    def open_llm(
+        self, request: Mapping[str, Any], *, provider: str, model: str | None = None
+    ) -> _ObservedCrossing:
+        """The run's ``open_llm`` (the call of a recording HTTP transport), noted when it
+        is settled (an async run's settling is awaited)."""
+        opened = self._run.open_llm(request, provider=provider, model=model)
+        return _ObservedCrossing(opened, _model_named(request, model), self)
+
+    def note(self, use: LlmUse) -> None:
+        self._calls.append(use)
+
+    @contextmanager
+    def _noting(
+        self, request: Mapping[str, Any], model: str | None
+    ) -> Iterator[Callable[[Mapping[str, Any]], Mapping[str, Any]]]:
+        """Notes the LLM call the block makes: ``done(response)`` once it came back, or
+        the exception it raised."""
+        named = _model_named(request, model)
+
+        def done(response: Mapping[str, Any]) -> Mapping[str, Any]:
+            self.note(LlmUse(named, response))
+            return response
+
+        try:
+            yield done
+        except Exception as exc:
+            self.note(LlmUse(named, None, _error_text(exc)))
+            raise
+
+
+class _ObservedRun(_Observed[Run]):
+    """The fork's :class:`Run`, observed (see :class:`_Observed`)."""
 
     def llm(
         self,
@@ -242,31 +280,29 @@ class _ObservedRun:
         provider: str,
         model: str | None = None,
     ) -> Mapping[str, Any]:
-        named = model or str(request.get("model", "unknown"))
-        try:
-            response = self._run.llm(send, request, provider=provider, model=model)
-        except Exception as exc:
-            self._calls.append(LlmUse(named, None, _error_text(exc)))
-            raise
-        self._calls.append(LlmUse(named, response))
-        return response
+        with self._noting(request, model) as done:
+            return done(self._run.llm(send, request, provider=provider, model=model))
 
-    def open_llm(
-        self, request: Mapping[str, Any], *, provider: str, model: str | None = None
-    ) -> _ObservedCrossing:
-        """:meth:`Run.open_llm` (the call of a recording HTTP transport), noted when it
-        is settled."""
-        opened = self._run.open_llm(request, provider=provider, model=model)
-        return _ObservedCrossing(opened, model or str(request.get("model", "unknown")), self)
 
-    def note(self, use: LlmUse) -> None:
-        self._calls.append(use)
+class _ObservedAsyncRun(_Observed[AsyncRun]):
+    """The fork's :class:`AsyncRun`, observed (see :class:`_Observed`)."""
+
+    async def llm(
+        self,
+        send: Callable[[Mapping[str, Any]], Any],
+        request: Mapping[str, Any],
+        *,
+        provider: str,
+        model: str | None = None,
+    ) -> Mapping[str, Any]:
+        with self._noting(request, model) as done:
+            return done(await self._run.llm(send, request, provider=provider, model=model))
 
 
 class _ObservedCrossing:
     """An LLM call a transport opened on the fork's run: noted as it is settled."""
 
-    def __init__(self, opened: Any, model: str, run: _ObservedRun | _ObservedAsyncRun) -> None:
+    def __init__(self, opened: Any, model: str, run: _Observed[Any]) -> None:
         self._opened = opened
         self._model = model
         self._run = run
@@ -280,42 +316,9 @@ class _ObservedCrossing:
         return self._opened.close(value, error=error, latency_ms=latency_ms)
 
 
-class _ObservedAsyncRun:
-    """:class:`_ObservedRun` for an async agent: the fork's :class:`AsyncRun`."""
-
-    def __init__(self, run: AsyncRun, calls: list[LlmUse]) -> None:
-        self._run = run
-        self._calls = calls
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._run, name)
-
-    async def llm(
-        self,
-        send: Callable[[Mapping[str, Any]], Any],
-        request: Mapping[str, Any],
-        *,
-        provider: str,
-        model: str | None = None,
-    ) -> Mapping[str, Any]:
-        named = model or str(request.get("model", "unknown"))
-        try:
-            response = await self._run.llm(send, request, provider=provider, model=model)
-        except Exception as exc:
-            self._calls.append(LlmUse(named, None, _error_text(exc)))
-            raise
-        self._calls.append(LlmUse(named, response))
-        return response
-
-    def open_llm(
-        self, request: Mapping[str, Any], *, provider: str, model: str | None = None
-    ) -> _ObservedCrossing:
-        """:meth:`AsyncRun.open_llm`, noted when it is settled (its close is awaited)."""
-        opened = self._run.open_llm(request, provider=provider, model=model)
-        return _ObservedCrossing(opened, model or str(request.get("model", "unknown")), self)
-
-    def note(self, use: LlmUse) -> None:
-        self._calls.append(use)
+def _model_named(request: Mapping[str, Any], model: str | None) -> str:
+    """The model an LLM call names: ``model``, else the request's."""
+    return model or str(request.get("model", "unknown"))
 
 
 def _error_text(exc: BaseException) -> str:
@@ -499,9 +502,7 @@ class _Fork:
         if engine is None:
             memory = AsyncMemoryRecorder(**config)
             return await self._driven_async(memory), memory.events
-        from sqlalchemy.ext.asyncio import create_async_engine
-
-        writer = create_async_engine(engine.url, pool_size=2)
+        writer = COMMAND_POOL.async_engine(engine.url)
         try:
             sealed: RecorderConfig = {**config, "keys": keys}
             return await self._driven_async(AsyncRecorder(writer, **sealed)), []
@@ -520,7 +521,7 @@ class _Fork:
             _ended(run, exc)
             raise
 
-    async def _driven_async(self, recorder: AsyncRecorderBase) -> _Ended:
+    async def _driven_async(self, recorder: AsyncRecorder | AsyncMemoryRecorder) -> _Ended:
         parent, snapshot = self.parent, self.snapshot
         run = await recorder.start_run(
             snapshot, agent_id=parent.agent_id, tenant_id=parent.tenant_id

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-import click
 from sqlalchemy import Engine
 
 from agent_blackbox.replayer._report import ReplayReport
-from agent_blackbox.schemas import BlackboxError, Checkpoint
+from agent_blackbox.schemas import Checkpoint
 
 
 class RunLocation(Protocol):
@@ -95,23 +94,8 @@ class ReplayResults(Protocol):
 @dataclass(frozen=True, slots=True)
 class ReadSide:
     """How the replayer's commands reach the read side: a run index over a database,
-    and where replay results go. The ``blackbox`` command puts one in its click context."""
+    and where replay results go. The ``blackbox`` command's composition root builds one
+    over the views (``agent_blackbox.cli``); the replayer never imports the read side."""
 
     run_index: Callable[[Engine], RunIndex]
     replay_results: Callable[[Engine], ReplayResults] | None = None
-
-
-def read_side() -> ReadSide:
-    """The read side the running ``blackbox`` command was wired with.
-
-    Raises:
-        BlackboxError: the command runs outside the ``blackbox`` group.
-    """
-    context = click.get_current_context(silent=True)
-    found = None if context is None else context.find_object(ReadSide)
-    if found is None:
-        raise BlackboxError(
-            "this command reads runs through the read side's run index; run it as a "
-            "`blackbox` subcommand (or invoke it with obj=ReadSide(...))"
-        )
-    return found

@@ -35,6 +35,7 @@ from agent_blackbox.outbox.contract import (
 from agent_blackbox.replayer._divergence import DivergenceKind, Findings, ReplaySetupError
 from agent_blackbox.schemas import (
     HMAC_PREFIX,
+    NEW_RUNS,
     BlackboxError,
     Digester,
     Envelope,
@@ -42,9 +43,9 @@ from agent_blackbox.schemas import (
     KeyUnavailable,
     NotSerialisable,
     PayloadPipeline,
+    PlainDigest,
     SealedRunGuard,
     UnknownSchemaVersion,
-    digest,
     digest_bytes,
     is_plaintext,
 )
@@ -77,19 +78,24 @@ class Handed(Protocol):
 
 def run_digest(first: Envelope | None, digests: DigestKeys | None) -> Digester:
     """The digest a run was recorded with, judged by its first envelope: SHA-256, or the
-    tenant's keyed digest.
+    tenant's keyed digest, over the canonicalisation the envelope names.
 
     Raises:
         KeyUnavailable: the run is keyed and no ``digests`` were given.
+        UnknownCanonicalisation: the envelope names a canonicalisation this release
+            does not know.
     """
-    if first is None or not first.output_digest.startswith(HMAC_PREFIX):
-        return digest
+    if first is None:
+        return NEW_RUNS.digest
+    canonical = first.canonicalisation
+    if not first.output_digest.startswith(HMAC_PREFIX):
+        return canonical.digest
     if digests is None:
         raise KeyUnavailable(
             f"run {first.run_id} of tenant {first.tenant_id} was digested under the "
             "tenant's key; replay it with a key store (BLACKBOX_KEK_FILE) and a purpose"
         )
-    return digests.tenant_digest(first.tenant_id)
+    return digests.tenant_digest(first.tenant_id).under(canonical)
 
 
 def guarded(events: Iterable[Envelope], findings: Findings) -> Iterator[Envelope]:
@@ -142,7 +148,7 @@ class Bodies:
         self._blobs = blobs
         self._findings = findings
         self._handed = handed
-        self.digest: Digester = digest
+        self.digest: Digester = NEW_RUNS.digest
         """The run's digest (known once its first envelope was read)."""
 
     def open(self, envelope: Envelope) -> tuple[dict[str, Any], Any]:
@@ -166,7 +172,7 @@ class Bodies:
             self._findings.limitations.append((envelope.sequence, note))
             return body, output  # the whole response is gone: its digest cannot be checked
         actual = None
-        if material is not None and self.digest is digest:
+        if material is not None and type(self.digest) is PlainDigest:
             actual = digest_bytes(material)
         if actual != envelope.output_digest:
             # No fast path, or the body's texts are not canonical: a result or hits

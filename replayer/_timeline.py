@@ -1,20 +1,13 @@
-"""``blackbox timeline``: one run, event by event, safe to print whatever it holds."""
+"""A run as a table, event by event, safe to print whatever it holds (``blackbox timeline``)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable
-from pathlib import Path
 
-import click
 from rich.table import Table
-from sqlalchemy import create_engine
 
-from agent_blackbox.replayer._access import opening, purpose_option
 from agent_blackbox.replayer._bodies import answer_first
-from agent_blackbox.replayer._index import read_side
-from agent_blackbox.replayer._sources import KafkaRunSource, read_archive
 from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
@@ -22,9 +15,6 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     PlaintextInSealedRun,
     SealedRunGuard,
-    Settings,
-    permission_refused,
-    safe_console,
     safe_text,
 )
 
@@ -77,32 +67,3 @@ def _body(envelope: Envelope, pipeline: PayloadPipeline) -> str:
     if envelope.event_type == EventType.LLM_CALL:
         body = answer_first(body)
     return safe_text(json.dumps(body, default=str, ensure_ascii=False), limit=BODY_LIMIT)
-
-
-@click.command("timeline")
-@click.argument("run_id")
-@click.option("--bodies", is_flag=True, help="Show each event's body (needs --purpose).")
-@purpose_option(required=False)
-@click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
-def timeline_command(run_id: str, bodies: bool, purpose: str | None, archive: Path | None) -> None:
-    """Show RUN_ID event by event (metadata only, unless --bodies)."""
-    console = safe_console(stderr=True)
-    if bodies and not purpose:
-        raise click.UsageError("--bodies reads recorded content: give --purpose")
-    settings = Settings.from_env()
-    engine = create_engine(settings.database_url)
-    try:
-        events = (
-            list(read_archive(archive, run_id=run_id))
-            if archive is not None
-            else list(KafkaRunSource(settings, read_side().run_index(engine), run_id))
-        )
-        pipeline = opening(lambda: engine, purpose=purpose).pipeline if bodies and purpose else None
-        safe_console().print(timeline_table(run_id, events, pipeline=pipeline))
-    except BlackboxError as exc:
-        if permission_refused(exc) is not None:
-            raise  # the top-level command names the role to run as
-        console.print(f"[red]error:[/] {safe_text(exc)}")
-        sys.exit(2)
-    finally:
-        engine.dispose()

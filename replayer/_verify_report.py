@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent_blackbox.replayer._history import SkippedMessage
+if TYPE_CHECKING:  # the history scan loads Kafka's client; a report does not need it
+    from agent_blackbox.replayer._history import SkippedMessage
 
 
 class Problem(StrEnum):

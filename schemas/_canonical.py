@@ -1,8 +1,11 @@
-"""Canonical JSON and the digests computed over it.
+"""Canonical JSON, version 1: what runs recorded before RFC 8785 hash, and how JSON
+texts inside bodies are written.
 
-Canonical JSON is the only thing agent-blackbox hashes: keys sorted, no whitespace,
-UTF-8, integers as integers, NaN and infinities rejected. Python's ``repr`` is never
-hashed, so a digest means the same thing in every process and every language.
+Keys sorted by code point, no whitespace, UTF-8 unescaped, integers as their digits,
+floats as Python's ``repr``, NaN and infinities rejected with the path named. Runs
+started since hash RFC 8785 instead (:mod:`~agent_blackbox.schemas._digests` picks the
+run's); body texts stay in this form, which reads back as the same Python value (a float
+as a float), since replay hands those values back.
 
 Ordered JSON (:func:`ordered_text`) is canonical JSON in everything but key order: each
 mapping keeps its own. Bodies store the values replay hands back in it, so an agent gets
@@ -13,10 +16,9 @@ when recorded); their digests are still taken over canonical JSON.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, TypeAlias
 
@@ -109,41 +111,7 @@ def encoded_parts(values: Sequence[Any]) -> list[str] | None:
     return ["".join(_C_ENCODER(value, 0)) for value in values]
 
 
-def digest(value: Any, *, path: str = "$") -> str:
-    """SHA-256 over the canonical JSON of ``value``, as ``sha256:<hex>``."""
-    if _C_ENCODER is not None and _plain(value):  # canonical_json's common case, inlined
-        return DIGEST_PREFIX + _sha256("".join(_C_ENCODER(value, 0)).encode("utf-8")).hexdigest()
-    return digest_bytes(canonical_json(value, path=path))
-
-
 HMAC_PREFIX = "hmac-sha256:"
-
-
-class KeyedDigest:
-    """HMAC-SHA256 over canonical JSON under a tenant's key, as ``hmac-sha256:<hex>``:
-    digests of sensitive runs, so a low-entropy value (a yes/no, a card's last four)
-    cannot be found by hashing guesses. Call it like :func:`digest`."""
-
-    __slots__ = ("_keyed",)
-
-    def __init__(self, key: bytes) -> None:
-        if len(key) < 32:
-            raise ValueError("a digest key needs at least 32 bytes")
-        # The key's inner and outer pads are hashed once here; each digest copies that
-        # state instead of keying a new HMAC (about a third of its cost on small values).
-        self._keyed = hmac.new(key, digestmod=hashlib.sha256)
-
-    def __call__(self, value: Any, *, path: str = "$") -> str:
-        mac = self._keyed.copy()
-        mac.update(canonical_json(value, path=path))
-        return HMAC_PREFIX + mac.hexdigest()
-
-    def __repr__(self) -> str:
-        return "KeyedDigest(<key>)"
-
-
-Digester: TypeAlias = Callable[..., str]
-"""Takes the digest of a JSON value: :func:`digest`, or a :class:`KeyedDigest`."""
 
 
 def digest_bytes(data: bytes) -> str:

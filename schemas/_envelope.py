@@ -9,7 +9,9 @@ from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring as _q  # how json writes a str (not ASCII-only)
 from typing import Any, cast
 
-from agent_blackbox.schemas._canonical import DIGEST_PREFIX, canonical_json, digest_bytes
+from agent_blackbox.schemas._canonical import DIGEST_PREFIX, digest_bytes
+from agent_blackbox.schemas._digests import Canonicalisation, canonicalisation_of
+from agent_blackbox.schemas._jcs import utf16_key
 
 GENESIS_CHAIN_HASH = "0" * 64
 """The chain hash a run starts from, before its first event."""
@@ -122,18 +124,40 @@ class Envelope:
         """``recorded_at`` in microseconds since the Unix epoch, as the chain hashes it."""
         return _micros(self.recorded_at)
 
+    @property
+    def canonicalisation(self) -> Canonicalisation:
+        """How this envelope's digests and chain material were written: named by its
+        ``c14n`` attribute (absent: version 1).
+
+        Raises:
+            UnknownCanonicalisation: it names one this release does not know.
+        """
+        return canonicalisation_of(self.attributes)
+
     def chain_material(self) -> bytes:
-        """Canonical JSON of this envelope without ``chain_hash``: what the chain hashes.
+        """Canonical JSON of this envelope without ``chain_hash``, under the envelope's
+        canonicalisation: what the chain hashes.
 
         The payload enters by its SHA-256, so the chain covers the bytes without
         carrying them twice.
+
+        Raises:
+            UnknownCanonicalisation: the envelope names a canonicalisation this release
+                does not know.
         """
-        if type(self.sequence) is int and type(self.body_version) is int:
+        canonical = canonicalisation_of(self.attributes)
+        if (
+            type(self.sequence) is int
+            and type(self.body_version) is int
+            # Numbers both forms write as their digits: under 2**53 (a recorded time
+            # in microseconds stays under it until the year 2255).
+            and (canonical.code_point_keys or _plain_numbers(self))
+        ):
             try:
-                return self._chain_json().encode("utf-8")
-            except TypeError:  # a field off its annotated type; canonical_json names it
+                return self._chain_json(canonical.code_point_keys).encode("utf-8")
+            except TypeError:  # a field off its annotated type; the encoder names it
                 pass
-        return canonical_json(self.chain_record())
+        return canonical.json(self.chain_record())
 
     def chain_record(self) -> dict[str, Any]:
         """The record :meth:`chain_material` is the canonical JSON of."""
@@ -143,11 +167,13 @@ class Envelope:
         record["payload"] = None if self.payload is None else digest_bytes(self.payload)
         return record
 
-    def _chain_json(self) -> str:
-        """``canonical_json(self.chain_record())`` written out, a third of its cost: replay
-        checks the chain of every event. Keys in sorted order, strings as ``json`` writes
-        them; unit tests hold the two equal. Raises TypeError where a string field holds
-        something else."""
+    def _chain_json(self, code_point_keys: bool) -> str:
+        """``canonicalisation.json(self.chain_record())`` written out, a third of its
+        cost: replay checks the chain of every event. Keys in sorted order (the
+        attributes' by code point, or by UTF-16 code units when not
+        ``code_point_keys``), strings as ``json`` writes them (as JCS does); unit tests
+        hold the two equal. Raises TypeError where a string field holds something
+        else."""
         attributes, subjects = self.attributes, self.subject_ids
         key_id, parent, ref = self.key_id, self.parent_span_id, self.payload_ref
         span, trace = self.span_id, self.trace_id
@@ -177,14 +203,18 @@ class Envelope:
                 *attributes.values(),
             )
         )
+        if len(attributes) > 1 and not code_point_keys and not "".join(attributes).isascii():
+            ordered = sorted(attributes.items(), key=lambda pair: utf16_key(pair[0]))
+        else:
+            ordered = sorted(attributes.items())
         if not texts.encode("utf-8").translate(None, _VERBATIM):
             if len(attributes) == 1:
                 [(name, value)] = attributes.items()
                 return self._written_chain_json(f'"{name}":"{value}"')
-            pairs = ",".join([f'"{k}":"{v}"' for k, v in sorted(attributes.items())])
+            pairs = ",".join([f'"{k}":"{v}"' for k, v in ordered])
             return self._written_chain_json(pairs)
         # Sorted by the keys as they are, as canonical JSON sorts them, then escaped.
-        pairs = ",".join([f"{_q(k)}:{_q(v)}" for k, v in sorted(attributes.items())])
+        pairs = ",".join([f"{_q(k)}:{_q(v)}" for k, v in ordered])
         return _escaped(self)._written_chain_json(pairs)
 
     def _written_chain_json(self, pairs: str) -> str:
@@ -250,6 +280,21 @@ def _escaped(envelope: Envelope) -> Envelope:
     }
     changes["subject_ids"] = tuple(_q(s)[1:-1] for s in envelope.subject_ids)
     return replace(envelope, **changes)
+
+
+def _plain_numbers(envelope: Envelope) -> bool:
+    """Whether the numbers of ``envelope``'s chain material lie where RFC 8785 writes
+    them as their digits (within 2**53)."""
+    return (
+        abs(envelope.sequence) <= _SAFE
+        and abs(envelope.body_version) <= _SAFE
+        and _FIRST_SAFE_YEAR <= envelope.recorded_at.year <= _LAST_SAFE_YEAR
+    )
+
+
+_SAFE = 2**53
+_FIRST_SAFE_YEAR, _LAST_SAFE_YEAR = 1700, 2250
+"""Years whose times in microseconds since 1970 stay within 2**53 (1685 to 2255)."""
 
 
 class _Unfrozen:

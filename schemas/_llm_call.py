@@ -12,7 +12,9 @@ skipped by Avro resolution: the same view is derived from their raw response).
 
 v2 changes two parts of v1:
 
-- ``usage`` is ``{input_tokens, output_tokens, cached_tokens, total_tokens}``, the
+- ``usage`` is ``{input_tokens, output_tokens, cached_tokens, total_tokens}`` (the first
+  two name v1's ``prompt_tokens`` and ``completion_tokens`` as aliases, so Avro
+  resolution alone reads a v1 usage, cached tokens 0; the migrator adds them), the
   cached part taken from ``usage.prompt_tokens_details.cached_tokens`` (Chat
   Completions) or ``usage.input_tokens_details.cached_tokens`` (Responses);
 - each tool call carries its ``type`` and its arguments as canonical JSON text

@@ -211,7 +211,9 @@ class PayloadPipeline:
             )
             if kind != EventType.LLM_CALL:
                 return body
-            return self._requests.read(envelope.run_id, envelope.sequence, body)
+            return self._requests.read(
+                envelope.run_id, envelope.sequence, body, envelope.canonicalisation
+            )
         except RequestPrefixMissing:
             raise  # the reader may open what it lacks and try again
         except BlackboxError as exc:

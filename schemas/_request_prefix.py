@@ -7,14 +7,16 @@ conversation is in 50 requests. The recorder (``outbox``) stores a request as
 - ``request_prefix``: the sequence of an earlier ``llm.call`` of the same run, how many
   leading items of its turn list (``messages``, or a Responses API ``input``) this
   request shares, the top-level fields it shares whole (``tools``, ``system``...), and
-  the SHA-256 of the whole request's canonical JSON;
+  the SHA-256 of the whole request's canonical JSON (under the run's canonicalisation);
 - ``raw_request_json``: the request without those (the list holds the new items only).
 
 Readers rebuild the whole request, byte for byte, with a :class:`RequestMemory`: it
 keeps the requests of the last llm.calls of the runs being read and splices the shared
-part back in, then checks the rebuilt text against the digest. Canonical JSON is a
-deterministic function of the value, so the rebuilt text is assembled from the
-canonical texts of the parts (:func:`assemble`) without encoding the whole request again.
+part back in, then checks the rebuilt request against the digest. Stored texts are
+version 1 canonical JSON, a deterministic function of the value, so the rebuilt text is
+assembled from the texts of the parts (:func:`assemble`) without encoding the whole
+request again; in a run of version 1 its SHA-256 is the digest, in a run of another
+canonicalisation the request it reads as is digested under that one.
 
 A reference points at most :data:`REFERENCE_WINDOW` llm.calls back, so a reader reading
 a run in order always holds what it needs; one that starts in the middle (a single
@@ -31,6 +33,7 @@ from json.encoder import encode_basestring
 from typing import Any, Final
 
 from agent_blackbox.schemas._canonical import canonical_text, digest_bytes, encoded_parts
+from agent_blackbox.schemas._digests import CANONICAL_V1, Canonicalisation
 from agent_blackbox.schemas._errors import UndecodableMessage
 
 REFERENCE_WINDOW: Final = 8
@@ -174,9 +177,16 @@ class RequestMemory:
         while len(lost) > REFERENCE_WINDOW:
             del lost[next(iter(lost))]
 
-    def read(self, run_id: str, sequence: int, body: dict[str, Any]) -> dict[str, Any]:
+    def read(
+        self,
+        run_id: str,
+        sequence: int,
+        body: dict[str, Any],
+        canonical: Canonicalisation = CANONICAL_V1,
+    ) -> dict[str, Any]:
         """``body`` (an llm.call at the newest version) with its whole request; the
-        request is remembered for the llm.calls after it.
+        request is remembered for the llm.calls after it. ``canonical`` is the run's
+        canonicalisation, that the whole request's digest was taken over.
 
         Raises:
             RequestPrefixMissing: the request names an llm.call not read before.
@@ -202,7 +212,7 @@ class RequestMemory:
             raise UndecodableMessage(f"{where}: a request stored by reference has no own part")
         split = _spliced(earlier.parts(), json.loads(text), prefix, where)
         whole = split.text()
-        if digest_bytes(whole.encode("utf-8")) != prefix["request_sha256"]:
+        if _request_sha256(whole, canonical) != prefix["request_sha256"]:
             raise UndecodableMessage(
                 f"{where}: the request rebuilt from llm.call {prefix['sequence']} does not "
                 "match its recorded digest; the run's events are not those it was recorded "
@@ -210,6 +220,13 @@ class RequestMemory:
             )
         run.hold(sequence, _Held(None, split))
         return {**body, "raw_request_json": whole, "request_prefix": None}
+
+
+def _request_sha256(whole: str, canonical: Canonicalisation) -> str:
+    """The digest of the request whose version 1 canonical JSON is ``whole``."""
+    if canonical is CANONICAL_V1:
+        return digest_bytes(whole.encode("utf-8"))
+    return canonical.digest(json.loads(whole))
 
 
 def _spliced(

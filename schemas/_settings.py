@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from agent_blackbox.schemas._compression import COMPRESSIONS
+from agent_blackbox.schemas._digests import CANONICALISATIONS, NEW_RUNS, Canonicalisation
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://blackbox@127.0.0.1:25432/blackbox"
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:29092"
@@ -21,11 +22,24 @@ class Settings:
     """
 
     database_url: str = DEFAULT_DATABASE_URL
+    """The Postgres database of the write side (``blackbox``) and the views
+    (``blackbox_views``), as an SQLAlchemy URL. Unset, with the Kafka bootstrap unset too,
+    it is the local stack's."""
     kafka_bootstrap: str = DEFAULT_KAFKA_BOOTSTRAP
+    """The Kafka brokers (``host:port``, comma-separated) the relay publishes to and
+    every consumer reads from."""
     topic: str = "blackbox.events"
+    """The events topic; dead letters go to ``<topic>.dlq``. Replay finds a run's topic
+    and partition through the events index, not through this setting."""
     partitions: int = 12
+    """The topic's partition count when the relay creates it. Choose it before the topic
+    holds data: more partitions later move runs to other partitions."""
     replication_factor: int = 1
+    """The topic's replication factor when the relay creates it (3 on a production
+    cluster)."""
     outbox_shards: int = 16
+    """How many shards the outbox is split into, each read by the one relay leasing it.
+    Writers and relays must agree; change it only with an empty outbox."""
     blob_threshold_bytes: int = 64 * 1024
     """A body (encoded and sealed) over this many bytes is stored in the content-addressed
     blob store, and the envelope carries its ``payload_ref`` instead of the bytes."""
@@ -46,7 +60,15 @@ class Settings:
     is stored as a reference to it plus what is new (a 50-turn conversation does not
     store turn 1 fifty times); readers rebuild the whole request. ``off``: every request
     is stored whole."""
+    canonical_json: str = NEW_RUNS.name
+    """How runs started now write the canonical JSON their digests and hash chain are
+    taken over: ``rfc8785`` (RFC 8785, the JSON Canonicalization Scheme, which other
+    languages reproduce) or ``v1`` (the form of earlier releases, for a fleet whose
+    replayers are not all upgraded yet). Each envelope names its run's; readers follow
+    the envelope, whatever this says."""
     consumer_group: str = "blackbox-views"
+    """The view consumer's group (``blackbox consume``; ``--group`` overrides it). Give
+    each topic its own groups."""
     consumer_session_timeout_ms: int = 6000
     """How long the group waits for a silent consumer before giving its partitions to
     another member. 6 s is the broker's smallest allowed session by default; heartbeats
@@ -59,6 +81,8 @@ class Settings:
     per member of a group; ``blackbox consume`` and ``sign`` default it to the consumer's
     name and the host's name (``#2``, ``#3``... for more running on the host at once)."""
     schema_registry_url: str | None = None
+    """Reserved for a Confluent-compatible schema registry; no part reads it yet, and
+    envelopes are written in Avro single-object encoding whatever it holds."""
     keyed_digest_classes: str = "sensitive,restricted"
     """Classifications whose digests must be HMAC-SHA256 under the tenant's key (comma
     list): a recorder without keys refuses their runs. A recorder with keys takes keyed
@@ -86,6 +110,11 @@ class Settings:
             return True
         plain = _classes(self.plain_digest_classes)
         return encrypted and "*" not in plain and classification not in plain
+
+    @property
+    def canonicalisation(self) -> Canonicalisation:
+        """The canonicalisation of :attr:`canonical_json`."""
+        return CANONICALISATIONS[self.canonical_json]
 
     @property
     def dlq_topic(self) -> str:
@@ -117,6 +146,11 @@ class Settings:
             raise ValueError(
                 f"BLACKBOX_PAYLOAD_COMPRESSION={self.payload_compression!r} is not one of "
                 f"{', '.join(COMPRESSIONS)}"
+            )
+        if self.canonical_json not in CANONICALISATIONS:
+            raise ValueError(
+                f"BLACKBOX_CANONICAL_JSON={self.canonical_json!r} is not one of "
+                f"{', '.join(CANONICALISATIONS)}"
             )
         on = flag("BLACKBOX_LLM_REQUEST_REFERENCES", self.llm_request_references)
         object.__setattr__(self, "llm_request_references", "on" if on else "off")

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 
 from agent_blackbox.consumers import migrate_views
-from agent_blackbox.outbox import grant_tenant_txn, migrate_write_side
+from agent_blackbox.outbox.storage import grant_tenant_txn, migrate_write_side
 from agent_blackbox.schemas import Settings
 from agent_blackbox.stack import LocalKafka, LocalS3, LocalStack, StackPorts
 

@@ -8,9 +8,10 @@ never mixes with the write side's own alembic environment.
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import Connection, create_engine, pool, text
+from sqlalchemy import Connection, text
 
 from agent_blackbox.consumers._tables import VIEWS_SCHEMA, metadata
+from agent_blackbox.wiring import MIGRATION_POOL
 
 VERSION_TABLE = "alembic_version_views"
 
@@ -40,7 +41,7 @@ def _run_online() -> None:
         raise RuntimeError(
             "sqlalchemy.url is not set; call agent_blackbox.consumers.migrate_views(url)"
         )
-    engine = create_engine(url, poolclass=pool.NullPool)
+    engine = MIGRATION_POOL.engine(url)
     try:
         with engine.connect() as connection:
             _run(connection)

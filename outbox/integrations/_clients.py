@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any, NoReturn, TypeVar
 
 import httpx2
 
@@ -90,3 +91,22 @@ def http_client(*, run: Any = None, **options: Any) -> httpx2.Client:
 def async_http_client(*, run: Any = None, **options: Any) -> httpx2.AsyncClient:
     """The async twin of :func:`http_client`: a new ``httpx2.AsyncClient``."""
     return _wrapped(httpx2.AsyncClient(**options), run, borrowed=False)
+
+
+def gone_client_name(module: str, name: str, gone: Mapping[str, str], *, capture: str) -> NoReturn:
+    """What the capture ``module``'s ``__getattr__`` says of ``name``: the names of the
+    capture at the SDK level, which wrapped the client, are ``gone`` (to what stands in
+    for each now that ``capture`` gives back the SDK's own client).
+
+    Raises:
+        ImportError: ``name`` is gone (ImportError, not AttributeError: ``from ...
+            import`` shows this message only then).
+        AttributeError: ``module`` has no ``name`` and never had.
+    """
+    stands_in = gone.get(name)
+    if stands_in is not None:
+        raise ImportError(
+            f"{module}.{name} is gone: {capture} returns the SDK's own client, and what it "
+            f"hands back is the SDK's own type ({stands_in})"
+        )
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import anthropic
 
-from agent_blackbox.outbox.integrations._clients import recording_client
+from agent_blackbox.outbox.integrations._clients import gone_client_name, recording_client
 
 __all__ = ["PROVIDER", "capture_anthropic"]
 
@@ -60,11 +60,4 @@ each now that the capture gives back the SDK's own client."""
 
 
 def __getattr__(name: str) -> object:
-    gone = _GONE.get(name)
-    if gone is not None:
-        # ImportError, not AttributeError: ``from ... import`` shows this message only then.
-        raise ImportError(
-            f"{__name__}.{name} is gone: capture_anthropic returns the SDK's own client, and "
-            f"what it hands back is the SDK's own type ({gone})"
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    gone_client_name(__name__, name, _GONE, capture="capture_anthropic")

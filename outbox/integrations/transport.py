@@ -132,18 +132,28 @@ def _since(started: float) -> float:
 # Answers the transport makes itself -----------------------------------------------------
 
 
+_REPLAYED = {"http_version": b"replayed"}
+"""The protocol a replayed answer says it came by: HTTP clients log it (``HTTP Request:
+POST ... "replayed 200 OK"``), so a log of a replay does not read as calls that went out."""
+_REFUSED = {"http_version": b"refused"}
+"""Likewise for an answer the recorder gave instead of sending (``"refused 400 ..."``)."""
+
+
 def refused(kit: Kit, request: Any, exc: BaseException) -> Any:
     """The answer to a call the recorder stopped before anything was sent: a ``400``
     that says why, which the SDKs do not retry."""
     body = {"error": {"type": "blackbox_error", "code": type(exc).__name__, "message": str(exc)}}
     headers = {"content-type": "application/json", "x-should-retry": "false"}
-    return kit.response(400, headers=headers, content=json.dumps(body).encode(), request=request)
+    content = json.dumps(body).encode()
+    return kit.response(400, headers=headers, content=content, request=request, extensions=_REFUSED)
 
 
 def _replayed(kit: Kit, request: Any, call: _Call, answer: Mapping[str, Any]) -> Any:
     content_type, content = replayed_body(call.endpoint, answer)
     headers = {"content-type": content_type}
-    return kit.response(200, headers=headers, content=content, request=request)
+    return kit.response(
+        200, headers=headers, content=content, request=request, extensions=_REPLAYED
+    )
 
 
 def _recorded_failure(kit: Kit, request: Any, exc: RecordedError) -> Any:
@@ -151,7 +161,11 @@ def _recorded_failure(kit: Kit, request: Any, exc: RecordedError) -> Any:
     answer = error_answer(exc.message)
     if answer is not None:
         return kit.response(
-            answer.status, headers=answer.headers, content=answer.content, request=request
+            answer.status,
+            headers=answer.headers,
+            content=answer.content,
+            request=request,
+            extensions=_REPLAYED,
         )
     cls = kit.transport_error(_OLD_SDK_ERRORS.get(exc.type_name, exc.type_name))
     if cls is None:

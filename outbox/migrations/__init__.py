@@ -1,2 +1,2 @@
 """Alembic environment of the write side's tables (driven by
-:func:`agent_blackbox.outbox.migrate_write_side`)."""
+:func:`agent_blackbox.outbox.storage.migrate_write_side`)."""

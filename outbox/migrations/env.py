@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from agent_blackbox.outbox._tables import SCHEMA, metadata
+from agent_blackbox.wiring import MIGRATION_POOL
 
 VERSION_TABLE = "alembic_version_outbox"
 
@@ -15,7 +16,7 @@ def _run() -> None:
     if connection is not None:
         _migrate(connection)
         return
-    engine = create_engine(context.config.get_main_option("sqlalchemy.url") or "")
+    engine = MIGRATION_POOL.engine(context.config.get_main_option("sqlalchemy.url") or "")
     with engine.begin() as conn:
         _migrate(conn)
     engine.dispose()

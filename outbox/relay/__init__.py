@@ -3,9 +3,10 @@
 Only the relay process imports this package; an agent's import of
 :mod:`agent_blackbox.outbox` never loads it (nor Kafka's client or the metrics library).
 
-Typical use::
+Typical use, with the settings the process read once::
 
-    relay = Relay(engine, settings=Settings.from_env())
+    engine = SERVICE_POOL.engine(settings.database_url)  # from agent_blackbox.wiring
+    relay = Relay(engine, settings=settings)
     relay.run(stop_event)  # until stop_event is set
 """
 

@@ -30,7 +30,7 @@ from sqlalchemy import func, select, text
 
 from agent_blackbox.broker import EpochFence
 from agent_blackbox.consumers import events_index, integrity_violations, runs_view
-from agent_blackbox.outbox import effects, runs
+from agent_blackbox.outbox.storage import effects, runs
 from agent_blackbox.schemas import EnvelopeCodec
 from tests.faults._harness import ROOT, Scenario, eventually
 

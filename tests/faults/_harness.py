@@ -35,13 +35,8 @@ from sqlalchemy.pool import NullPool
 
 from agent_blackbox.broker import delete_topics
 from agent_blackbox.consumers import events_index, migrate_views
-from agent_blackbox.outbox import (
-    BlackboxError,
-    EffectOutcome,
-    Recorder,
-    RunSnapshot,
-    migrate_write_side,
-)
+from agent_blackbox.outbox import BlackboxError, EffectOutcome, Recorder, RunSnapshot
+from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings
 from agent_blackbox.stack import LocalKafka, LocalPostgres
 from tests.integration._wait import eventually

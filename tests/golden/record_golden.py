@@ -25,7 +25,8 @@ from agent_blackbox.examples.ticket_agent import (
     TicketStore,
     sample_tickets,
 )
-from agent_blackbox.outbox import Recorder, migrate_write_side
+from agent_blackbox.outbox import Recorder
+from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.replayer import write_archive
 from agent_blackbox.schemas import EnvelopeCodec, Settings
 

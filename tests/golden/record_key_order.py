@@ -21,6 +21,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import pytest
 
 from agent_blackbox.outbox import AgentRun, EffectOutcome, MemoryRecorder, RunSnapshot
-from agent_blackbox.schemas import Envelope
+from agent_blackbox.schemas import Envelope, Settings
 
 SORTED_RUN = "00000000-0000-4000-8000-00000000a001"
 UNSORTED_RUN = "00000000-0000-4000-8000-00000000a002"
@@ -125,9 +126,13 @@ def held_still(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def record_runs(agent: Callable[[AgentRun, Any], Any] | None = None) -> list[Envelope]:
-    """The two golden runs recorded in memory (hold them still for the same bytes)."""
-    recorder = MemoryRecorder(clock=lambda: EPOCH)
+def record_runs(
+    agent: Callable[[AgentRun, Any], Any] | None = None, *, canonical_json: str = "v1"
+) -> list[Envelope]:
+    """The two golden runs recorded in memory (hold them still for the same bytes),
+    hashed over ``canonical_json``: the golden file's, version 1, unless told."""
+    settings = replace(Settings.from_env(), canonical_json=canonical_json)
+    recorder = MemoryRecorder(clock=lambda: EPOCH, settings=settings)
     runs: Mapping[str, dict[str, Any]] = {SORTED_RUN: SORTED_INPUT, UNSORTED_RUN: UNSORTED_INPUT}
     for run_id, value in runs.items():
         entry = agent or KeyOrderAgent(sort_keys=True)

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from http import HTTPStatus
 from typing import Any
 
-from tests.integration._llm_server import LLMServer, Reply
+from tests.integration._llm_server import LLMServer, Reply, pieces
 
 TOOL_INPUT = {"city": "Paris"}
 REQUEST_ID = "req_anthropic_test_0001"
@@ -136,6 +136,12 @@ def message_for(request: Mapping[str, Any]) -> dict[str, Any]:
     else:
         content = [{"type": "text", "text": f"echo: {last_user_text(request)}"}]
         stop = "end_turn"
+    return message(request, content, stop)
+
+
+def message(request: Mapping[str, Any], content: list[dict[str, Any]], stop: str) -> dict[str, Any]:
+    """The assistant message answering ``request`` with the ``content`` blocks, stopped
+    for the reason ``stop``."""
     return {
         "id": "msg_01",
         "type": "message",
@@ -146,12 +152,6 @@ def message_for(request: Mapping[str, Any]) -> dict[str, Any]:
         "stop_sequence": None,
         "usage": dict(USAGE),
     }
-
-
-def _pieces(text: str) -> list[str]:
-    """``text`` cut into word-sized deltas that join back into it."""
-    words = text.split(" ")
-    return [word if i == 0 else f" {word}" for i, word in enumerate(words)]
 
 
 def _start(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,7 +174,7 @@ def events_for(
                     "content_block": {"type": "text", "text": ""},
                 }
             )
-            for piece in _pieces(block["text"]):
+            for piece in pieces(block["text"]):
                 delta = {"type": "text_delta", "text": piece}
                 events.append({"type": "content_block_delta", "index": index, "delta": delta})
         else:

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from http import HTTPStatus
 from typing import Any
 
-from tests.integration._llm_server import LLMServer, Reply
+from tests.integration._llm_server import LLMServer, Reply, pieces
 
 CREATED = 1_700_000_000
 TOOL_ARGUMENTS = '{"city": "Paris"}'
@@ -58,15 +58,10 @@ def answer(path: str, request: Mapping[str, Any]) -> Reply:
     model = str(request.get("model") or "")
     if model.startswith("fail-"):
         return _failure(int(model.removeprefix("fail-")))
-    streamed = bool(request.get("stream"))
     if path == "/v1/chat/completions":
-        if streamed:
-            return Reply(HTTPStatus.OK, events=tuple(_chat_events(request)))
-        return Reply(HTTPStatus.OK, _chat_completion(request))
+        return chat_reply(request, _chat_message(request))
     if path == "/v1/responses":
-        if streamed:
-            return Reply(HTTPStatus.OK, events=tuple(_response_events(request)))
-        return Reply(HTTPStatus.OK, _response(request, _response_output(request)))
+        return responses_reply(request, _response_output(request))
     return Reply(
         HTTPStatus.NOT_FOUND,
         {"error": {"message": f"no route {path}", "type": "invalid_request_error"}},
@@ -106,12 +101,6 @@ def _last_user_text(request: Mapping[str, Any]) -> str:
     return text if isinstance(text, str) else json.dumps(text, sort_keys=True)
 
 
-def _pieces(text: str) -> list[str]:
-    """``text`` cut into word-sized deltas that join back into it."""
-    words = text.split(" ")
-    return [word if i == 0 else f" {word}" for i, word in enumerate(words)]
-
-
 def _chat_usage() -> dict[str, Any]:
     return {
         "prompt_tokens": 12,
@@ -142,13 +131,26 @@ def _tool_calls(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     return calls
 
 
-def _chat_completion(request: Mapping[str, Any]) -> dict[str, Any]:
+def chat_reply(request: Mapping[str, Any], message: Mapping[str, Any]) -> Reply:
+    """The Chat Completions answer to ``request`` saying ``message`` (an assistant message
+    with its ``content`` or its ``tool_calls``), streamed when the request asks."""
+    if request.get("stream"):
+        return Reply(HTTPStatus.OK, events=tuple(_chat_events(request, message)))
+    return Reply(HTTPStatus.OK, _chat_completion(request, message))
+
+
+def _chat_message(request: Mapping[str, Any]) -> dict[str, Any]:
     calls = _tool_calls(request)
     message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
     if not calls:
         message["content"] = f"echo: {_last_user_text(request)}"
     else:
         message["tool_calls"] = calls
+    return message
+
+
+def _chat_completion(request: Mapping[str, Any], message: Mapping[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion",
@@ -178,12 +180,13 @@ def _chat_chunk(request: Mapping[str, Any], delta: Any, finish: str | None) -> d
     }
 
 
-def _chat_events(request: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
-    calls = _tool_calls(request)
+def _chat_events(
+    request: Mapping[str, Any], message: Mapping[str, Any]
+) -> Iterator[tuple[str | None, str]]:
+    calls = message.get("tool_calls")
     chunks = [_chat_chunk(request, {"role": "assistant", "content": ""}, None)]
     if not calls:
-        pieces = _pieces(f"echo: {_last_user_text(request)}")
-        chunks += [_chat_chunk(request, {"content": p}, None) for p in pieces]
+        chunks += [_chat_chunk(request, {"content": p}, None) for p in pieces(message["content"])]
         chunks.append(_chat_chunk(request, {}, "stop"))
     else:
         for index, call in enumerate(calls):
@@ -246,6 +249,14 @@ def _response_output(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def responses_reply(request: Mapping[str, Any], output: list[dict[str, Any]]) -> Reply:
+    """The Responses API answer to ``request`` whose output is ``output`` (its first item a
+    ``message`` or a ``function_call``), streamed when the request asks."""
+    if request.get("stream"):
+        return Reply(HTTPStatus.OK, events=tuple(_response_events(request, output)))
+    return Reply(HTTPStatus.OK, _response(request, output))
+
+
 def _response(
     request: Mapping[str, Any], output: list[dict[str, Any]], *, status: str = "completed"
 ) -> dict[str, Any]:
@@ -269,8 +280,9 @@ def _response(
     }
 
 
-def _response_events(request: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
-    output = _response_output(request)
+def _response_events(
+    request: Mapping[str, Any], output: list[dict[str, Any]]
+) -> Iterator[tuple[str | None, str]]:
     item = output[0]
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": _response(request, [], status="in_progress")},
@@ -279,7 +291,7 @@ def _response_events(request: Mapping[str, Any]) -> Iterator[tuple[str | None, s
         text = item["content"][0]["text"]
         added = {**item, "status": "in_progress", "content": []}
         events.append({"type": "response.output_item.added", "output_index": 0, "item": added})
-        for piece in _pieces(text):
+        for piece in pieces(text):
             events.append(
                 {
                     "type": "response.output_text.delta",

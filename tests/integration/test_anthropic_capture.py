@@ -33,7 +33,6 @@ from agent_blackbox.outbox import (
     AgentRun,
     AsyncRecorder,
     MemoryRecorder,
-    PostgresBlobs,
     RecordedError,
     Recorder,
     RunSnapshot,
@@ -41,6 +40,7 @@ from agent_blackbox.outbox import (
 from agent_blackbox.outbox.integrations.anthropic import capture_anthropic
 from agent_blackbox.outbox.integrations.openai import capture_openai
 from agent_blackbox.outbox.relay import Relay
+from agent_blackbox.outbox.storage import PostgresBlobs
 from agent_blackbox.replayer import KafkaRunSource, ReplayRun, replay_run, write_archive
 from agent_blackbox.replayer._reexecute import anthropic_sender, endpoints_for, reexecute
 from agent_blackbox.schemas import Envelope, PayloadPipeline, Settings, llm_reply

@@ -15,7 +15,8 @@ from sqlalchemy import Engine, text
 
 from agent_blackbox.consumers import ViewRunIndex
 from agent_blackbox.keystore import AesGcmSealer, AuditedKeys, DataKeyStore
-from agent_blackbox.outbox import PostgresBlobs, Recorder, RunSnapshot
+from agent_blackbox.outbox import Recorder, RunSnapshot
+from agent_blackbox.outbox.storage import PostgresBlobs
 from agent_blackbox.replayer import KafkaRunSource, open_body, reexecute, replay_run
 from agent_blackbox.schemas import EventType, PayloadPipeline, Settings, canonical_text
 from tests.integration._backups import KEK, PROVIDER, relay

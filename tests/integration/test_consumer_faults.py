@@ -205,7 +205,7 @@ def _env(settings: Settings) -> dict[str, str]:
     }
 
 
-_CONSUME = "from agent_blackbox.consumers.cli import consume_command; consume_command()"
+_CONSUME = "from agent_blackbox.cli.commands.views import consume_command; consume_command()"
 
 
 def _consume(settings: Settings, *args: str) -> subprocess.Popen[str]:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine, create_engine, func, select, text
 
 from agent_blackbox.broker import ensure_topics
+from agent_blackbox.cli.commands.views import consume_command
 from agent_blackbox.consumers import (
     DLQ_OFFSET,
     DLQ_PARTITION,
@@ -46,7 +47,6 @@ from agent_blackbox.consumers import (
     views_screen,
 )
 from agent_blackbox.consumers._offsets import OffsetMove, advance_offsets
-from agent_blackbox.consumers.cli import consume_command
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, EventType, Settings
 
 pytestmark = pytest.mark.integration
@@ -555,7 +555,7 @@ def test_consume_command_finishes_cleanly_on_sigterm(
 ) -> None:
     run_id = new_run_id()
     ends = producer(encoded(run_events(run_id, 10, "succeeded")))
-    command = "from agent_blackbox.consumers.cli import consume_command; consume_command()"
+    command = "from agent_blackbox.cli.commands.views import consume_command; consume_command()"
     process = subprocess.Popen(
         [sys.executable, "-c", command],
         env={**_cli_env(consumer_settings), "PYTHONPATH": os.getcwd()},

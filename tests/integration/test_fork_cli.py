@@ -15,7 +15,8 @@ from sqlalchemy import Engine, text
 
 from agent_blackbox.cli import main
 from agent_blackbox.examples.ticket_agent import KeywordModel, Notifier, TicketAgent, sample_tickets
-from agent_blackbox.outbox import MemoryRecorder, pending_events_txn
+from agent_blackbox.outbox import MemoryRecorder
+from agent_blackbox.outbox.storage import pending_events_txn
 from agent_blackbox.replayer import fork_diff, fork_run, read_archive, write_archive
 from agent_blackbox.schemas import Settings
 from tests.integration import _fork_agents, _openai_server

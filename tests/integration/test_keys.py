@@ -26,13 +26,9 @@ from agent_blackbox.keystore import (
     UnknownKeyVersion,
     WrongKey,
 )
-from agent_blackbox.outbox import (
-    EVERY_TENANT,
-    AgentRun,
-    Recorder,
-    RunSnapshot,
-)
+from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
+from agent_blackbox.outbox.storage import EVERY_TENANT
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import (
     Envelope,

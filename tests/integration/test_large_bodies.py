@@ -19,8 +19,9 @@ from agent_blackbox.keystore import (
     DataKeyStore,
     LocalKeyProvider,
 )
-from agent_blackbox.outbox import MemoryRecorder, PostgresBlobs, Recorder, RunSnapshot
+from agent_blackbox.outbox import MemoryRecorder, Recorder, RunSnapshot
 from agent_blackbox.outbox.integrations.openai import capture_openai
+from agent_blackbox.outbox.storage import PostgresBlobs
 from agent_blackbox.replayer import DivergenceKind, replay_run
 from agent_blackbox.schemas import Envelope, PayloadPipeline, Settings, llm_reply
 from tests.integration._agents import LARGE_REPLY_QUESTION, large_reply, large_reply_agent

@@ -15,7 +15,8 @@ import pytest
 from sqlalchemy import Engine
 
 from agent_blackbox.consumers import migrate_views
-from agent_blackbox.outbox import Recorder, outbox_backlog_txn
+from agent_blackbox.outbox import Recorder
+from agent_blackbox.outbox.storage import outbox_backlog_txn
 from agent_blackbox.schemas import Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._backups import relay

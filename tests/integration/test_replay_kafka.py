@@ -22,8 +22,9 @@ from agent_blackbox.examples.ticket_agent import (
     sample_tickets,
 )
 from agent_blackbox.keystore import AesGcmSealer, AuditedKeys, DataKeyStore, LocalKeyProvider
-from agent_blackbox.outbox import PostgresBlobs, Recorder, RunSnapshot
+from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
+from agent_blackbox.outbox.storage import PostgresBlobs
 from agent_blackbox.replayer import DivergenceKind, KafkaRunSource, replay_run
 from agent_blackbox.schemas import PayloadPipeline, Settings
 from tests.golden.record_key_order import UNSORTED_INPUT, KeyOrderAgent

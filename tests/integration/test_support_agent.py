@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import socket
-from types import TracebackType
 from typing import Any
 
 import openai
@@ -47,6 +46,7 @@ from agent_blackbox.outbox import AsyncRecorder
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import DivergenceKind, KafkaRunSource, ReplayReport, replay_run
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, Settings
+from tests.integration._guard import SocketGuard, port_of, service_ports
 from tests.integration._openai_server import OpenAIServer
 from tests.integration._views import build_views
 
@@ -111,64 +111,9 @@ def _holes(engine: Engine) -> list[str]:
 # The socket guard ---------------------------------------------------------------------
 
 
-class SocketGuard:
-    """Refuses every connection the Python code opens except to ``allowed`` ports of
-    the loopback, and counts the attempts refused."""
-
-    def __init__(self, allowed: set[int]) -> None:
-        self.allowed = allowed
-        self.refused: list[Any] = []
-        self._saved: tuple[Any, Any] | None = None
-
-    def __enter__(self) -> SocketGuard:
-        self._saved = (socket.socket.connect, socket.socket.connect_ex)
-        connect, connect_ex = self._saved
-        guard = self
-
-        def guarded_connect(sock: socket.socket, address: Any) -> None:
-            guard.check(address)
-            connect(sock, address)
-
-        def guarded_connect_ex(sock: socket.socket, address: Any) -> int:
-            guard.check(address)
-            result: int = connect_ex(sock, address)
-            return result
-
-        socket.socket.connect = guarded_connect  # type: ignore[method-assign,assignment]
-        socket.socket.connect_ex = guarded_connect_ex  # type: ignore[method-assign,assignment]
-        return self
-
-    def check(self, address: Any) -> None:
-        loopback = ("127.0.0.1", "::1", "localhost")
-        if isinstance(address, tuple) and address[:2] in {
-            (h, p) for h in loopback for p in self.allowed
-        }:
-            return
-        self.refused.append(address)
-        raise ConnectionRefusedError(f"the socket guard refused a connection to {address!r}")
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._saved is not None
-        socket.socket.connect, socket.socket.connect_ex = self._saved  # type: ignore[method-assign]
-
-
-def _port(address: str) -> int:
-    return int(address.rsplit(":", 1)[1].split("/", 1)[0])
-
-
-def _service_ports(settings: Settings) -> set[int]:
-    database = settings.database_url.split("@", 1)[1].split("/", 1)[0]
-    return {_port(database), *(_port(broker) for broker in settings.kafka_bootstrap.split(","))}
-
-
 def test_the_guard_refuses_and_counts_a_connection_to_the_model_server() -> None:
     with OpenAIServer() as server:
-        port = _port(server.base_url)
+        port = port_of(server.base_url)
         with SocketGuard({1}) as guard:
             with pytest.raises(ConnectionRefusedError):
                 socket.create_connection(("127.0.0.1", port), timeout=2)
@@ -209,7 +154,7 @@ def test_every_recorded_run_replays_offline_with_the_model_server_stopped(
         "BLACKBOX_KEK": None,
         "BLACKBOX_KEK_FILE": None,
     }
-    with SocketGuard(_service_ports(settings)) as guard:
+    with SocketGuard(service_ports(settings)) as guard:
         args = ["replay", "--all", "--json", "--nondeterminism", "fail"]
         result = CliRunner(env=env).invoke(main, args)
     assert result.exit_code == 0, result.output

@@ -44,7 +44,6 @@ class ApiServer(AgentOpenAIServer):
         self.holding = threading.Event()
         """Set once a held stream has sent its first event and waits."""
         self._failed: set[str] = set()
-        _with_handler(self)
 
     @property
     def base_url(self) -> str:
@@ -68,8 +67,12 @@ class ApiServer(AgentOpenAIServer):
         return first
 
     def headers_for(self, status: int) -> dict[str, str]:
-        """Extra headers of a JSON answer with ``status``."""
         return {"retry-after": "1"} if status == HTTPStatus.TOO_MANY_REQUESTS else {}
+
+    def before_event(self, number: int) -> None:
+        if number == 1 and getattr(_HELD, "value", False):
+            self.holding.set()
+            self.release.wait(timeout=30)
 
 
 def _completion(request: Mapping[str, Any]) -> Reply:
@@ -96,49 +99,6 @@ class ApiAnthropicServer(AgentAnthropicServer):
             words = len(json.dumps(request.get("messages")).split())
             return Reply(HTTPStatus.OK, {"input_tokens": words})
         return super().reply(path, request)
-
-
-def _with_handler(server: ApiServer) -> None:
-    """Give ``server`` a request handler that adds :meth:`ApiServer.headers_for` to JSON
-    answers and holds a held stream after its first event. (The shared server builds its
-    handler class; this one specialises it rather than changing the shared module.)"""
-    base: Any = server._httpd.RequestHandlerClass
-
-    class Handler(base):  # type: ignore[misc, valid-type]
-        def _send_json(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.send_header(server.request_id_header, server.request_id)
-            for name, value in server.headers_for(status).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _send_events(self, events: tuple[tuple[str | None, str], ...]) -> None:
-            held = getattr(_HELD, "value", False)
-            self.send_response(HTTPStatus.OK)
-            self.send_header("content-type", "text/event-stream")
-            self.send_header("transfer-encoding", "chunked")
-            self.send_header(server.request_id_header, server.request_id)
-            self.end_headers()
-            try:
-                for number, (event, data) in enumerate(events):
-                    if held and number == 1:
-                        server.holding.set()
-                        server.release.wait(timeout=30)
-                    self._chunk((f"event: {event}\n" if event else "") + f"data: {data}\n\n")
-                self.wfile.write(b"0\r\n\r\n")
-            except OSError:
-                pass  # the client closed the stream early: what it read is what it got
-
-        def _chunk(self, text: str) -> None:
-            chunk = text.encode()
-            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-            self.wfile.flush()
-
-    server._httpd.RequestHandlerClass = Handler
 
 
 def stop_all(*servers: LLMServer) -> None:

@@ -62,56 +62,45 @@ def _checked(samples: capture.Samples, shape: capture.Shape, names: list[str]) -
             assert all(s.first_ms is None and s.chunks == 0 for s in got)
 
 
-@pytest.mark.parametrize(
-    "shape", [s for s in capture.SHAPES if s.mode == "sync"], ids=lambda s: s.key
-)
-def test_sync_variants_make_and_record_the_calls(
-    server: FakeLLM, shape: capture.Shape, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    memory = MemoryRecorder()
-    recorded: list[int] = []
-    _count_rounds(monkeypatch, recorded)
-    variants = capture.sync_variants({"none": None, "memory": memory}, server.base_url)
-    samples: capture.Samples = defaultdict(list)
-
-    capture.measure_sync(variants, shape, rounds=1, samples=samples)
-
-    assert sorted(variants) == ["raw", "sdk-memory", "transport-memory"]
-    _checked(samples, shape, sorted(variants))
-    # One llm.call per call of the two captures: a run of warm-up and a measured run each.
-    assert sorted(recorded) == sorted([capture.WARMUP] * 2 + [capture.BATCH] * 2)
-
-
-@pytest.mark.parametrize(
-    "shape", [s for s in capture.SHAPES if s.mode == "async"], ids=lambda s: s.key
-)
-def test_async_variants_make_and_record_the_calls(
-    server: FakeLLM, shape: capture.Shape, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    memory = AsyncMemoryRecorder()
-    recorded: list[int] = []
-    _count_rounds(monkeypatch, recorded)
-    samples: capture.Samples = defaultdict(list)
+def _measured(shape: capture.Shape, base_url: str, samples: capture.Samples) -> list[str]:
+    """Measure one round of ``shape`` (sync or async, as it says) on the variants with no
+    recorder or the memory one, into ``samples``; the variants' names."""
+    if shape.mode == "sync":
+        variants = capture.sync_variants({"none": None, "memory": MemoryRecorder()}, base_url)
+        capture.measure_sync(variants, shape, rounds=1, samples=samples)
+        return sorted(variants)
 
     async def measured() -> list[str]:
-        variants = capture.async_variants({"none": None, "memory": memory}, server.base_url)
+        memory = AsyncMemoryRecorder()
+        variants = capture.async_variants({"none": None, "memory": memory}, base_url)
         await capture.measure_async(variants, shape, rounds=1, samples=samples)
         return sorted(variants)
 
-    names = asyncio.run(measured())
+    return asyncio.run(measured())
 
+
+@pytest.mark.parametrize("shape", capture.SHAPES, ids=lambda s: s.key)
+def test_variants_make_and_record_the_calls(
+    server: FakeLLM, shape: capture.Shape, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorded: list[int] = []
+    _count_rounds(monkeypatch, recorded)
+    samples: capture.Samples = defaultdict(list)
+
+    names = _measured(shape, server.base_url, samples)
+
+    assert names == ["raw", "sdk-memory", "transport-memory"]
     _checked(samples, shape, names)
+    # One llm.call per call of the two captures: a run of warm-up and a measured run each.
     assert sorted(recorded) == sorted([capture.WARMUP] * 2 + [capture.BATCH] * 2)
 
 
 def test_the_report_prints_a_figure_per_line_and_a_summary(
     server: FakeLLM, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    memory = MemoryRecorder()
-    variants = capture.sync_variants({"none": None, "memory": memory}, server.base_url)
     shape = capture.Shape("sync", "stream_paced", "short")
     samples: capture.Samples = defaultdict(list)
-    capture.measure_sync(variants, shape, rounds=1, samples=samples)
+    _measured(shape, server.base_url, samples)
 
     added = capture.report(samples, [shape])
     capture.summary(added, seconds=1.0)

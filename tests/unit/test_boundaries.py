@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from agent_blackbox.outbox import shard_of
 from agent_blackbox.outbox._boundaries import clock_read, tool_call
 from agent_blackbox.outbox._errors import PayloadTooLarge
 from agent_blackbox.outbox._llm import llm_call
 from agent_blackbox.outbox._writer import Cursor, EventFactory, RunIdentity
+from agent_blackbox.outbox.storage import shard_of
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     LLM_CALL_VERSION,

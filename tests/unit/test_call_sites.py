@@ -4,7 +4,6 @@ frame as a second line: in the divergence, its JSON form and ``blackbox replay``
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from agent_blackbox.cli import main
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
 from agent_blackbox.replayer import CallSite, Divergence, DivergenceKind, replay_run, write_archive
 from agent_blackbox.schemas import Envelope
+from tests.unit._installed import installed, marked_line
 
 FRAMEWORK = "blackbox_fake_framework"
 FRAMEWORK_SOURCE = """
@@ -37,13 +37,8 @@ def _weather(city):
 
 @pytest.fixture
 def framework(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """A library installed the way distributions are: in a site-packages folder."""
-    folder = tmp_path / "env" / "lib" / "python3" / "site-packages"
-    folder.mkdir(parents=True)
-    (folder / f"{FRAMEWORK}.py").write_text(FRAMEWORK_SOURCE)
-    monkeypatch.syspath_prepend(str(folder))
-    yield importlib.import_module(FRAMEWORK)
-    sys.modules.pop(FRAMEWORK, None)
+    """The fake framework, installed in a site-packages folder as a distribution is."""
+    yield from installed(FRAMEWORK, FRAMEWORK_SOURCE, tmp_path=tmp_path, monkeypatch=monkeypatch)
 
 
 def paris_entry(run: AgentRun, input: Any) -> Any:
@@ -57,11 +52,6 @@ def oslo_entry(run: AgentRun, input: Any) -> Any:
 def refusing_entry(run: AgentRun, input: Any) -> Any:
     sys.modules[FRAMEWORK].look_up(run, "Paris")
     return sys.modules[FRAMEWORK].refuse("Paris")  # mark:refused
-
-
-def _line(source: str, marker: str) -> int:
-    lines = source.splitlines()
-    return next(n for n, text in enumerate(lines, 1) if text.endswith(f"# mark:{marker}"))
 
 
 def _recorded() -> list[Envelope]:
@@ -81,12 +71,12 @@ def test_a_call_a_library_made_names_the_agents_line_and_the_librarys(
 ) -> None:
     divergence = _divergence(oslo_entry)
     assert divergence.kind == DivergenceKind.ARGUMENT_MISMATCH
-    agent_line = _line(Path(__file__).read_text(), "agent")
+    agent_line = marked_line(Path(__file__).read_text(), "agent")
     assert divergence.call_site == CallSite(
         "oslo_entry",
         __file__,
         agent_line,
-        CallSite("look_up", str(framework.__file__), _line(FRAMEWORK_SOURCE, "crosses")),
+        CallSite("look_up", str(framework.__file__), marked_line(FRAMEWORK_SOURCE, "crosses")),
     )
     described = divergence.describe()
     assert f"at oslo_entry ({__file__}:{agent_line}) through look_up (" in described
@@ -102,11 +92,11 @@ def test_an_error_raised_in_a_library_names_the_agents_line_and_the_librarys(
     assert divergence.call_site is not None
     assert (divergence.call_site.function, divergence.call_site.line) == (
         "refusing_entry",
-        _line(Path(__file__).read_text(), "refused"),
+        marked_line(Path(__file__).read_text(), "refused"),
     )
     library = divergence.call_site.library
     assert library is not None
-    assert (library.function, library.line) == ("refuse", _line(FRAMEWORK_SOURCE, "raises"))
+    assert (library.function, library.line) == ("refuse", marked_line(FRAMEWORK_SOURCE, "raises"))
 
 
 def test_the_replay_command_shows_the_library_frame_after_the_call_site(

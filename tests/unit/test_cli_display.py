@@ -87,7 +87,7 @@ def test_a_batch_summary_escapes_a_hostile_run_id(archive: str) -> None:
 
 
 def test_the_forget_and_retention_table_escapes_run_ids_and_reasons() -> None:
-    from agent_blackbox.consumers.cli import _print_redactions
+    from agent_blackbox.cli.commands.retention import _print_redactions
 
     report = RetentionReport(
         redacted=(Redaction(run_id=f"run-{HOSTILE}", reason=f"subject {HOSTILE}", key_ids=()),)

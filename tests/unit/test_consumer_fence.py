@@ -9,10 +9,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from agent_blackbox.broker import LeaseStamp
+from agent_blackbox.cli._workers import membership
 from agent_blackbox.consumers import BatchOutcome, ConsumerRuntime
 from agent_blackbox.consumers._idle import IdleClock
 from agent_blackbox.consumers._membership import host_member_id
-from agent_blackbox.consumers.cli import membership
 from agent_blackbox.schemas import Settings
 
 TOPIC = "events"

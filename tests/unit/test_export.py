@@ -18,6 +18,7 @@ from click.testing import CliRunner, Result
 
 from agent_blackbox.broker import KafkaUnavailable
 from agent_blackbox.cli import main
+from agent_blackbox.cli.commands.export import export_command
 from agent_blackbox.keystore import AesGcmSealer, KeystoreError
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
 from agent_blackbox.replayer import (
@@ -29,7 +30,6 @@ from agent_blackbox.replayer import (
     write_archive,
 )
 from agent_blackbox.replayer._access import Opening
-from agent_blackbox.replayer.cli import export_command
 from agent_blackbox.schemas import (
     GENESIS_CHAIN_HASH,
     DataKey,
@@ -465,7 +465,7 @@ def test_a_plaintext_body_in_a_sealed_run_is_refused_not_exported(
     assert not result.stdout
     # With the run's key, the genuine bodies are exported, the forged one refused: exit 1.
     keyed = Opening(pipeline)
-    monkeypatch.setattr("agent_blackbox.replayer._export_cli.opening", lambda *_a, **_k: keyed)
+    monkeypatch.setattr("agent_blackbox.cli.commands.export.opening", lambda *_a, **_k: keyed)
     result = _export("--archive", str(path), "--bodies", "--purpose", PURPOSE)
     assert result.exit_code == 1, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines()]

@@ -6,7 +6,6 @@ it."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from agent_blackbox.outbox import AsyncMemoryRecorder, RunSnapshot
 from agent_blackbox.replayer import DivergenceKind, replay_run
 from agent_blackbox.schemas import Envelope
+from tests.unit._installed import installed, marked_line
 
 FRAMEWORK = "blackbox_fake_tasking_framework"
 FRAMEWORK_SOURCE = """
@@ -43,13 +43,8 @@ DEPTH = 20
 
 @pytest.fixture
 def framework(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """A library installed the way distributions are: in a site-packages folder."""
-    folder = tmp_path / "env" / "lib" / "python3" / "site-packages"
-    folder.mkdir(parents=True)
-    (folder / f"{FRAMEWORK}.py").write_text(FRAMEWORK_SOURCE)
-    monkeypatch.syspath_prepend(str(folder))
-    yield importlib.import_module(FRAMEWORK)
-    sys.modules.pop(FRAMEWORK, None)
+    """The fake framework, installed in a site-packages folder as a distribution is."""
+    yield from installed(FRAMEWORK, FRAMEWORK_SOURCE, tmp_path=tmp_path, monkeypatch=monkeypatch)
 
 
 async def paris_entry(run: Any, input: Any) -> Any:
@@ -76,8 +71,7 @@ def test_a_call_from_a_task_a_framework_started_deep_down_names_the_agents_line(
     divergence = report.divergence
     assert divergence is not None
     assert divergence.kind == DivergenceKind.ARGUMENT_MISMATCH
-    lines = Path(__file__).read_text().splitlines()
-    agent_line = next(n for n, text in enumerate(lines, 1) if text.endswith("# mark:agent"))
+    agent_line = marked_line(Path(__file__).read_text(), "agent")
     assert divergence.call_site is not None
     site = divergence.call_site
     assert (site.function, site.file, site.line) == ("oslo_entry", __file__, agent_line)

@@ -28,26 +28,36 @@ PARTS = {
     "console": "console",
     "stack": "stack",
     "cli": "cli",
+    "wiring": "wiring",
     "examples": "examples",
 }
 ALLOWED = {
     "schemas": set(),
+    # The pool policy: every engine is built there (a leaf, like the contract).
+    "wiring": set(),
     "keystore": {"schemas"},
     "broker": {"schemas"},
     # The write side: the relay (outbox.relay) publishes through the broker layer.
-    "outbox": {"schemas", "keystore", "broker"},
-    "consumers": {"schemas", "keystore", "broker", "outbox"},
-    "replayer": {"schemas", "keystore", "broker", "outbox"},
+    "outbox": {"schemas", "wiring", "keystore", "broker"},
+    "consumers": {"schemas", "wiring", "keystore", "broker", "outbox"},
+    "replayer": {"schemas", "wiring", "keystore", "broker", "outbox"},
     # Backups and restore drills: a consumer of the topic, a restore of the write side,
-    # views rebuilt and runs replayed on the restored copy.
-    "backup": {"schemas", "keystore", "broker", "outbox", "consumers", "replayer"},
+    # views rebuilt on the restored copy.
+    "backup": {"schemas", "wiring", "keystore", "broker", "outbox", "consumers"},
     # The run console: the views through the read side's functions, bodies through
     # the replayer's audited path, the key store's purpose rule.
     "console": {"schemas", "keystore", "consumers", "replayer"},
     "stack": {"schemas", "broker"},
-    "examples": {"schemas", "outbox", "consumers", "stack", "backup"},
+    "examples": {"schemas", "wiring", "outbox", "consumers", "stack", "backup"},
+    # The composition root: the one part that wires the others together.
     "cli": set(PARTS) - {"cli"},
 }
+# The front door (blackbox/: agent_blackbox itself and agent_blackbox.testing) composes the
+# parts in the user's words: what it may import. The parts never import it, but for the
+# examples, which are written as a user writes an agent.
+FRONT_DOOR = "blackbox"
+FRONT_DOOR_ALLOWED = {"schemas", "wiring", "keystore", "outbox", "consumers", "replayer"}
+FRONT_DOOR_USERS = {"examples"}
 # What an agent process carries: none of the pipeline's machinery.
 FORBIDDEN_IN_AGENTS = ("confluent_kafka", "alembic", "prometheus_client", "rich")
 # The LLM SDKs are optional extras: on the write side each is imported by its own capture
@@ -116,6 +126,56 @@ def test_the_write_side_imports_neither_the_read_side_nor_the_replayer() -> None
     edges = _graph()["outbox"]
     assert "consumers" not in edges
     assert "replayer" not in edges
+
+
+def _imports_of_the_front_door(path: Path) -> Iterator[int]:
+    """The lines of ``path`` that import ``agent_blackbox`` itself or a module of its own
+    folder (``agent_blackbox.testing``, ``agent_blackbox._replay``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "agent_blackbox" and (len(parts) == 1 or parts[1] not in PARTS):
+                yield node.lineno
+
+
+def test_the_front_door_imports_only_the_parts_it_composes() -> None:
+    imported = {
+        (part, f"{path.relative_to(ROOT)}:{line}")
+        for path in sorted((ROOT / FRONT_DOOR).rglob("*.py"))
+        if path.name != "__main__.py"  # ``python -m agent_blackbox`` is the blackbox command
+        for part, line in _imported_parts(path)
+    }
+    assert {part for part, _ in imported} <= FRONT_DOOR_ALLOWED, sorted(imported)
+
+
+def test_no_part_imports_the_front_door() -> None:
+    found = {
+        f"{path.relative_to(ROOT)}:{line}"
+        for part, folder in PARTS.items()
+        if part not in FRONT_DOOR_USERS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line in _imports_of_the_front_door(path)
+    }
+    assert not found
+
+
+def test_the_checker_sees_the_front_door_however_it_is_imported(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import agent_blackbox as bb\n"
+        "from agent_blackbox import Recorder\n"
+        "import agent_blackbox.outbox\n"
+        "def f():\n"
+        "    from agent_blackbox.testing import MemoryRecorder\n",
+        encoding="utf-8",
+    )
+    assert sorted(_imports_of_the_front_door(module)) == [1, 2, 5]
 
 
 def test_the_checker_sees_an_import_it_must_refuse(tmp_path: Path) -> None:
@@ -193,3 +253,16 @@ def test_an_agent_loads_only_the_llm_sdk_it_captures() -> None:
     assert _loaded_after(f"import agent_blackbox.outbox, {integrations}", sdks) == []
     for sdk in sdks:
         assert _loaded_after(f"import {integrations}.{sdk}", sdks) == [sdk]
+
+
+def test_the_commands_live_in_the_cli_only() -> None:
+    """The parts are libraries: no module of theirs is a command (none imports click);
+    the ``blackbox`` commands live under ``cli/``, which wires the parts together."""
+    commands = {
+        str(path.relative_to(ROOT))
+        for part, folder in PARTS.items()
+        if part != "cli"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "click" in set(_imported_modules(path))
+    }
+    assert commands == set()

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from agent_blackbox.consumers.cli import serve_metrics
+from agent_blackbox.cli._workers import serve_metrics
 from agent_blackbox.schemas import BlackboxError
 
 

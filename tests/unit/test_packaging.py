@@ -18,6 +18,10 @@ from pathlib import Path
 
 import pytest
 
+# Builds the wheel and installs it into fresh environments: the slowest unit tests. CI runs
+# them (``make test`` selects every marker); ``-m 'not packaging'`` leaves them out locally.
+pytestmark = pytest.mark.packaging
+
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "agent_blackbox"
 # What a user's own files next to their agent may be called; importing one fails.
@@ -92,13 +96,15 @@ def test_the_agent_import_works_beside_a_users_own_schemas_cli_and_stack(
         (app / name).parent.mkdir(parents=True, exist_ok=True)
         (app / name).write_text(text, encoding="utf-8")
     code = (
-        "from agent_blackbox.outbox import MemoryRecorder, Recorder, RunSnapshot\n"
+        "from agent_blackbox import Recorder, RunSnapshot, replay\n"
+        "from agent_blackbox.testing import MemoryRecorder\n"
         "import agent_blackbox, agent_blackbox.schemas\n"
         "assert 'site-packages' in agent_blackbox.__file__, agent_blackbox.__file__\n"
         "recorder = MemoryRecorder()\n"
-        "run, out = recorder.record(lambda r, i: r.call('t', len, i), RunSnapshot('v', 'abc'),"
-        " agent_id='a')\n"
+        "agent = lambda r, i: r.call('t', len, i)\n"
+        "run, out = recorder.record(agent, RunSnapshot('v', 'abc'), agent_id='a')\n"
         "assert out == 3 and len(recorder.events) == 3\n"
+        "assert replay(recorder.events, agent).passed\n"
         "print('ok')\n"
     )
     assert _run(installed / "python", "-c", code, cwd=app).strip() == "ok"
@@ -112,7 +118,10 @@ def test_the_wheel_installs_only_agent_blackbox_and_its_data(installed: Path) ->
     assert top == {PROJECT, "agent_blackbox-0.1.0.dist-info"}
     for data in (
         "agent_blackbox/py.typed",
+        "agent_blackbox/__init__.pyi",
         "agent_blackbox/outbox/__init__.pyi",
+        "agent_blackbox/replayer/__init__.pyi",
+        "agent_blackbox/testing/fixtures.py",
         "agent_blackbox/schemas/avsc/envelope.v1.avsc",
         "agent_blackbox/outbox/migrations/env.py",
         "agent_blackbox/outbox/migrations/script.py.mako",

@@ -8,11 +8,8 @@ chat models do, against a loopback server that counts what it receives.
 
 from __future__ import annotations
 
-import json
-import threading
 import warnings
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx2
@@ -21,6 +18,7 @@ import pytest
 import agent_blackbox as bb
 from agent_blackbox.outbox import MemoryRecorder, RunSnapshot, UnrecordedCallWarning
 from agent_blackbox.replayer import DivergenceKind, replay_run
+from tests.integration._llm_server import LoopbackServer, QuietHandler
 
 CHAT = {
     "id": "chatcmpl-1",
@@ -37,7 +35,7 @@ CHAT = {
 }
 
 
-class _Server:
+class _Server(LoopbackServer):
     """A keep-alive HTTP/1.1 server on the loopback that answers every POST with a chat
     completion and counts the requests and the connections it got."""
 
@@ -46,8 +44,7 @@ class _Server:
         self.connections = 0
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        class Handler(QuietHandler):
             timeout = 10
 
             def setup(self) -> None:
@@ -55,37 +52,15 @@ class _Server:
                 server.connections += 1
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length") or 0))
+                self.read_body()
                 server.requests += 1
-                body = json.dumps(CHAT).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.send_json(200, CHAT)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
+        super().__init__(Handler)
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}/v1/chat/completions"
-
-    def __enter__(self) -> _Server:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=10)
+        return f"{self.address}/v1/chat/completions"
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import threading
 
 from rich.console import Console
 
-from agent_blackbox.cli.main import _RelayWatch
+from agent_blackbox.cli.commands.relay import _RelayWatch
 
 
 class _FakeRelay:

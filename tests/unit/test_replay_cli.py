@@ -26,7 +26,7 @@ from agent_blackbox.outbox import AgentRun, MemoryRecorder
 from agent_blackbox.replayer import write_archive
 from agent_blackbox.schemas import Envelope, Settings
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "replay-json.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "replay-json.md"
 TICKET_ENTRY = "agent_blackbox.examples.ticket_agent:replay_entry"
 BROKEN_MODULE = "blackbox_test_agent_that_fails_to_import"
 

@@ -17,6 +17,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from click.testing import CliRunner, Result
 from rich.console import Console
 
+from agent_blackbox.cli.commands.stack import _backup_rows
 from agent_blackbox.stack import (
     Endpoints,
     LocalS3,
@@ -37,7 +38,6 @@ from agent_blackbox.stack._s3proxy import (
     write_private,
 )
 from agent_blackbox.stack._settings import redact_url
-from agent_blackbox.stack.cli import _backup_rows
 
 QUIET = Console(quiet=True)
 EXTERNAL_URL = "s3://team-backups/agents?endpoint=https://objects.invalid&X-Amz-Signature=abc"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from agent_blackbox.cli.commands.schemas import check_directory, schemas_group
 from agent_blackbox.examples.ticket_agent import (
     KeywordModel,
     Notifier,
@@ -43,7 +44,6 @@ from agent_blackbox.schemas import (
     llm_call_v1_to_v2,
     llm_reply,
 )
-from agent_blackbox.schemas.cli import check_directory, schemas_group
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "ticket-agent.v1.avro"
 GOLDEN_EVENTS = list(read_archive(GOLDEN))

@@ -19,7 +19,7 @@ from agent_blackbox.consumers._signing import (
     follow,
     judge,
 )
-from agent_blackbox.outbox import RunHead
+from agent_blackbox.outbox.storage import RunHead
 from agent_blackbox.schemas import PLAIN_ENCODING, Checkpoint, Envelope, EventType, Settings
 from tests.unit.test_verify import EVENTS, RUN, SIGNER, VERIFIER, _chain
 

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
+from agent_blackbox.cli.commands.stack import status_table
 from agent_blackbox.stack import (
     LocalKafka,
     LocalPostgres,
@@ -35,7 +36,6 @@ from agent_blackbox.stack._postgres import (
 )
 from agent_blackbox.stack._process import PidFile, process_matches, tail_file, wait_for
 from agent_blackbox.stack._settings import default_cache_dir, redact_password
-from agent_blackbox.stack.cli import status_table
 
 QUIET = Console(quiet=True)
 

@@ -17,8 +17,9 @@ from sqlalchemy import Engine, select
 
 from agent_blackbox.consumers import events_index, runs_view
 from agent_blackbox.schemas import Settings
+from tests.integration._llm_server import LLMServer
 from tests.integration.frameworks._compat_env import ROOT, CompatEnv
-from tests.integration.frameworks._harness import Recorded
+from tests.integration.frameworks._harness import Recorded, attributes_by_run, finished_attributes
 
 DRIVER = "tests.integration.frameworks._compat_driver"
 API_KEY = "sk-test-compat-0000"
@@ -103,6 +104,17 @@ class Driver:
         reports: list[dict[str, Any]] = done["reports"]
         return reports
 
+    def assert_replays_offline(
+        self, settings: Settings, entry: str, run_ids: list[str], *, model: LLMServer
+    ) -> None:
+        """Replay the runs (as :meth:`replay`); asserts that each passed and that the
+        ``model`` server was asked nothing meanwhile."""
+        sent = len(model.requests)
+        reports = self.replay(settings, entry, run_ids)
+        failed = [report for report in reports if report["result"] != "PASS"]
+        assert (len(reports), failed) == (len(run_ids), [])
+        assert len(model.requests) == sent, "the model server was asked during replay"
+
     def ask(self, settings: Settings, command: str, spec: dict[str, Any]) -> dict[str, Any]:
         """The driver's result of ``command`` on ``spec`` with ``settings``.
 
@@ -139,6 +151,34 @@ class Driver:
         return {**inherited, "OPENAI_BASE_URL": self.model_url, "OPENAI_API_KEY": API_KEY}
 
 
+# The recipe's lines and its divergences ---------------------------------------------------
+
+
+def recipe_line(recipe: Path, text: str, *, after: str) -> int:
+    """The number of the first line of the ``recipe`` file holding ``text`` after the
+    first line holding ``after``."""
+    lines = recipe.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if after in line)
+    return next(i for i, line in enumerate(lines[start:], start=start + 1) if text in line)
+
+
+def assert_first_call_changed(
+    report: dict[str, Any], *, recipe: Path, function: str, line: int, path: str
+) -> None:
+    """The replay ``report`` diverged with an ``argument_mismatch`` on the run's first
+    model call (right after ``run.started``) at ``recipe``'s ``function`` and ``line``,
+    naming ``path`` among what changed in the request."""
+    divergence = report["divergence"]
+    assert report["result"] == "DIVERGED"
+    assert divergence["kind"] == "argument_mismatch"
+    assert (divergence["expected_type"], divergence["actual_type"]) == ("llm.call", "llm.call")
+    assert divergence["sequence"] == 2
+    site = divergence["call_site"]
+    assert Path(site["file"]) == recipe
+    assert (site["function"], site["line"]) == (function, line)
+    assert {"path": path} in divergence["changes"]
+
+
 # What the views hold -------------------------------------------------------------------
 
 
@@ -158,35 +198,24 @@ def events_by_run(engine: Engine, run_ids: list[str]) -> dict[str, list[str]]:
 
 def holes_reported(engine: Engine, run_ids: list[str]) -> dict[str, str]:
     """The runs whose ``run.finished`` reports an unrecorded call: run id → the first."""
-    query = select(events_index.c.run_id, events_index.c.attributes).where(
-        events_index.c.run_id.in_(run_ids), events_index.c.event_type == "run.finished"
-    )
-    with engine.connect() as conn:
-        rows = conn.execute(query).all()
     return {
         run_id: str(attributes.get("unrecorded_call"))
-        for run_id, attributes in rows
-        if attributes and "unrecorded_calls" in attributes
+        for run_id, attributes in finished_attributes(engine, run_ids).items()
+        if "unrecorded_calls" in attributes
     }
 
 
 def tools_called(engine: Engine, run_ids: list[str]) -> dict[str, int]:
     """How many ``tool.call`` events of the runs the views index, per tool."""
-    query = select(events_index.c.attributes["tool"].astext).where(
-        events_index.c.run_id.in_(run_ids), events_index.c.event_type == "tool.call"
-    )
-    with engine.connect() as conn:
-        names = [str(row[0]) for row in conn.execute(query)]
+    calls = attributes_by_run(engine, run_ids, "tool.call", "tool").values()
+    names = [str(name) for run_calls in calls for (name,) in run_calls]
     return {name: names.count(name) for name in set(names)}
 
 
 def llm_call_attribute(engine: Engine, run_ids: list[str], name: str) -> list[str | None]:
     """The attribute ``name`` of every ``llm.call`` event of the runs (None where unset)."""
-    query = select(events_index.c.attributes[name].astext).where(
-        events_index.c.run_id.in_(run_ids), events_index.c.event_type == "llm.call"
-    )
-    with engine.connect() as conn:
-        return [row[0] for row in conn.execute(query)]
+    calls = attributes_by_run(engine, run_ids, "llm.call", name).values()
+    return [value for run_calls in calls for (value,) in run_calls]
 
 
 def overlapped(engine: Engine, run_ids: list[str]) -> bool:
@@ -198,4 +227,4 @@ def overlapped(engine: Engine, run_ids: list[str]) -> bool:
     with engine.connect() as conn:
         spans = conn.execute(query).all()
     assert len(spans) == len(run_ids), f"runs missing from the runs view: {spans}"
-    return max(span[0] for span in spans) < min(span[1] for span in spans)
+    return bool(max(span[0] for span in spans) < min(span[1] for span in spans))

@@ -42,12 +42,11 @@ from sqlalchemy import create_engine
 
 from agent_blackbox.outbox import UnrecordedCallWarning
 from agent_blackbox.schemas import Settings
+from tests.integration._guard import SocketGuard, service_ports
 from tests.integration.frameworks._harness import (
-    SocketGuard,
     record_runs,
     record_runs_async,
     replay_from_kafka,
-    service_ports,
 )
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,17 +28,32 @@ from typing import Any
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agent_blackbox.consumers import ViewRunIndex, events_index
+from agent_blackbox.consumers import ViewRunIndex, events_index, runs_view
 from agent_blackbox.outbox import AsyncRecorder, Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.replayer import KafkaRunSource, ReplayReport, replay_run
-from agent_blackbox.schemas import Settings
+from agent_blackbox.schemas import Envelope, PayloadPipeline, Settings
+from tests.integration._guard import SocketGuard, service_ports
 from tests.integration._views import build_views
 
 RUNS = int(os.environ.get("BLACKBOX_FRAMEWORK_RUNS", "20"))
 
 Entry = Callable[[Any, Any], Any]
 """An agent entry point: ``entry(run, input)``, sync or ``async``."""
+
+CITIES = ("Oslo", "Lima", "Quito", "Accra", "Hanoi", "Perth", "Bern", "Riga", "Baku", "Doha")
+"""The cities the recipes' questions name, in turn (the model servers read ``city=``)."""
+
+
+def questions(count: int, *, start: int = 0, ask: str = "What is the weather like?") -> list[str]:
+    """``count`` questions ``"<ask> city=<city>"``, the cities of :data:`CITIES` in turn
+    from the ``start``-th."""
+    return [f"{ask} city={CITIES[i % len(CITIES)]}" for i in range(start, start + count)]
+
+
+def city_of(question: str) -> str:
+    """The city a question names: its ``city=`` word."""
+    return question.split("city=", 1)[1].split()[0]
 
 
 @dataclass(frozen=True)
@@ -131,11 +145,23 @@ def replay_all_offline(
     return reports
 
 
+# What the views and the topic hold ------------------------------------------------------
+
+
 def llm_calls_by_run(engine: Engine, run_ids: list[str]) -> dict[str, int]:
     """How many ``llm.call`` events the views hold per run."""
+    return _counted(engine, run_ids, "llm.call")
+
+
+def tool_calls_by_run(engine: Engine, run_ids: list[str]) -> dict[str, int]:
+    """How many ``tool.call`` events the views hold per run."""
+    return _counted(engine, run_ids, "tool.call")
+
+
+def _counted(engine: Engine, run_ids: list[str], event_type: str) -> dict[str, int]:
     query = (
         select(events_index.c.run_id, func.count())
-        .where(events_index.c.event_type == "llm.call", events_index.c.run_id.in_(run_ids))
+        .where(events_index.c.event_type == event_type, events_index.c.run_id.in_(run_ids))
         .group_by(events_index.c.run_id)
     )
     with engine.connect() as conn:
@@ -143,57 +169,75 @@ def llm_calls_by_run(engine: Engine, run_ids: list[str]) -> dict[str, int]:
     return {run_id: found.get(run_id, 0) for run_id in run_ids}
 
 
-# The socket guard ---------------------------------------------------------------------
+def attributes_by_run(
+    engine: Engine, run_ids: list[str], event_type: str, *keys: str
+) -> dict[str, list[tuple[Any, ...]]]:
+    """The ``keys`` attributes (None where unset) of each ``event_type`` event per run, in
+    sequence order, as the views' events index holds them."""
+    query = (
+        select(events_index.c.run_id, events_index.c.attributes)
+        .where(events_index.c.event_type == event_type, events_index.c.run_id.in_(run_ids))
+        .order_by(events_index.c.run_id, events_index.c.sequence)
+    )
+    found: dict[str, list[tuple[Any, ...]]] = {run_id: [] for run_id in run_ids}
+    with engine.connect() as conn:
+        for run_id, attributes in conn.execute(query):
+            found[run_id].append(tuple((attributes or {}).get(key) for key in keys))
+    return found
 
 
-class SocketGuard:
-    """Refuses every connection the Python code opens except to ``allowed`` ports of the
-    loopback, and keeps the addresses refused. Postgres and Kafka are reached through
-    their C clients, which it does not see (nor need to)."""
-
-    def __init__(self, allowed: set[int]) -> None:
-        self.allowed = allowed
-        self.refused: list[Any] = []
-        self._saved: tuple[Any, Any] | None = None
-
-    def __enter__(self) -> SocketGuard:
-        self._saved = (socket.socket.connect, socket.socket.connect_ex)
-        connect, connect_ex = self._saved
-        guard = self
-
-        def guarded_connect(sock: socket.socket, address: Any) -> None:
-            guard.check(address)
-            connect(sock, address)
-
-        def guarded_connect_ex(sock: socket.socket, address: Any) -> int:
-            guard.check(address)
-            result: int = connect_ex(sock, address)
-            return result
-
-        socket.socket.connect = guarded_connect  # type: ignore[method-assign,assignment]
-        socket.socket.connect_ex = guarded_connect_ex  # type: ignore[method-assign,assignment]
-        return self
-
-    def check(self, address: Any) -> None:
-        loopback = ("127.0.0.1", "::1", "localhost")
-        if isinstance(address, tuple) and address[0] in loopback and address[1] in self.allowed:
-            return
-        self.refused.append(address)
-        raise ConnectionRefusedError(f"the socket guard refused a connection to {address!r}")
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._saved is not None
-        socket.socket.connect, socket.socket.connect_ex = self._saved  # type: ignore[method-assign]
+def finished_attributes(engine: Engine, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The attributes of each run's ``run.finished`` event, from the views."""
+    query = select(events_index.c.run_id, events_index.c.attributes).where(
+        events_index.c.event_type == "run.finished", events_index.c.run_id.in_(run_ids)
+    )
+    with engine.connect() as conn:
+        return {row[0]: dict(row[1] or {}) for row in conn.execute(query)}
 
 
-def _port(address: str) -> int:
-    return int(address.rsplit(":", 1)[1].split("/", 1)[0])
+def runs_in_views(engine: Engine, run_ids: list[str]) -> dict[str, tuple[str, int | None]]:
+    """Each run's status and count of unrecorded calls, from the runs view."""
+    columns = (runs_view.c.run_id, runs_view.c.status, runs_view.c.unrecorded_calls)
+    query = select(*columns).where(runs_view.c.run_id.in_(run_ids))
+    with engine.connect() as conn:
+        return {row[0]: (row[1], row[2]) for row in conn.execute(query)}
 
 
-def service_ports(settings: Settings) -> set[int]:
-    """The ports of Postgres and Kafka: what a replay may reach."""
-    database = settings.database_url.split("@", 1)[1].split("/", 1)[0]
-    return {_port(database), *(_port(broker) for broker in settings.kafka_bootstrap.split(","))}
+def events_of(settings: Settings, engine: Engine, run_id: str, event_type: str) -> list[Envelope]:
+    """A run's events of one type, read back from Kafka."""
+    source = KafkaRunSource(settings, ViewRunIndex(engine), run_id)
+    return [e for e in source if e.event_type == event_type]
+
+
+def bodies_of(settings: Settings, engine: Engine, run_id: str, event_type: str) -> list[Any]:
+    """The bodies of a run's events of one type, read back from Kafka."""
+    pipeline = PayloadPipeline()
+    return [pipeline.unpack(e) for e in events_of(settings, engine, run_id, event_type)]
+
+
+def assert_recorded_whole(
+    engine: Engine,
+    recorded: Recorded,
+    *,
+    answered: Callable[[Any, Any], bool],
+    llm_calls: int,
+    tool_calls: int,
+) -> None:
+    """Every run gave an output ``answered(input, output)`` accepts, holds ``llm_calls``
+    model calls and ``tool_calls`` tool calls in the views, succeeded, and reported no
+    call that went out unrecorded."""
+    for given, output in recorded.runs.values():
+        assert answered(given, output), (given, output)
+    run_ids = recorded.run_ids
+    assert llm_calls_by_run(engine, run_ids) == dict.fromkeys(run_ids, llm_calls)
+    assert tool_calls_by_run(engine, run_ids) == dict.fromkeys(run_ids, tool_calls)
+    assert runs_in_views(engine, run_ids) == dict.fromkeys(run_ids, ("succeeded", None))
+
+
+def assert_all_passed(reports: list[ReplayReport]) -> None:
+    """Every replay passed; the message names each divergence or error."""
+    failed = [r.divergence.describe() if r.divergence else r.error for r in reports if not r.passed]
+    assert failed == [], failed
 
 
 @contextmanager

@@ -12,6 +12,7 @@ replay's recorded answers are exactly what the server would say again.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
@@ -21,7 +22,7 @@ from tests.integration._anthropic_server import AnthropicServer
 from tests.integration._llm_server import Reply
 from tests.integration._openai_server import OpenAIServer
 
-__all__ = ["AgentAnthropicServer", "AgentOpenAIServer", "tool_result_of"]
+__all__ = ["AgentAnthropicServer", "AgentOpenAIServer", "MeetingServer", "tool_result_of"]
 
 
 def tool_result_of(request: Mapping[str, Any]) -> str | None:
@@ -70,6 +71,21 @@ class AgentOpenAIServer(OpenAIServer):
             final = {**request, "tools": [], "input": result}
         reply = openai_server.answer(path, final)
         return _answering(reply, result)
+
+
+class MeetingServer(AgentOpenAIServer):
+    """Holds each conversation's first model call until ``parties`` of them have arrived:
+    the runs are proved in flight at once, not merely started together. Put it first
+    among the bases of another :class:`AgentOpenAIServer` to hold that one's calls."""
+
+    def __init__(self, parties: int = 2) -> None:
+        super().__init__()
+        self.meeting = threading.Barrier(parties, timeout=30)
+
+    def reply(self, path: str, request: Mapping[str, Any]) -> Reply:
+        if tool_result_of(request) is None:
+            self.meeting.wait()
+        return super().reply(path, request)
 
 
 def _answering(reply: Reply, result: str) -> Reply:

@@ -21,12 +21,13 @@ first user text (``Paris`` when it has none).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from tests.integration import _anthropic_server as anthropic_server
+from tests.integration import _openai_server as openai_server
 from tests.integration._llm_server import Reply
 from tests.integration.frameworks._model import (
     AgentAnthropicServer,
@@ -38,7 +39,6 @@ __all__ = ["LoopAnthropicServer", "LoopOpenAIServer", "first_user_text", "next_t
 
 OUTPUT_TOOL_PREFIX = "final_result"
 DEFAULT_CITY = "Paris"
-CREATED = 1_700_000_000
 
 
 @dataclass(frozen=True)
@@ -144,73 +144,25 @@ def next_turn(request: Mapping[str, Any]) -> Turn:
     if outputs:
         name, schema = outputs[0]
         return Call(name, _structured(schema, city, result), number)
-    schema = _json_format(request)
-    if schema is not None:
-        return Text(json.dumps(_structured(schema, city, result)))
+    asked = _json_format(request)
+    if asked is not None:
+        return Text(json.dumps(_structured(asked, city, result)))
     return Text(f"answer: {result}")
 
 
-# OpenAI Chat Completions ------------------------------------------------------------------
+# OpenAI Chat Completions and Responses ---------------------------------------------------
 
 
-def _chat_usage() -> dict[str, int]:
-    return {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
-
-
-def _chat_tool_call(turn: Call) -> dict[str, Any]:
-    arguments = json.dumps(turn.arguments)
-    function = {"name": turn.name, "arguments": arguments}
-    return {"id": f"call_{turn.number}", "type": "function", "function": function}
-
-
-def _chat(request: Mapping[str, Any], choice: dict[str, Any], kind: str) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-loop",
-        "object": kind,
-        "created": CREATED,
-        "model": request["model"],
-        "choices": [{"index": 0, "logprobs": None, **choice}],
-    }
-
-
-def _chat_reply(request: Mapping[str, Any], turn: Turn) -> Reply:
-    if isinstance(turn, Call):
-        message: dict[str, Any] = {"role": "assistant", "content": None}
-        message["tool_calls"] = [_chat_tool_call(turn)]
-        finish = "tool_calls"
+def _chat_message(turn: Turn) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
+    if isinstance(turn, Text):
+        message["content"] = turn.text
     else:
-        message = {"role": "assistant", "content": turn.text}
-        finish = "stop"
-    if not request.get("stream"):
-        body = _chat(request, {"message": message, "finish_reason": finish}, "chat.completion")
-        return Reply(HTTPStatus.OK, {**body, "usage": _chat_usage()})
-    return Reply(HTTPStatus.OK, events=tuple(_chat_events(request, message, finish)))
-
-
-def _chat_events(
-    request: Mapping[str, Any], message: dict[str, Any], finish: str
-) -> Iterator[tuple[str | None, str]]:
-    kind = "chat.completion.chunk"
-    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-    for index, call in enumerate(message.get("tool_calls") or []):
-        deltas.append({"tool_calls": [{"index": index, **call}]})
-    if message["content"]:
-        deltas += [{"content": word} for word in _pieces(message["content"])]
-    for delta in deltas:
-        yield None, json.dumps(_chat(request, {"delta": delta, "finish_reason": None}, kind))
-    yield None, json.dumps(_chat(request, {"delta": {}, "finish_reason": finish}, kind))
-    if (request.get("stream_options") or {}).get("include_usage"):
-        last = {**_chat(request, {}, kind), "choices": [], "usage": _chat_usage()}
-        yield None, json.dumps(last)
-    yield None, "[DONE]"
-
-
-def _pieces(text: str) -> list[str]:
-    words = text.split(" ")
-    return [word if i == 0 else f" {word}" for i, word in enumerate(words)]
-
-
-# OpenAI Responses -------------------------------------------------------------------------
+        function = {"name": turn.name, "arguments": json.dumps(turn.arguments)}
+        message["tool_calls"] = [
+            {"id": f"call_{turn.number}", "type": "function", "function": function}
+        ]
+    return message
 
 
 def _response_item(turn: Turn) -> dict[str, Any]:
@@ -233,64 +185,6 @@ def _response_item(turn: Turn) -> dict[str, Any]:
     }
 
 
-def _response(request: Mapping[str, Any], output: list[Any], status: str) -> dict[str, Any]:
-    usage = {
-        "input_tokens": 20,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": 6,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": 26,
-    }
-    return {
-        "id": "resp_loop",
-        "object": "response",
-        "created_at": CREATED,
-        "status": status,
-        "model": request["model"],
-        "output": output,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "usage": usage if status == "completed" else None,
-    }
-
-
-def _responses_reply(request: Mapping[str, Any], turn: Turn) -> Reply:
-    item = _response_item(turn)
-    if not request.get("stream"):
-        return Reply(HTTPStatus.OK, _response(request, [item], "completed"))
-    events: list[dict[str, Any]] = [
-        {"type": "response.created", "response": _response(request, [], "in_progress")},
-        {"type": "response.output_item.added", "output_index": 0, "item": _opened(item)},
-        *_text_deltas(item),
-        {"type": "response.output_item.done", "output_index": 0, "item": item},
-        {"type": "response.completed", "response": _response(request, [item], "completed")},
-    ]
-    for number, event in enumerate(events):
-        event["sequence_number"] = number
-    return Reply(HTTPStatus.OK, events=tuple((e["type"], json.dumps(e)) for e in events))
-
-
-def _opened(item: dict[str, Any]) -> dict[str, Any]:
-    """``item`` as a stream announces it, before its content arrives."""
-    if item["type"] == "message":
-        return {**item, "status": "in_progress", "content": []}
-    return {**item, "status": "in_progress", "arguments": ""}
-
-
-def _text_deltas(item: dict[str, Any]) -> list[dict[str, Any]]:
-    """The events that stream ``item``'s content: its text word by word, or its
-    arguments at once."""
-    place = {"item_id": item["id"], "output_index": 0}
-    if item["type"] != "message":
-        delta = {"type": "response.function_call_arguments.delta", "delta": item["arguments"]}
-        return [{**delta, **place}]
-    text = item["content"][0]["text"]
-    at = {**place, "content_index": 0, "logprobs": []}
-    deltas = [{"type": "response.output_text.delta", "delta": w, **at} for w in _pieces(text)]
-    return [*deltas, {"type": "response.output_text.done", "text": text, **at}]
-
-
 class LoopOpenAIServer(AgentOpenAIServer):
     """The OpenAI-compatible server working through the tool loop (see the module);
     requests without tools are answered as :class:`AgentOpenAIServer` does."""
@@ -301,9 +195,9 @@ class LoopOpenAIServer(AgentOpenAIServer):
         if not request.get("tools") or str(request.get("model", "")).startswith("fail-"):
             return super().reply(path, request)
         if path == "/v1/chat/completions":
-            return _chat_reply(request, next_turn(request))
+            return openai_server.chat_reply(request, _chat_message(next_turn(request)))
         if path == "/v1/responses":
-            return _responses_reply(request, next_turn(request))
+            return openai_server.responses_reply(request, [_response_item(next_turn(request))])
         return super().reply(path, request)
 
 
@@ -311,26 +205,15 @@ class LoopOpenAIServer(AgentOpenAIServer):
 
 
 def _anthropic_message(request: Mapping[str, Any], turn: Turn) -> dict[str, Any]:
-    if isinstance(turn, Call):
-        block = {
-            "type": "tool_use",
-            "id": f"toolu_{turn.number:02d}",
-            "name": turn.name,
-            "input": turn.arguments,
-        }
-        content, stop = [block], "tool_use"
-    else:
-        content, stop = [{"type": "text", "text": turn.text}], "end_turn"
-    return {
-        "id": "msg_loop",
-        "type": "message",
-        "role": "assistant",
-        "model": request["model"],
-        "content": content,
-        "stop_reason": stop,
-        "stop_sequence": None,
-        "usage": dict(anthropic_server.USAGE),
+    if isinstance(turn, Text):
+        return anthropic_server.message(request, [{"type": "text", "text": turn.text}], "end_turn")
+    block = {
+        "type": "tool_use",
+        "id": f"toolu_{turn.number:02d}",
+        "name": turn.name,
+        "input": turn.arguments,
     }
+    return anthropic_server.message(request, [block], "tool_use")
 
 
 class LoopAnthropicServer(AgentAnthropicServer):

@@ -1,12 +1,17 @@
 """The environment of its own that the instructor and LlamaIndex recipes run in
 (``_compat_env``): built once, when the selected tests need it, before the first of them
 starts (so that its install, a few minutes on a cold cache, counts against no test's
-timeout), its progress written to the test log; reused as it is after that."""
+timeout), its progress written to the test log; reused as it is after that. And the
+driver that runs a module's agent there, against the module's ``model`` server."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from tests.integration._llm_server import LLMServer
+from tests.integration.frameworks._compat import Driver
 from tests.integration.frameworks._compat_env import (
     CompatEnv,
     CompatEnvUnavailable,
@@ -49,3 +54,17 @@ def compat_env(pytestconfig: pytest.Config) -> CompatEnv:
             pytest.skip(str(prepared))
         pytest.fail(str(prepared), pytrace=False)
     return prepared
+
+
+@pytest.fixture(scope="module")
+def driver(
+    compat_env: CompatEnv,
+    model: LLMServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[Driver]:
+    """The module's agent driver (``_compat.Driver``) in the environment of its own,
+    talking to the module's ``model`` server; its output is kept in a file of its own."""
+    log = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]) / "driver.log"
+    with Driver(compat_env, model.base_url, log) as running:
+        yield running

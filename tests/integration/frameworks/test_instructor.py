@@ -1,5 +1,5 @@
 """instructor, recorded on the real stack and replayed offline: the recipe
-``agent_blackbox.examples.recipes.instructor`` (``docs/recipes/instructor.md``).
+``agent_blackbox.examples.recipes.instructor`` (``docs/guides/frameworks/instructor.md``).
 
 instructor cannot share the dev environment (its ``jiter<0.15`` against ``openai>=3.4``),
 so the agent runs in the environment of its own (``_compat_env``, ``openai`` 2.x on the
@@ -15,7 +15,6 @@ model here reads the fix the error names (``unit=celsius``), so the second ask p
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,14 +26,16 @@ from tests.integration._llm_server import Reply
 from tests.integration._openai_server import OpenAIServer
 from tests.integration.frameworks._compat import (
     Driver,
+    assert_first_call_changed,
     events_by_run,
     holes_reported,
     llm_call_attribute,
     overlapped,
+    recipe_line,
     tools_called,
 )
-from tests.integration.frameworks._compat_env import ROOT, CompatEnv
-from tests.integration.frameworks._harness import RUNS, publish
+from tests.integration.frameworks._compat_env import ROOT
+from tests.integration.frameworks._harness import CITIES, RUNS, publish
 
 pytestmark = [pytest.mark.integration]
 
@@ -43,8 +44,9 @@ ENTRY = f"{RECIPE}:answer"
 ASYNC_ENTRY = f"{RECIPE}:answer_async"
 STREAMED_ENTRY = f"{RECIPE}:answer_streamed"
 RECIPE_FILE = ROOT / "examples" / "recipes" / "instructor.py"
+CHANGED = "request.messages[0].content"
+"""Where the edited instructions show in the first model call's request."""
 AGENT_ID = "instructor-recipe"
-CITIES = ("Oslo", "Lima", "Perth", "Quito", "Tunis", "Hanoi", "Dakar")
 
 
 class CorrectableServer(OpenAIServer):
@@ -82,26 +84,10 @@ def extracted(given: str) -> dict[str, str]:
     return {"city": words["city"], "unit": unit}
 
 
-def line_of(text: str, *, after: str) -> int:
-    """The number of the first line of the recipe holding ``text`` after ``after``."""
-    lines = RECIPE_FILE.read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if after in line)
-    return next(i for i, line in enumerate(lines[start:], start=start + 1) if text in line)
-
-
 @pytest.fixture(scope="module")
 def model() -> Iterator[CorrectableServer]:
     with CorrectableServer() as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def driver(
-    compat_env: CompatEnv, model: CorrectableServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Driver]:
-    log = tmp_path_factory.mktemp("instructor") / "driver.log"
-    with Driver(compat_env, model.base_url, log) as driver:
-        yield driver
 
 
 def test_runs_record_and_replay_offline(
@@ -126,11 +112,7 @@ def test_runs_record_and_replay_offline(
     assert tools_called(engine, recorded.run_ids) == {"get_weather": RUNS}
     assert holes_reported(engine, recorded.run_ids) == {}
 
-    sent = len(model.requests)
-    reports = driver.replay(settings, ENTRY, recorded.run_ids)
-    failed = [report for report in reports if report["result"] != "PASS"]
-    assert (len(reports), failed) == (RUNS, [])
-    assert len(model.requests) == sent, "the model server was asked during replay"
+    driver.assert_replays_offline(settings, ENTRY, recorded.run_ids, model=model)
 
 
 def test_prompt_change_diverges_at_the_recipes_line(
@@ -142,15 +124,10 @@ def test_prompt_change_diverges_at_the_recipes_line(
     edited = {f"{RECIPE}.INSTRUCTIONS": "Extract the city the user asks about."}
     [report] = driver.replay(settings, ENTRY, recorded.run_ids, changed=edited)
 
-    divergence = report["divergence"]
-    assert report["result"] == "DIVERGED"
-    assert divergence["kind"] == "argument_mismatch"
-    assert (divergence["expected_type"], divergence["actual_type"]) == ("llm.call", "llm.call")
-    assert divergence["sequence"] == 2  # the first model call, right after run.started
-    site = divergence["call_site"]
-    assert Path(site["file"]) == RECIPE_FILE
-    assert (site["function"], site["line"]) == ("answer", line_of("create(", after="def answer"))
-    assert {"path": "request.messages[0].content"} in divergence["changes"]
+    line = recipe_line(RECIPE_FILE, "create(", after="def answer")
+    assert_first_call_changed(
+        report, recipe=RECIPE_FILE, function="answer", line=line, path=CHANGED
+    )
 
 
 def test_streamed_extraction_records_the_stream_and_replays_it(
@@ -166,10 +143,7 @@ def test_streamed_extraction_records_the_stream_and_replays_it(
     assert events_by_run(engine, recorded.run_ids) == dict.fromkeys(recorded.run_ids, expected)
     assert llm_call_attribute(engine, recorded.run_ids, "streamed") == ["true"] * 3
 
-    sent = len(model.requests)
-    reports = driver.replay(settings, STREAMED_ENTRY, recorded.run_ids)
-    assert [r["result"] for r in reports] == ["PASS"] * 3, reports
-    assert len(model.requests) == sent
+    driver.assert_replays_offline(settings, STREAMED_ENTRY, recorded.run_ids, model=model)
 
 
 def test_two_runs_at_once_record_their_own_calls(
@@ -189,7 +163,4 @@ def test_two_runs_at_once_record_their_own_calls(
         assert events[run_id] == ["run.started", *calls, "tool.call", "run.finished"]
     assert overlapped(engine, recorded.run_ids), "the two runs were not under way at once"
 
-    sent = len(model.requests)
-    reports = driver.replay(settings, ASYNC_ENTRY, recorded.run_ids)
-    assert [r["result"] for r in reports] == ["PASS", "PASS"], reports
-    assert len(model.requests) == sent
+    driver.assert_replays_offline(settings, ASYNC_ENTRY, recorded.run_ids, model=model)

@@ -20,12 +20,9 @@ which build their own SDK clients, against the local model servers. What is prov
 from __future__ import annotations
 
 import inspect
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -38,37 +35,39 @@ from langchain_anthropic import ChatAnthropic
 from langchain_core.tools import tool
 from langchain_core.tracers.langchain import wait_for_all_tracers
 from langchain_openai import ChatOpenAI
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 import agent_blackbox as bb
-from agent_blackbox.consumers import events_index
 from agent_blackbox.examples.recipes import langgraph as recipe
 from agent_blackbox.outbox import UnrecordedCallWarning
 from agent_blackbox.replayer import DivergenceKind
 from agent_blackbox.schemas import Settings
 from tests.integration._anthropic_server import PREFACE
-from tests.integration._llm_server import LLMServer, Reply
+from tests.integration._guard import SocketGuard, port_of, service_ports
+from tests.integration._llm_server import LLMServer, LoopbackServer, QuietHandler
 from tests.integration.frameworks._harness import (
     RUNS,
-    SocketGuard,
+    assert_all_passed,
+    attributes_by_run,
+    city_of,
+    finished_attributes,
     instrumented,
     llm_calls_by_run,
     publish,
+    questions,
     record_runs,
     record_runs_async,
     replay_all_offline,
     replay_from_kafka,
-    service_ports,
 )
 from tests.integration.frameworks._model import (
     AgentAnthropicServer,
     AgentOpenAIServer,
-    tool_result_of,
+    MeetingServer,
 )
 
 pytestmark = [pytest.mark.integration]
 
-CITIES = ["Oslo", "Lisbon", "Paris", "Lima"]
 ANTHROPIC_RUNS = 4
 STREAMED_RUNS = 5
 TRACING_VARIABLES = (
@@ -79,17 +78,9 @@ TRACING_VARIABLES = (
 )
 
 
-def _questions(count: int) -> list[str]:
-    return [f"What is the weather now? city={CITIES[i % len(CITIES)]}" for i in range(count)]
-
-
 def _report(city: str) -> str:
     """What the recipe's tool says of ``city``."""
     return str(recipe.get_weather.invoke({"city": city}))
-
-
-def _city(question: str) -> str:
-    return question.rsplit("city=", 1)[1]
 
 
 def _recipe_line(function: Callable[..., Any], text: str) -> int:
@@ -101,25 +92,20 @@ def _recipe_line(function: Callable[..., Any], text: str) -> int:
 # LangSmith: off, and its endpoint a trap ----------------------------------------------
 
 
-class _Trap:
+class _Trap(LoopbackServer):
     """A loopback HTTP server that answers anything with ``{}`` and keeps what it got."""
 
     def __init__(self) -> None:
         self.received: list[tuple[str, str]] = []
         trap = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        class Handler(QuietHandler):
             timeout = 10
 
             def _any(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length") or 0))
+                self.read_body()
                 trap.received.append((self.command, self.path))
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
+                self.send_json(200, {})
 
             def do_GET(self) -> None:
                 self._any()
@@ -130,28 +116,7 @@ class _Trap:
             def do_PATCH(self) -> None:
                 self._any()
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def __enter__(self) -> _Trap:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=10)
+        super().__init__(Handler)
 
 
 class _LangSmith:
@@ -182,7 +147,7 @@ def langsmith_off() -> Iterator[_LangSmith]:
     with _Trap() as trap, pytest.MonkeyPatch.context() as env:
         for name in TRACING_VARIABLES:
             env.delenv(name, raising=False)
-        env.setenv("LANGSMITH_ENDPOINT", trap.url)
+        env.setenv("LANGSMITH_ENDPOINT", trap.address)
         env.setenv("LANGSMITH_API_KEY", "lsv2-test-key")
         _forget_langsmith_settings()
         seen = _LangSmith(env, trap)
@@ -195,17 +160,11 @@ def langsmith_off() -> Iterator[_LangSmith]:
 # Servers, guards and views ------------------------------------------------------------
 
 
-def _port(server: LLMServer) -> int:
-    port = urlsplit(server.base_url).port
-    assert port is not None
-    return port
-
-
 @contextmanager
 def only_reaching(settings: Settings, *servers: LLMServer) -> Iterator[None]:
     """Record with nothing reachable but Postgres, Kafka and the model ``servers``: any
     other connection (LangSmith's, say) is refused and fails the test."""
-    with SocketGuard(service_ports(settings) | {_port(s) for s in servers}) as guard:
+    with SocketGuard(service_ports(settings) | {port_of(s.base_url) for s in servers}) as guard:
         yield
     assert guard.refused == [], f"the recording tried to connect to {guard.refused}"
 
@@ -230,47 +189,16 @@ def chat_anthropic(server: LLMServer) -> ChatAnthropic:
     return ChatAnthropic(model="claude-test", base_url=server.base_url, api_key="sk-ant-test")
 
 
-def calls_by_run(
-    engine: Engine, run_ids: list[str], event_type: str, *keys: str
-) -> dict[str, list[tuple[str | None, ...]]]:
-    """The ``keys`` attributes of each ``event_type`` event per run, in order, as the
-    events view holds them."""
-    query = (
-        select(events_index.c.run_id, events_index.c.attributes)
-        .where(events_index.c.event_type == event_type, events_index.c.run_id.in_(run_ids))
-        .order_by(events_index.c.run_id, events_index.c.sequence)
-    )
-    found: dict[str, list[tuple[str | None, ...]]] = {run_id: [] for run_id in run_ids}
-    with engine.connect() as conn:
-        for run_id, attributes in conn.execute(query):
-            found[run_id].append(tuple((attributes or {}).get(key) for key in keys))
-    return found
-
-
 def tools_by_run(engine: Engine, run_ids: list[str]) -> dict[str, list[str | None]]:
     """The tools each run called, as the events view holds them."""
-    found = calls_by_run(engine, run_ids, "tool.call", "tool")
+    found = attributes_by_run(engine, run_ids, "tool.call", "tool")
     return {run_id: [name for (name,) in calls] for run_id, calls in found.items()}
 
 
 def model_calls_by_run(engine: Engine, run_ids: list[str]) -> dict[str, list[tuple[Any, ...]]]:
     """(provider, model, streamed) of each model call per run, as the events view holds
     them (``streamed`` is None for a call that was not)."""
-    return calls_by_run(engine, run_ids, "llm.call", "provider", "model", "streamed")
-
-
-def finished_attributes(engine: Engine, run_ids: list[str]) -> dict[str, Mapping[str, str]]:
-    """The attributes of each run's ``run.finished``, as the events view holds them."""
-    query = select(events_index.c.run_id, events_index.c.attributes).where(
-        events_index.c.event_type == "run.finished", events_index.c.run_id.in_(run_ids)
-    )
-    with engine.connect() as conn:
-        return {run_id: attributes or {} for run_id, attributes in conn.execute(query)}
-
-
-def assert_all_passed(reports: list[Any]) -> None:
-    failed = [r.divergence.describe() if r.divergence else r.error for r in reports if not r.passed]
-    assert failed == [], failed
+    return attributes_by_run(engine, run_ids, "llm.call", "provider", "model", "streamed")
 
 
 # The recipe's tools ---------------------------------------------------------------------
@@ -301,14 +229,14 @@ def test_runs_on_chat_openai_are_recorded_and_replay_offline_from_kafka(
     settings: Settings, engine: Engine, openai_server: AgentOpenAIServer
 ) -> None:
     agent = recipe.WeatherAgent(chat_openai(openai_server))
-    questions = _questions(RUNS)
+    asked = questions(RUNS)
     with instrumented():
         with only_reaching(settings, openai_server):
             recorded = record_runs(
-                settings, engine, agent.answer, questions, agent_id="langgraph-openai"
+                settings, engine, agent.answer, asked, agent_id="langgraph-openai"
             )
         assert [output for _, output in recorded.runs.values()] == [
-            f"answer: {_report(_city(q))}" for q in questions
+            f"answer: {_report(city_of(q))}" for q in asked
         ]
         assert len(openai_server.requests) == 2 * RUNS
         publish(settings, engine)
@@ -331,14 +259,14 @@ def test_streamed_tokens_are_recorded_through_recording_http_clients_alone(
         model="gpt-test", base_url=openai_server.base_url, api_key="sk-test"
     )
     agent = recipe.WeatherAgent(model)
-    questions = _questions(STREAMED_RUNS)
+    asked = questions(STREAMED_RUNS)
     with only_reaching(settings, openai_server):
         recorded = record_runs_async(
-            settings, agent.answer_streamed, questions, agent_id="langgraph-streamed"
+            settings, agent.answer_streamed, asked, agent_id="langgraph-streamed"
         )
     for question, tokens in recorded.runs.values():
         assert len(tokens) > 2  # token by token, as the model sent them
-        assert "".join(tokens) == f"answer: {_report(_city(question))}"
+        assert "".join(tokens) == f"answer: {_report(city_of(question))}"
     assert all(r.json().get("stream") is True for r in openai_server.requests)
     publish(settings, engine)
     run_ids = recorded.run_ids
@@ -358,7 +286,7 @@ def test_a_prompt_change_diverges_at_the_recipes_model_call(
     model = chat_openai(openai_server)
     with instrumented():
         recorded = record_runs(
-            settings, engine, recipe.WeatherAgent(model).answer, _questions(1), agent_id="lg"
+            settings, engine, recipe.WeatherAgent(model).answer, questions(1), agent_id="lg"
         )
         publish(settings, engine)
         changed = recipe.WeatherAgent(model, prompt=recipe.SYSTEM_PROMPT + " Be brief.")
@@ -375,32 +303,19 @@ def test_a_prompt_change_diverges_at_the_recipes_model_call(
     assert site.line == _recipe_line(think, "self._model.invoke(")
 
 
-class _MeetingServer(AgentOpenAIServer):
-    """Holds each conversation's first call until ``parties`` of them are in flight at
-    once: the runs are proved concurrent, not merely started together."""
-
-    def __init__(self, parties: int) -> None:
-        super().__init__()
-        self._meeting = threading.Barrier(parties, timeout=30)
-
-    def reply(self, path: str, request: Mapping[str, Any]) -> Reply:
-        if tool_result_of(request) is None:
-            self._meeting.wait()
-        return super().reply(path, request)
-
-
 def test_two_concurrent_runs_on_one_model_each_record_their_own_calls(
     settings: Settings, engine: Engine
 ) -> None:
-    with _MeetingServer(parties=2) as server, instrumented():
+    with MeetingServer(parties=2) as server, instrumented():
         agent = recipe.WeatherAgent(chat_openai(server))  # one model for the process
-        questions = ["Weather? city=Oslo", "Weather? city=Lisbon"]
+        asked = questions(2)
         with only_reaching(settings, server):
             recorded = record_runs_async(
-                settings, agent.answer_async, questions, agent_id="langgraph-pair", at_once=2
+                settings, agent.answer_async, asked, agent_id="langgraph-pair", at_once=2
             )
+        assert not server.meeting.broken
         outputs = {question: output for question, output in recorded.runs.values()}
-        assert outputs == {q: f"answer: {_report(_city(q))}" for q in questions}
+        assert outputs == {q: f"answer: {_report(city_of(q))}" for q in asked}
         publish(settings, engine)
         run_ids = recorded.run_ids
         assert llm_calls_by_run(engine, run_ids) == dict.fromkeys(run_ids, 2)
@@ -419,18 +334,18 @@ def test_every_chat_anthropic_call_is_an_llm_call_with_instrument(
     settings: Settings, engine: Engine, anthropic_server: AgentAnthropicServer
 ) -> None:
     agent = recipe.WeatherAgent(chat_anthropic(anthropic_server))
-    questions = _questions(ANTHROPIC_RUNS)
+    asked = questions(ANTHROPIC_RUNS)
     with instrumented():
         with only_reaching(settings, anthropic_server):
-            plain = record_runs(settings, engine, agent.answer, questions, agent_id="lg-claude")
+            plain = record_runs(settings, engine, agent.answer, asked, agent_id="lg-claude")
             streamed = record_runs_async(
-                settings, agent.answer_streamed, questions[:2], agent_id="lg-claude-stream"
+                settings, agent.answer_streamed, asked[:2], agent_id="lg-claude-stream"
             )
         assert len(anthropic_server.requests) == 2 * (ANTHROPIC_RUNS + 2)
         for question, output in plain.runs.values():
-            assert output == f"echo: tool_result:{_report(_city(question))}"
+            assert output == f"echo: tool_result:{_report(city_of(question))}"
         for question, tokens in streamed.runs.values():  # both turns' text, token by token
-            said = f"{PREFACE}echo: tool_result:{_report(_city(question))}"
+            said = f"{PREFACE}echo: tool_result:{_report(city_of(question))}"
             assert (len(tokens) > 2, "".join(tokens)) == (True, said)
         publish(settings, engine)
         calls = model_calls_by_run(engine, plain.run_ids + streamed.run_ids)
@@ -451,17 +366,18 @@ def test_without_instrument_chat_anthropic_calls_are_holes_and_replay_stays_offl
 ) -> None:
     agent = recipe.WeatherAgent(chat_anthropic(anthropic_server))
     with pytest.warns(UnrecordedCallWarning, match=r"POST /v1/messages"):
-        recorded = record_runs(settings, engine, agent.answer, _questions(3), agent_id="lg-hole")
+        recorded = record_runs(settings, engine, agent.answer, questions(3), agent_id="lg-hole")
     publish(settings, engine)
     run_ids = recorded.run_ids
     assert llm_calls_by_run(engine, run_ids) == dict.fromkeys(run_ids, 0)
     assert tools_by_run(engine, run_ids) == {r: ["get_weather"] for r in run_ids}
     line = _recipe_line(recipe.WeatherAgent._think, "self._model.invoke(")
+    port = port_of(anthropic_server.base_url)
     for attributes in finished_attributes(engine, run_ids).values():
         # Every run, not only the first: the later ones send over the kept connection.
         assert attributes["unrecorded_calls"] == "2"
         hole = attributes["unrecorded_call"]
-        assert hole.startswith(f"POST /v1/messages to 127.0.0.1:{_port(anthropic_server)} ")
+        assert hole.startswith(f"POST /v1/messages to 127.0.0.1:{port} ")
         assert f"at _think ({recipe.__file__}:{line})" in hole
 
     sent = len(anthropic_server.requests)
@@ -488,7 +404,7 @@ def test_langsmith_tracing_would_send_the_run_where_the_recorder_cannot_see(
     langsmith_off.trace()
     agent = recipe.WeatherAgent(chat_openai(openai_server))
     with instrumented():
-        recorded = record_runs(settings, engine, agent.answer, _questions(1), agent_id="lg-ls")
+        recorded = record_runs(settings, engine, agent.answer, questions(1), agent_id="lg-ls")
     wait_for_all_tracers()
     posted = [path for method, path in langsmith_off.trap.received if method == "POST"]
     assert posted, "LangSmith sent nothing: the trap proves nothing"

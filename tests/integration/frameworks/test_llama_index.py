@@ -1,5 +1,5 @@
 """LlamaIndex's OpenAI LLM, recorded on the real stack and replayed offline: the recipe
-``agent_blackbox.examples.recipes.llama_index`` (``docs/recipes/llama-index.md``).
+``agent_blackbox.examples.recipes.llama_index`` (``docs/guides/frameworks/llama-index.md``).
 
 ``llama-index-llms-openai`` (every release to 0.8.3) needs ``openai<3``, below the dev
 pins, so the agent runs in the environment of its own (``_compat_env``, ``openai`` 2.x
@@ -13,7 +13,6 @@ then answers ``answer: <the tool's result>``: two model calls and one tool call 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
@@ -21,14 +20,16 @@ from sqlalchemy import Engine
 from agent_blackbox.schemas import Settings
 from tests.integration.frameworks._compat import (
     Driver,
+    assert_first_call_changed,
     events_by_run,
     holes_reported,
     llm_call_attribute,
     overlapped,
+    recipe_line,
     tools_called,
 )
-from tests.integration.frameworks._compat_env import ROOT, CompatEnv
-from tests.integration.frameworks._harness import RUNS, publish
+from tests.integration.frameworks._compat_env import ROOT
+from tests.integration.frameworks._harness import CITIES, RUNS, city_of, publish
 from tests.integration.frameworks._model import AgentOpenAIServer
 
 pytestmark = [pytest.mark.integration]
@@ -37,8 +38,9 @@ RECIPE = "agent_blackbox.examples.recipes.llama_index"
 ENTRY = f"{RECIPE}:answer"
 AGENT_ENTRY = f"{RECIPE}:answer_with_agent"
 RECIPE_FILE = ROOT / "examples" / "recipes" / "llama_index.py"
+CHANGED = "request.messages[0].content"
+"""Where the edited system prompt shows in the first model call's request."""
 AGENT_ID = "llama-index-recipe"
-CITIES = ("Oslo", "Lima", "Perth", "Quito", "Tunis", "Hanoi", "Dakar")
 ONE_RUN = ["run.started", "llm.call", "tool.call", "llm.call", "run.finished"]
 
 
@@ -48,30 +50,14 @@ def question(number: int) -> str:
 
 def expected_answer(given: str) -> str:
     """What the agent answers: the model's ``answer:`` with the tool's result."""
-    city = next(word for word in given.split() if word.startswith("city=")).split("=", 1)[1]
+    city = city_of(given)
     return f"answer: {city}: {5 + sum(map(ord, city)) % 20} degrees celsius, clear sky"
-
-
-def line_of(text: str, *, after: str) -> int:
-    """The number of the first line of the recipe holding ``text`` after ``after``."""
-    lines = RECIPE_FILE.read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if after in line)
-    return next(i for i, line in enumerate(lines[start:], start=start + 1) if text in line)
 
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[AgentOpenAIServer]:
     with AgentOpenAIServer() as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def driver(
-    compat_env: CompatEnv, model: AgentOpenAIServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Driver]:
-    log = tmp_path_factory.mktemp("llama-index") / "driver.log"
-    with Driver(compat_env, model.base_url, log) as driver:
-        yield driver
 
 
 def test_runs_record_and_replay_offline(
@@ -90,11 +76,7 @@ def test_runs_record_and_replay_offline(
     assert tools_called(engine, recorded.run_ids) == {"get_weather": RUNS}
     assert holes_reported(engine, recorded.run_ids) == {}
 
-    sent = len(model.requests)
-    reports = driver.replay(settings, ENTRY, recorded.run_ids)
-    failed = [report for report in reports if report["result"] != "PASS"]
-    assert (len(reports), failed) == (RUNS, [])
-    assert len(model.requests) == sent, "the model server was asked during replay"
+    driver.assert_replays_offline(settings, ENTRY, recorded.run_ids, model=model)
 
 
 @pytest.mark.parametrize(
@@ -114,17 +96,12 @@ def test_prompt_change_diverges_at_the_recipes_line(
     edited = {f"{RECIPE}.SYSTEM_PROMPT": "You answer questions about the weather, briefly."}
     [report] = driver.replay(settings, entry, recorded.run_ids, changed=edited)
 
-    divergence = report["divergence"]
-    assert report["result"] == "DIVERGED"
-    assert divergence["kind"] == "argument_mismatch"
-    assert (divergence["expected_type"], divergence["actual_type"]) == ("llm.call", "llm.call")
-    assert divergence["sequence"] == 2  # the first model call, right after run.started
-    site = divergence["call_site"]
-    assert Path(site["file"]) == RECIPE_FILE
     # The FunctionAgent calls the model from a task its workflow made, where no line of
     # the agent's is on the stack or in the task's origin: the entry itself is named.
-    assert (site["function"], site["line"]) == (function, line_of(call, after=f"def {function}("))
-    assert {"path": "request.messages[0].content"} in divergence["changes"]
+    line = recipe_line(RECIPE_FILE, call, after=f"def {function}(")
+    assert_first_call_changed(
+        report, recipe=RECIPE_FILE, function=function, line=line, path=CHANGED
+    )
 
 
 def test_two_function_agents_at_once_record_their_own_calls(
@@ -142,7 +119,4 @@ def test_two_function_agents_at_once_record_their_own_calls(
     # The FunctionAgent streams the model's answers: recorded as streams, replayed so.
     assert llm_call_attribute(engine, recorded.run_ids, "streamed") == ["true"] * 4
 
-    sent = len(model.requests)
-    reports = driver.replay(settings, AGENT_ENTRY, recorded.run_ids)
-    assert [r["result"] for r in reports] == ["PASS", "PASS"], reports
-    assert len(model.requests) == sent
+    driver.assert_replays_offline(settings, AGENT_ENTRY, recorded.run_ids, model=model)

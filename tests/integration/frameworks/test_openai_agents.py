@@ -14,7 +14,6 @@ import asyncio
 import json
 import linecache
 import re
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
 from typing import Any
@@ -41,13 +40,12 @@ from agents.models import _openai_shared
 from agents.tracing import Span, Trace, TracingProcessor
 from agents.tracing.processors import default_exporter, default_processor
 from openai import AsyncOpenAI
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 import agent_blackbox as bb
-from agent_blackbox.consumers import ViewRunIndex, events_index, runs_view
 from agent_blackbox.examples.recipes import openai_agents as recipe
 from agent_blackbox.outbox import AsyncMemoryRecorder, RunSnapshot
-from agent_blackbox.replayer import KafkaRunSource, replay_run
+from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import PayloadPipeline, Settings
 from tests.integration._llm_server import LLMServer, Reply
 from tests.integration._openai_server import TOOL_ARGUMENTS
@@ -56,31 +54,22 @@ from tests.integration.frameworks._harness import (
     RUNS,
     Entry,
     Recorded,
-    llm_calls_by_run,
+    assert_all_passed,
+    assert_recorded_whole,
+    bodies_of,
+    city_of,
     publish,
+    questions,
     record_runs_async,
     replay_all_offline,
     replay_from_kafka,
 )
-from tests.integration.frameworks._model import AgentOpenAIServer, tool_result_of
+from tests.integration.frameworks._model import AgentOpenAIServer, MeetingServer, tool_result_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 API_KEY = "sk-test-agents-3b1f9c7e5a2d"
 AGENT_ID = "weather-desk"
-CITIES = ("Oslo", "Lima", "Quito", "Accra", "Hanoi", "Perth", "Bern", "Riga", "Baku", "Doha")
-
-
-def questions(count: int, *, start: int = 0) -> list[str]:
-    """``count`` questions, each naming a city the model server reads (``city=...``)."""
-    return [
-        f"What is the weather like? city={CITIES[i % len(CITIES)]}"
-        for i in range(start, start + count)
-    ]
-
-
-def city_of(question: str) -> str:
-    return question.rsplit("city=", 1)[1]
 
 
 def is_answer_to(question: str, output: Any) -> bool:
@@ -110,18 +99,9 @@ class WeatherModelServer(AgentOpenAIServer):
         return Reply(reply.status, json.loads(json.dumps(reply.body).replace(before, after)))
 
 
-class MeetingServer(WeatherModelServer):
-    """Holds each run's first model call until the other run's has arrived too: the two
-    runs are provably in flight at once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.meeting = threading.Barrier(2, timeout=30)
-
-    def reply(self, path: str, request: Mapping[str, Any]) -> Reply:
-        if tool_result_of(request) is None:
-            self.meeting.wait()
-        return super().reply(path, request)
+class WeatherMeetingServer(MeetingServer, WeatherModelServer):
+    """The weather server, holding each run's first model call until the other run's
+    has arrived too: the two runs are provably in flight at once."""
 
 
 def asked_city(request: Mapping[str, Any]) -> str | None:
@@ -186,39 +166,10 @@ def wired(sdk_defaults: None) -> Iterator[Callable[[AsyncOpenAI], None]]:
 # Reading back -------------------------------------------------------------------------
 
 
-def runs_in_views(engine: Engine, run_ids: list[str]) -> dict[str, tuple[str, int | None]]:
-    """Each run's status and count of unrecorded calls, from the runs view."""
-    columns = (runs_view.c.run_id, runs_view.c.status, runs_view.c.unrecorded_calls)
-    query = select(*columns).where(runs_view.c.run_id.in_(run_ids))
-    with engine.connect() as conn:
-        return {row[0]: (row[1], row[2]) for row in conn.execute(query)}
-
-
-def tool_calls_by_run(engine: Engine, run_ids: list[str]) -> dict[str, int]:
-    query = select(events_index.c.run_id).where(
-        events_index.c.event_type == "tool.call", events_index.c.run_id.in_(run_ids)
-    )
-    with engine.connect() as conn:
-        found = [row[0] for row in conn.execute(query)]
-    return {run_id: found.count(run_id) for run_id in run_ids}
-
-
-def bodies_of(settings: Settings, engine: Engine, run_id: str, event_type: str) -> list[Any]:
-    """The bodies of a run's events of one type, read back from Kafka."""
-    pipeline = PayloadPipeline()
-    source = KafkaRunSource(settings, ViewRunIndex(engine), run_id)
-    return [pipeline.unpack(e) for e in source if e.event_type == event_type]
-
-
-def assert_recorded_whole(engine: Engine, recorded: Recorded) -> None:
+def assert_answered_whole(engine: Engine, recorded: Recorded) -> None:
     """Every run answered its question, with two model calls and one tool call in the
     views, and no call that went out unrecorded."""
-    for given, output in recorded.runs.values():
-        assert is_answer_to(given, output), (given, output)
-    run_ids = recorded.run_ids
-    assert llm_calls_by_run(engine, run_ids) == dict.fromkeys(run_ids, 2)
-    assert tool_calls_by_run(engine, run_ids) == dict.fromkeys(run_ids, 1)
-    assert runs_in_views(engine, run_ids) == dict.fromkeys(run_ids, ("succeeded", None))
+    assert_recorded_whole(engine, recorded, answered=is_answer_to, llm_calls=2, tool_calls=1)
 
 
 # The acceptance -----------------------------------------------------------------------
@@ -254,12 +205,12 @@ def test_twenty_runs_on_both_models_record_and_replay_offline(
     ]
     publish(settings, engine)
     for _, runs in recorded:
-        assert_recorded_whole(engine, runs)
+        assert_answered_whole(engine, runs)
 
     reports = [
         r for entry, runs in recorded for r in replay_all_offline(settings, engine, runs, entry)
     ]
-    assert [r.divergence for r in reports if not r.passed] == []
+    assert_all_passed(reports)
     assert len(reports) == share * len(groups) == RUNS
     assert len(server.requests) == 2 * RUNS  # replay sent nothing
 
@@ -321,13 +272,13 @@ def test_two_runs_at_once_through_one_process_wide_client_record_their_own_calls
     """Two runs in one process, in flight together (the server holds each first call
     until both arrived) through the SDK's one default client: each run holds exactly its
     own two model calls and tool call, every request carrying its own question."""
-    with MeetingServer() as server:
+    with WeatherMeetingServer() as server:
         wired(model_client(server.base_url))
         entry = getattr(recipe.WeatherDesk(), method)
         recorded = record_runs_async(settings, entry, questions(2), agent_id=AGENT_ID, at_once=2)
     assert not server.meeting.broken
     publish(settings, engine)
-    assert_recorded_whole(engine, recorded)
+    assert_answered_whole(engine, recorded)
 
     for run_id, (question, _) in recorded.runs.items():
         city = city_of(question)
@@ -441,11 +392,11 @@ def test_tracing_routed_to_a_processor_of_its_own_records_and_replays_offline(
     recorded = record_runs_async(settings, desk.answer, questions(2), agent_id=AGENT_ID)
     server.stop()
     publish(settings, engine)
-    assert_recorded_whole(engine, recorded)
+    assert_answered_whole(engine, recorded)
     assert {"agent", "response", "function"} <= set(spans.kinds)
     traced = len(spans.kinds)
     reports = replay_all_offline(settings, engine, recorded, desk.answer)
-    assert [r.divergence for r in reports if not r.passed] == []
+    assert_all_passed(reports)
     assert len(spans.kinds) == 2 * traced
 
 
@@ -482,5 +433,5 @@ def test_the_sdks_own_exporter_sends_from_outside_the_run_so_the_recipe_turns_it
             what="the run's tool result posted to the tracing platform",
         )
     publish(settings, engine)
-    assert_recorded_whole(engine, off)
-    assert_recorded_whole(engine, on)  # and yet no unrecorded call is reported
+    assert_answered_whole(engine, off)
+    assert_answered_whole(engine, on)  # and yet no unrecorded call is reported

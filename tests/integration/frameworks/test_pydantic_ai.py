@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import inspect
 import json
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -32,25 +31,27 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
 from pydantic_ai.models.instrumented import InstrumentationSettings
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
-from agent_blackbox.consumers import ViewRunIndex, events_index
 from agent_blackbox.examples.recipes import pydantic_ai_agent as recipe
-from agent_blackbox.replayer import KafkaRunSource
-from agent_blackbox.schemas import Envelope, PayloadPipeline, Settings
-from tests.integration._llm_server import Reply
+from agent_blackbox.schemas import Settings
 from tests.integration.frameworks._harness import (
     RUNS,
     Entry,
     Recorded,
+    assert_all_passed,
+    assert_recorded_whole,
+    bodies_of,
+    city_of,
+    events_of,
     instrumented,
-    llm_calls_by_run,
     publish,
+    questions,
     record_runs_async,
     replay_all_offline,
     replay_from_kafka,
 )
-from tests.integration.frameworks._model import tool_result_of
+from tests.integration.frameworks._model import MeetingServer
 from tests.integration.frameworks._tool_loop import (
     LoopAnthropicServer,
     LoopOpenAIServer,
@@ -61,20 +62,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 API_KEY = "sk-test-pydantic-ai-5e81d2"
 AGENT_ID = "travel-desk"
-CITIES = ("Oslo", "Lima", "Quito", "Accra", "Hanoi", "Perth", "Bern", "Riga", "Baku", "Doha")
+ASK = "What should I pack?"
 MODEL_CALLS = 3
 """Model calls per run: one per tool (two), then the answer."""
 TOOL_CALLS = 2
-
-
-def questions(count: int, *, start: int = 0) -> list[str]:
-    """``count`` questions, each naming a city the model servers read (``city=...``)."""
-    cities = [CITIES[i % len(CITIES)] for i in range(start, start + count)]
-    return [f"What should I pack? city={city}" for city in cities]
-
-
-def city_of(question: str) -> str:
-    return question.rsplit("city=", 1)[1]
 
 
 def expected_output(method: str, question: str) -> Any:
@@ -99,18 +90,9 @@ def anthropic_server() -> Iterator[LoopAnthropicServer]:
         yield running
 
 
-class MeetingServer(LoopOpenAIServer):
-    """Holds each run's first model call until the other run's has arrived too: the two
-    runs are provably in flight at once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.meeting = threading.Barrier(2, timeout=30)
-
-    def reply(self, path: str, request: Mapping[str, Any]) -> Reply:
-        if tool_result_of(request) is None:
-            self.meeting.wait()
-        return super().reply(path, request)
+class LoopMeetingServer(MeetingServer, LoopOpenAIServer):
+    """The tool loop's server, holding each run's first model call until the other
+    run's has arrived too: the two runs are provably in flight at once."""
 
 
 ModelFactory = Callable[[], Model]
@@ -133,47 +115,16 @@ def anthropic_models(base_url: str) -> dict[str, ModelFactory]:
 # Reading back -------------------------------------------------------------------------
 
 
-def tool_calls_by_run(engine: Engine, run_ids: list[str]) -> dict[str, int]:
-    """How many ``tool.call`` events the views hold per run."""
-    query = select(events_index.c.run_id).where(
-        events_index.c.event_type == "tool.call", events_index.c.run_id.in_(run_ids)
+def assert_answered_whole(engine: Engine, recorded: Recorded, method: str) -> None:
+    """Every run answered its question as ``TravelDesk.<method>`` does, with its model
+    and tool calls in the views, and nothing left the process unrecorded."""
+
+    def answered(question: str, output: Any) -> bool:
+        return bool(output == expected_output(method, question))
+
+    assert_recorded_whole(
+        engine, recorded, answered=answered, llm_calls=MODEL_CALLS, tool_calls=TOOL_CALLS
     )
-    with engine.connect() as conn:
-        found = [row[0] for row in conn.execute(query)]
-    return {run_id: found.count(run_id) for run_id in run_ids}
-
-
-def finished_attributes(engine: Engine, run_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """The attributes of each run's ``run.finished`` event, from the views."""
-    query = select(events_index.c.run_id, events_index.c.attributes).where(
-        events_index.c.event_type == "run.finished", events_index.c.run_id.in_(run_ids)
-    )
-    with engine.connect() as conn:
-        return {row[0]: dict(row[1] or {}) for row in conn.execute(query)}
-
-
-def events_of(settings: Settings, engine: Engine, run_id: str, event_type: str) -> list[Envelope]:
-    """A run's events of one type, read back from Kafka."""
-    source = KafkaRunSource(settings, ViewRunIndex(engine), run_id)
-    return [e for e in source if e.event_type == event_type]
-
-
-def bodies_of(settings: Settings, engine: Engine, run_id: str, event_type: str) -> list[Any]:
-    pipeline = PayloadPipeline()
-    return [pipeline.unpack(e) for e in events_of(settings, engine, run_id, event_type)]
-
-
-def assert_recorded_whole(engine: Engine, recorded: Recorded, method: str) -> None:
-    """Every run answered its question, with its model and tool calls in the views, and
-    nothing left the process unrecorded."""
-    for question, output in recorded.runs.values():
-        assert output == expected_output(method, question)
-    run_ids = recorded.run_ids
-    assert llm_calls_by_run(engine, run_ids) == dict.fromkeys(run_ids, MODEL_CALLS)
-    assert tool_calls_by_run(engine, run_ids) == dict.fromkeys(run_ids, TOOL_CALLS)
-    finished = finished_attributes(engine, run_ids)
-    assert {r: a.get("status") for r, a in finished.items()} == dict.fromkeys(run_ids, "succeeded")
-    assert [a for a in finished.values() if "unrecorded_calls" in a] == []
 
 
 def shares(total: int, parts: int) -> list[int]:
@@ -193,12 +144,29 @@ def record_groups(
     start = 0
     for (_, method, make), share in zip(groups, shares(count, len(groups)), strict=True):
         entry = getattr(recipe.TravelDesk(make()), method)
-        inputs = questions(share, start=start)
+        inputs = questions(share, start=start, ask=ASK)
         recorded.append(
             (entry, method, record_runs_async(settings, entry, inputs, agent_id=AGENT_ID))
         )
         start += share
     return recorded
+
+
+def assert_published_whole_and_replayed(
+    settings: Settings, engine: Engine, recorded: list[tuple[Entry, str, Recorded]], *, runs: int
+) -> None:
+    """Publish the groups' runs: each is whole in the views (``assert_answered_whole``),
+    and all ``runs`` of them replay offline and pass."""
+    publish(settings, engine)
+    for _, method, group in recorded:
+        assert_answered_whole(engine, group, method)
+    reports = [
+        report
+        for entry, _, group in recorded
+        for report in replay_all_offline(settings, engine, group, entry)
+    ]
+    assert len(reports) == runs
+    assert_all_passed(reports)
 
 
 # The acceptance -----------------------------------------------------------------------
@@ -223,17 +191,7 @@ def test_twenty_runs_on_the_openai_models_record_and_replay_offline(
     ]
     sent = [(r.path, r.json().get("stream", False)) for r in openai_server.requests]
     assert sent == expected_sent
-    publish(settings, engine)
-    for _, method, runs in recorded:
-        assert_recorded_whole(engine, runs, method)
-
-    reports = [
-        report
-        for entry, _, runs in recorded
-        for report in replay_all_offline(settings, engine, runs, entry)
-    ]
-    assert len(reports) == RUNS
-    assert [r.divergence for r in reports if not r.passed] == []
+    assert_published_whole_and_replayed(settings, engine, recorded, runs=RUNS)
 
 
 def test_anthropic_runs_go_through_beta_messages_and_replay_offline(
@@ -266,17 +224,7 @@ def test_anthropic_runs_go_through_beta_messages_and_replay_offline(
     assert set(sent_by) == {"beta.messages"}
     sent = [(r.path, r.json().get("stream")) for r in anthropic_server.requests]
     assert sent == [("/v1/messages", True)] * 6 * MODEL_CALLS
-    publish(settings, engine)
-    for _, method, runs in recorded:
-        assert_recorded_whole(engine, runs, method)
-
-    reports = [
-        report
-        for entry, _, runs in recorded
-        for report in replay_all_offline(settings, engine, runs, entry)
-    ]
-    assert [r.divergence for r in reports if not r.passed] == []
-    assert len(reports) == 6
+    assert_published_whole_and_replayed(settings, engine, recorded, runs=6)
 
 
 def _agent_line(method: str) -> int:
@@ -308,7 +256,9 @@ def test_a_changed_system_prompt_diverges_at_the_recipes_own_line(
     of its own; its frame comes second)."""
     made = {**openai_models(openai_server.base_url), **anthropic_models(anthropic_server.base_url)}
     desk = recipe.TravelDesk(made[model]())
-    recorded = record_runs_async(settings, getattr(desk, method), questions(1), agent_id=AGENT_ID)
+    recorded = record_runs_async(
+        settings, getattr(desk, method), questions(1, ask=ASK), agent_id=AGENT_ID
+    )
     publish(settings, engine)
     (run_id,) = recorded.run_ids
 
@@ -345,15 +295,17 @@ def test_two_runs_at_once_on_one_shared_agent_record_their_own_calls(
     in flight together (the server holds each first call until both arrived); each run
     holds exactly its own calls, every request carrying its own question, each tool its
     own city and no ``RunContext``; both replay offline."""
-    with MeetingServer() as server:
+    with LoopMeetingServer() as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
         desk = recipe.TravelDesk(f"openai:{recipe.OPENAI_MODEL}")
         entry = getattr(desk, method)
-        recorded = record_runs_async(settings, entry, questions(2), agent_id=AGENT_ID, at_once=2)
+        recorded = record_runs_async(
+            settings, entry, questions(2, ask=ASK), agent_id=AGENT_ID, at_once=2
+        )
     assert not server.meeting.broken
     publish(settings, engine)
-    assert_recorded_whole(engine, recorded, method)
+    assert_answered_whole(engine, recorded, method)
 
     for run_id, (question, _) in recorded.runs.items():
         city = city_of(question)
@@ -371,7 +323,7 @@ def test_two_runs_at_once_on_one_shared_agent_record_their_own_calls(
             {"args": [], "kwargs": {"city": city}, "tool": "local_time"},
         ]
     reports = replay_all_offline(settings, engine, recorded, entry)
-    assert [r.divergence for r in reports if not r.passed] == []
+    assert_all_passed(reports)
 
 
 def test_pydantic_ais_own_tracing_stays_in_the_process(
@@ -388,15 +340,15 @@ def test_pydantic_ais_own_tracing_stays_in_the_process(
     Agent.instrument_all(InstrumentationSettings(tracer_provider=tracer_provider))
     try:
         entry = recipe.TravelDesk(openai_models(openai_server.base_url)["chat"]()).answer
-        recorded = record_runs_async(settings, entry, questions(2), agent_id=AGENT_ID)
+        recorded = record_runs_async(settings, entry, questions(2, ask=ASK), agent_id=AGENT_ID)
         spans = exporter.get_finished_spans()
         openai_server.stop()
         publish(settings, engine)
-        assert_recorded_whole(engine, recorded, "answer")
+        assert_answered_whole(engine, recorded, "answer")
         reports = replay_all_offline(settings, engine, recorded, entry)
     finally:
         Agent.instrument_all(False)
-    assert [r.divergence for r in reports if not r.passed] == []
+    assert_all_passed(reports)
     assert len(exporter.get_finished_spans()) == 2 * len(spans)  # replay traced alike
 
     runs = [s for s in spans if s.name.startswith("invoke_agent")]

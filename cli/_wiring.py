@@ -1,0 +1,78 @@
+"""The composition root of the ``blackbox`` command: what the commands of one invocation
+are built from, made once and handed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import click
+from sqlalchemy import Engine
+
+from agent_blackbox.consumers import ViewReplayResults, ViewRunIndex
+from agent_blackbox.replayer import ReadSide
+from agent_blackbox.schemas import Settings
+from agent_blackbox.wiring import COMMAND_POOL, Pool
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """The settings of one ``blackbox`` invocation, read from the environment once, and
+    how the replayer's commands reach the read side.
+
+    The root group puts one in the click context; each command takes it with
+    :func:`wired`, and hands the settings, and the engines :meth:`engine` makes, down to
+    the parts as arguments.
+    """
+
+    settings: Settings
+    read_side: ReadSide
+
+    @classmethod
+    def from_env(cls, read_side: ReadSide | None = None) -> Wiring:
+        """The settings from the ``BLACKBOX_*`` variables, and the views' read side
+        unless ``read_side`` is given.
+
+        Raises:
+            ValueError: a variable holds a value its setting cannot take (named).
+        """
+        settings = Settings.from_env()
+        return cls(settings, read_side or views_read_side(settings))
+
+    def engine(self, pool: Pool = COMMAND_POOL) -> Engine:
+        """An engine on the settings' database with ``pool`` (the pool policy's size
+        for the kind of process; a command's by default)."""
+        return pool.engine(self.settings.database_url)
+
+
+def views_read_side(settings: Settings) -> ReadSide:
+    """The read side of the views: their run index and replay results. Picklable, so
+    that the worker processes of ``replay --all`` and ``verify --all`` get it whole."""
+    return ReadSide(run_index=partial(_view_run_index, settings), replay_results=ViewReplayResults)
+
+
+def _view_run_index(settings: Settings, engine: Engine) -> ViewRunIndex:
+    """The views' run index (see :meth:`ViewRunIndex.from_settings`)."""
+    return ViewRunIndex.from_settings(engine, settings)
+
+
+_MADE = "agent_blackbox.wiring"
+
+
+def wired(ctx: click.Context | None = None) -> Wiring:
+    """The wiring of the running command (``ctx``, by default the current one): the one
+    its ``blackbox`` invocation made. A command invoked on its own (a test, a script)
+    gets one made from the environment the first time it asks, with the
+    :class:`ReadSide` it was given as its context object, if any.
+
+    Raises:
+        ValueError: a ``BLACKBOX_*`` variable holds a bad value (only when made here).
+    """
+    ctx = ctx or click.get_current_context()
+    found = ctx.find_object(Wiring)
+    if found is not None:
+        return found
+    made = ctx.meta.get(_MADE)
+    if not isinstance(made, Wiring):
+        made = ctx.meta[_MADE] = Wiring.from_env(ctx.find_object(ReadSide))
+    return made

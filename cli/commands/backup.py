@@ -1,0 +1,248 @@
+"""``blackbox backup``: run the continuous backup, check a backup in its store, prune it
+(``blackbox drill`` and ``blackbox restore`` are in :mod:`.recovery`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from datetime import datetime
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from agent_blackbox.backup import (
+    BackupError,
+    BackupPolicy,
+    BackupWriter,
+    Manifest,
+    StoreCheck,
+    check_store,
+    open_store,
+    plan_prune,
+    prune,
+)
+from agent_blackbox.backup._drill import no_cut, recorded_by_production
+from agent_blackbox.backup._prune import horizon_note
+from agent_blackbox.broker import settle_heap
+from agent_blackbox.cli._wiring import wired
+from agent_blackbox.cli._workers import (
+    could_not_run,
+    metrics_port_option,
+    serve_metrics,
+    stop_on_signals,
+)
+from agent_blackbox.cli.commands.recovery import (
+    AT,
+    STORE_HELP,
+    aware,
+    cannot_run,
+    required_verifier,
+)
+from agent_blackbox.consumers import RetentionPolicy
+from agent_blackbox.schemas import (
+    BlackboxError,
+    CheckpointSigner,
+    CheckpointVerifier,
+    permission_refused,
+    safe_console,
+    safe_text,
+)
+
+_PROGRESS_EVERY_S = 2.0
+
+
+@click.group("backup")
+def backup_group() -> None:
+    """Back up the event log to object storage, and check a backup."""
+
+
+@backup_group.command("run")
+@click.option("--store", "url", default=None, help=STORE_HELP)
+@click.option("--once", is_flag=True, help="Back up what the topic holds now, write a cut, exit.")
+@click.option(
+    "--roll-seconds",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Write a cut once the oldest buffered event waited this long.",
+)
+@click.option(
+    "--roll-mb",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Write a cut once this many MB are buffered.",
+)
+@metrics_port_option
+def backup_run(
+    url: str | None, once: bool, roll_seconds: float, roll_mb: int, metrics_port: int | None
+) -> None:
+    """Back up the events topic with the write side's keys, ledger, checkpoints and
+    blobs, until SIGTERM or Ctrl-C (or, with --once, up to the topic's end).
+
+    Manifests are signed with the checkpoint signer's key (BLACKBOX_SIGNING_KEY_FILE).
+    """
+    console = safe_console(stderr=True, log_path=False)
+    settings = wired().settings
+    try:
+        policy = BackupPolicy(roll_bytes=roll_mb * 1024 * 1024, roll_seconds=roll_seconds)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    started = time.monotonic()
+    try:
+        store = open_store(url)
+        signer = CheckpointSigner.from_env()
+        with BackupWriter(settings, store, signer=signer, policy=policy) as writer:
+            serve_metrics(metrics_port, writer.metrics.registry)
+            console.log(f"backing up [bold]{settings.topic}[/] to {safe_text(store.describe())}")
+            settle_heap()
+            if once:
+                manifest = writer.catch_up(progress=_Progress(console, "read", "messages"))
+                _say_cut(console, manifest)
+            else:
+                stop = threading.Event()
+                with stop_on_signals(stop):
+                    writer.run(stop, on_cut=lambda m: _say_cut(console, m))
+    except BlackboxError as exc:
+        if permission_refused(exc) is not None:
+            raise
+        could_not_run(console, exc)
+    click.echo(f"{writer.written:,} events backed up in {time.monotonic() - started:.1f} s")
+
+
+class _Progress:
+    """Says ``<verb> done of total <things>`` at most every couple of seconds."""
+
+    def __init__(self, console: Console, verb: str, things: str) -> None:
+        self._console, self._verb, self._things = console, verb, things
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= _PROGRESS_EVERY_S or done == total:
+            self._console.log(f"{self._verb} {done:,} of {total:,} {self._things}")
+            self._last = now
+
+
+def _say_cut(console: Console, manifest: Manifest) -> None:
+    count = sum(s.count for s in manifest.segments)
+    console.log(
+        f"cut {manifest.number}: {count:,} events in {len(manifest.segments)} segments, "
+        f"snapshot of {manifest.snapshot.tables['data_keys'].rows:,} data keys and "
+        f"{manifest.snapshot.blobs:,} blobs"
+    )
+    for lost in manifest.lost:
+        console.print(
+            f"[red]lost:[/] partition {lost.partition} offsets {lost.first_offset}.."
+            f"{lost.end_offset - 1} were removed by the topic's retention before the backup "
+            "read them"
+        )
+
+
+@backup_group.command("verify")
+@click.option("--store", "url", default=None, help=STORE_HELP)
+@click.option(
+    "--at",
+    type=AT,
+    default=None,
+    help="Check the chain up to the last cut at or before this time (default: the newest).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+def backup_verify(url: str | None, at: datetime | None, as_json: bool) -> None:
+    """Check a backup where it is: the manifest chain and signatures, and every object's
+    SHA-256 and contents. Exit 0 when all is well, 1 when something is wrong.
+
+    Public keys: BLACKBOX_SIGNING_PUBLIC_KEYS, else the key of BLACKBOX_SIGNING_KEY_FILE.
+    """
+    console = safe_console(stderr=True, log_path=False)
+    settings = wired().settings
+    when = aware(at)
+    try:
+        store = open_store(url)
+        verifier = required_verifier()
+        recorded = None if when is not None else recorded_by_production(settings, store)
+        check = check_store(
+            store,
+            verifier,
+            at=when,
+            progress=_Progress(console, "checked", "segments"),
+            recorded=recorded,
+        )
+        if check.cut is None and not check.chain.problems:
+            raise BackupError(no_cut(store, when))
+    except BlackboxError as exc:
+        cannot_run(console, exc, as_json=as_json)
+    if as_json:
+        click.echo(json.dumps(_check_doc(check), indent=2))
+    else:
+        _print_check(safe_console(), check)
+    sys.exit(0 if check.passed else 1)
+
+
+def _check_doc(check: StoreCheck) -> dict[str, object]:
+    cut = check.cut
+    return {
+        "passed": check.passed,
+        "cut": None if cut is None else {"manifest": cut.key, "created_at": cut.created_at},
+        "manifests": len(check.chain.manifests),
+        "segments": check.segments,
+        "messages": check.messages,
+        "bytes": check.bytes,
+        "blobs": check.blobs,
+        "problems": [{"where": p.where, "problem": p.problem} for p in check.problems],
+    }
+
+
+def _print_check(console: Console, check: StoreCheck) -> None:
+    cut = check.cut
+    where = "no cut" if cut is None else f"cut {cut.key} of {cut.created_at}"
+    console.print(
+        f"{len(check.chain.manifests)} manifests up to {where}: {check.segments:,} segments, "
+        f"{check.messages:,} events, {check.bytes:,} bytes, {check.blobs:,} blobs"
+    )
+    if not check.problems:
+        console.print("[green]PASS[/]: every object is the one the signed manifests name")
+        return
+    table = Table(title="problems")
+    table.add_column("object")
+    table.add_column("problem")
+    for problem in check.problems:
+        table.add_row(safe_text(problem.where), safe_text(problem.problem))
+    console.print(table)
+    console.print(f"[red]FAIL[/]: {len(check.problems)} problems")
+
+
+@backup_group.command("prune")
+@click.option("--store", "url", default=None, help=STORE_HELP)
+@click.option("--dry-run", is_flag=True, help="Say what would be removed, remove nothing.")
+def backup_prune(url: str | None, dry_run: bool) -> None:
+    """Remove backup objects whose runs expired under their retention classes
+    (BLACKBOX_RETENTION_FILE, as `blackbox retention run` reads it): segments whose
+    runs production deleted, cuts older than the longest metadata period (the newest is
+    kept), and the snapshots and blobs no remaining cut names. What is removed is first
+    recorded, signed with BLACKBOX_SIGNING_KEY_FILE's key.
+    """
+    console = safe_console(stderr=True, log_path=False)
+    try:
+        store = open_store(url)
+        policy = RetentionPolicy.from_env()
+        signer = CheckpointSigner.from_env()
+        verifier = CheckpointVerifier({signer.key_id: signer.public_key})
+        if extra := CheckpointVerifier.from_env():
+            verifier = extra
+        plan = plan_prune(store, verifier, policy)
+        console.log(horizon_note(policy))
+        summary = (
+            f"{len(plan.segments)} segments, {len(plan.cuts)} cuts, "
+            f"{len(plan.objects)} objects in all"
+        )
+        if dry_run:
+            click.echo(f"would remove {summary}")
+            return
+        record = prune(store, signer, plan)
+    except BlackboxError as exc:
+        could_not_run(console, exc)
+    click.echo("nothing expired" if record is None else f"removed {summary} ({record.key})")

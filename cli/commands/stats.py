@@ -1,0 +1,104 @@
+"""``blackbox stats``: LLM usage from the analytics views."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
+
+from agent_blackbox.cli._wiring import wired
+from agent_blackbox.cli._workers import could_not_run
+from agent_blackbox.consumers import GROUPINGS, UsageRow, llm_usage_txn
+from agent_blackbox.schemas import BlackboxError, moment, safe_console, safe_text
+
+
+def _since(raw: str) -> datetime:
+    """``1h``, ``30m``, ``2d`` ago, or an ISO time (local time without a zone)."""
+    try:
+        at = moment(raw, spans="mhd")
+    except ValueError:
+        raise click.BadParameter(
+            f"{raw!r}: give a span like 30m, 1h, 2d or an ISO time", param_hint="--since"
+        ) from None
+    if at > datetime.now(UTC):
+        raise click.BadParameter(f"{raw!r} is in the future", param_hint="--since")
+    return at
+
+
+@click.command("stats")
+@click.option(
+    "--by",
+    type=click.Choice(sorted(GROUPINGS)),
+    default="model",
+    show_default=True,
+    help="Group the LLM calls by this.",
+)
+@click.option(
+    "--since", "since_raw", default="1h", show_default=True, help="30m, 1h, 2d, or a time."
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per group on stdout.")
+def stats_command(by: str, since_raw: str, as_json: bool) -> None:
+    """LLM calls, tokens, latency p50/p95/p99 and error rate from the analytics views
+    (built by `blackbox analytics`), grouped by one dimension. Read as any role that may
+    read the views (the reader sees its granted tenants only)."""
+    console = safe_console(stderr=True, log_path=False)
+    since = _since(since_raw)
+    engine = wired().engine()
+    try:
+        with engine.connect() as conn:
+            rows = llm_usage_txn(conn, by=by, since=since)
+    except SQLAlchemyError as exc:
+        could_not_run(console, BlackboxError(f"cannot read the analytics views: {exc}"))
+    finally:
+        engine.dispose()
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps({by: row.group, **_figures(row)}))
+        return
+    if not rows:
+        console.print(
+            f"no LLM call since {since.isoformat(timespec='seconds')} in the analytics views "
+            "(is `blackbox analytics` running, and is the window right?)"
+        )
+        return
+    table = Table(title=f"LLM calls since {since.isoformat(timespec='seconds')} by {by}")
+    for column in (by, "calls", "errors", "tokens in", "tokens out", "p50 ms", "p95 ms", "p99 ms"):
+        table.add_column(
+            column,
+            justify="left" if column == by else "right",
+            overflow="fold",
+            no_wrap=column != by,  # figures are never broken across lines
+        )
+    for row in rows:
+        figures = _figures(row)
+        table.add_row(
+            safe_text(row.group if row.group is not None else "-"),
+            f"{row.calls:,}",
+            f"{row.errors:,} ({row.error_rate:.1%})",
+            f"{row.prompt_tokens:,}",
+            f"{row.completion_tokens:,}",
+            *(_ms(figures[k]) for k in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")),
+        )
+    safe_console().print(table)
+
+
+def _figures(row: UsageRow) -> dict[str, Any]:
+    return {
+        "calls": row.calls,
+        "errors": row.errors,
+        "error_rate": row.error_rate,
+        "prompt_tokens": row.prompt_tokens,
+        "completion_tokens": row.completion_tokens,
+        "total_tokens": row.total_tokens,
+        "latency_p50_ms": row.latency_p50_ms,
+        "latency_p95_ms": row.latency_p95_ms,
+        "latency_p99_ms": row.latency_p99_ms,
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
