@@ -9,6 +9,7 @@ names, so tests never see each other's rows or messages.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -18,8 +19,11 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, create_engine, make_url, text
 
+from agent_blackbox.broker import KafkaUnavailable, delete_topics
 from agent_blackbox.consumers import migrate_views
 from agent_blackbox.outbox.storage import grant_tenant_txn, migrate_write_side
 from agent_blackbox.schemas import Settings
@@ -114,15 +118,30 @@ def database_url(services: Services, template_database: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(services: Services, database_url: str) -> Settings:
+def settings(services: Services, database_url: str) -> Iterator[Settings]:
     suffix = uuid.uuid4().hex[:10]
-    return replace(
+    chosen = replace(
         Settings(),
         database_url=database_url,
         kafka_bootstrap=services.kafka_bootstrap,
         topic=f"test.events.{suffix}",
         consumer_group=f"test-views-{suffix}",
     )
+    yield chosen
+    _delete_topics(chosen)
+
+
+def _delete_topics(settings: Settings) -> None:
+    """Delete the test's topic and those named after it (dead letters, a test's own).
+
+    A broker shared by many runs of the suite otherwise keeps every test's partitions,
+    and a broker with tens of thousands of them runs out of heap."""
+    with contextlib.suppress(KafkaException, KafkaUnavailable):  # the broker is down
+        topics = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(
+            timeout=10
+        )
+        named = [name for name in topics.topics if name.startswith(settings.topic)]
+        delete_topics(settings, named, timeout_s=30)
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ def topic_settings(settings: Settings) -> Settings:
     suffix = uuid.uuid4().hex[:12]
     chosen = dataclasses.replace(
         settings,
-        topic=f"test.faults.{suffix}",
+        topic=f"{settings.topic}.faults",  # deleted with the test's topic
         consumer_group=f"test-faults-{suffix}",
         partitions=3,
     )
@@ -362,7 +362,7 @@ def test_views_stay_exact_while_members_join_and_leave_under_load(
     suffix = uuid.uuid4().hex[:12]
     chosen = dataclasses.replace(
         settings,
-        topic=f"test.churn.{suffix}",
+        topic=f"{settings.topic}.churn",
         consumer_group=f"test-churn-{suffix}",
         partitions=6,
     )

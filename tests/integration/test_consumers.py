@@ -95,7 +95,7 @@ def consumer_settings(settings: Settings) -> Settings:
     suffix = uuid.uuid4().hex[:12]
     chosen = dataclasses.replace(
         settings,
-        topic=f"test.consumers.{suffix}",
+        topic=f"{settings.topic}.consumers",  # deleted with the test's topic
         consumer_group=f"test-consumers-{suffix}",
         partitions=3,
     )
@@ -502,7 +502,7 @@ def test_the_consumer_creates_missing_topics(
 ) -> None:
     fresh = dataclasses.replace(
         consumer_settings,
-        topic=f"test.consumers.fresh.{uuid.uuid4().hex[:12]}",
+        topic=f"{consumer_settings.topic}.fresh",
         consumer_group=f"test-fresh-{uuid.uuid4().hex[:12]}",
         partitions=2,
     )
