@@ -75,7 +75,7 @@ def stats_command(by: str, since_raw: str, as_json: bool) -> None:
         )
         return
     table = Table(title=f"LLM calls since {since.isoformat(timespec='seconds')} by {by}")
-    columns = (by, "calls", "errors", "tokens in", "cached", "tokens out", "cost")
+    columns = (by, "calls", "errors", "tokens in", "cached", "tokens out", "cost", "unpriced")
     for column in (*columns, "p50 ms", "p95 ms", "p99 ms"):
         table.add_column(
             column,
@@ -92,10 +92,14 @@ def stats_command(by: str, since_raw: str, as_json: bool) -> None:
             f"{row.prompt_tokens:,}",
             f"{row.cached_tokens:,}",
             f"{row.completion_tokens:,}",
-            _cost(row),
+            "-" if row.cost_usd is None else dollars_text(row.cost_usd),
+            f"{row.unpriced_calls:,}" if row.unpriced_calls else "",
             *(_ms(figures[k]) for k in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")),
         )
-    safe_console().print(table)
+    out = safe_console()
+    if not out.is_terminal:  # piped or captured: wide enough for every column whole
+        out = safe_console(width=max(out.width, 140))
+    out.print(table)
     _total(rows)
 
 
@@ -114,15 +118,6 @@ def _figures(row: UsageRow) -> dict[str, Any]:
         "latency_p95_ms": row.latency_p95_ms,
         "latency_p99_ms": row.latency_p99_ms,
     }
-
-
-def _cost(row: UsageRow) -> str:
-    """The group's cost, and how many of its calls it leaves out."""
-    shown = "-" if row.cost_usd is None else dollars_text(row.cost_usd)
-    if not row.unpriced_calls:
-        return shown
-    unpriced = f"{row.unpriced_calls:,} unpriced"
-    return unpriced if row.cost_usd is None else f"{shown} + {unpriced}"
 
 
 def _total(rows: list[UsageRow]) -> None:
