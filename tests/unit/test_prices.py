@@ -149,7 +149,8 @@ as_of = 2026-01-15
     assert gpt4o.cached_input == Decimal("2.00")  # the entry is replaced whole
     assert gpt4o.source == str(path)
     mine = table.price("openai", "my-finetune")
-    assert mine is not None and mine.cached_input == Decimal("1.5")
+    assert mine is not None
+    assert mine.cached_input == Decimal("1.5")
     assert len(table) == len(SHIPPED) + 1
     assert SHIPPED.price("openai", "my-finetune") is None  # the shipped table is untouched
 
@@ -159,18 +160,17 @@ def test_an_exact_entry_wins_over_its_snapshots_model(tmp_path: Path) -> None:
         tmp_path,
         "prices.json",
         json.dumps(
-            {
-                "openai": {
-                    "gpt-4o-2024-05-13": {"input": 5.0, "output": 15, "as_of": "2025-11-20"}
-                }
-            }
+            {"openai": {"gpt-4o-2024-05-13": {"input": 5.0, "output": 15, "as_of": "2025-11-20"}}}
         ),
     )
     table = PriceTable.load(path)
     old = table.price("openai", "gpt-4o-2024-05-13")
-    assert old is not None and old.model == "gpt-4o-2024-05-13" and old.input == Decimal("5.0")
+    assert old is not None
+    assert old.model == "gpt-4o-2024-05-13"
+    assert old.input == Decimal("5.0")
     newer = table.price("openai", "gpt-4o-2024-08-06")
-    assert newer is not None and newer.model == "gpt-4o"
+    assert newer is not None
+    assert newer.model == "gpt-4o"
 
 
 def test_no_file_is_the_shipped_table() -> None:
@@ -204,7 +204,7 @@ def test_a_bad_file_names_the_file_the_entry_and_what_is_wrong(
 
 
 def test_a_missing_file_or_bad_json_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(PriceFileError, match="cannot read the price file .*BLACKBOX_PRICE_FILE"):
+    with pytest.raises(PriceFileError, match=r"cannot read the price file .*BLACKBOX_PRICE_FILE"):
         PriceTable.load(tmp_path / "absent.toml")
     path = _write(tmp_path, "prices.json", '{"openai": ')
     with pytest.raises(PriceFileError, match="is not valid JSON"):
