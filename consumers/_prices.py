@@ -33,6 +33,7 @@ PER_TOKENS = 1_000_000
 
 _SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8}|latest)$")
 _REQUIRED = ("input", "output", "as_of")
+_REMEMBERED = 10_000
 _OPTIONAL = ("cached_input", "cache_write")
 
 
@@ -95,6 +96,9 @@ class PriceTable:
 
     def __init__(self, prices: Mapping[tuple[str, str], Price]) -> None:
         self._prices = dict(prices)
+        # What each name seen resolved to (a snapshot's model, or no price): the consumer
+        # asks once per call, for a handful of names.
+        self._found: dict[tuple[str, str], Price | None] = {}
 
     @classmethod
     def shipped(cls) -> PriceTable:
@@ -121,10 +125,16 @@ class PriceTable:
         snapshot's model's; None when neither is in the table."""
         if not provider or not model:
             return None
-        found = self._prices.get((provider, model))
+        key = (provider, model)
+        if key in self._found:
+            return self._found[key]
+        found = self._prices.get(key)
         if found is None:
             base = _SNAPSHOT.sub("", model)
             found = self._prices.get((provider, base)) if base != model else None
+        if len(self._found) >= _REMEMBERED:
+            self._found.clear()  # names are few; a flood of distinct ones stays bounded
+        self._found[key] = found
         return found
 
     def __iter__(self) -> Iterator[Price]:
