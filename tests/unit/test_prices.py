@@ -278,3 +278,16 @@ def test_prices_command_shows_the_table_and_checks_a_file(tmp_path: Path) -> Non
     refused = runner.invoke(main, ["prices", "--file", str(bad)])
     assert refused.exit_code == 2
     assert 'openai."m" lacks as_of' in refused.output
+
+
+def test_the_analytics_command_refuses_a_bad_price_file_before_it_starts(tmp_path: Path) -> None:
+    bad = _write(tmp_path, "bad.toml", '[openai."m"]\ninput = 1\noutput = 2\n')
+    env = {
+        "BLACKBOX_PRICE_FILE": str(bad),
+        # Nothing listens there: the command must stop before it reaches for either.
+        "BLACKBOX_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:9/none",
+        "BLACKBOX_KAFKA_BOOTSTRAP": "127.0.0.1:9",
+    }
+    refused = CliRunner(env=env).invoke(main, ["analytics", "--until-idle", "1"])
+    assert refused.exit_code == 2
+    assert f'{bad}: entry openai."m" lacks as_of' in refused.output
