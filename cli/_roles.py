@@ -28,6 +28,7 @@ ROLES: dict[str, str] = {
     "consume": _VIEWS_OWNER,
     "analytics": _VIEWS_OWNER,
     "stats": "a blackbox_reader login granted the tenants to count",
+    "prices": "none: it reads no database",
     "sign": f"{_VIEWS_OWNER}, also a member of blackbox_reader granted tenant '*'",
     "verify": (
         "a blackbox_reader login granted the runs' tenants (blackbox_replayer to check "

@@ -15,6 +15,7 @@ from agent_blackbox.cli.commands.export import export_command
 from agent_blackbox.cli.commands.fork import fork_command, reexecute_command
 from agent_blackbox.cli.commands.keys import keys_group
 from agent_blackbox.cli.commands.migrate import migrate_command
+from agent_blackbox.cli.commands.prices import prices_command
 from agent_blackbox.cli.commands.recovery import drill_command, restore_command
 from agent_blackbox.cli.commands.relay import relay_command
 from agent_blackbox.cli.commands.replay import replay_command
@@ -63,6 +64,7 @@ for _command in (
     consume_command,
     analytics_command,
     stats_command,
+    prices_command,
     replay_command,
     fork_command,
     reexecute_command,

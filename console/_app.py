@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from decimal import Decimal
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -50,7 +51,9 @@ from agent_blackbox.consumers import (
     Cursor,
     RunEvent,
     RunFilter,
+    UsageRow,
     ViewRunIndex,
+    dollars_text,
     list_runs_txn,
     llm_usage_txn,
     run_detail_txn,
@@ -123,6 +126,7 @@ def create_app(
     templates.filters["attributes_line"] = _attributes_line
     templates.filters["when"] = _when
     templates.filters["ms"] = _ms
+    templates.filters["dollars"] = _dollars
     templates.globals.update(chart_width=CHART_WIDTH, chart_height=CHART_HEIGHT)
     pages = _Pages(console, templates, secure_cookie=secure_cookie)
     # One stylesheet, read once: served from memory (the package may be installed as
@@ -512,6 +516,8 @@ class _Pages:
             "charts.html",
             charts=charts(points, bucket=bucket),
             summary=summary,
+            total_cost=_total_cost(summary),
+            unpriced=sum(u.unpriced_calls for u in summary),
             by=by,
             bucket=bucket,
             since=query.get("since") or "6h",
@@ -651,6 +657,21 @@ def _attributes_line(attributes: dict[str, str]) -> str:
         f"{visible_text(k)}={visible_text(v if len(v) <= 80 else v[:79] + '…')}"
         for k, v in sorted(attributes.items())
     )
+
+
+def _total_cost(rows: Sequence[UsageRow]) -> Decimal | None:
+    """The exact sum of the groups' costs; None when none of them is priced."""
+    costs = [row.cost_usd for row in rows if row.cost_usd is not None]
+    return sum(costs, Decimal(0)) if costs else None
+
+
+def _dollars(value: Decimal | None, unpriced: int = 0) -> str:
+    """A cost as people read money, with the calls it leaves out: ``$0.0123``,
+    ``$0.0123 + 2 unpriced``, ``2 unpriced``; empty when there is nothing to say."""
+    shown = "" if value is None else dollars_text(value)
+    if not unpriced:
+        return shown
+    return f"{shown} + {unpriced} unpriced" if shown else f"{unpriced} unpriced"
 
 
 def _ms(value: float | None) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 
-from agent_blackbox.consumers import RunEvent, UsagePoint
+from agent_blackbox.consumers import RunEvent, UsagePoint, dollars_text
 
 WATERFALL_WIDTH = 900
 LABELS = 170
@@ -121,6 +122,7 @@ class Chart:
 _CHARTS = (
     ("LLM calls", "calls", ""),
     ("Tokens", "total_tokens", ""),
+    ("Cost", "cost_usd", ""),
     ("Latency p50", "latency_p50_ms", " ms"),
     ("Latency p95", "latency_p95_ms", " ms"),
     ("Latency p99", "latency_p99_ms", " ms"),
@@ -129,7 +131,8 @@ _CHARTS = (
 
 
 def charts(points: Sequence[UsagePoint], *, bucket: str) -> list[Chart]:
-    """Calls, tokens, latency p50 / p95 / p99 and error rate over time, a line per group.
+    """Calls, tokens, cost, latency p50 / p95 / p99 and error rate over time, a line per
+    group (a bucket none of whose calls is priced draws no cost point).
 
     The time axis is to scale (from the first bucket to the last); a group's line is
     broken where it has no calls in a bucket.
@@ -183,6 +186,8 @@ def charts(points: Sequence[UsagePoint], *, bucket: str) -> list[Chart]:
 def _shown(value: float, name: str) -> str:
     if name == "error_rate":
         return f"{value * 100:.1f} %"
+    if name == "cost_usd":
+        return dollars_text(Decimal(repr(value)))
     if value >= 100:
         return f"{value:,.0f}"
     return f"{value:.3g}"

@@ -17,7 +17,13 @@ from agent_blackbox.consumers._analytics import (
     AnalyticsConsumer,
     apply_analytics,
 )
-from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
+from agent_blackbox.consumers._batch import (
+    AnalyticsOutcome,
+    BatchOutcome,
+    CallCost,
+    Delivered,
+    Projection,
+)
 from agent_blackbox.consumers._browse import (
     USAGE_GROUPS,
     Cursor,
@@ -64,7 +70,7 @@ from agent_blackbox.consumers._ledger import (
     ledger_entries,
     reapply_ledger,
 )
-from agent_blackbox.consumers._metrics import ConsumerMetrics
+from agent_blackbox.consumers._metrics import ConsumerMetrics, CostCounter
 from agent_blackbox.consumers._migrate import migrate_views
 from agent_blackbox.consumers._offsets import (
     OffsetMove,
@@ -72,6 +78,14 @@ from agent_blackbox.consumers._offsets import (
     advance_offsets,
     load_fences,
     load_offsets,
+)
+from agent_blackbox.consumers._prices import (
+    Price,
+    PriceFileError,
+    PriceTable,
+    TokenCounts,
+    dollars_json,
+    dollars_text,
 )
 from agent_blackbox.consumers._replay_results import ViewReplayResults
 from agent_blackbox.consumers._retention import (
@@ -127,12 +141,15 @@ __all__ = [
     "USAGE_GROUPS",
     "VIEWS_SCHEMA",
     "AnalyticsConsumer",
+    "AnalyticsOutcome",
     "BatchOutcome",
+    "CallCost",
     "CheckpointConsumer",
     "CheckpointPolicy",
     "ConsumerError",
     "ConsumerMetrics",
     "ConsumerRuntime",
+    "CostCounter",
     "Cursor",
     "DatabaseFacts",
     "DeadLetterFailed",
@@ -147,6 +164,9 @@ __all__ = [
     "MigrationFailed",
     "OffsetMove",
     "OffsetsMoved",
+    "Price",
+    "PriceFileError",
+    "PriceTable",
     "Projection",
     "ProjectionFailed",
     "Redaction",
@@ -164,6 +184,7 @@ __all__ = [
     "RunRow",
     "Screen",
     "SignerFinding",
+    "TokenCounts",
     "UsagePoint",
     "UsageRow",
     "ViewConsumer",
@@ -179,6 +200,8 @@ __all__ = [
     "apply_batch",
     "checkpoint_rows_txn",
     "consumer_offsets",
+    "dollars_json",
+    "dollars_text",
     "effect_calls",
     "entries_of",
     "entry_problem",

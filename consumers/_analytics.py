@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from functools import partial
 from typing import Any
 
@@ -19,7 +20,9 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine, func, literal_column, select
 from sqlalchemy.dialects import postgresql as pg
 
-from agent_blackbox.consumers._batch import BatchOutcome, Delivered
+from agent_blackbox.consumers._batch import AnalyticsOutcome, BatchOutcome, CallCost, Delivered
+from agent_blackbox.consumers._metrics import CostCounter
+from agent_blackbox.consumers._prices import Price, PriceTable, TokenCounts
 from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.consumers._runtime import ConsumerRuntime
 from agent_blackbox.consumers._tables import effect_calls, llm_calls, run_rollups, tool_calls
@@ -38,14 +41,22 @@ ANALYTICS_GROUP = "blackbox-analytics"
 
 
 def apply_analytics(
-    conn: Connection, records: Sequence[Delivered], *, redactions: RedactionCheck | None = None
-) -> BatchOutcome:
+    conn: Connection,
+    records: Sequence[Delivered],
+    *,
+    redactions: RedactionCheck | None = None,
+    prices: PriceTable | None = None,
+) -> AnalyticsOutcome:
     """Project ``records`` into the analytics views through ``conn``; the caller commits.
+
+    Each LLM call is priced with ``prices`` (default: the shipped table) as it is
+    inserted, and its cost added to its run's rollup then, once.
 
     A ``run.redacted`` the write side confirms (``redactions``, as the views consumer
     checks it) makes the views forget what of its run could name the subject: the
     run's tags and its effects' idempotency-key digests (a digest of a short key
     confirms a guess)."""
+    table = prices or PriceTable.shipped()
     started: list[dict[str, Any]] = []
     redacted: list[Envelope] = []
     llm: list[dict[str, Any]] = []
@@ -58,7 +69,7 @@ def apply_analytics(
         if kind == EventType.RUN_STARTED:
             started.append(_started_row(envelope))
         elif kind == EventType.LLM_CALL:
-            llm.append(_llm_row(envelope))
+            llm.append(_llm_row(envelope, table))
         elif kind == EventType.TOOL_CALL:
             tools.append({**_call(envelope), "tool": envelope.attributes.get("tool")})
         elif kind == EventType.EFFECT_INTENT:
@@ -84,8 +95,11 @@ def apply_analytics(
     handled = len(started) + len(llm) + len(tools) + len(intents) + len(receipts)
     handled += len(redacted)
     passed_over = len(records) - handled
-    return BatchOutcome(
-        inserted=inserted, duplicates=max(handled - inserted, 0), passed_over=passed_over
+    return AnalyticsOutcome(
+        inserted=inserted,
+        duplicates=max(handled - inserted, 0),
+        passed_over=passed_over,
+        costs=tuple(_call_cost(row) for row in new_llm),
     )
 
 
@@ -168,6 +182,7 @@ def _add_to_rollups(
                 "llm_latency_ms": 0.0,
                 "max_latency_ms": None,
                 "models": set(),
+                "cost_usd": None,
             }
         latency = row["latency_ms"]
         total["errors"] += row["error_class"] is not None
@@ -178,8 +193,9 @@ def _add_to_rollups(
             continue
         total["llm_calls"] += 1
         total["streamed_calls"] += bool(row["streamed"])
-        for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        for name in ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens"):
             total[name] += row[name] or 0
+        _add_cost(total, row)
         total["llm_latency_ms"] += latency or 0.0
         if row["model"] is not None:
             total["models"].add(row["model"])
@@ -190,6 +206,8 @@ def _add_to_rollups(
     new, old = statement.excluded, run_rollups.c
     added: dict[str, Any] = {name: old[name] + new[name] for name in (*_SUMMED, "llm_latency_ms")}
     added["max_latency_ms"] = func.greatest(old.max_latency_ms, new.max_latency_ms)
+    # NULL (nothing priced yet) plus a cost is that cost; NULL plus NULL stays NULL.
+    added["cost_usd"] = func.coalesce(old.cost_usd + new.cost_usd, old.cost_usd, new.cost_usd)
     # The union of the run's models, each once, in order.
     added["models"] = literal_column(
         "ARRAY(SELECT DISTINCT m FROM unnest(run_rollups.models || excluded.models) AS m "
@@ -206,6 +224,8 @@ _SUMMED = (
     "prompt_tokens",
     "completion_tokens",
     "total_tokens",
+    "cached_tokens",
+    "unpriced_calls",
 )
 
 
@@ -227,9 +247,9 @@ def _call(envelope: Envelope) -> dict[str, Any]:
     }
 
 
-def _llm_row(envelope: Envelope) -> dict[str, Any]:
+def _llm_row(envelope: Envelope, prices: PriceTable) -> dict[str, Any]:
     attributes = envelope.attributes
-    return {
+    row = {
         **_call(envelope),
         "provider": attributes.get("provider"),
         "model": attributes.get("model"),
@@ -242,7 +262,43 @@ def _llm_row(envelope: Envelope) -> dict[str, Any]:
         "streamed": attributes.get("streamed") == "true",
         "tool_calls_requested": _number(attributes.get("tool_calls_requested"), int),
         "tool_calls_invalid": _number(attributes.get("tool_calls_invalid"), int),
+        "cache_write_tokens": _number(attributes.get("cache_write_tokens"), int),
     }
+    price = prices.price(row["provider"], row["model"])
+    cost = None if price is None else _cost(price, row)
+    row["cost_usd"] = cost
+    row["price_as_of"] = None if cost is None or price is None else price.as_of
+    return row
+
+
+def _cost(price: Price, row: dict[str, Any]) -> Decimal | None:
+    """The call's cost at ``price``; None when it reported no usage."""
+    if row["prompt_tokens"] is None and row["completion_tokens"] is None:
+        return None
+    return price.cost(
+        TokenCounts(
+            input_tokens=row["prompt_tokens"] or 0,
+            output_tokens=row["completion_tokens"] or 0,
+            cached_tokens=row["cached_tokens"] or 0,
+            cache_write_tokens=row["cache_write_tokens"] or 0,
+        )
+    )
+
+
+def _unpriced(row: dict[str, Any]) -> bool:
+    """Whether the call's cost is unknown although it did not fail (a failed call is not
+    billed: its missing cost is no gap)."""
+    return row["cost_usd"] is None and row["error_class"] is None
+
+
+def _call_cost(row: dict[str, Any]) -> CallCost:
+    return CallCost(row["provider"], row["model"], row["cost_usd"], _unpriced(row))
+
+
+def _add_cost(total: dict[str, Any], row: dict[str, Any]) -> None:
+    if row["cost_usd"] is not None:
+        total["cost_usd"] = (total["cost_usd"] or Decimal(0)) + row["cost_usd"]
+    total["unpriced_calls"] += _unpriced(row)
 
 
 def _effect(envelope: Envelope) -> dict[str, Any]:
@@ -332,7 +388,12 @@ class AnalyticsConsumer(ConsumerRuntime):
 
     Call :func:`agent_blackbox.consumers.migrate_views` once before starting it.
     ``verifier`` checks ``run.redacted`` notes where the views live without the write
-    side's deletion ledger, as for :class:`ViewConsumer`.
+    side's deletion ledger, as for :class:`ViewConsumer`. ``prices`` puts a cost on each
+    LLM call (default: the shipped table with ``settings.price_file`` over it), counted
+    in ``registry`` once its batch committed (:class:`CostCounter`).
+
+    Raises:
+        PriceFileError: ``settings.price_file`` cannot be read or is malformed.
     """
 
     def __init__(
@@ -345,10 +406,13 @@ class AnalyticsConsumer(ConsumerRuntime):
         registry: CollectorRegistry | None = None,
         instance_id: str | None = None,
         verifier: CheckpointVerifier | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
+        self.prices = prices or PriceTable.load(settings.price_file)
+        self._costs = CostCounter(registry)
         super().__init__(
             settings,
-            partial(apply_analytics, redactions=RedactionCheck(verifier)),
+            partial(apply_analytics, redactions=RedactionCheck(verifier), prices=self.prices),
             name="analytics",
             group_id=group_id or ANALYTICS_GROUP,
             screen=views_screen,
@@ -357,3 +421,8 @@ class AnalyticsConsumer(ConsumerRuntime):
             registry=registry,
             instance_id=instance_id,
         )
+
+    def _committed(self, batch: Any, outcome: BatchOutcome, seconds: float) -> None:
+        super()._committed(batch, outcome, seconds)
+        if isinstance(outcome, AnalyticsOutcome):
+            self._costs.count(outcome.costs)

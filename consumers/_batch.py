@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from decimal import Decimal
 from operator import attrgetter
 
 from sqlalchemy import Connection
@@ -87,6 +88,25 @@ class BatchOutcome:
             stale=self.stale + other.stale,
             passed_over=self.passed_over + other.passed_over,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CallCost:
+    """What one newly projected LLM call cost, for the cost counter."""
+
+    provider: str | None
+    model: str | None
+    cost_usd: Decimal | None
+    unpriced: bool
+    """Its cost is unknown although it did not fail (no price, or no usage)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyticsOutcome(BatchOutcome):
+    """A batch of the analytics consumer: its outcome, and what its new calls cost
+    (counted once the batch committed)."""
+
+    costs: tuple[CallCost, ...] = ()
 
 
 Projection = Callable[[Connection, Sequence[Delivered]], BatchOutcome]

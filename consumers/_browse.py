@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -65,6 +66,10 @@ class ListedRun:
     """Calls the run's code made through no boundary (None: none, or not finished)."""
     unrecorded_call: str | None = None
     """The first of them: host, port and the agent's line."""
+    cost_usd: Decimal | None = None
+    """The exact sum of its priced LLM calls (None: none priced)."""
+    unpriced_calls: int = 0
+    """Its LLM calls that did not fail and have no known cost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +82,8 @@ _LIST_COLUMNS = """
     r.run_id, r.tenant_id, r.agent_id, r.status, r.started_at, r.finished_at,
     r.event_count, r.code_version, r.parent_run_id, u.prompt_version,
     coalesce(u.llm_calls, 0), coalesce(u.errors, 0), coalesce(u.total_tokens, 0),
-    u.max_latency_ms, coalesce(u.models, '{}'), r.unrecorded_calls, r.unrecorded_call
+    u.max_latency_ms, coalesce(u.models, '{}'), r.unrecorded_calls, r.unrecorded_call,
+    u.cost_usd, coalesce(u.unpriced_calls, 0)
 """
 
 
@@ -169,6 +175,8 @@ def _listed(row: Any) -> ListedRun:
         models=tuple(row[14]),
         unrecorded_calls=row[15],
         unrecorded_call=row[16],
+        cost_usd=row[17],
+        unpriced_calls=int(row[18]),
     )
 
 
@@ -184,6 +192,8 @@ class RunEvent:
     latency_ms: float | None
     sealed: bool
     out_of_line: bool
+    cost_usd: Decimal | None = None
+    """An LLM call's exact cost (None: unknown, or not an LLM call)."""
 
     @property
     def branch(self) -> int:
@@ -282,14 +292,14 @@ def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
     return RunDetail(
         run=run,
         finished_at=run.finished_at,
-        tags=dict(row[17]),
-        replayability=row[18],
+        tags=dict(row[19]),
+        replayability=row[20],
         events=events[:MAX_RUN_EVENTS],
         events_cut=len(events) > MAX_RUN_EVENTS,
         effects=effects,
         replays=replays,
         forks=forks,
-        prompt_templates=row[19],
+        prompt_templates=row[21],
     )
 
 
@@ -303,7 +313,7 @@ def run_events_txn(
             """
             SELECT e.sequence, e.event_id, e.event_type, e.recorded_at,
                    coalesce(e.attributes, '{}'::jsonb), coalesce(l.latency_ms, t.latency_ms),
-                   e.key_id IS NOT NULL, e.payload_ref IS NOT NULL
+                   e.key_id IS NOT NULL, e.payload_ref IS NOT NULL, l.cost_usd
               FROM blackbox_views.events e
               LEFT JOIN blackbox_views.llm_calls l
                      ON l.run_id = e.run_id AND l.sequence = e.sequence
@@ -326,6 +336,7 @@ def run_events_txn(
             latency_ms=r[5],
             sealed=bool(r[6]),
             out_of_line=bool(r[7]),
+            cost_usd=r[8],
         )
         for r in rows
     ]
@@ -343,6 +354,8 @@ class UsagePoint:
     latency_p50_ms: float | None
     latency_p95_ms: float | None
     latency_p99_ms: float | None
+    cost_usd: Decimal | None = None
+    """The exact sum of the bucket's priced calls (None: none priced)."""
 
 
 USAGE_GROUPS = {"model": "c.model", "prompt_version": "c.prompt_version", "agent": "c.agent_id"}
@@ -370,7 +383,8 @@ def usage_series_txn(
                    count(c.error_class), coalesce(sum(c.total_tokens), 0),
                    percentile_cont(0.50) WITHIN GROUP (ORDER BY c.latency_ms),
                    percentile_cont(0.95) WITHIN GROUP (ORDER BY c.latency_ms),
-                   percentile_cont(0.99) WITHIN GROUP (ORDER BY c.latency_ms)
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY c.latency_ms),
+                   sum(c.cost_usd)
               FROM blackbox_views.llm_calls c
              WHERE c.recorded_at >= :since
              GROUP BY 1, 2
@@ -379,4 +393,7 @@ def usage_series_txn(
         ),
         {"bucket": bucket, "since": since},
     )
-    return [UsagePoint(r[0], r[1], int(r[2]), int(r[3]), int(r[4]), r[5], r[6], r[7]) for r in rows]
+    return [
+        UsagePoint(r[0], r[1], int(r[2]), int(r[3]), int(r[4]), r[5], r[6], r[7], r[8])
+        for r in rows
+    ]

@@ -8,12 +8,14 @@ as the tests do, without duplicate-registration errors.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from weakref import WeakKeyDictionary
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from agent_blackbox.consumers._batch import BatchOutcome
+from agent_blackbox.consumers._batch import BatchOutcome, CallCost
 
 _LABELS = ("consumer", "group", "topic")
 
@@ -126,3 +128,59 @@ class ConsumerMetrics:
     def batch_failed(self) -> None:
         """Count a batch that was rolled back."""
         self._failed.inc()
+
+
+@dataclass(frozen=True, slots=True)
+class _CostFamilies:
+    dollars: Counter
+    unpriced: Counter
+
+
+_COST_FAMILIES: WeakKeyDictionary[CollectorRegistry, _CostFamilies] = WeakKeyDictionary()
+
+
+class CostCounter:
+    """What the LLM calls the analytics consumer committed cost, by provider and model:
+    ``blackbox_llm_cost_usd_total`` (dollars, exact per batch, a float as every
+    Prometheus value is) and ``blackbox_llm_unpriced_calls_total`` (calls that did not
+    fail whose cost is unknown). Counted once per call, after its batch committed."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = REGISTRY if registry is None else registry
+        with _LOCK:
+            families = _COST_FAMILIES.get(registry)
+            if families is None:
+                labels = ("provider", "model")
+                families = _CostFamilies(
+                    dollars=Counter(
+                        "blackbox_llm_cost_usd",
+                        "US dollars the LLM calls cost at the price table in force when the "
+                        "analytics consumer read them (unpriced calls add nothing).",
+                        labels,
+                        registry=registry,
+                    ),
+                    unpriced=Counter(
+                        "blackbox_llm_unpriced_calls",
+                        "LLM calls that did not fail and have no known cost: no price for "
+                        "the model (add one with BLACKBOX_PRICE_FILE) or no usage reported.",
+                        labels,
+                        registry=registry,
+                    ),
+                )
+                _COST_FAMILIES[registry] = families
+        self._families = families
+
+    def count(self, costs: Iterable[CallCost]) -> None:
+        """Add the committed calls ``costs`` (summed exactly per label set first)."""
+        dollars: dict[tuple[str, str], Decimal] = {}
+        unpriced: dict[tuple[str, str], int] = {}
+        for call in costs:
+            labels = (call.provider or "", call.model or "")
+            if call.cost_usd is not None:
+                dollars[labels] = dollars.get(labels, Decimal(0)) + call.cost_usd
+            elif call.unpriced:
+                unpriced[labels] = unpriced.get(labels, 0) + 1
+        for (provider, model), amount in dollars.items():
+            self._families.dollars.labels(provider=provider, model=model).inc(float(amount))
+        for (provider, model), calls in unpriced.items():
+            self._families.unpriced.labels(provider=provider, model=model).inc(calls)

@@ -50,7 +50,7 @@ KEPT_ATTRIBUTES = (
     *("completion_tokens", "cached_tokens", "total_tokens", "body_truncated", "error"),
     *("tool", "effect", "status", "branch", "parent_branch", "started", "code_version"),
     *("parent_run_id", "streamed", "tool_calls_requested", "tool_calls_invalid", "clock"),
-    *("kind", "redaction", "prompt_templates"),
+    *("kind", "redaction", "prompt_templates", "cache_write_tokens"),
 )
 """The attributes the events index keeps of a shredded run's events: names, counts,
 times and classes the recorder writes itself. Every other attribute (a state's name,

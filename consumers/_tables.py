@@ -10,11 +10,13 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Date,
     DateTime,
     Float,
     Index,
     Integer,
     MetaData,
+    Numeric,
     PrimaryKeyConstraint,
     Table,
     Text,
@@ -192,6 +194,11 @@ llm_calls = Table(
     Column("tool_calls_requested", Integer),
     # Of those, how many broke the schema the request declared (NULL: no schema known).
     Column("tool_calls_invalid", Integer),
+    # Input written to the provider's prompt cache (priced above the input price).
+    Column("cache_write_tokens", BigInteger),
+    # Exact dollars at the price in force when the call was read (NULL: unknown).
+    Column("cost_usd", Numeric),
+    Column("price_as_of", Date),
 )
 """One row per ``llm.call``, from its unsealed attributes (no body, no data key)."""
 
@@ -242,6 +249,11 @@ run_rollups = Table(
     Column("llm_latency_ms", Float, nullable=False, server_default=text("0")),
     Column("max_latency_ms", Float),
     Column("models", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    _count("cached_tokens", BigInteger),
+    # The sum of its priced calls (NULL: none priced yet); calls that did not fail and
+    # have no known cost are counted apart, so a partial sum never reads as the whole.
+    Column("cost_usd", Numeric),
+    _count("unpriced_calls"),
 )
 """One row per run from the analytics consumer: its tags and prompt version (from
 ``run.started``) and its LLM and tool calls summed; each call is added once."""

@@ -25,6 +25,7 @@ from agent_blackbox.schemas import (
     LLM_CALL_VERSION,
     Canonicalisation,
     EventType,
+    cache_write_tokens,
     canonical_text,
     choice_view,
     declared_tool_schemas,
@@ -110,6 +111,9 @@ def llm_call(
             cached_tokens=str(usage["cached_tokens"]),
             total_tokens=str(usage["total_tokens"]),
         )
+        written = cache_write_tokens(reply.get("usage"))
+        if written:  # priced above the input price: analytics need it apart
+            attributes["cache_write_tokens"] = str(written)
     if err:
         attributes["error"] = err["type"]
     outputs = {"response": None if response is None else dict(response), "error": err}

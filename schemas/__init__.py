@@ -88,6 +88,7 @@ from agent_blackbox.schemas._keyfile import (
 from agent_blackbox.schemas._llm_call import (
     LLM_CALL_VERSION,
     anthropic_usage,
+    cache_write_tokens,
     declared_tool_schemas,
     llm_call_v1_to_v2,
     llm_tool_call,
@@ -230,6 +231,7 @@ __all__ = [
     "UnknownCanonicalisation",
     "UnknownSchemaVersion",
     "anthropic_usage",
+    "cache_write_tokens",
     "can_read",
     "canonical_json",
     "canonical_text",

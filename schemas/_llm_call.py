@@ -60,6 +60,19 @@ def llm_usage(usage: Any) -> dict[str, int] | None:
     }
 
 
+def cache_write_tokens(usage: Any) -> int:
+    """How many input tokens a call wrote to the provider's prompt cache (billed above
+    the input price): Anthropic's ``cache_creation_input_tokens``, also as
+    :func:`anthropic_usage` names it (``prompt_tokens_details.cache_creation_tokens``);
+    0 for a usage without it."""
+    if not isinstance(usage, Mapping):
+        return 0
+    if "cache_creation_input_tokens" in usage:
+        return _count(usage.get("cache_creation_input_tokens"))
+    details = usage.get("prompt_tokens_details")
+    return _count(details.get("cache_creation_tokens")) if isinstance(details, Mapping) else 0
+
+
 _ANTHROPIC_CACHE_COUNTS = frozenset({"cache_read_input_tokens", "cache_creation_input_tokens"})
 
 

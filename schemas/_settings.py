@@ -92,6 +92,12 @@ class Settings:
     keys: an explicit opt-in (comma list, ``*`` for all), for digests that must be
     compared across tenants. Never applies to :attr:`keyed_digest_classes`. Runs recorded
     without keys always take plain digests: their bodies are plaintext anyway."""
+    price_file: str | None = None
+    """A TOML (or ``.json``) file of LLM prices, US dollars per million tokens, whose
+    entries replace or add to the shipped ones: ``[openai."my-model"]`` with ``input``,
+    ``output``, optional ``cached_input`` and ``cache_write``, and ``as_of`` (the day the
+    price was taken). The analytics consumer prices each call as it reads it; a bad file
+    stops it, naming the entry (``blackbox prices`` checks a file)."""
     checkpoint_every_events: int = 1000
     """The checkpoint signer signs a running run's head again once it has grown by this
     many events (and the database agrees with it), so a long run is covered as it goes."""

@@ -1,9 +1,10 @@
-"""``blackbox stats``: LLM usage from the analytics views."""
+"""``blackbox stats``: LLM usage and cost from the analytics views."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import click
@@ -12,7 +13,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.cli._wiring import wired
 from agent_blackbox.cli._workers import could_not_run
-from agent_blackbox.consumers import GROUPINGS, UsageRow, llm_usage_txn
+from agent_blackbox.consumers import (
+    GROUPINGS,
+    UsageRow,
+    dollars_json,
+    dollars_text,
+    llm_usage_txn,
+)
 from agent_blackbox.schemas import BlackboxError, moment, safe_console, safe_text
 
 
@@ -42,9 +49,11 @@ def _since(raw: str) -> datetime:
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per group on stdout.")
 def stats_command(by: str, since_raw: str, as_json: bool) -> None:
-    """LLM calls, tokens, latency p50/p95/p99 and error rate from the analytics views
-    (built by `blackbox analytics`), grouped by one dimension. Read as any role that may
-    read the views (the reader sees its granted tenants only)."""
+    """LLM calls, tokens, cost, latency p50/p95/p99 and error rate from the analytics
+    views (built by `blackbox analytics`), grouped by one dimension. Costs are exact
+    sums at the prices in force when the calls were read; calls of a model without a
+    price are counted as unpriced, never as free. Read as any role that may read the
+    views (the reader sees its granted tenants only)."""
     console = safe_console(stderr=True, log_path=False)
     since = _since(since_raw)
     engine = wired().engine()
@@ -66,7 +75,8 @@ def stats_command(by: str, since_raw: str, as_json: bool) -> None:
         )
         return
     table = Table(title=f"LLM calls since {since.isoformat(timespec='seconds')} by {by}")
-    for column in (by, "calls", "errors", "tokens in", "tokens out", "p50 ms", "p95 ms", "p99 ms"):
+    columns = (by, "calls", "errors", "tokens in", "cached", "tokens out", "cost", "unpriced")
+    for column in (*columns, "p50 ms", "p95 ms", "p99 ms"):
         table.add_column(
             column,
             justify="left" if column == by else "right",
@@ -80,10 +90,17 @@ def stats_command(by: str, since_raw: str, as_json: bool) -> None:
             f"{row.calls:,}",
             f"{row.errors:,} ({row.error_rate:.1%})",
             f"{row.prompt_tokens:,}",
+            f"{row.cached_tokens:,}",
             f"{row.completion_tokens:,}",
+            "-" if row.cost_usd is None else dollars_text(row.cost_usd),
+            f"{row.unpriced_calls:,}" if row.unpriced_calls else "",
             *(_ms(figures[k]) for k in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")),
         )
-    safe_console().print(table)
+    out = safe_console()
+    if not out.is_terminal:  # piped or captured: wide enough for every column whole
+        out = safe_console(width=max(out.width, 140))
+    out.print(table)
+    _total(rows)
 
 
 def _figures(row: UsageRow) -> dict[str, Any]:
@@ -94,10 +111,22 @@ def _figures(row: UsageRow) -> dict[str, Any]:
         "prompt_tokens": row.prompt_tokens,
         "completion_tokens": row.completion_tokens,
         "total_tokens": row.total_tokens,
+        "cached_tokens": row.cached_tokens,
+        "cost_usd": dollars_json(row.cost_usd),
+        "unpriced_calls": row.unpriced_calls,
         "latency_p50_ms": row.latency_p50_ms,
         "latency_p95_ms": row.latency_p95_ms,
         "latency_p99_ms": row.latency_p99_ms,
     }
+
+
+def _total(rows: list[UsageRow]) -> None:
+    """The window's whole cost under the table, exact (every group's calls are in it)."""
+    costs = [row.cost_usd for row in rows if row.cost_usd is not None]
+    unpriced = sum(row.unpriced_calls for row in rows)
+    total = dollars_text(sum(costs, Decimal(0))) if costs else "nothing priced"
+    note = f" ({unpriced:,} unpriced calls not included)" if unpriced else ""
+    safe_console().print(f"cost: {total}{note}")
 
 
 def _ms(value: float | None) -> str:

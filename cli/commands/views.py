@@ -31,6 +31,8 @@ from agent_blackbox.consumers import (
     CheckpointConsumer,
     CheckpointPolicy,
     ConsumerRuntime,
+    PriceFileError,
+    PriceTable,
     ViewConsumer,
     migrate_views,
     refresh_view_gauges,
@@ -134,11 +136,20 @@ def analytics_command(
     session_timeout: float | None,
 ) -> None:
     """Build the analytics views (llm_calls, tool_calls, effects, run_rollups) from the
-    event topic, as `consume` builds the runs view; --until-idle as there."""
+    event topic, as `consume` builds the runs view; --until-idle as there. Each LLM call
+    is priced with the shipped prices and BLACKBOX_PRICE_FILE over them (`blackbox
+    prices`)."""
+    try:  # a bad price file stops the command before it touches anything
+        prices = PriceTable.load(wired().settings.price_file)
+    except PriceFileError as exc:
+        could_not_run(safe_console(stderr=True, log_path=False), exc)
 
     def analytics(settings: Settings) -> ConsumerRuntime:
         return AnalyticsConsumer(
-            settings, group_id=settings.consumer_group, verifier=CheckpointVerifier.from_env()
+            settings,
+            group_id=settings.consumer_group,
+            verifier=CheckpointVerifier.from_env(),
+            prices=prices,
         )
 
     def gauges(settings: Settings, stop: threading.Event) -> None:

@@ -139,7 +139,7 @@ def test_list_filter_run_event_purpose_body_and_one_audit_row(
     eventually(lambda: "prompt_version=v2" in driver.current_url, what="the filter applied")
     rows = driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
     assert len(rows) == 3
-    assert {r.find_elements(By.TAG_NAME, "td")[10].text for r in rows} == {"v2"}
+    assert {r.find_elements(By.TAG_NAME, "td")[11].text for r in rows} == {"v2"}
 
     rows[0].find_element(By.CSS_SELECTOR, "a.run-link").click()
     eventually(lambda: driver.find_elements(By.ID, "waterfall"), what="the run page")

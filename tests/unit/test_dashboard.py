@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from agent_blackbox.backup._metrics import BackupMetrics
-from agent_blackbox.consumers import ConsumerMetrics, RetentionGauges, ViewGauges
+from agent_blackbox.consumers import ConsumerMetrics, CostCounter, RetentionGauges, ViewGauges
 from agent_blackbox.outbox._metrics import write_failures
 from agent_blackbox.outbox.relay import RelayMetrics
 
@@ -22,6 +22,7 @@ def _exported() -> set[str]:
     RelayMetrics.create(registry)
     ConsumerMetrics(consumer="c", group="g", topic="t", registry=registry)
     ViewGauges(registry)
+    CostCounter(registry)
     RetentionGauges(registry)
     BackupMetrics(topic="t", registry=registry)
     names = {family.name for family in registry.collect()}
