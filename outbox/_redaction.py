@@ -19,8 +19,6 @@ would be a dictionary attack away from the address, so pseudonyms need a key sto
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -34,15 +32,50 @@ from typing import Any, TypeAlias
 
 import re2  # type: ignore[import-untyped]
 
+from agent_blackbox.outbox._errors import RedactionConfigError
+from agent_blackbox.outbox._placeholders import (
+    CREDENTIAL,
+    PLACEHOLDER_PREFIX,
+    PSEUDONYM_HEX,
+    PSEUDONYMOUS,
+    StandIns,
+    placeholder,
+    pseudonym,
+)
 from agent_blackbox.schemas import (
     MAX_VALUE_DEPTH,
-    BlackboxError,
     canonical_text,
     deepest_path,
     too_deep,
 )
 
-PLACEHOLDER_PREFIX = "[redacted:"
+# The module's names from before its parts had modules of their own; the package's public
+# ones are re-exported from agent_blackbox.outbox.
+__all__ = [
+    "ALWAYS_ON",
+    "ALWAYS_ON_V2",
+    "CREDENTIAL",
+    "CREDENTIAL_KEYS",
+    "DEFAULT_DETECTORS",
+    "DETECTORS",
+    "OVERSIZE",
+    "PLACEHOLDER_PREFIX",
+    "PSEUDONYMOUS",
+    "PSEUDONYM_HEX",
+    "REDACTION_VERSION",
+    "SCAN_CAP",
+    "SHAPES",
+    "VERSIONS",
+    "Detector",
+    "Finder",
+    "Redacted",
+    "RedactionConfigError",
+    "Redactor",
+    "Shape",
+    "placeholder",
+    "pseudonym",
+]
+
 REDACTION_VERSION = 2
 """The detector set new runs are recorded with (``version`` in the recorded rules). Rules
 recorded without a version are version 1: the detectors of that time, kept as they were
@@ -64,26 +97,6 @@ def _windows(value: str) -> Iterator[str]:
         start = end
 
 
-def placeholder(rule: str) -> str:
-    """The string that stands in for what ``rule`` removed, e.g. ``[redacted:email]``."""
-    return f"{PLACEHOLDER_PREFIX}{rule}]"
-
-
-PSEUDONYMOUS = ("card_number", "email", "path", "phone")
-"""The rules that may replace values by pseudonyms; never credentials."""
-PSEUDONYM_HEX = 12
-"""Hex digits of a pseudonym's tag: 48 bits, so distinct values of one tenant collide
-with odds near one in a million only past some 24,000 of them."""
-
-
-def pseudonym(rule: str, value: str, key: bytes) -> str:
-    """The stable placeholder of ``value`` found by ``rule``, keyed by ``key`` (the
-    tenant's pseudonym key), e.g. ``[email:9f3a1c04be7d]``."""
-    mac = hmac.new(key, f"{rule}\x00{value}".encode(), hashlib.sha256)
-    return f"[{rule}:{mac.hexdigest()[:PSEUDONYM_HEX]}]"
-
-
-CREDENTIAL = "credential"
 CREDENTIAL_KEYS = frozenset(
     {"authorization", "proxy_authorization", "cookie", "set_cookie"}
     | {"api_key", "apikey", "x_api_key", "api_token", "openai_api_key", "anthropic_api_key"}
@@ -98,10 +111,6 @@ credential. ``token`` alone is not one: LLM responses use it for text tokens."""
 class _TooDeep(Exception):
     """Raised inside a walk that went past :data:`MAX_VALUE_DEPTH`; :meth:`Redactor.redact`
     turns it into ``NotSerialisable`` naming the path (the walk keeps no paths)."""
-
-
-class RedactionConfigError(BlackboxError, ValueError):
-    """A redaction configuration is unreadable, names an unknown detector or a bad path."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,11 +291,11 @@ class Redactor:
         "_card_ints",
         "_detectors",
         "_gates",
-        "_key",
         "_paths",
         "_patterns",
         "_pseudonyms",
         "_shapes",
+        "_stand_ins",
         "_version",
     )
 
@@ -330,7 +339,7 @@ class Redactor:
         self._any_hint = re.compile("|".join(map(re.escape, reversed(hints))) or "(?!)")
         self._card_ints = "card_number" in chosen
         self._pseudonyms = _pseudonym_rules(pseudonyms, chosen, bool(parsed))
-        self._key: bytes | None = None
+        self._stand_ins = StandIns(self._pseudonyms)
         # One combined pattern per set of detectors a string's hints call for, compiled on
         # first use: there are at most 2**5, and most strings need the same few.
         self._patterns: dict[tuple[str, ...], re.Pattern[str]] = {}
@@ -436,7 +445,7 @@ class Redactor:
         if len(key) < 32:
             raise ValueError("a pseudonym key needs at least 32 bytes")
         copy = Redactor.from_config(self.config, default_version=self._version)
-        copy._key = key
+        copy._stand_ins = StandIns(copy._pseudonyms, key)
         return copy
 
     @classmethod
@@ -503,7 +512,7 @@ class Redactor:
         # type() rather than isinstance: True is an int, and never a card number.
         if type(value) is int and self._card_ints and value in _CARD_INTS and self._card(value):
             fired.add("card_number")
-            return self._stand_in("card_number", str(value))
+            return self._stand_ins.of("card_number", str(value))
         return value
 
     def _card(self, value: int) -> bool:
@@ -521,8 +530,8 @@ class Redactor:
             live, ended = _advance(live, key)
             if ended:
                 fired.update(ended)
-                if "path" in self._pseudonyms:
-                    return self._stand_in("path", canonical_text(item))
+                if self._stand_ins.pseudonymous("path"):
+                    return self._stand_ins.of("path", canonical_text(item))
                 return _PATH_PLACEHOLDER
         return self._walk(item, live, fired, depth, level)
 
@@ -655,7 +664,7 @@ class Redactor:
         folded_parts: list[str] = []
         last = 0
         for start, end in spans:
-            stand_in = self._stand_in(label, normal[start:end])
+            stand_in = self._stand_ins.of(label, normal[start:end])
             normal_parts += (normal[last:start], stand_in)
             folded_parts += (folded[last:start], stand_in)
             last = end
@@ -682,20 +691,7 @@ class Redactor:
         if accepts is not None and not accepts(match.group()):
             return match.group()
         hits.append(name)
-        return self._stand_in(name, match.group())
-
-    def _stand_in(self, rule: str, value: str) -> str:
-        """The placeholder of ``value``: typed, or the keyed pseudonym."""
-        if rule not in self._pseudonyms:
-            return placeholder(rule)
-        if self._key is None:
-            raise RedactionConfigError(
-                f"the redaction rules give pseudonyms for {rule!r}, and pseudonyms are keyed "
-                "by the tenant's key: record with a key store (BLACKBOX_KEK_FILE) so the "
-                "recorder can key them (an unkeyed hash of a value such as an e-mail "
-                "address is a dictionary attack away from the value)"
-            )
-        return pseudonym(rule, value, self._key)
+        return self._stand_ins.of(name, match.group())
 
 
 def _pseudonym_rules(names: Iterable[str], detectors: set[str], paths: bool) -> frozenset[str]:
