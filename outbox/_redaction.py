@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import unicodedata
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -35,7 +32,6 @@ from agent_blackbox.outbox._detectors import (
     DEFAULT_DETECTORS,
     DETECTORS,
     Detector,
-    combine,
     is_credential_key,
     luhn,
 )
@@ -56,6 +52,14 @@ from agent_blackbox.outbox._shapes import (
     Shape,
     is_card_v2,
     is_secret_name,
+)
+from agent_blackbox.outbox._text_scan import (
+    OVERSIZE,
+    SCAN_CAP,
+    PatternScan,
+    ShapeScan,
+    TextScan,
+    windows,
 )
 from agent_blackbox.schemas import (
     MAX_VALUE_DEPTH,
@@ -96,20 +100,6 @@ REDACTION_VERSION = 2
 recorded without a version are version 1: the detectors of that time, kept as they were
 so that old runs replay."""
 VERSIONS = (1, 2)
-
-
-def _windows(value: str) -> Iterator[str]:
-    """``value`` in consecutive pieces of at most :data:`SCAN_CAP` characters, each cut
-    just after whitespace when there is some near its end."""
-    start = 0
-    while start < len(value):
-        end = min(start + SCAN_CAP, len(value))
-        if end < len(value):
-            space = max(value.rfind(c, end - _CUT_SEARCH, end) for c in " \n\t\r")
-            if space > start:
-                end = space + 1
-        yield value[start:end]
-        start = end
 
 
 class _TooDeep(Exception):
@@ -172,14 +162,11 @@ class Redactor:
     """
 
     __slots__ = (
-        "_any_hint",
         "_card_ints",
         "_detectors",
-        "_gates",
         "_paths",
-        "_patterns",
         "_pseudonyms",
-        "_shapes",
+        "_scan",
         "_stand_ins",
         "_version",
     )
@@ -213,21 +200,17 @@ class Redactor:
         self._detectors = tuple(name for name in known_detectors if name in chosen)
         parsed = {path: _parse_path(path) for path in paths}
         self._paths: _Live = tuple(sorted((f"path:{p}", rest) for p, rest in parsed.items()))
-        if version == 1:
-            self._gates = tuple(
-                (n, DETECTORS[n].hints, DETECTORS[n].folded) for n in self._detectors
-            )
-        else:
-            self._gates = ()
-        self._shapes = tuple(SHAPES[n] for n in self._detectors) if version > 1 else ()
-        hints = sorted({hint for shape in self._shapes for hint in shape.hints}, key=len)
-        self._any_hint = re.compile("|".join(map(re.escape, reversed(hints))) or "(?!)")
         self._card_ints = "card_number" in chosen
         self._pseudonyms = _pseudonym_rules(pseudonyms, chosen, bool(parsed))
-        self._stand_ins = StandIns(self._pseudonyms)
-        # One combined pattern per set of detectors a string's hints call for, compiled on
-        # first use: there are at most 2**5, and most strings need the same few.
-        self._patterns: dict[tuple[str, ...], re.Pattern[str]] = {}
+        self._use_key(None)
+
+    def _use_key(self, key: bytes | None) -> None:
+        self._stand_ins = StandIns(self._pseudonyms, key)
+        self._scan: TextScan
+        if self._version == 1:
+            self._scan = PatternScan(self._detectors, self._stand_ins)
+        else:
+            self._scan = ShapeScan(self._detectors, self._stand_ins)
 
     @classmethod
     def from_config(
@@ -330,7 +313,7 @@ class Redactor:
         if len(key) < 32:
             raise ValueError("a pseudonym key needs at least 32 bytes")
         copy = Redactor.from_config(self.config, default_version=self._version)
-        copy._stand_ins = StandIns(copy._pseudonyms, key)
+        copy._use_key(key)
         return copy
 
     @classmethod
@@ -386,7 +369,7 @@ class Redactor:
             if len(value) < _MIN_LENGTH:
                 return value
             if self._version == 1:
-                return self._scrub(value, fired)
+                return self._scan.scan(value, fired)
             return self._string(value, fired, depth, level)
         if isinstance(value, dict | list | tuple) and level >= MAX_VALUE_DEPTH:
             raise _TooDeep
@@ -442,7 +425,7 @@ class Redactor:
     def _key_of(self, key: str, out: Mapping[Any, Any], fired: set[str]) -> str:
         """A mapping key, scanned like any string; two keys redacted alike are told apart
         by a count, in the mapping's order."""
-        scrubbed = self._text(key, fired)
+        scrubbed = self._scan.scan(key, fired)
         if scrubbed is key:
             return key
         candidate, count = scrubbed, 1
@@ -472,28 +455,11 @@ class Redactor:
             out.append(_CREDENTIAL_PLACEHOLDER)
         return out
 
-    def _scrub(self, text: str, fired: set[str]) -> str:
-        # Most strings hold nothing: no regex runs, no copy is made. Otherwise substitute
-        # until a pass changes nothing, so redacting twice is the same as redacting once.
-        # It ends: placeholders match no detector, so each pass leaves fewer candidates.
-        pattern = self._pattern_for(text)
-        if pattern is None or pattern.search(text) is None:
-            return text
-        hits: list[str] = []
-        replace = partial(self._replace, hits=hits)
-        while True:
-            # The first pattern still serves: a placeholder may hold a hint, never a match.
-            text = pattern.sub(replace, text)
-            if not hits:
-                return text
-            fired.update(hits)
-            hits.clear()
-
     def _string(self, value: str, fired: set[str], depth: int, level: int) -> str:
         """A string (version 2): JSON inside it parsed and scanned, else scanned as text;
         a string longer than :data:`SCAN_CAP` is scanned as text, window by window."""
         if len(value) > SCAN_CAP:
-            return "".join(self._text(window, fired) for window in _windows(value))
+            return "".join(self._scan.scan(window, fired) for window in windows(value))
         head = value.lstrip()[:1]
         if head in ("{", "[") and depth < _JSON_DEPTH:
             try:
@@ -505,78 +471,12 @@ class Redactor:
                 try:
                     scrubbed = self._walk(parsed, (), inner, depth + 1, level)
                 except _TooDeep:  # JSON nested too deeply to walk: scanned as text
-                    return self._text(value, fired)
+                    return self._scan.scan(value, fired)
                 if not inner:
                     return value
                 fired.update(inner)
                 return json.dumps(scrubbed, ensure_ascii=False)
-        return self._text(value, fired)
-
-    def _text(self, text: str, fired: set[str]) -> str:
-        """``text`` with every version 2 detector applied, after NFKC normalisation with
-        invisible characters removed and look-alike letters folded (for matching only).
-        Unchanged when nothing fires; otherwise the normalised text, redacted."""
-        if text.isascii():
-            normal = folded = text
-        else:
-            normal = unicodedata.normalize("NFKC", text).translate(_INVISIBLE)
-            folded = normal.translate(_LOOKALIKES)
-        lowered = folded.lower()
-        # A short string is first searched once for every hint at once: most hold none.
-        if len(lowered) < _SHORT and self._any_hint.search(lowered) is None:
-            return text
-        shapes = [shape for shape in self._shapes if _holds(lowered, shape.hints)]
-        hit = False
-        # A placeholder ends a word, so it may let a detector match next to it that could
-        # not before: rounds go on until one changes nothing (redacting twice is then
-        # redacting once), and at most _ROUNDS of them, which keeps the work linear.
-        for _ in range(_ROUNDS):
-            changed = False
-            for shape in shapes:
-                spans = shape.find(folded)
-                if spans:
-                    normal, folded = self._replace_spans(shape.label, spans, normal, folded)
-                    fired.add(shape.label)
-                    changed = hit = True
-            if not changed:
-                break
-        return normal if hit else text
-
-    def _replace_spans(
-        self, label: str, spans: list[tuple[int, int]], normal: str, folded: str
-    ) -> tuple[str, str]:
-        normal_parts: list[str] = []
-        folded_parts: list[str] = []
-        last = 0
-        for start, end in spans:
-            stand_in = self._stand_ins.of(label, normal[start:end])
-            normal_parts += (normal[last:start], stand_in)
-            folded_parts += (folded[last:start], stand_in)
-            last = end
-        return "".join((*normal_parts, normal[last:])), "".join((*folded_parts, folded[last:]))
-
-    def _pattern_for(self, text: str) -> re.Pattern[str] | None:
-        """The combined pattern of the detectors whose hints ``text`` holds, if any."""
-        lowered = text.lower()
-        names = []
-        for name, hints, folded in self._gates:
-            if _holds(lowered if folded else text, hints):
-                names.append(name)
-        if not names:
-            return None
-        key = tuple(names)
-        pattern = self._patterns.get(key)
-        if pattern is None:
-            pattern = self._patterns[key] = combine(key)
-        return pattern
-
-    def _replace(self, match: re.Match[str], hits: list[str]) -> str:
-        name = str(match.lastgroup)  # every alternative is a named group
-        accepts = DETECTORS[name].accepts
-        if accepts is not None and not accepts(match.group()):
-            return match.group()
-        hits.append(name)
-        return self._stand_ins.of(name, match.group())
+        return self._scan.scan(value, fired)
 
 
 def _pseudonym_rules(names: Iterable[str], detectors: set[str], paths: bool) -> frozenset[str]:
@@ -595,38 +495,5 @@ def _pseudonym_rules(names: Iterable[str], detectors: set[str], paths: bool) -> 
     return chosen
 
 
-def _holds(text: str, hints: tuple[str, ...]) -> bool:
-    # A plain loop: any() over a generator costs more than the searches themselves.
-    for hint in hints:  # noqa: SIM110
-        if hint in text:
-            return True
-    return False
-
-
-SCAN_CAP = 1 << 20
-"""Characters of one string scanned at once. A longer string (a large model reply, which
-the recorder keeps whole: it was paid for, and replay must hand it back as it came) is
-scanned in windows of about this size, cut at whitespace, which no secret shape spans
-(a PEM key's lines are each their own match): the time stays linear in the length."""
-_CUT_SEARCH = 4096
-"""How far back from a window's end a cut looks for whitespace."""
-OVERSIZE = "oversize"
-"""Kept for rules that name it; no longer produced (long strings are scanned whole)."""
-_ROUNDS = 3
-_SHORT = 256
 _JSON_DEPTH = 8
 """How deep JSON encoded inside strings is parsed and scanned; deeper, it is text."""
-
-# Characters that render as nothing (zero-width, joiners, soft hyphen, direction marks):
-# removed before matching, so a key split by them is still a key.
-_INVISIBLE_RANGES = (range(0x200B, 0x2010), range(0x202A, 0x202F), range(0x2060, 0x206A))
-_INVISIBLE = dict.fromkeys(
-    [0x00AD, 0x034F, 0x180E, 0xFEFF, *(code for block in _INVISIBLE_RANGES for code in block)],
-    None,
-)
-# Cyrillic and Greek letters drawn like Latin ones, one for one (so offsets still agree):
-# matching runs on the folded text, replacements are made in the normalised one.
-_LOOKALIKES = str.maketrans(
-    "аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХУІЈЅΑΒΕΖΗΙΚΜΝΟΡΤΥΧονι",
-    "aeopcyxijsdhlqwABEKMHOPCTXYIJSABEZHIKMNOPTYXovi",
-)
