@@ -45,6 +45,12 @@ from agent_blackbox.outbox._placeholders import (
     placeholder,
     pseudonym,
 )
+from agent_blackbox.outbox._redaction_rules import (
+    REDACTION_VERSION,
+    VERSIONS,
+    PathRules,
+    RedactionRules,
+)
 from agent_blackbox.outbox._shapes import (
     ALWAYS_ON_V2,
     SHAPES,
@@ -95,12 +101,6 @@ __all__ = [
     "pseudonym",
 ]
 
-REDACTION_VERSION = 2
-"""The detector set new runs are recorded with (``version`` in the recorded rules). Rules
-recorded without a version are version 1: the detectors of that time, kept as they were
-so that old runs replay."""
-VERSIONS = (1, 2)
-
 
 class _TooDeep(Exception):
     """Raised inside a walk that went past :data:`MAX_VALUE_DEPTH`; :meth:`Redactor.redact`
@@ -114,21 +114,8 @@ _CREDENTIAL_PLACEHOLDER = placeholder(CREDENTIAL)
 _INERT_SCALARS = frozenset({bool, float, type(None)})
 _PATH_PLACEHOLDER = placeholder("path")
 
-_Live: TypeAlias = tuple[tuple[str, tuple[str, ...]], ...]
+_Live: TypeAlias = PathRules
 """Path rules still in play at a node: each rule's name and its segments left to match."""
-
-
-def _parse_path(path: object) -> tuple[str, ...]:
-    if not isinstance(path, str) or not path:
-        raise RedactionConfigError(f"redaction path {path!r} is not a non-empty string")
-    segments = tuple(path.split("."))
-    for segment in segments:
-        if not segment or segment != segment.strip() or ("*" in segment and segment != "*"):
-            raise RedactionConfigError(
-                f"malformed redaction path {path!r}: segment {segment!r}; write dotted keys "
-                "or list indexes, with '*' alone as a segment for any key or index"
-            )
-    return segments
 
 
 def _advance(live: _Live, key: object) -> tuple[_Live, list[str]]:
@@ -161,15 +148,7 @@ class Redactor:
             pseudonym rule that is not in force or may not have pseudonyms.
     """
 
-    __slots__ = (
-        "_card_ints",
-        "_detectors",
-        "_paths",
-        "_pseudonyms",
-        "_scan",
-        "_stand_ins",
-        "_version",
-    )
+    __slots__ = ("_card_ints", "_paths", "_rules", "_scan", "_stand_ins", "_version")
 
     def __init__(
         self,
@@ -179,38 +158,28 @@ class Redactor:
         pseudonyms: Iterable[str] = (),
         version: int | None = None,
     ) -> None:
-        version = REDACTION_VERSION if version is None else version
-        if version not in VERSIONS:
-            raise RedactionConfigError(
-                f"unknown redaction version {version!r}; known: {', '.join(map(str, VERSIONS))}"
-            )
-        self._version = version
-        known_detectors = DETECTORS if version == 1 else SHAPES
-        if any(isinstance(names, str) for names in (detectors, paths, pseudonyms)):
-            raise RedactionConfigError(
-                "detectors, paths and pseudonyms are lists of strings, not a string"
-            )
-        chosen = set(ALWAYS_ON if version == 1 else ALWAYS_ON_V2)
-        for name in detectors:
-            if not isinstance(name, str) or name not in known_detectors:
-                known = ", ".join(known_detectors)
-                raise RedactionConfigError(f"unknown redaction detector {name!r}; known: {known}")
-            chosen.add(name)
-        # The declaration order, never the configured one, decides which detector wins.
-        self._detectors = tuple(name for name in known_detectors if name in chosen)
-        parsed = {path: _parse_path(path) for path in paths}
-        self._paths: _Live = tuple(sorted((f"path:{p}", rest) for p, rest in parsed.items()))
-        self._card_ints = "card_number" in chosen
-        self._pseudonyms = _pseudonym_rules(pseudonyms, chosen, bool(parsed))
-        self._use_key(None)
+        rules = RedactionRules.build(
+            detectors=detectors, paths=paths, pseudonyms=pseudonyms, version=version
+        )
+        self._setup(rules, None)
 
-    def _use_key(self, key: bytes | None) -> None:
-        self._stand_ins = StandIns(self._pseudonyms, key)
+    @classmethod
+    def _of(cls, rules: RedactionRules, key: bytes | None = None) -> Redactor:
+        redactor = cls.__new__(cls)
+        redactor._setup(rules, key)
+        return redactor
+
+    def _setup(self, rules: RedactionRules, key: bytes | None) -> None:
+        self._rules = rules
+        self._version = rules.version
+        self._paths = rules.paths
+        self._card_ints = "card_number" in rules.detectors
+        self._stand_ins = StandIns(rules.pseudonyms, key)
         self._scan: TextScan
         if self._version == 1:
-            self._scan = PatternScan(self._detectors, self._stand_ins)
+            self._scan = PatternScan(rules.detectors, self._stand_ins)
         else:
-            self._scan = ShapeScan(self._detectors, self._stand_ins)
+            self._scan = ShapeScan(rules.detectors, self._stand_ins)
 
     @classmethod
     def from_config(
@@ -223,34 +192,7 @@ class Redactor:
         Raises:
             RedactionConfigError: naming the unknown key, detector or malformed path.
         """
-        if not isinstance(config, Mapping):
-            raise RedactionConfigError("redaction config must be an object with detectors, paths")
-        unknown = sorted(set(config) - {"detectors", "paths", "pseudonyms", "version"})
-        if unknown:
-            raise RedactionConfigError(
-                f"unknown redaction config key {unknown[0]!r}; expected 'detectors', 'paths', "
-                "'pseudonyms' and 'version'"
-            )
-        version = config.get("version", default_version)
-        if type(version) is not int:
-            raise RedactionConfigError(
-                f"redaction config 'version' must be an integer (one of "
-                f"{', '.join(map(str, VERSIONS))}), not {version!r}"
-            )
-        lists = {key: config.get(key, []) for key in ("detectors", "paths", "pseudonyms")}
-        for key, items in lists.items():
-            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-                raise RedactionConfigError(f"redaction config {key!r} must be a list of strings")
-        if "detectors" in config:
-            detectors: Iterable[str] = lists["detectors"]
-        else:
-            detectors = DEFAULT_DETECTORS if version == 1 else tuple(SHAPES)
-        return cls(
-            detectors=detectors,
-            paths=lists["paths"],
-            pseudonyms=lists["pseudonyms"],
-            version=version,
-        )
+        return cls._of(RedactionRules.from_config(config, default_version=default_version))
 
     @classmethod
     def from_file(cls, path: Path) -> Redactor:
@@ -259,50 +201,29 @@ class Redactor:
         Raises:
             RedactionConfigError: saying which file, and what is wrong with it.
         """
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise RedactionConfigError(
-                f"cannot read redaction config {path}: {exc.strerror or exc}; create it or "
-                "point the recorder at an existing file"
-            ) from exc
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise RedactionConfigError(
-                f"redaction config {path} is not valid JSON ({exc}); it must hold "
-                '{"detectors": [...], "paths": [...]}'
-            ) from exc
-        try:
-            return cls.from_config(config)
-        except RedactionConfigError as exc:
-            raise RedactionConfigError(f"redaction config {path}: {exc}") from exc
+        return cls._of(RedactionRules.from_file(path))
 
     @property
     def rules(self) -> tuple[str, ...]:
         """Every rule name in force, sorted: what to record as the configuration used."""
-        return tuple(sorted((CREDENTIAL, *self._detectors, *(n for n, _ in self._paths))))
+        return self._rules.names
 
     @property
     def config(self) -> dict[str, Any]:
         """What :meth:`from_config` takes to build this same redactor again (the key
         aside; ``pseudonyms`` only when there are any, so rules without them read as
         they always did; ``version`` past 1 only, so version 1 rules read as before)."""
-        paths = sorted(name.removeprefix("path:") for name, _ in self._paths)
-        config: dict[str, Any] = {"detectors": list(self._detectors), "paths": paths}
-        if self._pseudonyms:
-            config["pseudonyms"] = sorted(self._pseudonyms)
-        if self._version > 1:
-            config["version"] = self._version
-        return config
+        return self._rules.config
 
     @property
     def version(self) -> int:
         """The detector set in force (:data:`REDACTION_VERSION` for new runs)."""
-        return self._version
+        return self._rules.version
 
     @property
     def pseudonymous(self) -> bool:
         """Whether some rule gives pseudonyms (and the redactor then needs a key)."""
-        return bool(self._pseudonyms)
+        return bool(self._rules.pseudonyms)
 
     def keyed(self, key: bytes) -> Redactor:
         """This redactor, its pseudonyms keyed by ``key`` (the tenant's pseudonym key).
@@ -312,9 +233,7 @@ class Redactor:
         """
         if len(key) < 32:
             raise ValueError("a pseudonym key needs at least 32 bytes")
-        copy = Redactor.from_config(self.config, default_version=self._version)
-        copy._use_key(key)
-        return copy
+        return Redactor._of(self._rules, key)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Redactor:
@@ -477,22 +396,6 @@ class Redactor:
                 fired.update(inner)
                 return json.dumps(scrubbed, ensure_ascii=False)
         return self._scan.scan(value, fired)
-
-
-def _pseudonym_rules(names: Iterable[str], detectors: set[str], paths: bool) -> frozenset[str]:
-    chosen = frozenset(names)
-    for name in sorted(chosen):
-        if name not in PSEUDONYMOUS:
-            raise RedactionConfigError(
-                f"pseudonyms for {name!r} are not offered; choose among "
-                f"{', '.join(PSEUDONYMOUS)} (credentials are always removed outright)"
-            )
-        if (name == "path" and not paths) or (name != "path" and name not in detectors):
-            what = "no path rule is configured" if name == "path" else "its detector is off"
-            raise RedactionConfigError(
-                f"pseudonyms for {name!r} are asked for, but {what}; turn it on or drop it"
-            )
-    return chosen
 
 
 _JSON_DEPTH = 8
