@@ -6,6 +6,8 @@ from ._context import current_run as current_run
 from ._core import RecorderConfig as RecorderConfig
 from ._core import RunOptions as RunOptions
 from ._core import RunSnapshot as RunSnapshot
+from ._detectors import DEFAULT_DETECTORS as DEFAULT_DETECTORS
+from ._detectors import DETECTORS as DETECTORS
 from ._effects import EffectOutcome as EffectOutcome
 from ._effects import EffectPolicy as EffectPolicy
 from ._effects import EffectReceipt as EffectReceipt
@@ -38,8 +40,6 @@ from ._protocol import AgentRun as AgentRun
 from ._recorder import Recorder as Recorder
 from ._recorder import Run as Run
 from ._recovery import PendingEffect as PendingEffect
-from ._redaction import DEFAULT_DETECTORS as DEFAULT_DETECTORS
-from ._redaction import DETECTORS as DETECTORS
 from ._redaction import Redacted as Redacted
 from ._redaction import Redactor as Redactor
 from ._sandbox import NondeterminismGuard as NondeterminismGuard
