@@ -6,6 +6,8 @@ from ._context import current_run as current_run
 from ._core import RecorderConfig as RecorderConfig
 from ._core import RunOptions as RunOptions
 from ._core import RunSnapshot as RunSnapshot
+from ._detectors import DEFAULT_DETECTORS as DEFAULT_DETECTORS
+from ._detectors import DETECTORS as DETECTORS
 from ._effects import EffectOutcome as EffectOutcome
 from ._effects import EffectPolicy as EffectPolicy
 from ._effects import EffectReceipt as EffectReceipt
@@ -23,6 +25,7 @@ from ._errors import EventsNotRecorded as EventsNotRecorded
 from ._errors import NotSerialisable as NotSerialisable
 from ._errors import PayloadTooLarge as PayloadTooLarge
 from ._errors import RecordedError as RecordedError
+from ._errors import RedactionConfigError as RedactionConfigError
 from ._errors import RunNotActive as RunNotActive
 from ._errors import WriterRefused as WriterRefused
 from ._group import GroupCommit as GroupCommit
@@ -32,16 +35,13 @@ from ._memory import MemoryRecorder as MemoryRecorder
 from ._network import Hole as Hole
 from ._network import UnrecordedCall as UnrecordedCall
 from ._network import UnrecordedCallWarning as UnrecordedCallWarning
+from ._placeholders import placeholder as placeholder
 from ._protocol import AgentRun as AgentRun
 from ._recorder import Recorder as Recorder
 from ._recorder import Run as Run
 from ._recovery import PendingEffect as PendingEffect
-from ._redaction import DEFAULT_DETECTORS as DEFAULT_DETECTORS
-from ._redaction import DETECTORS as DETECTORS
 from ._redaction import Redacted as Redacted
-from ._redaction import RedactionConfigError as RedactionConfigError
 from ._redaction import Redactor as Redactor
-from ._redaction import placeholder as placeholder
 from ._sandbox import NondeterminismGuard as NondeterminismGuard
 from ._sandbox import NondeterminismMode as NondeterminismMode
 from ._sandbox import NondeterminismWarning as NondeterminismWarning

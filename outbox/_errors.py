@@ -13,6 +13,7 @@ __all__ = [
     "NotSerialisable",
     "PayloadTooLarge",
     "RecordedError",
+    "RedactionConfigError",
     "RunNotActive",
     "WriterRefused",
 ]
@@ -33,6 +34,10 @@ class PayloadTooLarge(BlackboxError, ValueError):
             f"{event_type} body is {size} bytes, over the limit of {limit}; record a "
             "reference or a summary instead, or raise BLACKBOX_MAX_BLOB_BYTES"
         )
+
+
+class RedactionConfigError(BlackboxError, ValueError):
+    """A redaction configuration is unreadable, names an unknown detector or a bad path."""
 
 
 class RunNotActive(BlackboxError):

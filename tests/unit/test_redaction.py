@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from agent_blackbox.outbox._detectors import combine
 from agent_blackbox.outbox._redaction import (
     ALWAYS_ON,
     ALWAYS_ON_V2,
@@ -24,7 +25,6 @@ from agent_blackbox.outbox._redaction import (
     Redacted,
     RedactionConfigError,
     Redactor,
-    _combine,
     placeholder,
 )
 from agent_blackbox.schemas import BlackboxError
@@ -208,7 +208,7 @@ def test_every_combination_of_detectors_compiles() -> None:
     names = tuple(DETECTORS)
     for size in range(1, len(names) + 1):
         for subset in itertools.combinations(names, size):
-            assert _combine(subset).groupindex.keys() == set(subset)
+            assert combine(subset).groupindex.keys() == set(subset)
 
 
 def test_short_strings_are_kept_untouched() -> None:
