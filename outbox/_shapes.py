@@ -170,9 +170,6 @@ def is_card_v2(digits: str) -> bool:
     return False
 
 
-_SEPARATORS = re.compile(r"[ -]")
-
-
 def _card_check(text: str, match: Any) -> tuple[int, int] | None:
     start, end = match.span()
     if start > 0 and (_word_before(text, start) or text[start - 1] in "+.-"):
@@ -195,9 +192,8 @@ def _phone_check(text: str, match: Any) -> tuple[int, int] | None:
     if span[0] == "+":
         return start, end  # the pattern counted 7 to 15 digits
     groups = tuple(len(g) for g in DIGIT_GROUPS.findall(span))
-    national = True
-    if national and (len(groups) < 2 or min(groups) < 2 or groups[:3] in ((4, 2, 2), (2, 2, 4))):
-        return None
+    if len(groups) < 2 or min(groups) < 2 or groups[:3] in ((4, 2, 2), (2, 2, 4)):
+        return None  # one run of digits, a lone digit, or a date's shape
     return (start, end) if is_phone(span) else None
 
 
