@@ -19,15 +19,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaPartition
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from agent_blackbox.broker import (
     ClientConfig,
@@ -40,13 +38,7 @@ from agent_blackbox.broker import (
 )
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection, delivered
 from agent_blackbox.consumers._dead_letters import DeadLetterWriter, Poison
-from agent_blackbox.consumers._errors import (
-    ConsumerError,
-    DeadLetterFailed,
-    ProjectionFailed,
-    ViewsNotMigrated,
-    ViewStoreUnavailable,
-)
+from agent_blackbox.consumers._errors import ConsumerError, DeadLetterFailed, ViewStoreUnavailable
 from agent_blackbox.consumers._idle import IdleClock
 from agent_blackbox.consumers._metrics import ConsumerMetrics
 from agent_blackbox.consumers._offsets import (
@@ -59,6 +51,7 @@ from agent_blackbox.consumers._offsets import (
 )
 from agent_blackbox.consumers._pipeline import Pipeline
 from agent_blackbox.consumers._redacted_views import RedactionCheck
+from agent_blackbox.consumers._view_database import ViewDatabase
 from agent_blackbox.consumers._views import apply_batch, views_screen
 from agent_blackbox.schemas import (
     BlackboxError,
@@ -74,7 +67,6 @@ log = logging.getLogger(__name__)
 Screen = Callable[[Envelope], str | None]
 """Says why a decoded envelope cannot be projected (it is dead-lettered), or ``None``."""
 
-_MISSING_RELATION = {"42P01", "3F000", "42703"}  # undefined table, schema, column
 _RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed)
 _MAX_BACKOFF_S = 30.0
 _KAFKA_COMMIT_EVERY_S = 1.0
@@ -126,8 +118,11 @@ class ConsumerRuntime:
         self.name = name
         self.group_id = group_id or settings.consumer_group
         self._screen = screen
-        self._owns_engine = engine is None
-        self._engine = engine or SERVICE_POOL.engine(settings.database_url)
+        self._database = ViewDatabase(
+            engine or SERVICE_POOL.engine(settings.database_url),
+            consumer=name,
+            owned=engine is None,
+        )
         self._codec = codec or EnvelopeCodec()
         self._batch_size = batch_size
         self._client_config = dict(client_config or {})
@@ -187,8 +182,7 @@ class ConsumerRuntime:
                 log.warning("consumer %s did not close cleanly: %s", self.name, exc)
         if self._dead_letters is not None:
             self._dead_letters.close()
-        if self._owns_engine:
-            self._engine.dispose()
+        self._database.close()
 
     def __enter__(self) -> ConsumerRuntime:
         return self
@@ -452,7 +446,7 @@ class ConsumerRuntime:
         """
         assert self._dead_letters is not None
         self._dead_letters.send(batch.poison)
-        with self._transaction() as conn:
+        with self._database.transaction() as conn:
             advance_offsets(conn, group_id=self.group_id, moves=moves)
             outcome = self._projection(conn, batch.records) if batch.records else BatchOutcome()
         return replace(outcome, dead_lettered=len(batch.poison), stale=batch.stale)
@@ -540,36 +534,13 @@ class ConsumerRuntime:
     def _load(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The stored offsets of ``tps``; their fences are reset to the stored ones
         (what a rolled-back batch admitted is forgotten with it)."""
-        with self._transaction() as conn:
+        with self._database.transaction() as conn:
             offsets = load_offsets(conn, group_id=self.group_id, partitions=tps)
             fences = load_fences(conn, group_id=self.group_id, partitions=tps)
         for (_, partition), epochs in fences.items():
             self._fence.forget([partition])
             self._fence.restore(partition, epochs)
         return offsets
-
-    # -- the database edge --------------------------------------------------------------
-
-    @contextmanager
-    def _transaction(self) -> Iterator[Connection]:
-        try:
-            with self._engine.begin() as conn:
-                yield conn
-        except (OperationalError, InterfaceError) as exc:
-            raise ViewStoreUnavailable(
-                f"the view database failed under consumer {self.name!r}: {exc.orig or exc}; "
-                "nothing was committed, the consumer rewinds to its stored offsets and retries"
-            ) from exc
-        except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise ViewStoreUnavailable(
-                    f"view database connection dropped: {exc.orig}; retrying"
-                ) from exc
-            if getattr(exc.orig, "sqlstate", None) in _MISSING_RELATION:
-                raise ViewsNotMigrated(str(exc.orig).splitlines()[0]) from exc
-            raise ProjectionFailed(_refused(self.name, exc)) from exc
-        except SQLAlchemyError as exc:
-            raise ProjectionFailed(_refused(self.name, exc)) from exc
 
     def _consumer_config(self) -> dict[str, str | int | float | bool]:
         static = {"group.instance.id": self.instance_id} if self.instance_id else {}
@@ -649,10 +620,3 @@ def _kafka_partition(tp: TopicPartition, offset: int | None) -> KafkaPartition:
 def _describe(stored: dict[TopicPartition, int | None]) -> str:
     parts = [f"{t}[{p}]@{'start' if o is None else o}" for (t, p), o in sorted(stored.items())]
     return ", ".join(parts) or "nothing"
-
-
-def _refused(name: str, exc: SQLAlchemyError) -> str:
-    return (
-        f"the view database refused a batch of consumer {name!r}: {exc}; nothing was "
-        "committed. Check the projection and the view schema version"
-    )
