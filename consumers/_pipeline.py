@@ -89,11 +89,11 @@ class Pipeline:
     def turn(self, timeout: float) -> BatchOutcome | None:
         """One turn (see the class); the outcome of the batch it committed, if any."""
         runtime = self._runtime
-        if runtime._unsynced:
+        if runtime._assignment.unsynced:
             self._waiting = None
         messages = runtime._receive(0.0 if self._waiting is not None else timeout)
         previous, self._waiting = self._waiting, None
-        if previous is not None and previous.assignment != runtime._assignments:
+        if previous is not None and previous.assignment != runtime._assignment.rebalances:
             previous = None
         committing = self._submit(previous) if previous is not None else None
         try:
@@ -114,7 +114,7 @@ class Pipeline:
     def flush(self) -> BatchOutcome | None:
         """Commit the batch still waiting, if any."""
         waiting, self._waiting = self._waiting, None
-        if waiting is None or waiting.assignment != self._runtime._assignments:
+        if waiting is None or waiting.assignment != self._runtime._assignment.rebalances:
             return None
         return self._runtime._settle(waiting, self._submit(waiting).result)
 

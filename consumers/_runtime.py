@@ -22,20 +22,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaPartition
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine
 
 from agent_blackbox.broker import (
     ClientConfig,
-    EpochFence,
     KafkaUnavailable,
     ensure_topics,
     kafka_errors,
     new_consumer,
     partition_count,
 )
+from agent_blackbox.consumers._assignment import Assignment
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection, delivered
 from agent_blackbox.consumers._dead_letters import DeadLetterWriter, Poison
 from agent_blackbox.consumers._errors import ConsumerError, DeadLetterFailed, ViewStoreUnavailable
@@ -46,8 +46,6 @@ from agent_blackbox.consumers._offsets import (
     OffsetsMoved,
     TopicPartition,
     advance_offsets,
-    load_fences,
-    load_offsets,
 )
 from agent_blackbox.consumers._pipeline import Pipeline
 from agent_blackbox.consumers._redacted_views import RedactionCheck
@@ -133,13 +131,9 @@ class ConsumerRuntime:
         )
         self._consumer: Consumer | None = None
         self._dead_letters: DeadLetterWriter | None = None
-        self._positions: dict[TopicPartition, int | None] = {}
-        self._unsynced: set[TopicPartition] = set()
-        self._fence = EpochFence()
+        self._assignment = Assignment(self._database, group_id=self.group_id, consumer=name)
         self._kafka_commits: dict[TopicPartition, int] = {}
         self._kafka_committed_at = 0.0
-        self._assignments = 0
-        """Rebalances seen (each assignment and revocation counts)."""
         self.drained: list[TopicPartition] = []
         """The partitions read to their end when :meth:`run` last stopped for idleness."""
         self._closed = False
@@ -258,22 +252,23 @@ class ConsumerRuntime:
     @property
     def assigned(self) -> list[TopicPartition]:
         """The partitions this consumer holds now."""
-        return sorted(self._positions)
+        return self._assignment.held
 
     @property
     def stale_dropped(self) -> int:
         """Stale relay copies the fence has refused since this consumer started (a
         copy in a batch that was rolled back and read again counts each time)."""
-        return self._fence.dropped
+        return self._assignment.fence.dropped
 
     def lag(self, *, timeout_s: float = 5.0) -> int | None:
         """Messages of the assigned partitions not yet applied, from the broker's high
         watermarks; ``None`` when nothing is assigned or the broker did not answer."""
-        if self._consumer is None or not self._positions:
+        positions = self._assignment.positions
+        if self._consumer is None or not positions:
             return None
         behind = 0
         try:
-            for tp, position in list(self._positions.items()):
+            for tp, position in list(positions.items()):
                 low, high = self._consumer.get_watermark_offsets(
                     KafkaPartition(*tp), timeout=timeout_s, cached=False
                 )
@@ -320,7 +315,7 @@ class ConsumerRuntime:
     def _receive(self, timeout: float) -> list[Message]:
         """Start or rewind when needed, then consume (see :meth:`_consume`)."""
         self.start()
-        if self._unsynced:
+        if self._assignment.unsynced:
             self._sync()
         return self._consume(timeout)
 
@@ -364,10 +359,10 @@ class ConsumerRuntime:
         what does not change within a batch (the lowest offset ours to apply of each
         partition, the bound methods) is looked up once.
         """
-        batch = _Batch(assignment=self._assignments)
+        batch = _Batch(assignment=self._assignment.rebalances)
         records, next_offsets = batch.records, batch.next_offsets
-        floors = self._floors()
-        admit = self._fence.admit
+        floors = self._assignment.floors()
+        admit = self._assignment.fence.admit
         decode = self._decode
         for message in messages:
             error = message.error()
@@ -392,15 +387,6 @@ class ConsumerRuntime:
             else:
                 records.append(delivered(decoded, tp[0], tp[1], offset))
         return batch
-
-    def _floors(self) -> dict[TopicPartition, int]:
-        """The lowest offset of each partition whose messages are ours to apply.
-
-        Messages of revoked partitions, of partitions awaiting a rewind, or below the
-        stored offset (fetched before a seek took effect) are not.
-        """
-        unsynced = self._unsynced
-        return {tp: stored or 0 for tp, stored in self._positions.items() if tp not in unsynced}
 
     def _kafka_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
@@ -434,10 +420,7 @@ class ConsumerRuntime:
         """The offset advances of ``batch``, with the fence as it stands after it: taken
         by the reading thread before the next batch is sorted (which moves the fence),
         from the positions the previous batch's commit left."""
-        return [
-            OffsetMove(tp[0], tp[1], self._positions[tp], next_offset, self._fence.state(tp[1]))
-            for tp, next_offset in batch.next_offsets.items()
-        ]
+        return self._assignment.moves(batch.next_offsets)
 
     def _commit(self, batch: _Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
         """1. DLQ acknowledged. 2. Offsets CAS. 3. Projection. 4. Commit.
@@ -452,7 +435,7 @@ class ConsumerRuntime:
         return replace(outcome, dead_lettered=len(batch.poison), stale=batch.stale)
 
     def _committed(self, batch: _Batch, outcome: BatchOutcome, seconds: float) -> None:
-        self._positions.update(batch.next_offsets)
+        self._assignment.advance(batch.next_offsets)
         self._metrics.batch_committed(outcome, seconds)
         self._report_lag(batch.next_offsets)
         self._kafka_commits.update(batch.next_offsets)
@@ -474,7 +457,7 @@ class ConsumerRuntime:
     def _commit_to_kafka(self) -> None:
         """Informational only (lag dashboards): the database holds the offsets that count."""
         assert self._consumer is not None
-        held = {tp: o for tp, o in self._kafka_commits.items() if tp in self._positions}
+        held = {tp: o for tp, o in self._kafka_commits.items() if tp in self._assignment.positions}
         self._kafka_commits.clear()
         self._kafka_committed_at = time.monotonic()
         if not held:
@@ -489,58 +472,20 @@ class ConsumerRuntime:
 
     def _batch_failed(self) -> None:
         self._metrics.batch_failed()
-        self._unsynced.update(self._positions)
+        self._assignment.lose_track()
 
-    # -- offsets and rebalancing ----------------------------------------------------------
+    # -- rebalancing --------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
-        self._assignments += 1
-        tps = [(p.topic, p.partition) for p in partitions]
-        self._fence.forget(p for _, p in tps)
-        try:
-            stored = self._load(tps)
-        except ConsumerError as exc:
-            # Assign anyway (the client would otherwise assign at Kafka's offsets) and
-            # apply nothing from these partitions until a rewind has read the database.
-            log.warning("consumer %s: cannot read offsets on assignment: %s", self.name, exc)
-            self._positions.update(dict.fromkeys(tps))
-            self._unsynced.update(tps)
-            consumer.assign(partitions)
-            return
-        self._positions.update(stored)
-        consumer.assign([_kafka_partition(tp, offset) for tp, offset in stored.items()])
-        log.info("consumer %s assigned %s", self.name, _describe(stored))
+        self._assignment.assign(consumer, partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
-        self._assignments += 1
-        for p in partitions:
-            self._positions.pop((p.topic, p.partition), None)
-            self._unsynced.discard((p.topic, p.partition))
-        self._fence.forget(p.partition for p in partitions)
-        consumer.unassign()
+        self._assignment.revoke(consumer, partitions)
 
     def _sync(self) -> None:
         """Rewind every assigned partition to its stored offset and fence."""
         assert self._consumer is not None
-        stored = self._load(list(self._positions))
-        for tp, offset in stored.items():
-            rewind = f"consumer {self.name!r} could not rewind {tp[0]}[{tp[1]}]"
-            with kafka_errors(rewind, hint="restart it"):
-                self._consumer.seek(_kafka_partition(tp, offset))
-        self._positions.update(stored)
-        self._unsynced.clear()
-        log.info("consumer %s rewound to %s", self.name, _describe(stored))
-
-    def _load(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
-        """The stored offsets of ``tps``; their fences are reset to the stored ones
-        (what a rolled-back batch admitted is forgotten with it)."""
-        with self._database.transaction() as conn:
-            offsets = load_offsets(conn, group_id=self.group_id, partitions=tps)
-            fences = load_fences(conn, group_id=self.group_id, partitions=tps)
-        for (_, partition), epochs in fences.items():
-            self._fence.forget([partition])
-            self._fence.restore(partition, epochs)
-        return offsets
+        self._assignment.rewind(self._consumer)
 
     def _consumer_config(self) -> dict[str, str | int | float | bool]:
         static = {"group.instance.id": self.instance_id} if self.instance_id else {}
@@ -611,12 +556,3 @@ class ViewConsumer(ConsumerRuntime):
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
         self._partitions.clear()  # a topic may have grown: read its count again
         super()._on_assign(consumer, partitions)
-
-
-def _kafka_partition(tp: TopicPartition, offset: int | None) -> KafkaPartition:
-    return KafkaPartition(tp[0], tp[1], OFFSET_BEGINNING if offset is None else offset)
-
-
-def _describe(stored: dict[TopicPartition, int | None]) -> str:
-    parts = [f"{t}[{p}]@{'start' if o is None else o}" for (t, p), o in sorted(stored.items())]
-    return ", ".join(parts) or "nothing"
