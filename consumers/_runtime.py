@@ -19,26 +19,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import Consumer, Message
 from confluent_kafka import TopicPartition as KafkaPartition
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine
 
 from agent_blackbox.broker import (
     ClientConfig,
-    KafkaUnavailable,
     ensure_topics,
-    kafka_errors,
-    new_consumer,
     partition_count,
 )
 from agent_blackbox.consumers._assignment import Assignment
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection, delivered
 from agent_blackbox.consumers._dead_letters import DeadLetterWriter, Poison
 from agent_blackbox.consumers._errors import ConsumerError, DeadLetterFailed, ViewStoreUnavailable
+from agent_blackbox.consumers._group_member import GroupMember
 from agent_blackbox.consumers._idle import IdleClock
 from agent_blackbox.consumers._metrics import ConsumerMetrics
 from agent_blackbox.consumers._offsets import (
@@ -67,7 +65,6 @@ Screen = Callable[[Envelope], str | None]
 
 _RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed)
 _MAX_BACKOFF_S = 30.0
-_KAFKA_COMMIT_EVERY_S = 1.0
 
 
 @dataclass(slots=True)
@@ -122,18 +119,22 @@ class ConsumerRuntime:
             owned=engine is None,
         )
         self._codec = codec or EnvelopeCodec()
-        self._batch_size = batch_size
         self._client_config = dict(client_config or {})
         chosen = settings.consumer_instance_id if instance_id is None else instance_id
         self.instance_id = chosen or None
+        self._member = GroupMember(
+            settings,
+            name=name,
+            group_id=self.group_id,
+            instance_id=self.instance_id,
+            client_config=self._client_config,
+            batch_size=batch_size,
+        )
         self._metrics = ConsumerMetrics(
             consumer=name, group=self.group_id, topic=settings.topic, registry=registry
         )
-        self._consumer: Consumer | None = None
         self._dead_letters: DeadLetterWriter | None = None
         self._assignment = Assignment(self._database, group_id=self.group_id, consumer=name)
-        self._kafka_commits: dict[TopicPartition, int] = {}
-        self._kafka_committed_at = 0.0
         self.drained: list[TopicPartition] = []
         """The partitions read to their end when :meth:`run` last stopped for idleness."""
         self._closed = False
@@ -146,34 +147,20 @@ class ConsumerRuntime:
         Raises:
             KafkaUnavailable: the broker is unreachable or the client cannot start.
         """
-        if self._consumer is not None:
+        if self._member.joined:
             return
         if self._closed:
             raise ConsumerError(f"consumer {self.name!r} is closed; create a new one")
         ensure_topics(self._settings, client_config=self._client_config)
         self._dead_letters = DeadLetterWriter(self._settings, client_config=self._client_config)
-        consumer = new_consumer(
-            self._settings, group_id=self.group_id, config=self._consumer_config()
-        )
-        with kafka_errors(
-            f"consumer {self.name!r} could not start", hint="check the Kafka settings"
-        ):
-            consumer.subscribe(
-                [self._settings.topic], on_assign=self._on_assign, on_revoke=self._on_revoke
-            )
-        self._consumer = consumer
+        self._member.join(on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def close(self) -> None:
         """Leave the group, flush the dead-letter producer, release the database."""
         if self._closed:
             return
         self._closed = True
-        if self._consumer is not None:
-            try:
-                self._commit_to_kafka()
-                self._consumer.close()
-            except (KafkaException, RuntimeError) as exc:
-                log.warning("consumer %s did not close cleanly: %s", self.name, exc)
+        self._member.leave(held=self._assignment.positions)
         if self._dead_letters is not None:
             self._dead_letters.close()
         self._database.close()
@@ -263,20 +250,7 @@ class ConsumerRuntime:
     def lag(self, *, timeout_s: float = 5.0) -> int | None:
         """Messages of the assigned partitions not yet applied, from the broker's high
         watermarks; ``None`` when nothing is assigned or the broker did not answer."""
-        positions = self._assignment.positions
-        if self._consumer is None or not positions:
-            return None
-        behind = 0
-        try:
-            for tp, position in list(positions.items()):
-                low, high = self._consumer.get_watermark_offsets(
-                    KafkaPartition(*tp), timeout=timeout_s, cached=False
-                )
-                behind += max(0, high - (low if position is None else max(position, low)))
-        except KafkaException as exc:
-            log.warning("consumer %s: could not read the high watermarks: %s", self.name, exc)
-            return None
-        return behind
+        return self._member.lag(self._assignment.positions, timeout_s=timeout_s)
 
     def poll_once(self, timeout: float) -> BatchOutcome | None:
         """Consume and commit at most one batch.
@@ -313,11 +287,11 @@ class ConsumerRuntime:
         return self._settle(batch, lambda: self._commit(batch, moves))
 
     def _receive(self, timeout: float) -> list[Message]:
-        """Start or rewind when needed, then consume (see :meth:`_consume`)."""
+        """Start or rewind when needed, then consume (see :meth:`GroupMember.consume`)."""
         self.start()
         if self._assignment.unsynced:
             self._sync()
-        return self._consume(timeout)
+        return self._member.consume(timeout)
 
     def _settle(self, batch: _Batch, commit: Callable[[], BatchOutcome]) -> BatchOutcome | None:
         """Wait for ``commit`` of ``batch`` and take its result: the outcome, or
@@ -339,19 +313,6 @@ class ConsumerRuntime:
 
     # -- one batch --------------------------------------------------------------------
 
-    def _consume(self, timeout: float) -> list[Message]:
-        """Wait up to ``timeout`` for one message, then take what is already fetched.
-
-        Waiting for a full batch would hold a message that arrived alone for the whole
-        timeout; taking what the client has prefetched keeps batches large under load.
-        """
-        assert self._consumer is not None
-        with kafka_errors(f"consumer {self.name!r} failed", hint="restart it"):
-            first = self._consumer.poll(timeout)
-            if first is None or self._batch_size == 1:
-                return [] if first is None else [first]
-            return [first, *self._consumer.consume(num_messages=self._batch_size - 1, timeout=0)]
-
     def _sort(self, messages: Sequence[Message]) -> _Batch:
         """Sort consumed ``messages`` into a batch: records, poison and stale copies.
 
@@ -367,7 +328,7 @@ class ConsumerRuntime:
         for message in messages:
             error = message.error()
             if error is not None:
-                self._kafka_error(error)
+                self._member.handle_error(error)
                 continue
             tp = (message.topic() or "", message.partition() or 0)
             offset = message.offset() or 0
@@ -387,21 +348,6 @@ class ConsumerRuntime:
             else:
                 records.append(delivered(decoded, tp[0], tp[1], offset))
         return batch
-
-    def _kafka_error(self, error: KafkaError) -> None:
-        if error.code() == KafkaError._PARTITION_EOF:
-            return
-        # A fenced static member gets its fatal error as a message whose own flag may
-        # not say so; the client is unusable either way.
-        if error.fatal() or error.code() == KafkaError._FATAL:
-            hint = (
-                f"; if another consumer of group {self.group_id!r} runs with instance id "
-                f"{self.instance_id!r}, give each its own (--instance-id)"
-                if self.instance_id
-                else ""
-            )
-            raise KafkaUnavailable(f"consumer {self.name!r} failed fatally: {error.str()}{hint}")
-        log.warning("consumer %s: Kafka reported %s; skipping it", self.name, error.str())
 
     def _decode(self, value: bytes | str | None) -> Envelope | str:
         """The envelope, or the reason it cannot be projected."""
@@ -437,38 +383,9 @@ class ConsumerRuntime:
     def _committed(self, batch: _Batch, outcome: BatchOutcome, seconds: float) -> None:
         self._assignment.advance(batch.next_offsets)
         self._metrics.batch_committed(outcome, seconds)
-        self._report_lag(batch.next_offsets)
-        self._kafka_commits.update(batch.next_offsets)
-        if time.monotonic() - self._kafka_committed_at >= _KAFKA_COMMIT_EVERY_S:
-            self._commit_to_kafka()
-
-    def _report_lag(self, positions: Mapping[TopicPartition, int]) -> None:
-        # The watermark of the last fetch, kept by the client: no request to the broker.
-        if self._consumer is None:
-            return
-        for tp, position in positions.items():
-            try:
-                _low, high = self._consumer.get_watermark_offsets(KafkaPartition(*tp), cached=True)
-            except KafkaException:
-                continue  # not fetched yet: the next batch reports it
-            if high >= 0:
-                self._metrics.lag(tp[1], high - position)
-
-    def _commit_to_kafka(self) -> None:
-        """Informational only (lag dashboards): the database holds the offsets that count."""
-        assert self._consumer is not None
-        held = {tp: o for tp, o in self._kafka_commits.items() if tp in self._assignment.positions}
-        self._kafka_commits.clear()
-        self._kafka_committed_at = time.monotonic()
-        if not held:
-            return
-        try:
-            self._consumer.commit(
-                offsets=[KafkaPartition(t, p, o) for (t, p), o in held.items()],
-                asynchronous=True,
-            )
-        except KafkaException as exc:
-            log.debug("consumer %s: informational Kafka commit failed: %s", self.name, exc)
+        for partition, behind in self._member.cached_lag(batch.next_offsets).items():
+            self._metrics.lag(partition, behind)
+        self._member.committed(batch.next_offsets, held=self._assignment.positions)
 
     def _batch_failed(self) -> None:
         self._metrics.batch_failed()
@@ -484,17 +401,7 @@ class ConsumerRuntime:
 
     def _sync(self) -> None:
         """Rewind every assigned partition to its stored offset and fence."""
-        assert self._consumer is not None
-        self._assignment.rewind(self._consumer)
-
-    def _consumer_config(self) -> dict[str, str | int | float | bool]:
-        static = {"group.instance.id": self.instance_id} if self.instance_id else {}
-        return {
-            "enable.auto.offset.store": False,
-            "partition.assignment.strategy": "range",
-            **static,
-            **self._client_config,
-        }
+        self._assignment.rewind(self._member.client)
 
 
 class ViewConsumer(ConsumerRuntime):

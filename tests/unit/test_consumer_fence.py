@@ -182,6 +182,6 @@ def test_membership_takes_the_flag_then_the_variable_then_a_host_slot() -> None:
         runtime = ConsumerRuntime(
             dynamic, lambda _c, _r: BatchOutcome(), name="x", registry=CollectorRegistry()
         )
-        assert "group.instance.id" not in runtime._consumer_config()
-    assert "group.instance.id" not in _runtime()._consumer_config()
-    assert _runtime(instance_id="views-b")._consumer_config()["group.instance.id"] == "views-b"
+        assert "group.instance.id" not in runtime._member.config()
+    assert "group.instance.id" not in _runtime()._member.config()
+    assert _runtime(instance_id="views-b")._member.config()["group.instance.id"] == "views-b"

@@ -58,9 +58,6 @@ class Scripted(ConsumerRuntime):
         self.rewinds += 1
         self._assignment.unsynced.clear()
 
-    def _commit_to_kafka(self) -> None:
-        pass
-
 
 def _messages(*offsets: int) -> list[FakeMessage]:
     return [FakeMessage(0, offset, None) for offset in offsets]
