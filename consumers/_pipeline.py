@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from agent_blackbox.consumers._batch import BatchOutcome
 
 if TYPE_CHECKING:
-    from agent_blackbox.consumers._runtime import ConsumerRuntime, _Batch
+    from agent_blackbox.consumers._runtime import ConsumerRuntime
+    from agent_blackbox.consumers._sorting import Batch
 
 _SWITCH_INTERVAL_S = 0.001
 
@@ -69,7 +70,7 @@ class Pipeline:
     def __init__(self, runtime: ConsumerRuntime) -> None:
         self._runtime = runtime
         self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"{runtime.name}-commit")
-        self._waiting: _Batch | None = None
+        self._waiting: Batch | None = None
 
     def __enter__(self) -> Pipeline:
         _switch_interval.lower()
@@ -118,5 +119,5 @@ class Pipeline:
             return None
         return self._runtime._settle(waiting, self._submit(waiting).result)
 
-    def _submit(self, batch: _Batch) -> Future[BatchOutcome]:
+    def _submit(self, batch: Batch) -> Future[BatchOutcome]:
         return self._worker.submit(self._runtime._commit, batch, self._runtime._moves(batch))

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from confluent_kafka import Consumer, Message
 from confluent_kafka import TopicPartition as KafkaPartition
@@ -33,8 +33,8 @@ from agent_blackbox.broker import (
     partition_count,
 )
 from agent_blackbox.consumers._assignment import Assignment
-from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection, delivered
-from agent_blackbox.consumers._dead_letters import DeadLetterWriter, Poison
+from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
+from agent_blackbox.consumers._dead_letters import DeadLetterWriter
 from agent_blackbox.consumers._errors import ConsumerError, DeadLetterFailed, ViewStoreUnavailable
 from agent_blackbox.consumers._group_member import GroupMember
 from agent_blackbox.consumers._idle import IdleClock
@@ -47,12 +47,11 @@ from agent_blackbox.consumers._offsets import (
 )
 from agent_blackbox.consumers._pipeline import Pipeline
 from agent_blackbox.consumers._redacted_views import RedactionCheck
+from agent_blackbox.consumers._sorting import Batch, BatchSorter, Screen
 from agent_blackbox.consumers._view_database import ViewDatabase
 from agent_blackbox.consumers._views import apply_batch, views_screen
 from agent_blackbox.schemas import (
-    BlackboxError,
     CheckpointVerifier,
-    Envelope,
     EnvelopeCodec,
     Settings,
 )
@@ -60,23 +59,8 @@ from agent_blackbox.wiring import SERVICE_POOL
 
 log = logging.getLogger(__name__)
 
-Screen = Callable[[Envelope], str | None]
-"""Says why a decoded envelope cannot be projected (it is dead-lettered), or ``None``."""
-
 _RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed)
 _MAX_BACKOFF_S = 30.0
-
-
-@dataclass(slots=True)
-class _Batch:
-    records: list[Delivered] = field(default_factory=list)
-    poison: list[Poison] = field(default_factory=list)
-    stale: int = 0
-    next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
-    started: float = field(default_factory=time.monotonic)
-    assignment: int = 0
-    """The rebalance count when the batch was read: one read before a rebalance is
-    dropped unapplied (the new assignment rewinds to the stored offsets)."""
 
 
 class ConsumerRuntime:
@@ -112,13 +96,11 @@ class ConsumerRuntime:
         self._projection = projection
         self.name = name
         self.group_id = group_id or settings.consumer_group
-        self._screen = screen
         self._database = ViewDatabase(
             engine or SERVICE_POOL.engine(settings.database_url),
             consumer=name,
             owned=engine is None,
         )
-        self._codec = codec or EnvelopeCodec()
         self._client_config = dict(client_config or {})
         chosen = settings.consumer_instance_id if instance_id is None else instance_id
         self.instance_id = chosen or None
@@ -129,6 +111,9 @@ class ConsumerRuntime:
             instance_id=self.instance_id,
             client_config=self._client_config,
             batch_size=batch_size,
+        )
+        self._sorter = BatchSorter(
+            codec or EnvelopeCodec(), screen=screen, on_error=self._member.handle_error
         )
         self._metrics = ConsumerMetrics(
             consumer=name, group=self.group_id, topic=settings.topic, registry=registry
@@ -293,7 +278,7 @@ class ConsumerRuntime:
             self._sync()
         return self._member.consume(timeout)
 
-    def _settle(self, batch: _Batch, commit: Callable[[], BatchOutcome]) -> BatchOutcome | None:
+    def _settle(self, batch: Batch, commit: Callable[[], BatchOutcome]) -> BatchOutcome | None:
         """Wait for ``commit`` of ``batch`` and take its result: the outcome, or
         ``None`` when it raced another consumer (rolled back, rewound)."""
         try:
@@ -313,62 +298,17 @@ class ConsumerRuntime:
 
     # -- one batch --------------------------------------------------------------------
 
-    def _sort(self, messages: Sequence[Message]) -> _Batch:
-        """Sort consumed ``messages`` into a batch: records, poison and stale copies.
+    def _sort(self, messages: Sequence[Message]) -> Batch:
+        """Sort consumed ``messages`` into a batch (see :class:`BatchSorter`)."""
+        return self._sorter.sort(messages, self._assignment)
 
-        Every message costs a few microseconds here, on the thread that also decodes:
-        what does not change within a batch (the lowest offset ours to apply of each
-        partition, the bound methods) is looked up once.
-        """
-        batch = _Batch(assignment=self._assignment.rebalances)
-        records, next_offsets = batch.records, batch.next_offsets
-        floors = self._assignment.floors()
-        admit = self._assignment.fence.admit
-        decode = self._decode
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                self._member.handle_error(error)
-                continue
-            tp = (message.topic() or "", message.partition() or 0)
-            offset = message.offset() or 0
-            floor = floors.get(tp)
-            if floor is None or offset < floor:
-                continue
-            next_offsets[tp] = offset + 1
-            headers = message.headers()
-            if isinstance(headers, dict):  # the client hands a list; typed as either
-                headers = list(headers.items())
-            if not admit(tp[1], headers):
-                batch.stale += 1
-                continue
-            decoded = decode(message.value())
-            if isinstance(decoded, str):
-                batch.poison.append(Poison.of(message, decoded))
-            else:
-                records.append(delivered(decoded, tp[0], tp[1], offset))
-        return batch
-
-    def _decode(self, value: bytes | str | None) -> Envelope | str:
-        """The envelope, or the reason it cannot be projected."""
-        if not value:
-            return "message has no value (empty or tombstone); expected an envelope"
-        data = value.encode() if isinstance(value, str) else value
-        try:
-            envelope = self._codec.decode(data)
-        except BlackboxError as exc:
-            return str(exc)
-        except Exception as exc:  # a poison message must never stop the consumer
-            return f"decoder failed unexpectedly: {exc!r}"
-        return (self._screen(envelope) if self._screen else None) or envelope
-
-    def _moves(self, batch: _Batch) -> list[OffsetMove]:
+    def _moves(self, batch: Batch) -> list[OffsetMove]:
         """The offset advances of ``batch``, with the fence as it stands after it: taken
         by the reading thread before the next batch is sorted (which moves the fence),
         from the positions the previous batch's commit left."""
         return self._assignment.moves(batch.next_offsets)
 
-    def _commit(self, batch: _Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
+    def _commit(self, batch: Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
         """1. DLQ acknowledged. 2. Offsets CAS. 3. Projection. 4. Commit.
 
         Touches no state of the reading thread: :meth:`run` calls it on its worker.
@@ -380,7 +320,7 @@ class ConsumerRuntime:
             outcome = self._projection(conn, batch.records) if batch.records else BatchOutcome()
         return replace(outcome, dead_lettered=len(batch.poison), stale=batch.stale)
 
-    def _committed(self, batch: _Batch, outcome: BatchOutcome, seconds: float) -> None:
+    def _committed(self, batch: Batch, outcome: BatchOutcome, seconds: float) -> None:
         self._assignment.advance(batch.next_offsets)
         self._metrics.batch_committed(outcome, seconds)
         for partition, behind in self._member.cached_lag(batch.next_offsets).items():

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from agent_blackbox.consumers import BatchOutcome, ConsumerRuntime, ViewStoreUnavailable
 from agent_blackbox.consumers._offsets import OffsetMove
 from agent_blackbox.consumers._pipeline import Pipeline
-from agent_blackbox.consumers._runtime import _Batch
+from agent_blackbox.consumers._sorting import Batch
 from agent_blackbox.schemas import Settings
 from tests.unit.test_consumer_fence import TOPIC, FakeMessage
 
@@ -46,7 +46,7 @@ class Scripted(ConsumerRuntime):
             hook()
         return self.reads.pop(0) if self.reads else []
 
-    def _commit(self, batch: _Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
+    def _commit(self, batch: Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
         first = min(p.offset for p in batch.poison)
         if first in self.fail_at:
             self.fail_at.discard(first)
