@@ -20,7 +20,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from confluent_kafka import Consumer, Message
 from confluent_kafka import TopicPartition as KafkaPartition
@@ -34,7 +33,7 @@ from agent_blackbox.broker import (
 )
 from agent_blackbox.consumers._assignment import Assignment
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
-from agent_blackbox.consumers._dead_letters import DeadLetterWriter
+from agent_blackbox.consumers._committer import BatchCommitter
 from agent_blackbox.consumers._errors import ConsumerError, DeadLetterFailed, ViewStoreUnavailable
 from agent_blackbox.consumers._group_member import GroupMember
 from agent_blackbox.consumers._idle import IdleClock
@@ -43,7 +42,6 @@ from agent_blackbox.consumers._offsets import (
     OffsetMove,
     OffsetsMoved,
     TopicPartition,
-    advance_offsets,
 )
 from agent_blackbox.consumers._pipeline import Pipeline
 from agent_blackbox.consumers._redacted_views import RedactionCheck
@@ -93,7 +91,6 @@ class ConsumerRuntime:
         instance_id: str | None = None,
     ) -> None:
         self._settings = settings
-        self._projection = projection
         self.name = name
         self.group_id = group_id or settings.consumer_group
         self._database = ViewDatabase(
@@ -118,8 +115,14 @@ class ConsumerRuntime:
         self._metrics = ConsumerMetrics(
             consumer=name, group=self.group_id, topic=settings.topic, registry=registry
         )
-        self._dead_letters: DeadLetterWriter | None = None
         self._assignment = Assignment(self._database, group_id=self.group_id, consumer=name)
+        self._committer = BatchCommitter(
+            settings,
+            projection,
+            database=self._database,
+            group_id=self.group_id,
+            client_config=self._client_config,
+        )
         self.drained: list[TopicPartition] = []
         """The partitions read to their end when :meth:`run` last stopped for idleness."""
         self._closed = False
@@ -137,7 +140,7 @@ class ConsumerRuntime:
         if self._closed:
             raise ConsumerError(f"consumer {self.name!r} is closed; create a new one")
         ensure_topics(self._settings, client_config=self._client_config)
-        self._dead_letters = DeadLetterWriter(self._settings, client_config=self._client_config)
+        self._committer.open()
         self._member.join(on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def close(self) -> None:
@@ -146,8 +149,7 @@ class ConsumerRuntime:
             return
         self._closed = True
         self._member.leave(held=self._assignment.positions)
-        if self._dead_letters is not None:
-            self._dead_letters.close()
+        self._committer.close()
         self._database.close()
 
     def __enter__(self) -> ConsumerRuntime:
@@ -309,16 +311,9 @@ class ConsumerRuntime:
         return self._assignment.moves(batch.next_offsets)
 
     def _commit(self, batch: Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
-        """1. DLQ acknowledged. 2. Offsets CAS. 3. Projection. 4. Commit.
-
-        Touches no state of the reading thread: :meth:`run` calls it on its worker.
-        """
-        assert self._dead_letters is not None
-        self._dead_letters.send(batch.poison)
-        with self._database.transaction() as conn:
-            advance_offsets(conn, group_id=self.group_id, moves=moves)
-            outcome = self._projection(conn, batch.records) if batch.records else BatchOutcome()
-        return replace(outcome, dead_lettered=len(batch.poison), stale=batch.stale)
+        """Commit ``batch`` (see :meth:`BatchCommitter.commit`); :meth:`run` calls it on
+        its worker thread."""
+        return self._committer.commit(batch, moves)
 
     def _committed(self, batch: Batch, outcome: BatchOutcome, seconds: float) -> None:
         self._assignment.advance(batch.next_offsets)
