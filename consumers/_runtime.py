@@ -34,9 +34,10 @@ from agent_blackbox.broker import (
 from agent_blackbox.consumers._assignment import Assignment
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
 from agent_blackbox.consumers._committer import BatchCommitter
-from agent_blackbox.consumers._errors import ConsumerError, DeadLetterFailed, ViewStoreUnavailable
+from agent_blackbox.consumers._errors import ConsumerError
 from agent_blackbox.consumers._group_member import GroupMember
 from agent_blackbox.consumers._idle import IdleClock
+from agent_blackbox.consumers._loop import ConsumeLoop
 from agent_blackbox.consumers._metrics import ConsumerMetrics
 from agent_blackbox.consumers._offsets import (
     OffsetMove,
@@ -53,12 +54,8 @@ from agent_blackbox.schemas import (
     EnvelopeCodec,
     Settings,
 )
-from agent_blackbox.wiring import SERVICE_POOL
 
 log = logging.getLogger(__name__)
-
-_RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed)
-_MAX_BACKOFF_S = 30.0
 
 
 class ConsumerRuntime:
@@ -93,11 +90,7 @@ class ConsumerRuntime:
         self._settings = settings
         self.name = name
         self.group_id = group_id or settings.consumer_group
-        self._database = ViewDatabase(
-            engine or SERVICE_POOL.engine(settings.database_url),
-            consumer=name,
-            owned=engine is None,
-        )
+        self._database = ViewDatabase(settings, engine=engine, consumer=name)
         self._client_config = dict(client_config or {})
         chosen = settings.consumer_instance_id if instance_id is None else instance_id
         self.instance_id = chosen or None
@@ -187,40 +180,18 @@ class ConsumerRuntime:
         Raises:
             KafkaUnavailable, ViewsNotMigrated, ProjectionFailed: not retryable here.
         """
-        stop = stop or threading.Event()
-        total = BatchOutcome()
         idle = IdleClock(self, max_idle_s)
-        failures = 0
-
-        def committed(outcome: BatchOutcome) -> None:
-            nonlocal total
-            total += outcome
-            idle.reset()
-            if on_batch is not None:
-                on_batch(outcome)
-
+        loop = ConsumeLoop(
+            self.name,
+            stop=stop or threading.Event(),
+            idle=idle,
+            between=self._between_batches,
+            on_batch=on_batch,
+        )
         with Pipeline(self) as pipeline:
-            while not stop.is_set():
-                try:
-                    outcome = pipeline.turn(poll_timeout_s)
-                    self._between_batches()
-                    failures = 0
-                except _RETRYABLE as exc:
-                    failures += 1
-                    delay = min(_MAX_BACKOFF_S, 0.2 * 2**failures)
-                    log.warning("consumer %s: %s; retrying in %.1f s", self.name, exc, delay)
-                    stop.wait(delay)
-                    outcome = None
-                if outcome is not None:
-                    committed(outcome)
-                elif not pipeline.holding and idle.finished():
-                    self.drained = idle.drained
-                    break
-            try:
-                if (outcome := pipeline.flush()) is not None:
-                    committed(outcome)
-            except _RETRYABLE as exc:
-                log.warning("consumer %s: the last batch was not committed: %s", self.name, exc)
+            total = loop.drive(pipeline, poll_timeout_s)
+        if loop.idled:
+            self.drained = idle.drained
         return total
 
     @property

@@ -14,6 +14,8 @@ from agent_blackbox.consumers._errors import (
     ViewsNotMigrated,
     ViewStoreUnavailable,
 )
+from agent_blackbox.schemas import Settings
+from agent_blackbox.wiring import SERVICE_POOL
 
 _MISSING_RELATION = {"42P01", "3F000", "42703"}  # undefined table, schema, column
 
@@ -22,15 +24,16 @@ class ViewDatabase:
     """The view database as one consumer uses it.
 
     Args:
-        engine: the database the views live in.
+        settings: the database's URL, used when no ``engine`` is given.
+        engine: the database the views live in; without one, the service pool makes
+            one that :meth:`close` disposes of.
         consumer: the consumer's name, for the error messages.
-        owned: whether :meth:`close` disposes of ``engine`` (the consumer made it).
     """
 
-    def __init__(self, engine: Engine, *, consumer: str, owned: bool) -> None:
-        self._engine = engine
+    def __init__(self, settings: Settings, *, engine: Engine | None, consumer: str) -> None:
+        self._engine = engine or SERVICE_POOL.engine(settings.database_url)
+        self._owned = engine is None
         self._consumer = consumer
-        self._owned = owned
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
