@@ -26,11 +26,11 @@ from datetime import UTC, datetime
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka import Message as KafkaMessage
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._chain import head_manifest
-from agent_blackbox.backup._errors import BackupBusy, BackupDiverged, BackupError, first_line
+from agent_blackbox.backup._errors import BackupDiverged, BackupError, first_line
 from agent_blackbox.backup._manifest import (
     GENESIS_MANIFEST,
     LostRange,
@@ -43,6 +43,7 @@ from agent_blackbox.backup._metrics import BackupMetrics
 from agent_blackbox.backup._segment import Message, SegmentBuilder
 from agent_blackbox.backup._snapshot import SnapshotTaker
 from agent_blackbox.backup._store import BackupStore
+from agent_blackbox.backup._store_lock import StoreLock
 from agent_blackbox.broker import KafkaUnavailable, kafka_errors, new_consumer, watermarks
 from agent_blackbox.consumers import OffsetMove, OffsetsMoved, advance_offsets, load_offsets
 from agent_blackbox.schemas import CheckpointSigner, EnvelopeCodec, Settings
@@ -129,7 +130,7 @@ class BackupWriter:
         self.metrics = metrics or BackupMetrics(topic=settings.topic)
         self.group_id = backup_group(store)
         self._codec = EnvelopeCodec()
-        self._lock: Connection | None = None
+        self._lock = StoreLock(self._engine, name=self.group_id, store=store.describe())
         self._consumer: Consumer | None = None
         self._head: Manifest | None = None
         self._stored: dict[int, int | None] = {}
@@ -161,7 +162,7 @@ class BackupWriter:
             BackupDiverged: the database and the store disagree on what was backed up.
             KafkaUnavailable, StoreError, BackupError: a service is unreachable.
         """
-        self._take_lock()
+        self._lock.acquire()
         try:
             lows = {p: low for p, (low, _high) in watermarks(self._settings, self._topic).items()}
             self._head = head_manifest(self._store)
@@ -185,12 +186,7 @@ class BackupWriter:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
-        if self._lock is not None:
-            # The lock is the session's: end the session itself rather than hand a
-            # connection that still holds it back to the pool.
-            self._lock.invalidate()
-            self._lock.close()
-            self._lock = None
+        self._lock.release()
         if self._owns_engine:
             self._engine.dispose()
 
@@ -424,25 +420,6 @@ class BackupWriter:
                 self.metrics.lag(partition, high - (self._stored.get(partition) or 0))
 
     # -- the database's side ---------------------------------------------------------
-
-    def _take_lock(self) -> None:
-        try:
-            self._lock = self._engine.connect()
-            locked = self._lock.execute(
-                text("SELECT pg_try_advisory_lock(hashtextextended(:name, 0))"),
-                {"name": self.group_id},
-            ).scalar_one()
-            self._lock.commit()
-        except SQLAlchemyError as exc:
-            raise BackupError(
-                f"cannot reach the database to lock the backup store: {first_line(exc)}; check "
-                "BLACKBOX_DATABASE_URL"
-            ) from exc
-        if not locked:
-            raise BackupBusy(
-                f"another backup writer is writing to {self._store.describe()}; stop it "
-                "first (one writer per store)"
-            )
 
     def _reconcile(self, lows: Mapping[int, int]) -> None:
         """Where to start: the store's newest manifest, checked against the database."""
