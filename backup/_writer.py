@@ -20,7 +20,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -30,7 +30,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._chain import head_manifest
-from agent_blackbox.backup._errors import BackupDiverged, BackupError, first_line
+from agent_blackbox.backup._errors import BackupError, first_line
 from agent_blackbox.backup._manifest import (
     GENESIS_MANIFEST,
     LostRange,
@@ -40,12 +40,13 @@ from agent_blackbox.backup._manifest import (
 )
 from agent_blackbox.backup._manifest import RunRange as ManifestRun
 from agent_blackbox.backup._metrics import BackupMetrics
+from agent_blackbox.backup._position import BackupPosition
 from agent_blackbox.backup._segment import Message, SegmentBuilder
 from agent_blackbox.backup._snapshot import SnapshotTaker
 from agent_blackbox.backup._store import BackupStore
 from agent_blackbox.backup._store_lock import StoreLock
 from agent_blackbox.broker import KafkaUnavailable, kafka_errors, new_consumer, watermarks
-from agent_blackbox.consumers import OffsetMove, OffsetsMoved, advance_offsets, load_offsets
+from agent_blackbox.consumers import load_offsets
 from agent_blackbox.schemas import CheckpointSigner, EnvelopeCodec, Settings
 from agent_blackbox.wiring import COMMAND_POOL, SERVICE_POOL
 
@@ -133,7 +134,9 @@ class BackupWriter:
         self._lock = StoreLock(self._engine, name=self.group_id, store=store.describe())
         self._consumer: Consumer | None = None
         self._head: Manifest | None = None
-        self._stored: dict[int, int | None] = {}
+        self._position = BackupPosition(
+            self._engine, topic=self._topic, group_id=self.group_id, store=store.describe()
+        )
         self._read: dict[int, int] = {}
         self._builders: dict[int, SegmentBuilder] = {}
         self._lost: list[LostRange] = []
@@ -169,7 +172,8 @@ class BackupWriter:
             if self._head is not None:  # the newest cut's age counts from its own time
                 created = datetime.fromisoformat(self._head.created_at)
                 self.metrics.cut_written(at=created.timestamp(), messages=0, size=0)
-            self._reconcile(lows)
+            self._read, lost = self._position.resume(self._head, lows)
+            self._lost.extend(lost)
             self._snapshots = SnapshotTaker(self._engine, self._store)
             self._consumer = new_consumer(self._settings, group_id=self.group_id)
             with kafka_errors(f"cannot read {self._topic}"):
@@ -301,7 +305,7 @@ class BackupWriter:
             lost=tuple(self._lost),
         ).signed(self._signer)
         self._store.put(manifest.key, manifest.to_bytes())
-        self._advance(manifest.positions)
+        self._position.advance(manifest.positions)
         self._head = manifest
         count, size = sum(s.count for s in segments), sum(s.size for s in segments)
         self.written += count
@@ -417,75 +421,7 @@ class BackupWriter:
                 TopicPartition(self._topic, partition), cached=True
             )
             if high >= 0:
-                self.metrics.lag(partition, high - (self._stored.get(partition) or 0))
-
-    # -- the database's side ---------------------------------------------------------
-
-    def _reconcile(self, lows: Mapping[int, int]) -> None:
-        """Where to start: the store's newest manifest, checked against the database."""
-        partitions = [(self._topic, p) for p in sorted(lows)]
-        try:
-            with self._engine.connect() as conn:
-                stored = load_offsets(conn, group_id=self.group_id, partitions=partitions)
-        except SQLAlchemyError as exc:
-            raise BackupError(f"cannot read the backup's offsets: {first_line(exc)}") from exc
-        self._stored = {p: stored[(self._topic, p)] for p in lows}
-        head = self._head
-        if head is None:
-            if any(v is not None for v in self._stored.values()):
-                raise BackupDiverged(
-                    f"the database records backing up {self._topic} to "
-                    f"{self._describe(self._stored)}, but {self._store.describe()} holds no "
-                    "manifest: the store was emptied or is not the one backed up to. Point "
-                    "BLACKBOX_BACKUP_URL at the right store, or at a new prefix to start a "
-                    "new backup series"
-                )
-            self._read = dict(lows)
-            return
-        if head.topic != self._topic:
-            raise BackupDiverged(
-                f"{self._store.describe()} holds a backup of topic {head.topic}, not "
-                f"{self._topic}; give each topic its own store or prefix"
-            )
-        ahead = {
-            p: v for p, v in self._stored.items() if v is not None and v > head.positions.get(p, 0)
-        }
-        if ahead:
-            raise BackupDiverged(
-                f"the database records backing up {self._topic} to {self._describe(ahead)}, "
-                f"past the newest manifest in {self._store.describe()} "
-                f"({head.key}): manifests were removed from the store. Find out why before "
-                "backing up again (a new prefix starts a new series)"
-            )
-        self._read = {p: head.positions.get(p, lows[p]) for p in lows}
-        for p, low in lows.items():
-            if low > self._read[p]:
-                self._lost.append(LostRange(p, self._read[p], low))
-                self._read[p] = low
-        self._advance(head.positions)
-
-    def _advance(self, positions: Mapping[int, int]) -> None:
-        moves = [
-            OffsetMove(self._topic, p, expected=self._stored.get(p), next_offset=o)
-            for p, o in sorted(positions.items())
-            if self._stored.get(p) != o
-        ]
-        if not moves:
-            return
-        try:
-            with self._engine.begin() as conn:
-                advance_offsets(conn, group_id=self.group_id, moves=moves)
-        except OffsetsMoved as exc:
-            raise BackupDiverged(
-                f"another backup writer moved the offsets of {self._store.describe()}: {exc}"
-            ) from exc
-        except SQLAlchemyError as exc:
-            raise BackupError(f"cannot store the backup's offsets: {first_line(exc)}") from exc
-        self._stored.update(positions)
-
-    @staticmethod
-    def _describe(offsets: Mapping[int, int | None]) -> str:
-        return ", ".join(f"[{p}]@{o}" for p, o in sorted(offsets.items()) if o is not None)
+                self.metrics.lag(partition, high - (self._position.stored.get(partition) or 0))
 
 
 def _headers(message: KafkaMessage) -> tuple[tuple[str, bytes | None], ...]:
