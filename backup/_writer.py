@@ -40,8 +40,9 @@ from agent_blackbox.backup._manifest import (
 )
 from agent_blackbox.backup._manifest import RunRange as ManifestRun
 from agent_blackbox.backup._metrics import BackupMetrics
+from agent_blackbox.backup._pending import PendingCut
 from agent_blackbox.backup._position import BackupPosition
-from agent_blackbox.backup._segment import Message, SegmentBuilder
+from agent_blackbox.backup._segment import SegmentBuilder
 from agent_blackbox.backup._snapshot import SnapshotTaker
 from agent_blackbox.backup._store import BackupStore
 from agent_blackbox.backup._store_lock import StoreLock
@@ -130,17 +131,13 @@ class BackupWriter:
         self._policy = policy or BackupPolicy()
         self.metrics = metrics or BackupMetrics(topic=settings.topic)
         self.group_id = backup_group(store)
-        self._codec = EnvelopeCodec()
         self._lock = StoreLock(self._engine, name=self.group_id, store=store.describe())
         self._consumer: Consumer | None = None
         self._head: Manifest | None = None
         self._position = BackupPosition(
             self._engine, topic=self._topic, group_id=self.group_id, store=store.describe()
         )
-        self._read: dict[int, int] = {}
-        self._builders: dict[int, SegmentBuilder] = {}
-        self._lost: list[LostRange] = []
-        self._buffered_since: float | None = None
+        self._pending = PendingCut(self._topic, EnvelopeCodec())
         self._snapshots: SnapshotTaker | None = None
         self.written = 0
         """Messages written in cuts by this writer."""
@@ -172,13 +169,13 @@ class BackupWriter:
             if self._head is not None:  # the newest cut's age counts from its own time
                 created = datetime.fromisoformat(self._head.created_at)
                 self.metrics.cut_written(at=created.timestamp(), messages=0, size=0)
-            self._read, lost = self._position.resume(self._head, lows)
-            self._lost.extend(lost)
+            read, lost = self._position.resume(self._head, lows)
+            self._pending.resume(read, lost)
             self._snapshots = SnapshotTaker(self._engine, self._store)
             self._consumer = new_consumer(self._settings, group_id=self.group_id)
             with kafka_errors(f"cannot read {self._topic}"):
                 self._consumer.assign(
-                    [TopicPartition(self._topic, p, self._read[p]) for p in sorted(self._read)]
+                    [TopicPartition(self._topic, p, o) for p, o in sorted(read.items())]
                 )
         except BaseException:
             self.close()
@@ -234,20 +231,20 @@ class BackupWriter:
             BackupError: the topic stalled for ``timeout_s`` before its end was read.
         """
         ends = {p: high for p, (_low, high) in watermarks(self._settings, self._topic).items()}
-        total = sum(max(0, ends[p] - self._read.get(p, 0)) for p in ends)
+        total = sum(max(0, ends[p] - self._pending.read.get(p, 0)) for p in ends)
         deadline = time.monotonic() + timeout_s
-        while any(self._read.get(p, 0) < end for p, end in ends.items()):
-            before = sum(self._read.values())
+        while any(self._pending.read.get(p, 0) < end for p, end in ends.items()):
+            before = sum(self._pending.read.values())
             self.poll(0.5)
-            if sum(self._read.values()) != before:
+            if sum(self._pending.read.values()) != before:
                 deadline = time.monotonic() + timeout_s
             elif time.monotonic() > deadline:
                 raise BackupError(
                     f"reading {self._topic} stalled for {timeout_s:.0f} s at "
-                    f"{self._where()}; check that Kafka is reachable"
+                    f"{self._pending.where()}; check that Kafka is reachable"
                 )
             if progress is not None:
-                left = sum(max(0, ends[p] - self._read.get(p, 0)) for p in ends)
+                left = sum(max(0, ends[p] - self._pending.read.get(p, 0)) for p in ends)
                 progress(total - left, total)
             if self.buffered >= self._policy.roll_bytes:
                 self.cut()
@@ -256,7 +253,7 @@ class BackupWriter:
     @property
     def buffered(self) -> int:
         """Bytes of messages read but not yet in a cut."""
-        return sum(b.size for b in self._builders.values())
+        return self._pending.size
 
     @property
     def head(self) -> Manifest | None:
@@ -289,9 +286,7 @@ class BackupWriter:
                 names was lost, and the buffers are kept for the next try.
             BackupDiverged: another writer moved the offsets.
         """
-        segments = [
-            self._write_segment(b) for _p, b in sorted(self._builders.items()) if b.messages
-        ]
+        segments = [self._write_segment(b) for b in self._pending.segments()]
         snapshot = self._snapshot()
         head = self._head
         manifest = Manifest(
@@ -300,9 +295,9 @@ class BackupWriter:
             topic=self._topic,
             created_at=datetime.now(UTC).isoformat(),
             segments=tuple(segments),
-            positions=dict(self._read),
+            positions=dict(self._pending.read),
             snapshot=snapshot,
-            lost=tuple(self._lost),
+            lost=tuple(self._pending.lost),
         ).signed(self._signer)
         self._store.put(manifest.key, manifest.to_bytes())
         self._position.advance(manifest.positions)
@@ -311,39 +306,18 @@ class BackupWriter:
         self.written += count
         self.written_bytes += size
         self.metrics.cut_written(at=time.time(), messages=count, size=size)
-        self._builders.clear()
-        self._lost.clear()
-        self._buffered_since = None
+        self._pending.written()
         self._report_lag()
         return manifest
 
     # -- inside ----------------------------------------------------------------------
 
     def _take(self, message: KafkaMessage) -> None:
-        partition = message.partition() or 0
-        offset = message.offset() or 0
-        expected = self._read.get(partition, offset)
+        partition, offset = message.partition() or 0, message.offset() or 0
+        expected = self._pending.expected(partition, offset)
         if offset > expected:
             self._check_lost(partition, expected, offset)
-        builder = self._builders.get(partition)
-        if builder is None:
-            builder = self._builders[partition] = SegmentBuilder(
-                self._topic, partition, self._codec
-            )
-        _kind, timestamp = message.timestamp()
-        key, value = message.key(), message.value()
-        builder.add(
-            Message(
-                offset=offset,
-                timestamp_ms=timestamp,
-                key=key.encode() if isinstance(key, str) else key,
-                value=value.encode() if isinstance(value, str) else value,
-                headers=_headers(message),
-            )
-        )
-        self._read[partition] = offset + 1
-        if self._buffered_since is None:
-            self._buffered_since = time.monotonic()
+        self._pending.add(message)
 
     def _check_lost(self, partition: int, expected: int, offset: int) -> None:
         # Offsets also skip for a reason that loses nothing (transaction markers); only a
@@ -355,7 +329,7 @@ class BackupWriter:
             )
         if low > expected:
             end = min(low, offset)
-            self._lost.append(LostRange(partition, expected, end))
+            self._pending.lost.append(LostRange(partition, expected, end))
             self.metrics.lost(end - expected)
             log.error(
                 "backup: %s[%d] offsets %d..%d were removed by the topic's retention before "
@@ -401,32 +375,19 @@ class BackupWriter:
             ) from exc
 
     def _due(self) -> bool:
-        if self._buffered_since is None:
-            return False
-        waited = time.monotonic() - self._buffered_since
-        return self.buffered >= self._policy.roll_bytes or waited >= self._policy.roll_seconds
+        policy = self._policy
+        return self._pending.due(roll_bytes=policy.roll_bytes, roll_seconds=policy.roll_seconds)
 
     def _require_consumer(self) -> Consumer:
         if self._consumer is None:
             raise BackupError("the backup writer is not open; call open() first")
         return self._consumer
 
-    def _where(self) -> str:
-        return ", ".join(f"[{p}]@{o}" for p, o in sorted(self._read.items()))
-
     def _report_lag(self) -> None:
         consumer = self._require_consumer()
-        for partition in self._read:
+        for partition in self._pending.read:
             _low, high = consumer.get_watermark_offsets(
                 TopicPartition(self._topic, partition), cached=True
             )
             if high >= 0:
                 self.metrics.lag(partition, high - (self._position.stored.get(partition) or 0))
-
-
-def _headers(message: KafkaMessage) -> tuple[tuple[str, bytes | None], ...]:
-    found: list[tuple[str, bytes | None]] = []
-    for header in message.headers() or ():
-        name, raw = header[0], header[1]  # the stubs type a header loosely
-        found.append((str(name), raw.encode() if isinstance(raw, str) else raw))
-    return tuple(found)
