@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka import Message as KafkaMessage
@@ -30,19 +30,15 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._chain import head_manifest
-from agent_blackbox.backup._errors import BackupError, first_line
+from agent_blackbox.backup._cut import CutWriter
+from agent_blackbox.backup._errors import BackupError
 from agent_blackbox.backup._manifest import (
-    GENESIS_MANIFEST,
     LostRange,
     Manifest,
-    SegmentEntry,
-    SnapshotEntry,
 )
-from agent_blackbox.backup._manifest import RunRange as ManifestRun
 from agent_blackbox.backup._metrics import BackupMetrics
 from agent_blackbox.backup._pending import PendingCut
 from agent_blackbox.backup._position import BackupPosition
-from agent_blackbox.backup._segment import SegmentBuilder
 from agent_blackbox.backup._snapshot import SnapshotTaker
 from agent_blackbox.backup._store import BackupStore
 from agent_blackbox.backup._store_lock import StoreLock
@@ -52,8 +48,6 @@ from agent_blackbox.schemas import CheckpointSigner, EnvelopeCodec, Settings
 from agent_blackbox.wiring import COMMAND_POOL, SERVICE_POOL
 
 log = logging.getLogger(__name__)
-
-EVENTS = "events/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +132,7 @@ class BackupWriter:
             self._engine, topic=self._topic, group_id=self.group_id, store=store.describe()
         )
         self._pending = PendingCut(self._topic, EnvelopeCodec())
-        self._snapshots: SnapshotTaker | None = None
+        self._cuts: CutWriter | None = None
         self.written = 0
         """Messages written in cuts by this writer."""
         self.written_bytes = 0
@@ -171,7 +165,12 @@ class BackupWriter:
                 self.metrics.cut_written(at=created.timestamp(), messages=0, size=0)
             read, lost = self._position.resume(self._head, lows)
             self._pending.resume(read, lost)
-            self._snapshots = SnapshotTaker(self._engine, self._store)
+            self._cuts = CutWriter(
+                self._store,
+                signer=self._signer,
+                snapshots=SnapshotTaker(self._engine, self._store),
+                topic=self._topic,
+            )
             self._consumer = new_consumer(self._settings, group_id=self.group_id)
             with kafka_errors(f"cannot read {self._topic}"):
                 self._consumer.assign(
@@ -286,22 +285,12 @@ class BackupWriter:
                 names was lost, and the buffers are kept for the next try.
             BackupDiverged: another writer moved the offsets.
         """
-        segments = [self._write_segment(b) for b in self._pending.segments()]
-        snapshot = self._snapshot()
-        head = self._head
-        manifest = Manifest(
-            number=1 if head is None else head.number + 1,
-            previous=GENESIS_MANIFEST if head is None else head.digest,
-            topic=self._topic,
-            created_at=datetime.now(UTC).isoformat(),
-            segments=tuple(segments),
-            positions=dict(self._pending.read),
-            snapshot=snapshot,
-            lost=tuple(self._pending.lost),
-        ).signed(self._signer)
-        self._store.put(manifest.key, manifest.to_bytes())
+        if self._cuts is None:
+            raise BackupError("the backup writer is not open; call open() first")
+        manifest = self._cuts.write(self._pending, after=self._head)
         self._position.advance(manifest.positions)
         self._head = manifest
+        segments = manifest.segments
         count, size = sum(s.count for s in segments), sum(s.size for s in segments)
         self.written += count
         self.written_bytes += size
@@ -339,40 +328,6 @@ class BackupWriter:
                 expected,
                 end - 1,
             )
-
-    def _write_segment(self, builder: SegmentBuilder) -> SegmentEntry:
-        data = builder.encode()
-        digest = hashlib.sha256(data).hexdigest()
-        key = f"{EVENTS}p{builder.partition:04d}/{builder.first_offset:020d}-{digest}.avro"
-        self._store.put(key, data)
-        return SegmentEntry(
-            key=key,
-            sha256=digest,
-            size=len(data),
-            partition=builder.partition,
-            first_offset=builder.first_offset,
-            last_offset=builder.last_offset,
-            count=len(builder.messages),
-            first_timestamp_ms=builder.messages[0].timestamp_ms,
-            last_timestamp_ms=builder.messages[-1].timestamp_ms,
-            event_digest=builder.event_digest,
-            undecodable=builder.undecodable,
-            runs=tuple(
-                ManifestRun(run_id, span.first_sequence, span.last_sequence, span.count)
-                for run_id, span in sorted(builder.runs.items())
-            ),
-        )
-
-    def _snapshot(self) -> SnapshotEntry:
-        if self._snapshots is None:
-            raise BackupError("the backup writer is not open; call open() first")
-        try:
-            return self._snapshots.take()
-        except SQLAlchemyError as exc:
-            raise BackupError(
-                f"cannot take the database snapshot: {first_line(exc)}; check that the database is "
-                "reachable and the backup's role may read the write side"
-            ) from exc
 
     def _due(self) -> bool:
         policy = self._policy
