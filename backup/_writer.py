@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -32,17 +31,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from agent_blackbox.backup._chain import head_manifest
 from agent_blackbox.backup._cut import CutWriter
 from agent_blackbox.backup._errors import BackupError
-from agent_blackbox.backup._manifest import (
-    LostRange,
-    Manifest,
-)
+from agent_blackbox.backup._manifest import Manifest
 from agent_blackbox.backup._metrics import BackupMetrics
 from agent_blackbox.backup._pending import PendingCut
 from agent_blackbox.backup._position import BackupPosition
 from agent_blackbox.backup._snapshot import SnapshotTaker
 from agent_blackbox.backup._store import BackupStore
 from agent_blackbox.backup._store_lock import StoreLock
-from agent_blackbox.broker import KafkaUnavailable, kafka_errors, new_consumer, watermarks
+from agent_blackbox.backup._topic_reader import TopicReader
+from agent_blackbox.broker import KafkaUnavailable, watermarks
 from agent_blackbox.consumers import load_offsets
 from agent_blackbox.schemas import CheckpointSigner, EnvelopeCodec, Settings
 from agent_blackbox.wiring import COMMAND_POOL, SERVICE_POOL
@@ -126,7 +123,7 @@ class BackupWriter:
         self.metrics = metrics or BackupMetrics(topic=settings.topic)
         self.group_id = backup_group(store)
         self._lock = StoreLock(self._engine, name=self.group_id, store=store.describe())
-        self._consumer: Consumer | None = None
+        self._reader = TopicReader(settings, group_id=self.group_id)
         self._head: Manifest | None = None
         self._position = BackupPosition(
             self._engine, topic=self._topic, group_id=self.group_id, store=store.describe()
@@ -171,11 +168,7 @@ class BackupWriter:
                 snapshots=SnapshotTaker(self._engine, self._store),
                 topic=self._topic,
             )
-            self._consumer = new_consumer(self._settings, group_id=self.group_id)
-            with kafka_errors(f"cannot read {self._topic}"):
-                self._consumer.assign(
-                    [TopicPartition(self._topic, p, o) for p, o in sorted(read.items())]
-                )
+            self._reader.open(read)
         except BaseException:
             self.close()
             raise
@@ -183,9 +176,7 @@ class BackupWriter:
     def close(self) -> None:
         """Leave Kafka and release the store (buffered messages not in a cut are read
         again by the next writer)."""
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        self._reader.close()
         self._lock.release()
         if self._owns_engine:
             self._engine.dispose()
@@ -261,20 +252,11 @@ class BackupWriter:
 
     def poll(self, timeout: float) -> int:
         """Take what Kafka has (up to one batch) into the buffers; how many messages."""
-        consumer = self._require_consumer()
-        with kafka_errors(f"cannot read {self._topic}"):
-            messages = consumer.consume(self._policy.batch, timeout)
-        taken = 0
+        messages = self._reader.consume(self._policy.batch, timeout)
         for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("backup: reading %s: %s", self._topic, error.str())
-                continue
             self._take(message)
-            taken += 1
         self._report_lag()
-        return taken
+        return len(messages)
 
     def cut(self) -> Manifest:
         """Write the buffers as segments, take the snapshot, sign and write the manifest,
@@ -304,45 +286,16 @@ class BackupWriter:
     def _take(self, message: KafkaMessage) -> None:
         partition, offset = message.partition() or 0, message.offset() or 0
         expected = self._pending.expected(partition, offset)
-        if offset > expected:
-            self._check_lost(partition, expected, offset)
+        lost = self._reader.lost(partition, expected, offset) if offset > expected else None
+        if lost is not None:
+            self._pending.lost.append(lost)
+            self.metrics.lost(lost.end_offset - lost.first_offset)
         self._pending.add(message)
-
-    def _check_lost(self, partition: int, expected: int, offset: int) -> None:
-        # Offsets also skip for a reason that loses nothing (transaction markers); only a
-        # low watermark past what was expected means the topic dropped unread messages.
-        consumer = self._require_consumer()
-        with kafka_errors(f"cannot read the offsets of {self._topic}"):
-            low, _high = consumer.get_watermark_offsets(
-                TopicPartition(self._topic, partition), timeout=10
-            )
-        if low > expected:
-            end = min(low, offset)
-            self._pending.lost.append(LostRange(partition, expected, end))
-            self.metrics.lost(end - expected)
-            log.error(
-                "backup: %s[%d] offsets %d..%d were removed by the topic's retention before "
-                "they were backed up; raise the topic's retention or keep the backup running",
-                self._topic,
-                partition,
-                expected,
-                end - 1,
-            )
 
     def _due(self) -> bool:
         policy = self._policy
         return self._pending.due(roll_bytes=policy.roll_bytes, roll_seconds=policy.roll_seconds)
 
-    def _require_consumer(self) -> Consumer:
-        if self._consumer is None:
-            raise BackupError("the backup writer is not open; call open() first")
-        return self._consumer
-
     def _report_lag(self) -> None:
-        consumer = self._require_consumer()
-        for partition in self._pending.read:
-            _low, high = consumer.get_watermark_offsets(
-                TopicPartition(self._topic, partition), cached=True
-            )
-            if high >= 0:
-                self.metrics.lag(partition, high - (self._position.stored.get(partition) or 0))
+        for partition, high in self._reader.ends(self._pending.read).items():
+            self.metrics.lag(partition, high - (self._position.stored.get(partition) or 0))
