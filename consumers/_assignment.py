@@ -16,12 +16,7 @@ from confluent_kafka import TopicPartition as KafkaPartition
 
 from agent_blackbox.broker import EpochFence, kafka_errors
 from agent_blackbox.consumers._errors import ConsumerError
-from agent_blackbox.consumers._offsets import (
-    OffsetMove,
-    TopicPartition,
-    load_fences,
-    load_offsets,
-)
+from agent_blackbox.consumers._offsets import OffsetMove, TopicPartition, load_fences, load_offsets
 from agent_blackbox.consumers._view_database import ViewDatabase
 
 # These are the runtime's log lines: they keep its logger's name.

@@ -26,11 +26,7 @@ from confluent_kafka import TopicPartition as KafkaPartition
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine
 
-from agent_blackbox.broker import (
-    ClientConfig,
-    ensure_topics,
-    partition_count,
-)
+from agent_blackbox.broker import ClientConfig, ensure_topics, partition_count
 from agent_blackbox.consumers._assignment import Assignment
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
 from agent_blackbox.consumers._committer import BatchCommitter
@@ -39,21 +35,13 @@ from agent_blackbox.consumers._group_member import GroupMember
 from agent_blackbox.consumers._idle import IdleClock
 from agent_blackbox.consumers._loop import ConsumeLoop
 from agent_blackbox.consumers._metrics import ConsumerMetrics
-from agent_blackbox.consumers._offsets import (
-    OffsetMove,
-    OffsetsMoved,
-    TopicPartition,
-)
+from agent_blackbox.consumers._offsets import OffsetMove, OffsetsMoved, TopicPartition
 from agent_blackbox.consumers._pipeline import Pipeline
 from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.consumers._sorting import Batch, BatchSorter, Screen
 from agent_blackbox.consumers._view_database import ViewDatabase
 from agent_blackbox.consumers._views import apply_batch, views_screen
-from agent_blackbox.schemas import (
-    CheckpointVerifier,
-    EnvelopeCodec,
-    Settings,
-)
+from agent_blackbox.schemas import CheckpointVerifier, EnvelopeCodec, Settings
 
 log = logging.getLogger(__name__)
 
