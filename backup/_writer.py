@@ -20,37 +20,31 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka import Message as KafkaMessage
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._chain import head_manifest
-from agent_blackbox.backup._errors import BackupBusy, BackupDiverged, BackupError, first_line
-from agent_blackbox.backup._manifest import (
-    GENESIS_MANIFEST,
-    LostRange,
-    Manifest,
-    SegmentEntry,
-    SnapshotEntry,
-)
-from agent_blackbox.backup._manifest import RunRange as ManifestRun
+from agent_blackbox.backup._cut import CutWriter
+from agent_blackbox.backup._errors import BackupError
+from agent_blackbox.backup._manifest import Manifest
 from agent_blackbox.backup._metrics import BackupMetrics
-from agent_blackbox.backup._segment import Message, SegmentBuilder
+from agent_blackbox.backup._pending import PendingCut
+from agent_blackbox.backup._position import BackupPosition
 from agent_blackbox.backup._snapshot import SnapshotTaker
 from agent_blackbox.backup._store import BackupStore
-from agent_blackbox.broker import KafkaUnavailable, kafka_errors, new_consumer, watermarks
-from agent_blackbox.consumers import OffsetMove, OffsetsMoved, advance_offsets, load_offsets
+from agent_blackbox.backup._store_lock import StoreLock
+from agent_blackbox.backup._topic_reader import TopicReader
+from agent_blackbox.broker import KafkaUnavailable, watermarks
+from agent_blackbox.consumers import load_offsets
 from agent_blackbox.schemas import CheckpointSigner, EnvelopeCodec, Settings
 from agent_blackbox.wiring import COMMAND_POOL, SERVICE_POOL
 
 log = logging.getLogger(__name__)
-
-EVENTS = "events/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,16 +122,14 @@ class BackupWriter:
         self._policy = policy or BackupPolicy()
         self.metrics = metrics or BackupMetrics(topic=settings.topic)
         self.group_id = backup_group(store)
-        self._codec = EnvelopeCodec()
-        self._lock: Connection | None = None
-        self._consumer: Consumer | None = None
+        self._lock = StoreLock(self._engine, name=self.group_id, store=store.describe())
+        self._reader = TopicReader(settings, group_id=self.group_id)
         self._head: Manifest | None = None
-        self._stored: dict[int, int | None] = {}
-        self._read: dict[int, int] = {}
-        self._builders: dict[int, SegmentBuilder] = {}
-        self._lost: list[LostRange] = []
-        self._buffered_since: float | None = None
-        self._snapshots: SnapshotTaker | None = None
+        self._position = BackupPosition(
+            self._engine, topic=self._topic, group_id=self.group_id, store=store.describe()
+        )
+        self._pending = PendingCut(self._topic, EnvelopeCodec())
+        self._cuts: CutWriter | None = None
         self.written = 0
         """Messages written in cuts by this writer."""
         self.written_bytes = 0
@@ -161,20 +153,22 @@ class BackupWriter:
             BackupDiverged: the database and the store disagree on what was backed up.
             KafkaUnavailable, StoreError, BackupError: a service is unreachable.
         """
-        self._take_lock()
+        self._lock.acquire()
         try:
             lows = {p: low for p, (low, _high) in watermarks(self._settings, self._topic).items()}
             self._head = head_manifest(self._store)
             if self._head is not None:  # the newest cut's age counts from its own time
                 created = datetime.fromisoformat(self._head.created_at)
                 self.metrics.cut_written(at=created.timestamp(), messages=0, size=0)
-            self._reconcile(lows)
-            self._snapshots = SnapshotTaker(self._engine, self._store)
-            self._consumer = new_consumer(self._settings, group_id=self.group_id)
-            with kafka_errors(f"cannot read {self._topic}"):
-                self._consumer.assign(
-                    [TopicPartition(self._topic, p, self._read[p]) for p in sorted(self._read)]
-                )
+            read, lost = self._position.resume(self._head, lows)
+            self._pending.resume(read, lost)
+            self._cuts = CutWriter(
+                self._store,
+                signer=self._signer,
+                snapshots=SnapshotTaker(self._engine, self._store),
+                topic=self._topic,
+            )
+            self._reader.open(read)
         except BaseException:
             self.close()
             raise
@@ -182,15 +176,8 @@ class BackupWriter:
     def close(self) -> None:
         """Leave Kafka and release the store (buffered messages not in a cut are read
         again by the next writer)."""
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-        if self._lock is not None:
-            # The lock is the session's: end the session itself rather than hand a
-            # connection that still holds it back to the pool.
-            self._lock.invalidate()
-            self._lock.close()
-            self._lock = None
+        self._reader.close()
+        self._lock.release()
         if self._owns_engine:
             self._engine.dispose()
 
@@ -234,20 +221,20 @@ class BackupWriter:
             BackupError: the topic stalled for ``timeout_s`` before its end was read.
         """
         ends = {p: high for p, (_low, high) in watermarks(self._settings, self._topic).items()}
-        total = sum(max(0, ends[p] - self._read.get(p, 0)) for p in ends)
+        total = sum(max(0, ends[p] - self._pending.read.get(p, 0)) for p in ends)
         deadline = time.monotonic() + timeout_s
-        while any(self._read.get(p, 0) < end for p, end in ends.items()):
-            before = sum(self._read.values())
+        while any(self._pending.read.get(p, 0) < end for p, end in ends.items()):
+            before = sum(self._pending.read.values())
             self.poll(0.5)
-            if sum(self._read.values()) != before:
+            if sum(self._pending.read.values()) != before:
                 deadline = time.monotonic() + timeout_s
             elif time.monotonic() > deadline:
                 raise BackupError(
                     f"reading {self._topic} stalled for {timeout_s:.0f} s at "
-                    f"{self._where()}; check that Kafka is reachable"
+                    f"{self._pending.where()}; check that Kafka is reachable"
                 )
             if progress is not None:
-                left = sum(max(0, ends[p] - self._read.get(p, 0)) for p in ends)
+                left = sum(max(0, ends[p] - self._pending.read.get(p, 0)) for p in ends)
                 progress(total - left, total)
             if self.buffered >= self._policy.roll_bytes:
                 self.cut()
@@ -256,7 +243,7 @@ class BackupWriter:
     @property
     def buffered(self) -> int:
         """Bytes of messages read but not yet in a cut."""
-        return sum(b.size for b in self._builders.values())
+        return self._pending.size
 
     @property
     def head(self) -> Manifest | None:
@@ -265,20 +252,11 @@ class BackupWriter:
 
     def poll(self, timeout: float) -> int:
         """Take what Kafka has (up to one batch) into the buffers; how many messages."""
-        consumer = self._require_consumer()
-        with kafka_errors(f"cannot read {self._topic}"):
-            messages = consumer.consume(self._policy.batch, timeout)
-        taken = 0
+        messages = self._reader.consume(self._policy.batch, timeout)
         for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("backup: reading %s: %s", self._topic, error.str())
-                continue
             self._take(message)
-            taken += 1
         self._report_lag()
-        return taken
+        return len(messages)
 
     def cut(self) -> Manifest:
         """Write the buffers as segments, take the snapshot, sign and write the manifest,
@@ -289,231 +267,35 @@ class BackupWriter:
                 names was lost, and the buffers are kept for the next try.
             BackupDiverged: another writer moved the offsets.
         """
-        segments = [
-            self._write_segment(b) for _p, b in sorted(self._builders.items()) if b.messages
-        ]
-        snapshot = self._snapshot()
-        head = self._head
-        manifest = Manifest(
-            number=1 if head is None else head.number + 1,
-            previous=GENESIS_MANIFEST if head is None else head.digest,
-            topic=self._topic,
-            created_at=datetime.now(UTC).isoformat(),
-            segments=tuple(segments),
-            positions=dict(self._read),
-            snapshot=snapshot,
-            lost=tuple(self._lost),
-        ).signed(self._signer)
-        self._store.put(manifest.key, manifest.to_bytes())
-        self._advance(manifest.positions)
+        if self._cuts is None:
+            raise BackupError("the backup writer is not open; call open() first")
+        manifest = self._cuts.write(self._pending, after=self._head)
+        self._position.advance(manifest.positions)
         self._head = manifest
+        segments = manifest.segments
         count, size = sum(s.count for s in segments), sum(s.size for s in segments)
         self.written += count
         self.written_bytes += size
         self.metrics.cut_written(at=time.time(), messages=count, size=size)
-        self._builders.clear()
-        self._lost.clear()
-        self._buffered_since = None
+        self._pending.written()
         self._report_lag()
         return manifest
 
     # -- inside ----------------------------------------------------------------------
 
     def _take(self, message: KafkaMessage) -> None:
-        partition = message.partition() or 0
-        offset = message.offset() or 0
-        expected = self._read.get(partition, offset)
-        if offset > expected:
-            self._check_lost(partition, expected, offset)
-        builder = self._builders.get(partition)
-        if builder is None:
-            builder = self._builders[partition] = SegmentBuilder(
-                self._topic, partition, self._codec
-            )
-        _kind, timestamp = message.timestamp()
-        key, value = message.key(), message.value()
-        builder.add(
-            Message(
-                offset=offset,
-                timestamp_ms=timestamp,
-                key=key.encode() if isinstance(key, str) else key,
-                value=value.encode() if isinstance(value, str) else value,
-                headers=_headers(message),
-            )
-        )
-        self._read[partition] = offset + 1
-        if self._buffered_since is None:
-            self._buffered_since = time.monotonic()
-
-    def _check_lost(self, partition: int, expected: int, offset: int) -> None:
-        # Offsets also skip for a reason that loses nothing (transaction markers); only a
-        # low watermark past what was expected means the topic dropped unread messages.
-        consumer = self._require_consumer()
-        with kafka_errors(f"cannot read the offsets of {self._topic}"):
-            low, _high = consumer.get_watermark_offsets(
-                TopicPartition(self._topic, partition), timeout=10
-            )
-        if low > expected:
-            end = min(low, offset)
-            self._lost.append(LostRange(partition, expected, end))
-            self.metrics.lost(end - expected)
-            log.error(
-                "backup: %s[%d] offsets %d..%d were removed by the topic's retention before "
-                "they were backed up; raise the topic's retention or keep the backup running",
-                self._topic,
-                partition,
-                expected,
-                end - 1,
-            )
-
-    def _write_segment(self, builder: SegmentBuilder) -> SegmentEntry:
-        data = builder.encode()
-        digest = hashlib.sha256(data).hexdigest()
-        key = f"{EVENTS}p{builder.partition:04d}/{builder.first_offset:020d}-{digest}.avro"
-        self._store.put(key, data)
-        return SegmentEntry(
-            key=key,
-            sha256=digest,
-            size=len(data),
-            partition=builder.partition,
-            first_offset=builder.first_offset,
-            last_offset=builder.last_offset,
-            count=len(builder.messages),
-            first_timestamp_ms=builder.messages[0].timestamp_ms,
-            last_timestamp_ms=builder.messages[-1].timestamp_ms,
-            event_digest=builder.event_digest,
-            undecodable=builder.undecodable,
-            runs=tuple(
-                ManifestRun(run_id, span.first_sequence, span.last_sequence, span.count)
-                for run_id, span in sorted(builder.runs.items())
-            ),
-        )
-
-    def _snapshot(self) -> SnapshotEntry:
-        if self._snapshots is None:
-            raise BackupError("the backup writer is not open; call open() first")
-        try:
-            return self._snapshots.take()
-        except SQLAlchemyError as exc:
-            raise BackupError(
-                f"cannot take the database snapshot: {first_line(exc)}; check that the database is "
-                "reachable and the backup's role may read the write side"
-            ) from exc
+        partition, offset = message.partition() or 0, message.offset() or 0
+        expected = self._pending.expected(partition, offset)
+        lost = self._reader.lost(partition, expected, offset) if offset > expected else None
+        if lost is not None:
+            self._pending.lost.append(lost)
+            self.metrics.lost(lost.end_offset - lost.first_offset)
+        self._pending.add(message)
 
     def _due(self) -> bool:
-        if self._buffered_since is None:
-            return False
-        waited = time.monotonic() - self._buffered_since
-        return self.buffered >= self._policy.roll_bytes or waited >= self._policy.roll_seconds
-
-    def _require_consumer(self) -> Consumer:
-        if self._consumer is None:
-            raise BackupError("the backup writer is not open; call open() first")
-        return self._consumer
-
-    def _where(self) -> str:
-        return ", ".join(f"[{p}]@{o}" for p, o in sorted(self._read.items()))
+        policy = self._policy
+        return self._pending.due(roll_bytes=policy.roll_bytes, roll_seconds=policy.roll_seconds)
 
     def _report_lag(self) -> None:
-        consumer = self._require_consumer()
-        for partition in self._read:
-            _low, high = consumer.get_watermark_offsets(
-                TopicPartition(self._topic, partition), cached=True
-            )
-            if high >= 0:
-                self.metrics.lag(partition, high - (self._stored.get(partition) or 0))
-
-    # -- the database's side ---------------------------------------------------------
-
-    def _take_lock(self) -> None:
-        try:
-            self._lock = self._engine.connect()
-            locked = self._lock.execute(
-                text("SELECT pg_try_advisory_lock(hashtextextended(:name, 0))"),
-                {"name": self.group_id},
-            ).scalar_one()
-            self._lock.commit()
-        except SQLAlchemyError as exc:
-            raise BackupError(
-                f"cannot reach the database to lock the backup store: {first_line(exc)}; check "
-                "BLACKBOX_DATABASE_URL"
-            ) from exc
-        if not locked:
-            raise BackupBusy(
-                f"another backup writer is writing to {self._store.describe()}; stop it "
-                "first (one writer per store)"
-            )
-
-    def _reconcile(self, lows: Mapping[int, int]) -> None:
-        """Where to start: the store's newest manifest, checked against the database."""
-        partitions = [(self._topic, p) for p in sorted(lows)]
-        try:
-            with self._engine.connect() as conn:
-                stored = load_offsets(conn, group_id=self.group_id, partitions=partitions)
-        except SQLAlchemyError as exc:
-            raise BackupError(f"cannot read the backup's offsets: {first_line(exc)}") from exc
-        self._stored = {p: stored[(self._topic, p)] for p in lows}
-        head = self._head
-        if head is None:
-            if any(v is not None for v in self._stored.values()):
-                raise BackupDiverged(
-                    f"the database records backing up {self._topic} to "
-                    f"{self._describe(self._stored)}, but {self._store.describe()} holds no "
-                    "manifest: the store was emptied or is not the one backed up to. Point "
-                    "BLACKBOX_BACKUP_URL at the right store, or at a new prefix to start a "
-                    "new backup series"
-                )
-            self._read = dict(lows)
-            return
-        if head.topic != self._topic:
-            raise BackupDiverged(
-                f"{self._store.describe()} holds a backup of topic {head.topic}, not "
-                f"{self._topic}; give each topic its own store or prefix"
-            )
-        ahead = {
-            p: v for p, v in self._stored.items() if v is not None and v > head.positions.get(p, 0)
-        }
-        if ahead:
-            raise BackupDiverged(
-                f"the database records backing up {self._topic} to {self._describe(ahead)}, "
-                f"past the newest manifest in {self._store.describe()} "
-                f"({head.key}): manifests were removed from the store. Find out why before "
-                "backing up again (a new prefix starts a new series)"
-            )
-        self._read = {p: head.positions.get(p, lows[p]) for p in lows}
-        for p, low in lows.items():
-            if low > self._read[p]:
-                self._lost.append(LostRange(p, self._read[p], low))
-                self._read[p] = low
-        self._advance(head.positions)
-
-    def _advance(self, positions: Mapping[int, int]) -> None:
-        moves = [
-            OffsetMove(self._topic, p, expected=self._stored.get(p), next_offset=o)
-            for p, o in sorted(positions.items())
-            if self._stored.get(p) != o
-        ]
-        if not moves:
-            return
-        try:
-            with self._engine.begin() as conn:
-                advance_offsets(conn, group_id=self.group_id, moves=moves)
-        except OffsetsMoved as exc:
-            raise BackupDiverged(
-                f"another backup writer moved the offsets of {self._store.describe()}: {exc}"
-            ) from exc
-        except SQLAlchemyError as exc:
-            raise BackupError(f"cannot store the backup's offsets: {first_line(exc)}") from exc
-        self._stored.update(positions)
-
-    @staticmethod
-    def _describe(offsets: Mapping[int, int | None]) -> str:
-        return ", ".join(f"[{p}]@{o}" for p, o in sorted(offsets.items()) if o is not None)
-
-
-def _headers(message: KafkaMessage) -> tuple[tuple[str, bytes | None], ...]:
-    found: list[tuple[str, bytes | None]] = []
-    for header in message.headers() or ():
-        name, raw = header[0], header[1]  # the stubs type a header loosely
-        found.append((str(name), raw.encode() if isinstance(raw, str) else raw))
-    return tuple(found)
+        for partition, high in self._reader.ends(self._pending.read).items():
+            self.metrics.lag(partition, high - (self._position.stored.get(partition) or 0))

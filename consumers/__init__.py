@@ -98,9 +98,10 @@ from agent_blackbox.consumers._retention import (
     shred_run_txn,
 )
 from agent_blackbox.consumers._run_index import IndexedRun, ViewRunIndex
-from agent_blackbox.consumers._runtime import ConsumerRuntime, Screen, ViewConsumer
+from agent_blackbox.consumers._runtime import ConsumerRuntime, ViewConsumer
 from agent_blackbox.consumers._signing import CheckpointPolicy, SignerFinding
 from agent_blackbox.consumers._snapshot import checkpoint_rows_txn, restore_checkpoints_txn
+from agent_blackbox.consumers._sorting import Screen
 from agent_blackbox.consumers._stats import GROUPINGS, UsageRow, llm_usage_txn
 from agent_blackbox.consumers._summary import (
     RunRow,

@@ -471,6 +471,6 @@ class CheckpointConsumer(ConsumerRuntime):
         """When due, sign idle heads whose wait ran out (see :func:`sweep_heads`)."""
         if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + min(self._policy.every_seconds, 10.0) / 2
-            with self._transaction() as conn:
+            with self._database.transaction() as conn:
                 swept = sweep_heads(conn, signer=self._signer, policy=self._policy)
             self._metrics.violations_found(swept.violations)

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from agent_blackbox.consumers._batch import BatchOutcome
 
 if TYPE_CHECKING:
-    from agent_blackbox.consumers._runtime import ConsumerRuntime, _Batch
+    from agent_blackbox.consumers._runtime import ConsumerRuntime
+    from agent_blackbox.consumers._sorting import Batch
 
 _SWITCH_INTERVAL_S = 0.001
 
@@ -69,7 +70,7 @@ class Pipeline:
     def __init__(self, runtime: ConsumerRuntime) -> None:
         self._runtime = runtime
         self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"{runtime.name}-commit")
-        self._waiting: _Batch | None = None
+        self._waiting: Batch | None = None
 
     def __enter__(self) -> Pipeline:
         _switch_interval.lower()
@@ -89,11 +90,11 @@ class Pipeline:
     def turn(self, timeout: float) -> BatchOutcome | None:
         """One turn (see the class); the outcome of the batch it committed, if any."""
         runtime = self._runtime
-        if runtime._unsynced:
+        if runtime._assignment.unsynced:
             self._waiting = None
         messages = runtime._receive(0.0 if self._waiting is not None else timeout)
         previous, self._waiting = self._waiting, None
-        if previous is not None and previous.assignment != runtime._assignments:
+        if previous is not None and previous.assignment != runtime._assignment.rebalances:
             previous = None
         committing = self._submit(previous) if previous is not None else None
         try:
@@ -114,9 +115,9 @@ class Pipeline:
     def flush(self) -> BatchOutcome | None:
         """Commit the batch still waiting, if any."""
         waiting, self._waiting = self._waiting, None
-        if waiting is None or waiting.assignment != self._runtime._assignments:
+        if waiting is None or waiting.assignment != self._runtime._assignment.rebalances:
             return None
         return self._runtime._settle(waiting, self._submit(waiting).result)
 
-    def _submit(self, batch: _Batch) -> Future[BatchOutcome]:
+    def _submit(self, batch: Batch) -> Future[BatchOutcome]:
         return self._worker.submit(self._runtime._commit, batch, self._runtime._moves(batch))

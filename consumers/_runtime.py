@@ -19,77 +19,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import Consumer, Message
 from confluent_kafka import TopicPartition as KafkaPartition
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
-from agent_blackbox.broker import (
-    ClientConfig,
-    EpochFence,
-    KafkaUnavailable,
-    ensure_topics,
-    kafka_errors,
-    new_consumer,
-    partition_count,
-)
-from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection, delivered
-from agent_blackbox.consumers._dead_letters import DeadLetterWriter, Poison
-from agent_blackbox.consumers._errors import (
-    ConsumerError,
-    DeadLetterFailed,
-    ProjectionFailed,
-    ViewsNotMigrated,
-    ViewStoreUnavailable,
-)
+from agent_blackbox.broker import ClientConfig, ensure_topics, partition_count
+from agent_blackbox.consumers._assignment import Assignment
+from agent_blackbox.consumers._batch import BatchOutcome, Delivered, Projection
+from agent_blackbox.consumers._committer import BatchCommitter
+from agent_blackbox.consumers._errors import ConsumerError
+from agent_blackbox.consumers._group_member import GroupMember
 from agent_blackbox.consumers._idle import IdleClock
+from agent_blackbox.consumers._loop import ConsumeLoop
 from agent_blackbox.consumers._metrics import ConsumerMetrics
-from agent_blackbox.consumers._offsets import (
-    OffsetMove,
-    OffsetsMoved,
-    TopicPartition,
-    advance_offsets,
-    load_fences,
-    load_offsets,
-)
+from agent_blackbox.consumers._offsets import OffsetMove, OffsetsMoved, TopicPartition
 from agent_blackbox.consumers._pipeline import Pipeline
 from agent_blackbox.consumers._redacted_views import RedactionCheck
+from agent_blackbox.consumers._sorting import Batch, BatchSorter, Screen
+from agent_blackbox.consumers._view_database import ViewDatabase
 from agent_blackbox.consumers._views import apply_batch, views_screen
-from agent_blackbox.schemas import (
-    BlackboxError,
-    CheckpointVerifier,
-    Envelope,
-    EnvelopeCodec,
-    Settings,
-)
-from agent_blackbox.wiring import SERVICE_POOL
+from agent_blackbox.schemas import CheckpointVerifier, EnvelopeCodec, Settings
 
 log = logging.getLogger(__name__)
-
-Screen = Callable[[Envelope], str | None]
-"""Says why a decoded envelope cannot be projected (it is dead-lettered), or ``None``."""
-
-_MISSING_RELATION = {"42P01", "3F000", "42703"}  # undefined table, schema, column
-_RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed)
-_MAX_BACKOFF_S = 30.0
-_KAFKA_COMMIT_EVERY_S = 1.0
-
-
-@dataclass(slots=True)
-class _Batch:
-    records: list[Delivered] = field(default_factory=list)
-    poison: list[Poison] = field(default_factory=list)
-    stale: int = 0
-    next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
-    started: float = field(default_factory=time.monotonic)
-    assignment: int = 0
-    """The rebalance count when the batch was read: one read before a rebalance is
-    dropped unapplied (the new assignment rewinds to the stored offsets)."""
 
 
 class ConsumerRuntime:
@@ -122,29 +76,34 @@ class ConsumerRuntime:
         instance_id: str | None = None,
     ) -> None:
         self._settings = settings
-        self._projection = projection
         self.name = name
         self.group_id = group_id or settings.consumer_group
-        self._screen = screen
-        self._owns_engine = engine is None
-        self._engine = engine or SERVICE_POOL.engine(settings.database_url)
-        self._codec = codec or EnvelopeCodec()
-        self._batch_size = batch_size
+        self._database = ViewDatabase(settings, engine=engine, consumer=name)
         self._client_config = dict(client_config or {})
         chosen = settings.consumer_instance_id if instance_id is None else instance_id
         self.instance_id = chosen or None
+        self._member = GroupMember(
+            settings,
+            name=name,
+            group_id=self.group_id,
+            instance_id=self.instance_id,
+            client_config=self._client_config,
+            batch_size=batch_size,
+        )
+        self._sorter = BatchSorter(
+            codec or EnvelopeCodec(), screen=screen, on_error=self._member.handle_error
+        )
         self._metrics = ConsumerMetrics(
             consumer=name, group=self.group_id, topic=settings.topic, registry=registry
         )
-        self._consumer: Consumer | None = None
-        self._dead_letters: DeadLetterWriter | None = None
-        self._positions: dict[TopicPartition, int | None] = {}
-        self._unsynced: set[TopicPartition] = set()
-        self._fence = EpochFence()
-        self._kafka_commits: dict[TopicPartition, int] = {}
-        self._kafka_committed_at = 0.0
-        self._assignments = 0
-        """Rebalances seen (each assignment and revocation counts)."""
+        self._assignment = Assignment(self._database, group_id=self.group_id, consumer=name)
+        self._committer = BatchCommitter(
+            settings,
+            projection,
+            database=self._database,
+            group_id=self.group_id,
+            client_config=self._client_config,
+        )
         self.drained: list[TopicPartition] = []
         """The partitions read to their end when :meth:`run` last stopped for idleness."""
         self._closed = False
@@ -157,38 +116,22 @@ class ConsumerRuntime:
         Raises:
             KafkaUnavailable: the broker is unreachable or the client cannot start.
         """
-        if self._consumer is not None:
+        if self._member.joined:
             return
         if self._closed:
             raise ConsumerError(f"consumer {self.name!r} is closed; create a new one")
         ensure_topics(self._settings, client_config=self._client_config)
-        self._dead_letters = DeadLetterWriter(self._settings, client_config=self._client_config)
-        consumer = new_consumer(
-            self._settings, group_id=self.group_id, config=self._consumer_config()
-        )
-        with kafka_errors(
-            f"consumer {self.name!r} could not start", hint="check the Kafka settings"
-        ):
-            consumer.subscribe(
-                [self._settings.topic], on_assign=self._on_assign, on_revoke=self._on_revoke
-            )
-        self._consumer = consumer
+        self._committer.open()
+        self._member.join(on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def close(self) -> None:
         """Leave the group, flush the dead-letter producer, release the database."""
         if self._closed:
             return
         self._closed = True
-        if self._consumer is not None:
-            try:
-                self._commit_to_kafka()
-                self._consumer.close()
-            except (KafkaException, RuntimeError) as exc:
-                log.warning("consumer %s did not close cleanly: %s", self.name, exc)
-        if self._dead_letters is not None:
-            self._dead_letters.close()
-        if self._owns_engine:
-            self._engine.dispose()
+        self._member.leave(held=self._assignment.positions)
+        self._committer.close()
+        self._database.close()
 
     def __enter__(self) -> ConsumerRuntime:
         return self
@@ -225,69 +168,35 @@ class ConsumerRuntime:
         Raises:
             KafkaUnavailable, ViewsNotMigrated, ProjectionFailed: not retryable here.
         """
-        stop = stop or threading.Event()
-        total = BatchOutcome()
         idle = IdleClock(self, max_idle_s)
-        failures = 0
-
-        def committed(outcome: BatchOutcome) -> None:
-            nonlocal total
-            total += outcome
-            idle.reset()
-            if on_batch is not None:
-                on_batch(outcome)
-
+        loop = ConsumeLoop(
+            self.name,
+            stop=stop or threading.Event(),
+            idle=idle,
+            between=self._between_batches,
+            on_batch=on_batch,
+        )
         with Pipeline(self) as pipeline:
-            while not stop.is_set():
-                try:
-                    outcome = pipeline.turn(poll_timeout_s)
-                    self._between_batches()
-                    failures = 0
-                except _RETRYABLE as exc:
-                    failures += 1
-                    delay = min(_MAX_BACKOFF_S, 0.2 * 2**failures)
-                    log.warning("consumer %s: %s; retrying in %.1f s", self.name, exc, delay)
-                    stop.wait(delay)
-                    outcome = None
-                if outcome is not None:
-                    committed(outcome)
-                elif not pipeline.holding and idle.finished():
-                    self.drained = idle.drained
-                    break
-            try:
-                if (outcome := pipeline.flush()) is not None:
-                    committed(outcome)
-            except _RETRYABLE as exc:
-                log.warning("consumer %s: the last batch was not committed: %s", self.name, exc)
+            total = loop.drive(pipeline, poll_timeout_s)
+        if loop.idled:
+            self.drained = idle.drained
         return total
 
     @property
     def assigned(self) -> list[TopicPartition]:
         """The partitions this consumer holds now."""
-        return sorted(self._positions)
+        return self._assignment.held
 
     @property
     def stale_dropped(self) -> int:
         """Stale relay copies the fence has refused since this consumer started (a
         copy in a batch that was rolled back and read again counts each time)."""
-        return self._fence.dropped
+        return self._assignment.fence.dropped
 
     def lag(self, *, timeout_s: float = 5.0) -> int | None:
         """Messages of the assigned partitions not yet applied, from the broker's high
         watermarks; ``None`` when nothing is assigned or the broker did not answer."""
-        if self._consumer is None or not self._positions:
-            return None
-        behind = 0
-        try:
-            for tp, position in list(self._positions.items()):
-                low, high = self._consumer.get_watermark_offsets(
-                    KafkaPartition(*tp), timeout=timeout_s, cached=False
-                )
-                behind += max(0, high - (low if position is None else max(position, low)))
-        except KafkaException as exc:
-            log.warning("consumer %s: could not read the high watermarks: %s", self.name, exc)
-            return None
-        return behind
+        return self._member.lag(self._assignment.positions, timeout_s=timeout_s)
 
     def poll_once(self, timeout: float) -> BatchOutcome | None:
         """Consume and commit at most one batch.
@@ -324,13 +233,13 @@ class ConsumerRuntime:
         return self._settle(batch, lambda: self._commit(batch, moves))
 
     def _receive(self, timeout: float) -> list[Message]:
-        """Start or rewind when needed, then consume (see :meth:`_consume`)."""
+        """Start or rewind when needed, then consume (see :meth:`GroupMember.consume`)."""
         self.start()
-        if self._unsynced:
+        if self._assignment.unsynced:
             self._sync()
-        return self._consume(timeout)
+        return self._member.consume(timeout)
 
-    def _settle(self, batch: _Batch, commit: Callable[[], BatchOutcome]) -> BatchOutcome | None:
+    def _settle(self, batch: Batch, commit: Callable[[], BatchOutcome]) -> BatchOutcome | None:
         """Wait for ``commit`` of ``batch`` and take its result: the outcome, or
         ``None`` when it raced another consumer (rolled back, rewound)."""
         try:
@@ -350,235 +259,43 @@ class ConsumerRuntime:
 
     # -- one batch --------------------------------------------------------------------
 
-    def _consume(self, timeout: float) -> list[Message]:
-        """Wait up to ``timeout`` for one message, then take what is already fetched.
+    def _sort(self, messages: Sequence[Message]) -> Batch:
+        """Sort consumed ``messages`` into a batch (see :class:`BatchSorter`)."""
+        return self._sorter.sort(messages, self._assignment)
 
-        Waiting for a full batch would hold a message that arrived alone for the whole
-        timeout; taking what the client has prefetched keeps batches large under load.
-        """
-        assert self._consumer is not None
-        with kafka_errors(f"consumer {self.name!r} failed", hint="restart it"):
-            first = self._consumer.poll(timeout)
-            if first is None or self._batch_size == 1:
-                return [] if first is None else [first]
-            return [first, *self._consumer.consume(num_messages=self._batch_size - 1, timeout=0)]
-
-    def _sort(self, messages: Sequence[Message]) -> _Batch:
-        """Sort consumed ``messages`` into a batch: records, poison and stale copies.
-
-        Every message costs a few microseconds here, on the thread that also decodes:
-        what does not change within a batch (the lowest offset ours to apply of each
-        partition, the bound methods) is looked up once.
-        """
-        batch = _Batch(assignment=self._assignments)
-        records, next_offsets = batch.records, batch.next_offsets
-        floors = self._floors()
-        admit = self._fence.admit
-        decode = self._decode
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                self._kafka_error(error)
-                continue
-            tp = (message.topic() or "", message.partition() or 0)
-            offset = message.offset() or 0
-            floor = floors.get(tp)
-            if floor is None or offset < floor:
-                continue
-            next_offsets[tp] = offset + 1
-            headers = message.headers()
-            if isinstance(headers, dict):  # the client hands a list; typed as either
-                headers = list(headers.items())
-            if not admit(tp[1], headers):
-                batch.stale += 1
-                continue
-            decoded = decode(message.value())
-            if isinstance(decoded, str):
-                batch.poison.append(Poison.of(message, decoded))
-            else:
-                records.append(delivered(decoded, tp[0], tp[1], offset))
-        return batch
-
-    def _floors(self) -> dict[TopicPartition, int]:
-        """The lowest offset of each partition whose messages are ours to apply.
-
-        Messages of revoked partitions, of partitions awaiting a rewind, or below the
-        stored offset (fetched before a seek took effect) are not.
-        """
-        unsynced = self._unsynced
-        return {tp: stored or 0 for tp, stored in self._positions.items() if tp not in unsynced}
-
-    def _kafka_error(self, error: KafkaError) -> None:
-        if error.code() == KafkaError._PARTITION_EOF:
-            return
-        # A fenced static member gets its fatal error as a message whose own flag may
-        # not say so; the client is unusable either way.
-        if error.fatal() or error.code() == KafkaError._FATAL:
-            hint = (
-                f"; if another consumer of group {self.group_id!r} runs with instance id "
-                f"{self.instance_id!r}, give each its own (--instance-id)"
-                if self.instance_id
-                else ""
-            )
-            raise KafkaUnavailable(f"consumer {self.name!r} failed fatally: {error.str()}{hint}")
-        log.warning("consumer %s: Kafka reported %s; skipping it", self.name, error.str())
-
-    def _decode(self, value: bytes | str | None) -> Envelope | str:
-        """The envelope, or the reason it cannot be projected."""
-        if not value:
-            return "message has no value (empty or tombstone); expected an envelope"
-        data = value.encode() if isinstance(value, str) else value
-        try:
-            envelope = self._codec.decode(data)
-        except BlackboxError as exc:
-            return str(exc)
-        except Exception as exc:  # a poison message must never stop the consumer
-            return f"decoder failed unexpectedly: {exc!r}"
-        return (self._screen(envelope) if self._screen else None) or envelope
-
-    def _moves(self, batch: _Batch) -> list[OffsetMove]:
+    def _moves(self, batch: Batch) -> list[OffsetMove]:
         """The offset advances of ``batch``, with the fence as it stands after it: taken
         by the reading thread before the next batch is sorted (which moves the fence),
         from the positions the previous batch's commit left."""
-        return [
-            OffsetMove(tp[0], tp[1], self._positions[tp], next_offset, self._fence.state(tp[1]))
-            for tp, next_offset in batch.next_offsets.items()
-        ]
+        return self._assignment.moves(batch.next_offsets)
 
-    def _commit(self, batch: _Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
-        """1. DLQ acknowledged. 2. Offsets CAS. 3. Projection. 4. Commit.
+    def _commit(self, batch: Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
+        """Commit ``batch`` (see :meth:`BatchCommitter.commit`); :meth:`run` calls it on
+        its worker thread."""
+        return self._committer.commit(batch, moves)
 
-        Touches no state of the reading thread: :meth:`run` calls it on its worker.
-        """
-        assert self._dead_letters is not None
-        self._dead_letters.send(batch.poison)
-        with self._transaction() as conn:
-            advance_offsets(conn, group_id=self.group_id, moves=moves)
-            outcome = self._projection(conn, batch.records) if batch.records else BatchOutcome()
-        return replace(outcome, dead_lettered=len(batch.poison), stale=batch.stale)
-
-    def _committed(self, batch: _Batch, outcome: BatchOutcome, seconds: float) -> None:
-        self._positions.update(batch.next_offsets)
+    def _committed(self, batch: Batch, outcome: BatchOutcome, seconds: float) -> None:
+        self._assignment.advance(batch.next_offsets)
         self._metrics.batch_committed(outcome, seconds)
-        self._report_lag(batch.next_offsets)
-        self._kafka_commits.update(batch.next_offsets)
-        if time.monotonic() - self._kafka_committed_at >= _KAFKA_COMMIT_EVERY_S:
-            self._commit_to_kafka()
-
-    def _report_lag(self, positions: Mapping[TopicPartition, int]) -> None:
-        # The watermark of the last fetch, kept by the client: no request to the broker.
-        if self._consumer is None:
-            return
-        for tp, position in positions.items():
-            try:
-                _low, high = self._consumer.get_watermark_offsets(KafkaPartition(*tp), cached=True)
-            except KafkaException:
-                continue  # not fetched yet: the next batch reports it
-            if high >= 0:
-                self._metrics.lag(tp[1], high - position)
-
-    def _commit_to_kafka(self) -> None:
-        """Informational only (lag dashboards): the database holds the offsets that count."""
-        assert self._consumer is not None
-        held = {tp: o for tp, o in self._kafka_commits.items() if tp in self._positions}
-        self._kafka_commits.clear()
-        self._kafka_committed_at = time.monotonic()
-        if not held:
-            return
-        try:
-            self._consumer.commit(
-                offsets=[KafkaPartition(t, p, o) for (t, p), o in held.items()],
-                asynchronous=True,
-            )
-        except KafkaException as exc:
-            log.debug("consumer %s: informational Kafka commit failed: %s", self.name, exc)
+        for partition, behind in self._member.cached_lag(batch.next_offsets).items():
+            self._metrics.lag(partition, behind)
+        self._member.committed(batch.next_offsets, held=self._assignment.positions)
 
     def _batch_failed(self) -> None:
         self._metrics.batch_failed()
-        self._unsynced.update(self._positions)
+        self._assignment.lose_track()
 
-    # -- offsets and rebalancing ----------------------------------------------------------
+    # -- rebalancing --------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
-        self._assignments += 1
-        tps = [(p.topic, p.partition) for p in partitions]
-        self._fence.forget(p for _, p in tps)
-        try:
-            stored = self._load(tps)
-        except ConsumerError as exc:
-            # Assign anyway (the client would otherwise assign at Kafka's offsets) and
-            # apply nothing from these partitions until a rewind has read the database.
-            log.warning("consumer %s: cannot read offsets on assignment: %s", self.name, exc)
-            self._positions.update(dict.fromkeys(tps))
-            self._unsynced.update(tps)
-            consumer.assign(partitions)
-            return
-        self._positions.update(stored)
-        consumer.assign([_kafka_partition(tp, offset) for tp, offset in stored.items()])
-        log.info("consumer %s assigned %s", self.name, _describe(stored))
+        self._assignment.assign(consumer, partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
-        self._assignments += 1
-        for p in partitions:
-            self._positions.pop((p.topic, p.partition), None)
-            self._unsynced.discard((p.topic, p.partition))
-        self._fence.forget(p.partition for p in partitions)
-        consumer.unassign()
+        self._assignment.revoke(consumer, partitions)
 
     def _sync(self) -> None:
         """Rewind every assigned partition to its stored offset and fence."""
-        assert self._consumer is not None
-        stored = self._load(list(self._positions))
-        for tp, offset in stored.items():
-            rewind = f"consumer {self.name!r} could not rewind {tp[0]}[{tp[1]}]"
-            with kafka_errors(rewind, hint="restart it"):
-                self._consumer.seek(_kafka_partition(tp, offset))
-        self._positions.update(stored)
-        self._unsynced.clear()
-        log.info("consumer %s rewound to %s", self.name, _describe(stored))
-
-    def _load(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
-        """The stored offsets of ``tps``; their fences are reset to the stored ones
-        (what a rolled-back batch admitted is forgotten with it)."""
-        with self._transaction() as conn:
-            offsets = load_offsets(conn, group_id=self.group_id, partitions=tps)
-            fences = load_fences(conn, group_id=self.group_id, partitions=tps)
-        for (_, partition), epochs in fences.items():
-            self._fence.forget([partition])
-            self._fence.restore(partition, epochs)
-        return offsets
-
-    # -- the database edge --------------------------------------------------------------
-
-    @contextmanager
-    def _transaction(self) -> Iterator[Connection]:
-        try:
-            with self._engine.begin() as conn:
-                yield conn
-        except (OperationalError, InterfaceError) as exc:
-            raise ViewStoreUnavailable(
-                f"the view database failed under consumer {self.name!r}: {exc.orig or exc}; "
-                "nothing was committed, the consumer rewinds to its stored offsets and retries"
-            ) from exc
-        except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise ViewStoreUnavailable(
-                    f"view database connection dropped: {exc.orig}; retrying"
-                ) from exc
-            if getattr(exc.orig, "sqlstate", None) in _MISSING_RELATION:
-                raise ViewsNotMigrated(str(exc.orig).splitlines()[0]) from exc
-            raise ProjectionFailed(_refused(self.name, exc)) from exc
-        except SQLAlchemyError as exc:
-            raise ProjectionFailed(_refused(self.name, exc)) from exc
-
-    def _consumer_config(self) -> dict[str, str | int | float | bool]:
-        static = {"group.instance.id": self.instance_id} if self.instance_id else {}
-        return {
-            "enable.auto.offset.store": False,
-            "partition.assignment.strategy": "range",
-            **static,
-            **self._client_config,
-        }
+        self._assignment.rewind(self._member.client)
 
 
 class ViewConsumer(ConsumerRuntime):
@@ -640,19 +357,3 @@ class ViewConsumer(ConsumerRuntime):
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
         self._partitions.clear()  # a topic may have grown: read its count again
         super()._on_assign(consumer, partitions)
-
-
-def _kafka_partition(tp: TopicPartition, offset: int | None) -> KafkaPartition:
-    return KafkaPartition(tp[0], tp[1], OFFSET_BEGINNING if offset is None else offset)
-
-
-def _describe(stored: dict[TopicPartition, int | None]) -> str:
-    parts = [f"{t}[{p}]@{'start' if o is None else o}" for (t, p), o in sorted(stored.items())]
-    return ", ".join(parts) or "nothing"
-
-
-def _refused(name: str, exc: SQLAlchemyError) -> str:
-    return (
-        f"the view database refused a batch of consumer {name!r}: {exc}; nothing was "
-        "committed. Check the projection and the view schema version"
-    )

@@ -62,7 +62,7 @@ def _runtime(**kwargs: object) -> ConsumerRuntime:
 
 def test_a_stale_copy_is_dropped_counted_and_its_offset_passed() -> None:
     runtime = _runtime()
-    runtime._positions = {(TOPIC, 0): 0, (TOPIC, 1): 0}
+    runtime._assignment.positions = {(TOPIC, 0): 0, (TOPIC, 1): 0}
     messages = [
         FakeMessage(0, 0, LeaseStamp(3, 2)),
         FakeMessage(0, 1, LeaseStamp(3, 1)),  # older epoch of the same shard: stale
@@ -78,14 +78,14 @@ def test_a_stale_copy_is_dropped_counted_and_its_offset_passed() -> None:
     # Everything else reached decoding (here: dead-lettered as not an envelope).
     assert [p.offset for p in batch.poison] == [0, 2, 0, 3]
     assert batch.next_offsets == {(TOPIC, 0): 4, (TOPIC, 1): 1}
-    assert runtime._fence.state(0) == {3: 2, 4: 1}
+    assert runtime._assignment.fence.state(0) == {3: 2, 4: 1}
 
 
 def test_a_message_of_a_partition_not_held_is_not_judged() -> None:
     runtime = _runtime()
-    runtime._positions = {(TOPIC, 0): 5}
+    runtime._assignment.positions = {(TOPIC, 0): 5}
     batch = runtime._sort([FakeMessage(0, 4, LeaseStamp(3, 9)), FakeMessage(1, 0, None)])  # type: ignore[list-item]
-    assert (batch.stale, batch.next_offsets, runtime._fence.state(0)) == (0, {}, {})
+    assert (batch.stale, batch.next_offsets, runtime._assignment.fence.state(0)) == (0, {}, {})
 
 
 @dataclass
@@ -182,6 +182,6 @@ def test_membership_takes_the_flag_then_the_variable_then_a_host_slot() -> None:
         runtime = ConsumerRuntime(
             dynamic, lambda _c, _r: BatchOutcome(), name="x", registry=CollectorRegistry()
         )
-        assert "group.instance.id" not in runtime._consumer_config()
-    assert "group.instance.id" not in _runtime()._consumer_config()
-    assert _runtime(instance_id="views-b")._consumer_config()["group.instance.id"] == "views-b"
+        assert "group.instance.id" not in runtime._member.config()
+    assert "group.instance.id" not in _runtime()._member.config()
+    assert _runtime(instance_id="views-b")._member.config()["group.instance.id"] == "views-b"

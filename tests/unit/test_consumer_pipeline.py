@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from agent_blackbox.consumers import BatchOutcome, ConsumerRuntime, ViewStoreUnavailable
 from agent_blackbox.consumers._offsets import OffsetMove
 from agent_blackbox.consumers._pipeline import Pipeline
-from agent_blackbox.consumers._runtime import _Batch
+from agent_blackbox.consumers._sorting import Batch
 from agent_blackbox.schemas import Settings
 from tests.unit.test_consumer_fence import TOPIC, FakeMessage
 
@@ -30,7 +30,7 @@ class Scripted(ConsumerRuntime):
             name="pipeline-test",
             registry=CollectorRegistry(),
         )
-        self._positions = {(TOPIC, 0): 0}
+        self._assignment.positions = {(TOPIC, 0): 0}
         self.reads = reads
         self.fail_at = set(fail_at)
         self.commits: list[list[OffsetMove]] = []
@@ -38,7 +38,7 @@ class Scripted(ConsumerRuntime):
         self.on_read: dict[int, object] = {}
 
     def _receive(self, timeout: float) -> list[FakeMessage]:  # type: ignore[override]
-        if self._unsynced:
+        if self._assignment.unsynced:
             self._sync()
         turn = len(self.reads)
         hook = self.on_read.pop(turn, None)
@@ -46,7 +46,7 @@ class Scripted(ConsumerRuntime):
             hook()
         return self.reads.pop(0) if self.reads else []
 
-    def _commit(self, batch: _Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
+    def _commit(self, batch: Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
         first = min(p.offset for p in batch.poison)
         if first in self.fail_at:
             self.fail_at.discard(first)
@@ -56,10 +56,7 @@ class Scripted(ConsumerRuntime):
 
     def _sync(self) -> None:
         self.rewinds += 1
-        self._unsynced.clear()
-
-    def _commit_to_kafka(self) -> None:
-        pass
+        self._assignment.unsynced.clear()
 
 
 def _messages(*offsets: int) -> list[FakeMessage]:
@@ -78,7 +75,7 @@ def test_batches_commit_in_order_each_from_where_the_last_left_off() -> None:
 
     assert _moved(runtime) == [(0, 2), (2, 3), (3, 5)]
     assert [o.dead_lettered if o else None for o in outcomes] == [None, 2, 1, 2]
-    assert runtime._positions == {(TOPIC, 0): 5}
+    assert runtime._assignment.positions == {(TOPIC, 0): 5}
 
 
 def test_the_batch_left_waiting_is_committed_by_flush() -> None:
@@ -100,8 +97,8 @@ def test_a_failed_commit_drops_the_batch_decoded_behind_it() -> None:
         with pytest.raises(ViewStoreUnavailable):
             pipeline.turn(0)  # commits 0-1 (fails) while 2-3 is decoded
         assert not pipeline.holding
-        assert runtime._positions == {(TOPIC, 0): 0}
-        assert runtime._unsynced
+        assert runtime._assignment.positions == {(TOPIC, 0): 0}
+        assert runtime._assignment.unsynced
         pipeline.turn(0)  # rewinds first, then reads on
 
     assert runtime.rewinds == 1
@@ -112,7 +109,7 @@ def test_a_batch_read_before_a_rebalance_is_not_applied() -> None:
     runtime = Scripted([_messages(0, 1), _messages(2)])
 
     def rebalance() -> None:
-        runtime._assignments += 1
+        runtime._assignment.rebalances += 1
 
     runtime.on_read[1] = rebalance  # during the poll that would hand 0-1 to the worker
     with Pipeline(runtime) as pipeline:

@@ -1,0 +1,126 @@
+"""How far the backup to a store got, as the database records it, and where a writer
+that starts resumes: the store's newest manifest, checked against that record.
+
+The record is the consumer offsets of the store's group, advanced by compare-and-set
+after each manifest is written (as the views' offsets are), so a second writer that
+moved them makes the first one stop instead of writing a diverging chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from agent_blackbox.backup._errors import BackupDiverged, BackupError, first_line
+from agent_blackbox.backup._manifest import LostRange, Manifest
+from agent_blackbox.consumers import OffsetMove, OffsetsMoved, advance_offsets, load_offsets
+
+
+class BackupPosition:
+    """The backup's offsets in the database, per partition of its topic.
+
+    Args:
+        engine: the production database.
+        topic: the topic backed up.
+        group_id: the consumer group the offsets are kept under (one per store).
+        store: the store's description, for the messages.
+    """
+
+    def __init__(self, engine: Engine, *, topic: str, group_id: str, store: str) -> None:
+        self._engine = engine
+        self._topic = topic
+        self._group_id = group_id
+        self._store = store
+        self.stored: dict[int, int | None] = {}
+        """Partition -> the next offset the database records (``None``: nothing)."""
+
+    def resume(
+        self, head: Manifest | None, lows: Mapping[int, int]
+    ) -> tuple[dict[int, int], list[LostRange]]:
+        """Where to start reading each partition of ``lows`` (the topic's low
+        watermarks), after ``head``, the store's newest manifest; and the ranges the
+        topic dropped before they were read. The record is moved up to ``head`` where
+        a crash left it behind.
+
+        Raises:
+            BackupDiverged: the record and the store disagree.
+            BackupError: the database could not be read or written.
+        """
+        self._load(lows)
+        if head is None:
+            if any(v is not None for v in self.stored.values()):
+                raise BackupDiverged(
+                    f"the database records backing up {self._topic} to "
+                    f"{_describe(self.stored)}, but {self._store} holds no "
+                    "manifest: the store was emptied or is not the one backed up to. Point "
+                    "BLACKBOX_BACKUP_URL at the right store, or at a new prefix to start a "
+                    "new backup series"
+                )
+            return dict(lows), []
+        self._check(head)
+        read = {p: head.positions.get(p, lows[p]) for p in lows}
+        lost: list[LostRange] = []
+        for p, low in lows.items():
+            if low > read[p]:
+                lost.append(LostRange(p, read[p], low))
+                read[p] = low
+        self.advance(head.positions)
+        return read, lost
+
+    def advance(self, positions: Mapping[int, int]) -> None:
+        """Record ``positions`` (partition -> next offset), compare-and-set.
+
+        Raises:
+            BackupDiverged: another writer moved the offsets.
+            BackupError: the database could not be written.
+        """
+        moves = [
+            OffsetMove(self._topic, p, expected=self.stored.get(p), next_offset=o)
+            for p, o in sorted(positions.items())
+            if self.stored.get(p) != o
+        ]
+        if not moves:
+            return
+        try:
+            with self._engine.begin() as conn:
+                advance_offsets(conn, group_id=self._group_id, moves=moves)
+        except OffsetsMoved as exc:
+            raise BackupDiverged(
+                f"another backup writer moved the offsets of {self._store}: {exc}"
+            ) from exc
+        except SQLAlchemyError as exc:
+            raise BackupError(f"cannot store the backup's offsets: {first_line(exc)}") from exc
+        self.stored.update(positions)
+
+    def _load(self, lows: Mapping[int, int]) -> None:
+        partitions = [(self._topic, p) for p in sorted(lows)]
+        try:
+            with self._engine.connect() as conn:
+                stored = load_offsets(conn, group_id=self._group_id, partitions=partitions)
+        except SQLAlchemyError as exc:
+            raise BackupError(f"cannot read the backup's offsets: {first_line(exc)}") from exc
+        self.stored = {p: stored[(self._topic, p)] for p in lows}
+
+    def _check(self, head: Manifest) -> None:
+        """The store's newest manifest is of this topic and not behind the record."""
+        if head.topic != self._topic:
+            raise BackupDiverged(
+                f"{self._store} holds a backup of topic {head.topic}, not "
+                f"{self._topic}; give each topic its own store or prefix"
+            )
+        ahead = {
+            p: v for p, v in self.stored.items() if v is not None and v > head.positions.get(p, 0)
+        }
+        if ahead:
+            raise BackupDiverged(
+                f"the database records backing up {self._topic} to {_describe(ahead)}, "
+                f"past the newest manifest in {self._store} "
+                f"({head.key}): manifests were removed from the store. Find out why before "
+                "backing up again (a new prefix starts a new series)"
+            )
+
+
+def _describe(offsets: Mapping[int, int | None]) -> str:
+    return ", ".join(f"[{p}]@{o}" for p, o in sorted(offsets.items()) if o is not None)
