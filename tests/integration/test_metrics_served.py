@@ -44,13 +44,14 @@ def _serving(settings: Settings, log: Path, *argv: str) -> Iterator[str]:
         child.wait(timeout=30)
 
 
-def _scrape(url: str, line: str) -> str | None:
+def _scrape(url: str, *lines: str) -> str | None:
+    """The metrics page once it holds every one of ``lines``."""
     try:
         with urllib.request.urlopen(url, timeout=2) as answer:
             text = answer.read().decode()
     except OSError:
         return None
-    return text if line in text else None
+    return text if all(line in text for line in lines) else None
 
 
 def test_the_outbox_backlog_is_its_depth_and_its_oldest_row_s_age(
@@ -76,14 +77,19 @@ def test_analytics_and_retention_serve_their_metrics(
 
     analytics = ("analytics", "--group", "metrics-test", "--view-metrics-every", "1")
     with _serving(settings, tmp_path / "analytics.log", *analytics) as url:
+        # The gauges read the views (built above); the counter waits for the consumer
+        # to have joined and read: both are waited for, not one assumed with the other.
         page = eventually(
-            lambda: _scrape(url, 'blackbox_runs_recent{replayability="full"} 3.0'),
+            lambda: _scrape(
+                url,
+                'blackbox_runs_recent{replayability="full"} 3.0',
+                "blackbox_consumer_messages_total{",
+            ),
             timeout=60,
-            what="the replayability gauge of three runs",
+            what="the replayability gauge of three runs and the consumer's message count",
         )
     assert 'blackbox_runs_replayable_ratio{replayability="full"} 1.0' in page
     assert "blackbox_effect_intents_open 0.0" in page
-    assert "blackbox_consumer_messages_total" in page
 
     with _serving(settings, tmp_path / "retention.log", "retention", "run", "--every", "60") as url:
         page = eventually(
