@@ -44,7 +44,12 @@ from agent_blackbox.console._auth import (
 )
 from agent_blackbox.console._charts import charts, waterfall
 from agent_blackbox.console._conversation import Item
-from agent_blackbox.console._opening import Openings, conversation_sequences, purpose_room
+from agent_blackbox.console._opening import (
+    CONVERSATION_EVENTS,
+    Openings,
+    conversation_sequences,
+    purpose_room,
+)
 from agent_blackbox.console._templates import page_templates
 from agent_blackbox.console._tree import failures, run_tree
 from agent_blackbox.consumers import (
@@ -392,6 +397,7 @@ class _Pages:
             llm=llm,
             failures=failures(tree),
             bodies=len(conversation_sequences(detail.events)),
+            calls=sum(e.event_type in CONVERSATION_EVENTS for e in detail.events),
             items=items,
             may_open=may_open,
             purpose=purpose,

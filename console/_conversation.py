@@ -175,6 +175,10 @@ def exchange(sequence: int, body: Mapping[str, Any]) -> Exchange:
         )
     request = request if isinstance(request, Mapping) else {}
     response = response if isinstance(response, Mapping) else None
+    if request.get("previous_response_id"):
+        # A Responses call may continue a response stored by the provider: what that
+        # one held is not in this request (it is in the call that got it, if recorded).
+        notes.append(f"continues the stored response {request['previous_response_id']}")
     api, turns = request_turns(provider, request, response)
     stream = response.get("stream") if response is not None else None
     error = body.get("error")

@@ -175,7 +175,12 @@ def test_a_responses_function_call_answer_and_a_streamed_one() -> None:
             {"type": "function_call", "call_id": "fc_3", "name": "lookup", "arguments": "{}"}
         ],
     }
-    request = {"model": "gpt-test", "input": "find it", "stream": True}
+    request = {
+        "model": "gpt-test",
+        "input": "find it",
+        "stream": True,
+        "previous_response_id": "r0",
+    }
     events = [
         {"type": "response.created", "response": {**final, "status": "in_progress", "output": []}},
         {"type": "response.completed", "response": final},
@@ -185,6 +190,7 @@ def test_a_responses_function_call_answer_and_a_streamed_one() -> None:
     assert made.turns[0].parts == (Part("text", "find it"),)
     assert made.streamed == 2
     assert [(c.call_id, c.name) for c in made.answer[0].tool_calls] == [("fc_3", "lookup")]
+    assert made.notes == ("continues the stored response r0",)
 
 
 def test_anthropic_tool_use_and_tool_result_blocks() -> None:
