@@ -20,6 +20,7 @@ import anthropic
 import openai
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from sqlalchemy import Engine, text
@@ -213,9 +214,14 @@ def _audited(engine: Engine, run_id: str, purpose: str) -> list[tuple[str, str]]
         return [(str(p), str(o)) for p, o in rows]
 
 
-def _open_conversation(driver: WebDriver, purpose: str) -> WebElement:
-    driver.find_element(By.ID, "purpose").send_keys(purpose)
-    driver.find_element(By.ID, "open-conversation").click()
+def _open_conversation(driver: WebDriver, purpose: str, *, keyboard: bool = False) -> WebElement:
+    """State ``purpose`` in the run page's form and send it (with the Enter key when
+    ``keyboard``); the conversation shown."""
+    if keyboard:
+        driver.find_element(By.ID, "purpose").send_keys(purpose, Keys.ENTER)
+    else:
+        driver.find_element(By.ID, "purpose").send_keys(purpose)
+        driver.find_element(By.ID, "open-conversation").click()
     shown = eventually(
         lambda: driver.find_elements(By.CSS_SELECTOR, "#conversation, #message"),
         what="the answer to the purpose form",
@@ -361,7 +367,7 @@ def test_an_anthropic_tool_loop_as_a_conversation(
     assert driver.find_element(By.ID, "failures").text == "none"
 
     purpose = f"quality review of run {run_id[:8]}"
-    shown = _open_conversation(driver, purpose)
+    shown = _open_conversation(driver, purpose, keyboard=True)
     first, tool, second = shown.find_elements(By.CSS_SELECTOR, ":scope > li")
     assert "messages" in first.find_element(By.CSS_SELECTOR, ".head").text
     assert _turns(first) == ["system", "user", "assistant (answer)"]
@@ -375,6 +381,11 @@ def test_an_anthropic_tool_loop_as_a_conversation(
     assert "3 earlier turns, as in call #2" in second.find_element(By.CSS_SELECTOR, "summary").text
     assert _turns(second, folded=True)[:3] == ["system", "user", "assistant"]
     assert "echo: tool_result:" in second.find_element(By.CSS_SELECTOR, ".answer").text
+    raw = second.find_element(By.CSS_SELECTOR, "details.raw")
+    raw.find_element(By.TAG_NAME, "summary").send_keys(Keys.ENTER)  # opened from the keyboard
+    assert raw.get_attribute("open") is not None
+    assert '"content_block_delta"' not in raw.text  # not streamed: the message as received
+    assert '"tool_result"' in raw.text
 
     audit = _audited(engine, run_id, purpose)
     assert audit == [(browsing.login.url.username, "requested")] * 3
