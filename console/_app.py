@@ -1,9 +1,10 @@
 """The run console: a Starlette application over the views, with server-rendered pages
 and no script at all.
 
-Pages: the run list (filters, keyset pages), a run (waterfall, LLM calls, effects,
-replays, parent and forks), an event (metadata; its body after the viewer states a
-purpose, through the audited replayer path), and usage charts. Every value from a
+Pages: the run list (filters, keyset pages), a run (its tree of spans, waterfall, LLM
+calls, effects, replays, parent and forks, and its conversation after the viewer states
+a purpose), an event (metadata; its body after the viewer states a purpose), and usage
+charts. Bodies are opened through the audited replayer path (``_opening``). Every value from a
 payload is escaped by the templates and its hidden characters (terminal escapes, bidi
 controls) shown as visible escapes; a strict Content-Security-Policy forbids scripts,
 frames and foreign resources; a body is only ever sent in answer to a POST, never in a
@@ -22,11 +23,9 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from importlib import resources
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
-from anyio import CapacityLimiter, to_thread
-from jinja2 import Environment, FileSystemLoader, select_autoescape
-from markupsafe import Markup, escape
+from jinja2 import Environment
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
@@ -42,32 +41,38 @@ from agent_blackbox.console._auth import (
     Authenticator,
     Refusal,
     StaticTokens,
-    Viewer,
     request_host,
 )
-from agent_blackbox.console._charts import CHART_HEIGHT, CHART_WIDTH, charts, waterfall
+from agent_blackbox.console._charts import charts, waterfall
+from agent_blackbox.console._conversation import Item
+from agent_blackbox.console._opening import (
+    CONVERSATION_EVENTS,
+    Openings,
+    conversation_sequences,
+    purpose_room,
+)
+from agent_blackbox.console._templates import page_templates
+from agent_blackbox.console._tree import failures, run_tree
 from agent_blackbox.consumers import (
     USAGE_GROUPS,
     Cursor,
+    RunDetail,
     RunEvent,
     RunFilter,
     UsageRow,
     ViewRunIndex,
-    dollars_text,
     list_runs_txn,
     llm_usage_txn,
     run_detail_txn,
     run_events_txn,
     usage_series_txn,
 )
-from agent_blackbox.keystore import PURPOSE_MAX_CHARS, bodies_openable_txn, purpose_problem
-from agent_blackbox.replayer import SourceError, open_body
+from agent_blackbox.keystore import bodies_openable_txn
+from agent_blackbox.replayer import OpenedBody
 from agent_blackbox.schemas import (
-    BlackboxError,
     Settings,
     hidden_characters,
     moment,
-    visible_text,
 )
 
 log = logging.getLogger(__name__)
@@ -89,9 +94,6 @@ _SECURITY_HEADERS = {
     "cross-origin-opener-policy": "same-origin",
 }
 _RUN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-BODY_READERS = 8
-"""Bodies read from the topic at once (each may wait on Kafka up to its limit)."""
-_PURPOSE_EXAMPLE = "for example 'incident 4411: refund loop'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,19 +118,8 @@ def create_app(
     addresses only, whatever is given). ``secure_cookie``: the console is served over
     HTTPS by a proxy in front, so its session cookie is sent over HTTPS only."""
     console = Console(settings, engine, auth)
-    templates = Environment(
-        loader=FileSystemLoader(str(resources.files("agent_blackbox.console") / "templates")),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-    )
-    templates.filters["shown"] = visible_text
-    templates.filters["shown_json"] = _shown_json
-    templates.filters["run_path"] = _run_path
-    templates.filters["attributes_line"] = _attributes_line
-    templates.filters["when"] = _when
-    templates.filters["ms"] = _ms
-    templates.filters["dollars"] = _dollars
-    templates.globals.update(chart_width=CHART_WIDTH, chart_height=CHART_HEIGHT)
-    pages = _Pages(console, templates, secure_cookie=secure_cookie)
+    pages = _Pages(console, page_templates(), secure_cookie=secure_cookie)
+    openings = Openings(pages)
     # One stylesheet, read once: served from memory (the package may be installed as
     # links, which a static-files server rightly refuses to follow).
     stylesheet = (resources.files("agent_blackbox.console") / "static" / "console.css").read_bytes()
@@ -144,7 +135,8 @@ def create_app(
             Route("/runs", pages.runs),
             Route("/runs/{run_id}", pages.run),
             Route("/runs/{run_id}/events/{sequence:int}", pages.event),
-            Route("/runs/{run_id}/events/{sequence:int}/body", pages.body, methods=["POST"]),
+            Route("/runs/{run_id}/events/{sequence:int}/body", openings.body, methods=["POST"]),
+            Route("/runs/{run_id}/conversation", openings.conversation, methods=["POST"]),
             Route("/charts", pages.charts),
             Route("/static/console.css", style),
         ],
@@ -233,7 +225,6 @@ class _Pages:
         self.templates = templates
         self.index = ViewRunIndex(console.engine)
         self.secure_cookie = secure_cookie
-        self.body_readers = CapacityLimiter(BODY_READERS)
 
     def render(
         self, request: Request, name: str, *, status: int = 200, **values: Any
@@ -272,7 +263,7 @@ class _Pages:
             return self.c.auth.csrf_token(session)
         return ""
 
-    def _form_allowed(self, request: Request, form: Any) -> str | None:
+    def form_refusal(self, request: Request, form: Any) -> str | None:
         """Why a POST is refused: another site's form, or a missing session token."""
         if _cross_site(request):
             return "this form was posted from another site"
@@ -323,7 +314,7 @@ class _Pages:
 
     async def logout(self, request: Request) -> Response:
         form = await request.form()
-        if self._form_allowed(request, form) is not None:
+        if self.form_refusal(request, form) is not None:
             return self.render(request, "error.html", status=403, message="cross-site sign-out")
         session = request.cookies.get(SESSION_COOKIE)
         if isinstance(self.c.auth, StaticTokens) and session:
@@ -362,9 +353,18 @@ class _Pages:
         return self.render(request, "runs.html", page=page, query=kept, more=more, message=None)
 
     def run(self, request: Request) -> Response:
+        found = self.run_of(request)
+        if isinstance(found, Response):
+            return found
+        return self.run_page(request, *found)
+
+    def run_of(self, request: Request) -> tuple[RunDetail, bool] | Response:
+        """The run the path names, as the login sees it, and whether the login may open
+        bodies; or the page saying why there is none."""
         run_id = request.path_params["run_id"]
         with _Reading() as failed, self.c.engine.connect() as conn:
             detail = run_detail_txn(conn, run_id) if _RUN_ID.fullmatch(run_id) else None
+            may_open = detail is not None and bodies_openable_txn(conn)
         if failed.message:
             return self.render(request, "error.html", status=503, message=failed.message)
         if detail is None:
@@ -374,79 +374,47 @@ class _Pages:
                 status=404,
                 message=f"no run {run_id} in the views this console's login can see",
             )
+        return detail, may_open
+
+    def run_page(
+        self,
+        request: Request,
+        detail: RunDetail,
+        may_open: bool,
+        *,
+        purpose: str = "",
+        message: str | None = None,
+        items: list[Item] | None = None,
+        status: int = 400,
+    ) -> Response:
+        """A run's page; with ``items``, its conversation opened for ``purpose``."""
         llm = [e for e in detail.events if e.event_type == "llm.call"]
-        return self.render(request, "run.html", d=detail, fall=waterfall(detail.events), llm=llm)
-
-    def event(self, request: Request) -> Response:
-        found = self._event(request)
-        if isinstance(found, Response):
-            return found
-        return self._event_page(request, *found, opened=None, purpose="", message=None)
-
-    async def body(self, request: Request) -> Response:
-        form = await request.form()
-        refused = self._form_allowed(request, form)
-        if refused is not None:
-            return self.render(request, "error.html", status=403, message=refused)
-        purpose = str(form.get("purpose", "")).strip()
-        # Bodies are read in worker threads of their own, a few at a time: a slow topic
-        # holds up these answers, never the rest of the console (its pages use the
-        # default threads). When all are busy the viewer is told at once.
-        if self.body_readers.available_tokens < 1:
-            return self.render(
-                request,
-                "error.html",
-                status=503,
-                message=f"{BODY_READERS} bodies are being opened already (is Kafka slow?); "
-                "try again in a moment",
-            )
-        return await to_thread.run_sync(self._open, request, purpose, limiter=self.body_readers)
-
-    def _open(self, request: Request, purpose: str) -> Response:
-        # Looked up first: a run the login cannot see is refused before anything is
-        # audited, and a reader is told it cannot open bodies without asking the keys.
-        found = self._event(request)
-        if isinstance(found, Response):
-            return found
-        event, may_open = found
-        viewer: Viewer = request.state.viewer
-        audited = _audited_purpose(viewer, purpose)
-        if len(audited) > PURPOSE_MAX_CHARS:
-            room = PURPOSE_MAX_CHARS - len(_audited_purpose(viewer, ""))
-            problem: str | None = (
-                f"the purpose is too long ({len(purpose)} characters, at most {room} here)"
-            )
-        else:
-            problem = purpose_problem(purpose, example=_PURPOSE_EXAMPLE)
-        if problem is not None or not may_open:
-            return self._event_page(
-                request, event, may_open, opened=None, purpose=purpose, message=problem
-            )
-        run_id, sequence = request.path_params["run_id"], event.sequence
-        try:
-            opened = open_body(
-                self.c.settings, self.c.engine, self.index, run_id, sequence, purpose=audited
-            )
-        except BlackboxError as exc:
-            log.warning(
-                "console: body of %s #%s not opened: %s", run_id, sequence, type(exc).__name__
-            )
-            status = 503 if isinstance(exc, SourceError) else 403
-            return self._event_page(
-                request,
-                event,
-                may_open,
-                opened=None,
-                purpose=purpose,
-                message=str(exc),
-                status=status,
-            )
-        log.info("console: %s opened the body of %s #%s", viewer.name, run_id, sequence)
-        return self._event_page(
-            request, event, may_open, opened=opened, purpose=purpose, message=None
+        tree = run_tree(detail.events, name=detail.run.agent_id)
+        return self.render(
+            request,
+            "run.html",
+            d=detail,
+            tree=tree,
+            fall=waterfall(tree),
+            llm=llm,
+            failures=failures(tree),
+            bodies=len(conversation_sequences(detail.events)),
+            calls=sum(e.event_type in CONVERSATION_EVENTS for e in detail.events),
+            items=items,
+            may_open=may_open,
+            purpose=purpose,
+            message=message,
+            room=purpose_room(request.state.viewer),
+            status=200 if message is None else status,
         )
 
-    def _event(self, request: Request) -> tuple[RunEvent, bool] | Response:
+    def event(self, request: Request) -> Response:
+        found = self.event_of(request)
+        if isinstance(found, Response):
+            return found
+        return self.event_page(request, *found)
+
+    def event_of(self, request: Request) -> tuple[RunEvent, bool] | Response:
         """The event the path names, as the login sees it, and whether the login may
         open bodies; or the page saying why there is none."""
         run_id = request.path_params["run_id"]
@@ -466,17 +434,18 @@ class _Pages:
             )
         return found[0], may_open
 
-    def _event_page(
+    def event_page(
         self,
         request: Request,
         event: RunEvent,
         may_open: bool,
         *,
-        opened: Any,
-        purpose: str,
-        message: str | None,
+        opened: OpenedBody | None = None,
+        purpose: str = "",
+        message: str | None = None,
         status: int = 400,
     ) -> Response:
+        """An event's page; with ``opened``, its body opened for ``purpose``."""
         body = None
         if opened is not None and opened.body is not None:
             body = json.dumps(opened.body, indent=2, ensure_ascii=False, default=str)
@@ -490,7 +459,7 @@ class _Pages:
             purpose=purpose,
             message=message,
             may_open=may_open,
-            room=PURPOSE_MAX_CHARS - len(_audited_purpose(request.state.viewer, "")),
+            room=purpose_room(request.state.viewer),
             status=200 if message is None else status,
         )
 
@@ -613,11 +582,6 @@ def _cursor(at: str | None, run_id: str | None) -> Cursor | None:
     return Cursor(_moment(at, "after_at"), run_id)
 
 
-def _audited_purpose(viewer: Viewer, purpose: str) -> str:
-    """The purpose as the access audit keeps it: who, through the console, and why."""
-    return f"console {viewer.name}: {purpose}"
-
-
 def _cross_site(request: Request) -> bool:
     """Whether a POST came from another site's page: by the browser's fetch metadata
     when it sends it, and by the Origin header (``null`` included) when present."""
@@ -635,51 +599,7 @@ def _local_path(target: str) -> str:
     return "/runs"
 
 
-def _when(value: datetime | None) -> str:
-    return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-
-
-def _shown_json(pretty: str) -> str:
-    """Pretty-printed JSON with its hidden characters made visible line by line: the
-    line breaks are the layout's own (JSON strings never hold a raw one)."""
-    return "\n".join(visible_text(line) for line in pretty.split("\n"))
-
-
-def _run_path(run_id: str) -> Markup:
-    """``/runs/<run id>``, quoted and escaped once for every link of a run page."""
-    return escape(f"/runs/{quote(run_id, safe='')}")
-
-
-def _attributes_line(attributes: dict[str, str]) -> str:
-    """An event's attributes on one line (``k=v``, each value cut to 80 characters and an
-    ellipsis), hidden characters made visible: one string a row, however many."""
-    return "  ".join(
-        f"{visible_text(k)}={visible_text(v if len(v) <= 80 else v[:79] + '…')}"
-        for k, v in sorted(attributes.items())
-    )
-
-
 def _total_cost(rows: Sequence[UsageRow]) -> Decimal | None:
     """The exact sum of the groups' costs; None when none of them is priced."""
     costs = [row.cost_usd for row in rows if row.cost_usd is not None]
     return sum(costs, Decimal(0)) if costs else None
-
-
-def _dollars(value: Decimal | None, unpriced: int = 0) -> str:
-    """A cost as people read money, with the calls it leaves out: ``$0.0123``,
-    ``$0.0123 + 2 unpriced``, ``2 unpriced``; empty when there is nothing to say."""
-    shown = "" if value is None else dollars_text(value)
-    if not unpriced:
-        return shown
-    return f"{shown} + {unpriced} unpriced" if shown else f"{unpriced} unpriced"
-
-
-def _ms(value: float | None) -> str:
-    """A latency as people read it: ``0.42 ms``, ``12.3 ms``, ``840 ms``, ``2.41 s``."""
-    if value is None:
-        return ""
-    if value < 1:
-        return f"{value:.2f} ms"
-    if value < 100:
-        return f"{value:.1f} ms"
-    return f"{value:.0f} ms" if value < 10_000 else f"{value / 1000:.2f} s"

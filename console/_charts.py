@@ -1,33 +1,39 @@
 """The console's pictures, drawn on the server as SVG geometry (no script on the page):
-a run's waterfall and the usage charts. Templates place the numbers computed here."""
+a run's waterfall (its tree of spans against time) and the usage charts. Templates place
+the numbers computed here."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 
-from agent_blackbox.consumers import RunEvent, UsagePoint, dollars_text
+from agent_blackbox.console._tree import Span
+from agent_blackbox.consumers import UsagePoint, dollars_text
 
 WATERFALL_WIDTH = 900
-LABELS = 170
-"""Width of the column of event names left of the bars."""
+LABELS = 220
+"""Width of the column of span names left of the bars."""
 ROW = 12
 LANES = 6
 """Branches of concurrent work are told apart by this many colours, in turn."""
+LABEL_CHAR = 6.1
+"""Width of one character of a row's name (10 px monospace), to fit names in LABELS."""
+INDENT = 8
+"""How far a span's name is indented per level of the tree."""
 
 
 @dataclass(frozen=True, slots=True)
 class Bar:
-    """One event on the waterfall: where it starts and how wide it is, in pixels."""
+    """One span on the waterfall: where it starts and how wide it is, in pixels."""
 
-    sequence: int
-    event_type: str
+    sequence: int | None
+    css: str
     x: float
     width: float
     y: int
-    lane: int
+    indent: int
     branch: int
     label: str
     name: str
@@ -42,32 +48,33 @@ class Waterfall:
     ticks: list[tuple[float, str]]
 
 
-def waterfall(events: Sequence[RunEvent]) -> Waterfall:
-    """Each event as a bar from its start (its time minus its latency, for a call) to
-    its end, on a row of its own in sequence order, coloured by its branch."""
-    if not events:
+def waterfall(tree: Span) -> Waterfall:
+    """Each span of the run's tree (every event, and each branch of concurrent work) as
+    a bar from its start to its end, a row each in the tree's order, named by its span
+    (indented by its depth), coloured by its branch."""
+    rows = tree.walk()[1:]
+    if not rows:
         return Waterfall([], LABELS + WATERFALL_WIDTH, ROW, 0.0, [])
-    starts = [_start(e) for e in events]
-    origin = min(starts)
-    end = max(e.recorded_at for e in events)
+    origin = min(s.start for _, s in rows)
+    end = max(s.end for _, s in rows)
     span_ms = max((end - origin).total_seconds() * 1000, 1.0)
     scale = (WATERFALL_WIDTH - 2) / span_ms
     bars = []
-    for row, (event, start) in enumerate(zip(events, starts, strict=True)):
-        x = (start - origin).total_seconds() * 1000 * scale
-        width = max((event.recorded_at - start).total_seconds() * 1000 * scale, 2.0)
-        latency = "" if event.latency_ms is None else f", {event.latency_ms:.0f} ms"
+    for row, (depth, span) in enumerate(rows):
+        x = (span.start - origin).total_seconds() * 1000 * scale
+        width = max(span.duration_ms * scale, 2.0)
+        indent = 4 + (depth - 1) * INDENT
         bars.append(
             Bar(
-                sequence=event.sequence,
-                event_type=event.event_type,
+                sequence=span.sequence,
+                css=_bar_class(span),
                 x=round(LABELS + x, 1),
                 width=round(min(width, WATERFALL_WIDTH - x), 1),
                 y=row * ROW,
-                lane=event.branch % LANES,
-                branch=event.branch,
-                label=f"#{event.sequence} {event.event_type}{latency}",
-                name=f"{event.sequence} {event.event_type}",
+                indent=indent,
+                branch=span.branch,
+                label=_bar_label(span),
+                name=fitted(span.name, int((LABELS - 6 - indent) / LABEL_CHAR)),
             )
         )
     ticks = [
@@ -76,10 +83,33 @@ def waterfall(events: Sequence[RunEvent]) -> Waterfall:
     return Waterfall(bars, LABELS + WATERFALL_WIDTH, len(bars) * ROW, span_ms, ticks)
 
 
-def _start(event: RunEvent) -> datetime:
-    if event.latency_ms is None or event.latency_ms < 0:
-        return event.recorded_at
-    return event.recorded_at - timedelta(milliseconds=event.latency_ms)
+def _bar_class(span: Span) -> str:
+    kind = "branch" if span.sequence is None else f"k-{span.kind.lower()}"
+    return f"bar b{span.branch % LANES} {kind}" + (" err" if span.error else "")
+
+
+def _bar_label(span: Span) -> str:
+    where = "" if span.sequence is None else f"#{span.sequence} "
+    words = [f"{where}{span.kind} {span.name}, {span.duration_ms:.0f} ms"]
+    if span.branch:
+        words.append(f"branch {span.branch}")
+    if span.error:
+        words.append(span.error)
+    return " · ".join(words)
+
+
+def fitted(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: cut after the last whole word that
+    fits (or the last ``_``, ``-``, ``.`` or ``/`` part of one long word) and an
+    ellipsis; a single part longer than that is cut where it must."""
+    if len(text) <= limit:
+        return text
+    head = text[: max(limit - 1, 1)]
+    for marks in (" ", "_-./"):
+        cut = max(head.rfind(mark) for mark in marks)
+        if cut > limit // 3:
+            return head[:cut].rstrip(" _-./") + "…"
+    return head + "…"
 
 
 def _ms(value: float) -> str:

@@ -8,7 +8,7 @@ tenants that role is granted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -70,6 +70,10 @@ class ListedRun:
     """The exact sum of its priced LLM calls (None: none priced)."""
     unpriced_calls: int = 0
     """Its LLM calls that did not fail and have no known cost."""
+    llm_errors: int = 0
+    """LLM calls that failed (``errors`` counts every failed call, tools' too)."""
+    tool_errors: int = 0
+    """Tool calls that raised (the agent may have caught the error and carried on)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +152,41 @@ def list_runs_txn(
     )
     rows = [_listed(row) for row in conn.execute(statement, params)]
     more = len(rows) > limit
-    rows = rows[:limit]
+    rows = _with_failures(conn, rows[:limit])
     last = rows[-1] if more else None
     cursor = (
         None if last is None or last.started_at is None else Cursor(last.started_at, last.run_id)
     )
     return RunPage(rows, cursor)
+
+
+_FAILURES = text(
+    """
+    SELECT run_id, 'llm', count(*) FROM blackbox_views.llm_calls
+     WHERE run_id = ANY(:run_ids) AND error_class IS NOT NULL GROUP BY run_id
+    UNION ALL
+    SELECT run_id, 'tool', count(*) FROM blackbox_views.tool_calls
+     WHERE run_id = ANY(:run_ids) AND error_class IS NOT NULL GROUP BY run_id
+    """
+)
+
+
+def _with_failures(conn: Connection, runs: list[ListedRun]) -> list[ListedRun]:
+    """``runs`` with their failed calls told apart by what failed: the rollups sum
+    every failed call, and a tool error the agent caught is not a failed LLM call. Only
+    runs with a failure are looked up (by the call views' primary keys)."""
+    failing = [r.run_id for r in runs if r.errors]
+    if not failing:
+        return runs
+    counts: dict[tuple[str, str], int] = {
+        (run_id, kind): int(count)
+        for run_id, kind, count in conn.execute(_FAILURES, {"run_ids": failing})
+    }
+    llm = {run_id: n for (run_id, kind), n in counts.items() if kind == "llm"}
+    tool = {run_id: n for (run_id, kind), n in counts.items() if kind == "tool"}
+    return [
+        replace(r, llm_errors=llm.get(r.run_id, 0), tool_errors=tool.get(r.run_id, 0)) for r in runs
+    ]
 
 
 def _listed(row: Any) -> ListedRun:
@@ -256,7 +289,7 @@ def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
     ).first()
     if row is None:
         return None
-    run = _listed(row)
+    run = _with_failures(conn, [_listed(row)])[0]
     events = run_events_txn(conn, run_id, limit=MAX_RUN_EVENTS + 1)
     effects = [
         EffectPair(*r)

@@ -4,6 +4,7 @@ from ._access import Opening as Opening
 from ._access import opening as opening
 from ._batch import Replaying as Replaying
 from ._bodies import OpenedBody as OpenedBody
+from ._bodies import open_bodies as open_bodies
 from ._bodies import open_body as open_body
 from ._bodies import readable_body as readable_body
 from ._chat import chat_examples as chat_examples

@@ -1,10 +1,11 @@
-"""One recorded body, opened for a person to read: with a stated purpose, one access
-audit row per opening, read from the topic through the run index."""
+"""Recorded bodies, opened for a person to read: with a stated purpose, one access audit
+row per body, read from the topic through the run index (one body, or several of a run
+in one pass)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from agent_blackbox.schemas import (
     Envelope,
     EventType,
     PayloadPipeline,
+    PlaintextInSealedRun,
     SealedRunGuard,
     Settings,
     llm_reply,
@@ -66,39 +68,93 @@ def open_body(
         SourceError: the run is not indexed, or the topic cannot be read.
         BlackboxError: the event is not in the topic where the index says.
     """
-    # Located first: a run the login's index does not show is refused before the audit.
+    opened = open_bodies(
+        settings, engine, index, run_id, (sequence,), purpose=purpose, timeout_s=timeout_s
+    )
+    return opened[0]
+
+
+def open_bodies(
+    settings: Settings,
+    engine: Engine,
+    index: RunIndex,
+    run_id: str,
+    sequences: Sequence[int],
+    *,
+    purpose: str,
+    timeout_s: float = 15.0,
+) -> list[OpenedBody]:
+    """The bodies of events ``sequences`` of ``run_id``, in sequence order, read in one
+    pass over the run in the topic: what one stated purpose opens at once.
+
+    As :func:`open_body` for each of them: the run is located first (a run the login's
+    index does not show is refused before anything is audited), then one access audit
+    request row per body is written (each with ``purpose``) before the topic is read, so
+    the audit counts every body shown; a sealed run's data keys are unwrapped through
+    the audited functions once each.
+
+    Raises:
+        AccessDenied: the purpose is unusable, or the login may not read the run.
+        SourceError: the run is not indexed, or the topic cannot be read.
+        BlackboxError: an event is not in the topic where the index says.
+    """
+    wanted = sorted(set(sequences))
+    if not wanted:
+        return []
     source = KafkaRunSource(settings, index, run_id, timeout_s=timeout_s)
-    provider = LocalKeyProvider.from_env()
-    if provider is None:
-        request_access(engine, purpose=purpose, run_id=run_id)
-        pipeline = PayloadPipeline()
-    else:
-        keys = AuditedKeys(engine, provider, purpose=purpose)
-        keys.request_access(run_id)
-        pipeline = PayloadPipeline(sealer=AesGcmSealer(keys))
+    pipeline = _audited_pipeline(engine, run_id, purpose=purpose, bodies=len(wanted))
     guard = SealedRunGuard()
     events = iter(source)
     earlier: dict[int, Envelope] = {}  # the llm.calls a request stored by reference names
+    opened: list[OpenedBody] = []
     try:
         for envelope in events:
             refusal = guard.refusal(envelope)
-            if envelope.sequence == sequence:
-                if refusal is not None:
-                    return OpenedBody(
-                        envelope,
-                        None,
-                        f"refused: a plaintext body in a run sealed under data key "
-                        f"{refusal.key_id} since sequence {refusal.sealed_at}, not written "
-                        "by the run's recorder",
-                    )
-                return _opened(envelope, pipeline, earlier)
-            if envelope.sequence > sequence:
+            if envelope.sequence == wanted[len(opened)]:
+                opened.append(_opened_in_run(envelope, pipeline, earlier, refusal))
+                if len(opened) == len(wanted):
+                    return opened
+            elif envelope.sequence > wanted[len(opened)]:
                 break
             if envelope.event_type == EventType.LLM_CALL and refusal is None:
                 earlier[envelope.sequence] = envelope
     finally:
         getattr(events, "close", lambda: None)()  # the topic reader stops at once
-    raise BlackboxError(f"run {run_id} has no event {sequence} in the topic")
+    raise BlackboxError(f"run {run_id} has no event {wanted[len(opened)]} in the topic")
+
+
+def _audited_pipeline(engine: Engine, run_id: str, *, purpose: str, bodies: int) -> PayloadPipeline:
+    """The pipeline that opens ``run_id``'s bodies, after ``bodies`` access request rows
+    were written (committed each): with this process's key-encryption keys, its data
+    keys are unwrapped against the first of them."""
+    provider = LocalKeyProvider.from_env()
+    if provider is None:
+        pipeline = PayloadPipeline()
+    else:
+        keys = AuditedKeys(engine, provider, purpose=purpose)
+        keys.request_access(run_id)
+        bodies -= 1
+        pipeline = PayloadPipeline(sealer=AesGcmSealer(keys))
+    for _ in range(bodies):
+        request_access(engine, purpose=purpose, run_id=run_id)
+    return pipeline
+
+
+def _opened_in_run(
+    envelope: Envelope,
+    pipeline: PayloadPipeline,
+    earlier: Mapping[int, Envelope],
+    refusal: PlaintextInSealedRun | None,
+) -> OpenedBody:
+    if refusal is not None:
+        return OpenedBody(
+            envelope,
+            None,
+            f"refused: a plaintext body in a run sealed under data key "
+            f"{refusal.key_id} since sequence {refusal.sealed_at}, not written "
+            "by the run's recorder",
+        )
+    return _opened(envelope, pipeline, earlier)
 
 
 def _opened(

@@ -1,7 +1,8 @@
 """Compressed payloads and requests stored by reference on the real stack: a
 conversation agent recorded encrypted through Postgres, relayed to Kafka, then read
-back by replay, re-execution and the console's body view, each of which gets the exact
-request the agent sent; runs recorded uncompressed beside it still read."""
+back by replay, re-execution and the console's body view (one body, or a whole run's
+in one pass), each of which gets the exact request the agent sent; runs recorded
+uncompressed beside it still read."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from agent_blackbox.consumers import ViewRunIndex
 from agent_blackbox.keystore import AesGcmSealer, AuditedKeys, DataKeyStore
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.outbox.storage import PostgresBlobs
-from agent_blackbox.replayer import KafkaRunSource, open_body, reexecute, replay_run
+from agent_blackbox.replayer import (
+    KafkaRunSource,
+    open_bodies,
+    open_body,
+    reexecute,
+    replay_run,
+)
 from agent_blackbox.schemas import EventType, PayloadPipeline, Settings, canonical_text
 from tests.integration._backups import KEK, PROVIDER, relay
 from tests.integration._views import build_views
@@ -109,3 +116,20 @@ def test_every_reader_gets_the_exact_requests_back(
     assert opened.withheld is None, opened.withheld
     assert opened.body is not None
     assert canonical_text(opened.body["raw_request"]) == _sent(TURNS)[middle - 2]
+
+    # A run's conversation: every LLM call opened in one pass for one purpose, each
+    # body its own request row in the audit, the run's data key unwrapped once.
+    purpose = "ticket 77: the whole conversation"
+    calls = list(range(2, TURNS + 2))
+    bodies = open_bodies(settings, engine, index, default, calls, purpose=purpose)
+    assert [b.envelope.sequence for b in bodies] == calls
+    assert [canonical_text(b.body["raw_request"]) for b in bodies if b.body] == _sent(TURNS)
+    with engine.connect() as conn:
+        outcomes = conn.execute(
+            text(
+                "SELECT outcome, count(*) FROM blackbox.access_audit WHERE purpose = :p "
+                "GROUP BY outcome"
+            ),
+            {"p": purpose},
+        ).all()
+    assert dict(outcomes) == {"requested": TURNS, "granted": 1}

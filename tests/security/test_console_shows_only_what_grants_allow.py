@@ -5,7 +5,8 @@ Attacks, each with the console signed in as the login that tries it:
   body form of B's event;
 - a reader of tenant A posts the body form of A's own event (readers see metadata only);
 - a replayer of tenant A opens a body of B's run by posting the form directly;
-- a replayer of tenant A opens a body of A's run: allowed, and audited under its name.
+- a replayer of tenant A opens a body of A's run: allowed, and audited under its name;
+- the same with the form that opens a whole run's conversation.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ def _open(client: TestClient, run_id: str) -> Any:
     return client.post(f"/runs/{run_id}/events/2/body", data={"purpose": "checking a claim"})
 
 
+def _converse(client: TestClient, run_id: str) -> Any:
+    return client.post(f"/runs/{run_id}/conversation", data={"purpose": "checking a claim"})
+
+
 def test_a_reader_sees_its_tenant_s_runs_and_no_body(
     settings: Settings, engine: Engine, login: Login, runs: dict[str, str]
 ) -> None:
@@ -77,6 +82,9 @@ def test_a_reader_sees_its_tenant_s_runs_and_no_body(
     foreign = _open(client, runs[TENANT_B])
     assert foreign.status_code == 404
     assert SECRET not in foreign.text
+    foreign = _converse(client, runs[TENANT_B])
+    assert foreign.status_code == 404
+    assert SECRET not in foreign.text
 
     page = client.get(f"/runs/{runs[TENANT_A]}/events/2").text
     assert 'id="no-bodies"' in page  # said before asking for a purpose
@@ -85,6 +93,12 @@ def test_a_reader_sees_its_tenant_s_runs_and_no_body(
     assert SECRET not in own.text
     assert 'id="body"' not in own.text
     assert "may not" in own.text or "permission" in own.text
+    run_page = client.get(f"/runs/{runs[TENANT_A]}").text
+    assert 'id="no-bodies"' in run_page
+    assert 'id="conversation-form"' not in run_page
+    own = _converse(client, runs[TENANT_A])
+    assert SECRET not in own.text
+    assert 'id="conversation"' not in own.text
     assert _audit(engine) == []
 
 
@@ -94,9 +108,10 @@ def test_a_replayer_opens_its_tenant_s_bodies_only_and_each_is_audited(
     replayer = login("blackbox_replayer", tenant=TENANT_A)
     client = _console(settings, replayer)
 
-    foreign = _open(client, runs[TENANT_B])
-    assert foreign.status_code == 404
-    assert SECRET not in foreign.text
+    for opening in (_open, _converse):
+        foreign = opening(client, runs[TENANT_B])
+        assert foreign.status_code == 404
+        assert SECRET not in foreign.text
     assert _audit(engine) == []
 
     assert 'id="purpose-form"' in client.get(f"/runs/{runs[TENANT_A]}/events/2").text
@@ -104,3 +119,8 @@ def test_a_replayer_opens_its_tenant_s_bodies_only_and_each_is_audited(
     assert 'id="body"' in own.text
     assert SECRET in own.text
     assert _audit(engine) == [(replayer.url.username, runs[TENANT_A])]
+    assert 'id="conversation-form"' in client.get(f"/runs/{runs[TENANT_A]}").text
+    whole = _converse(client, runs[TENANT_A])
+    assert 'id="conversation"' in whole.text
+    assert SECRET in whole.text
+    assert _audit(engine) == [(replayer.url.username, runs[TENANT_A])] * 2
