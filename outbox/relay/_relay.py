@@ -68,11 +68,10 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaError, Message
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -85,6 +84,7 @@ from agent_blackbox.broker import (
 )
 from agent_blackbox.outbox._postgres import outbox_backlog_txn
 from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
+from agent_blackbox.outbox.relay._batch import Batch, Row, order_gaps
 from agent_blackbox.outbox.relay._lane import OutboxLane
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
@@ -144,7 +144,7 @@ _RELEASE = text(
 # (no hex text to decode). Each row comes in the form ``produce()`` takes it, so the
 # produce loop converts nothing: the key (run id) and the event id header as UTF-8
 # bytes, made by the server, and the creation time as epoch seconds (a float costs a
-# fraction of a datetime to load, and only a batch's first is used). See ``_Row``.
+# fraction of a datetime to load, and only a batch's first is used). See ``Row``.
 _READ = """
     SELECT id, convert_to(run_id, 'UTF8'), convert_to(event_id::text, 'UTF8'), envelope,
            date_part('epoch', created_at), shard,
@@ -221,63 +221,6 @@ class RelayOptions:
     while the deliveries of the one before are still arriving (1: one at a time)."""
 
 
-_Row = tuple[int, bytes, bytes, bytes, float, int, int]
-"""An outbox row as ``_READ`` gives it: id, key (the run id), event id header value,
-value (the envelope), creation time (epoch seconds), shard, and the rows of the read's
-shards at or below the id it read after (the same in every row of a read)."""
-
-
-@dataclass(slots=True)
-class _Batch:
-    rows: Sequence[_Row]
-    produced: int = 0
-    """Rows produced, the first ones of ``rows``."""
-    acked: list[int] = field(default_factory=list)
-    """Row ids Kafka acknowledged, known once the batch settled (``settle``)."""
-    failed: list[int] = field(default_factory=list)
-    """Row ids whose delivery failed, known once the batch settled."""
-    failed_values: list[bytes] = field(default_factory=list)
-    """The values of the failed deliveries, as the reports give them."""
-    refused: int = 0
-    timed_out: int = 0
-    purged: int = 0
-    pending: int = 0
-    cut: bool = False
-    """Rows were left unproduced: the lease deadline came first."""
-
-    def delivered(self, err: KafkaError | None, msg: Message) -> None:
-        """A delivery report of one of the batch's messages (inside ``poll``). Kept
-        minimal, and the same bound method for every message of the batch: it runs once
-        per event, and a callback made per message costs more than the produce itself.
-        A failed report carries the message's key and value but no headers; the value
-        (an envelope, unique to its event) tells the row at ``settle``."""
-        self.pending -= 1
-        if err is None:
-            return
-        self.failed_values.append(msg.value() or b"")
-        code = err.code()
-        if code == _TIMED_OUT:
-            self.timed_out += 1
-        elif code in _PURGED:
-            self.purged += 1
-        else:
-            self.refused += 1
-            log.error("delivery of an event of run %s failed: %s", _text(msg.key()), err)
-
-    def settle(self) -> None:
-        """Sort the produced rows into acknowledged and failed; a row still unsettled
-        (shutdown cut the wait) is neither, and stays in the outbox. Two rows with the
-        same value (one event in the outbox twice) both count as failed if one did:
-        published again, never lost."""
-        if self.pending == 0:
-            produced = self.rows[: self.produced]
-            if self.failed_values:
-                values = set(self.failed_values)
-                self.failed = [row[0] for row in produced if row[3] in values]
-            failed = set(self.failed)
-            self.acked = [row[0] for row in produced if row[0] not in failed]
-
-
 @dataclass(frozen=True, slots=True)
 class _ReadAhead:
     """The read of the batch after a full one, running while that one is produced."""
@@ -290,8 +233,6 @@ class _ReadAhead:
 
 
 _Headers = list[tuple[str, str | bytes | None]]
-_TIMED_OUT = KafkaError._MSG_TIMED_OUT
-_PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
 
 class Relay:
@@ -350,7 +291,7 @@ class Relay:
         self._stamps: dict[int, tuple[str, bytes]] = {}
         # Batches produced and not yet settled, oldest first; reads go on after the last
         # row produced (``_after``, 0: from the lowest id) of the shards ``_after_shards``.
-        self._window: deque[_Batch] = deque()
+        self._window: deque[Batch] = deque()
         self._after = 0
         self._after_shards: list[int] = []
         self._analyzed_at = -math.inf
@@ -549,7 +490,7 @@ class Relay:
         # Rows read but left (cut) are no idle outbox: report at least one.
         return max(batch.produced, settled, int(batch.cut))
 
-    def _next_rows(self, shards: list[int]) -> Sequence[_Row] | None:
+    def _next_rows(self, shards: list[int]) -> Sequence[Row] | None:
         """The next rows of ``shards`` after the last one produced; None when a row at or
         below it is in the outbox that the relay has not produced (committed late, or
         acknowledged rows whose delete failed or the lease no longer covered).
@@ -685,10 +626,10 @@ class Relay:
 
     # Publishing -------------------------------------------------------------------
 
-    def _publish(self, rows: Sequence[_Row], stop: threading.Event | None) -> _Batch:
+    def _publish(self, rows: Sequence[Row], stop: threading.Event | None) -> Batch:
         """Produce ``rows`` in order while the leases allow; the batch joins the window
         of batches in flight (its deliveries are settled by ``_settle``)."""
-        batch = _Batch(rows=rows)
+        batch = Batch(rows=rows)
         self._window.append(batch)
         topic = self.settings.topic
         deadline = self._deadline
@@ -725,7 +666,7 @@ class Relay:
         self._producer.poll(0)  # serve the deliveries of earlier batches
         return batch
 
-    def _produce_when_room(self, topic: str, row: _Row, headers: _Headers, batch: _Batch) -> None:
+    def _produce_when_room(self, topic: str, row: Row, headers: _Headers, batch: Batch) -> None:
         """Produce ``row`` once the local queue has room again."""
         while True:
             self._producer.poll(0.05)  # the local queue is full; let deliveries drain
@@ -752,7 +693,7 @@ class Relay:
         period. Returns the rows acknowledged, and at least 1 when rows were left.
         """
         window = self._window
-        done: list[_Batch] = []
+        done: list[Batch] = []
         grace: float | None = None
         warned_at = time.monotonic()
         while len(window) > keep:
@@ -787,11 +728,11 @@ class Relay:
                 continue
             done.append(window.popleft())
             batch.settle()
-            if batch.failed or batch.cut:
+            if batch.left_rows:
                 keep = 0
         if not window:
             self._after = 0
-        self._left_rows = any(b.failed or b.cut for b in done)
+        self._left_rows = any(b.left_rows for b in done)
         if not done:
             return 0
         acked = [row_id for b in done for row_id in b.acked]
@@ -806,9 +747,9 @@ class Relay:
             rows = [row for b in done for row in b.rows[: b.produced]]
             failed = [row_id for b in done for row_id in b.failed]
             self._count_order_gaps(order_gaps(rows, acked, failed))
-        return len(acked) or int(any(b.failed or b.cut for b in done))
+        return len(acked) or int(any(b.left_rows for b in done))
 
-    def _account(self, batch: _Batch) -> None:
+    def _account(self, batch: Batch) -> None:
         self.published += len(batch.acked)
         self.metrics.published.inc(len(batch.acked))
         if batch.acked:
@@ -995,27 +936,6 @@ class Relay:
             depth, oldest = outbox_backlog_txn(conn)
         self.metrics.outbox_depth.set(depth)
         self.metrics.outbox_oldest_age.set(oldest)
-
-
-def order_gaps(rows: Sequence[Sequence[Any]], acked: Sequence[int], failed: Sequence[int]) -> int:
-    """How many acknowledged rows of ``rows`` (id, run id, ...; in id order) come after a
-    failed row of their run: events the topic now holds before an earlier one of theirs."""
-    failed_ids, acked_ids = set(failed), set(acked)
-    first_failed: dict[Any, int] = {}
-    gaps = 0
-    for row in rows:
-        row_id, run_id = row[0], row[1]
-        if row_id in failed_ids:
-            first_failed.setdefault(run_id, row_id)
-        elif row_id in acked_ids and run_id in first_failed:
-            gaps += 1
-    return gaps
-
-
-def _text(value: str | bytes | None) -> str:
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return value or ""
 
 
 def _first_line(exc: BaseException) -> str:
