@@ -9,14 +9,13 @@ unique to its event: reports of failed deliveries carry no headers.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-log = logging.getLogger("blackbox.relay")
+from agent_blackbox.outbox.relay._log import log
 
 Row = tuple[int, bytes, bytes, bytes, float, int, int]
 """An outbox row as the relay reads it: id, key (the run id), event id header value,

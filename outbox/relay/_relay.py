@@ -82,15 +82,14 @@ from agent_blackbox.broker import (
     new_producer,
     producer_config,
 )
-from agent_blackbox.outbox._postgres import outbox_backlog_txn
 from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
-from agent_blackbox.outbox.relay._batch import Batch, Row, order_gaps
+from agent_blackbox.outbox.relay._batch import Batch, Row
+from agent_blackbox.outbox.relay._counts import RelayCounts
 from agent_blackbox.outbox.relay._lane import OutboxLane
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
+from agent_blackbox.outbox.relay._log import first_line, log
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
 from agent_blackbox.schemas import PermissionRefused, Settings, permission_refused
-
-log = logging.getLogger("blackbox.relay")
 
 EVENT_ID_HEADER = "blackbox.event_id"
 
@@ -278,6 +277,12 @@ class Relay:
                 "nothing queued outlives a lease; change the lease TTL instead"
             )
         self.metrics = metrics or RelayMetrics.create()
+        self._counts = RelayCounts(
+            self.metrics,
+            message_timeout_s=self.timing.message_timeout_s,
+            kafka_bootstrap=self.settings.kafka_bootstrap,
+            depth_every_s=self.options.depth_every_s,
+        )
         self._producer = new_producer(
             self.settings,
             producer_config(
@@ -316,7 +321,6 @@ class Relay:
         )
         self._ahead: _ReadAhead | None = None
         self._deletes: deque[Future[None]] = deque()
-        self._depth_at = -math.inf
         self._listener: psycopg.Connection[Any] | None = None
         self._topic_ready = False
         self._closed = False
@@ -328,13 +332,26 @@ class Relay:
         again (see ``drain_once``)."""
         self.idle = False
         """True while the relay waits for a notification (nothing left to publish)."""
-        self.published = 0
-        self.failed_deliveries = 0
+
+    @property
+    def published(self) -> int:
+        """Events Kafka acknowledged since the relay started."""
+        return self._counts.published
+
+    @property
+    def failed_deliveries(self) -> int:
         """Deliveries Kafka refused since the relay started (their rows stay)."""
-        self.timed_out = 0
+        return self._counts.failed_deliveries
+
+    @property
+    def timed_out(self) -> int:
         """Deliveries not settled within the message timeout (their rows stay)."""
-        self.fenced = 0
+        return self._counts.timed_out
+
+    @property
+    def fenced(self) -> int:
         """Times the relay stopped publishing for want of a valid lease."""
+        return self._counts.fenced
 
     @property
     def epochs(self) -> Mapping[int, int]:
@@ -374,7 +391,7 @@ class Relay:
                     ) from exc
                 failures += 1
                 delay = min(0.2 * 2**failures, 5.0)
-                log.warning("%s; retrying in %.1fs", _first_line(exc), delay)
+                log.warning("%s; retrying in %.1fs", first_line(exc), delay)
                 self._close_listener()
                 stop.wait(delay)
                 continue
@@ -395,7 +412,7 @@ class Relay:
         try:
             self._settle(stop, keep=0)
         except SQLAlchemyError as exc:
-            log.warning("could not delete the last acknowledged rows: %s", _first_line(exc))
+            log.warning("could not delete the last acknowledged rows: %s", first_line(exc))
 
     @contextmanager
     def _heartbeats(self) -> Iterator[None]:
@@ -412,7 +429,7 @@ class Relay:
                 try:
                     self._keep_leases(may_release=False)
                 except SQLAlchemyError as exc:
-                    log.warning("could not renew leases: %s", _first_line(exc))
+                    log.warning("could not renew leases: %s", first_line(exc))
                     self._next_check = time.monotonic() + self.timing.heartbeat_s / 2
                 self._fence_if_expired("its leases could not be renewed before they ran out")
 
@@ -450,7 +467,7 @@ class Relay:
             # Renewing is the heartbeat thread's when it runs; handing back is ours.
             self._keep_leases(may_release=self._quiet(), wait=False)
         self._fence_if_expired("its leases ran out before they were renewed")
-        self._observe_depth()
+        self._counts.observe_depth(self.engine)
         shards = self._shards
         if shards != self._after_shards:
             # Another set of shards: read it from its lowest id, once nothing is in flight.
@@ -484,7 +501,7 @@ class Relay:
         settled = self._settle(stop, keep=keep)
         # Rows left behind (a failed delivery) are read again at once, not at a NOTIFY.
         self._caught_up = caught_up and not self._window and not self._left_rows
-        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        self._counts.batch_took(time.perf_counter() - started)
         if batch.cut:
             self._next_check = -math.inf  # renew before the next batch
         # Rows read but left (cut) are no idle outbox: report at least one.
@@ -547,7 +564,7 @@ class Relay:
             log.warning(
                 "could not refresh the outbox's statistics (%s); a backlog may drain slowly "
                 "until autovacuum analyzes the outbox: run `blackbox migrate`",
-                _first_line(exc),
+                first_line(exc),
             )
 
     def _read(self, shards: list[int], after: int) -> Future[list[Any]]:
@@ -596,7 +613,7 @@ class Relay:
         try:
             self._deleted(wait=True)
         except SQLAlchemyError as exc:
-            log.warning("could not delete acknowledged rows: %s", _first_line(exc))
+            log.warning("could not delete acknowledged rows: %s", first_line(exc))
         self._deletes.clear()
         self._ahead = None
         self._lane.close()
@@ -722,7 +739,7 @@ class Relay:
                     try:
                         self._keep_leases(may_release=False, wait=False)
                     except SQLAlchemyError as exc:
-                        log.warning("could not renew leases: %s", _first_line(exc))
+                        log.warning("could not renew leases: %s", first_line(exc))
                         self._next_check = now + self.timing.heartbeat_s / 2
                 self._fence_if_expired("its leases could not be renewed before they ran out")
                 continue
@@ -741,42 +758,8 @@ class Relay:
             # behind it.
             ids = ",".join(map(str, acked))  # one text, not a Python-built array of ints
             self._deletes.append(self._lane.delete(_DELETE, {"ids": ids, "me": self.owner}))
-        for b in done:
-            self._account(b)
-        if any(b.failed for b in done):
-            rows = [row for b in done for row in b.rows[: b.produced]]
-            failed = [row_id for b in done for row_id in b.failed]
-            self._count_order_gaps(order_gaps(rows, acked, failed))
+        self._counts.settled(done)
         return len(acked) or int(any(b.left_rows for b in done))
-
-    def _account(self, batch: Batch) -> None:
-        self.published += len(batch.acked)
-        self.metrics.published.inc(len(batch.acked))
-        if batch.acked:
-            # One latency sample per batch: its oldest row, the worst case of the batch.
-            self.metrics.publish_latency.observe(_age(batch.rows[0][4]))
-        if batch.refused:
-            self.failed_deliveries += batch.refused
-            self.metrics.delivery_failures.inc(batch.refused)
-        if batch.timed_out:
-            self.timed_out += batch.timed_out
-            self.metrics.delivery_timeouts.inc(batch.timed_out)
-            log.warning(
-                "%d deliveries were not settled within %.1f s (is Kafka at %s reachable?); "
-                "their rows stay and are published again in order",
-                batch.timed_out,
-                self.timing.message_timeout_s,
-                self.settings.kafka_bootstrap,
-            )
-
-    def _count_order_gaps(self, gaps: int) -> None:
-        if gaps:
-            self.metrics.order_gaps.inc(gaps)
-            log.error(
-                "%d events were acknowledged after an earlier event of their run failed; "
-                "the earlier ones follow them in the topic (readers order by sequence)",
-                gaps,
-            )
 
     def _fence_if_expired(self, reason: str) -> None:
         if self._shards and self._deadline.expired(time.monotonic()):
@@ -790,17 +773,15 @@ class Relay:
         Called with the lease lock held."""
         queued = len(self._producer)
         self._producer.purge(in_queue=True, in_flight=False, blocking=True)
-        left = len(self._producer)
-        self.fenced += 1
-        self.metrics.fenced.inc()
-        self.metrics.purged.inc(max(queued - left, 0))
+        purged = max(queued - len(self._producer), 0)
+        self._counts.fenced_once(purged)
         log.warning(
             "relay %s stops publishing shards %s: %s; %d queued messages purged (their rows "
             "stay for the next owner)",
             self.owner,
             self._shards,
             reason,
-            max(queued - left, 0),
+            purged,
         )
         self._shards, self._stamps, self._epochs = [], {}, {}
         self._deadline.lapse()
@@ -926,22 +907,3 @@ class Relay:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-
-    def _observe_depth(self) -> None:
-        now = time.monotonic()
-        if now - self._depth_at < self.options.depth_every_s:
-            return
-        self._depth_at = now
-        with self.engine.connect() as conn:
-            depth, oldest = outbox_backlog_txn(conn)
-        self.metrics.outbox_depth.set(depth)
-        self.metrics.outbox_oldest_age.set(oldest)
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def _age(created_at: float) -> float:
-    """Seconds since ``created_at`` (epoch seconds, the database's clock)."""
-    return max(time.time() - created_at, 0.0)
