@@ -71,7 +71,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -82,11 +81,11 @@ from agent_blackbox.broker import (
     new_producer,
     producer_config,
 )
-from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
 from agent_blackbox.outbox.relay._batch import Batch, Row
 from agent_blackbox.outbox.relay._counts import RelayCounts
 from agent_blackbox.outbox.relay._lane import OutboxLane
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
+from agent_blackbox.outbox.relay._listener import Listener
 from agent_blackbox.outbox.relay._log import first_line, log
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
 from agent_blackbox.schemas import PermissionRefused, Settings, permission_refused
@@ -321,7 +320,7 @@ class Relay:
         )
         self._ahead: _ReadAhead | None = None
         self._deletes: deque[Future[None]] = deque()
-        self._listener: psycopg.Connection[Any] | None = None
+        self._listener = Listener(engine)
         self._topic_ready = False
         self._closed = False
         self._left_rows = False
@@ -330,8 +329,11 @@ class Relay:
         """The last read found less than a batch while a writer's NOTIFY would have woken
         the relay for anything committed after it: the loop waits instead of reading
         again (see ``drain_once``)."""
-        self.idle = False
+
+    @property
+    def idle(self) -> bool:
         """True while the relay waits for a notification (nothing left to publish)."""
+        return self._listener.idle
 
     @property
     def published(self) -> int:
@@ -392,7 +394,7 @@ class Relay:
                 failures += 1
                 delay = min(0.2 * 2**failures, 5.0)
                 log.warning("%s; retrying in %.1fs", first_line(exc), delay)
-                self._close_listener()
+                self._listener.close()
                 stop.wait(delay)
                 continue
             if self.failed_deliveries > refused:
@@ -481,7 +483,7 @@ class Relay:
         started = time.perf_counter()
         # Listening since before this read: every row committed after the read began
         # announces itself with a NOTIFY, so a partial batch needs no read after it.
-        listening = self._listener is not None and not self._listener.closed
+        listening = self._listener.listening
         rows = self._next_rows(shards)
         if rows is None:
             # A writer committed a row below the last one read: settle everything in
@@ -606,7 +608,7 @@ class Relay:
         if self._closed:
             return
         self._closed = True
-        self._close_listener()
+        self._listener.close()
         self._producer.purge(in_queue=True, in_flight=False, blocking=True)
         # In-flight requests settle (acknowledged or failed) within the message timeout.
         self._producer.flush(self.timing.message_timeout_s + self.timing.margin_s)
@@ -863,47 +865,11 @@ class Relay:
 
     def _wait_for_work(self, stop: threading.Event) -> None:
         """Sleep until a writer's NOTIFY or the polling interval, whichever comes first;
-        the heartbeat thread renews the leases meanwhile.
-
-        The wait is cut in short slices so that a stop request, shards the heartbeat
-        took, or a share to hand back are seen promptly.
-        """
-        deadline = time.monotonic() + self.options.idle_wait_s
+        the heartbeat thread renews the leases meanwhile. Shards the heartbeat took, or
+        a share to hand back, end the wait early."""
         before = self._shards
-        try:
-            listener = self._listen()
-            self.idle = True
-            while not stop.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._shards != before or self._over_share:
-                    return
-                first = listener.notifies(timeout=min(remaining, 0.25), stop_after=1)
-                try:
-                    woken = next(first, None)
-                finally:
-                    first.close()  # it holds the connection's lock until closed
-                if woken is not None:
-                    # Take the others already here too: one read covers every commit
-                    # announced so far, and each one left waiting would wake a read.
-                    for _ in listener.notifies(timeout=0.0):
-                        pass
-                    return
-        except psycopg.Error as exc:
-            log.warning("LISTEN failed (%s); falling back to polling", exc)
-            self._close_listener()
-            stop.wait(max(deadline - time.monotonic(), 0.0))
-        finally:
-            self.idle = False
 
-    def _listen(self) -> psycopg.Connection[Any]:
-        if self._listener is None or self._listener.closed:
-            url = self.engine.url.set(drivername="postgresql")
-            dsn = url.render_as_string(hide_password=False)
-            self._listener = psycopg.connect(dsn, autocommit=True)
-            self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        return self._listener
+        def moved() -> bool:
+            return self._shards != before or self._over_share
 
-    def _close_listener(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        self._listener.wait(stop, timeout=self.options.idle_wait_s, moved=moved)
