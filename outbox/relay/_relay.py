@@ -66,7 +66,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -83,11 +82,11 @@ from agent_blackbox.broker import (
 )
 from agent_blackbox.outbox.relay._batch import Batch, Row
 from agent_blackbox.outbox.relay._counts import RelayCounts
-from agent_blackbox.outbox.relay._lane import OutboxLane
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
 from agent_blackbox.outbox.relay._listener import Listener
 from agent_blackbox.outbox.relay._log import first_line, log
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
+from agent_blackbox.outbox.relay._reader import OutboxReader
 from agent_blackbox.schemas import PermissionRefused, Settings, permission_refused
 
 EVENT_ID_HEADER = "blackbox.event_id"
@@ -131,72 +130,12 @@ _RELEASE = text(
     "UPDATE blackbox.relay_leases SET owner = NULL, expires_at = NULL "
     "WHERE owner = :me AND NOT shard = ANY(:keep)"
 )
-# The rows after the last one produced (``:after``), and, in the same snapshot, how many
-# rows of these shards lie at or below it: more than the relay has in flight means a
-# writer committed a lower id late (see ``_read``). The rows must come from the primary
-# key in order, the scan stopping at the limit: ``shard + 0`` keeps them from the
-# (shard, id) index, and ``enable_sort`` off keeps the planner (whose row estimates lag behind
-# a fast-changing outbox) from reading every row after ``:after`` to sort them, which
-# made each read cost in proportion to the whole outbox (set for the lane's session).
-# Run on the driver's cursor with binary results: envelopes arrive as they are stored
-# (no hex text to decode). Each row comes in the form ``produce()`` takes it, so the
-# produce loop converts nothing: the key (run id) and the event id header as UTF-8
-# bytes, made by the server, and the creation time as epoch seconds (a float costs a
-# fraction of a datetime to load, and only a batch's first is used). See ``Row``.
-_READ = """
-    SELECT id, convert_to(run_id, 'UTF8'), convert_to(event_id::text, 'UTF8'), envelope,
-           date_part('epoch', created_at), shard,
-           (SELECT count(*) FROM blackbox.outbox
-             WHERE shard = ANY(%(shards)s) AND id <= %(after)s) AS below
-      FROM blackbox.outbox
-     WHERE shard + 0 = ANY(%(shards)s) AND id > %(after)s
-     ORDER BY id LIMIT %(limit)s
-"""
-# The outbox lane's sessions (see ``_lane``): reads and deletes are single statements in
-# autocommit, one round trip each. Deletes need not wait for the
-# disk: a delete lost in a database crash only publishes those rows again (duplicates,
-# which readers absorb), never loses one. The idle bound is kept for any transaction
-# the session might be left in. Sequential scans and parallel workers are off for the
-# same reason as sorts: after a bulk insert the statistics show a large outbox, and the
-# planner counted the rows below ``:after`` with a parallel scan of the whole table
-# (dead rows included) instead of the primary key's few thousand live entries, which
-# cost more than the read itself; no read or delete of a batch makes a worker process or
-# a full scan pay. JIT is off with them: the penalty a disabled plan node carries pushes
-# every statement's estimate over the JIT threshold, and compiling took longer (about
-# 100 ms) than the deletes it compiled.
-_LANE_SETTINGS = (
-    "SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, false), "
-    "set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false), "
-    "set_config('enable_seqscan', 'off', false), "
-    "set_config('max_parallel_workers_per_gather', '0', false), set_config('jit', 'off', false)"
-)
-_DELETE_SESSION = text(_LANE_SETTINGS)
-# The reading session plans no bitmap scans either, so that the count walks the index: a
-# bitmap scan visits the heap for every entry of a deleted row and leaves it as it was,
-# so each count of a drain cost more than the last (17 ms at 100k rows deleted); an
-# index scan marks the entries of rows no snapshot can see as dead, and the next count
-# steps over them (2 ms). The deleting session keeps them: the outbox's statistics may
-# say it is empty (vacuumed empty, then filled by a burst), and without bitmap scans the
-# planner then probed the (shard, id) index for each of a batch's ids, 2-7 s a delete.
-_READ_SESSION = text(_LANE_SETTINGS + ", set_config('enable_bitmapscan', 'off', false)")
 # Every transaction of the relay that takes row locks (lease renewal and claims, deletes)
 # bounds how long it may sit idle: a relay frozen inside one (SIGSTOP, a VM pause) would
 # otherwise hold its lease rows, so no other relay could claim them (the claim skips
 # locked rows), or its outbox rows, so the next owner's deletes would wait. The server
 # ends such a session after the bound, well before the frozen relay's leases run out.
 _BOUNDED = text("SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, true)")
-_ANALYZE = text("SELECT blackbox.analyze_outbox()")
-_ANALYZE_EVERY_S = 60.0
-# Fenced by the leases this relay still holds. The lease set is computed once, as an
-# array, so the planner probes the primary key per id instead of per id and lease; and it
-# is compared as ``shard + 0``, so that no index serves it: the planner cannot know that
-# the array may hold every shard, guessed it selective, and walked every row of the
-# leased shards through the (shard, id) index, comparing each with the 5,000 ids.
-_DELETE = """
-    DELETE FROM blackbox.outbox
-     WHERE id = ANY(string_to_array(%(ids)s, ',')::bigint[])
-       AND shard + 0 = ANY(ARRAY(SELECT shard FROM blackbox.relay_leases WHERE owner = %(me)s))
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,17 +156,6 @@ class RelayOptions:
     pipeline_batches: int = 2
     """Batches produced and not yet settled at most: the next batch is read and produced
     while the deliveries of the one before are still arriving (1: one at a time)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _ReadAhead:
-    """The read of the batch after a full one, running while that one is produced."""
-
-    key: tuple[tuple[int, ...], int]
-    """The shards and the last row id it reads after."""
-    rows: Future[list[Any]]
-    expected: int
-    """Rows at or below ``key``'s id that the relay itself leaves in the outbox then."""
 
 
 _Headers = list[tuple[str, str | bytes | None]]
@@ -293,13 +221,8 @@ class Relay:
         self._idle_bound = {"idle_ms": str(self.timing.message_timeout_ms)}
         self._shards: list[int] = []
         self._stamps: dict[int, tuple[str, bytes]] = {}
-        # Batches produced and not yet settled, oldest first; reads go on after the last
-        # row produced (``_after``, 0: from the lowest id) of the shards ``_after_shards``.
+        # Batches produced and not yet settled, oldest first.
         self._window: deque[Batch] = deque()
-        self._after = 0
-        self._after_shards: list[int] = []
-        self._analyzed_at = -math.inf
-        self._analyzing: threading.Thread | None = None
         self._epochs: dict[int, int] = {}
         self._next_check = -math.inf
         self._over_share = False
@@ -309,17 +232,15 @@ class Relay:
         # Lease state is renewed by a heartbeat thread while the loop publishes (see
         # _heartbeats); the lock keeps one renewal or fence at a time.
         self._lease_lock = threading.RLock()
-        # Reads and deletes of outbox rows run on the lane's threads and sessions, so
-        # that the database works while this thread produces (see ``_next_rows``).
-        self._lane = OutboxLane(
+        # Reads and deletes of outbox rows run on threads and sessions of their own, so
+        # that the database works while this thread produces.
+        self._reader = OutboxReader(
             engine,
-            name=self.owner,
-            read_setup=_READ_SESSION,
-            delete_setup=_DELETE_SESSION,
-            setup_params=self._idle_bound,
+            owner=self.owner,
+            batch_size=self.options.batch_size,
+            read_ahead=self.options.pipeline_batches > 1,
+            idle_ms=self.timing.message_timeout_ms,
         )
-        self._ahead: _ReadAhead | None = None
-        self._deletes: deque[Future[None]] = deque()
         self._listener = Listener(engine)
         self._topic_ready = False
         self._closed = False
@@ -459,7 +380,7 @@ class Relay:
         it had to leave in the outbox (0: nothing to do and nothing in flight).
         """
         self._caught_up = False
-        self._deleted(wait=False)
+        self._reader.collect(wait=False)
         if self._over_share:
             # Shards are to be handed back, which waits for nothing to be queued.
             self._settle(stop, keep=0)
@@ -471,10 +392,10 @@ class Relay:
         self._fence_if_expired("its leases ran out before they were renewed")
         self._counts.observe_depth(self.engine)
         shards = self._shards
-        if shards != self._after_shards:
+        if shards != self._reader.shards:
             # Another set of shards: read it from its lowest id, once nothing is in flight.
             settled = self._settle(stop, keep=0)
-            self._after_shards = shards
+            self._reader.follow(shards)
             if not shards:
                 return settled
         if not self._topic_ready:
@@ -484,7 +405,7 @@ class Relay:
         # Listening since before this read: every row committed after the read began
         # announces itself with a NOTIFY, so a partial batch needs no read after it.
         listening = self._listener.listening
-        rows = self._next_rows(shards)
+        rows = self._reader.next_rows(in_flight=sum(b.produced for b in self._window))
         if rows is None:
             # A writer committed a row below the last one read: settle everything in
             # flight, then read from the lowest id again (that row comes first).
@@ -493,7 +414,7 @@ class Relay:
             return self._settle(stop, keep=0)
         batch = self._publish(rows, stop)
         if batch.produced:
-            self._after = rows[batch.produced - 1][0]
+            self._reader.advance(rows[batch.produced - 1][0])
         # Caught up: settle everything now (its rows are deleted before the relay waits)
         # and let the next NOTIFY, possibly one already waiting, say when to read. At a
         # steady trickle of writes this saves the empty reads that used to follow every
@@ -509,82 +430,10 @@ class Relay:
         # Rows read but left (cut) are no idle outbox: report at least one.
         return max(batch.produced, settled, int(batch.cut))
 
-    def _next_rows(self, shards: list[int]) -> Sequence[Row] | None:
-        """The next rows of ``shards`` after the last one produced; None when a row at or
-        below it is in the outbox that the relay has not produced (committed late, or
-        acknowledged rows whose delete failed or the lease no longer covered).
-
-        Reads run on the outbox lane behind the deletes already handed to it, so the
-        rows counted at or below ``after`` are exactly those of the batches still in
-        the window, plus any left behind. A full batch means a backlog: the batch after
-        it is read at once, on the lane, while this one is produced, on the guess that
-        all of it will be; the guess is dropped if the relay ends up elsewhere (a cut
-        or failed batch, other shards).
-        """
-        key = (tuple(shards), self._after)
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead.key == key:
-            rows, expected = ahead.rows.result(), ahead.expected
-        else:
-            expected = sum(b.produced for b in self._window)
-            rows = self._read(shards, self._after).result()
-        if rows and rows[0][6] > expected:
-            return None
-        if len(rows) == self.options.batch_size:
-            self._refresh_statistics()
-            if self.options.pipeline_batches > 1:
-                # (One batch at a time reads from the lowest id after each: nothing to guess.)
-                after = rows[-1][0]
-                self._ahead = _ReadAhead(
-                    key=(tuple(shards), after),
-                    rows=self._read(shards, after),
-                    # Counted now: the deletes handed to the lane so far run before it.
-                    expected=sum(b.produced for b in self._window) + len(rows),
-                )
-        return rows
-
-    def _refresh_statistics(self) -> None:
-        """A full batch: a backlog, perhaps in an outbox whose statistics still say it is
-        empty (see migration 0008). Ask for an ANALYZE of it, at most once a minute, on a
-        thread of its own; the statements planned after it see the backlog as it is."""
-        now = time.monotonic()
-        if now - self._analyzed_at < _ANALYZE_EVERY_S:
-            return
-        if self._analyzing is not None and self._analyzing.is_alive():
-            return
-        self._analyzed_at = now
-        self._analyzing = threading.Thread(
-            target=self._analyze, name=f"outbox statistics {self.owner}", daemon=True
-        )
-        self._analyzing.start()
-
-    def _analyze(self) -> None:
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(_ANALYZE)
-        except SQLAlchemyError as exc:
-            log.warning(
-                "could not refresh the outbox's statistics (%s); a backlog may drain slowly "
-                "until autovacuum analyzes the outbox: run `blackbox migrate`",
-                first_line(exc),
-            )
-
-    def _read(self, shards: list[int], after: int) -> Future[list[Any]]:
-        """Up to a batch of rows of ``shards`` after ``after``, read on the outbox lane."""
-        params = {"shards": shards, "after": after, "limit": self.options.batch_size}
-        return self._lane.read(_READ, params)
-
-    def _deleted(self, *, wait: bool) -> None:
-        """Collect the deletes that finished (all of them with ``wait``), raising the
-        first that failed; its rows stay and the next read finds them (see _next_rows)."""
-        deletes = self._deletes
-        while deletes and (wait or deletes[0].done()):
-            deletes.popleft().result()
-
     def _quiet(self) -> bool:
         """Nothing queued, in flight or waiting to be deleted: shards may be handed back
         without the next owner publishing acknowledged rows again."""
-        return len(self._producer) == 0 and not self._deletes
+        return len(self._producer) == 0 and not self._reader.deleting
 
     def drain(self, *, timeout: float = 60.0) -> int:
         """Publish until the leased shards are empty or ``timeout`` passes (for tools)."""
@@ -597,7 +446,7 @@ class Relay:
                 total += self.published - before
                 if moved == 0 and self._shards:
                     break
-        self._deleted(wait=True)
+        self._reader.collect(wait=True)
         return total
 
     def close(self) -> None:
@@ -612,15 +461,7 @@ class Relay:
         self._producer.purge(in_queue=True, in_flight=False, blocking=True)
         # In-flight requests settle (acknowledged or failed) within the message timeout.
         self._producer.flush(self.timing.message_timeout_s + self.timing.margin_s)
-        try:
-            self._deleted(wait=True)
-        except SQLAlchemyError as exc:
-            log.warning("could not delete acknowledged rows: %s", first_line(exc))
-        self._deletes.clear()
-        self._ahead = None
-        self._lane.close()
-        if self._analyzing is not None:
-            self._analyzing.join(timeout=10)
+        self._reader.close()
         settled = len(self._producer) == 0
         try:
             with self.engine.begin() as conn:
@@ -637,7 +478,6 @@ class Relay:
             )
         self._shards, self._stamps, self._epochs = [], {}, {}
         self._window.clear()  # what was acknowledged and not deleted is published again
-        self._after, self._after_shards = 0, []
         self._deadline.lapse()
         # Shut the client down now: left to garbage collection, its threads go on
         # reconnecting (and logging) after the broker is gone.
@@ -750,16 +590,13 @@ class Relay:
             if batch.left_rows:
                 keep = 0
         if not window:
-            self._after = 0
+            self._reader.rewind()
         self._left_rows = any(b.left_rows for b in done)
         if not done:
             return 0
         acked = [row_id for b in done for row_id in b.acked]
         if acked:
-            # Deleted on the outbox lane while the next batch is produced; reads queue
-            # behind it.
-            ids = ",".join(map(str, acked))  # one text, not a Python-built array of ints
-            self._deletes.append(self._lane.delete(_DELETE, {"ids": ids, "me": self.owner}))
+            self._reader.delete(acked)
         self._counts.settled(done)
         return len(acked) or int(any(b.left_rows for b in done))
 
@@ -798,7 +635,7 @@ class Relay:
         returned.
         """
         self._next_check = -math.inf
-        self._deleted(wait=True)
+        self._reader.collect(wait=True)
         self._keep_leases(may_release=self._quiet())
         return list(self._shards)
 
