@@ -59,30 +59,28 @@ rows stay and are published again, duplicates that readers absorb.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.broker import (
     KafkaUnavailable,
-    LeaseStamp,
     ensure_topics,
     new_producer,
     producer_config,
 )
 from agent_blackbox.outbox.relay._batch import Batch, Row
 from agent_blackbox.outbox.relay._counts import RelayCounts
-from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
+from agent_blackbox.outbox.relay._lease import LeaseTiming
+from agent_blackbox.outbox.relay._leaseholder import Leaseholder
 from agent_blackbox.outbox.relay._listener import Listener
 from agent_blackbox.outbox.relay._log import first_line, log
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
@@ -90,52 +88,6 @@ from agent_blackbox.outbox.relay._reader import OutboxReader
 from agent_blackbox.schemas import PermissionRefused, Settings, permission_refused
 
 EVENT_ID_HEADER = "blackbox.event_id"
-
-_SEED_LEASES = text(
-    "INSERT INTO blackbox.relay_leases (shard) SELECT generate_series(0, :shards - 1) "
-    "ON CONFLICT (shard) DO NOTHING"
-)
-_HEARTBEAT = text(
-    "INSERT INTO blackbox.relay_members (owner, expires_at) "
-    "VALUES (:me, now() + make_interval(secs => :ttl)) "
-    "ON CONFLICT (owner) DO UPDATE SET expires_at = excluded.expires_at"
-)
-_LIVE_PEERS = text(
-    "SELECT count(*) FROM blackbox.relay_members WHERE owner <> :me AND expires_at > now()"
-)
-_LEAVE = text("DELETE FROM blackbox.relay_members WHERE owner = :me")
-# Only a lease that is still valid is renewed (its epoch kept); one that ran out, ours
-# included, is claimed again, which raises its epoch.
-_RENEW = text(
-    "UPDATE blackbox.relay_leases SET expires_at = now() + make_interval(secs => :ttl) "
-    "WHERE owner = :me AND shard < :shards AND expires_at >= now() RETURNING shard, epoch"
-)
-_CLAIM = text(
-    """
-    UPDATE blackbox.relay_leases
-       SET owner = :me, expires_at = now() + make_interval(secs => :ttl), epoch = epoch + 1
-     WHERE shard IN (
-        SELECT shard FROM blackbox.relay_leases
-         WHERE shard < :shards AND (owner IS NULL OR expires_at < now())
-         ORDER BY shard LIMIT :wanted FOR UPDATE SKIP LOCKED)
-    RETURNING shard, epoch
-    """
-)
-# Seconds until the soonest lease held by another relay runs out (None: there is none).
-_SOONEST_FOREIGN = text(
-    "SELECT extract(epoch FROM min(expires_at) - now())::float8 FROM blackbox.relay_leases "
-    "WHERE shard < :shards AND owner <> :me AND expires_at > now()"
-)
-_RELEASE = text(
-    "UPDATE blackbox.relay_leases SET owner = NULL, expires_at = NULL "
-    "WHERE owner = :me AND NOT shard = ANY(:keep)"
-)
-# Every transaction of the relay that takes row locks (lease renewal and claims, deletes)
-# bounds how long it may sit idle: a relay frozen inside one (SIGSTOP, a VM pause) would
-# otherwise hold its lease rows, so no other relay could claim them (the claim skips
-# locked rows), or its outbox rows, so the next owner's deletes would wait. The server
-# ends such a session after the bound, well before the frozen relay's leases run out.
-_BOUNDED = text("SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, true)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,21 +169,15 @@ class Relay:
             ),
             logger=logging.getLogger("blackbox.relay.librdkafka"),
         )
-        self._deadline = LeaseDeadline(self.timing)
-        self._idle_bound = {"idle_ms": str(self.timing.message_timeout_ms)}
-        self._shards: list[int] = []
-        self._stamps: dict[int, tuple[str, bytes]] = {}
         # Batches produced and not yet settled, oldest first.
         self._window: deque[Batch] = deque()
-        self._epochs: dict[int, int] = {}
-        self._next_check = -math.inf
-        self._over_share = False
-        self._seeded = False
-        self._beating = False
-        """True while the heartbeat thread renews the leases (``_heartbeats``)."""
-        # Lease state is renewed by a heartbeat thread while the loop publishes (see
-        # _heartbeats); the lock keeps one renewal or fence at a time.
-        self._lease_lock = threading.RLock()
+        self._leases = Leaseholder(
+            engine,
+            owner=self.owner,
+            shard_count=self.settings.outbox_shards,
+            timing=self.timing,
+            purge=self._purge,
+        )
         # Reads and deletes of outbox rows run on threads and sessions of their own, so
         # that the database works while this thread produces.
         self._reader = OutboxReader(
@@ -279,7 +225,7 @@ class Relay:
     @property
     def epochs(self) -> Mapping[int, int]:
         """The lease epoch of every shard this relay holds."""
-        return dict(self._epochs)
+        return dict(self._leases.epochs)
 
     # Loop -------------------------------------------------------------------------
 
@@ -293,7 +239,7 @@ class Relay:
                 role): retrying cannot help, so the relay stops at once.
         """
         try:
-            with self._heartbeats():
+            with self._leases.heartbeats():
                 self._loop(stop)
         finally:
             self.close()
@@ -337,35 +283,6 @@ class Relay:
         except SQLAlchemyError as exc:
             log.warning("could not delete the last acknowledged rows: %s", first_line(exc))
 
-    @contextmanager
-    def _heartbeats(self) -> Iterator[None]:
-        """Renew leases and heartbeat from a thread of its own while the block runs, so
-        that a slow read or delete of a large batch does not let the leases run out.
-
-        A process that freezes stops both, as it must. Handing shards back stays with
-        the loop, between batches, when nothing is queued.
-        """
-        done = threading.Event()
-
-        def beat() -> None:
-            while not done.wait(max(self._next_check - time.monotonic(), 0.01)):
-                try:
-                    self._keep_leases(may_release=False)
-                except SQLAlchemyError as exc:
-                    log.warning("could not renew leases: %s", first_line(exc))
-                    self._next_check = time.monotonic() + self.timing.heartbeat_s / 2
-                self._fence_if_expired("its leases could not be renewed before they ran out")
-
-        thread = threading.Thread(target=beat, name=f"heartbeat {self.owner}", daemon=True)
-        thread.start()
-        self._beating = True
-        try:
-            yield
-        finally:
-            self._beating = False
-            done.set()
-            thread.join(timeout=30)
-
     def drain_once(self, stop: threading.Event | None = None) -> int:
         """Read and produce the next batch of the leased shards, and settle earlier ones.
 
@@ -381,17 +298,16 @@ class Relay:
         """
         self._caught_up = False
         self._reader.collect(wait=False)
-        if self._over_share:
+        leases = self._leases
+        if leases.over_share:
             # Shards are to be handed back, which waits for nothing to be queued.
             self._settle(stop, keep=0)
             if self._quiet():
-                self._next_check = -math.inf  # hand shards back now
-        if not self._beating or self._next_check == -math.inf:
-            # Renewing is the heartbeat thread's when it runs; handing back is ours.
-            self._keep_leases(may_release=self._quiet(), wait=False)
-        self._fence_if_expired("its leases ran out before they were renewed")
+                leases.renew_next()  # hand shards back now
+        leases.keep_between_batches(may_release=self._quiet())
+        leases.fence_if_expired("its leases ran out before they were renewed")
         self._counts.observe_depth(self.engine)
-        shards = self._shards
+        shards = leases.shards
         if shards != self._reader.shards:
             # Another set of shards: read it from its lowest id, once nothing is in flight.
             settled = self._settle(stop, keep=0)
@@ -426,7 +342,7 @@ class Relay:
         self._caught_up = caught_up and not self._window and not self._left_rows
         self._counts.batch_took(time.perf_counter() - started)
         if batch.cut:
-            self._next_check = -math.inf  # renew before the next batch
+            leases.renew_next()  # renew before the next batch
         # Rows read but left (cut) are no idle outbox: report at least one.
         return max(batch.produced, settled, int(batch.cut))
 
@@ -439,12 +355,12 @@ class Relay:
         """Publish until the leased shards are empty or ``timeout`` passes (for tools)."""
         deadline = time.monotonic() + timeout
         total = 0
-        with self._heartbeats():
+        with self._leases.heartbeats():
             while time.monotonic() < deadline:
                 before = self.published
                 moved = self.drain_once()
                 total += self.published - before
-                if moved == 0 and self._shards:
+                if moved == 0 and self._leases.shards:
                     break
         self._reader.collect(wait=True)
         return total
@@ -463,22 +379,14 @@ class Relay:
         self._producer.flush(self.timing.message_timeout_s + self.timing.margin_s)
         self._reader.close()
         settled = len(self._producer) == 0
-        try:
-            with self.engine.begin() as conn:
-                if settled:
-                    conn.execute(_RELEASE, {"me": self.owner, "keep": []})
-                conn.execute(_LEAVE, {"me": self.owner})
-        except SQLAlchemyError as exc:
-            log.warning("could not release leases of %s: %s", self.owner, exc)
+        self._leases.leave(release=settled)
         if not settled:
             log.warning(
                 "relay %s leaves %d deliveries unsettled: its leases are left to run out",
                 self.owner,
                 len(self._producer),
             )
-        self._shards, self._stamps, self._epochs = [], {}, {}
         self._window.clear()  # what was acknowledged and not deleted is published again
-        self._deadline.lapse()
         # Shut the client down now: left to garbage collection, its threads go on
         # reconnecting (and logging) after the broker is gone.
         self._producer.close()
@@ -491,7 +399,8 @@ class Relay:
         batch = Batch(rows=rows)
         self._window.append(batch)
         topic = self.settings.topic
-        deadline = self._deadline
+        leases = self._leases
+        deadline = leases.deadline
         clock = time.monotonic
         produce = self._producer.produce
         delivered = batch.delivered
@@ -502,7 +411,7 @@ class Relay:
             for row in rows:
                 # Read afresh per row: the heartbeat thread renews (or fences) meanwhile;
                 # the deadline only when the one read last has passed.
-                stamp = self._stamps.get(row[5])
+                stamp = leases.stamps.get(row[5])
                 now = clock()
                 if now >= until:
                     until = deadline.produce_until
@@ -577,13 +486,7 @@ class Relay:
                         self.settings.kafka_bootstrap,
                         sum(b.pending for b in window),
                     )
-                if not self._beating:
-                    try:
-                        self._keep_leases(may_release=False, wait=False)
-                    except SQLAlchemyError as exc:
-                        log.warning("could not renew leases: %s", first_line(exc))
-                        self._next_check = now + self.timing.heartbeat_s / 2
-                self._fence_if_expired("its leases could not be renewed before they ran out")
+                self._leases.keep_alive()
                 continue
             done.append(window.popleft())
             batch.settle()
@@ -600,31 +503,14 @@ class Relay:
         self._counts.settled(done)
         return len(acked) or int(any(b.left_rows for b in done))
 
-    def _fence_if_expired(self, reason: str) -> None:
-        if self._shards and self._deadline.expired(time.monotonic()):
-            with self._lease_lock:  # checked again: a renewal may have just finished
-                if self._shards and self._deadline.expired(time.monotonic()):
-                    self._fence(reason)
-
-    def _fence(self, reason: str) -> None:
-        """Stop producing at once and purge what is queued: the leases cannot be shown
-        valid. The purged rows stay in the outbox for whichever relay holds them next.
-        Called with the lease lock held."""
+    def _purge(self) -> int:
+        """Purge what is queued, the leaseholder having fenced the relay; the purged
+        rows stay in the outbox. Returns how many messages were purged."""
         queued = len(self._producer)
         self._producer.purge(in_queue=True, in_flight=False, blocking=True)
         purged = max(queued - len(self._producer), 0)
         self._counts.fenced_once(purged)
-        log.warning(
-            "relay %s stops publishing shards %s: %s; %d queued messages purged (their rows "
-            "stay for the next owner)",
-            self.owner,
-            self._shards,
-            reason,
-            purged,
-        )
-        self._shards, self._stamps, self._epochs = [], {}, {}
-        self._deadline.lapse()
-        self._next_check = -math.inf
+        return purged
 
     # Leases -----------------------------------------------------------------------
 
@@ -634,69 +520,10 @@ class Relay:
         The loop does this by itself every heartbeat; the shards held afterwards are
         returned.
         """
-        self._next_check = -math.inf
+        self._leases.renew_next()
         self._reader.collect(wait=True)
-        self._keep_leases(may_release=self._quiet())
-        return list(self._shards)
-
-    def _keep_leases(self, *, may_release: bool, wait: bool = True) -> None:
-        """Heartbeat and renew when due; claim or (with ``may_release``, when nothing is
-        queued) hand back shards towards a fair share. Without ``wait`` nothing is done
-        while another thread renews (the loop does not stall behind the heartbeat)."""
-        if time.monotonic() < self._next_check:
-            return
-        if not self._lease_lock.acquire(blocking=wait):
-            return
-        try:
-            self._renew_if_due(may_release=may_release)
-        finally:
-            self._lease_lock.release()
-
-    def _renew_if_due(self, *, may_release: bool) -> None:
-        started = time.monotonic()
-        if started < self._next_check:
-            return
-        shards = self.settings.outbox_shards
-        params = {"me": self.owner, "ttl": self.timing.ttl_s, "shards": shards}
-        with self.engine.begin() as conn:
-            conn.execute(_BOUNDED, self._idle_bound)
-            if not self._seeded:
-                conn.execute(_SEED_LEASES, {"shards": shards})
-            conn.execute(_HEARTBEAT, params)
-            held = {int(s): int(e) for s, e in conn.execute(_RENEW, params)}
-            lost = sorted(set(self._shards) - held.keys())
-            peers = int(conn.execute(_LIVE_PEERS, params).scalar_one())
-            fair = math.ceil(shards / (1 + peers))
-            self._over_share = len(held) > fair
-            if len(held) > fair and may_release:
-                # Hand shards back so a relay that just started gets its share.
-                keep = sorted(held)[:fair]
-                conn.execute(_RELEASE, {"me": self.owner, "keep": keep})
-                held = {s: held[s] for s in keep}
-                self._over_share = False
-            elif len(held) < fair:
-                claimed = conn.execute(_CLAIM, {**params, "wanted": fair - len(held)})
-                held.update({int(s): int(e) for s, e in claimed})
-            soonest = conn.execute(_SOONEST_FOREIGN, params).scalar_one()
-        self._seeded = True
-        if lost:
-            # Another relay holds them now (or they ran out): whatever is queued may
-            # belong to them, so nothing queued may be sent.
-            self._fence(f"shards {lost} are no longer its own")
-        if sorted(held) != self._shards or held != self._epochs:
-            log.info("relay %s now owns shards %s (epochs %s)", self.owner, sorted(held), held)
-        self._shards = sorted(held)
-        self._epochs = held
-        self._stamps = {s: LeaseStamp(s, e).header() for s, e in held.items()}
-        if held:
-            self._deadline.renewed(started)
-        else:
-            self._deadline.lapse()
-        self._next_check = started + self.timing.heartbeat_s
-        if soonest is not None:
-            # Look again the moment another relay's lease runs out: if it died, its
-            # heartbeat ran out with it and its shards are ours to share.
-            self._next_check = min(self._next_check, started + float(soonest) + 0.01)
+        self._leases.keep(may_release=self._quiet())
+        return list(self._leases.shards)
 
     # Idle -------------------------------------------------------------------------
 
@@ -704,9 +531,10 @@ class Relay:
         """Sleep until a writer's NOTIFY or the polling interval, whichever comes first;
         the heartbeat thread renews the leases meanwhile. Shards the heartbeat took, or
         a share to hand back, end the wait early."""
-        before = self._shards
+        leases = self._leases
+        before = leases.shards
 
         def moved() -> bool:
-            return self._shards != before or self._over_share
+            return leases.shards != before or leases.over_share
 
         self._listener.wait(stop, timeout=self.options.idle_wait_s, moved=moved)
