@@ -58,36 +58,27 @@ rows stay and are published again, duplicates that readers absorb.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from agent_blackbox.broker import (
-    KafkaUnavailable,
-    ensure_topics,
-    new_producer,
-    producer_config,
-)
-from agent_blackbox.outbox.relay._batch import Batch, Row
+from agent_blackbox.broker import KafkaUnavailable, ensure_topics
 from agent_blackbox.outbox.relay._counts import RelayCounts
 from agent_blackbox.outbox.relay._lease import LeaseTiming
 from agent_blackbox.outbox.relay._leaseholder import Leaseholder
 from agent_blackbox.outbox.relay._listener import Listener
 from agent_blackbox.outbox.relay._log import first_line, log
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
+from agent_blackbox.outbox.relay._publisher import Publisher
 from agent_blackbox.outbox.relay._reader import OutboxReader
 from agent_blackbox.schemas import PermissionRefused, Settings, permission_refused
-
-EVENT_ID_HEADER = "blackbox.event_id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +101,13 @@ class RelayOptions:
     while the deliveries of the one before are still arriving (1: one at a time)."""
 
 
-_Headers = list[tuple[str, str | bytes | None]]
-
-
 class Relay:
     """Drains the outbox shards this relay leases into the events topic.
+
+    A coordinator: the leaseholder keeps the shards' leases (``_leaseholder``), the
+    reader reads them and deletes what was published (``_reader``), the publisher
+    produces and settles batches (``_publisher``), the listener waits for writers'
+    notifications (``_listener``) and the counts keep totals and metrics (``_counts``).
 
     Args:
         engine: the write side's database.
@@ -142,50 +135,39 @@ class Relay:
         self.engine = engine
         self.settings = settings or Settings.from_env()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        self.options = options or RelayOptions()
-        self.timing = LeaseTiming.for_ttl(self.options.lease_ttl_s, self.options.heartbeat_s)
-        if self.options.pipeline_batches < 1:
+        self.options = options = options or RelayOptions()
+        self.timing = timing = LeaseTiming.for_ttl(options.lease_ttl_s, options.heartbeat_s)
+        if options.pipeline_batches < 1:
             raise ValueError(
-                f"pipeline_batches {self.options.pipeline_batches!r} leaves no batch to "
+                f"pipeline_batches {options.pipeline_batches!r} leaves no batch to "
                 "publish: give 1 (one batch at a time) or more"
             )
-        overrides = dict(producer_overrides or {})
-        if "message.timeout.ms" in overrides:
-            raise ValueError(
-                "message.timeout.ms is derived from the lease TTL (half of it) so that "
-                "nothing queued outlives a lease; change the lease TTL instead"
-            )
+        self._publisher = Publisher(
+            self.settings,
+            timing=timing,
+            overrides=dict(producer_overrides or {}),
+            shutdown_grace_s=options.shutdown_grace_s,
+        )
         self.metrics = metrics or RelayMetrics.create()
         self._counts = RelayCounts(
             self.metrics,
-            message_timeout_s=self.timing.message_timeout_s,
+            message_timeout_s=timing.message_timeout_s,
             kafka_bootstrap=self.settings.kafka_bootstrap,
-            depth_every_s=self.options.depth_every_s,
+            depth_every_s=options.depth_every_s,
         )
-        self._producer = new_producer(
-            self.settings,
-            producer_config(
-                self.settings, message_timeout_ms=self.timing.message_timeout_ms, **overrides
-            ),
-            logger=logging.getLogger("blackbox.relay.librdkafka"),
+        self._reader = OutboxReader(
+            engine,
+            owner=self.owner,
+            batch_size=options.batch_size,
+            read_ahead=options.pipeline_batches > 1,
+            idle_ms=timing.message_timeout_ms,
         )
-        # Batches produced and not yet settled, oldest first.
-        self._window: deque[Batch] = deque()
         self._leases = Leaseholder(
             engine,
             owner=self.owner,
             shard_count=self.settings.outbox_shards,
-            timing=self.timing,
+            timing=timing,
             purge=self._purge,
-        )
-        # Reads and deletes of outbox rows run on threads and sessions of their own, so
-        # that the database works while this thread produces.
-        self._reader = OutboxReader(
-            engine,
-            owner=self.owner,
-            batch_size=self.options.batch_size,
-            read_ahead=self.options.pipeline_batches > 1,
-            idle_ms=self.timing.message_timeout_ms,
         )
         self._listener = Listener(engine)
         self._topic_ready = False
@@ -226,8 +208,6 @@ class Relay:
     def epochs(self) -> Mapping[int, int]:
         """The lease epoch of every shard this relay holds."""
         return dict(self._leases.epochs)
-
-    # Loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Relay until ``stop`` is set; in-flight deliveries finish before returning.
@@ -321,14 +301,14 @@ class Relay:
         # Listening since before this read: every row committed after the read began
         # announces itself with a NOTIFY, so a partial batch needs no read after it.
         listening = self._listener.listening
-        rows = self._reader.next_rows(in_flight=sum(b.produced for b in self._window))
+        rows = self._reader.next_rows(in_flight=self._publisher.rows_in_flight)
         if rows is None:
             # A writer committed a row below the last one read: settle everything in
             # flight, then read from the lowest id again (that row comes first).
             return max(self._settle(stop, keep=0), 1)
         if not rows:
             return self._settle(stop, keep=0)
-        batch = self._publish(rows, stop)
+        batch = self._publisher.publish(rows, leases)
         if batch.produced:
             self._reader.advance(rows[batch.produced - 1][0])
         # Caught up: settle everything now (its rows are deleted before the relay waits)
@@ -339,7 +319,8 @@ class Relay:
         keep = 0 if batch.cut or caught_up else self.options.pipeline_batches - 1
         settled = self._settle(stop, keep=keep)
         # Rows left behind (a failed delivery) are read again at once, not at a NOTIFY.
-        self._caught_up = caught_up and not self._window and not self._left_rows
+        in_flight = self._publisher.batches_in_flight
+        self._caught_up = caught_up and not in_flight and not self._left_rows
         self._counts.batch_took(time.perf_counter() - started)
         if batch.cut:
             leases.renew_next()  # renew before the next batch
@@ -349,7 +330,7 @@ class Relay:
     def _quiet(self) -> bool:
         """Nothing queued, in flight or waiting to be deleted: shards may be handed back
         without the next owner publishing acknowledged rows again."""
-        return len(self._producer) == 0 and not self._reader.deleting
+        return self._publisher.queued == 0 and not self._reader.deleting
 
     def drain(self, *, timeout: float = 60.0) -> int:
         """Publish until the leased shards are empty or ``timeout`` passes (for tools)."""
@@ -374,125 +355,27 @@ class Relay:
             return
         self._closed = True
         self._listener.close()
-        self._producer.purge(in_queue=True, in_flight=False, blocking=True)
-        # In-flight requests settle (acknowledged or failed) within the message timeout.
-        self._producer.flush(self.timing.message_timeout_s + self.timing.margin_s)
+        self._publisher.wind_down()
         self._reader.close()
-        settled = len(self._producer) == 0
+        settled = self._publisher.queued == 0
         self._leases.leave(release=settled)
         if not settled:
             log.warning(
                 "relay %s leaves %d deliveries unsettled: its leases are left to run out",
                 self.owner,
-                len(self._producer),
+                self._publisher.queued,
             )
-        self._window.clear()  # what was acknowledged and not deleted is published again
-        # Shut the client down now: left to garbage collection, its threads go on
-        # reconnecting (and logging) after the broker is gone.
-        self._producer.close()
-
-    # Publishing -------------------------------------------------------------------
-
-    def _publish(self, rows: Sequence[Row], stop: threading.Event | None) -> Batch:
-        """Produce ``rows`` in order while the leases allow; the batch joins the window
-        of batches in flight (its deliveries are settled by ``_settle``)."""
-        batch = Batch(rows=rows)
-        self._window.append(batch)
-        topic = self.settings.topic
-        leases = self._leases
-        deadline = leases.deadline
-        clock = time.monotonic
-        produce = self._producer.produce
-        delivered = batch.delivered
-        until = deadline.produce_until
-        header = EVENT_ID_HEADER
-        produced = 0
-        try:
-            for row in rows:
-                # Read afresh per row: the heartbeat thread renews (or fences) meanwhile;
-                # the deadline only when the one read last has passed.
-                stamp = leases.stamps.get(row[5])
-                now = clock()
-                if now >= until:
-                    until = deadline.produce_until
-                if stamp is None or now >= until:
-                    # No lease valid long enough for this row's message to settle in
-                    # time: it (and every later row) waits for the next renewal.
-                    batch.cut = True
-                    break
-                headers: _Headers = [(header, row[2]), stamp]
-                try:
-                    produce(topic, row[3], row[1], on_delivery=delivered, headers=headers)
-                except BufferError:
-                    self._produce_when_room(topic, row, headers, batch)
-                produced += 1
-        finally:
-            # Counted once: a report of this batch served meanwhile (inside a poll for
-            # room) took its pending count down already.
-            batch.produced = produced
-            batch.pending += produced
-        self._producer.poll(0)  # serve the deliveries of earlier batches
-        return batch
-
-    def _produce_when_room(self, topic: str, row: Row, headers: _Headers, batch: Batch) -> None:
-        """Produce ``row`` once the local queue has room again."""
-        while True:
-            self._producer.poll(0.05)  # the local queue is full; let deliveries drain
-            try:
-                self._producer.produce(
-                    topic,
-                    value=row[3],
-                    key=row[1],
-                    on_delivery=batch.delivered,
-                    headers=headers,
-                )
-                return
-            except BufferError:
-                continue
+        self._publisher.close()
 
     def _settle(self, stop: threading.Event | None, *, keep: int) -> int:
-        """Wait until at most ``keep`` batches are in flight, oldest first, then delete the
-        rows Kafka acknowledged (fenced by the leases still held) and account.
-
-        Every message settles within the message timeout (delivered, failed or purged).
-        A batch with a failed delivery settles every later one too and the next read
-        starts from the lowest id again: failed rows stay in the outbox and are read
-        first, which keeps every run's order. Shutdown cuts the wait after a grace
-        period. Returns the rows acknowledged, and at least 1 when rows were left.
-        """
-        window = self._window
-        done: list[Batch] = []
-        grace: float | None = None
-        warned_at = time.monotonic()
-        while len(window) > keep:
-            batch = window[0]
-            if batch.pending > 0:
-                self._producer.poll(0.05)
-                now = time.monotonic()
-                if stop is not None and stop.is_set():
-                    grace = grace or now + self.options.shutdown_grace_s
-                    if now >= grace:
-                        left = sum(b.pending for b in window)
-                        log.warning("shutting down with %d deliveries unconfirmed", left)
-                        for each in window:
-                            each.settle()
-                        done.extend(window)
-                        window.clear()
-                        break
-                if now - warned_at > 5.0:
-                    warned_at = now
-                    log.warning(
-                        "waiting for Kafka at %s: %d deliveries in flight",
-                        self.settings.kafka_bootstrap,
-                        sum(b.pending for b in window),
-                    )
-                self._leases.keep_alive()
-                continue
-            done.append(window.popleft())
-            batch.settle()
-            if batch.left_rows:
-                keep = 0
-        if not window:
+        """Wait until at most ``keep`` batches are in flight (see ``Publisher.settle``),
+        then delete the rows Kafka acknowledged (fenced by the leases still held) and
+        count. Returns the rows acknowledged, and at least 1 when rows were left."""
+        done = self._publisher.settle(stop, keep=keep, waiting=self._leases.keep_alive)
+        if not self._publisher.batches_in_flight:
+            # Nothing in flight: the next read starts from the lowest id (behind the
+            # deletes handed over), so rows left behind (failed, cut, committed late)
+            # come first, which keeps every run's order.
             self._reader.rewind()
         self._left_rows = any(b.left_rows for b in done)
         if not done:
@@ -501,18 +384,14 @@ class Relay:
         if acked:
             self._reader.delete(acked)
         self._counts.settled(done)
-        return len(acked) or int(any(b.left_rows for b in done))
+        return len(acked) or int(self._left_rows)
 
     def _purge(self) -> int:
         """Purge what is queued, the leaseholder having fenced the relay; the purged
         rows stay in the outbox. Returns how many messages were purged."""
-        queued = len(self._producer)
-        self._producer.purge(in_queue=True, in_flight=False, blocking=True)
-        purged = max(queued - len(self._producer), 0)
+        purged = self._publisher.purge()
         self._counts.fenced_once(purged)
         return purged
-
-    # Leases -----------------------------------------------------------------------
 
     def rebalance(self) -> list[int]:
         """Heartbeat, renew leases and take or hand back shards to hold a fair share now.
@@ -524,8 +403,6 @@ class Relay:
         self._reader.collect(wait=True)
         self._leases.keep(may_release=self._quiet())
         return list(self._leases.shards)
-
-    # Idle -------------------------------------------------------------------------
 
     def _wait_for_work(self, stop: threading.Event) -> None:
         """Sleep until a writer's NOTIFY or the polling interval, whichever comes first;
