@@ -69,13 +69,14 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from agent_blackbox.broker import KafkaUnavailable, ensure_topics
+from agent_blackbox.broker import KafkaUnavailable
 from agent_blackbox.outbox.relay._counts import RelayCounts
 from agent_blackbox.outbox.relay._lease import LeaseTiming
 from agent_blackbox.outbox.relay._leaseholder import Leaseholder
 from agent_blackbox.outbox.relay._listener import Listener
 from agent_blackbox.outbox.relay._log import first_line, log
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
+from agent_blackbox.outbox.relay._pipeline import BatchPipeline
 from agent_blackbox.outbox.relay._publisher import Publisher
 from agent_blackbox.outbox.relay._reader import OutboxReader
 from agent_blackbox.schemas import PermissionRefused, Settings, permission_refused
@@ -104,10 +105,11 @@ class RelayOptions:
 class Relay:
     """Drains the outbox shards this relay leases into the events topic.
 
-    A coordinator: the leaseholder keeps the shards' leases (``_leaseholder``), the
-    reader reads them and deletes what was published (``_reader``), the publisher
-    produces and settles batches (``_publisher``), the listener waits for writers'
-    notifications (``_listener``) and the counts keep totals and metrics (``_counts``).
+    A coordinator of parts with one job each: the leaseholder keeps the shards' leases
+    (``_leaseholder``); the pipeline moves their rows to Kafka in order (``_pipeline``),
+    reading and deleting them (``_reader``) and producing them (``_publisher``); the
+    listener waits for writers' notifications (``_listener``); the counts keep totals
+    and metrics (``_counts``). The relay runs the loop and the shutdown.
 
     Args:
         engine: the write side's database.
@@ -142,7 +144,7 @@ class Relay:
                 f"pipeline_batches {options.pipeline_batches!r} leaves no batch to "
                 "publish: give 1 (one batch at a time) or more"
             )
-        self._publisher = Publisher(
+        publisher = Publisher(
             self.settings,
             timing=timing,
             overrides=dict(producer_overrides or {}),
@@ -155,12 +157,20 @@ class Relay:
             kafka_bootstrap=self.settings.kafka_bootstrap,
             depth_every_s=options.depth_every_s,
         )
-        self._reader = OutboxReader(
+        reader = OutboxReader(
             engine,
             owner=self.owner,
             batch_size=options.batch_size,
             read_ahead=options.pipeline_batches > 1,
             idle_ms=timing.message_timeout_ms,
+        )
+        self._pipeline = BatchPipeline(
+            self.settings,
+            reader=reader,
+            publisher=publisher,
+            counts=self._counts,
+            batch_size=options.batch_size,
+            pipeline_batches=options.pipeline_batches,
         )
         self._leases = Leaseholder(
             engine,
@@ -170,14 +180,7 @@ class Relay:
             purge=self._purge,
         )
         self._listener = Listener(engine)
-        self._topic_ready = False
         self._closed = False
-        self._left_rows = False
-        """The batches settled last left rows in the outbox (failed or cut)."""
-        self._caught_up = False
-        """The last read found less than a batch while a writer's NOTIFY would have woken
-        the relay for anything committed after it: the loop waits instead of reading
-        again (see ``drain_once``)."""
 
     @property
     def idle(self) -> bool:
@@ -229,7 +232,7 @@ class Relay:
         while not stop.is_set():
             refused, timed_out = self.failed_deliveries, self.timed_out
             try:
-                if self.drain_once(stop) == 0 or self._caught_up:
+                if self.drain_once(stop) == 0 or self._pipeline.caught_up:
                     self._wait_for_work(stop)
             except (SQLAlchemyError, KafkaUnavailable) as exc:
                 if refusal := permission_refused(exc):
@@ -259,7 +262,7 @@ class Relay:
         # Settle the batches still in flight (within the shutdown grace) so that their
         # acknowledged rows are deleted, not published again by the next relay.
         try:
-            self._settle(stop, keep=0)
+            self._pipeline.settle(stop, self._leases, keep=0)
         except SQLAlchemyError as exc:
             log.warning("could not delete the last acknowledged rows: %s", first_line(exc))
 
@@ -276,61 +279,17 @@ class Relay:
         Returns the number of rows produced or settled, and at least 1 when it read rows
         it had to leave in the outbox (0: nothing to do and nothing in flight).
         """
-        self._caught_up = False
-        self._reader.collect(wait=False)
-        leases = self._leases
+        pipeline, leases = self._pipeline, self._leases
+        pipeline.collect(wait=False)
         if leases.over_share:
             # Shards are to be handed back, which waits for nothing to be queued.
-            self._settle(stop, keep=0)
-            if self._quiet():
+            pipeline.settle(stop, leases, keep=0)
+            if pipeline.quiet:
                 leases.renew_next()  # hand shards back now
-        leases.keep_between_batches(may_release=self._quiet())
+        leases.keep_between_batches(may_release=pipeline.quiet)
         leases.fence_if_expired("its leases ran out before they were renewed")
         self._counts.observe_depth(self.engine)
-        shards = leases.shards
-        if shards != self._reader.shards:
-            # Another set of shards: read it from its lowest id, once nothing is in flight.
-            settled = self._settle(stop, keep=0)
-            self._reader.follow(shards)
-            if not shards:
-                return settled
-        if not self._topic_ready:
-            ensure_topics(self.settings, {self.settings.topic: self.settings.partitions})
-            self._topic_ready = True
-        started = time.perf_counter()
-        # Listening since before this read: every row committed after the read began
-        # announces itself with a NOTIFY, so a partial batch needs no read after it.
-        listening = self._listener.listening
-        rows = self._reader.next_rows(in_flight=self._publisher.rows_in_flight)
-        if rows is None:
-            # A writer committed a row below the last one read: settle everything in
-            # flight, then read from the lowest id again (that row comes first).
-            return max(self._settle(stop, keep=0), 1)
-        if not rows:
-            return self._settle(stop, keep=0)
-        batch = self._publisher.publish(rows, leases)
-        if batch.produced:
-            self._reader.advance(rows[batch.produced - 1][0])
-        # Caught up: settle everything now (its rows are deleted before the relay waits)
-        # and let the next NOTIFY, possibly one already waiting, say when to read. At a
-        # steady trickle of writes this saves the empty reads that used to follow every
-        # batch, about two statements per batch.
-        caught_up = listening and len(rows) < self.options.batch_size and not batch.cut
-        keep = 0 if batch.cut or caught_up else self.options.pipeline_batches - 1
-        settled = self._settle(stop, keep=keep)
-        # Rows left behind (a failed delivery) are read again at once, not at a NOTIFY.
-        in_flight = self._publisher.batches_in_flight
-        self._caught_up = caught_up and not in_flight and not self._left_rows
-        self._counts.batch_took(time.perf_counter() - started)
-        if batch.cut:
-            leases.renew_next()  # renew before the next batch
-        # Rows read but left (cut) are no idle outbox: report at least one.
-        return max(batch.produced, settled, int(batch.cut))
-
-    def _quiet(self) -> bool:
-        """Nothing queued, in flight or waiting to be deleted: shards may be handed back
-        without the next owner publishing acknowledged rows again."""
-        return self._publisher.queued == 0 and not self._reader.deleting
+        return pipeline.step(stop, leases, listening=self._listener.listening)
 
     def drain(self, *, timeout: float = 60.0) -> int:
         """Publish until the leased shards are empty or ``timeout`` passes (for tools)."""
@@ -343,7 +302,7 @@ class Relay:
                 total += self.published - before
                 if moved == 0 and self._leases.shards:
                     break
-        self._reader.collect(wait=True)
+        self._pipeline.collect(wait=True)
         return total
 
     def close(self) -> None:
@@ -355,41 +314,21 @@ class Relay:
             return
         self._closed = True
         self._listener.close()
-        self._publisher.wind_down()
-        self._reader.close()
-        settled = self._publisher.queued == 0
+        self._pipeline.wind_down()
+        settled = self._pipeline.queued == 0
         self._leases.leave(release=settled)
         if not settled:
             log.warning(
                 "relay %s leaves %d deliveries unsettled: its leases are left to run out",
                 self.owner,
-                self._publisher.queued,
+                self._pipeline.queued,
             )
-        self._publisher.close()
-
-    def _settle(self, stop: threading.Event | None, *, keep: int) -> int:
-        """Wait until at most ``keep`` batches are in flight (see ``Publisher.settle``),
-        then delete the rows Kafka acknowledged (fenced by the leases still held) and
-        count. Returns the rows acknowledged, and at least 1 when rows were left."""
-        done = self._publisher.settle(stop, keep=keep, waiting=self._leases.keep_alive)
-        if not self._publisher.batches_in_flight:
-            # Nothing in flight: the next read starts from the lowest id (behind the
-            # deletes handed over), so rows left behind (failed, cut, committed late)
-            # come first, which keeps every run's order.
-            self._reader.rewind()
-        self._left_rows = any(b.left_rows for b in done)
-        if not done:
-            return 0
-        acked = [row_id for b in done for row_id in b.acked]
-        if acked:
-            self._reader.delete(acked)
-        self._counts.settled(done)
-        return len(acked) or int(self._left_rows)
+        self._pipeline.close()
 
     def _purge(self) -> int:
         """Purge what is queued, the leaseholder having fenced the relay; the purged
         rows stay in the outbox. Returns how many messages were purged."""
-        purged = self._publisher.purge()
+        purged = self._pipeline.purge()
         self._counts.fenced_once(purged)
         return purged
 
@@ -400,8 +339,8 @@ class Relay:
         returned.
         """
         self._leases.renew_next()
-        self._reader.collect(wait=True)
-        self._leases.keep(may_release=self._quiet())
+        self._pipeline.collect(wait=True)
+        self._leases.keep(may_release=self._pipeline.quiet)
         return list(self._leases.shards)
 
     def _wait_for_work(self, stop: threading.Event) -> None:

@@ -200,7 +200,7 @@ class _PausingProducer:
 class _PausingRelay(Relay):
     def __init__(self, *args: Any, pause_at: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        publisher = self._publisher
+        publisher = self._pipeline._publisher
         self._pausing = _PausingProducer(publisher._producer, pause_at)
         publisher._producer = self._pausing  # type: ignore[assignment]
 
