@@ -70,6 +70,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.broker import KafkaUnavailable
+from agent_blackbox.outbox.relay._backoff import Backoff
 from agent_blackbox.outbox.relay._counts import RelayCounts
 from agent_blackbox.outbox.relay._lease import LeaseTiming
 from agent_blackbox.outbox.relay._leaseholder import Leaseholder
@@ -109,7 +110,7 @@ class Relay:
     (``_leaseholder``); the pipeline moves their rows to Kafka in order (``_pipeline``),
     reading and deleting them (``_reader``) and producing them (``_publisher``); the
     listener waits for writers' notifications (``_listener``); the counts keep totals
-    and metrics (``_counts``). The relay runs the loop and the shutdown.
+    and metrics (``_counts``). The relay runs the loop, its backoff and the shutdown.
 
     Args:
         engine: the write side's database.
@@ -228,7 +229,7 @@ class Relay:
             self.close()
 
     def _loop(self, stop: threading.Event) -> None:
-        failures = 0
+        backoff = Backoff()
         while not stop.is_set():
             refused, timed_out = self.failed_deliveries, self.timed_out
             try:
@@ -241,24 +242,17 @@ class Relay:
                         "reads, publishes and deletes outbox rows and keeps shard leases: "
                         "connect as a login in the blackbox_relay role"
                     ) from exc
-                failures += 1
-                delay = min(0.2 * 2**failures, 5.0)
+                delay = backoff.after_error()
                 log.warning("%s; retrying in %.1fs", first_line(exc), delay)
                 self._listener.close()
                 stop.wait(delay)
-                continue
-            if self.failed_deliveries > refused:
-                # Kafka refused deliveries for good (topic deleted, not authorised):
-                # their rows stay; back off instead of hammering the broker.
-                failures += 1
-                stop.wait(min(0.5 * 2**failures, 30.0))
-                continue
-            if self.timed_out > timed_out:
-                # Kafka is slow or away: each try already waited a message timeout.
-                failures += 1
-                stop.wait(min(0.1 * 2**failures, 2.0))
-                continue
-            failures = 0
+            else:
+                if self.failed_deliveries > refused:
+                    stop.wait(backoff.after_refusal())
+                elif self.timed_out > timed_out:
+                    stop.wait(backoff.after_timeout())
+                else:
+                    backoff.reset()
         # Settle the batches still in flight (within the shutdown grace) so that their
         # acknowledged rows are deleted, not published again by the next relay.
         try:
