@@ -107,7 +107,7 @@ class Leaseholder:
         self._purge = purge
         self._idle_bound = {"idle_ms": str(timing.message_timeout_ms)}
         self.deadline = LeaseDeadline(timing)
-        # Plain attributes, not properties: the produce loop reads them for every row.
+        # A plain attribute, not a property: the produce loop reads it for every row.
         self.stamps: Mapping[int, tuple[str, bytes]] = {}
         """Each held shard's ``LeaseStamp`` header."""
         self._shards: list[int] = []
