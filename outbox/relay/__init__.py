@@ -11,6 +11,7 @@ Typical use, with the settings the process read once::
 """
 
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
-from agent_blackbox.outbox.relay._relay import EVENT_ID_HEADER, Relay, RelayOptions
+from agent_blackbox.outbox.relay._publisher import EVENT_ID_HEADER
+from agent_blackbox.outbox.relay._relay import Relay, RelayOptions
 
 __all__ = ["EVENT_ID_HEADER", "Relay", "RelayMetrics", "RelayOptions"]

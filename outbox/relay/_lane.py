@@ -1,7 +1,8 @@
 """The outbox lane: the relay's reads and deletes of outbox rows, off its producing thread.
 
-The relay produces on its own thread while the database works: it hands each read and
-each delete to the lane and collects the result later (see ``_relay.Relay._next_rows``).
+The relay produces on its own thread while the database works: its reader
+(``_reader.OutboxReader``) hands each read and each delete to the lane and collects the
+result later.
 Reads and deletes run on two threads, each with a database session of its own, in
 autocommit with the lane's settings.
 

@@ -58,147 +58,29 @@ rows stay and are published again, duplicates that readers absorb.
 
 from __future__ import annotations
 
-import logging
-import math
 import os
 import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-from confluent_kafka import KafkaError, Message
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from agent_blackbox.broker import (
-    KafkaUnavailable,
-    LeaseStamp,
-    ensure_topics,
-    new_producer,
-    producer_config,
-)
-from agent_blackbox.outbox._postgres import outbox_backlog_txn
-from agent_blackbox.outbox._tables import NOTIFY_CHANNEL
-from agent_blackbox.outbox.relay._lane import OutboxLane
-from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
+from agent_blackbox.broker import KafkaUnavailable
+from agent_blackbox.outbox.relay._backoff import Backoff
+from agent_blackbox.outbox.relay._counts import RelayCounts
+from agent_blackbox.outbox.relay._lease import LeaseTiming
+from agent_blackbox.outbox.relay._leaseholder import Leaseholder
+from agent_blackbox.outbox.relay._listener import Listener
+from agent_blackbox.outbox.relay._log import first_line, log
 from agent_blackbox.outbox.relay._metrics import RelayMetrics
+from agent_blackbox.outbox.relay._pipeline import BatchPipeline
+from agent_blackbox.outbox.relay._publisher import Publisher
+from agent_blackbox.outbox.relay._reader import OutboxReader
 from agent_blackbox.schemas import PermissionRefused, Settings, permission_refused
-
-log = logging.getLogger("blackbox.relay")
-
-EVENT_ID_HEADER = "blackbox.event_id"
-
-_SEED_LEASES = text(
-    "INSERT INTO blackbox.relay_leases (shard) SELECT generate_series(0, :shards - 1) "
-    "ON CONFLICT (shard) DO NOTHING"
-)
-_HEARTBEAT = text(
-    "INSERT INTO blackbox.relay_members (owner, expires_at) "
-    "VALUES (:me, now() + make_interval(secs => :ttl)) "
-    "ON CONFLICT (owner) DO UPDATE SET expires_at = excluded.expires_at"
-)
-_LIVE_PEERS = text(
-    "SELECT count(*) FROM blackbox.relay_members WHERE owner <> :me AND expires_at > now()"
-)
-_LEAVE = text("DELETE FROM blackbox.relay_members WHERE owner = :me")
-# Only a lease that is still valid is renewed (its epoch kept); one that ran out, ours
-# included, is claimed again, which raises its epoch.
-_RENEW = text(
-    "UPDATE blackbox.relay_leases SET expires_at = now() + make_interval(secs => :ttl) "
-    "WHERE owner = :me AND shard < :shards AND expires_at >= now() RETURNING shard, epoch"
-)
-_CLAIM = text(
-    """
-    UPDATE blackbox.relay_leases
-       SET owner = :me, expires_at = now() + make_interval(secs => :ttl), epoch = epoch + 1
-     WHERE shard IN (
-        SELECT shard FROM blackbox.relay_leases
-         WHERE shard < :shards AND (owner IS NULL OR expires_at < now())
-         ORDER BY shard LIMIT :wanted FOR UPDATE SKIP LOCKED)
-    RETURNING shard, epoch
-    """
-)
-# Seconds until the soonest lease held by another relay runs out (None: there is none).
-_SOONEST_FOREIGN = text(
-    "SELECT extract(epoch FROM min(expires_at) - now())::float8 FROM blackbox.relay_leases "
-    "WHERE shard < :shards AND owner <> :me AND expires_at > now()"
-)
-_RELEASE = text(
-    "UPDATE blackbox.relay_leases SET owner = NULL, expires_at = NULL "
-    "WHERE owner = :me AND NOT shard = ANY(:keep)"
-)
-# The rows after the last one produced (``:after``), and, in the same snapshot, how many
-# rows of these shards lie at or below it: more than the relay has in flight means a
-# writer committed a lower id late (see ``_read``). The rows must come from the primary
-# key in order, the scan stopping at the limit: ``shard + 0`` keeps them from the
-# (shard, id) index, and ``enable_sort`` off keeps the planner (whose row estimates lag behind
-# a fast-changing outbox) from reading every row after ``:after`` to sort them, which
-# made each read cost in proportion to the whole outbox (set for the lane's session).
-# Run on the driver's cursor with binary results: envelopes arrive as they are stored
-# (no hex text to decode). Each row comes in the form ``produce()`` takes it, so the
-# produce loop converts nothing: the key (run id) and the event id header as UTF-8
-# bytes, made by the server, and the creation time as epoch seconds (a float costs a
-# fraction of a datetime to load, and only a batch's first is used). See ``_Row``.
-_READ = """
-    SELECT id, convert_to(run_id, 'UTF8'), convert_to(event_id::text, 'UTF8'), envelope,
-           date_part('epoch', created_at), shard,
-           (SELECT count(*) FROM blackbox.outbox
-             WHERE shard = ANY(%(shards)s) AND id <= %(after)s) AS below
-      FROM blackbox.outbox
-     WHERE shard + 0 = ANY(%(shards)s) AND id > %(after)s
-     ORDER BY id LIMIT %(limit)s
-"""
-# The outbox lane's sessions (see ``_lane``): reads and deletes are single statements in
-# autocommit, one round trip each. Deletes need not wait for the
-# disk: a delete lost in a database crash only publishes those rows again (duplicates,
-# which readers absorb), never loses one. The idle bound is kept for any transaction
-# the session might be left in. Sequential scans and parallel workers are off for the
-# same reason as sorts: after a bulk insert the statistics show a large outbox, and the
-# planner counted the rows below ``:after`` with a parallel scan of the whole table
-# (dead rows included) instead of the primary key's few thousand live entries, which
-# cost more than the read itself; no read or delete of a batch makes a worker process or
-# a full scan pay. JIT is off with them: the penalty a disabled plan node carries pushes
-# every statement's estimate over the JIT threshold, and compiling took longer (about
-# 100 ms) than the deletes it compiled.
-_LANE_SETTINGS = (
-    "SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, false), "
-    "set_config('synchronous_commit', 'off', false), set_config('enable_sort', 'off', false), "
-    "set_config('enable_seqscan', 'off', false), "
-    "set_config('max_parallel_workers_per_gather', '0', false), set_config('jit', 'off', false)"
-)
-_DELETE_SESSION = text(_LANE_SETTINGS)
-# The reading session plans no bitmap scans either, so that the count walks the index: a
-# bitmap scan visits the heap for every entry of a deleted row and leaves it as it was,
-# so each count of a drain cost more than the last (17 ms at 100k rows deleted); an
-# index scan marks the entries of rows no snapshot can see as dead, and the next count
-# steps over them (2 ms). The deleting session keeps them: the outbox's statistics may
-# say it is empty (vacuumed empty, then filled by a burst), and without bitmap scans the
-# planner then probed the (shard, id) index for each of a batch's ids, 2-7 s a delete.
-_READ_SESSION = text(_LANE_SETTINGS + ", set_config('enable_bitmapscan', 'off', false)")
-# Every transaction of the relay that takes row locks (lease renewal and claims, deletes)
-# bounds how long it may sit idle: a relay frozen inside one (SIGSTOP, a VM pause) would
-# otherwise hold its lease rows, so no other relay could claim them (the claim skips
-# locked rows), or its outbox rows, so the next owner's deletes would wait. The server
-# ends such a session after the bound, well before the frozen relay's leases run out.
-_BOUNDED = text("SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, true)")
-_ANALYZE = text("SELECT blackbox.analyze_outbox()")
-_ANALYZE_EVERY_S = 60.0
-# Fenced by the leases this relay still holds. The lease set is computed once, as an
-# array, so the planner probes the primary key per id instead of per id and lease; and it
-# is compared as ``shard + 0``, so that no index serves it: the planner cannot know that
-# the array may hold every shard, guessed it selective, and walked every row of the
-# leased shards through the (shard, id) index, comparing each with the 5,000 ids.
-_DELETE = """
-    DELETE FROM blackbox.outbox
-     WHERE id = ANY(string_to_array(%(ids)s, ',')::bigint[])
-       AND shard + 0 = ANY(ARRAY(SELECT shard FROM blackbox.relay_leases WHERE owner = %(me)s))
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,81 +103,14 @@ class RelayOptions:
     while the deliveries of the one before are still arriving (1: one at a time)."""
 
 
-_Row = tuple[int, bytes, bytes, bytes, float, int, int]
-"""An outbox row as ``_READ`` gives it: id, key (the run id), event id header value,
-value (the envelope), creation time (epoch seconds), shard, and the rows of the read's
-shards at or below the id it read after (the same in every row of a read)."""
-
-
-@dataclass(slots=True)
-class _Batch:
-    rows: Sequence[_Row]
-    produced: int = 0
-    """Rows produced, the first ones of ``rows``."""
-    acked: list[int] = field(default_factory=list)
-    """Row ids Kafka acknowledged, known once the batch settled (``settle``)."""
-    failed: list[int] = field(default_factory=list)
-    """Row ids whose delivery failed, known once the batch settled."""
-    failed_values: list[bytes] = field(default_factory=list)
-    """The values of the failed deliveries, as the reports give them."""
-    refused: int = 0
-    timed_out: int = 0
-    purged: int = 0
-    pending: int = 0
-    cut: bool = False
-    """Rows were left unproduced: the lease deadline came first."""
-
-    def delivered(self, err: KafkaError | None, msg: Message) -> None:
-        """A delivery report of one of the batch's messages (inside ``poll``). Kept
-        minimal, and the same bound method for every message of the batch: it runs once
-        per event, and a callback made per message costs more than the produce itself.
-        A failed report carries the message's key and value but no headers; the value
-        (an envelope, unique to its event) tells the row at ``settle``."""
-        self.pending -= 1
-        if err is None:
-            return
-        self.failed_values.append(msg.value() or b"")
-        code = err.code()
-        if code == _TIMED_OUT:
-            self.timed_out += 1
-        elif code in _PURGED:
-            self.purged += 1
-        else:
-            self.refused += 1
-            log.error("delivery of an event of run %s failed: %s", _text(msg.key()), err)
-
-    def settle(self) -> None:
-        """Sort the produced rows into acknowledged and failed; a row still unsettled
-        (shutdown cut the wait) is neither, and stays in the outbox. Two rows with the
-        same value (one event in the outbox twice) both count as failed if one did:
-        published again, never lost."""
-        if self.pending == 0:
-            produced = self.rows[: self.produced]
-            if self.failed_values:
-                values = set(self.failed_values)
-                self.failed = [row[0] for row in produced if row[3] in values]
-            failed = set(self.failed)
-            self.acked = [row[0] for row in produced if row[0] not in failed]
-
-
-@dataclass(frozen=True, slots=True)
-class _ReadAhead:
-    """The read of the batch after a full one, running while that one is produced."""
-
-    key: tuple[tuple[int, ...], int]
-    """The shards and the last row id it reads after."""
-    rows: Future[list[Any]]
-    expected: int
-    """Rows at or below ``key``'s id that the relay itself leaves in the outbox then."""
-
-
-_Headers = list[tuple[str, str | bytes | None]]
-_TIMED_OUT = KafkaError._MSG_TIMED_OUT
-_PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
-
-
 class Relay:
     """Drains the outbox shards this relay leases into the events topic.
+
+    A coordinator of parts with one job each: the leaseholder keeps the shards' leases
+    (``_leaseholder``); the pipeline moves their rows to Kafka in order (``_pipeline``),
+    reading and deleting them (``_reader``) and producing them (``_publisher``); the
+    listener waits for writers' notifications (``_listener``); the counts keep totals
+    and metrics (``_counts``). The relay runs the loop, its backoff and the shutdown.
 
     Args:
         engine: the write side's database.
@@ -323,84 +138,80 @@ class Relay:
         self.engine = engine
         self.settings = settings or Settings.from_env()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        self.options = options or RelayOptions()
-        self.timing = LeaseTiming.for_ttl(self.options.lease_ttl_s, self.options.heartbeat_s)
-        if self.options.pipeline_batches < 1:
+        self.options = options = options or RelayOptions()
+        self.timing = timing = LeaseTiming.for_ttl(options.lease_ttl_s, options.heartbeat_s)
+        if options.pipeline_batches < 1:
             raise ValueError(
-                f"pipeline_batches {self.options.pipeline_batches!r} leaves no batch to "
+                f"pipeline_batches {options.pipeline_batches!r} leaves no batch to "
                 "publish: give 1 (one batch at a time) or more"
             )
-        overrides = dict(producer_overrides or {})
-        if "message.timeout.ms" in overrides:
-            raise ValueError(
-                "message.timeout.ms is derived from the lease TTL (half of it) so that "
-                "nothing queued outlives a lease; change the lease TTL instead"
-            )
-        self.metrics = metrics or RelayMetrics.create()
-        self._producer = new_producer(
+        publisher = Publisher(
             self.settings,
-            producer_config(
-                self.settings, message_timeout_ms=self.timing.message_timeout_ms, **overrides
-            ),
-            logger=logging.getLogger("blackbox.relay.librdkafka"),
+            timing=timing,
+            overrides=dict(producer_overrides or {}),
+            shutdown_grace_s=options.shutdown_grace_s,
         )
-        self._deadline = LeaseDeadline(self.timing)
-        self._idle_bound = {"idle_ms": str(self.timing.message_timeout_ms)}
-        self._shards: list[int] = []
-        self._stamps: dict[int, tuple[str, bytes]] = {}
-        # Batches produced and not yet settled, oldest first; reads go on after the last
-        # row produced (``_after``, 0: from the lowest id) of the shards ``_after_shards``.
-        self._window: deque[_Batch] = deque()
-        self._after = 0
-        self._after_shards: list[int] = []
-        self._analyzed_at = -math.inf
-        self._analyzing: threading.Thread | None = None
-        self._epochs: dict[int, int] = {}
-        self._next_check = -math.inf
-        self._over_share = False
-        self._seeded = False
-        self._beating = False
-        """True while the heartbeat thread renews the leases (``_heartbeats``)."""
-        # Lease state is renewed by a heartbeat thread while the loop publishes (see
-        # _heartbeats); the lock keeps one renewal or fence at a time.
-        self._lease_lock = threading.RLock()
-        # Reads and deletes of outbox rows run on the lane's threads and sessions, so
-        # that the database works while this thread produces (see ``_next_rows``).
-        self._lane = OutboxLane(
+        self.metrics = metrics or RelayMetrics.create()
+        self._counts = RelayCounts(
+            self.metrics,
+            message_timeout_s=timing.message_timeout_s,
+            kafka_bootstrap=self.settings.kafka_bootstrap,
+            depth_every_s=options.depth_every_s,
+        )
+        reader = OutboxReader(
             engine,
-            name=self.owner,
-            read_setup=_READ_SESSION,
-            delete_setup=_DELETE_SESSION,
-            setup_params=self._idle_bound,
+            owner=self.owner,
+            batch_size=options.batch_size,
+            read_ahead=options.pipeline_batches > 1,
+            idle_ms=timing.message_timeout_ms,
         )
-        self._ahead: _ReadAhead | None = None
-        self._deletes: deque[Future[None]] = deque()
-        self._depth_at = -math.inf
-        self._listener: psycopg.Connection[Any] | None = None
-        self._topic_ready = False
+        self._pipeline = BatchPipeline(
+            self.settings,
+            reader=reader,
+            publisher=publisher,
+            counts=self._counts,
+            batch_size=options.batch_size,
+            pipeline_batches=options.pipeline_batches,
+        )
+        self._leases = Leaseholder(
+            engine,
+            owner=self.owner,
+            shard_count=self.settings.outbox_shards,
+            timing=timing,
+            purge=self._purge,
+        )
+        self._listener = Listener(engine)
         self._closed = False
-        self._left_rows = False
-        """The batches settled last left rows in the outbox (failed or cut)."""
-        self._caught_up = False
-        """The last read found less than a batch while a writer's NOTIFY would have woken
-        the relay for anything committed after it: the loop waits instead of reading
-        again (see ``drain_once``)."""
-        self.idle = False
+
+    @property
+    def idle(self) -> bool:
         """True while the relay waits for a notification (nothing left to publish)."""
-        self.published = 0
-        self.failed_deliveries = 0
+        return self._listener.idle
+
+    @property
+    def published(self) -> int:
+        """Events Kafka acknowledged since the relay started."""
+        return self._counts.published
+
+    @property
+    def failed_deliveries(self) -> int:
         """Deliveries Kafka refused since the relay started (their rows stay)."""
-        self.timed_out = 0
+        return self._counts.failed_deliveries
+
+    @property
+    def timed_out(self) -> int:
         """Deliveries not settled within the message timeout (their rows stay)."""
-        self.fenced = 0
+        return self._counts.timed_out
+
+    @property
+    def fenced(self) -> int:
         """Times the relay stopped publishing for want of a valid lease."""
+        return self._counts.fenced
 
     @property
     def epochs(self) -> Mapping[int, int]:
         """The lease epoch of every shard this relay holds."""
-        return dict(self._epochs)
-
-    # Loop -------------------------------------------------------------------------
+        return dict(self._leases.epochs)
 
     def run(self, stop: threading.Event) -> None:
         """Relay until ``stop`` is set; in-flight deliveries finish before returning.
@@ -412,17 +223,17 @@ class Relay:
                 role): retrying cannot help, so the relay stops at once.
         """
         try:
-            with self._heartbeats():
+            with self._leases.heartbeats():
                 self._loop(stop)
         finally:
             self.close()
 
     def _loop(self, stop: threading.Event) -> None:
-        failures = 0
+        backoff = Backoff()
         while not stop.is_set():
             refused, timed_out = self.failed_deliveries, self.timed_out
             try:
-                if self.drain_once(stop) == 0 or self._caught_up:
+                if self.drain_once(stop) == 0 or self._pipeline.caught_up:
                     self._wait_for_work(stop)
             except (SQLAlchemyError, KafkaUnavailable) as exc:
                 if refusal := permission_refused(exc):
@@ -431,59 +242,23 @@ class Relay:
                         "reads, publishes and deletes outbox rows and keeps shard leases: "
                         "connect as a login in the blackbox_relay role"
                     ) from exc
-                failures += 1
-                delay = min(0.2 * 2**failures, 5.0)
-                log.warning("%s; retrying in %.1fs", _first_line(exc), delay)
-                self._close_listener()
+                delay = backoff.after_error()
+                log.warning("%s; retrying in %.1fs", first_line(exc), delay)
+                self._listener.close()
                 stop.wait(delay)
-                continue
-            if self.failed_deliveries > refused:
-                # Kafka refused deliveries for good (topic deleted, not authorised):
-                # their rows stay; back off instead of hammering the broker.
-                failures += 1
-                stop.wait(min(0.5 * 2**failures, 30.0))
-                continue
-            if self.timed_out > timed_out:
-                # Kafka is slow or away: each try already waited a message timeout.
-                failures += 1
-                stop.wait(min(0.1 * 2**failures, 2.0))
-                continue
-            failures = 0
+            else:
+                if self.failed_deliveries > refused:
+                    stop.wait(backoff.after_refusal())
+                elif self.timed_out > timed_out:
+                    stop.wait(backoff.after_timeout())
+                else:
+                    backoff.reset()
         # Settle the batches still in flight (within the shutdown grace) so that their
         # acknowledged rows are deleted, not published again by the next relay.
         try:
-            self._settle(stop, keep=0)
+            self._pipeline.settle(stop, self._leases, keep=0)
         except SQLAlchemyError as exc:
-            log.warning("could not delete the last acknowledged rows: %s", _first_line(exc))
-
-    @contextmanager
-    def _heartbeats(self) -> Iterator[None]:
-        """Renew leases and heartbeat from a thread of its own while the block runs, so
-        that a slow read or delete of a large batch does not let the leases run out.
-
-        A process that freezes stops both, as it must. Handing shards back stays with
-        the loop, between batches, when nothing is queued.
-        """
-        done = threading.Event()
-
-        def beat() -> None:
-            while not done.wait(max(self._next_check - time.monotonic(), 0.01)):
-                try:
-                    self._keep_leases(may_release=False)
-                except SQLAlchemyError as exc:
-                    log.warning("could not renew leases: %s", _first_line(exc))
-                    self._next_check = time.monotonic() + self.timing.heartbeat_s / 2
-                self._fence_if_expired("its leases could not be renewed before they ran out")
-
-        thread = threading.Thread(target=beat, name=f"heartbeat {self.owner}", daemon=True)
-        thread.start()
-        self._beating = True
-        try:
-            yield
-        finally:
-            self._beating = False
-            done.set()
-            thread.join(timeout=30)
+            log.warning("could not delete the last acknowledged rows: %s", first_line(exc))
 
     def drain_once(self, stop: threading.Event | None = None) -> int:
         """Read and produce the next batch of the leased shards, and settle earlier ones.
@@ -498,146 +273,30 @@ class Relay:
         Returns the number of rows produced or settled, and at least 1 when it read rows
         it had to leave in the outbox (0: nothing to do and nothing in flight).
         """
-        self._caught_up = False
-        self._deleted(wait=False)
-        if self._over_share:
+        pipeline, leases = self._pipeline, self._leases
+        pipeline.collect(wait=False)
+        if leases.over_share:
             # Shards are to be handed back, which waits for nothing to be queued.
-            self._settle(stop, keep=0)
-            if self._quiet():
-                self._next_check = -math.inf  # hand shards back now
-        if not self._beating or self._next_check == -math.inf:
-            # Renewing is the heartbeat thread's when it runs; handing back is ours.
-            self._keep_leases(may_release=self._quiet(), wait=False)
-        self._fence_if_expired("its leases ran out before they were renewed")
-        self._observe_depth()
-        shards = self._shards
-        if shards != self._after_shards:
-            # Another set of shards: read it from its lowest id, once nothing is in flight.
-            settled = self._settle(stop, keep=0)
-            self._after_shards = shards
-            if not shards:
-                return settled
-        if not self._topic_ready:
-            ensure_topics(self.settings, {self.settings.topic: self.settings.partitions})
-            self._topic_ready = True
-        started = time.perf_counter()
-        # Listening since before this read: every row committed after the read began
-        # announces itself with a NOTIFY, so a partial batch needs no read after it.
-        listening = self._listener is not None and not self._listener.closed
-        rows = self._next_rows(shards)
-        if rows is None:
-            # A writer committed a row below the last one read: settle everything in
-            # flight, then read from the lowest id again (that row comes first).
-            return max(self._settle(stop, keep=0), 1)
-        if not rows:
-            return self._settle(stop, keep=0)
-        batch = self._publish(rows, stop)
-        if batch.produced:
-            self._after = rows[batch.produced - 1][0]
-        # Caught up: settle everything now (its rows are deleted before the relay waits)
-        # and let the next NOTIFY, possibly one already waiting, say when to read. At a
-        # steady trickle of writes this saves the empty reads that used to follow every
-        # batch, about two statements per batch.
-        caught_up = listening and len(rows) < self.options.batch_size and not batch.cut
-        keep = 0 if batch.cut or caught_up else self.options.pipeline_batches - 1
-        settled = self._settle(stop, keep=keep)
-        # Rows left behind (a failed delivery) are read again at once, not at a NOTIFY.
-        self._caught_up = caught_up and not self._window and not self._left_rows
-        self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        if batch.cut:
-            self._next_check = -math.inf  # renew before the next batch
-        # Rows read but left (cut) are no idle outbox: report at least one.
-        return max(batch.produced, settled, int(batch.cut))
-
-    def _next_rows(self, shards: list[int]) -> Sequence[_Row] | None:
-        """The next rows of ``shards`` after the last one produced; None when a row at or
-        below it is in the outbox that the relay has not produced (committed late, or
-        acknowledged rows whose delete failed or the lease no longer covered).
-
-        Reads run on the outbox lane behind the deletes already handed to it, so the
-        rows counted at or below ``after`` are exactly those of the batches still in
-        the window, plus any left behind. A full batch means a backlog: the batch after
-        it is read at once, on the lane, while this one is produced, on the guess that
-        all of it will be; the guess is dropped if the relay ends up elsewhere (a cut
-        or failed batch, other shards).
-        """
-        key = (tuple(shards), self._after)
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead.key == key:
-            rows, expected = ahead.rows.result(), ahead.expected
-        else:
-            expected = sum(b.produced for b in self._window)
-            rows = self._read(shards, self._after).result()
-        if rows and rows[0][6] > expected:
-            return None
-        if len(rows) == self.options.batch_size:
-            self._refresh_statistics()
-            if self.options.pipeline_batches > 1:
-                # (One batch at a time reads from the lowest id after each: nothing to guess.)
-                after = rows[-1][0]
-                self._ahead = _ReadAhead(
-                    key=(tuple(shards), after),
-                    rows=self._read(shards, after),
-                    # Counted now: the deletes handed to the lane so far run before it.
-                    expected=sum(b.produced for b in self._window) + len(rows),
-                )
-        return rows
-
-    def _refresh_statistics(self) -> None:
-        """A full batch: a backlog, perhaps in an outbox whose statistics still say it is
-        empty (see migration 0008). Ask for an ANALYZE of it, at most once a minute, on a
-        thread of its own; the statements planned after it see the backlog as it is."""
-        now = time.monotonic()
-        if now - self._analyzed_at < _ANALYZE_EVERY_S:
-            return
-        if self._analyzing is not None and self._analyzing.is_alive():
-            return
-        self._analyzed_at = now
-        self._analyzing = threading.Thread(
-            target=self._analyze, name=f"outbox statistics {self.owner}", daemon=True
-        )
-        self._analyzing.start()
-
-    def _analyze(self) -> None:
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(_ANALYZE)
-        except SQLAlchemyError as exc:
-            log.warning(
-                "could not refresh the outbox's statistics (%s); a backlog may drain slowly "
-                "until autovacuum analyzes the outbox: run `blackbox migrate`",
-                _first_line(exc),
-            )
-
-    def _read(self, shards: list[int], after: int) -> Future[list[Any]]:
-        """Up to a batch of rows of ``shards`` after ``after``, read on the outbox lane."""
-        params = {"shards": shards, "after": after, "limit": self.options.batch_size}
-        return self._lane.read(_READ, params)
-
-    def _deleted(self, *, wait: bool) -> None:
-        """Collect the deletes that finished (all of them with ``wait``), raising the
-        first that failed; its rows stay and the next read finds them (see _next_rows)."""
-        deletes = self._deletes
-        while deletes and (wait or deletes[0].done()):
-            deletes.popleft().result()
-
-    def _quiet(self) -> bool:
-        """Nothing queued, in flight or waiting to be deleted: shards may be handed back
-        without the next owner publishing acknowledged rows again."""
-        return len(self._producer) == 0 and not self._deletes
+            pipeline.settle(stop, leases, keep=0)
+            if pipeline.quiet:
+                leases.renew_next()  # hand shards back now
+        leases.keep_between_batches(may_release=pipeline.quiet)
+        leases.fence_if_expired("its leases ran out before they were renewed")
+        self._counts.observe_depth(self.engine)
+        return pipeline.step(stop, leases, listening=self._listener.listening)
 
     def drain(self, *, timeout: float = 60.0) -> int:
         """Publish until the leased shards are empty or ``timeout`` passes (for tools)."""
         deadline = time.monotonic() + timeout
         total = 0
-        with self._heartbeats():
+        with self._leases.heartbeats():
             while time.monotonic() < deadline:
                 before = self.published
                 moved = self.drain_once()
                 total += self.published - before
-                if moved == 0 and self._shards:
+                if moved == 0 and self._leases.shards:
                     break
-        self._deleted(wait=True)
+        self._pipeline.collect(wait=True)
         return total
 
     def close(self) -> None:
@@ -648,224 +307,24 @@ class Relay:
         if self._closed:
             return
         self._closed = True
-        self._close_listener()
-        self._producer.purge(in_queue=True, in_flight=False, blocking=True)
-        # In-flight requests settle (acknowledged or failed) within the message timeout.
-        self._producer.flush(self.timing.message_timeout_s + self.timing.margin_s)
-        try:
-            self._deleted(wait=True)
-        except SQLAlchemyError as exc:
-            log.warning("could not delete acknowledged rows: %s", _first_line(exc))
-        self._deletes.clear()
-        self._ahead = None
-        self._lane.close()
-        if self._analyzing is not None:
-            self._analyzing.join(timeout=10)
-        settled = len(self._producer) == 0
-        try:
-            with self.engine.begin() as conn:
-                if settled:
-                    conn.execute(_RELEASE, {"me": self.owner, "keep": []})
-                conn.execute(_LEAVE, {"me": self.owner})
-        except SQLAlchemyError as exc:
-            log.warning("could not release leases of %s: %s", self.owner, exc)
+        self._listener.close()
+        self._pipeline.wind_down()
+        settled = self._pipeline.queued == 0
+        self._leases.leave(release=settled)
         if not settled:
             log.warning(
                 "relay %s leaves %d deliveries unsettled: its leases are left to run out",
                 self.owner,
-                len(self._producer),
+                self._pipeline.queued,
             )
-        self._shards, self._stamps, self._epochs = [], {}, {}
-        self._window.clear()  # what was acknowledged and not deleted is published again
-        self._after, self._after_shards = 0, []
-        self._deadline.lapse()
-        # Shut the client down now: left to garbage collection, its threads go on
-        # reconnecting (and logging) after the broker is gone.
-        self._producer.close()
+        self._pipeline.close()
 
-    # Publishing -------------------------------------------------------------------
-
-    def _publish(self, rows: Sequence[_Row], stop: threading.Event | None) -> _Batch:
-        """Produce ``rows`` in order while the leases allow; the batch joins the window
-        of batches in flight (its deliveries are settled by ``_settle``)."""
-        batch = _Batch(rows=rows)
-        self._window.append(batch)
-        topic = self.settings.topic
-        deadline = self._deadline
-        clock = time.monotonic
-        produce = self._producer.produce
-        delivered = batch.delivered
-        until = deadline.produce_until
-        header = EVENT_ID_HEADER
-        produced = 0
-        try:
-            for row in rows:
-                # Read afresh per row: the heartbeat thread renews (or fences) meanwhile;
-                # the deadline only when the one read last has passed.
-                stamp = self._stamps.get(row[5])
-                now = clock()
-                if now >= until:
-                    until = deadline.produce_until
-                if stamp is None or now >= until:
-                    # No lease valid long enough for this row's message to settle in
-                    # time: it (and every later row) waits for the next renewal.
-                    batch.cut = True
-                    break
-                headers: _Headers = [(header, row[2]), stamp]
-                try:
-                    produce(topic, row[3], row[1], on_delivery=delivered, headers=headers)
-                except BufferError:
-                    self._produce_when_room(topic, row, headers, batch)
-                produced += 1
-        finally:
-            # Counted once: a report of this batch served meanwhile (inside a poll for
-            # room) took its pending count down already.
-            batch.produced = produced
-            batch.pending += produced
-        self._producer.poll(0)  # serve the deliveries of earlier batches
-        return batch
-
-    def _produce_when_room(self, topic: str, row: _Row, headers: _Headers, batch: _Batch) -> None:
-        """Produce ``row`` once the local queue has room again."""
-        while True:
-            self._producer.poll(0.05)  # the local queue is full; let deliveries drain
-            try:
-                self._producer.produce(
-                    topic,
-                    value=row[3],
-                    key=row[1],
-                    on_delivery=batch.delivered,
-                    headers=headers,
-                )
-                return
-            except BufferError:
-                continue
-
-    def _settle(self, stop: threading.Event | None, *, keep: int) -> int:
-        """Wait until at most ``keep`` batches are in flight, oldest first, then delete the
-        rows Kafka acknowledged (fenced by the leases still held) and account.
-
-        Every message settles within the message timeout (delivered, failed or purged).
-        A batch with a failed delivery settles every later one too and the next read
-        starts from the lowest id again: failed rows stay in the outbox and are read
-        first, which keeps every run's order. Shutdown cuts the wait after a grace
-        period. Returns the rows acknowledged, and at least 1 when rows were left.
-        """
-        window = self._window
-        done: list[_Batch] = []
-        grace: float | None = None
-        warned_at = time.monotonic()
-        while len(window) > keep:
-            batch = window[0]
-            if batch.pending > 0:
-                self._producer.poll(0.05)
-                now = time.monotonic()
-                if stop is not None and stop.is_set():
-                    grace = grace or now + self.options.shutdown_grace_s
-                    if now >= grace:
-                        left = sum(b.pending for b in window)
-                        log.warning("shutting down with %d deliveries unconfirmed", left)
-                        for each in window:
-                            each.settle()
-                        done.extend(window)
-                        window.clear()
-                        break
-                if now - warned_at > 5.0:
-                    warned_at = now
-                    log.warning(
-                        "waiting for Kafka at %s: %d deliveries in flight",
-                        self.settings.kafka_bootstrap,
-                        sum(b.pending for b in window),
-                    )
-                if not self._beating:
-                    try:
-                        self._keep_leases(may_release=False, wait=False)
-                    except SQLAlchemyError as exc:
-                        log.warning("could not renew leases: %s", _first_line(exc))
-                        self._next_check = now + self.timing.heartbeat_s / 2
-                self._fence_if_expired("its leases could not be renewed before they ran out")
-                continue
-            done.append(window.popleft())
-            batch.settle()
-            if batch.failed or batch.cut:
-                keep = 0
-        if not window:
-            self._after = 0
-        self._left_rows = any(b.failed or b.cut for b in done)
-        if not done:
-            return 0
-        acked = [row_id for b in done for row_id in b.acked]
-        if acked:
-            # Deleted on the outbox lane while the next batch is produced; reads queue
-            # behind it.
-            ids = ",".join(map(str, acked))  # one text, not a Python-built array of ints
-            self._deletes.append(self._lane.delete(_DELETE, {"ids": ids, "me": self.owner}))
-        for b in done:
-            self._account(b)
-        if any(b.failed for b in done):
-            rows = [row for b in done for row in b.rows[: b.produced]]
-            failed = [row_id for b in done for row_id in b.failed]
-            self._count_order_gaps(order_gaps(rows, acked, failed))
-        return len(acked) or int(any(b.failed or b.cut for b in done))
-
-    def _account(self, batch: _Batch) -> None:
-        self.published += len(batch.acked)
-        self.metrics.published.inc(len(batch.acked))
-        if batch.acked:
-            # One latency sample per batch: its oldest row, the worst case of the batch.
-            self.metrics.publish_latency.observe(_age(batch.rows[0][4]))
-        if batch.refused:
-            self.failed_deliveries += batch.refused
-            self.metrics.delivery_failures.inc(batch.refused)
-        if batch.timed_out:
-            self.timed_out += batch.timed_out
-            self.metrics.delivery_timeouts.inc(batch.timed_out)
-            log.warning(
-                "%d deliveries were not settled within %.1f s (is Kafka at %s reachable?); "
-                "their rows stay and are published again in order",
-                batch.timed_out,
-                self.timing.message_timeout_s,
-                self.settings.kafka_bootstrap,
-            )
-
-    def _count_order_gaps(self, gaps: int) -> None:
-        if gaps:
-            self.metrics.order_gaps.inc(gaps)
-            log.error(
-                "%d events were acknowledged after an earlier event of their run failed; "
-                "the earlier ones follow them in the topic (readers order by sequence)",
-                gaps,
-            )
-
-    def _fence_if_expired(self, reason: str) -> None:
-        if self._shards and self._deadline.expired(time.monotonic()):
-            with self._lease_lock:  # checked again: a renewal may have just finished
-                if self._shards and self._deadline.expired(time.monotonic()):
-                    self._fence(reason)
-
-    def _fence(self, reason: str) -> None:
-        """Stop producing at once and purge what is queued: the leases cannot be shown
-        valid. The purged rows stay in the outbox for whichever relay holds them next.
-        Called with the lease lock held."""
-        queued = len(self._producer)
-        self._producer.purge(in_queue=True, in_flight=False, blocking=True)
-        left = len(self._producer)
-        self.fenced += 1
-        self.metrics.fenced.inc()
-        self.metrics.purged.inc(max(queued - left, 0))
-        log.warning(
-            "relay %s stops publishing shards %s: %s; %d queued messages purged (their rows "
-            "stay for the next owner)",
-            self.owner,
-            self._shards,
-            reason,
-            max(queued - left, 0),
-        )
-        self._shards, self._stamps, self._epochs = [], {}, {}
-        self._deadline.lapse()
-        self._next_check = -math.inf
-
-    # Leases -----------------------------------------------------------------------
+    def _purge(self) -> int:
+        """Purge what is queued, the leaseholder having fenced the relay; the purged
+        rows stay in the outbox. Returns how many messages were purged."""
+        purged = self._pipeline.purge()
+        self._counts.fenced_once(purged)
+        return purged
 
     def rebalance(self) -> list[int]:
         """Heartbeat, renew leases and take or hand back shards to hold a fair share now.
@@ -873,155 +332,19 @@ class Relay:
         The loop does this by itself every heartbeat; the shards held afterwards are
         returned.
         """
-        self._next_check = -math.inf
-        self._deleted(wait=True)
-        self._keep_leases(may_release=self._quiet())
-        return list(self._shards)
-
-    def _keep_leases(self, *, may_release: bool, wait: bool = True) -> None:
-        """Heartbeat and renew when due; claim or (with ``may_release``, when nothing is
-        queued) hand back shards towards a fair share. Without ``wait`` nothing is done
-        while another thread renews (the loop does not stall behind the heartbeat)."""
-        if time.monotonic() < self._next_check:
-            return
-        if not self._lease_lock.acquire(blocking=wait):
-            return
-        try:
-            self._renew_if_due(may_release=may_release)
-        finally:
-            self._lease_lock.release()
-
-    def _renew_if_due(self, *, may_release: bool) -> None:
-        started = time.monotonic()
-        if started < self._next_check:
-            return
-        shards = self.settings.outbox_shards
-        params = {"me": self.owner, "ttl": self.timing.ttl_s, "shards": shards}
-        with self.engine.begin() as conn:
-            conn.execute(_BOUNDED, self._idle_bound)
-            if not self._seeded:
-                conn.execute(_SEED_LEASES, {"shards": shards})
-            conn.execute(_HEARTBEAT, params)
-            held = {int(s): int(e) for s, e in conn.execute(_RENEW, params)}
-            lost = sorted(set(self._shards) - held.keys())
-            peers = int(conn.execute(_LIVE_PEERS, params).scalar_one())
-            fair = math.ceil(shards / (1 + peers))
-            self._over_share = len(held) > fair
-            if len(held) > fair and may_release:
-                # Hand shards back so a relay that just started gets its share.
-                keep = sorted(held)[:fair]
-                conn.execute(_RELEASE, {"me": self.owner, "keep": keep})
-                held = {s: held[s] for s in keep}
-                self._over_share = False
-            elif len(held) < fair:
-                claimed = conn.execute(_CLAIM, {**params, "wanted": fair - len(held)})
-                held.update({int(s): int(e) for s, e in claimed})
-            soonest = conn.execute(_SOONEST_FOREIGN, params).scalar_one()
-        self._seeded = True
-        if lost:
-            # Another relay holds them now (or they ran out): whatever is queued may
-            # belong to them, so nothing queued may be sent.
-            self._fence(f"shards {lost} are no longer its own")
-        if sorted(held) != self._shards or held != self._epochs:
-            log.info("relay %s now owns shards %s (epochs %s)", self.owner, sorted(held), held)
-        self._shards = sorted(held)
-        self._epochs = held
-        self._stamps = {s: LeaseStamp(s, e).header() for s, e in held.items()}
-        if held:
-            self._deadline.renewed(started)
-        else:
-            self._deadline.lapse()
-        self._next_check = started + self.timing.heartbeat_s
-        if soonest is not None:
-            # Look again the moment another relay's lease runs out: if it died, its
-            # heartbeat ran out with it and its shards are ours to share.
-            self._next_check = min(self._next_check, started + float(soonest) + 0.01)
-
-    # Idle -------------------------------------------------------------------------
+        self._leases.renew_next()
+        self._pipeline.collect(wait=True)
+        self._leases.keep(may_release=self._pipeline.quiet)
+        return list(self._leases.shards)
 
     def _wait_for_work(self, stop: threading.Event) -> None:
         """Sleep until a writer's NOTIFY or the polling interval, whichever comes first;
-        the heartbeat thread renews the leases meanwhile.
+        the heartbeat thread renews the leases meanwhile. Shards the heartbeat took, or
+        a share to hand back, end the wait early."""
+        leases = self._leases
+        before = leases.shards
 
-        The wait is cut in short slices so that a stop request, shards the heartbeat
-        took, or a share to hand back are seen promptly.
-        """
-        deadline = time.monotonic() + self.options.idle_wait_s
-        before = self._shards
-        try:
-            listener = self._listen()
-            self.idle = True
-            while not stop.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._shards != before or self._over_share:
-                    return
-                first = listener.notifies(timeout=min(remaining, 0.25), stop_after=1)
-                try:
-                    woken = next(first, None)
-                finally:
-                    first.close()  # it holds the connection's lock until closed
-                if woken is not None:
-                    # Take the others already here too: one read covers every commit
-                    # announced so far, and each one left waiting would wake a read.
-                    for _ in listener.notifies(timeout=0.0):
-                        pass
-                    return
-        except psycopg.Error as exc:
-            log.warning("LISTEN failed (%s); falling back to polling", exc)
-            self._close_listener()
-            stop.wait(max(deadline - time.monotonic(), 0.0))
-        finally:
-            self.idle = False
+        def moved() -> bool:
+            return leases.shards != before or leases.over_share
 
-    def _listen(self) -> psycopg.Connection[Any]:
-        if self._listener is None or self._listener.closed:
-            url = self.engine.url.set(drivername="postgresql")
-            dsn = url.render_as_string(hide_password=False)
-            self._listener = psycopg.connect(dsn, autocommit=True)
-            self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        return self._listener
-
-    def _close_listener(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-
-    def _observe_depth(self) -> None:
-        now = time.monotonic()
-        if now - self._depth_at < self.options.depth_every_s:
-            return
-        self._depth_at = now
-        with self.engine.connect() as conn:
-            depth, oldest = outbox_backlog_txn(conn)
-        self.metrics.outbox_depth.set(depth)
-        self.metrics.outbox_oldest_age.set(oldest)
-
-
-def order_gaps(rows: Sequence[Sequence[Any]], acked: Sequence[int], failed: Sequence[int]) -> int:
-    """How many acknowledged rows of ``rows`` (id, run id, ...; in id order) come after a
-    failed row of their run: events the topic now holds before an earlier one of theirs."""
-    failed_ids, acked_ids = set(failed), set(acked)
-    first_failed: dict[Any, int] = {}
-    gaps = 0
-    for row in rows:
-        row_id, run_id = row[0], row[1]
-        if row_id in failed_ids:
-            first_failed.setdefault(run_id, row_id)
-        elif row_id in acked_ids and run_id in first_failed:
-            gaps += 1
-    return gaps
-
-
-def _text(value: str | bytes | None) -> str:
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return value or ""
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def _age(created_at: float) -> float:
-    """Seconds since ``created_at`` (epoch seconds, the database's clock)."""
-    return max(time.time() - created_at, 0.0)
+        self._listener.wait(stop, timeout=self.options.idle_wait_s, moved=moved)

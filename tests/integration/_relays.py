@@ -200,12 +200,14 @@ class _PausingProducer:
 class _PausingRelay(Relay):
     def __init__(self, *args: Any, pause_at: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._pausing = _PausingProducer(self._producer, pause_at)
-        self._producer = self._pausing  # type: ignore[assignment]
+        publisher = self._pipeline._publisher
+        self._pausing = _PausingProducer(publisher._producer, pause_at)
+        publisher._producer = self._pausing  # type: ignore[assignment]
 
-    def _publish(self, rows: Any, stop: threading.Event | None) -> Any:
+    def drain_once(self, stop: threading.Event | None = None) -> int:
+        # A call produces one batch at most: the count starts again with each.
         self._pausing.batch_started()
-        return super()._publish(rows, stop)
+        return super().drain_once(stop)
 
 
 def _main(argv: list[str]) -> None:

@@ -10,8 +10,8 @@ from sqlalchemy import Connection, Engine
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.outbox.relay._lane import OutboxLane
-from agent_blackbox.outbox.relay._relay import _DELETE as _RELAY_DELETE
-from agent_blackbox.outbox.relay._relay import _DELETE_SESSION, _READ_SESSION
+from agent_blackbox.outbox.relay._reader import _DELETE as _RELAY_DELETE
+from agent_blackbox.outbox.relay._reader import _DELETE_SESSION, _READ_SESSION
 from agent_blackbox.schemas import Settings
 
 pytestmark = pytest.mark.integration

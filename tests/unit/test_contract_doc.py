@@ -15,7 +15,7 @@ from agent_blackbox.consumers._dead_letters import (
     DLQ_TOPIC,
 )
 from agent_blackbox.keystore._sealer import LEGACY_SEALED_ENCODING, SEALED_ENCODING
-from agent_blackbox.outbox.relay._relay import EVENT_ID_HEADER
+from agent_blackbox.outbox.relay import EVENT_ID_HEADER
 from agent_blackbox.replayer import read_archive
 from agent_blackbox.schemas import (
     C14N_ATTRIBUTE,

@@ -10,8 +10,8 @@ from confluent_kafka import KafkaError, Message
 from sqlalchemy import Engine
 
 from agent_blackbox.outbox.relay import Relay, RelayOptions
+from agent_blackbox.outbox.relay._batch import Batch, Row, order_gaps
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
-from agent_blackbox.outbox.relay._relay import _Batch, _Row, order_gaps
 
 
 def test_default_timing_scales_with_the_lease() -> None:
@@ -121,12 +121,12 @@ def _report(row_id: int) -> Message:
     return cast(Message, _Report(b"envelope-%d" % row_id))
 
 
-def _rows(*ids: int) -> list[_Row]:
+def _rows(*ids: int) -> list[Row]:
     return [(i, b"run", b"event-%d" % i, b"envelope-%d" % i, 0.0, 0, 0) for i in ids]
 
 
 def test_a_settled_batch_sorts_its_produced_rows_into_acked_and_failed() -> None:
-    batch = _Batch(rows=_rows(10, 11, 12, 13), produced=3, pending=3)  # 13 never produced
+    batch = Batch(rows=_rows(10, 11, 12, 13), produced=3, pending=3)  # 13 never produced
     batch.delivered(None, _report(10))
     batch.delivered(KafkaError(KafkaError._MSG_TIMED_OUT), _report(11))
     batch.delivered(None, _report(12))
@@ -137,7 +137,7 @@ def test_a_settled_batch_sorts_its_produced_rows_into_acked_and_failed() -> None
 def test_a_failed_report_marks_every_row_with_its_value_failed() -> None:
     rows = _rows(1, 2, 3)
     rows[2] = (3, b"run", b"event-1", b"envelope-1", 0.0, 0, 0)  # the event of row 1, again
-    batch = _Batch(rows=rows, produced=3, pending=3)
+    batch = Batch(rows=rows, produced=3, pending=3)
     batch.delivered(KafkaError(KafkaError._MSG_TIMED_OUT), _report(1))
     batch.delivered(None, _report(2))
     batch.delivered(None, _report(1))
@@ -146,7 +146,7 @@ def test_a_failed_report_marks_every_row_with_its_value_failed() -> None:
 
 
 def test_a_batch_cut_short_by_shutdown_deletes_nothing_unsettled() -> None:
-    batch = _Batch(rows=_rows(1, 2), produced=2, pending=2)
+    batch = Batch(rows=_rows(1, 2), produced=2, pending=2)
     batch.delivered(None, _report(1))
     batch.settle()  # one delivery still unconfirmed: nothing is known acknowledged
     assert (batch.acked, batch.failed) == ([], [])

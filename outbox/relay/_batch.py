@@ -1,0 +1,105 @@
+"""A batch of outbox rows on its way to Kafka: what was produced, what Kafka answered.
+
+The relay reads a batch of rows, produces them in order and keeps the batch until every
+delivery report of it has come back (``pending`` at 0); ``settle`` then sorts the
+produced rows into acknowledged (deleted from the outbox) and failed (left for the next
+read). A failed report tells its row by the message's value, the envelope, which is
+unique to its event: reports of failed deliveries carry no headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, Message
+
+from agent_blackbox.outbox.relay._log import log
+
+Row = tuple[int, bytes, bytes, bytes, float, int, int]
+"""An outbox row as the relay reads it: id, key (the run id), event id header value,
+value (the envelope), creation time (epoch seconds), shard, and the rows of the read's
+shards at or below the id it read after (the same in every row of a read)."""
+
+_TIMED_OUT = KafkaError._MSG_TIMED_OUT
+_PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
+
+
+@dataclass(slots=True)
+class Batch:
+    """Rows read together, produced in order, and settled together."""
+
+    rows: Sequence[Row]
+    produced: int = 0
+    """Rows produced, the first ones of ``rows``."""
+    acked: list[int] = field(default_factory=list)
+    """Row ids Kafka acknowledged, known once the batch settled (``settle``)."""
+    failed: list[int] = field(default_factory=list)
+    """Row ids whose delivery failed, known once the batch settled."""
+    failed_values: list[bytes] = field(default_factory=list)
+    """The values of the failed deliveries, as the reports give them."""
+    refused: int = 0
+    timed_out: int = 0
+    purged: int = 0
+    pending: int = 0
+    cut: bool = False
+    """Rows were left unproduced: the lease deadline came first."""
+
+    def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        """A delivery report of one of the batch's messages (inside ``poll``). Kept
+        minimal, and the same bound method for every message of the batch: it runs once
+        per event, and a callback made per message costs more than the produce itself.
+        A failed report carries the message's key and value but no headers; the value
+        (an envelope, unique to its event) tells the row at ``settle``."""
+        self.pending -= 1
+        if err is None:
+            return
+        self.failed_values.append(msg.value() or b"")
+        code = err.code()
+        if code == _TIMED_OUT:
+            self.timed_out += 1
+        elif code in _PURGED:
+            self.purged += 1
+        else:
+            self.refused += 1
+            log.error("delivery of an event of run %s failed: %s", _text(msg.key()), err)
+
+    def settle(self) -> None:
+        """Sort the produced rows into acknowledged and failed; a row still unsettled
+        (shutdown cut the wait) is neither, and stays in the outbox. Two rows with the
+        same value (one event in the outbox twice) both count as failed if one did:
+        published again, never lost."""
+        if self.pending == 0:
+            produced = self.rows[: self.produced]
+            if self.failed_values:
+                values = set(self.failed_values)
+                self.failed = [row[0] for row in produced if row[3] in values]
+            failed = set(self.failed)
+            self.acked = [row[0] for row in produced if row[0] not in failed]
+
+    @property
+    def left_rows(self) -> bool:
+        """Rows of the batch stay in the outbox: a delivery failed or the batch was cut."""
+        return bool(self.failed) or self.cut
+
+
+def order_gaps(rows: Sequence[Sequence[Any]], acked: Sequence[int], failed: Sequence[int]) -> int:
+    """How many acknowledged rows of ``rows`` (id, run id, ...; in id order) come after a
+    failed row of their run: events the topic now holds before an earlier one of theirs."""
+    failed_ids, acked_ids = set(failed), set(acked)
+    first_failed: dict[Any, int] = {}
+    gaps = 0
+    for row in rows:
+        row_id, run_id = row[0], row[1]
+        if row_id in failed_ids:
+            first_failed.setdefault(run_id, row_id)
+        elif row_id in acked_ids and run_id in first_failed:
+            gaps += 1
+    return gaps
+
+
+def _text(value: str | bytes | None) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value or ""

@@ -1,0 +1,219 @@
+"""Producing a batch of outbox rows to Kafka, and waiting for its delivery reports.
+
+The publisher owns the relay's producer and its window of batches in flight, oldest
+first. A row is produced only while its shard's lease is valid long enough for the
+message to settle before the lease can move (``LeaseDeadline.produce_until``), stamped
+with the lease's epoch beside the event id. Batches overlap: the next one is produced
+while the reports of the one before still arrive, and a batch is settled once every
+report of it came back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from agent_blackbox.broker import new_producer, producer_config
+from agent_blackbox.outbox.relay._batch import Batch, Row
+from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
+from agent_blackbox.outbox.relay._log import log
+from agent_blackbox.schemas import Settings
+
+EVENT_ID_HEADER = "blackbox.event_id"
+
+_Headers = list[tuple[str, str | bytes | None]]
+
+
+class Leases(Protocol):
+    """What producing needs of the relay's leases, read afresh for every row."""
+
+    @property
+    def stamps(self) -> Mapping[int, tuple[str, bytes]]:
+        """Each held shard's ``LeaseStamp`` header."""
+        ...
+
+    @property
+    def deadline(self) -> LeaseDeadline:
+        """Until when the leases can be shown valid."""
+        ...
+
+
+class Publisher:
+    """The relay's producer and the batches it has in flight.
+
+    Args:
+        settings: the topic and the Kafka bootstrap.
+        timing: the lease's timing; the producer's message timeout is derived from it.
+        overrides: extra librdkafka settings.
+        shutdown_grace_s: how long a stop request still waits for deliveries in flight.
+
+    Raises:
+        ValueError: ``overrides`` sets ``message.timeout.ms``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        timing: LeaseTiming,
+        overrides: Mapping[str, Any],
+        shutdown_grace_s: float,
+    ) -> None:
+        if "message.timeout.ms" in overrides:
+            raise ValueError(
+                "message.timeout.ms is derived from the lease TTL (half of it) so that "
+                "nothing queued outlives a lease; change the lease TTL instead"
+            )
+        self._topic = settings.topic
+        self._kafka_bootstrap = settings.kafka_bootstrap
+        self._timing = timing
+        self._shutdown_grace_s = shutdown_grace_s
+        self._producer = new_producer(
+            settings,
+            producer_config(settings, message_timeout_ms=timing.message_timeout_ms, **overrides),
+            logger=logging.getLogger("blackbox.relay.librdkafka"),
+        )
+        self._window: deque[Batch] = deque()
+        """Batches produced and not yet settled, oldest first."""
+
+    @property
+    def batches_in_flight(self) -> int:
+        """Batches produced and not yet settled."""
+        return len(self._window)
+
+    @property
+    def rows_in_flight(self) -> int:
+        """Rows produced and not yet settled: they are still in the outbox."""
+        return sum(b.produced for b in self._window)
+
+    @property
+    def queued(self) -> int:
+        """Messages the producer holds: queued, or sent and not yet reported."""
+        return len(self._producer)
+
+    def publish(self, rows: Sequence[Row], leases: Leases) -> Batch:
+        """Produce ``rows`` in order while ``leases`` allow; the batch joins the window
+        of batches in flight (its deliveries are settled by ``settle``)."""
+        batch = Batch(rows=rows)
+        self._window.append(batch)
+        topic = self._topic
+        deadline = leases.deadline
+        clock = time.monotonic
+        produce = self._producer.produce
+        delivered = batch.delivered
+        until = deadline.produce_until
+        header = EVENT_ID_HEADER
+        produced = 0
+        try:
+            for row in rows:
+                # Read afresh per row: the heartbeat thread renews (or fences) meanwhile;
+                # the deadline only when the one read last has passed.
+                stamp = leases.stamps.get(row[5])
+                now = clock()
+                if now >= until:
+                    until = deadline.produce_until
+                if stamp is None or now >= until:
+                    # No lease valid long enough for this row's message to settle in
+                    # time: it (and every later row) waits for the next renewal.
+                    batch.cut = True
+                    break
+                headers: _Headers = [(header, row[2]), stamp]
+                try:
+                    produce(topic, row[3], row[1], on_delivery=delivered, headers=headers)
+                except BufferError:
+                    self._produce_when_room(topic, row, headers, batch)
+                produced += 1
+        finally:
+            # Counted once: a report of this batch served meanwhile (inside a poll for
+            # room) took its pending count down already.
+            batch.produced = produced
+            batch.pending += produced
+        self._producer.poll(0)  # serve the deliveries of earlier batches
+        return batch
+
+    def settle(
+        self, stop: threading.Event | None, *, keep: int, waiting: Callable[[], None]
+    ) -> list[Batch]:
+        """Wait until at most ``keep`` batches are in flight, oldest first; the batches
+        settled, their rows sorted into acknowledged and failed.
+
+        Every message settles within the message timeout (delivered, failed or purged).
+        A batch that left rows in the outbox settles every later one too: the next read
+        starts from the lowest id again, which keeps every run's order. Shutdown (``stop``
+        set) cuts the wait after a grace period. ``waiting`` is called between polls
+        (the leases are kept meanwhile).
+        """
+        window = self._window
+        done: list[Batch] = []
+        grace: float | None = None
+        warned_at = time.monotonic()
+        while len(window) > keep:
+            batch = window[0]
+            if batch.pending > 0:
+                self._producer.poll(0.05)
+                now = time.monotonic()
+                if stop is not None and stop.is_set():
+                    grace = grace or now + self._shutdown_grace_s
+                    if now >= grace:
+                        left = sum(b.pending for b in window)
+                        log.warning("shutting down with %d deliveries unconfirmed", left)
+                        for each in window:
+                            each.settle()
+                        done.extend(window)
+                        window.clear()
+                        break
+                if now - warned_at > 5.0:
+                    warned_at = now
+                    log.warning(
+                        "waiting for Kafka at %s: %d deliveries in flight",
+                        self._kafka_bootstrap,
+                        sum(b.pending for b in window),
+                    )
+                waiting()
+                continue
+            done.append(window.popleft())
+            batch.settle()
+            if batch.left_rows:
+                keep = 0
+        return done
+
+    def purge(self) -> int:
+        """Drop what is queued and not yet sent (the relay may no longer publish it);
+        how many messages were dropped. Their reports come back failed (purged)."""
+        queued = len(self._producer)
+        self._producer.purge(in_queue=True, in_flight=False, blocking=True)
+        return max(queued - len(self._producer), 0)
+
+    def wind_down(self) -> None:
+        """Drop what is queued and wait, within the message timeout, for the requests
+        already sent to settle (acknowledged or failed)."""
+        self._producer.purge(in_queue=True, in_flight=False, blocking=True)
+        self._producer.flush(self._timing.message_timeout_s + self._timing.margin_s)
+
+    def close(self) -> None:
+        """Forget the batches in flight (what was acknowledged and not deleted is
+        published again) and shut the producer down."""
+        self._window.clear()
+        # Shut the client down now: left to garbage collection, its threads go on
+        # reconnecting (and logging) after the broker is gone.
+        self._producer.close()
+
+    def _produce_when_room(self, topic: str, row: Row, headers: _Headers, batch: Batch) -> None:
+        """Produce ``row`` once the local queue has room again."""
+        while True:
+            self._producer.poll(0.05)  # the local queue is full; let deliveries drain
+            try:
+                self._producer.produce(
+                    topic,
+                    value=row[3],
+                    key=row[1],
+                    on_delivery=batch.delivered,
+                    headers=headers,
+                )
+                return
+            except BufferError:
+                continue
