@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, func, select
 
-from agent_blackbox.consumers import ViewConsumer, events_index, runs_view
+from agent_blackbox.consumers import (
+    AnalyticsConsumer,
+    BatchOutcome,
+    ViewConsumer,
+    events_index,
+    runs_view,
+)
 from agent_blackbox.schemas import Settings
 from tests.integration._wait import eventually
 
@@ -24,6 +30,24 @@ def build_views(settings: Settings, engine: Engine, *, expect: int, timeout: flo
 
         eventually(caught_up, timeout=timeout, what=f"{expect} events in the views")
     assert indexed() == expect
+
+
+def build_analytics(
+    settings: Settings, engine: Engine, *, group: str, expect: int, timeout: float = 60.0
+) -> BatchOutcome:
+    """Consume ``settings.topic`` into the analytics tables until ``expect`` messages
+    went through (consumer group ``group``); what the batches came to."""
+    total = BatchOutcome()
+    with AnalyticsConsumer(settings, group_id=group, engine=engine) as consumer:
+
+        def caught_up() -> bool:
+            nonlocal total
+            outcome = consumer.poll_once(0.5)
+            total = total + outcome if outcome is not None else total
+            return total.messages >= expect
+
+        eventually(caught_up, timeout=timeout, what=f"{expect} messages through the analytics")
+    return total
 
 
 def view_runs(engine: Engine) -> dict[str, tuple[str, int, int, str | None]]:

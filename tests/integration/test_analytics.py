@@ -15,7 +15,6 @@ from sqlalchemy import Engine, select, text
 from agent_blackbox.cli import main
 from agent_blackbox.consumers import (
     AnalyticsConsumer,
-    BatchOutcome,
     ConsumerRuntime,
     RetentionJob,
     RetentionPolicy,
@@ -35,7 +34,7 @@ from agent_blackbox.schemas import Envelope, EventType, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._backups import SIGNER, events, record, relay
 from tests.integration._kafka import read_topic
-from tests.integration._views import build_views
+from tests.integration._views import build_analytics, build_views
 from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
@@ -58,20 +57,6 @@ def _rows(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
         }
 
 
-def _build(settings: Settings, engine: Engine, *, group: str, expect: int) -> BatchOutcome:
-    total = BatchOutcome()
-    with AnalyticsConsumer(settings, group_id=group, engine=engine) as consumer:
-
-        def caught_up() -> bool:
-            nonlocal total
-            outcome = consumer.poll_once(0.5)
-            total = total + outcome if outcome is not None else total
-            return total.messages >= expect
-
-        eventually(caught_up, timeout=60, what=f"{expect} messages through the analytics")
-    return total
-
-
 @pytest.fixture
 def recorded(settings: Settings, engine: Engine) -> list[Envelope]:
     migrate_views(settings.database_url)
@@ -84,7 +69,7 @@ def recorded(settings: Settings, engine: Engine) -> list[Envelope]:
 def test_the_analytics_hold_every_call_and_effect_as_recorded(
     settings: Settings, engine: Engine, recorded: list[Envelope]
 ) -> None:
-    outcome = _build(settings, engine, group="analytics-a", expect=len(recorded))
+    outcome = build_analytics(settings, engine, group="analytics-a", expect=len(recorded))
 
     rows = _rows(engine)
     kept = {"run.started", "llm.call", "tool.call", "effect.intent", "effect.receipt"}
@@ -181,7 +166,7 @@ def _rollups(engine: Engine) -> dict[str, tuple[Any, ...]]:
 def test_per_run_rollups_and_the_prompt_a_b_equal_the_recorded_runs(
     settings: Settings, engine: Engine, recorded: list[Envelope]
 ) -> None:
-    _build(settings, engine, group="analytics-a", expect=len(recorded))
+    build_analytics(settings, engine, group="analytics-a", expect=len(recorded))
 
     assert _rollups(engine) == _expected_rollups(recorded)
     assert {facts[0][:7] for facts in _expected_rollups(recorded).values()} == {"triage@"}
@@ -233,12 +218,12 @@ def test_the_views_after_a_crash_mid_stream_equal_a_clean_build(
     with crashed, pytest.raises(RuntimeError, match="died here"):
         _poll(crashed, times=200)  # the crash comes on the third batch
     assert batches == 3
-    _build(settings, engine, group="analytics-crash", expect=len(recorded) - 14)
+    build_analytics(settings, engine, group="analytics-crash", expect=len(recorded) - 14)
     after_crash = _rows(engine)
     with engine.begin() as conn:
         for table in TABLES:
             conn.execute(table.delete())
-    _build(settings, engine, group="analytics-clean", expect=len(recorded))
+    build_analytics(settings, engine, group="analytics-clean", expect=len(recorded))
 
     assert after_crash == _rows(engine)
     assert _rollups(engine) == _expected_rollups(recorded)
@@ -247,15 +232,15 @@ def test_the_views_after_a_crash_mid_stream_equal_a_clean_build(
 def test_a_rebuild_from_offset_zero_gives_the_same_rows(
     settings: Settings, engine: Engine, recorded: list[Envelope]
 ) -> None:
-    _build(settings, engine, group="analytics-a", expect=len(recorded))
+    build_analytics(settings, engine, group="analytics-a", expect=len(recorded))
     first = _rows(engine)
     with engine.begin() as conn:
         for table in TABLES:
             conn.execute(table.delete())
 
-    _build(settings, engine, group="analytics-b", expect=len(recorded))
+    build_analytics(settings, engine, group="analytics-b", expect=len(recorded))
     again = _rows(engine)
-    _build(settings, engine, group="analytics-c", expect=len(recorded))  # delivered again
+    build_analytics(settings, engine, group="analytics-c", expect=len(recorded))  # delivered again
 
     assert again == first
     assert _rows(engine) == again
@@ -310,7 +295,7 @@ def test_a_caught_up_consumer_reports_no_lag_per_partition(
 def test_the_view_gauges_read_replayability_open_intents_and_violations(
     settings: Settings, engine: Engine, recorded: list[Envelope]
 ) -> None:
-    _build(settings, engine, group="analytics-a", expect=len(recorded))
+    build_analytics(settings, engine, group="analytics-a", expect=len(recorded))
     build_views(settings, engine, expect=len(recorded))
     runs = len({e.run_id for e in recorded})
     with engine.begin() as conn:  # one intent whose receipt never came
@@ -390,7 +375,7 @@ def test_tool_arguments_that_break_the_declared_schema_are_counted(
         run, _ = recorder.record(_asking(arguments), RunSnapshot(code_version="c"), agent_id="t")
         runs[arguments] = run.run_id
     relay(engine, settings)
-    _build(settings, engine, group="analytics-tools", expect=events(engine))
+    build_analytics(settings, engine, group="analytics-tools", expect=events(engine))
 
     with engine.connect() as conn:
         invalid = dict(
@@ -402,7 +387,7 @@ def test_tool_arguments_that_break_the_declared_schema_are_counted(
 def test_stats_by_prompt_version_on_the_command_line(
     settings: Settings, engine: Engine, recorded: list[Envelope]
 ) -> None:
-    _build(settings, engine, group="analytics-a", expect=len(recorded))
+    build_analytics(settings, engine, group="analytics-a", expect=len(recorded))
     env = {"BLACKBOX_DATABASE_URL": settings.database_url}
     runner = CliRunner(env=env)
     shown = runner.invoke(main, ["stats", "--by", "prompt_version", "--since", "1h", "--json"])

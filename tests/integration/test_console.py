@@ -16,7 +16,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from sqlalchemy import Engine, text
 
-from agent_blackbox.consumers import AnalyticsConsumer, migrate_views
+from agent_blackbox.consumers import migrate_views
 from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login
@@ -29,7 +29,7 @@ from tests.integration._browser import (
     fetch,
     outside_address,
 )
-from tests.integration._views import build_views
+from tests.integration._views import build_analytics, build_views
 from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
@@ -58,16 +58,7 @@ def recorded(settings: Settings, engine: Engine) -> dict[str, Any]:
     relay(engine, settings)
     total = sum(r.events for r in runs) + hostile.last_sequence
     build_views(settings, engine, expect=total)
-    with AnalyticsConsumer(settings, group_id="console-analytics", engine=engine) as analytics:
-        seen = 0
-
-        def caught_up() -> bool:
-            nonlocal seen
-            outcome = analytics.poll_once(0.5)
-            seen += outcome.messages if outcome is not None else 0
-            return seen >= total
-
-        eventually(caught_up, timeout=60, what="the analytics caught up")
+    build_analytics(settings, engine, group="console-analytics", expect=total)
     return {"runs": runs, "hostile": hostile.run_id}
 
 

@@ -26,7 +26,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from sqlalchemy import Engine, text
 
 import agent_blackbox as bb
-from agent_blackbox.consumers import AnalyticsConsumer, migrate_views
+from agent_blackbox.consumers import migrate_views
 from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login
@@ -34,7 +34,7 @@ from tests.integration._anthropic_server import AnthropicServer
 from tests.integration._backups import relay
 from tests.integration._browser import SCREENSHOTS, chromium, console
 from tests.integration._openai_server import OpenAIServer
-from tests.integration._views import build_views
+from tests.integration._views import build_analytics, build_views
 from tests.integration._wait import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -145,16 +145,7 @@ def recorded(settings: Settings, engine: Engine) -> dict[str, str]:
     relay(engine, settings)
     total = first.last_sequence + second.last_sequence
     build_views(settings, engine, expect=total)
-    with AnalyticsConsumer(settings, group_id="conversation-analytics", engine=engine) as analytics:
-        seen = 0
-
-        def caught_up() -> bool:
-            nonlocal seen
-            outcome = analytics.poll_once(0.5)
-            seen += outcome.messages if outcome is not None else 0
-            return seen >= total
-
-        eventually(caught_up, timeout=60, what="the analytics caught up")
+    build_analytics(settings, engine, group="conversation-analytics", expect=total)
     return {"openai": first.run_id, "anthropic": second.run_id}
 
 
