@@ -10,8 +10,10 @@ names, so tests never see each other's rows or messages.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -68,14 +70,52 @@ def services() -> Iterator[Services]:
     if _docker_answers():
         yield from _containers()
         return
-    # Test-only ports, below Linux's ephemeral range (32768-60999) so that no outgoing
-    # connection of the suite can hold one of them when a broker (re)binds it.
-    stack = LocalStack(_cache_dir(), StackPorts(postgres=25442, kafka=29192, controller=29193))
+    ports = StackPorts(postgres=_port(POSTGRES), kafka=_port(KAFKA), controller=_port(CONTROLLER))
+    stack = LocalStack(_cache_dir(), ports)
     endpoints = stack.up()
     try:
         yield Services(endpoints.database_url, endpoints.kafka_bootstrap)
     finally:
         stack.down()
+
+
+# Test-only ports, below Linux's ephemeral range (32768-60999) so that no outgoing
+# connection of the suite can hold one of them when a broker (re)binds it.
+POSTGRES, KAFKA, CONTROLLER, OUTAGE_KAFKA, OUTAGE_CONTROLLER, S3 = (
+    25442,
+    29192,
+    29193,
+    29292,
+    29293,
+    29990,
+)
+
+
+@functools.cache
+def _shift() -> int:
+    """How far up this suite's ports move: 0, or ten at a time while another checkout's
+    suite holds one of them (two worktrees may run their tests at once)."""
+    ours = (POSTGRES, KAFKA, CONTROLLER, OUTAGE_KAFKA, OUTAGE_CONTROLLER, S3)
+    for shift in range(0, 200, 10):
+        if all(_bindable(port + shift) for port in ours):
+            return shift
+    raise RuntimeError(
+        f"no free test ports from {POSTGRES} up: stop the other checkouts' test services "
+        "(blackbox stack down --cache-dir <their .cache/blackbox/test>)"
+    )
+
+
+def _port(port: int) -> int:
+    return port + _shift()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _containers() -> Iterator[Services]:
@@ -159,7 +199,7 @@ def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]
     if shutil.which("java") is None:
         pytest.skip("no Java runtime: the broker-outage test needs a broker it controls")
     cache = _cache_dir()
-    broker = LocalKafka(cache / "outage", 29292, 29293)
+    broker = LocalKafka(cache / "outage", _port(OUTAGE_KAFKA), _port(OUTAGE_CONTROLLER))
     try:
         broker.start()
         yield broker
@@ -223,7 +263,7 @@ def object_store() -> Iterator[ObjectStore]:
         return
     if shutil.which("java") is None:
         pytest.skip("no Java runtime: the object-store tests need S3Proxy (or Docker)")
-    s3 = LocalS3(_cache_dir(), 29990)
+    s3 = LocalS3(_cache_dir(), _port(S3))
     endpoint = s3.start()
     try:
         yield ObjectStore(endpoint.backup_url, endpoint.access_key, endpoint.secret_key)
