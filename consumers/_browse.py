@@ -8,12 +8,14 @@ tenants that role is granted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Connection, text
+
+from agent_blackbox.consumers._search import search_clauses
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
@@ -35,6 +37,18 @@ class RunFilter:
     prompt_version: str | None = None
     has_error: bool = False
     latency_above_ms: float | None = None
+    session: str | None = None
+    user: str | None = None
+    run_prefix: str | None = None
+    """Runs whose id starts with this."""
+    tags: tuple[tuple[str, str | None], ...] = ()
+    """Runs with each of these tags (``(name, value)``; a None value: any value)."""
+    tool: str | None = None
+    """Runs that called this tool."""
+    error_class: str | None = None
+    """Runs that failed with, or had a call fail with, this error class."""
+    text: str | None = None
+    """Runs whose LLM messages hold these words (full-text, tenants that opted in)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +84,8 @@ class ListedRun:
     """The exact sum of its priced LLM calls (None: none priced)."""
     unpriced_calls: int = 0
     """Its LLM calls that did not fail and have no known cost."""
+    session_id: str | None = None
+    user_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +115,9 @@ def list_runs_txn(
     # A filter only the rollups hold (model, prompt version, latency) drives the page
     # from the rollups, which repeat the runs' identity and start: each candidate is
     # then checked in the row already read, not by a lookup of another table per run.
-    by_rollup = bool(where.model or where.prompt_version or where.latency_above_ms is not None)
+    by_rollup = bool(
+        where.model or where.prompt_version or where.latency_above_ms is not None or where.tags
+    )
     d = "u" if by_rollup else "r"
     clauses = [f"{d}.started_at IS NOT NULL"]
     params: dict[str, Any] = {"limit": limit + 1}
@@ -129,6 +147,7 @@ def list_runs_txn(
     if where.latency_above_ms is not None:
         clauses.append("u.max_latency_ms > :latency")
         params["latency"] = where.latency_above_ms
+    clauses += search_clauses(where, params, "r", "u")
     if after is not None:
         clauses.append(f"({d}.started_at, {d}.run_id) < (:after_at, :after_id)")
         params.update(after_at=after.started_at, after_id=after.run_id)
@@ -139,14 +158,14 @@ def list_runs_txn(
     )
     statement = text(
         f"""
-        SELECT {_LIST_COLUMNS}
+        SELECT {_LIST_COLUMNS}, {LABEL_COLUMNS}
           FROM {tables}
          WHERE {" AND ".join(clauses)}
          ORDER BY {d}.started_at DESC NULLS LAST, {d}.run_id DESC
          LIMIT :limit
         """
     )
-    rows = [_listed(row) for row in conn.execute(statement, params)]
+    rows = [labelled(row) for row in conn.execute(statement, params)]
     more = len(rows) > limit
     rows = rows[:limit]
     last = rows[-1] if more else None
@@ -154,6 +173,15 @@ def list_runs_txn(
         None if last is None or last.started_at is None else Cursor(last.started_at, last.run_id)
     )
     return RunPage(rows, cursor)
+
+
+LABEL_COLUMNS = "r.session_id, r.user_id"
+"""Selected after the list's columns: a listed run's session and user."""
+
+
+def labelled(row: Any) -> ListedRun:
+    """A listed run from a row of the list's columns and then :data:`LABEL_COLUMNS`."""
+    return replace(_listed(row), session_id=row[-2], user_id=row[-1])
 
 
 def _listed(row: Any) -> ListedRun:
