@@ -193,7 +193,8 @@ def search_clauses(where: Any, params: dict[str, Any], run: str, rollup: str) ->
             params[f"tag_{i}"] = tag
         else:
             clauses.append(
-                f"{rollup}.tags @> jsonb_build_object(CAST(:tag_{i} AS text), :tagv_{i})"
+                f"{rollup}.tags @> "
+                f"jsonb_build_object(CAST(:tag_{i} AS text), CAST(:tagv_{i} AS text))"
             )
             params[f"tag_{i}"], params[f"tagv_{i}"] = tag, value
     if where.tool:
