@@ -13,9 +13,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, TextClause, text
 
-from agent_blackbox.consumers._search import search_clauses
+from agent_blackbox.consumers._search import bitmap_terms, search_clauses, walk_or_bitmaps
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
@@ -116,7 +116,10 @@ def list_runs_txn(
     # from the rollups, which repeat the runs' identity and start: each candidate is
     # then checked in the row already read, not by a lookup of another table per run.
     by_rollup = bool(
-        where.model or where.prompt_version or where.latency_above_ms is not None or where.tags
+        where.model
+        or where.prompt_version
+        or where.latency_above_ms is not None
+        or bitmap_terms(where)
     )
     d = "u" if by_rollup else "r"
     clauses = [f"{d}.started_at IS NOT NULL"]
@@ -156,16 +159,23 @@ def list_runs_txn(
         if by_rollup
         else "blackbox_views.runs r LEFT JOIN blackbox_views.run_rollups u ON u.run_id = r.run_id"
     )
-    statement = text(
-        f"""
-        SELECT {_LIST_COLUMNS}, {LABEL_COLUMNS}
-          FROM {tables}
-         WHERE {" AND ".join(clauses)}
-         ORDER BY {d}.started_at DESC NULLS LAST, {d}.run_id DESC
-         LIMIT :limit
-        """
-    )
-    rows = [labelled(row) for row in conn.execute(statement, params)]
+
+    def statement(bitmaps: bool) -> TextClause:
+        return text(
+            f"""
+            SELECT {_LIST_COLUMNS}, {LABEL_COLUMNS}
+              FROM {tables}
+             WHERE {" AND ".join(clauses)}
+             ORDER BY {_newest(d, bitmaps=bitmaps)}
+             LIMIT :limit
+            """
+        )
+
+    if bitmap_terms(where) >= 2:
+        found = walk_or_bitmaps(conn, statement(False), statement(True), params)
+    else:
+        found = conn.execute(statement(False), params).all()
+    rows = [labelled(row) for row in found]
     more = len(rows) > limit
     rows = rows[:limit]
     last = rows[-1] if more else None
@@ -182,6 +192,14 @@ LABEL_COLUMNS = "r.session_id, r.user_id"
 def labelled(row: Any) -> ListedRun:
     """A listed run from a row of the list's columns and then :data:`LABEL_COLUMNS`."""
     return replace(_listed(row), session_id=row[-2], user_id=row[-1])
+
+
+def _newest(alias: str, *, bitmaps: bool) -> str:
+    """The list's order. With ``bitmaps``, the start is read through an expression no
+    index gives: the planner then intersects the terms' bitmaps and sorts what passed,
+    instead of walking the runs newest first (see :func:`walk_or_bitmaps`)."""
+    started = f"({alias}.started_at + interval '0 s')" if bitmaps else f"{alias}.started_at"
+    return f"{started} DESC NULLS LAST, {alias}.run_id DESC"
 
 
 def _listed(row: Any) -> ListedRun:

@@ -35,6 +35,7 @@ from agent_blackbox.consumers._tables import (
     events_index,
     integrity_violations,
     message_text,
+    run_rollups,
     runs_view,
 )
 from agent_blackbox.outbox.lifecycle import ledger_key_ids_txn, ledger_readable_txn
@@ -114,7 +115,21 @@ def forget_run_labels_txn(conn: Connection, run_ids: Sequence[str]) -> None:
         .where((runs_view.c.session_id.is_not(None)) | (runs_view.c.user_id.is_not(None)))
         .values(session_id=None, user_id=None)
     )
+    forget_words_txn(conn, ids)
+
+
+def forget_words_txn(conn: Connection, run_ids: Sequence[str]) -> None:
+    """Drop the words of ``run_ids`` from the full-text index (their calls' rows and
+    their rollups' words). The caller commits."""
+    if not run_ids:
+        return
+    ids = list(run_ids)
     conn.execute(message_text.delete().where(message_text.c.run_id.in_(ids)))
+    conn.execute(
+        run_rollups.update()
+        .where(run_rollups.c.run_id.in_(ids), run_rollups.c.words.is_not(None))
+        .values(words=None)
+    )
 
 
 class RedactionCheck:

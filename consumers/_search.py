@@ -18,8 +18,12 @@ that says what to write instead.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+from sqlalchemy import Connection, Executable, text
+from sqlalchemy.exc import OperationalError
 
 from agent_blackbox.schemas import BlackboxError, hidden_characters
 
@@ -172,6 +176,60 @@ def run_prefix_range(prefix: str) -> tuple[str, str]:
     return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
+def loose_words(words: str) -> str:
+    """What every run holding a call that matches ``words`` (a full-text query) holds
+    among all its words: the words without their phrases' order, and without the words
+    ``-`` excludes (a run may have calls without them). Empty when it names no word."""
+    kept = [w for w in words.replace('"', " ").split() if not w.startswith("-")]
+    return " ".join(kept) if any(w.lower() != "or" for w in kept) else ""
+
+
+BITMAP_TERMS = ("model", "tags", "tool", "error_class", "text")
+"""The filters held in the rollups' GIN indexes: two or more are intersected as bitmaps."""
+
+
+def bitmap_terms(where: Any) -> int:
+    """How many of :data:`BITMAP_TERMS` ``where`` uses (each tag counts)."""
+    return sum(
+        len(where.tags) if name == "tags" else bool(getattr(where, name)) for name in BITMAP_TERMS
+    )
+
+
+WALK_BUDGET_MS = 50
+"""How long a page of runs that several GIN-held terms narrow may walk the runs newest
+first before its terms' bitmaps are intersected instead."""
+
+
+def walk_or_bitmaps(
+    conn: Connection, walk: Executable, bitmaps: Executable, params: dict[str, Any]
+) -> Sequence[Any]:
+    """The rows of ``walk``, or of ``bitmaps`` when ``walk`` takes over
+    :data:`WALK_BUDGET_MS`.
+
+    Walking the runs newest first finds a page at once when the terms often meet in one
+    run, and never ends when they seldom do (the planner cannot know: it takes them
+    for independent). Intersecting their bitmaps costs the same either way: tens of
+    milliseconds at a million runs, more when every term matches many runs. So the
+    walk goes first, on a budget (a savepoint's statement timeout, put back after).
+    """
+    previous = conn.execute(text("SELECT current_setting('statement_timeout')")).scalar_one()
+    try:
+        with conn.begin_nested():
+            conn.execute(_TIMEOUT, {"value": f"{WALK_BUDGET_MS}ms"})
+            rows = conn.execute(walk, params).all()
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != _CANCELED:
+            raise
+        return conn.execute(bitmaps, params).all()  # the savepoint took the timeout back
+    conn.execute(_TIMEOUT, {"value": previous})
+    return rows
+
+
+_TIMEOUT = text("SELECT set_config('statement_timeout', :value, true)")
+_CANCELED = "57014"
+"""SQLSTATE query_canceled: the statement timeout fired."""
+
+
 def search_clauses(where: Any, params: dict[str, Any], run: str, rollup: str) -> list[str]:
     """The SQL conditions of ``where``'s search filters (a :class:`RunFilter`), with
     their values put in ``params``; ``run`` and ``rollup`` are the aliases of the runs
@@ -197,25 +255,23 @@ def search_clauses(where: Any, params: dict[str, Any], run: str, rollup: str) ->
                 f"jsonb_build_object(CAST(:tag_{i} AS text), CAST(:tagv_{i} AS text))"
             )
             params[f"tag_{i}"], params[f"tagv_{i}"] = tag, value
-    if where.tool:
-        clauses.append(
-            "EXISTS (SELECT 1 FROM blackbox_views.tool_calls t "
-            f"WHERE t.run_id = {run}.run_id AND t.tool = :tool)"
-        )
-        params["tool"] = where.tool
-    if where.error_class:
-        clauses.append(
-            f"({run}.error_class = :error_class"
-            " OR EXISTS (SELECT 1 FROM blackbox_views.llm_calls l"
-            f" WHERE l.run_id = {run}.run_id AND l.error_class = :error_class)"
-            " OR EXISTS (SELECT 1 FROM blackbox_views.tool_calls t"
-            f" WHERE t.run_id = {run}.run_id AND t.error_class = :error_class))"
-        )
-        params["error_class"] = where.error_class
+    for name, column in (("tool", "tools"), ("error_class", "error_classes")):
+        value = getattr(where, name)
+        if value:
+            clauses.append(f"{rollup}.{column} @> ARRAY[CAST(:{name} AS text)]")
+            params[name] = value
     if where.text:
+        # The run's words (no positions: a phrase is its words) narrow the runs through
+        # one index with every other term; a call's own words then decide.
+        loose = loose_words(where.text)
+        if loose:
+            clauses.append(
+                f"{rollup}.words @@ websearch_to_tsquery('{TEXT_SEARCH_CONFIG}', :loose_words)"
+            )
+            params["loose_words"] = loose
         clauses.append(
-            f"{run}.run_id IN (SELECT m.run_id FROM blackbox_views.message_text m "
-            f"WHERE m.words @@ websearch_to_tsquery('{TEXT_SEARCH_CONFIG}', :words))"
+            f"EXISTS (SELECT 1 FROM blackbox_views.message_text m WHERE m.run_id = {run}.run_id "
+            f"AND m.words @@ websearch_to_tsquery('{TEXT_SEARCH_CONFIG}', :words))"
         )
         params["words"] = where.text
     return clauses

@@ -55,8 +55,6 @@ runs_view = Table(
     # The run's session and end user, from run.started (NULL once the run is shredded).
     Column("session_id", Text),
     Column("user_id", Text),
-    # The class of the exception a failed run ended with (run.finished's attributes).
-    Column("error_class", Text),
     Index("ix_runs_tenant_agent", "tenant_id", "agent_id"),
 )
 """One row per run: status, counts and the run.started / run.finished facts."""
@@ -259,6 +257,13 @@ run_rollups = Table(
     # have no known cost are counted apart, so a partial sum never reads as the whole.
     Column("cost_usd", Numeric),
     _count("unpriced_calls"),
+    # What the run list's search finds a run by, each GIN-indexed in one table so that
+    # several terms intersect as bitmaps: the tools it called, the error classes it
+    # and its calls failed with, and the words of its LLM messages (tenants that opted
+    # in; positions stripped, the calls' own rows in message_text keep them).
+    Column("tools", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    Column("error_classes", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    Column("words", TSVECTOR),
 )
 """One row per run from the analytics consumer: its tags and prompt version (from
 ``run.started``) and its LLM and tool calls summed; each call is added once."""

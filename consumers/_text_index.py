@@ -31,10 +31,10 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, Engine, text
 
 from agent_blackbox.consumers._batch import BatchOutcome, Delivered
-from agent_blackbox.consumers._redacted_views import RedactionCheck
+from agent_blackbox.consumers._redacted_views import RedactionCheck, forget_words_txn
 from agent_blackbox.consumers._runtime import ConsumerRuntime
 from agent_blackbox.consumers._search import TEXT_SEARCH_CONFIG
-from agent_blackbox.consumers._tables import message_text, text_search_tenants
+from agent_blackbox.consumers._tables import message_text, run_rollups, text_search_tenants
 from agent_blackbox.consumers._views import views_screen
 from agent_blackbox.keystore import AesGcmSealer, AuditedKeys, LocalKeyProvider
 from agent_blackbox.schemas import (
@@ -53,7 +53,7 @@ TEXT_INDEX_GROUP = "blackbox-text-index"
 """The text indexer's consumer group unless another is given."""
 INDEX_PURPOSE = "full-text index of LLM messages for tenants that opted in"
 """What the access audit records for every run whose key the indexer unwraps."""
-MAX_INDEXED_CHARS = 200_000
+MAX_INDEXED_CHARS = 100_000
 """The text of one call that is indexed at most (a tsvector holds under 1 MB)."""
 _TEXT_KEYS = frozenset({"content", "text", "system", "instructions", "input", "prompt"})
 _TEXT_KEYS |= {"arguments", "output", "messages"}
@@ -85,6 +85,11 @@ def disable_text_search_txn(conn: Connection, tenant_id: str) -> tuple[bool, int
         text_search_tenants.delete().where(text_search_tenants.c.tenant_id == tenant_id)
     ).rowcount
     dropped = conn.execute(message_text.delete().where(message_text.c.tenant_id == tenant_id))
+    conn.execute(
+        run_rollups.update()
+        .where(run_rollups.c.tenant_id == tenant_id, run_rollups.c.words.is_not(None))
+        .values(words=None)
+    )
     return was_in == 1, int(dropped.rowcount)
 
 
@@ -161,14 +166,46 @@ def _texts(value: Any, *, under_text: bool) -> Iterator[str]:
 # --- the indexer ----------------------------------------------------------------------
 
 
-_INSERT = text(
+_INDEX = text(
     f"""
-    INSERT INTO blackbox_views.message_text (run_id, sequence, tenant_id, recorded_at, words)
-    VALUES (:run_id, :sequence, :tenant_id, :recorded_at,
-            to_tsvector('{TEXT_SEARCH_CONFIG}', :text))
-    ON CONFLICT DO NOTHING
+    WITH incoming AS (
+        SELECT * FROM unnest(CAST(:run_ids AS text[]), CAST(:sequences AS bigint[]),
+                             CAST(:tenants AS text[]), CAST(:agents AS text[]),
+                             CAST(:ats AS timestamptz[]), CAST(:texts AS text[]))
+               AS u(run_id, sequence, tenant_id, agent_id, recorded_at, text)
+    ), inserted AS (
+        INSERT INTO blackbox_views.message_text (run_id, sequence, tenant_id, recorded_at, words)
+        SELECT run_id, sequence, tenant_id, recorded_at, to_tsvector('{TEXT_SEARCH_CONFIG}', text)
+          FROM incoming ORDER BY run_id, sequence
+        ON CONFLICT DO NOTHING
+        RETURNING run_id, sequence
+    ), per_run AS (
+        SELECT i.run_id, min(i.tenant_id) AS tenant_id, min(i.agent_id) AS agent_id,
+               strip(to_tsvector('{TEXT_SEARCH_CONFIG}',
+                                 left(string_agg(i.text, E'\n' ORDER BY i.sequence),
+                                      :per_run))) AS words
+          FROM incoming i JOIN inserted n USING (run_id, sequence)
+         GROUP BY i.run_id
+    )
+    INSERT INTO blackbox_views.run_rollups (run_id, tenant_id, agent_id, words)
+    SELECT run_id, tenant_id, agent_id, words FROM per_run ORDER BY run_id
+    ON CONFLICT (run_id) DO UPDATE SET words = CASE
+        WHEN run_rollups.words IS NULL THEN excluded.words
+        WHEN length(run_rollups.words) < :most_words
+             AND pg_column_size(run_rollups.words) < :most_bytes
+        THEN strip(run_rollups.words || excluded.words)
+        ELSE run_rollups.words END
+    RETURNING (SELECT count(*) FROM inserted)
     """
 )
+"""Each new call's words into ``message_text`` (a redelivered call is skipped), and the
+words of a batch's new calls of each run added, without positions, to its rollup."""
+MOST_RUN_WORDS = 20_000
+"""A run's rollup takes no more words once it holds this many distinct ones (or
+:data:`MOST_RUN_BYTES`): a tsvector holds at most 1 MB, and a batch adds at most
+:data:`MOST_BATCH_CHARS` characters' worth."""
+MOST_RUN_BYTES = 300_000
+MOST_BATCH_CHARS = 50_000
 
 
 class TextIndexer:
@@ -198,15 +235,14 @@ class TextIndexer:
                 row = self._row(envelope)
                 if row is not None:
                     rows.append(row)
-        inserted = conn.execute(_INSERT, rows).rowcount if rows else 0
+        inserted = _index(conn, rows)
         if redacted:
             refused = self._redactions.unconfirmed(conn, redacted)
             gone = sorted({e.run_id for e in redacted if e.event_id not in refused})
-            if gone:
-                conn.execute(message_text.delete().where(message_text.c.run_id.in_(gone)))
+            forget_words_txn(conn, gone)
         return BatchOutcome(
-            inserted=max(inserted, 0),
-            duplicates=len(rows) - max(inserted, 0),
+            inserted=inserted,
+            duplicates=len(rows) - inserted,
             passed_over=len(records) - len(rows),
         )
 
@@ -229,9 +265,31 @@ class TextIndexer:
             "run_id": envelope.run_id,
             "sequence": envelope.sequence,
             "tenant_id": envelope.tenant_id,
+            "agent_id": envelope.agent_id,
             "recorded_at": envelope.recorded_at,
             "text": words,
         }
+
+
+def _index(conn: Connection, rows: list[dict[str, Any]]) -> int:
+    """Index ``rows`` (see :data:`_INDEX`); how many were new."""
+    if not rows:
+        return 0
+    params = {
+        "run_ids": [r["run_id"] for r in rows],
+        "sequences": [r["sequence"] for r in rows],
+        "tenants": [r["tenant_id"] for r in rows],
+        "agents": [r["agent_id"] for r in rows],
+        "ats": [r["recorded_at"] for r in rows],
+        "texts": [r["text"] for r in rows],
+        "per_run": MOST_BATCH_CHARS,
+        "most_words": MOST_RUN_WORDS,
+        "most_bytes": MOST_RUN_BYTES,
+    }
+    counted = conn.execute(_INDEX, params).scalars().first()
+    if counted is None:  # no new call: nothing reached the rollups
+        return 0
+    return int(counted)
 
 
 def index_pipeline(engine: Engine) -> PayloadPipeline:

@@ -143,8 +143,6 @@ class RunDelta:
     session_id: str | None = None
     user_id: str | None = None
     """The run's session and end user, as ``run.started`` names them."""
-    error_class: str | None = None
-    """The class of the exception the run failed with, as ``run.finished`` names it."""
 
 
 def apply_batch(
@@ -437,7 +435,6 @@ def _run_delta(envelopes: list[Envelope]) -> RunDelta:
         unrecorded_call=finished.attributes.get("unrecorded_call") if finished else None,
         session_id=started.attributes.get("session_id") if started else None,
         user_id=started.attributes.get("user_id") if started else None,
-        error_class=finished.attributes.get("error") if finished else None,
     )
 
 
@@ -802,7 +799,6 @@ def _upsert_runs_statement(columns: dict[str, list[Any]]) -> Executable:
                 (old.redacted_at.is_(None), func.coalesce(old.session_id, new.session_id))
             ),
             "user_id": case((old.redacted_at.is_(None), func.coalesce(old.user_id, new.user_id))),
-            "error_class": func.coalesce(new.error_class, old.error_class),
             "updated_at": func.now(),
         },
     )
@@ -827,7 +823,6 @@ def _run_columns(deltas: Sequence[RunDelta]) -> dict[str, list[Any]]:
         "unrecorded_call": [d.unrecorded_call for d in deltas],
         "session_id": [d.session_id for d in deltas],
         "user_id": [d.user_id for d in deltas],
-        "error_class": [d.error_class for d in deltas],
     }
 
 

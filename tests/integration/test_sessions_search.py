@@ -25,6 +25,7 @@ from agent_blackbox.consumers import (
     session_txn,
     with_search,
 )
+from agent_blackbox.consumers._search import walk_or_bitmaps
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login
 from tests.integration._sessions import SECRET, Recorded, record_sessions
@@ -212,3 +213,15 @@ def _no_kek_in_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # The indexer under test is given its keys; one from the environment would hide that.
     monkeypatch.delenv("BLACKBOX_KEK_FILE", raising=False)
     monkeypatch.delenv("BLACKBOX_KEK", raising=False)
+
+
+def test_a_walk_over_its_budget_gives_way_to_the_bitmaps(engine: Engine) -> None:
+    with engine.connect() as conn:
+        before = conn.execute(text("SHOW statement_timeout")).scalar_one()
+        slow = text("SELECT 'walked' FROM pg_sleep(2)")
+        rows = walk_or_bitmaps(conn, slow, text("SELECT 'intersected'"), {})
+        assert [tuple(r) for r in rows] == [("intersected",)]
+        assert conn.execute(text("SHOW statement_timeout")).scalar_one() == before
+        rows = walk_or_bitmaps(conn, text("SELECT 'walked'"), text("SELECT 'no'"), {})
+        assert [tuple(r) for r in rows] == [("walked",)]
+        assert conn.execute(text("SHOW statement_timeout")).scalar_one() == before

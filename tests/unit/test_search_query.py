@@ -11,7 +11,12 @@ from agent_blackbox.consumers import (
     parse_search,
     with_search,
 )
-from agent_blackbox.consumers._search import run_prefix_range, search_clauses
+from agent_blackbox.consumers._search import (
+    bitmap_terms,
+    loose_words,
+    run_prefix_range,
+    search_clauses,
+)
 
 
 def test_terms_become_filters_and_words_a_text_query() -> None:
@@ -96,3 +101,26 @@ def test_a_run_prefix_is_a_byte_range() -> None:
     low, high = run_prefix_range("ab")
     assert low <= "ab" < "ab-zz" < "abz" < high
     assert not (low <= "ac" < high)
+
+
+@pytest.mark.parametrize(
+    ("words", "loose"),
+    [
+        ('"refund order" late', "refund order late"),
+        ("refund -invoice", "refund"),
+        ("-invoice", ""),
+        ("refund or invoice", "refund or invoice"),
+        ("or", ""),
+    ],
+)
+def test_a_runs_words_are_searched_for_what_any_matching_call_implies(
+    words: str, loose: str
+) -> None:
+    assert loose_words(words) == loose
+
+
+def test_terms_in_the_rollups_indexes_are_counted_for_the_bitmaps() -> None:
+    assert bitmap_terms(RunFilter()) == 0
+    assert bitmap_terms(RunFilter(model="m", agent="a", session="s")) == 1
+    where = with_search(RunFilter(), parse_search("tool:t error:E tag:a=b tag:c words"))
+    assert bitmap_terms(where) == 5

@@ -4,14 +4,20 @@ Revision ID: 0019_views
 Revises: 0018_views
 
 - ``runs`` gains ``session_id`` and ``user_id`` (from ``run.started``; cleared when the
-  run is shredded or forgotten) and ``error_class`` (the class of the exception a
-  failed run ended with, from ``run.finished``), each indexed in the run list's order.
-- The run list's search: ``runs.run_id`` in byte order (for prefixes), the
-  rollups' tags (GIN), the calls' tools and error classes.
+  run is shredded or forgotten), each indexed in the run list's order.
+- ``run_rollups`` gains what the run list's search finds a run by: ``tools`` (the tools
+  it called), ``error_classes`` (the classes of the errors it and its calls failed
+  with) and ``words`` (the words of its LLM messages, for tenants that opted in,
+  without positions), each GIN-indexed in the one table, so that several search terms
+  intersect as bitmaps of one index scan each; ``runs.run_id`` is indexed in byte
+  order for run id prefixes, and the rollups' tags get a GIN index.
 - Full-text search over the redacted text of LLM messages, for the tenants that opt
   in: ``text_search_tenants`` (the opt-ins) and ``message_text`` (one ``tsvector`` per
   ``llm.call``, GIN-indexed; never the text). Both are scoped by tenant like every
   other view, so a reader finds only its granted tenants' words.
+
+Rollups made before this revision have no tools, error classes or words (a rebuild of
+the analytics views from offset zero fills them).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy import text
-from sqlalchemy.dialects.postgresql import TSVECTOR
+from sqlalchemy.dialects.postgresql import ARRAY, TSVECTOR
 
 revision = "0019_views"
 down_revision: str | None = "0018_views"
@@ -31,23 +37,30 @@ ORDER = "started_at DESC NULLS LAST, run_id DESC"
 _GRANTED = "CAST((SELECT blackbox.granted_tenants()) AS text[])"
 _MINE = f"(tenant_id = ANY ({_GRANTED}) OR '*' = ANY ({_GRANTED}))"
 ROLES = "blackbox_reader, blackbox_replayer"
-LABELS = ("session_id", "user_id", "error_class")
+LABELS = ("session_id", "user_id")
+FACETS = ("tools", "error_classes")
 INDEXES = {
     "ix_runs_session_id_started": f"runs (session_id, {ORDER}) WHERE session_id IS NOT NULL",
     "ix_runs_user_id_started": f"runs (user_id, {ORDER}) WHERE user_id IS NOT NULL",
-    "ix_runs_error_class_started": f"runs (error_class, {ORDER}) WHERE error_class IS NOT NULL",
     "ix_runs_run_id_bytes": 'runs (run_id COLLATE "C")',
     "ix_run_rollups_tags": "run_rollups USING gin (tags jsonb_path_ops)",
-    "ix_tool_calls_tool_run": "tool_calls (tool, run_id)",
-    "ix_llm_calls_error_run": "llm_calls (error_class, run_id) WHERE error_class IS NOT NULL",
-    "ix_tool_calls_error_run": "tool_calls (error_class, run_id) WHERE error_class IS NOT NULL",
+    "ix_run_rollups_tools": "run_rollups USING gin (tools)",
+    "ix_run_rollups_error_classes": "run_rollups USING gin (error_classes)",
+    "ix_run_rollups_words": "run_rollups USING gin (words)",
 }
 
 
 def upgrade() -> None:
-    """Add the run columns, the search indexes and the full-text tables."""
+    """Add the run and rollup columns, the search indexes and the full-text tables."""
     for name in LABELS:
         op.add_column("runs", sa.Column(name, sa.Text), schema=SCHEMA)
+    for name in FACETS:
+        empty = sa.text("'{}'")
+        column: sa.Column[list[str]] = sa.Column(
+            name, ARRAY(sa.Text), nullable=False, server_default=empty
+        )
+        op.add_column("run_rollups", column, schema=SCHEMA)
+    op.add_column("run_rollups", sa.Column("words", TSVECTOR), schema=SCHEMA)
     for name, target in INDEXES.items():
         op.execute(f"CREATE INDEX {name} ON {SCHEMA}.{target}")
     op.create_table(
@@ -82,10 +95,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    """Drop the full-text tables, the indexes and the run columns."""
+    """Drop the full-text tables, the indexes and the columns."""
     op.drop_table("message_text", schema=SCHEMA)
     op.drop_table("text_search_tenants", schema=SCHEMA)
     for name in INDEXES:
         op.execute(f"DROP INDEX IF EXISTS {SCHEMA}.{name}")
+    for name in (*FACETS, "words"):
+        op.drop_column("run_rollups", name, schema=SCHEMA)
     for name in LABELS:
         op.drop_column("runs", name, schema=SCHEMA)
