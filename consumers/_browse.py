@@ -171,7 +171,7 @@ def list_runs_txn(
             """
         )
 
-    if bitmap_terms(where) >= 2:
+    if bitmap_terms(where):
         found = walk_or_bitmaps(conn, statement(False), statement(True), params)
     else:
         found = conn.execute(statement(False), params).all()
@@ -196,8 +196,9 @@ def labelled(row: Any) -> ListedRun:
 
 def _newest(alias: str, *, bitmaps: bool) -> str:
     """The list's order. With ``bitmaps``, the start is read through an expression no
-    index gives: the planner then intersects the terms' bitmaps and sorts what passed,
-    instead of walking the runs newest first (see :func:`walk_or_bitmaps`)."""
+    index gives: the planner then reads (and intersects) the terms' bitmaps and sorts
+    what passed, instead of walking the runs newest first (see
+    :func:`walk_or_bitmaps`)."""
     started = f"({alias}.started_at + interval '0 s')" if bitmaps else f"{alias}.started_at"
     return f"{started} DESC NULLS LAST, {alias}.run_id DESC"
 

@@ -185,7 +185,7 @@ def loose_words(words: str) -> str:
 
 
 BITMAP_TERMS = ("model", "tags", "tool", "error_class", "text")
-"""The filters held in the rollups' GIN indexes: two or more are intersected as bitmaps."""
+"""The filters held in the rollups' GIN indexes (see :func:`walk_or_bitmaps`)."""
 
 
 def bitmap_terms(where: Any) -> int:
@@ -196,8 +196,8 @@ def bitmap_terms(where: Any) -> int:
 
 
 WALK_BUDGET_MS = 50
-"""How long a page of runs that several GIN-held terms narrow may walk the runs newest
-first before its terms' bitmaps are intersected instead."""
+"""How long a page of runs that GIN-held terms narrow may walk the runs newest first
+before its terms' bitmaps are read (and intersected) instead."""
 
 
 def walk_or_bitmaps(
@@ -206,11 +206,13 @@ def walk_or_bitmaps(
     """The rows of ``walk``, or of ``bitmaps`` when ``walk`` takes over
     :data:`WALK_BUDGET_MS`.
 
-    Walking the runs newest first finds a page at once when the terms often meet in one
-    run, and never ends when they seldom do (the planner cannot know: it takes them
-    for independent). Intersecting their bitmaps costs the same either way: tens of
-    milliseconds at a million runs, more when every term matches many runs. So the
-    walk goes first, on a budget (a savepoint's statement timeout, put back after).
+    Walking the runs newest first finds a page at once when the terms match many runs
+    together, and walks them all when they seldom do: a rare tool, or two terms that
+    seldom meet in one run (the planner cannot tell: it has no statistics of a value
+    inside an array it does not keep, and takes two terms for independent). Reading
+    the terms' bitmaps costs about the same either way: tens of milliseconds at a
+    million runs, more when a term matches many runs. So the walk goes first, on a
+    budget (a savepoint's statement timeout, put back after).
     """
     previous = conn.execute(text("SELECT current_setting('statement_timeout')")).scalar_one()
     try:
