@@ -55,9 +55,7 @@ def test_sessions_and_users_are_filters_and_a_session_adds_up(
         runs["globex"]
     ]
     with engine.connect() as conn:
-        stored = dict(
-            conn.execute(text("SELECT run_id, user_id FROM blackbox_views.runs")).tuples().all()
-        )
+        stored = dict(conn.execute(text("SELECT run_id, user_id FROM blackbox_views.runs")).all())
         # The sensitive run's user is the tenant's keyed digest, nowhere in clear.
         assert stored[runs["sensitive"]].startswith("hmac-sha256:")
         assert not conn.execute(
