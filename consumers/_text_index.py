@@ -56,7 +56,7 @@ INDEX_PURPOSE = "full-text index of LLM messages for tenants that opted in"
 MAX_INDEXED_CHARS = 100_000
 """The text of one call that is indexed at most (a tsvector holds under 1 MB)."""
 _TEXT_KEYS = frozenset({"content", "text", "system", "instructions", "input", "prompt"})
-_TEXT_KEYS |= {"arguments", "output", "messages"}
+_TEXT_KEYS |= {"arguments", "output"}
 _SKIPPED = frozenset({"tools", "functions", "response_format", "tool_choice", "metadata"})
 
 
@@ -150,14 +150,15 @@ def message_text_of(body: Mapping[str, Any]) -> str:
 
 
 def _texts(value: Any, *, under_text: bool) -> Iterator[str]:
+    """The strings of ``value`` held under a text key (a part's ``text``, a message's
+    ``content``...), not its roles, types and ids: each object asks anew."""
     if isinstance(value, str):
         if under_text:
             yield value
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            if key in _SKIPPED:
-                continue
-            yield from _texts(item, under_text=under_text or key in _TEXT_KEYS)
+            if key not in _SKIPPED:
+                yield from _texts(item, under_text=key in _TEXT_KEYS)
     elif isinstance(value, list):
         for item in value:
             yield from _texts(item, under_text=under_text)
