@@ -107,6 +107,8 @@ def test_search_terms_narrow_the_run_list(recorded: Recorded, engine: Engine) ->
     assert _listed(engine, f"run:{runs['refund'][:8]}") == [runs["refund"]]
     assert _listed(engine, "tag:team=sensitive") == [runs["sensitive"]]
     assert _listed(engine, "tag:team=nobody") == []
+    assert _listed(engine, "tag:team status:failed") == [runs["failed"]]  # has the tag
+    assert _listed(engine, "refund -quiet") == [runs["refund"]]  # the sealed run's is quiet
     hostile = "x' OR '1'='1"
     assert _listed(engine, f'model:"{hostile}" "{hostile}"') == []
     with engine.connect() as conn:  # the hostile value was a value: the table is whole

@@ -3,6 +3,8 @@ and anything else a clear error; nothing typed ever becomes SQL."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from agent_blackbox.consumers import (
@@ -124,3 +126,15 @@ def test_terms_in_the_rollups_indexes_are_counted_for_the_bitmaps() -> None:
     assert bitmap_terms(RunFilter(model="m", agent="a", session="s")) == 1
     where = with_search(RunFilter(), parse_search("tool:t error:E tag:a=b tag:c words"))
     assert bitmap_terms(where) == 5
+
+
+def test_any_typed_text_parses_or_is_a_search_error() -> None:
+    draw = random.Random(29)
+    alphabet = "ab:=\" -_tolgrunsx'%;\\"
+    for _ in range(3000):
+        typed = "".join(draw.choice(alphabet) for _ in range(draw.randint(0, 40)))
+        try:
+            terms = parse_search(typed)
+        except SearchError:
+            continue
+        with_search(RunFilter(), terms)  # whatever parsed is a filter
