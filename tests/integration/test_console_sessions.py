@@ -120,6 +120,7 @@ def test_search_by_keyboard_terms_words_and_a_clear_error(browsing: Browsing) ->
     message = eventually(lambda: driver.find_elements(By.ID, "message"), what="the error")[0]
     assert "colour: is not a search term" in message.text
     assert driver.find_elements(By.CSS_SELECTOR, "#runs") == []
+    assert driver.find_elements(By.ID, "searched-tenants") == []  # nothing was searched
     # The query stays in the box, to be corrected.
     assert driver.find_element(By.ID, "q").get_attribute("value") == "colour:red' OR 1=1 --"
     driver.save_screenshot(str(SCREENSHOTS / "search-error.png"))
