@@ -1,13 +1,16 @@
-"""The run console over a million runs: the run list with filters, and the page of a
-10,000-event run, answered by ``blackbox web`` over HTTP.
+"""The run console over a million runs: the run list with filters, its search, a session's
+page, and the page of a 10,000-event run, answered by ``blackbox web`` over HTTP.
 
 A database of its own (``<name>_console_bench``, dropped at the end) is migrated and
-filled with synthetic rows of the views (runs, per-run rollups, one run's events and
-LLM calls) by ``generate_series``: what the consumers would have built from the topic.
+filled with synthetic rows of the views (runs in sessions of ten, per-run rollups with
+tags, a tool call, an LLM call and the words of its messages per run, one run's events
+and LLM calls) by ``generate_series``: what the consumers would have built from the
+topic.
 Then ``blackbox web`` serves it in a process of its own and each page is fetched
 repeatedly, timing the whole answer (request, query, render, transfer).
 
-Figures: p95 of the run list per filter and over all (target < 200 ms), and the p95 of
+Figures: p95 of the run list per filter and over all (target < 200 ms), of the search
+per query and over all and of the session page (target < 300 ms each), and the p95 of
 the 10,000-event run page (target < 1 s).
 
     python -m bench.console [--runs 1000000] [--requests 20]
@@ -36,6 +39,8 @@ from bench._common import emit, percentile, progress, stage
 
 BENCH = "console"
 LIST_TARGET_MS = 200.0
+SEARCH_TARGET_MS = 300.0
+SESSION_TARGET_MS = 300.0
 RUN_PAGE_TARGET_MS = 1000.0
 BIG_RUN = "run-with-10000-events"
 
@@ -54,27 +59,90 @@ FILTERS = {
 }
 """Filter name → query; a page deep in the list (half way down) is added at run time."""
 
+SEARCHES = {
+    "run_prefix": "run:r0012",
+    "tag": "tag:team=t7",
+    "tool": "tool:tool-3",
+    "rare_tool": "tool:tool-rare",
+    "model": "model:model-3",
+    "error_class": "error:TimeoutError",
+    "status": "status:failed",
+    "code_and_prompt": "code:v3 prompt:p2",
+    "session": "session:s0012345",
+    "user": "user:u-1234",
+    "words_common": "refund",
+    "words_rare": "order7919",
+    "phrase": '"refund order7919"',
+    "words_and_tool": "refund tool:tool-3",
+    "nothing_matches": "tool:tool-rare error:TimeoutError",
+}
+"""Search name → what is typed in the search box."""
+
+
+_TOOL = "CASE WHEN i % 100000 = 7 THEN 'tool-rare' ELSE 'tool-' || (i % 10) END"
+"""The tool a synthetic run calls: one of ten, or (one run in 100,000) a rare one."""
+_WORDS = (
+    "'customer asks about order' || (i % 100003) || ' '"
+    " || (ARRAY['refund', 'delivery', 'invoice', 'password', 'upgrade'])[1 + i % 5]"
+    " || ' order' || (i % 100003) || ' please answer kindly word' || (i % 997)"
+)
+"""The text of a synthetic run's LLM call: a topic of five, an order number, a word."""
+
 
 def _fill(url: str, runs: int) -> None:
     engine = create_engine(url)
     statements = [
         f"""
         INSERT INTO blackbox_views.runs (run_id, tenant_id, agent_id, status, event_count,
-               last_sequence, started_at, finished_at, last_event_at, code_version)
+               last_sequence, started_at, finished_at, last_event_at, code_version,
+               session_id, user_id)
         SELECT 'r' || lpad(i::text, 8, '0'), 'tenant-' || (i % 20), 'agent-' || (i % 50),
                CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'succeeded' END, 20, 20,
                now() - i * interval '2 seconds', now() - i * interval '2 seconds' + interval '5 s',
-               now() - i * interval '2 seconds' + interval '5 s', 'v' || (i % 7)
+               now() - i * interval '2 seconds' + interval '5 s', 'v' || (i % 7),
+               's' || lpad((i / 10)::text, 7, '0'), 'u-' || (i / 10 % 5000)
           FROM generate_series(1, {runs}) AS i
         """,
         f"""
         INSERT INTO blackbox_views.run_rollups (run_id, tenant_id, agent_id, code_version,
                prompt_version, started_at, llm_calls, tool_calls, errors, total_tokens,
-               llm_latency_ms, max_latency_ms, models)
+               llm_latency_ms, max_latency_ms, models, tags, cost_usd, tools,
+               error_classes, words)
         SELECT 'r' || lpad(i::text, 8, '0'), 'tenant-' || (i % 20), 'agent-' || (i % 50),
                'v' || (i % 7), 'p' || (i % 4), now() - i * interval '2 seconds', 4, 3,
                (i % 37 = 0)::int, 1000 + i % 900, 2000, (i::bigint * 7919) % 5000,
-               ARRAY['model-' || (i % 5)]
+               ARRAY['model-' || (i % 5)], jsonb_build_object('team', 't' || (i % 13)),
+               (1000 + i % 900) * 0.000002, ARRAY[{_TOOL}],
+               array_remove(ARRAY[CASE WHEN i % 37 = 0 THEN 'TimeoutError' END,
+                                  CASE WHEN i % 50 = 0 THEN 'ValueError' END], NULL),
+               strip(to_tsvector('simple', {_WORDS}))
+          FROM generate_series(1, {runs}) AS i
+        """,
+        # One tool call per run (a tool of ten; one run in 100,000 calls a rare one) and
+        # one LLM call (one in 37 fails with a timeout), with the words of its messages.
+        f"""
+        INSERT INTO blackbox_views.tool_calls (run_id, sequence, event_id, tenant_id,
+               agent_id, recorded_at, latency_ms, tool)
+        SELECT 'r' || lpad(i::text, 8, '0'), 3, 't-' || i, 'tenant-' || (i % 20),
+               'agent-' || (i % 50), now() - i * interval '2 seconds', 12, {_TOOL}
+          FROM generate_series(1, {runs}) AS i
+        """,
+        f"""
+        INSERT INTO blackbox_views.llm_calls (run_id, sequence, event_id, tenant_id, agent_id,
+               recorded_at, latency_ms, error_class, provider, model, prompt_tokens,
+               completion_tokens, total_tokens)
+        SELECT 'r' || lpad(i::text, 8, '0'), 2, 'l-' || i, 'tenant-' || (i % 20),
+               'agent-' || (i % 50), now() - i * interval '2 seconds', 800,
+               CASE WHEN i % 37 = 0 THEN 'TimeoutError' END, 'openai', 'model-' || (i % 5),
+               900, 100, 1000
+          FROM generate_series(1, {runs}) AS i
+        """,
+        f"""
+        INSERT INTO blackbox_views.message_text (run_id, sequence, tenant_id, recorded_at,
+               words)
+        SELECT 'r' || lpad(i::text, 8, '0'), 2, 'tenant-' || (i % 20),
+               now() - i * interval '2 seconds',
+               to_tsvector('simple', {_WORDS})
           FROM generate_series(1, {runs}) AS i
         """,
         f"""
@@ -108,6 +176,9 @@ def _fill(url: str, runs: int) -> None:
         "ANALYZE blackbox_views.runs",
         "ANALYZE blackbox_views.run_rollups",
         "ANALYZE blackbox_views.events",
+        "ANALYZE blackbox_views.tool_calls",
+        "ANALYZE blackbox_views.llm_calls",
+        "ANALYZE blackbox_views.message_text",
     ]
     with progress() as display:
         task = display.add_task("filling the views", total=len(statements))
@@ -116,6 +187,36 @@ def _fill(url: str, runs: int) -> None:
                 conn.execute(text(statement))
                 display.advance(task)
     engine.dispose()
+
+
+def _searches(root: str, requests: int, runs: int) -> None:
+    """The p95 of the run list searched by each of :data:`SEARCHES`, and over all."""
+    every: list[float] = []
+    for label, typed in SEARCHES.items():
+        url = f"{root}/runs?{urlencode({'q': typed})}"
+        _timed(url)  # a first request warms the pool
+        times = [_timed(url) for _ in range(requests)]
+        every += times
+        emit(
+            BENCH,
+            "search_p95_ms",
+            percentile(times, 95),
+            unit="ms",
+            target=SEARCH_TARGET_MS,
+            at_least=False,
+            search=label,
+            runs=runs,
+        )
+    emit(
+        BENCH,
+        "search_p95_ms",
+        percentile(every, 95),
+        unit="ms",
+        target=SEARCH_TARGET_MS,
+        at_least=False,
+        search="all",
+        runs=runs,
+    )
 
 
 def _timed(url: str) -> float:
@@ -195,6 +296,26 @@ def main(argv: Sequence[str] = ()) -> None:
                 at_least=False,
                 filter="all",
                 runs=args.runs,
+            )
+        with stage("search"):
+            _searches(root, args.requests, args.runs)
+        with stage("session page"):
+            sessions = [f"s{n:07d}" for n in range(1, args.runs // 10, max(args.runs // 200, 1))]
+            for session in sessions[:3]:
+                _timed(f"{root}/sessions/{session}")  # warm
+            times = [
+                _timed(f"{root}/sessions/{sessions[n % len(sessions)]}")
+                for n in range(args.requests * 2)
+            ]
+            emit(
+                BENCH,
+                "session_page_p95_ms",
+                percentile(times, 95),
+                unit="ms",
+                target=SESSION_TARGET_MS,
+                at_least=False,
+                runs=args.runs,
+                runs_per_session=10,
             )
         with stage("run page of 10,000 events"):
             _timed(f"{root}/runs/{BIG_RUN}")

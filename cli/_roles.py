@@ -27,7 +27,9 @@ ROLES: dict[str, str] = {
     "relay": "a blackbox_relay login",
     "consume": _VIEWS_OWNER,
     "analytics": _VIEWS_OWNER,
+    "index-text": f"{_VIEWS_OWNER}, with BLACKBOX_KEK_FILE for sealed runs",
     "stats": "a blackbox_reader login granted the tenants to count",
+    "runs": "a blackbox_reader login granted the tenants to list",
     "prices": "none: it reads no database",
     "sign": f"{_VIEWS_OWNER}, also a member of blackbox_reader granted tenant '*'",
     "verify": (

@@ -20,13 +20,19 @@ from agent_blackbox.cli.commands.recovery import drill_command, restore_command
 from agent_blackbox.cli.commands.relay import relay_command
 from agent_blackbox.cli.commands.replay import replay_command
 from agent_blackbox.cli.commands.retention import forget_command, ledger_group, retention_group
+from agent_blackbox.cli.commands.runs import runs_command
 from agent_blackbox.cli.commands.schemas import schemas_group
 from agent_blackbox.cli.commands.stack import stack_group
 from agent_blackbox.cli.commands.stats import stats_command
 from agent_blackbox.cli.commands.tenants import tenants_group
 from agent_blackbox.cli.commands.timeline import timeline_command
 from agent_blackbox.cli.commands.verify import verify_command
-from agent_blackbox.cli.commands.views import analytics_command, consume_command, sign_command
+from agent_blackbox.cli.commands.views import (
+    analytics_command,
+    consume_command,
+    index_text_command,
+    sign_command,
+)
 from agent_blackbox.cli.commands.web import web_command
 from agent_blackbox.replayer import ReadSide
 from agent_blackbox.schemas import env_flag, safe_console
@@ -63,7 +69,9 @@ for _command in (
     stack_group,
     consume_command,
     analytics_command,
+    index_text_command,
     stats_command,
+    runs_command,
     prices_command,
     replay_command,
     fork_command,

@@ -59,13 +59,18 @@ from agent_blackbox.consumers import (
     RunDetail,
     RunEvent,
     RunFilter,
+    SearchError,
     UsageRow,
     ViewRunIndex,
     list_runs_txn,
     llm_usage_txn,
+    parse_search,
     run_detail_txn,
     run_events_txn,
+    searchable_tenants_txn,
+    session_txn,
     usage_series_txn,
+    with_search,
 )
 from agent_blackbox.keystore import bodies_openable_txn
 from agent_blackbox.replayer import OpenedBody
@@ -137,6 +142,7 @@ def create_app(
             Route("/runs/{run_id}/events/{sequence:int}", pages.event),
             Route("/runs/{run_id}/events/{sequence:int}/body", openings.body, methods=["POST"]),
             Route("/runs/{run_id}/conversation", openings.conversation, methods=["POST"]),
+            Route("/sessions/{session_id:path}", pages.session),
             Route("/charts", pages.charts),
             Route("/static/console.css", style),
         ],
@@ -334,7 +340,7 @@ class _Pages:
         query = request.query_params
         kept = {k: v for k, v in query.items() if v and k not in ("after_at", "after_id")}
         try:
-            where = _run_filter(query)
+            where = _searched(_run_filter(query), query.get("q") or "")
             after = _cursor(query.get("after_at"), query.get("after_id"))
             limit = _int(query.get("limit"), "limit", default=50)
         except _BadInput as exc:
@@ -343,6 +349,7 @@ class _Pages:
             )
         with _Reading() as failed, self.c.engine.connect() as conn:
             page = list_runs_txn(conn, where, after=after, limit=limit)
+            searched = searchable_tenants_txn(conn) if where.text else None
         if failed.message:
             return self.render(request, "error.html", status=503, message=failed.message)
         more = None
@@ -350,7 +357,27 @@ class _Pages:
             more = urlencode(
                 {**kept, "after_at": page.next.started_at.isoformat(), "after_id": page.next.run_id}
             )
-        return self.render(request, "runs.html", page=page, query=kept, more=more, message=None)
+        return self.render(
+            request, "runs.html", page=page, query=kept, more=more, message=None, searched=searched
+        )
+
+    def session(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        if not 0 < len(session_id) <= 200 or hidden_characters().search(session_id):
+            return self.render(request, "error.html", status=404, message="no such session")
+        with _Reading() as failed, self.c.engine.connect() as conn:
+            detail = session_txn(conn, session_id)
+        if failed.message:
+            return self.render(request, "error.html", status=503, message=failed.message)
+        if detail is None:
+            return self.render(
+                request,
+                "error.html",
+                status=404,
+                message=f"no run of session {session_id} in the views this console's login can see",
+            )
+        listed = urlencode({"session": session_id})
+        return self.render(request, "session.html", s=detail, listed=listed)
 
     def run(self, request: Request) -> Response:
         found = self.run_of(request)
@@ -515,11 +542,21 @@ class _Reading:
         return False
 
 
+def _searched(where: RunFilter, search: str) -> RunFilter:
+    """``where`` narrowed by the search box's query."""
+    if not search.strip():
+        return where
+    try:
+        return with_search(where, parse_search(search))  # type: ignore[no-any-return]
+    except SearchError as exc:
+        raise _BadInput(f"search: {exc}") from None
+
+
 def _run_filter(query: Any) -> RunFilter:
     values: dict[str, Any] = {}
     for f in fields(RunFilter):
         raw = (query.get(f.name) or "").strip()
-        if not raw:
+        if not raw or f.name == "tags":  # tags come from the search box only
             continue
         if f.name == "since":
             values["since"] = _since(raw)

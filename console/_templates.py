@@ -35,6 +35,7 @@ def page_templates() -> Environment:
     templates.filters["when"] = when
     templates.filters["ms"] = ms
     templates.filters["dollars"] = dollars
+    templates.filters["shorter"] = shorter
     templates.filters["tree_html"] = tree_html
     templates.globals.update(chart_width=CHART_WIDTH, chart_height=CHART_HEIGHT)
     return templates
@@ -77,6 +78,14 @@ def dollars(value: Decimal | None, unpriced: int = 0) -> str:
     if not unpriced:
         return shown
     return f"{shown} + {unpriced} unpriced" if shown else f"{unpriced} unpriced"
+
+
+def shorter(value: str, most: int = 24) -> str:
+    """A label (a session or user id, a keyed digest) shown whole when short, else its
+    first characters and an ellipsis: a table cell never breaks it mid-word (the whole
+    value is the element's title)."""
+    shown = visible_text(value)
+    return shown if len(shown) <= most else shown[: most - 1] + "…"
 
 
 def ms(value: float | None) -> str:

@@ -99,6 +99,20 @@ from agent_blackbox.consumers._retention import (
 )
 from agent_blackbox.consumers._run_index import IndexedRun, ViewRunIndex
 from agent_blackbox.consumers._runtime import ConsumerRuntime, ViewConsumer
+from agent_blackbox.consumers._search import (
+    RUN_STATUSES,
+    SEARCH_TERMS,
+    SearchError,
+    SearchTerms,
+    parse_search,
+    with_search,
+)
+from agent_blackbox.consumers._sessions import (
+    MAX_SESSION_RUNS,
+    SessionDetail,
+    SessionTotals,
+    session_txn,
+)
 from agent_blackbox.consumers._signing import CheckpointPolicy, SignerFinding
 from agent_blackbox.consumers._snapshot import checkpoint_rows_txn, restore_checkpoints_txn
 from agent_blackbox.consumers._sorting import Screen
@@ -119,9 +133,23 @@ from agent_blackbox.consumers._tables import (
     events_index,
     integrity_violations,
     llm_calls,
+    message_text,
     run_rollups,
     runs_view,
+    text_search_tenants,
     tool_calls,
+)
+from agent_blackbox.consumers._text_index import (
+    INDEX_PURPOSE,
+    TEXT_INDEX_GROUP,
+    TextIndexConsumer,
+    TextIndexer,
+    TextSearchTenant,
+    disable_text_search_txn,
+    enable_text_search_txn,
+    message_text_of,
+    searchable_tenants_txn,
+    text_search_tenants_txn,
 )
 from agent_blackbox.consumers._view_metrics import (
     RetentionGauges,
@@ -139,6 +167,11 @@ __all__ = [
     "DLQ_REASON",
     "DLQ_TOPIC",
     "GROUPINGS",
+    "INDEX_PURPOSE",
+    "MAX_SESSION_RUNS",
+    "RUN_STATUSES",
+    "SEARCH_TERMS",
+    "TEXT_INDEX_GROUP",
     "USAGE_GROUPS",
     "VIEWS_SCHEMA",
     "AnalyticsConsumer",
@@ -184,7 +217,14 @@ __all__ = [
     "RunPage",
     "RunRow",
     "Screen",
+    "SearchError",
+    "SearchTerms",
+    "SessionDetail",
+    "SessionTotals",
     "SignerFinding",
+    "TextIndexConsumer",
+    "TextIndexer",
+    "TextSearchTenant",
     "TokenCounts",
     "UsagePoint",
     "UsageRow",
@@ -201,9 +241,11 @@ __all__ = [
     "apply_batch",
     "checkpoint_rows_txn",
     "consumer_offsets",
+    "disable_text_search_txn",
     "dollars_json",
     "dollars_text",
     "effect_calls",
+    "enable_text_search_txn",
     "entries_of",
     "entry_problem",
     "event_references_txn",
@@ -218,7 +260,10 @@ __all__ = [
     "load_checkpoint",
     "load_fences",
     "load_offsets",
+    "message_text",
+    "message_text_of",
     "migrate_views",
+    "parse_search",
     "reapply_ledger",
     "refresh_view_gauges",
     "restore_checkpoints_txn",
@@ -226,13 +271,18 @@ __all__ = [
     "run_events_txn",
     "run_rollups",
     "runs_view",
+    "searchable_tenants_txn",
+    "session_txn",
     "shred_run_txn",
     "sign_batch",
     "sweep_heads",
+    "text_search_tenants",
+    "text_search_tenants_txn",
     "tool_calls",
     "usage_series_txn",
     "view_digests_txn",
     "view_figures_txn",
     "views_screen",
     "views_summary_txn",
+    "with_search",
 ]

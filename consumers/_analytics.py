@@ -59,6 +59,7 @@ def apply_analytics(
     table = prices or PriceTable.shipped()
     started: list[dict[str, Any]] = []
     redacted: list[Envelope] = []
+    failed: list[Envelope] = []
     llm: list[dict[str, Any]] = []
     tools: list[dict[str, Any]] = []
     intents: list[dict[str, Any]] = []
@@ -78,6 +79,8 @@ def apply_analytics(
             receipts.append(_receipt_row(envelope))
         elif kind == EventType.RUN_REDACTED:
             redacted.append(envelope)
+        elif kind == EventType.RUN_FINISHED and envelope.attributes.get("error"):
+            failed.append(envelope)
     # Run facts first: the calls of a run that starts in this batch carry its versions.
     inserted = _start_rollups(conn, started)
     _carry_versions(conn, llm)
@@ -85,6 +88,7 @@ def apply_analytics(
     new_tools = _insert_new(conn, tool_calls, tools)
     _add_to_rollups(conn, new_llm, new_tools)
     inserted += len(new_llm) + len(new_tools)
+    inserted += _note_run_errors(conn, failed)
     inserted += _fill(conn, _unique(intents), "intent_sequence", _INTENT)
     inserted += _fill(conn, _unique(receipts), "receipt_sequence", _RECEIPT)
     if redacted:
@@ -93,7 +97,7 @@ def apply_analytics(
     # Every message is accounted for: what changed a row, what of a kind kept here
     # changed none (applied already), and the kinds this consumer passes over.
     handled = len(started) + len(llm) + len(tools) + len(intents) + len(receipts)
-    handled += len(redacted)
+    handled += len(redacted) + len(failed)
     passed_over = len(records) - handled
     return AnalyticsOutcome(
         inserted=inserted,
@@ -110,7 +114,9 @@ SHREDDED_KEY = "shredded-"
 def _forget_runs(conn: Connection, run_ids: Sequence[str]) -> None:
     if not run_ids:
         return
-    conn.execute(run_rollups.update().where(run_rollups.c.run_id.in_(run_ids)).values(tags={}))
+    conn.execute(
+        run_rollups.update().where(run_rollups.c.run_id.in_(run_ids)).values(tags={}, words=None)
+    )
     c = effect_calls.c
     sequence = func.coalesce(c.intent_sequence, c.receipt_sequence)
     conn.execute(
@@ -182,14 +188,20 @@ def _add_to_rollups(
                 "llm_latency_ms": 0.0,
                 "max_latency_ms": None,
                 "models": set(),
+                "tools": set(),
+                "error_classes": set(),
                 "cost_usd": None,
             }
         latency = row["latency_ms"]
         total["errors"] += row["error_class"] is not None
+        if row["error_class"] is not None:
+            total["error_classes"].add(row["error_class"])
         if latency is not None:
             total["max_latency_ms"] = max(latency, total["max_latency_ms"] or latency)
         if not is_llm:
             total["tool_calls"] += 1
+            if row["tool"] is not None:
+                total["tools"].add(row["tool"])
             continue
         total["llm_calls"] += 1
         total["streamed_calls"] += bool(row["streamed"])
@@ -201,19 +213,50 @@ def _add_to_rollups(
             total["models"].add(row["model"])
     if not sums:
         return
-    rows = [{**total, "models": sorted(total["models"])} for total in sums.values()]
+    rows = [{**total, **{name: sorted(total[name]) for name in _SETS}} for total in sums.values()]
     statement = pg.insert(run_rollups)
     new, old = statement.excluded, run_rollups.c
     added: dict[str, Any] = {name: old[name] + new[name] for name in (*_SUMMED, "llm_latency_ms")}
     added["max_latency_ms"] = func.greatest(old.max_latency_ms, new.max_latency_ms)
     # NULL (nothing priced yet) plus a cost is that cost; NULL plus NULL stays NULL.
     added["cost_usd"] = func.coalesce(old.cost_usd + new.cost_usd, old.cost_usd, new.cost_usd)
-    # The union of the run's models, each once, in order.
-    added["models"] = literal_column(
-        "ARRAY(SELECT DISTINCT m FROM unnest(run_rollups.models || excluded.models) AS m "
+    added.update({name: _union(name) for name in _SETS})
+    conn.execute(statement.on_conflict_do_update(index_elements=["run_id"], set_=added), rows)
+
+
+_SETS = ("models", "tools", "error_classes")
+"""The rollup arrays that hold each of their values once: a union, however often and in
+whatever order the calls come."""
+
+
+def _union(name: str) -> Any:
+    """The union of the run's ``name`` and the incoming ones, each once, in order."""
+    return literal_column(
+        f"ARRAY(SELECT DISTINCT m FROM unnest(run_rollups.{name} || excluded.{name}) AS m "
         "ORDER BY m)"
     )
-    conn.execute(statement.on_conflict_do_update(index_elements=["run_id"], set_=added), rows)
+
+
+def _note_run_errors(conn: Connection, finished: list[Envelope]) -> int:
+    """Add the error class each failed run ended with to its rollup's error classes (a
+    union: a redelivery changes nothing)."""
+    if not finished:
+        return 0
+    rows = {
+        e.run_id: {
+            "run_id": e.run_id,
+            "tenant_id": e.tenant_id,
+            "agent_id": e.agent_id,
+            "error_classes": [e.attributes["error"]],
+        }
+        for e in finished
+    }
+    statement = pg.insert(run_rollups)
+    upsert = statement.on_conflict_do_update(
+        index_elements=["run_id"], set_={"error_classes": _union("error_classes")}
+    )
+    conn.execute(upsert, [rows[run_id] for run_id in sorted(rows)])
+    return len(rows)
 
 
 _SUMMED = (

@@ -13,7 +13,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, TextClause, text
+
+from agent_blackbox.consumers._search import bitmap_terms, search_clauses, walk_or_bitmaps
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
@@ -35,6 +37,18 @@ class RunFilter:
     prompt_version: str | None = None
     has_error: bool = False
     latency_above_ms: float | None = None
+    session: str | None = None
+    user: str | None = None
+    run_prefix: str | None = None
+    """Runs whose id starts with this."""
+    tags: tuple[tuple[str, str | None], ...] = ()
+    """Runs with each of these tags (``(name, value)``; a None value: any value)."""
+    tool: str | None = None
+    """Runs that called this tool."""
+    error_class: str | None = None
+    """Runs that failed with, or had a call fail with, this error class."""
+    text: str | None = None
+    """Runs whose LLM messages hold these words (full-text, tenants that opted in)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +88,8 @@ class ListedRun:
     """LLM calls that failed (``errors`` counts every failed call, tools' too)."""
     tool_errors: int = 0
     """Tool calls that raised (the agent may have caught the error and carried on)."""
+    session_id: str | None = None
+    user_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +119,12 @@ def list_runs_txn(
     # A filter only the rollups hold (model, prompt version, latency) drives the page
     # from the rollups, which repeat the runs' identity and start: each candidate is
     # then checked in the row already read, not by a lookup of another table per run.
-    by_rollup = bool(where.model or where.prompt_version or where.latency_above_ms is not None)
+    by_rollup = bool(
+        where.model
+        or where.prompt_version
+        or where.latency_above_ms is not None
+        or bitmap_terms(where)
+    )
     d = "u" if by_rollup else "r"
     clauses = [f"{d}.started_at IS NOT NULL"]
     params: dict[str, Any] = {"limit": limit + 1}
@@ -133,6 +154,7 @@ def list_runs_txn(
     if where.latency_above_ms is not None:
         clauses.append("u.max_latency_ms > :latency")
         params["latency"] = where.latency_above_ms
+    clauses += search_clauses(where, params, "r", "u")
     if after is not None:
         clauses.append(f"({d}.started_at, {d}.run_id) < (:after_at, :after_id)")
         params.update(after_at=after.started_at, after_id=after.run_id)
@@ -141,16 +163,23 @@ def list_runs_txn(
         if by_rollup
         else "blackbox_views.runs r LEFT JOIN blackbox_views.run_rollups u ON u.run_id = r.run_id"
     )
-    statement = text(
-        f"""
-        SELECT {_LIST_COLUMNS}
-          FROM {tables}
-         WHERE {" AND ".join(clauses)}
-         ORDER BY {d}.started_at DESC NULLS LAST, {d}.run_id DESC
-         LIMIT :limit
-        """
-    )
-    rows = [_listed(row) for row in conn.execute(statement, params)]
+
+    def statement(bitmaps: bool) -> TextClause:
+        return text(
+            f"""
+            SELECT {_LIST_COLUMNS}, {LABEL_COLUMNS}
+              FROM {tables}
+             WHERE {" AND ".join(clauses)}
+             ORDER BY {_newest(d, bitmaps=bitmaps)}
+             LIMIT :limit
+            """
+        )
+
+    if bitmap_terms(where):
+        found = walk_or_bitmaps(conn, statement(False), statement(True), params)
+    else:
+        found = conn.execute(statement(False), params).all()
+    rows = [labelled(row) for row in found]
     more = len(rows) > limit
     rows = _with_failures(conn, rows[:limit])
     last = rows[-1] if more else None
@@ -187,6 +216,24 @@ def _with_failures(conn: Connection, runs: list[ListedRun]) -> list[ListedRun]:
     return [
         replace(r, llm_errors=llm.get(r.run_id, 0), tool_errors=tool.get(r.run_id, 0)) for r in runs
     ]
+
+
+LABEL_COLUMNS = "r.session_id, r.user_id"
+"""Selected after the list's columns: a listed run's session and user."""
+
+
+def labelled(row: Any) -> ListedRun:
+    """A listed run from a row of the list's columns and then :data:`LABEL_COLUMNS`."""
+    return replace(_listed(row), session_id=row[-2], user_id=row[-1])
+
+
+def _newest(alias: str, *, bitmaps: bool) -> str:
+    """The list's order. With ``bitmaps``, the start is read through an expression no
+    index gives: the planner then reads (and intersects) the terms' bitmaps and sorts
+    what passed, instead of walking the runs newest first (see
+    :func:`walk_or_bitmaps`)."""
+    started = f"({alias}.started_at + interval '0 s')" if bitmaps else f"{alias}.started_at"
+    return f"{started} DESC NULLS LAST, {alias}.run_id DESC"
 
 
 def _listed(row: Any) -> ListedRun:

@@ -5,9 +5,10 @@ role. Once a run's data keys are destroyed, a digest is the last trace of the va
 that were sealed, and a digest of a low-entropy value (a customer id, a small random
 number) confirms a guess. When the views consumer takes a ``run.redacted`` note, the
 digests the views hold of that run (events index and integrity violations) are
-replaced by :data:`SHREDDED_DIGEST`, and its events' attributes cut to those that hold
-no value of the subject (:data:`KEPT_ATTRIBUTES`), in the same transaction as the note's
-own row.
+replaced by :data:`SHREDDED_DIGEST`, its events' attributes cut to those that hold
+no value of the subject (:data:`KEPT_ATTRIBUTES`), its session and user ids cleared and
+its words dropped from the full-text index, in the same transaction as the note's own
+row.
 The chain hashes stay: they cover the encrypted payloads too and confirm nothing.
 
 Anyone with produce access can write a correctly chained ``run.redacted`` to the topic,
@@ -30,7 +31,13 @@ from agent_blackbox.consumers._ledger import (
     authenticity_problem,
     note_entry,
 )
-from agent_blackbox.consumers._tables import events_index, integrity_violations
+from agent_blackbox.consumers._tables import (
+    events_index,
+    integrity_violations,
+    message_text,
+    run_rollups,
+    runs_view,
+)
 from agent_blackbox.outbox.lifecycle import ledger_key_ids_txn, ledger_readable_txn
 from agent_blackbox.schemas import (
     CheckpointVerifier,
@@ -80,6 +87,7 @@ def scrub_redacted_runs_txn(conn: Connection, envelopes: Iterable[Envelope]) -> 
             attributes=_KEPT.bindparams(kept=list(KEPT_ATTRIBUTES)),
         )
     )
+    forget_run_labels_txn(conn, run_ids)
     violations = integrity_violations.c
     conn.execute(
         integrity_violations.update()
@@ -92,6 +100,36 @@ def scrub_redacted_runs_txn(conn: Connection, envelopes: Iterable[Envelope]) -> 
         )
     )
     return len(run_ids)
+
+
+def forget_run_labels_txn(conn: Connection, run_ids: Sequence[str]) -> None:
+    """Forget what the views hold of ``run_ids`` that names a person or what they said:
+    the runs' session and user ids, and the words of their messages in the full-text
+    index. The caller commits."""
+    if not run_ids:
+        return
+    ids = list(run_ids)
+    conn.execute(
+        runs_view.update()
+        .where(runs_view.c.run_id.in_(ids))
+        .where((runs_view.c.session_id.is_not(None)) | (runs_view.c.user_id.is_not(None)))
+        .values(session_id=None, user_id=None)
+    )
+    forget_words_txn(conn, ids)
+
+
+def forget_words_txn(conn: Connection, run_ids: Sequence[str]) -> None:
+    """Drop the words of ``run_ids`` from the full-text index (their calls' rows and
+    their rollups' words). The caller commits."""
+    if not run_ids:
+        return
+    ids = list(run_ids)
+    conn.execute(message_text.delete().where(message_text.c.run_id.in_(ids)))
+    conn.execute(
+        run_rollups.update()
+        .where(run_rollups.c.run_id.in_(ids), run_rollups.c.words.is_not(None))
+        .values(words=None)
+    )
 
 
 class RedactionCheck:

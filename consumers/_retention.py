@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
+from agent_blackbox.consumers._redacted_views import forget_run_labels_txn
 from agent_blackbox.consumers._views import delete_run_views_txn
 from agent_blackbox.keystore import (
     destroy_keys_txn,
@@ -303,9 +304,10 @@ class RetentionJob:
         return RetentionReport(tuple(redacted), tuple(deleted), unknown, abandoned=tuple(abandoned))
 
     def forget(self, subject_id: str) -> RetentionReport:
-        """Shred every run linked to ``subject_id`` (a deletion request). Runs still
-        recording cannot be shredded yet: they are reported (``still_running``) and the
-        request goes on with the others."""
+        """Shred every run linked to ``subject_id`` (a deletion request), and clear what
+        the views hold of each that names a person (session and user ids, the words of
+        the full-text index). Runs still recording cannot be shredded yet: they are
+        reported (``still_running``) and the request goes on with the others."""
         with self._engine.connect() as conn:
             run_ids = runs_of_subject_txn(conn, subject_id)
         redacted, running = [], []
@@ -320,6 +322,9 @@ class RetentionJob:
                         settings=self._settings,
                         signer=self._signer,
                     )
+                    # At once, not when the views consumer reads the run's note: a run
+                    # recorded unencrypted gets none, and its labels must go all the same.
+                    forget_run_labels_txn(conn, [run_id])
             except RunStillRunning:
                 running.append(run_id)
                 continue

@@ -124,6 +124,11 @@ class ConsumerRuntime:
         self._committer.open()
         self._member.join(on_assign=self._on_assign, on_revoke=self._on_revoke)
 
+    @property
+    def engine(self) -> Engine:
+        """The database the views live in."""
+        return self._database.engine
+
     def close(self) -> None:
         """Leave the group, flush the dead-letter producer, release the database."""
         if self._closed:

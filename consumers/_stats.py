@@ -28,6 +28,8 @@ GROUPINGS = {
     "finish_reason": "c.finish_reason",
     "prompt_version": "c.prompt_version",
     "run": "c.run_id",
+    "session": "r.session_id",
+    "user": "r.user_id",
 }
 """What ``--by`` may name, and the column each groups on."""
 

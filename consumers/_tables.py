@@ -24,7 +24,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR
 
 VIEWS_SCHEMA = "blackbox_views"
 """The Postgres schema that holds every read-side table."""
@@ -52,6 +52,9 @@ runs_view = Table(
     # Calls the run's code made through no boundary (run.finished's attributes).
     Column("unrecorded_calls", Integer),
     Column("unrecorded_call", Text),
+    # The run's session and end user, from run.started (NULL once the run is shredded).
+    Column("session_id", Text),
+    Column("user_id", Text),
     Index("ix_runs_tenant_agent", "tenant_id", "agent_id"),
 )
 """One row per run: status, counts and the run.started / run.finished facts."""
@@ -254,6 +257,34 @@ run_rollups = Table(
     # have no known cost are counted apart, so a partial sum never reads as the whole.
     Column("cost_usd", Numeric),
     _count("unpriced_calls"),
+    # What the run list's search finds a run by, each GIN-indexed in one table so that
+    # several terms intersect as bitmaps: the tools it called, the error classes it
+    # and its calls failed with, and the words of its LLM messages (tenants that opted
+    # in; positions stripped, the calls' own rows in message_text keep them).
+    Column("tools", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    Column("error_classes", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    Column("words", TSVECTOR),
 )
 """One row per run from the analytics consumer: its tags and prompt version (from
 ``run.started``) and its LLM and tool calls summed; each call is added once."""
+
+text_search_tenants = Table(
+    "text_search_tenants",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("enabled_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("enabled_by", Text, nullable=False, server_default=text("session_user")),
+)
+"""The tenants that opted in to full-text search over their redacted LLM messages."""
+
+message_text = Table(
+    "message_text",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("sequence", BigInteger, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("words", TSVECTOR, nullable=False),
+)
+"""The words of each ``llm.call``'s messages and answer, as recorded (so redacted), of
+the tenants that opted in: a full-text index, never the text itself."""

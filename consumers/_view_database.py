@@ -35,6 +35,11 @@ class ViewDatabase:
         self._owned = engine is None
         self._consumer = consumer
 
+    @property
+    def engine(self) -> Engine:
+        """The database the views live in (for a projection that reads beside them)."""
+        return self._engine
+
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A connection in a transaction that commits when the block ends.

@@ -54,6 +54,7 @@ from agent_blackbox.consumers._errors import ProjectionFailed
 from agent_blackbox.consumers._redacted_views import (
     SHREDDED_DIGEST,
     RedactionCheck,
+    forget_run_labels_txn,
     scrub_redacted_runs_txn,
 )
 from agent_blackbox.consumers._tables import (
@@ -139,6 +140,9 @@ class RunDelta:
     """Calls the run's code made through no boundary, as ``run.finished`` counts them."""
     unrecorded_call: str | None = None
     """The first of them: host, port and the agent's line."""
+    session_id: str | None = None
+    user_id: str | None = None
+    """The run's session and end user, as ``run.started`` names them."""
 
 
 def apply_batch(
@@ -429,6 +433,8 @@ def _run_delta(envelopes: list[Envelope]) -> RunDelta:
         redacted_at=redacted.recorded_at if redacted else None,
         unrecorded_calls=_count(finished.attributes.get("unrecorded_calls")) if finished else None,
         unrecorded_call=finished.attributes.get("unrecorded_call") if finished else None,
+        session_id=started.attributes.get("session_id") if started else None,
+        user_id=started.attributes.get("user_id") if started else None,
     )
 
 
@@ -453,7 +459,7 @@ def _texts(envelope: Envelope) -> Iterable[tuple[str, str | None]]:
         ("key_id", envelope.key_id),
         ("payload_ref", envelope.payload_ref),
     )
-    for name in ("code_version", "parent_run_id", "status"):
+    for name in ("code_version", "parent_run_id", "status", "session_id", "user_id"):
         yield (f"attributes.{name}", envelope.attributes.get(name))
 
 
@@ -787,6 +793,12 @@ def _upsert_runs_statement(columns: dict[str, list[Any]]) -> Executable:
             "limited_replay": old.limited_replay | new.limited_replay,
             "unrecorded_calls": func.coalesce(new.unrecorded_calls, old.unrecorded_calls),
             "unrecorded_call": func.coalesce(new.unrecorded_call, old.unrecorded_call),
+            # Set once from run.started; a shredded run's stay NULL (its redaction
+            # follows its start in the log, so no later start sets them again).
+            "session_id": case(
+                (old.redacted_at.is_(None), func.coalesce(old.session_id, new.session_id))
+            ),
+            "user_id": case((old.redacted_at.is_(None), func.coalesce(old.user_id, new.user_id))),
             "updated_at": func.now(),
         },
     )
@@ -809,10 +821,13 @@ def _run_columns(deltas: Sequence[RunDelta]) -> dict[str, list[Any]]:
         "limited_replay": [d.redacted_at is not None for d in deltas],
         "unrecorded_calls": [d.unrecorded_calls for d in deltas],
         "unrecorded_call": [d.unrecorded_call for d in deltas],
+        "session_id": [d.session_id for d in deltas],
+        "user_id": [d.user_id for d in deltas],
     }
 
 
 def delete_run_views_txn(conn: Connection, run_ids: Sequence[str]) -> None:
     """Delete what the views hold of ``run_ids`` (runs whose metadata expired)."""
+    forget_run_labels_txn(conn, run_ids)
     conn.execute(events_index.delete().where(events_index.c.run_id.in_(list(run_ids))))
     conn.execute(runs_view.delete().where(runs_view.c.run_id.in_(list(run_ids))))

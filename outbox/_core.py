@@ -113,6 +113,15 @@ class RunFields(TypedDict, total=False):
     run_id: str | None
     classification: str
     retention_class: str
+    session_id: str | None
+    user_id: str | None
+
+
+MAX_RUN_LABEL = 200
+"""The longest session or user id a run takes (characters)."""
+USER_ID_LABEL = "agent-blackbox user id"
+"""What a user id's keyed digest is taken over with (``[label, 1, user id]``), so it
+never equals the digest of a recorded value that happens to be the same string."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +142,12 @@ class RunOptions:
     """How sensitive the run is; some classes take keyed digests."""
     retention_class: str = "standard"
     """Which retention policy applies to the run's bodies and metadata."""
+    session_id: str | None = None
+    """The conversation or session the run is one turn of (runs sharing it are listed
+    together, in order, with their totals); recorded on ``run.started``."""
+    user_id: str | None = None
+    """The end user the run served; recorded on ``run.started``, as the tenant's keyed
+    digest when the run's classification takes keyed digests (never in clear then)."""
 
     @classmethod
     def of(cls, options: RunOptions | None, keywords: RunFields) -> RunOptions:
@@ -154,7 +169,23 @@ class RunOptions:
                 raise ValueError(f"RunOptions.{name} must be a non-empty string")
         if isinstance(self.subject_ids, str):
             raise ValueError("RunOptions.subject_ids is a tuple of ids, not one string")
+        for name in ("session_id", "user_id"):
+            value = getattr(self, name)
+            if value is not None and not _run_label(value):
+                raise ValueError(
+                    f"RunOptions.{name} must be 1 to {MAX_RUN_LABEL} printable characters "
+                    f"(or None), not {value!r:.60}"
+                )
         object.__setattr__(self, "subject_ids", tuple(self.subject_ids))
+
+
+def _run_label(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_RUN_LABEL
+        and value.isprintable()
+        and value.strip() == value
+    )
 
 
 _EFFECT_IDS = ("idempotency_key", "external_id")
@@ -546,7 +577,10 @@ def plan_start(
         credential=new_credential(),
     )
     core = RunCore(identity, factory, scrub)
-    crossing = replace(_start_crossing(snapshot, core.scrub), place=core.placement.opening())
+    fired: set[str] = set()
+    labels = _run_labels(options, settings, digest, core.scrub, fired)
+    crossing = _start_crossing(snapshot, core.scrub, labels, fired)
+    crossing = replace(crossing, place=core.placement.opening())
     event_id = new_event_id()
     first = core.prepare(crossing, event_id)
     return StartPlan(
@@ -561,15 +595,39 @@ def plan_start(
     )
 
 
-def _start_crossing(snapshot: RunSnapshot, scrub: Scrub) -> b.Crossing:
-    fired: set[str] = set()
+def _run_labels(
+    options: RunOptions, settings: Settings, digest: Digester, scrub: Scrub, fired: set[str]
+) -> dict[str, str]:
+    """The run's session and user ids, as ``run.started`` carries them unsealed.
+
+    Both pass the redaction rules first, as tags do (an e-mail address used as a user
+    id becomes its placeholder or pseudonym). A user id of a run whose classification
+    takes keyed digests is recorded as the tenant's keyed digest of it, never in clear:
+    the attribute travels through the topic and every copy of it, beyond a shredding's
+    reach.
+    """
+    labels: dict[str, str] = {}
+    if options.session_id is not None:
+        labels["session_id"] = str(scrub.value(options.session_id, fired))
+    if options.user_id is not None:
+        if settings.keyed_digests(options.classification):
+            labels["user_id"] = digest([USER_ID_LABEL, 1, options.user_id])
+        else:
+            labels["user_id"] = str(scrub.value(options.user_id, fired))
+    return labels
+
+
+def _start_crossing(
+    snapshot: RunSnapshot, scrub: Scrub, labels: Mapping[str, str], fired: set[str]
+) -> b.Crossing:
     started = b.run_started(
         input=scrub.encoded(snapshot.input, fired, path="input"),
         parent_run_id=snapshot.parent_run_id,
         **scrub.snapshot(snapshot, fired),
     )
     tags = {name: str(scrub.value(value, fired)) for name, value in snapshot.tags.items()}
-    started = replace(started, attributes={**started.attributes, **tag_attributes(tags)})
+    attributes = {**started.attributes, **tag_attributes(tags), **labels}
+    started = replace(started, attributes=attributes)
     rules = scrub.rules_text()
     if rules is not None:
         started = replace(started, attributes={**started.attributes, RULES_ATTRIBUTE: rules})

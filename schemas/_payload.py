@@ -221,6 +221,24 @@ class PayloadPipeline:
                 self._requests.lost(envelope.run_id, envelope.sequence, type(exc).__name__)
             raise
 
+    def unpack_as_stored(self, envelope: Envelope) -> dict[str, Any]:
+        """:meth:`unpack` without rebuilding a request stored by reference: an
+        ``llm.call``'s ``raw_request_json`` then holds what its request added to the
+        earlier one it names (``request_prefix``), which is what a reader that takes each
+        call once (a full-text indexer) wants, whatever it read before.
+
+        Raises:
+            UnknownSchemaVersion, UndecodableMessage: as :meth:`unpack` (a body stored out
+                of line among them).
+        """
+        if envelope.payload is None:
+            raise UndecodableMessage(
+                f"run {envelope.run_id} sequence {envelope.sequence}: the body is stored "
+                f"out of line as {envelope.payload_ref}; fetch it from the blob store"
+            )
+        opened = self._opened(envelope, envelope.payload)
+        return self._reader.read(envelope.event_type, envelope.body_version, opened, to=None)
+
     def unpack_in_run(
         self, envelope: Envelope, earlier: Mapping[int, Envelope], data: bytes | None = None
     ) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from agent_blackbox.cli._workers import (
 )
 from agent_blackbox.consumers import (
     ANALYTICS_GROUP,
+    TEXT_INDEX_GROUP,
     AnalyticsConsumer,
     BatchOutcome,
     CheckpointConsumer,
@@ -33,6 +34,7 @@ from agent_blackbox.consumers import (
     ConsumerRuntime,
     PriceFileError,
     PriceTable,
+    TextIndexConsumer,
     ViewConsumer,
     migrate_views,
     refresh_view_gauges,
@@ -305,3 +307,30 @@ def sign_command(
         f"see blackbox_views.integrity_violations), {total.stale:,} stale relay copies "
         "dropped"
     )
+
+
+@click.command("index-text")
+@click.option("--group", default=None, help=f"Consumer group (default: {TEXT_INDEX_GROUP}).")
+@until_idle_option
+@metrics_port_option
+@membership_options("text-index")
+def index_text_command(
+    group: str | None,
+    until_idle: float | None,
+    metrics_port: int | None,
+    instance_id: str | None,
+    session_timeout: float | None,
+) -> None:
+    """Keep the full-text index of LLM messages for the tenants that opted in (`blackbox
+    tenants search TENANT --on`): the words of each call's messages and answer, as
+    recorded (so redacted), never the text. Sealed runs are opened with
+    BLACKBOX_KEK_FILE's keys, each unwrap in the access audit; --until-idle as for
+    `consume`."""
+
+    def indexer(settings: Settings) -> ConsumerRuntime:
+        return TextIndexConsumer(
+            settings, group_id=settings.consumer_group, verifier=CheckpointVerifier.from_env()
+        )
+
+    chosen = group or TEXT_INDEX_GROUP
+    _consume("text-index", indexer, chosen, until_idle, metrics_port, instance_id, session_timeout)
