@@ -10,7 +10,9 @@ from rich.logging import RichHandler
 from agent_blackbox.cli._roles import RoleCheckedGroup
 from agent_blackbox.cli._wiring import Wiring
 from agent_blackbox.cli.commands.backup import backup_group
+from agent_blackbox.cli.commands.dataset import dataset_group
 from agent_blackbox.cli.commands.demo import demo_command
+from agent_blackbox.cli.commands.experiment import experiment_group
 from agent_blackbox.cli.commands.export import export_command
 from agent_blackbox.cli.commands.fork import fork_command, reexecute_command
 from agent_blackbox.cli.commands.keys import keys_group
@@ -68,6 +70,8 @@ for _command in (
     replay_command,
     fork_command,
     reexecute_command,
+    experiment_group,
+    dataset_group,
     schemas_group,
     retention_group,
     forget_command,
