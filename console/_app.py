@@ -46,6 +46,7 @@ from agent_blackbox.console._auth import (
     request_host,
 )
 from agent_blackbox.console._charts import CHART_HEIGHT, CHART_WIDTH, charts, waterfall
+from agent_blackbox.console._experiments import experiment_routes
 from agent_blackbox.consumers import (
     USAGE_GROUPS,
     Cursor,
@@ -146,6 +147,7 @@ def create_app(
             Route("/runs/{run_id}/events/{sequence:int}", pages.event),
             Route("/runs/{run_id}/events/{sequence:int}/body", pages.body, methods=["POST"]),
             Route("/charts", pages.charts),
+            *experiment_routes(pages.render, engine),
             Route("/static/console.css", style),
         ],
         middleware=[
