@@ -100,8 +100,10 @@ class ForkVariant:
 @dataclass(frozen=True, slots=True)
 class ReexecuteVariant:
     """The variant as the run's LLM requests re-sent (the agent is not run): to
-    ``base_url`` (or one per API), speaking the API of each call or ``api``; a call of
-    another API goes through ``request_mapper``."""
+    ``base_url`` (or one per API), speaking the API of each call or ``api``. Every
+    request goes through ``request_mapper`` when there is one (to change its model or
+    wording, or turn it into a request of the endpoint's other API); a call of another
+    API than the endpoint's needs one."""
 
     base_url: str | Mapping[str, str]
     api_keys: Mapping[str, str] = field(repr=False)
@@ -335,10 +337,10 @@ class Experimenter:
             return recorded  # kept truncated: there is nothing to send
         if recorded.response is not None and not recorded.answer["text"]:
             return recorded  # no choices: not a reply (an embeddings call)
-        target, api, mapped_by = route(
-            envelope.sequence, recorded.provider, send, request_mapper=mapper
-        )
-        request = dict(_mapped(envelope.sequence, recorded.request, mapped_by))
+        target, api, _ = route(envelope.sequence, recorded.provider, send, request_mapper=mapper)
+        # Here the mapper is the variant: every request goes through it (a model changed,
+        # a prompt reworded), not only those of the endpoint's other API.
+        request = dict(_mapped(envelope.sequence, recorded.request, mapper))
         if request.get("stream"):
             request = _with_stream_usage(request, api)
         provider = recorded.provider if api == api_of(recorded.provider) else api

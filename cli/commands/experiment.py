@@ -134,8 +134,9 @@ def experiment_group() -> None:
     "--request-mapper",
     "mapper_path",
     default=None,
-    help="With --reexecute: module:function turning a recorded request into one for the "
-    "endpoint's API.",
+    help="With --reexecute: module:function through which every recorded request goes "
+    "before it is re-sent (another model or wording; the endpoint's API for calls "
+    "recorded with the other one).",
 )
 @click.option("--evaluator", "specs", multiple=True, metavar="SPEC", help=_EVALUATORS_HELP)
 @click.option(
