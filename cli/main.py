@@ -59,6 +59,9 @@ def main(ctx: click.Context, verbose: bool) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # boto3 says where it found credentials on every client; nothing to act on.
     logging.getLogger("botocore").setLevel(logging.WARNING)
+    # httpx logs every request a model client sends (a fork's, an experiment's hundreds);
+    # the commands say what came of them.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 for _command in (

@@ -156,8 +156,7 @@ def score_run(scorers: Sequence[Scorer], baseline: Outcome, variant: Outcome) ->
                 )
                 continue
             owners[pair.score] = scorer.name
-            if pair.baseline is not None or pair.variant is not None:
-                pairs.append(pair)
+            pairs.append(pair)  # kept even unscored: "no run had it" is worth saying
     return ScoredRun(tuple(pairs), tuple(errors))
 
 

@@ -26,7 +26,7 @@ METHOD = (
     "mean, paired for the difference (variant minus recorded, run by run)"
 )
 
-Verdict = Literal["better", "worse", "no clear change", "too few runs"]
+Verdict = Literal["better", "worse", "no clear change", "too few runs", "not scored"]
 
 
 class Paired(Protocol):
@@ -73,7 +73,8 @@ class ScoreSummary:
     """Variant minus recorded, paired by run."""
     verdict: Verdict
     """``better`` or ``worse`` when the difference's interval lies wholly on that side of
-    zero, else ``no clear change`` (``too few runs`` below two)."""
+    zero, else ``no clear change`` (``too few runs`` below two, ``not scored`` when no
+    run has the score on both sides)."""
     regressions: int
     improvements: int
 
@@ -115,29 +116,32 @@ class Regression:
 def summarize(
     rows: Iterable[Paired], *, confidence: float, tolerances: Mapping[str, float]
 ) -> list[ScoreSummary]:
-    """Each score's summary (in name order) over the rows where both sides scored."""
+    """Each score's summary (in name order) over the rows where both sides scored; a
+    score no run has on both sides is summed up as ``not scored``, so it is not missed."""
     by_score: dict[str, list[Paired]] = {}
+    first: dict[str, Paired] = {}
     for row in rows:
-        if row.baseline is not None and row.variant is not None:
-            by_score.setdefault(row.score, []).append(row)
+        both = row.baseline is not None and row.variant is not None
+        by_score.setdefault(row.score, []).extend([row] if both else [])
+        first.setdefault(row.score, row)
     return [
-        _summary(score, by_score[score], confidence, tolerances.get(score, 0.0))
+        _summary(first[score], by_score[score], confidence, tolerances.get(score, 0.0))
         for score in sorted(by_score)
     ]
 
 
 def _summary(
-    score: str, rows: Sequence[Paired], confidence: float, tolerance: float
+    first: Paired, rows: Sequence[Paired], confidence: float, tolerance: float
 ) -> ScoreSummary:
     before = [float(r.baseline or 0.0) for r in rows]
     after = [float(r.variant or 0.0) for r in rows]
-    lower = rows[0].lower_is_better
+    lower = first.lower_is_better
     difference = mean_interval([a - b for a, b in zip(after, before, strict=True)], confidence)
     worse = sum(_worse(b, a, lower, tolerance) for b, a in zip(before, after, strict=True))
     better = sum(_worse(a, b, lower, tolerance) for b, a in zip(before, after, strict=True))
     return ScoreSummary(
-        score=score,
-        evaluator=rows[0].evaluator,
+        score=first.score,
+        evaluator=first.evaluator,
         lower_is_better=lower,
         runs=len(rows),
         baseline=mean_interval(before, confidence),
@@ -155,6 +159,8 @@ def _worse(before: float, after: float, lower_is_better: bool, tolerance: float)
 
 
 def _verdict(difference: Mean, lower_is_better: bool) -> Verdict:
+    if difference.value is None:
+        return "not scored"
     if difference.low is None or difference.high is None:
         return "too few runs"
     if difference.low > 0:

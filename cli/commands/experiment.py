@@ -10,15 +10,15 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import Engine
 
+from agent_blackbox.cli._experiment_report import Progress, report
 from agent_blackbox.cli._purpose import purpose_option
 from agent_blackbox.cli._selection import run_selection, selection_options
 from agent_blackbox.cli._wiring import Wiring, wired
@@ -43,7 +43,6 @@ from agent_blackbox.replayer import (
     ForkVariant,
     KafkaRunSource,
     ReexecuteVariant,
-    RunResult,
     SelectedRun,
     ToolMode,
     load_entry,
@@ -170,16 +169,6 @@ def experiment_group() -> None:
 def run_command(
     run_ids: tuple[str, ...],
     dataset: str | None,
-    factory_path: str | None,
-    pairs: tuple[str, ...],
-    base_urls: tuple[str, ...],
-    api_key_env: str,
-    tools: ToolMode,
-    effects: str,
-    forks_in_memory: bool,
-    reexecute: bool,
-    api: str | None,
-    mapper_path: str | None,
     specs: tuple[str, ...],
     tolerance_pairs: tuple[str, ...],
     confidence: float,
@@ -188,7 +177,7 @@ def run_command(
     workers: int,
     purpose: str,
     as_json: bool,
-    **filters: Any,
+    **options: Any,
 ) -> None:
     """Fork the chosen recorded runs with a variant and score the recorded run and its
     fork with each evaluator; keep every run's scores and show, per score, each side's
@@ -199,7 +188,7 @@ def run_command(
     The runs: RUN_IDs, --dataset NAME, or the filters (finished runs, newest first).
     The variant: --agent FACTORY with --set changes and --base-url (a fork of each run,
       tools recorded-then-live, effects sandboxed), or --reexecute --base-url URL
-      (the recorded LLM requests re-sent, through --request-mapper when the API differs).
+      (the recorded LLM requests re-sent, each through --request-mapper if given).
 
     \b
     Exit status:
@@ -208,31 +197,16 @@ def run_command(
       2  could not run: bad options, nothing chosen, a run that could not be forked or
          scored, the database or Kafka away
     """
-    err = safe_console(stderr=True)
-    if dataset is not None and (
-        run_ids or any(v not in (None, (), False, 100) for v in filters.values())
-    ):
-        raise click.UsageError("give --dataset, RUN_IDs or filters, not several")
-    selection = None if dataset is not None else run_selection(run_ids, **filters)
-    changes = _pairs(pairs, "--set")
+    asked = _VariantOptions(**{f: options.pop(f) for f in _VariantOptions.__dataclass_fields__})
+    selection = _selection(run_ids, dataset, options)
     tolerances = {
         k: _number(v, "--tolerance") for k, v in _pairs(tolerance_pairs, "--tolerance").items()
     }
+    err = safe_console(stderr=True)
     wiring = wired()
     engine = wiring.engine()
     try:
-        variant = _variant(
-            factory_path,
-            changes,
-            base_urls,
-            api_key_env,
-            tools,
-            effects,
-            forks_in_memory,
-            reexecute,
-            api,
-            mapper_path,
-        )
+        variant = asked.variant()
         scorers = tuple(load_scorer(spec) for spec in specs or DEFAULT_EVALUATORS)
         chosen, described = _chosen(engine, dataset, selection)
         plan = ExperimentPlan(
@@ -247,10 +221,9 @@ def run_command(
             dataset=dataset,
         )
         experimenter = _experimenter(wiring, engine, variant, scorers, purpose)
-        with _Progress(err, len(chosen)) as advance:
-            report = run_experiment(
-                plan, experimenter, ViewExperiments(engine), workers=workers, done=advance
-            )
+        with Progress(err, len(chosen)) as advance:
+            store = ViewExperiments(engine)
+            found = run_experiment(plan, experimenter, store, workers=workers, done=advance)
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as
@@ -258,8 +231,23 @@ def run_command(
         sys.exit(2)
     finally:
         engine.dispose()
-    _report(report, as_json=as_json, fail_on_regression=fail_on_regression)
-    sys.exit(report.exit_code(fail_on_regression=fail_on_regression))
+    report(found, as_json=as_json, fail_on_regression=fail_on_regression)
+    sys.exit(found.exit_code(fail_on_regression=fail_on_regression))
+
+
+def _selection(
+    run_ids: tuple[str, ...], dataset: str | None, filters: dict[str, Any]
+) -> RunSelection | None:
+    """The runs' filters (None for a dataset).
+
+    Raises:
+        click.UsageError: a dataset with run ids or filters too.
+    """
+    if dataset is None:
+        return run_selection(run_ids, **filters)
+    if run_ids or any(v not in (None, (), False, 100) for v in filters.values()):
+        raise click.UsageError("give --dataset, RUN_IDs or filters, not several")
+    return None
 
 
 def _pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:
@@ -282,53 +270,59 @@ def _number(raw: str, option: str) -> float:
     return value
 
 
-def _variant(
-    factory_path: str | None,
-    changes: dict[str, str],
-    base_urls: tuple[str, ...],
-    api_key_env: str,
-    tools: ToolMode,
-    effects: str,
-    in_memory: bool,
-    reexecute: bool,
-    api: str | None,
-    mapper_path: str | None,
-) -> Variant:
-    """The variant the options describe.
+@dataclass(frozen=True, slots=True)
+class _VariantOptions:
+    """The options that describe the variant."""
 
-    Raises:
-        click.UsageError: options of the other kind of variant, or a missing one.
-        BlackboxError: the factory or mapper cannot be loaded.
-    """
-    if not base_urls:
-        raise click.UsageError("give --base-url: the model endpoint the variant calls")
-    if reexecute:
-        if factory_path or changes:
+    factory_path: str | None
+    pairs: tuple[str, ...]
+    base_urls: tuple[str, ...]
+    api_key_env: str
+    tools: ToolMode
+    effects: str
+    forks_in_memory: bool
+    reexecute: bool
+    api: str | None
+    mapper_path: str | None
+
+    def variant(self) -> Variant:
+        """The variant the options describe.
+
+        Raises:
+            click.UsageError: options of the other kind of variant, or a missing one.
+            BlackboxError: the factory or mapper cannot be loaded.
+        """
+        if not self.base_urls:
+            raise click.UsageError("give --base-url: the model endpoint the variant calls")
+        changes = _pairs(self.pairs, "--set")
+        key = os.environ.get(self.api_key_env, "not-set")
+        if self.reexecute:
+            if self.factory_path or changes:
+                raise click.UsageError(
+                    "--reexecute re-sends recorded requests: it takes no --agent or --set"
+                )
+            path = self.mapper_path
+            mapper = None if path is None else load_request_mapper(path)
+            keys = dict.fromkeys(APIS, key)
+            return ReexecuteVariant(_by_api(self.base_urls), keys, self.api, mapper, path)
+        if self.api or self.mapper_path:
+            raise click.UsageError("--provider and --request-mapper go with --reexecute")
+        if self.factory_path is None:
             raise click.UsageError(
-                "--reexecute re-sends recorded requests: it takes no --agent or --set"
+                "give --agent FACTORY (the fork factory of the code under test), or --reexecute"
             )
-        urls = _by_api(base_urls)
-        keys = {name: os.environ.get(api_key_env, "not-set") for name in APIS}
-        mapper = None if mapper_path is None else load_request_mapper(mapper_path)
-        return ReexecuteVariant(urls, keys, api, mapper, mapper_path)
-    if api or mapper_path:
-        raise click.UsageError("--provider and --request-mapper go with --reexecute")
-    if factory_path is None:
-        raise click.UsageError(
-            "give --agent FACTORY (the fork factory of the code under test), or --reexecute"
+        if len(self.base_urls) != 1:
+            raise click.UsageError("a fork calls one endpoint: give --base-url once")
+        return ForkVariant(
+            factory=load_entry(self.factory_path),
+            factory_name=self.factory_path,
+            base_url=self.base_urls[0],
+            api_key=key,
+            changes=changes,
+            tools=self.tools,
+            effects="refuse" if self.effects == "refuse" else "sandbox",
+            in_memory=self.forks_in_memory,
         )
-    if len(base_urls) != 1:
-        raise click.UsageError("a fork calls one endpoint: give --base-url once")
-    return ForkVariant(
-        factory=load_entry(factory_path),
-        factory_name=factory_path,
-        base_url=base_urls[0],
-        api_key=os.environ.get(api_key_env, "not-set"),
-        changes=changes,
-        tools=tools,
-        effects="refuse" if effects == "refuse" else "sandbox",
-        in_memory=in_memory,
-    )
 
 
 def _by_api(values: tuple[str, ...]) -> str | dict[str, str]:
@@ -407,131 +401,6 @@ def _default_name(variant: Variant) -> str:
     return ", ".join(shown) or f"fork with {described['agent']}"
 
 
-class _Progress:
-    """A progress bar on standard error over the runs forked (none when it is not a
-    terminal); entering gives the function that advances it by one result."""
-
-    def __init__(self, console: Console, total: int) -> None:
-        self._bar = Progress(
-            TextColumn("forking and scoring runs"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[trouble]}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-            redirect_stdout=False,
-            redirect_stderr=False,
-        )
-        self._total = total
-        self._trouble = 0
-
-    def __enter__(self) -> Callable[[RunResult], None]:
-        self._bar.__enter__()
-        task = self._bar.add_task("experiment", total=self._total, trouble="")
-
-        def advance(result: RunResult) -> None:
-            self._trouble += result.outcome != "scored"
-            note = f"{self._trouble} not scored" if self._trouble else ""
-            self._bar.update(task, advance=1, trouble=note)
-
-        return advance
-
-    def __exit__(self, *exc: object) -> None:
-        self._bar.__exit__(None, None, None)
-
-
-def _report(report: ExperimentReport, *, as_json: bool, fail_on_regression: bool) -> None:
-    if as_json:
-        document = report.to_dict(fail_on_regression=fail_on_regression)
-        click.echo(json.dumps(document, indent=2, default=str))
-        return
-    print_report(report, safe_console())
-
-
-def print_report(report: ExperimentReport, console: Console) -> None:
-    """The experiment's summary and regressions as tables."""
-    plan, counts = report.plan, report.counts()
-    console.print(
-        f"experiment [bold]{safe_text(plan.experiment_id)}[/] ({safe_text(plan.name)}), "
-        f"{report.status}: {counts['scored']} of {counts['runs']} runs scored"
-        + (f", {counts['not_run']} not run" if counts["not_run"] else "")
-        + (
-            f", {counts['evaluator_failed']} with an evaluator failed"
-            if counts["evaluator_failed"]
-            else ""
-        )
-        + (f"; {counts['variant_failed']} variants failed" if counts["variant_failed"] else "")
-    )
-    table = Table(
-        title=f"Scores: means with {plan.confidence:.0%} t intervals; the difference is "
-        "paired per run (variant − recorded)",
-        title_justify="left",
-    )
-    for column in (
-        "score",
-        "better",
-        "runs",
-        "recorded",
-        "variant",
-        "difference",
-        "verdict",
-        "regressed",
-    ):
-        table.add_column(column, justify="right" if column == "runs" else "left")
-    for s in report.summaries:
-        table.add_row(
-            safe_text(s.score),
-            "lower" if s.lower_is_better else "higher",
-            str(s.runs),
-            _mean(s.baseline.value, s.baseline.low, s.baseline.high),
-            _mean(s.variant.value, s.variant.low, s.variant.high),
-            _mean(s.difference.value, s.difference.low, s.difference.high, signed=True),
-            s.verdict,
-            str(s.regressions),
-        )
-    console.print(table)
-    _print_regressions(report, console)
-    for result in report.results:
-        if result.outcome != "scored":
-            why = safe_text(result.error or "")
-            console.print(f"[yellow]{result.outcome}[/] {safe_text(result.run_id)}: {why}")
-    console.print(f"in the console: /experiments/{safe_text(plan.experiment_id)}")
-
-
-def _print_regressions(report: ExperimentReport, console: Console, shown: int = 20) -> None:
-    found = report.regressions
-    if not found:
-        console.print("no run regressed")
-        return
-    table = Table(title=f"Regressions ({len(found)})", title_justify="left")
-    for column in ("run", "score", "recorded", "variant"):
-        table.add_column(column)
-    for r in found[:shown]:
-        table.add_row(
-            safe_text(r.run_id), safe_text(r.score), _figure(r.baseline), _figure(r.variant)
-        )
-    console.print(table)
-    if len(found) > shown:
-        console.print(f"and {len(found) - shown} more (--json lists them all)")
-
-
-def _mean(
-    value: float | None, low: float | None, high: float | None, *, signed: bool = False
-) -> str:
-    if value is None:
-        return "-"
-    text = _figure(value, signed=signed)
-    if low is None or high is None:
-        return text
-    return f"{text} [{_figure(low, signed=signed)}, {_figure(high, signed=signed)}]"
-
-
-def _figure(value: float, *, signed: bool = False) -> str:
-    """A score as people read it: 4 significant digits."""
-    return f"{value:+.4g}" if signed else f"{value:.4g}"
-
-
 @experiment_group.command("show")
 @click.argument("experiment_id")
 @click.option("--json", "as_json", is_flag=True, help="The summary and every run's scores as JSON.")
@@ -540,9 +409,9 @@ def show_command(experiment_id: str, as_json: bool, fail_on_regression: bool) ->
     """Show a kept experiment again: its summary, regressions and, with --json, every
     run's scores. Exit 0; 1 with --fail-on-regression when a run regressed; 2 when there
     is no such experiment."""
-    report = _kept(experiment_id)
-    _report(report, as_json=as_json, fail_on_regression=fail_on_regression)
-    sys.exit(1 if fail_on_regression and report.regressions else 0)
+    found = _kept(experiment_id)
+    report(found, as_json=as_json, fail_on_regression=fail_on_regression)
+    sys.exit(1 if fail_on_regression and found.regressions else 0)
 
 
 def _kept(experiment_id: str) -> ExperimentReport:
@@ -574,7 +443,8 @@ def list_command(as_json: bool) -> None:
             click.echo(json.dumps(_listed(experiment, scored), default=str))
         return
     table = Table(title="Experiments")
-    for column in ("id", "name", "created", "status", "runs", "evaluators"):
+    table.add_column("id", no_wrap=True, min_width=36)  # to copy into `experiment show`
+    for column in ("name", "created", "status", "runs", "evaluators"):
         table.add_column(column)
     for experiment, scored in found:
         table.add_row(

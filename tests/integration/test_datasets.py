@@ -140,7 +140,8 @@ def test_a_dataset_is_saved_shown_exported_and_experimented_on(
     assert report["runs"]["scored"] == 4
     assert len(small.server.requests) == 4 + 6  # re-sent once each, after the recording
     scores = {s["score"]: s for s in report["scores"]}
-    assert set(scores) == {"cost_usd", "llm_answers_equal"}  # no output without the agent
+    assert {k for k, s in scores.items() if s["runs"]} == {"cost_usd", "llm_answers_equal"}
+    assert scores["output_equal"]["verdict"] == "not scored"  # no output without the agent
     assert scores["llm_answers_equal"]["variant"]["mean"] == 1.0  # the same prompt, answered so
     assert scores["cost_usd"]["difference"] == {"mean": 0.0, "low": 0.0, "high": 0.0}
     assert all(r["fork_run_id"] is None for r in report["results"])

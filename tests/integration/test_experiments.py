@@ -265,7 +265,8 @@ def test_experiment_over_fifty_runs_compares_two_prompt_versions(recorded: Recor
         assert valid[run_id] == (1.0, 0.0 if _outage(ticket) else 1.0)
     assert set(_scores(engine, experiment_id, "succeeded").values()) == {(1.0, 1.0)}
     assert set(_scores(engine, experiment_id, "tools_ok").values()) == {(1.0, 1.0)}
-    assert _scores(engine, experiment_id, "tool_args_valid") == {}  # no tool asked by the model
+    # No tool was asked for by the model: kept unscored, and summed up as such.
+    assert set(_scores(engine, experiment_id, "tool_args_valid").values()) == {(None, None)}
 
     # Costs: the recorded side's equals what the analytics views priced the run at, the
     # variant's what they priced its fork at (relayed and consumed now).
@@ -299,8 +300,10 @@ def test_experiment_over_fifty_runs_compares_two_prompt_versions(recorded: Recor
 
     # The summary: means and t intervals as SQL computes them over the kept rows.
     sql = _sql_summary(engine, experiment_id)
-    _check_against_sql(report["scores"], sql)
+    scored = [s for s in report["scores"] if s["runs"]]
+    _check_against_sql(scored, sql)
     by_score = {s["score"]: s for s in report["scores"]}
+    assert by_score["tool_args_valid"]["verdict"] == "not scored"
     assert by_score["output_equal"]["verdict"] == "worse"
     assert by_score["cost_usd"]["verdict"] == "worse"
     assert by_score["summary_words"]["verdict"] == "no clear change"
@@ -347,7 +350,10 @@ def _page_shows_the_summary(
         assert _fits(driver), "the page is wider than the window: something is cut or hidden"
         rows = driver.find_elements(By.CSS_SELECTOR, "#scores tbody tr")
         shown = {r.get_attribute("data-score"): r for r in rows}
-        assert set(shown) == set(sql)
+        assert set(shown) == {*sql, "tool_args_valid"}
+        assert shown["tool_args_valid"].find_element(By.CSS_SELECTOR, "td.verdict").text == (
+            "not scored"
+        )
         for score, expected in sql.items():
             half = T_975_49 * expected["sd_difference"] / math.sqrt(RUNS)
             cell = shown[score].find_element(By.CSS_SELECTOR, "td.difference")

@@ -135,3 +135,5 @@ def test_too_few_runs_have_no_interval() -> None:
     assert summary.difference.value == -1.0
     assert summary.difference.low is None
     assert summary.to_dict()["better"] == "higher"
+    [unscored] = summarize([Row("a", "t", "e", True, None, None)], confidence=0.95, tolerances={})
+    assert (unscored.runs, unscored.verdict, unscored.difference.value) == (0, "not scored", None)
