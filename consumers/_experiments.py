@@ -81,7 +81,7 @@ class _Result(Protocol):
     @property
     def fork_status(self) -> str | None: ...
     @property
-    def error(self) -> str | None: ...
+    def reason(self) -> str | None: ...
     @property
     def scores(self) -> Sequence[_Score]: ...
 
@@ -99,8 +99,8 @@ _BEGIN = text(
 _RUN = text(
     """
     INSERT INTO blackbox_views.experiment_runs
-        (experiment_id, run_id, tenant_id, fork_run_id, outcome, fork_status, error)
-    VALUES (:experiment_id, :run_id, :tenant_id, :fork_run_id, :outcome, :fork_status, :error)
+        (experiment_id, run_id, tenant_id, fork_run_id, outcome, fork_status, reason)
+    VALUES (:experiment_id, :run_id, :tenant_id, :fork_run_id, :outcome, :fork_status, :reason)
     """
 )
 _SCORE = text(
@@ -157,7 +157,7 @@ class ViewExperiments:
             "fork_run_id": result.fork_run_id,
             "outcome": result.outcome,
             "fork_status": result.fork_status,
-            "error": None if result.error is None else result.error[:2000],
+            "reason": None if result.reason is None else result.reason[:2000],
         }
         scores = [
             {
@@ -236,7 +236,8 @@ class KeptResult:
     outcome: str
     fork_run_id: str | None
     fork_status: str | None
-    error: str | None
+    reason: str | None
+    """Why it was not scored (or not wholly): the kind of failure only."""
     scores: tuple[KeptScore, ...]
 
 
@@ -303,7 +304,7 @@ def experiment_txn(conn: Connection, experiment_id: str) -> KeptExperiment | Non
         KeptResult(r[0], r[1], r[2], r[3], r[4], r[5], tuple(scores.get(r[0], ())))
         for r in conn.execute(
             text(
-                "SELECT run_id, tenant_id, outcome, fork_run_id, fork_status, error "
+                "SELECT run_id, tenant_id, outcome, fork_run_id, fork_status, reason "
                 "FROM blackbox_views.experiment_runs WHERE experiment_id = :id ORDER BY run_id"
             ),
             {"id": experiment_id},

@@ -141,12 +141,14 @@ def score_run(scorers: Sequence[Scorer], baseline: Outcome, variant: Outcome) ->
     :attr:`ScoredRun.errors` and the others' scores are kept."""
     pairs: list[ScorePair] = []
     errors: list[str] = []
+    failed: list[str] = []
     owners: dict[str, str] = {}
     for scorer in scorers:
         try:
             found = scorer.pairs(baseline, variant)
         except EvaluatorError as exc:
             errors.append(str(exc))
+            failed.append(scorer.name)
             continue
         for pair in found:
             if pair.score in owners:
@@ -154,16 +156,20 @@ def score_run(scorers: Sequence[Scorer], baseline: Outcome, variant: Outcome) ->
                     f"score {pair.score} is given by both {owners[pair.score]} and "
                     f"{scorer.name}; kept the first"
                 )
+                failed.append(scorer.name)
                 continue
             owners[pair.score] = scorer.name
             pairs.append(pair)  # kept even unscored: "no run had it" is worth saying
-    return ScoredRun(tuple(pairs), tuple(errors))
+    return ScoredRun(tuple(pairs), tuple(errors), tuple(dict.fromkeys(failed)))
 
 
 @dataclass(frozen=True, slots=True)
 class ScoredRun:
     pairs: tuple[ScorePair, ...]
     errors: tuple[str, ...] = ()
+    """What went wrong, in full (an evaluator's own message may quote what it read)."""
+    failed: tuple[str, ...] = ()
+    """The evaluators that failed, by name."""
 
 
 # The built-in evaluators ---------------------------------------------------------------

@@ -202,7 +202,11 @@ class RunResult:
     fork_status: str | None = None
     """The variant's status (``succeeded``, ``failed``); None when it was not made."""
     error: str | None = None
+    """Why it was not scored (or not wholly), in full: for the one who ran it."""
     scores: tuple[ScorePair, ...] = ()
+    reason: str | None = None
+    """Why, as the views keep it: the kind of failure, never a message that may quote
+    recorded content (an agent's exception, an evaluator's)."""
 
     def rows(self) -> list[ScoreRow]:
         return [
@@ -217,6 +221,7 @@ class RunResult:
             "fork_run_id": self.fork_run_id,
             "fork_status": self.fork_status,
             "error": self.error,
+            "reason": self.reason,
             "scores": {
                 p.score: {"baseline": p.baseline, "variant": p.variant} for p in self.scores
             },
@@ -282,11 +287,15 @@ class Experimenter:
             )
             variant, fork_id = self._variant(events, baseline)
         except Exception as exc:  # the run's own problem (the factory's code, a source)
-            return RunResult(run_id, tenant, "not_run", error=_failure(exc))
+            return RunResult(run_id, tenant, "not_run", error=_failure(exc), reason=_reason(exc))
         scored = score_run(self.scorers, baseline, variant)
-        outcome: RunOutcome = "evaluator_failed" if scored.errors else "scored"
-        error = "; ".join(scored.errors) or None
-        return RunResult(run_id, tenant, outcome, fork_id, variant.status, error, scored.pairs)
+        if not scored.errors:
+            return RunResult(run_id, tenant, "scored", fork_id, variant.status, None, scored.pairs)
+        reason = f"evaluators failed: {', '.join(scored.failed)}; the messages are not kept"
+        error = "; ".join(scored.errors)
+        return RunResult(
+            run_id, tenant, "evaluator_failed", fork_id, variant.status, error, scored.pairs, reason
+        )
 
     def _variant(self, events: list[Envelope], baseline: Outcome) -> tuple[Outcome, str | None]:
         if isinstance(self.variant, ReexecuteVariant):
@@ -366,6 +375,14 @@ def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _reason(exc: BaseException) -> str:
+    """What the views keep of why a run was not run: the message only when this code
+    wrote it without values; else the exception's class."""
+    if isinstance(exc, _NotRun):
+        return str(exc)
+    return f"{type(exc).__name__}; the message is not kept (blackbox experiment run shows it)"
+
+
 @dataclass(frozen=True, slots=True)
 class ExperimentReport:
     """An experiment's results and their summary."""
@@ -388,8 +405,9 @@ class ExperimentReport:
                 r.outcome,
                 r.fork_run_id,
                 r.fork_status,
-                r.error,
-                tuple(
+                r.reason,
+                reason=r.reason,
+                scores=tuple(
                     ScorePair(s.score, s.evaluator, s.lower_is_better, s.baseline, s.variant)
                     for s in r.scores
                 ),

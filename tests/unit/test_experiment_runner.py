@@ -148,6 +148,9 @@ def test_each_run_is_forked_scored_kept_and_summed_up() -> None:
     by_run = {r.run_id: r for r in report.results}
     assert by_run["missing"].outcome == "not_run"
     assert by_run["missing"].error == "BlackboxError: run missing is not in the topic"
+    assert by_run["missing"].reason == (  # what the views keep: no message
+        "BlackboxError; the message is not kept (blackbox experiment run shows it)"
+    )
     scored = [r for r in report.results if r.outcome == "scored"]
     assert len(scored) == 4
     for result in scored:
@@ -198,6 +201,10 @@ def test_an_evaluator_failing_is_reported_with_the_other_scores_kept() -> None:
     [result] = [r for r in report.results if r.run_id in runs]
     assert result.outcome == "evaluator_failed"
     assert "the judge is away" in (result.error or "")
+    assert result.reason == (
+        "evaluators failed: tests.integration._experiment_evaluators:broken; the messages "
+        "are not kept"
+    )
     assert [p.score for p in result.scores] == ["succeeded"]
 
 

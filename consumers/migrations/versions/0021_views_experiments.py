@@ -8,7 +8,9 @@ Revises: 0018_views
   and ``dataset_runs`` (its runs, in order).
 - ``experiments`` (one row per experiment: what it ran on, the variant, the evaluators,
   the confidence level and tolerances its summary uses, its state), ``experiment_runs``
-  (one row per recorded run it covered: the fork made of it and how that went) and
+  (one row per recorded run it covered: the fork made of it and how that went; why a
+  run was not scored only by the kind of failure, since an agent's or an evaluator's
+  own message may quote what it read) and
   ``experiment_scores`` (one row per run and score: the recorded run's score and the
   fork's). No body is kept: scores are numbers, and a change to a prompt is kept as its
   digest.
@@ -113,7 +115,7 @@ def _experiments() -> None:
         sa.Column("fork_run_id", sa.Text),
         sa.Column("outcome", sa.Text, nullable=False),
         sa.Column("fork_status", sa.Text),
-        sa.Column("error", sa.Text),
+        sa.Column("reason", sa.Text),
         sa.Column(
             "scored_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
