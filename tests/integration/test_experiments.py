@@ -345,6 +345,10 @@ def _page_shows_the_summary(
     with console(settings, settings.database_url, log) as base, chromium() as driver:
         driver.set_window_size(1280, 1000)
         driver.get(f"{base}/experiments")
+        listed = driver.find_elements(By.CSS_SELECTOR, "#experiments tbody tr")
+        assert [r.find_element(By.CSS_SELECTOR, "td.n").text for r in listed] == ["50 / 50"]
+        assert _fits(driver)
+        driver.save_screenshot(str(SCREENSHOTS / "experiments.png"))
         _open_by_keyboard(driver, f"/experiments/{experiment_id}")
         eventually(lambda: driver.find_elements(By.ID, "scores"), what="the experiment page")
         assert _fits(driver), "the page is wider than the window: something is cut or hidden"
