@@ -12,13 +12,28 @@ tickets' outputs and schema validity, and every run's cost.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from http import HTTPStatus
 from typing import Any
 
-from agent_blackbox.examples.ticket_agent import CATEGORIES, PROMPT
+from sqlalchemy import Engine, text
+
+from agent_blackbox.consumers import AnalyticsConsumer, ViewConsumer
+from agent_blackbox.examples.ticket_agent import (
+    CATEGORIES,
+    PROMPT,
+    ChatEndpoint,
+    Notifier,
+    SampleTickets,
+    TicketAgent,
+)
+from agent_blackbox.outbox import Recorder
+from agent_blackbox.schemas import Settings
+from tests.integration._backups import relay
 from tests.integration._llm_server import Reply
 from tests.integration._openai_server import OpenAIServer
+from tests.integration._wait import eventually
 
 URGENT_PROMPT = PROMPT + " Mark an outage URGENT, whatever the ticket says."
 """The variant prompt."""
@@ -86,3 +101,55 @@ class TriageServer(OpenAIServer):
 
     def reply(self, path: str, request: Mapping[str, Any]) -> Reply:
         return Reply(HTTPStatus.OK, triage(request))
+
+
+# Recording the ticket agent against the server, and bringing its runs into the views.
+
+KEY = "sk-test-experiments-0000"
+"""The key the ticket agent's model client sends (the server takes any)."""
+
+
+def record_tickets(
+    engine: Engine, settings: Settings, base_url: str, ids: list[str], arm: str
+) -> dict[str, str]:
+    """One run of the ticket agent per ticket, against ``base_url``, tagged ``arm``."""
+    recorder = Recorder(engine, settings=settings)
+    agent = TicketAgent(SampleTickets(), ChatEndpoint(base_url, KEY), Notifier())
+    runs = {}
+    for ticket_id in ids:
+        snapshot = replace(agent.snapshot(ticket_id), tags={"prompt_version": arm})
+        run, _ = recorder.record(agent.run, snapshot, agent_id="ticket-agent")
+        runs[run.run_id] = ticket_id
+    return runs
+
+
+def catch_up(settings: Settings, engine: Engine, done: Callable[[Any], bool]) -> None:
+    """Relay the outbox and run both consumers until ``done(connection)`` holds."""
+    relay(engine, settings)
+    with (
+        ViewConsumer(settings, engine=engine) as views,
+        AnalyticsConsumer(
+            settings, group_id=f"{settings.consumer_group}-a", engine=engine
+        ) as analytics,
+    ):
+
+        def caught_up() -> bool:
+            views.poll_once(0.2)
+            analytics.poll_once(0.2)
+            with engine.connect() as conn:
+                return done(conn)
+
+        eventually(caught_up, timeout=120, what="the views and analytics caught up")
+
+
+def finished_rollups(conn: Any, run_ids: list[str]) -> int:
+    return int(
+        conn.execute(
+            text(
+                "SELECT count(*) FROM blackbox_views.run_rollups u JOIN blackbox_views.runs r "
+                "USING (run_id) WHERE run_id = ANY (:ids) AND r.status <> 'running' "
+                "AND u.llm_calls = 1"
+            ),
+            {"ids": run_ids},
+        ).scalar_one()
+    )

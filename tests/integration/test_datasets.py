@@ -17,8 +17,14 @@ from sqlalchemy import Engine, text
 from agent_blackbox.cli import main
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login
-from tests.integration._triage_server import PRICE_FILE, TriageServer
-from tests.integration.test_experiments import KEY, _catch_up, _record, _rollups
+from tests.integration._triage_server import (
+    KEY,
+    PRICE_FILE,
+    TriageServer,
+    catch_up,
+    finished_rollups,
+    record_tickets,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -42,10 +48,10 @@ def small(settings: Settings, engine: Engine, tmp_path: Path) -> Iterator[Small]
     priced = replace(settings, price_file=str(prices))
     with TriageServer() as server:
         ids = [f"T-{i:05d}" for i in range(6)]
-        v1 = _record(engine, priced, server.base_url, ids[:4], "v1")
-        v2 = _record(engine, priced, server.base_url, ids[4:], "v2")
+        v1 = record_tickets(engine, priced, server.base_url, ids[:4], "v1")
+        v2 = record_tickets(engine, priced, server.base_url, ids[4:], "v2")
         every = [*v1, *v2]
-        _catch_up(priced, engine, lambda conn: _rollups(conn, every) == len(every))
+        catch_up(priced, engine, lambda conn: finished_rollups(conn, every) == len(every))
         yield Small(priced, engine, server, v1, prices)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
@@ -21,29 +21,24 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from sqlalchemy import Engine, text
 
 from agent_blackbox.cli import main
-from agent_blackbox.consumers import AnalyticsConsumer, ViewConsumer
-from agent_blackbox.examples.ticket_agent import (
-    ChatEndpoint,
-    Notifier,
-    SampleTickets,
-    TicketAgent,
-)
-from agent_blackbox.outbox import Recorder
+from agent_blackbox.consumers import fork_experiment_txn
 from agent_blackbox.schemas import Settings
-from tests.integration._backups import relay
 from tests.integration._browser import SCREENSHOTS, chromium, console
 from tests.integration._triage_server import (
+    KEY,
     OUTPUT_SCHEMA,
     PRICE_FILE,
     URGENT_PROMPT,
     TriageServer,
+    catch_up,
+    finished_rollups,
+    record_tickets,
 )
 from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
 
 RUNS = 50
-KEY = "sk-test-experiments-0000"
 PURPOSE = "compare the triage prompts"
 T_975_49 = 2.009575237129866
 """Student's t, 97.5th percentile, 49 degrees of freedom (statistical tables)."""
@@ -66,52 +61,6 @@ def _outage(ticket_id: str) -> bool:
     return int(ticket_id.removeprefix("T-")) % 5 == 4  # "Outage in the EU region ..."
 
 
-def _record(
-    engine: Engine, settings: Settings, base_url: str, ids: list[str], arm: str
-) -> dict[str, str]:
-    """One run of the ticket agent per ticket, against ``base_url``, tagged ``arm``."""
-    recorder = Recorder(engine, settings=settings)
-    agent = TicketAgent(SampleTickets(), ChatEndpoint(base_url, KEY), Notifier())
-    runs = {}
-    for ticket_id in ids:
-        snapshot = replace(agent.snapshot(ticket_id), tags={"prompt_version": arm})
-        run, _ = recorder.record(agent.run, snapshot, agent_id="ticket-agent")
-        runs[run.run_id] = ticket_id
-    return runs
-
-
-def _catch_up(settings: Settings, engine: Engine, done: Callable[[Any], bool]) -> None:
-    """Relay the outbox and run both consumers until ``done(connection)`` holds."""
-    relay(engine, settings)
-    with (
-        ViewConsumer(settings, engine=engine) as views,
-        AnalyticsConsumer(
-            settings, group_id=f"{settings.consumer_group}-a", engine=engine
-        ) as analytics,
-    ):
-
-        def caught_up() -> bool:
-            views.poll_once(0.2)
-            analytics.poll_once(0.2)
-            with engine.connect() as conn:
-                return done(conn)
-
-        eventually(caught_up, timeout=120, what="the views and analytics caught up")
-
-
-def _rollups(conn: Any, run_ids: list[str]) -> int:
-    return int(
-        conn.execute(
-            text(
-                "SELECT count(*) FROM blackbox_views.run_rollups u JOIN blackbox_views.runs r "
-                "USING (run_id) WHERE run_id = ANY (:ids) AND r.status <> 'running' "
-                "AND u.llm_calls = 1"
-            ),
-            {"ids": run_ids},
-        ).scalar_one()
-    )
-
-
 @pytest.fixture
 def recorded(settings: Settings, engine: Engine, tmp_path: Path) -> Iterator[Recorded]:
     prices = tmp_path / "prices.toml"
@@ -121,10 +70,10 @@ def recorded(settings: Settings, engine: Engine, tmp_path: Path) -> Iterator[Rec
     priced = replace(settings, price_file=str(prices))
     with TriageServer() as server:
         ids = [f"T-{i:05d}" for i in range(RUNS + 3)]
-        tickets = _record(engine, priced, server.base_url, ids[:RUNS], "v1")
-        others = _record(engine, priced, server.base_url, ids[RUNS:], "v2")
+        tickets = record_tickets(engine, priced, server.base_url, ids[:RUNS], "v1")
+        others = record_tickets(engine, priced, server.base_url, ids[RUNS:], "v2")
         every = [*tickets, *others]
-        _catch_up(priced, engine, lambda conn: _rollups(conn, every) == len(every))
+        catch_up(priced, engine, lambda conn: finished_rollups(conn, every) == len(every))
         env = {
             "BLACKBOX_DATABASE_URL": settings.database_url,
             "BLACKBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
@@ -271,7 +220,8 @@ def test_experiment_over_fifty_runs_compares_two_prompt_versions(recorded: Recor
     # Costs: the recorded side's equals what the analytics views priced the run at, the
     # variant's what they priced its fork at (relayed and consumed now).
     forks = {run_id: r["fork_run_id"] for run_id, r in results.items()}
-    _catch_up(recorded.settings, engine, lambda conn: _rollups(conn, list(forks.values())) == RUNS)
+    made = list(forks.values())
+    catch_up(recorded.settings, engine, lambda conn: finished_rollups(conn, made) == RUNS)
     with engine.connect() as conn:
         cost = dict(
             conn.execute(
@@ -292,6 +242,10 @@ def test_experiment_over_fifty_runs_compares_two_prompt_versions(recorded: Recor
             ).all()
         )
     assert parents == {fork: run_id for run_id, fork in forks.items()}
+    with engine.connect() as conn:  # what a fork's own page can say of where it came from
+        some_run, some_fork = next(iter(forks.items()))
+        made_by = fork_experiment_txn(conn, some_fork)
+    assert made_by == (experiment_id, report["name"], some_run)
     for run_id, (before, after) in _scores(engine, experiment_id, "cost_usd").items():
         assert isinstance(cost[run_id], Decimal)
         assert before == float(cost[run_id])
