@@ -132,12 +132,14 @@ def recorded_outcome(
     envelopes = list(refusing_plaintext(events))
     if not envelopes or envelopes[0].event_type != EventType.RUN_STARTED:
         raise OutcomeError("the run does not start with run.started; it cannot be scored")
-    finished = envelopes[-1]
-    if finished.event_type != EventType.RUN_FINISHED:
+    # The end is run.finished, wherever it is: retention may append run.redacted after.
+    ends = [e for e in envelopes if e.event_type == EventType.RUN_FINISHED]
+    if not ends:
         raise OutcomeError(
-            f"run {envelopes[0].run_id} has not finished (its last event is "
-            f"{finished.event_type}); score finished runs only"
+            f"run {envelopes[0].run_id} has not finished (no run.finished among its "
+            f"{len(envelopes)} events); score finished runs only"
         )
+    finished = ends[-1]
     started = reading.body(envelopes[0])
     end = reading.body(finished)
     took = (finished.recorded_at - envelopes[0].recorded_at).total_seconds() * 1000

@@ -32,6 +32,7 @@ from agent_blackbox.replayer import (
     run_experiment,
 )
 from agent_blackbox.replayer._experiment import shown_changes, shown_url
+from agent_blackbox.replayer._outcomes import OutcomeError, recorded_outcome
 from agent_blackbox.schemas import BlackboxError, Envelope, PayloadPipeline
 
 LOUD = "Answer in capitals."
@@ -258,3 +259,22 @@ def _kept(result: RunResult) -> Any:
         for p in result.scores
     ]
     return replace(result, scores=tuple(scores))  # type: ignore[arg-type]
+
+
+def test_a_run_without_its_end_is_not_scored() -> None:
+    recorder = MemoryRecorder()
+    agent = TicketAgent(SampleTickets(), PromptedModel(), Notifier())
+    run = recorder.start_run(agent.snapshot("T-00001"), agent_id="ticket-agent")
+    run.call("read_ticket", SampleTickets().read, "T-00001")
+    with pytest.raises(OutcomeError, match="has not finished"):
+        recorded_outcome(recorder.events)
+    with pytest.raises(OutcomeError, match=r"does not start with run\.started"):
+        recorded_outcome(recorder.events[1:])
+    finished = _recorded(1)
+    [events] = finished.values()
+    outcome = recorded_outcome(events, pricing=_pricing)
+    assert outcome.status == "succeeded"
+    assert [c.model for c in outcome.llm_calls] == ["triage-small-1"]
+    assert outcome.cost_usd == outcome.llm_calls[0].cost_usd
+    assert [t.tool for t in outcome.tool_calls] == ["read_ticket"]
+    assert outcome.input == {"ticket_id": "T-00000"}
