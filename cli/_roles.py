@@ -39,6 +39,11 @@ ROLES: dict[str, str] = {
     "replay": _REPLAYER,
     "fork": _REPLAYER,
     "reexecute": _REPLAYER,
+    "experiment": f"{_REPLAYER} (list and show: a blackbox_reader login is enough)",
+    "dataset": (
+        f"{_REPLAYER} to create or delete one (list and show: a blackbox_reader login; "
+        "export: as blackbox export)"
+    ),
     "timeline": f"{_REPLAYER} (without --bodies, a blackbox_reader login is enough)",
     "export": (
         f"{_REPLAYER} with --bodies (without, a blackbox_reader login granted the runs' "

@@ -10,7 +10,9 @@ from rich.logging import RichHandler
 from agent_blackbox.cli._roles import RoleCheckedGroup
 from agent_blackbox.cli._wiring import Wiring
 from agent_blackbox.cli.commands.backup import backup_group
+from agent_blackbox.cli.commands.dataset import dataset_group
 from agent_blackbox.cli.commands.demo import demo_command
+from agent_blackbox.cli.commands.experiment import experiment_group
 from agent_blackbox.cli.commands.export import export_command
 from agent_blackbox.cli.commands.fork import fork_command, reexecute_command
 from agent_blackbox.cli.commands.keys import keys_group
@@ -63,6 +65,9 @@ def main(ctx: click.Context, verbose: bool) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # boto3 says where it found credentials on every client; nothing to act on.
     logging.getLogger("botocore").setLevel(logging.WARNING)
+    # httpx logs every request a model client sends (a fork's, an experiment's hundreds);
+    # the commands say what came of them.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 for _command in (
@@ -76,6 +81,8 @@ for _command in (
     replay_command,
     fork_command,
     reexecute_command,
+    experiment_group,
+    dataset_group,
     schemas_group,
     retention_group,
     forget_command,

@@ -45,6 +45,7 @@ from agent_blackbox.console._auth import (
 )
 from agent_blackbox.console._charts import charts, waterfall
 from agent_blackbox.console._conversation import Item
+from agent_blackbox.console._experiments import experiment_routes
 from agent_blackbox.console._opening import (
     CONVERSATION_EVENTS,
     Openings,
@@ -144,6 +145,7 @@ def create_app(
             Route("/runs/{run_id}/conversation", openings.conversation, methods=["POST"]),
             Route("/sessions/{session_id:path}", pages.session),
             Route("/charts", pages.charts),
+            *experiment_routes(pages.render, engine),
             Route("/static/console.css", style),
         ],
         middleware=[

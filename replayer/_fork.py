@@ -17,9 +17,10 @@ from __future__ import annotations
 import inspect
 import json
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, TypeVar
 
 from sqlalchemy import Engine
@@ -219,6 +220,12 @@ class LlmUse:
     response: Mapping[str, Any] | None
     """The provider's raw JSON (a recorded stream folds through ``completion_view``)."""
     error: str | None = None
+    provider: str | None = None
+    request: Mapping[str, Any] | None = None
+    """The raw request the agent sent."""
+    latency_ms: float | None = None
+    """How long the model took to answer, timed around the send as the recorder times
+    it (None when it was not timed)."""
 
 
 RunT = TypeVar("RunT", Run, AsyncRun)
@@ -245,28 +252,56 @@ class _Observed(Generic[RunT]):
         """The run's ``open_llm`` (the call of a recording HTTP transport), noted when it
         is settled (an async run's settling is awaited)."""
         opened = self._run.open_llm(request, provider=provider, model=model)
-        return _ObservedCrossing(opened, _model_named(request, model), self)
+        noted = LlmUse(_model_named(request, model), None, provider=provider, request=request)
+        return _ObservedCrossing(opened, noted, self)
 
     def note(self, use: LlmUse) -> None:
         self._calls.append(use)
 
     @contextmanager
     def _noting(
-        self, request: Mapping[str, Any], model: str | None
-    ) -> Iterator[Callable[[Mapping[str, Any]], Mapping[str, Any]]]:
-        """Notes the LLM call the block makes: ``done(response)`` once it came back, or
-        the exception it raised."""
-        named = _model_named(request, model)
+        self, send: Callable[[Mapping[str, Any]], Any], request: Mapping[str, Any], **named: Any
+    ) -> Iterator[tuple[_Stopwatch, Callable[[Mapping[str, Any]], Mapping[str, Any]]]]:
+        """Notes the LLM call the block makes through the stopwatch it is given (``send``,
+        timed): ``done(response)`` once it came back, or the exception it raised."""
+        timed = _Stopwatch(send)
+        provider, model = named["provider"], _model_named(request, named["model"])
+
+        def use(response: Mapping[str, Any] | None, error: str | None = None) -> LlmUse:
+            return LlmUse(model, response, error, provider, request, timed.ms)
 
         def done(response: Mapping[str, Any]) -> Mapping[str, Any]:
-            self.note(LlmUse(named, response))
+            self.note(use(response))
             return response
 
         try:
-            yield done
+            yield timed, done
         except Exception as exc:
-            self.note(LlmUse(named, None, _error_text(exc)))
+            self.note(use(None, _error_text(exc)))
             raise
+
+
+class _Stopwatch:
+    """``send``, timed as the recorder times an LLM call: from the call to the answer
+    (an awaitable's, once awaited)."""
+
+    def __init__(self, send: Callable[[Mapping[str, Any]], Any]) -> None:
+        self._send = send
+        self.ms: float | None = None
+
+    def __call__(self, request: Mapping[str, Any]) -> Any:
+        started = time.perf_counter()
+        answer = self._send(request)
+        if inspect.isawaitable(answer):
+            return self._awaited(answer, started)
+        self.ms = (time.perf_counter() - started) * 1000
+        return answer
+
+    async def _awaited(self, pending: Awaitable[Any], started: float) -> Any:
+        try:
+            return await pending
+        finally:
+            self.ms = (time.perf_counter() - started) * 1000
 
 
 class _ObservedRun(_Observed[Run]):
@@ -280,8 +315,8 @@ class _ObservedRun(_Observed[Run]):
         provider: str,
         model: str | None = None,
     ) -> Mapping[str, Any]:
-        with self._noting(request, model) as done:
-            return done(self._run.llm(send, request, provider=provider, model=model))
+        with self._noting(send, request, provider=provider, model=model) as (timed, done):
+            return done(self._run.llm(timed, request, provider=provider, model=model))
 
 
 class _ObservedAsyncRun(_Observed[AsyncRun]):
@@ -295,16 +330,16 @@ class _ObservedAsyncRun(_Observed[AsyncRun]):
         provider: str,
         model: str | None = None,
     ) -> Mapping[str, Any]:
-        with self._noting(request, model) as done:
-            return done(await self._run.llm(send, request, provider=provider, model=model))
+        with self._noting(send, request, provider=provider, model=model) as (timed, done):
+            return done(await self._run.llm(timed, request, provider=provider, model=model))
 
 
 class _ObservedCrossing:
     """An LLM call a transport opened on the fork's run: noted as it is settled."""
 
-    def __init__(self, opened: Any, model: str, run: _Observed[Any]) -> None:
+    def __init__(self, opened: Any, use: LlmUse, run: _Observed[Any]) -> None:
         self._opened = opened
-        self._model = model
+        self._use = use
         self._run = run
 
     def close(
@@ -312,7 +347,10 @@ class _ObservedCrossing:
     ) -> Any:
         if not self._opened.closed:
             failed = None if error is None else _error_text(error)
-            self._run.note(LlmUse(self._model, None if failed else value, failed))
+            response = None if failed else value
+            self._run.note(
+                replace(self._use, response=response, error=failed, latency_ms=latency_ms)
+            )
         return self._opened.close(value, error=error, latency_ms=latency_ms)
 
 
@@ -349,6 +387,9 @@ class ForkResult:
     unrecorded_tool: str | None = None
     """Set when the fork stopped at a tool call its parent never made (mode
     ``recorded``): the fork could not run as asked, whatever its status says."""
+    duration_ms: float | None = None
+    """How long the fork's run took, from its start to its end (its agent's work, and
+    the recording of its first and last events)."""
 
 
 def snapshot_of(body: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> RunSnapshot:
@@ -465,6 +506,7 @@ def fork_run(
         list(policy.uses),
         fork.llm_calls,
         policy.unrecorded,
+        fork.took_ms[0] if fork.took_ms else None,
     )
 
 
@@ -482,6 +524,8 @@ class _Fork:
     snapshot: RunSnapshot
     parent: Envelope
     llm_calls: list[LlmUse]
+    took_ms: list[float] = field(default_factory=list)
+    """How long the run took, once it ended."""
 
     def record(
         self, engine: Engine | None, keys: DataKeyStore | None, config: RecorderConfig
@@ -511,26 +555,36 @@ class _Fork:
 
     def _driven(self, recorder: Recorder | MemoryRecorder) -> _Ended:
         parent, snapshot = self.parent, self.snapshot
+        started = time.perf_counter()
         run = recorder.start_run(snapshot, agent_id=parent.agent_id, tenant_id=parent.tenant_id)
         try:
-            return run.run_id, "succeeded", run.drive(self._observed, snapshot.input), None
+            output = run.drive(self._observed, snapshot.input)
+            self._took(started)
+            return run.run_id, "succeeded", output, None
         except Exception as exc:  # drive() recorded it as the fork's failure, if it could
             _ended(run, exc)
+            self._took(started)
             return run.run_id, "failed", None, _error_text(exc)
         except BaseException as exc:  # interrupted: the fork ends failed, and stops
             _ended(run, exc)
             raise
 
+    def _took(self, started: float) -> None:
+        self.took_ms.append((time.perf_counter() - started) * 1000)
+
     async def _driven_async(self, recorder: AsyncRecorder | AsyncMemoryRecorder) -> _Ended:
         parent, snapshot = self.parent, self.snapshot
+        started = time.perf_counter()
         run = await recorder.start_run(
             snapshot, agent_id=parent.agent_id, tenant_id=parent.tenant_id
         )
         try:
             output = await run.drive(self._observed_async, snapshot.input)
+            self._took(started)
             return run.run_id, "succeeded", output, None
         except Exception as exc:  # drive() recorded it as the fork's failure, if it could
             await _ended_async(run, exc)
+            self._took(started)
             return run.run_id, "failed", None, _error_text(exc)
         except BaseException as exc:  # cancelled or interrupted: the fork ends failed
             await _ended_async(run, exc)
