@@ -74,8 +74,8 @@ def run_selection(run_ids: tuple[str, ...], **given: Any) -> RunSelection:
     tags = _tags(given["tags"])
     if given["prompt_version"]:
         tags[PROMPT_VERSION_TAG] = given["prompt_version"]
-    since = _moment(given["since_raw"], "--since")
-    until = _moment(given["until_raw"], "--until")
+    since = moment_given(given["since_raw"], "--since")
+    until = moment_given(given["until_raw"], "--until")
     if since is not None and until is not None and until <= since:
         raise click.UsageError("--until is not after --since: nothing could match")
     return RunSelection(
@@ -102,7 +102,13 @@ def _tags(pairs: tuple[str, ...]) -> dict[str, str]:
     return tags
 
 
-def _moment(raw: str | None, option: str) -> datetime | None:
+def moment_given(raw: str | None, option: str) -> datetime | None:
+    """``30m``, ``1h``, ``2d``, ``1w`` back from now, or an ISO time (local without a
+    zone), as given to ``option``; None when not given.
+
+    Raises:
+        click.BadParameter: naming the option and the forms it takes.
+    """
     if raw is None:
         return None
     try:

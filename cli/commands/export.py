@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sqlalchemy import Engine
 
 from agent_blackbox.cli._purpose import purpose_option
+from agent_blackbox.cli._selection import moment_given
 from agent_blackbox.cli._wiring import Wiring, wired
 from agent_blackbox.keystore import AuditedKeys, request_access
 from agent_blackbox.outbox.storage import PostgresBlobs
@@ -38,7 +39,6 @@ from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
     Settings,
-    moment,
     permission_refused,
     safe_console,
     safe_text,
@@ -147,8 +147,8 @@ def export_command(
       2  could not export: bad options, an unknown run, nothing matched, Kafka or the
          database away, keys missing (a FILE is then left as it was)
     """
-    since = _moment(since_raw, "--since")
-    until = _moment(until_raw, "--until")
+    since = moment_given(since_raw, "--since")
+    until = moment_given(until_raw, "--until")
     _check(run_ids, since, until, agent_id, limit, include_forks, archive)
     if form == "openai-chat" and not bodies:
         raise click.UsageError(
@@ -191,20 +191,6 @@ def export_command(
     # A body that was asked for and not written (refused, or not opened: a corrupt or
     # forged payload, a destroyed key) is a finding: a dataset built from this has holes.
     sys.exit(1 if tally.refused or tally.unreadable else 0)
-
-
-def _moment(raw: str | None, option: str) -> datetime | None:
-    """``30m``, ``1h``, ``2d``, ``1w`` back from now, or an ISO time (local without a zone)."""
-    if raw is None:
-        return None
-    try:
-        return moment(raw)
-    except ValueError:
-        raise click.BadParameter(
-            f"{raw!r}: give a span back from now (30m, 1h, 2d, 1w) or an ISO time such "
-            "as 2026-12-01T09:00",
-            param_hint=option,
-        ) from None
 
 
 def _check(
