@@ -138,6 +138,7 @@ def test_replay_history_and_a_fork_beside_its_parent(
         .endswith(f"/runs/{forked.parent}/events/2")
     )
     assert _words_cut(chrome, "#replays th, #replays td, dl.facts") == []
+    chrome.execute_script("document.getElementById('replays').scrollIntoView()")
     chrome.save_screenshot(str(SCREENSHOTS / "run-replays.png"))
 
     # The divergence's recorded value, opened behind a purpose from the keyboard.
