@@ -46,6 +46,7 @@ from agent_blackbox.console._auth import (
 from agent_blackbox.console._charts import charts, waterfall
 from agent_blackbox.console._conversation import Item
 from agent_blackbox.console._experiments import experiment_routes
+from agent_blackbox.console._fork_diff import fork_diff_routes
 from agent_blackbox.console._opening import (
     CONVERSATION_EVENTS,
     Openings,
@@ -143,6 +144,7 @@ def create_app(
             Route("/runs/{run_id}/events/{sequence:int}", pages.event),
             Route("/runs/{run_id}/events/{sequence:int}/body", openings.body, methods=["POST"]),
             Route("/runs/{run_id}/conversation", openings.conversation, methods=["POST"]),
+            *fork_diff_routes(pages, openings),
             Route("/sessions/{session_id:path}", pages.session),
             Route("/charts", pages.charts),
             *experiment_routes(pages.render, engine),
