@@ -4,9 +4,9 @@ the numbers computed here."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-import math
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
