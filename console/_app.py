@@ -44,6 +44,7 @@ from agent_blackbox.console._auth import (
     request_host,
 )
 from agent_blackbox.console._charts import charts, waterfall
+from agent_blackbox.console._compare import compared
 from agent_blackbox.console._conversation import Item
 from agent_blackbox.console._experiments import experiment_routes
 from agent_blackbox.console._opening import (
@@ -66,6 +67,7 @@ from agent_blackbox.consumers import (
     list_runs_txn,
     llm_usage_txn,
     parse_search,
+    prompt_versions_txn,
     run_detail_txn,
     run_events_txn,
     searchable_tenants_txn,
@@ -145,6 +147,7 @@ def create_app(
             Route("/runs/{run_id}/conversation", openings.conversation, methods=["POST"]),
             Route("/sessions/{session_id:path}", pages.session),
             Route("/charts", pages.charts),
+            Route("/prompts", pages.prompts),
             *experiment_routes(pages.render, engine),
             Route("/static/console.css", style),
         ],
@@ -520,6 +523,25 @@ class _Pages:
             bucket=bucket,
             since=query.get("since") or "6h",
             groups=list(USAGE_GROUPS),
+        )
+
+    def prompts(self, request: Request) -> Response:
+        """Prompt versions side by side (``/prompts?agent=...&since=...``)."""
+        agent = request.query_params.get("agent") or None
+        try:
+            since = _since(request.query_params.get("since") or "7d")
+        except _BadInput as exc:
+            return self.render(request, "error.html", status=400, message=str(exc))
+        with _Reading() as failed, self.c.engine.connect() as conn:
+            rows = prompt_versions_txn(conn, since=since, agent=agent)
+        if failed.message:
+            return self.render(request, "error.html", status=503, message=failed.message)
+        return self.render(
+            request,
+            "prompts.html",
+            versions=compared(rows),
+            agent=agent or "",
+            since=request.query_params.get("since") or "7d",
         )
 
 

@@ -13,8 +13,9 @@ from agent_blackbox.console._charts import (
     tick_text,
     time_ticks,
 )
+from agent_blackbox.console._compare import compared, wilson
 from agent_blackbox.console._templates import page_templates
-from agent_blackbox.consumers import UsagePoint
+from agent_blackbox.consumers import PromptVersionRow, UsagePoint, UsageRow
 
 T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 
@@ -102,3 +103,27 @@ def test_the_svg_has_ticks_legend_title_and_escapes_names() -> None:
     assert "time (UTC)" in calls
     assert ">calls</text>" in calls
     assert 'stroke-dasharray="7 3"' in calls  # the second series' pattern
+
+
+def test_wilson_interval_is_honest_at_zero_and_inside_0_1() -> None:
+    none = wilson(0, 20)
+    assert none.low == 0.0
+    assert none.high is not None
+    assert 0.16 < none.high < 0.17  # 0 of 20 is not a certainty of 0
+    half = wilson(5, 10)
+    assert half.low is not None
+    assert half.high is not None
+    assert abs(half.low - 0.2366) < 1e-3
+    assert abs(half.high - 0.7634) < 1e-3
+    assert wilson(0, 0).low is None
+
+
+def test_compared_rows_carry_intervals() -> None:
+    usage = UsageRow("v1", 10, 1, 0, 0, 0, 10.0, 20.0, 30.0)  # 1 failed call of 10
+    row = PromptVersionRow("v1", usage, [0.01, 0.03], 2, 4, 3)
+    (figures,) = compared([row])
+    assert figures.errors.hits == 1
+    assert figures.replays.value == 0.75
+    assert figures.cost_per_run.value == 0.02
+    assert figures.cost_per_run.low is not None
+    assert figures.cost_per_run.low < 0.02
