@@ -342,7 +342,7 @@ class _Frame:
         if run:
             segments.append(" ".join(run))
         dash = DASHES[(slot + slot // LANES) % len(DASHES)]
-        radius = max(4.0 - 0.5 * (slot % LANES), 1.5)
+        radius = max(5.0 - (slot % LANES), 1.5)
         return Series(group, segments, dots, slot % LANES, dash, radius)
 
 
