@@ -147,7 +147,7 @@ def create_app(
             Route("/runs/{run_id}/conversation", openings.conversation, methods=["POST"]),
             Route("/sessions/{session_id:path}", pages.session),
             Route("/charts", pages.charts),
-            Route("/prompts", pages.prompts),
+            Route("/prompts", lambda request: _prompts(pages, request)),
             *experiment_routes(pages.render, engine),
             Route("/static/console.css", style),
         ],
@@ -525,24 +525,25 @@ class _Pages:
             groups=list(USAGE_GROUPS),
         )
 
-    def prompts(self, request: Request) -> Response:
-        """Prompt versions side by side (``/prompts?agent=...&since=...``)."""
-        agent = request.query_params.get("agent") or None
-        try:
-            since = _since(request.query_params.get("since") or "7d")
-        except _BadInput as exc:
-            return self.render(request, "error.html", status=400, message=str(exc))
-        with _Reading() as failed, self.c.engine.connect() as conn:
-            rows = prompt_versions_txn(conn, since=since, agent=agent)
-        if failed.message:
-            return self.render(request, "error.html", status=503, message=failed.message)
-        return self.render(
-            request,
-            "prompts.html",
-            versions=compared(rows),
-            agent=agent or "",
-            since=request.query_params.get("since") or "7d",
-        )
+
+def _prompts(pages: _Pages, request: Request) -> Response:
+    """Prompt versions side by side (``/prompts?agent=...&since=...``)."""
+    agent = request.query_params.get("agent") or None
+    try:
+        since = _since(request.query_params.get("since") or "7d")
+    except _BadInput as exc:
+        return pages.render(request, "error.html", status=400, message=str(exc))
+    with _Reading() as failed, pages.c.engine.connect() as conn:
+        rows = prompt_versions_txn(conn, since=since, agent=agent)
+    if failed.message:
+        return pages.render(request, "error.html", status=503, message=failed.message)
+    return pages.render(
+        request,
+        "prompts.html",
+        versions=compared(rows),
+        agent=agent or "",
+        since=request.query_params.get("since") or "7d",
+    )
 
 
 class _Reading:
