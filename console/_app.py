@@ -44,6 +44,7 @@ from agent_blackbox.console._auth import (
     request_host,
 )
 from agent_blackbox.console._charts import charts, waterfall
+from agent_blackbox.console._compare import compared
 from agent_blackbox.console._conversation import Item
 from agent_blackbox.console._experiments import experiment_routes
 from agent_blackbox.console._fork_diff import fork_diff_routes
@@ -67,6 +68,7 @@ from agent_blackbox.consumers import (
     list_runs_txn,
     llm_usage_txn,
     parse_search,
+    prompt_versions_txn,
     run_detail_txn,
     run_events_txn,
     searchable_tenants_txn,
@@ -147,6 +149,7 @@ def create_app(
             *fork_diff_routes(pages, openings),
             Route("/sessions/{session_id:path}", pages.session),
             Route("/charts", pages.charts),
+            Route("/prompts", lambda request: _prompts(pages, request)),
             *experiment_routes(pages.render, engine),
             Route("/static/console.css", style),
         ],
@@ -523,6 +526,26 @@ class _Pages:
             since=query.get("since") or "6h",
             groups=list(USAGE_GROUPS),
         )
+
+
+def _prompts(pages: _Pages, request: Request) -> Response:
+    """Prompt versions side by side (``/prompts?agent=...&since=...``)."""
+    agent = request.query_params.get("agent") or None
+    try:
+        since = _since(request.query_params.get("since") or "7d")
+    except _BadInput as exc:
+        return pages.render(request, "error.html", status=400, message=str(exc))
+    with _Reading() as failed, pages.c.engine.connect() as conn:
+        rows = prompt_versions_txn(conn, since=since, agent=agent)
+    if failed.message:
+        return pages.render(request, "error.html", status=503, message=failed.message)
+    return pages.render(
+        request,
+        "prompts.html",
+        versions=compared(rows),
+        agent=agent or "",
+        since=request.query_params.get("since") or "7d",
+    )
 
 
 class _Reading:

@@ -4,9 +4,10 @@ the numbers computed here."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from agent_blackbox.console._tree import Span
@@ -117,7 +118,21 @@ def _ms(value: float) -> str:
 
 
 CHART_WIDTH = 720
+"""Width of a usage chart's plot area (its axes' labels are outside it)."""
 CHART_HEIGHT = 180
+MARGIN_LEFT = 76
+"""Room left of the plot for the value axis's tick labels and its title."""
+MARGIN_TOP = 10
+MARGIN_RIGHT = 16
+MARGIN_BOTTOM = 40
+"""Room under the plot for the time axis's tick labels and its title."""
+LEGEND_ROW = 18
+LEGEND_KEY = 180
+"""Width of one legend entry (a line sample and a name of up to 24 characters)."""
+DASHES = ("", "7 3", "2 3", "9 3 2 3", "4 4", "1 3")
+"""Line patterns, so two series that draw the same values stay told apart (with colour)."""
+TIME_STEPS = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800)
+"""Seconds between time ticks, the smallest that keeps at most six ticks is used."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,32 +147,104 @@ class Dot:
 @dataclass(frozen=True, slots=True)
 class Series:
     """One group's line: its name, its runs of consecutive buckets (a bucket without
-    calls breaks the line rather than drawing a zero), its dots and its colour slot."""
+    calls breaks the line rather than drawing a zero), its dots, its colour slot, its
+    line pattern and its dots' radius (smaller for later series, so an earlier dot under
+    a later one shows as a ring)."""
 
     name: str
     segments: list[str]
     dots: list[Dot]
     slot: int
+    dash: str = ""
+    radius: float = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One legend entry, placed under the time axis."""
+
+    x: float
+    y: float
+    name: str
+    slot: int
+    dash: str
 
 
 @dataclass(frozen=True, slots=True)
 class Chart:
+    """A usage chart: its series in plot coordinates, its axes' ticks (position, label
+    with its unit), its legend, and a sentence describing it for screen readers."""
+
     title: str
     series: list[Series]
     top: str
     first: str
     last: str
+    y_title: str = ""
+    y_ticks: list[tuple[float, str]] | None = None
+    x_ticks: list[tuple[float, str]] | None = None
+    keys: list[Key] | None = None
+    width: int = CHART_WIDTH + MARGIN_LEFT + MARGIN_RIGHT
+    height: int = CHART_HEIGHT + MARGIN_TOP + MARGIN_BOTTOM
+    desc: str = ""
 
 
 _CHARTS = (
-    ("LLM calls", "calls", ""),
-    ("Tokens", "total_tokens", ""),
-    ("Cost", "cost_usd", ""),
-    ("Latency p50", "latency_p50_ms", " ms"),
-    ("Latency p95", "latency_p95_ms", " ms"),
-    ("Latency p99", "latency_p99_ms", " ms"),
-    ("Error rate", "error_rate", ""),
+    # title, field, axis title, the least top of the scale (so all-zero data is flat at 0)
+    ("LLM calls", "calls", "calls", 4.0),
+    ("Tokens", "total_tokens", "tokens", 4.0),
+    ("Cost", "cost_usd", "cost (USD)", 0.01),
+    ("Latency p50", "latency_p50_ms", "latency", 10.0),
+    ("Latency p95", "latency_p95_ms", "latency", 10.0),
+    ("Latency p99", "latency_p99_ms", "latency", 10.0),
+    ("Error rate", "error_rate", "errors / calls", 0.01),
 )
+
+
+def nice_ticks(high: float, *, least: float, count: int = 4) -> list[float]:
+    """Ticks from 0 to the first multiple of a 1-2-5 step at or above ``high``.
+
+    Args:
+        high: the largest value drawn (0 or less when nothing is above zero).
+        least: the smallest top the scale may have, so a series of zeros is drawn flat
+            at the bottom of a small scale rather than stretched over a made-up one.
+        count: about how many steps the axis should have (at most ``2 * count``).
+    """
+    high = max(high, least)
+    raw = high / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw * (1 - 1e-9))
+    steps = math.ceil(high / step - 1e-9)
+    return [round(i * step, 12) for i in range(steps + 1)]
+
+
+def tick_text(value: float, step: float, name: str) -> str:
+    """A tick's label with its unit, with as many decimals as the step needs."""
+    scale = 100.0 if name == "error_rate" else 1.0
+    digits = max(0, math.ceil(-math.log10(step * scale) - 1e-9)) if step else 0
+    number = f"{value * scale:,.{digits}f}"
+    if name == "error_rate":
+        return f"{number} %"
+    if name == "cost_usd":
+        return f"${value:,.{max(digits, 2)}f}"
+    if name.startswith("latency"):
+        return f"{number} ms"
+    return number
+
+
+def time_ticks(first: datetime, span: float) -> list[tuple[float, str]]:
+    """Ticks on the time axis at whole minutes or hours (UTC) from ``first`` over ``span``
+    seconds, at most six, each at its x in the plot."""
+    step = next((s for s in TIME_STEPS if span / s <= 6), TIME_STEPS[-1])
+    start = first.timestamp()
+    at = math.ceil(start / step) * step
+    shape = "%m-%d %H:%M" if span >= 86400 else "%H:%M"
+    ticks = []
+    while at <= start + span + 1e-6:
+        x = round((at - start) / span * CHART_WIDTH, 1)
+        ticks.append((x, datetime.fromtimestamp(at, UTC).strftime(shape)))
+        at += step
+    return ticks
 
 
 def charts(points: Sequence[UsagePoint], *, bucket: str) -> list[Chart]:
@@ -165,7 +252,8 @@ def charts(points: Sequence[UsagePoint], *, bucket: str) -> list[Chart]:
     group (a bucket none of whose calls is priced draws no cost point).
 
     The time axis is to scale (from the first bucket to the last); a group's line is
-    broken where it has no calls in a bucket.
+    broken where it has no calls in a bucket. The value axis runs from 0 to a 1-2-5 step
+    above the largest value drawn.
     """
     if not points:
         return []
@@ -177,40 +265,100 @@ def charts(points: Sequence[UsagePoint], *, bucket: str) -> list[Chart]:
     by_group: dict[str, list[UsagePoint]] = {g: [] for g in groups}
     for point in sorted(points, key=lambda p: p.bucket):
         by_group[point.group or "(none)"].append(point)
-    made = []
-    for title, name, unit in _CHARTS:
+    frame = _Frame(first, span, step, bucket)
+    return [frame.chart(spec, by_group) for spec in _CHARTS]
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """The time window every chart of the page shares."""
+
+    first: datetime
+    span: float
+    step: timedelta
+    bucket: str
+
+    def chart(
+        self, spec: tuple[str, str, str, float], by_group: dict[str, list[UsagePoint]]
+    ) -> Chart:
+        title, name, y_title, least = spec
         values = {g: [(p, _value(p, name)) for p in rows] for g, rows in by_group.items()}
-        top = max((v for rows in values.values() for _, v in rows if v is not None), default=0)
-        top = top or 1.0
-        series = []
-        for slot, (group, rows) in enumerate(values.items()):
-            dots, segments, run = [], [], []
-            previous = None
-            for point, value in rows:
-                if value is None:
-                    continue
-                x = round((point.bucket - first).total_seconds() / span * CHART_WIDTH, 1)
-                y = round(CHART_HEIGHT - value / top * (CHART_HEIGHT - 10), 1)
-                if previous is not None and point.bucket - previous > step and run:
-                    segments.append(" ".join(run))
-                    run = []
-                run.append(f"{x},{y}")
-                previous = point.bucket
-                when = point.bucket.strftime("%Y-%m-%d %H:%M")
-                dots.append(Dot(x, y, f"{group} · {when} UTC · {_shown(value, name)}{unit}"))
-            if run:
-                segments.append(" ".join(run))
-            series.append(Series(group, segments, dots, slot % LANES))
-        made.append(
-            Chart(
-                title,
-                series,
-                f"{_shown(top, name)}{unit}",
-                first.strftime("%Y-%m-%d %H:%M UTC"),
-                last.strftime("%Y-%m-%d %H:%M UTC"),
-            )
+        high = max((v for rows in values.values() for _, v in rows if v is not None), default=0)
+        ticks = nice_ticks(high, least=least)
+        top = ticks[-1]
+        series = [
+            self._series(group, rows, slot, top, name)
+            for slot, (group, rows) in enumerate(values.items())
+        ]
+        y_ticks = [
+            (round(CHART_HEIGHT - t / top * CHART_HEIGHT, 1), tick_text(t, ticks[1], name))
+            for t in ticks
+        ]
+        first_text = self.first.strftime("%Y-%m-%d %H:%M UTC")
+        last_text = (self.first + timedelta(seconds=self.span)).strftime("%Y-%m-%d %H:%M UTC")
+        keys = _legend(series)
+        rows = (len(keys) + 3) // 4
+        return Chart(
+            title,
+            series,
+            tick_text(top, ticks[1], name),
+            first_text,
+            last_text,
+            y_title=y_title,
+            y_ticks=y_ticks,
+            x_ticks=time_ticks(self.first, self.span),
+            keys=keys,
+            height=CHART_HEIGHT + MARGIN_TOP + MARGIN_BOTTOM + rows * LEGEND_ROW + 4,
+            desc=(
+                f"{title} per {self.bucket} from {first_text} to {last_text}, one line per"
+                f" group ({', '.join(s.name for s in series)}); the largest value is"
+                f" {_shown(high, name)}{' ms' if name.startswith('latency') else ''}."
+            ),
         )
-    return made
+
+    def _series(
+        self,
+        group: str,
+        rows: list[tuple[UsagePoint, float | None]],
+        slot: int,
+        top: float,
+        name: str,
+    ) -> Series:
+        unit = " ms" if name.startswith("latency") else ""
+        dots, segments, run = [], [], []
+        previous = None
+        for point, value in rows:
+            if value is None:
+                continue
+            x = round((point.bucket - self.first).total_seconds() / self.span * CHART_WIDTH, 1)
+            y = round(CHART_HEIGHT - value / top * CHART_HEIGHT, 1)
+            if previous is not None and point.bucket - previous > self.step and run:
+                segments.append(" ".join(run))
+                run = []
+            run.append(f"{x},{y}")
+            previous = point.bucket
+            when = point.bucket.strftime("%Y-%m-%d %H:%M")
+            dots.append(Dot(x, y, f"{group} · {when} UTC · {_shown(value, name)}{unit}"))
+        if run:
+            segments.append(" ".join(run))
+        dash = DASHES[(slot + slot // LANES) % len(DASHES)]
+        radius = max(5.0 - (slot % LANES), 1.5)
+        return Series(group, segments, dots, slot % LANES, dash, radius)
+
+
+def _legend(series: list[Series]) -> list[Key]:
+    """Legend entries, four a row under the time axis's title."""
+    below = CHART_HEIGHT + MARGIN_BOTTOM + 2
+    return [
+        Key(
+            float((i % 4) * LEGEND_KEY),
+            float(below + (i // 4) * LEGEND_ROW),
+            fitted(s.name, 24),
+            s.slot,
+            s.dash,
+        )
+        for i, s in enumerate(series)
+    ]
 
 
 def _shown(value: float, name: str) -> str:

@@ -13,7 +13,7 @@ from urllib.parse import quote
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
 
-from agent_blackbox.console._charts import CHART_HEIGHT, CHART_WIDTH
+from agent_blackbox.console._charts import CHART_HEIGHT, CHART_WIDTH, MARGIN_LEFT, MARGIN_TOP
 from agent_blackbox.console._tree import Span, tree_rows
 from agent_blackbox.consumers import dollars_text
 from agent_blackbox.schemas import visible_text
@@ -37,7 +37,12 @@ def page_templates() -> Environment:
     templates.filters["dollars"] = dollars
     templates.filters["shorter"] = shorter
     templates.filters["tree_html"] = tree_html
-    templates.globals.update(chart_width=CHART_WIDTH, chart_height=CHART_HEIGHT)
+    templates.globals.update(
+        chart_width=CHART_WIDTH,
+        chart_height=CHART_HEIGHT,
+        margin_left=MARGIN_LEFT,
+        margin_top=MARGIN_TOP,
+    )
     return templates
 
 

@@ -139,7 +139,13 @@ from agent_blackbox.consumers._sessions import (
 from agent_blackbox.consumers._signing import CheckpointPolicy, SignerFinding
 from agent_blackbox.consumers._snapshot import checkpoint_rows_txn, restore_checkpoints_txn
 from agent_blackbox.consumers._sorting import Screen
-from agent_blackbox.consumers._stats import GROUPINGS, UsageRow, llm_usage_txn
+from agent_blackbox.consumers._stats import (
+    GROUPINGS,
+    PromptVersionRow,
+    UsageRow,
+    llm_usage_txn,
+    prompt_versions_txn,
+)
 from agent_blackbox.consumers._summary import (
     RunRow,
     ViewsSummary,
@@ -233,6 +239,7 @@ __all__ = [
     "PriceTable",
     "Projection",
     "ProjectionFailed",
+    "PromptVersionRow",
     "Redaction",
     "ReplayResult",
     "RetentionClass",
@@ -305,6 +312,7 @@ __all__ = [
     "message_text_of",
     "migrate_views",
     "parse_search",
+    "prompt_versions_txn",
     "reapply_ledger",
     "refresh_view_gauges",
     "restore_checkpoints_txn",

@@ -59,9 +59,11 @@ class UsageRow:
         return self.errors / self.calls if self.calls else 0.0
 
 
-def llm_usage_txn(conn: Connection, *, by: str, since: datetime) -> list[UsageRow]:
-    """The LLM calls recorded since ``since``, grouped by ``by`` (a key of
-    :data:`GROUPINGS`), most calls first.
+def llm_usage_txn(
+    conn: Connection, *, by: str, since: datetime, agent: str | None = None
+) -> list[UsageRow]:
+    """The LLM calls recorded since ``since`` (of ``agent`` only, when given), grouped by
+    ``by`` (a key of :data:`GROUPINGS`), most calls first.
 
     Raises:
         ValueError: ``by`` names no grouping.
@@ -82,11 +84,13 @@ def llm_usage_txn(conn: Connection, *, by: str, since: datetime) -> list[UsageRo
           FROM blackbox_views.llm_calls c
           LEFT JOIN blackbox_views.runs r ON r.run_id = c.run_id
          WHERE c.recorded_at >= :since
+           AND (CAST(:agent AS text) IS NULL OR c.agent_id = :agent)
          GROUP BY 1
          ORDER BY 2 DESC, 1
         """
     )
-    return [_usage_row(row) for row in conn.execute(statement, {"since": since})]
+    where = {"since": since, "agent": agent}
+    return [_usage_row(row) for row in conn.execute(statement, where)]
 
 
 def _usage_row(row: Any) -> UsageRow:
@@ -104,4 +108,55 @@ def _usage_row(row: Any) -> UsageRow:
         cached_tokens=int(cached),
         cost_usd=None if cost is None else Decimal(cost),
         unpriced_calls=int(unpriced),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PromptVersionRow:
+    """One prompt version's LLM calls, what its runs cost one by one, and its replays."""
+
+    prompt_version: str | None
+    usage: UsageRow
+    run_costs: list[float]
+    """Each priced run's cost in dollars (a run none of whose calls is priced is left out)."""
+    runs: int
+    replays: int
+    replays_passed: int
+
+
+def prompt_versions_txn(
+    conn: Connection, *, since: datetime, agent: str | None = None
+) -> list[PromptVersionRow]:
+    """Per prompt version (of the runs, or of the call where the run has none), for the
+    runs started and calls recorded since ``since``, of ``agent`` only when given: the
+    calls' usage as :func:`llm_usage_txn` counts it, the cost of each run, and how many
+    replays of its runs there were and passed. Most calls first."""
+    where = {"since": since, "agent": agent}
+    rows = llm_usage_txn(conn, by="prompt_version", since=since, agent=agent)
+    runs = text(
+        """
+        SELECT r.prompt_version, r.cost_usd,
+               (SELECT count(*) FROM blackbox_views.replay_results x WHERE x.run_id = r.run_id),
+               (SELECT count(*) FROM blackbox_views.replay_results x
+                 WHERE x.run_id = r.run_id AND x.passed)
+          FROM blackbox_views.run_rollups r
+         WHERE r.started_at >= :since AND (CAST(:agent AS text) IS NULL OR r.agent_id = :agent)
+        """
+    )
+    per_run: dict[str | None, list[tuple[Decimal | None, int, int]]] = {}
+    for version, cost, replays, passed in conn.execute(runs, where):
+        per_run.setdefault(version, []).append((cost, int(replays), int(passed)))
+    return [_prompt_version_row(u, per_run.get(u.group, [])) for u in rows]
+
+
+def _prompt_version_row(
+    usage: UsageRow, runs: list[tuple[Decimal | None, int, int]]
+) -> PromptVersionRow:
+    return PromptVersionRow(
+        prompt_version=usage.group,
+        usage=usage,
+        run_costs=[float(cost) for cost, _, _ in runs if cost is not None],
+        runs=len(runs),
+        replays=sum(r for _, r, _ in runs),
+        replays_passed=sum(p for _, _, p in runs),
     )

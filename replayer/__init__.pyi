@@ -35,6 +35,8 @@ from ._experiment import RunResult as RunResult
 from ._experiment import SelectedRun as SelectedRun
 from ._experiment import run_experiment as run_experiment
 from ._experiment_stats import METHOD as METHOD
+from ._experiment_stats import Mean as Mean
+from ._experiment_stats import mean_interval as mean_interval
 from ._export import ExportError as ExportError
 from ._export import ExportTally as ExportTally
 from ._export import event_records as event_records

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from sqlalchemy import Engine, text
 
@@ -31,6 +32,7 @@ from tests.integration._browser import (
 )
 from tests.integration._views import build_analytics, build_views
 from tests.integration._wait import eventually
+from tests.integration.test_console_conversations import _words_cut
 
 pytestmark = pytest.mark.integration
 
@@ -171,6 +173,53 @@ def test_list_filter_run_event_purpose_body_and_one_audit_row(
     assert summary == {"v1": "3", "v2": "3"}  # one LLM call per ticket run
     assert driver.find_elements(By.CSS_SELECTOR, "polyline.line")
     assert driver.find_elements(By.CSS_SELECTOR, "circle.dot")
+    _charts_read(driver)
+
+
+def _charts_read(driver: WebDriver) -> None:
+    """Each chart has ticks on both axes and a legend; no failed call is a 0-1 % scale."""
+    sections = driver.find_elements(By.CSS_SELECTOR, "section.chart")
+    assert len(sections) == 7
+    for section in sections:
+        assert len(section.find_elements(By.CSS_SELECTOR, ".y-axis text.tick")) >= 3
+        assert section.find_elements(By.CSS_SELECTOR, ".x-axis text.tick")
+        names = [t.text for t in section.find_elements(By.CSS_SELECTOR, "text.legend-name")]
+        assert names == ["v1", "v2"]
+    error_ticks = sections[-1].find_elements(By.CSS_SELECTOR, ".y-axis text.tick")
+    assert error_ticks[-1].text == "1.0 %"
+    driver.save_screenshot(str(SCREENSHOTS / "charts.png"))
+
+
+def test_prompt_versions_side_by_side_by_keyboard(browsing: Browsing) -> None:
+    base, driver = browsing.base, browsing.driver
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    driver.set_window_size(1280, 1000)
+    driver.get(f"{base}/prompts?since=1h")
+    agent = driver.find_element(By.NAME, "agent")
+    assert agent.find_element(By.XPATH, "..").text.startswith("Agent")  # its label
+    agent.send_keys("ticket-agent")
+    for _ in range(10):  # Tab from the field reaches the button that sends the form
+        driver.switch_to.active_element.send_keys(Keys.TAB)
+        if driver.switch_to.active_element.get_attribute("id") == "compare":
+            break
+    driver.switch_to.active_element.send_keys(Keys.ENTER)
+    eventually(lambda: "agent=ticket-agent" in driver.current_url, what="the comparison")
+    rows = {
+        cells[0].text: [c.text for c in cells]
+        for cells in (
+            r.find_elements(By.TAG_NAME, "td")
+            for r in driver.find_elements(By.CSS_SELECTOR, "#prompt-versions tbody tr")
+        )
+    }
+    assert sorted(rows) == ["v1", "v2"]
+    for cells in rows.values():
+        assert cells[1:3] == ["3", "3"]  # three runs, one LLM call each
+        assert cells[7].startswith("0.0 % [0.0–")  # no failed call, and an upper bound
+        assert cells[7].endswith("0 of 3")
+        assert cells[8] == "no replays"
+    assert _words_cut(driver, "#prompt-versions, h1, form") == []
+    assert driver.execute_script("return document.documentElement.scrollWidth") <= 1280
+    driver.save_screenshot(str(SCREENSHOTS / "prompt-versions.png"))
 
 
 def test_hostile_payloads_render_as_text_and_no_script_runs(
