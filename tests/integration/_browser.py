@@ -144,3 +144,29 @@ def console(
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+
+
+_WORDS_CUT = """
+const cut = [];
+for (const element of document.querySelectorAll(arguments[0])) {
+  const texts = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  for (let node = texts.nextNode(); node; node = texts.nextNode()) {
+    for (const word of node.textContent.matchAll(/\\S+/g)) {
+      const span = document.createRange();
+      span.setStart(node, word.index);
+      span.setEnd(node, word.index + word[0].length);
+      const tops = new Set(Array.from(span.getClientRects(), r => Math.round(r.top)));
+      if (tops.size > 1) cut.push(word[0]);
+    }
+  }
+}
+return cut;
+"""
+
+
+def words_cut(driver: webdriver.Chrome, selector: str) -> list[str]:
+    """The words under the elements ``selector`` finds that the layout spreads over more
+    than one line: a word cut in the middle (the console's pages must have none)."""
+    found = driver.execute_script(_WORDS_CUT, selector)
+    assert isinstance(found, list)
+    return [str(word) for word in found]

@@ -29,10 +29,10 @@ from tests.integration._browser import (
     console,
     fetch,
     outside_address,
+    words_cut,
 )
 from tests.integration._views import build_analytics, build_views
 from tests.integration._wait import eventually
-from tests.integration.test_console_conversations import _words_cut
 
 pytestmark = pytest.mark.integration
 
@@ -217,7 +217,7 @@ def test_prompt_versions_side_by_side_by_keyboard(browsing: Browsing) -> None:
         assert cells[7].startswith("0.0 % [0.0–")  # no failed call, and an upper bound
         assert cells[7].endswith("0 of 3")
         assert cells[8] == "no replays"
-    assert _words_cut(driver, "#prompt-versions, h1, form") == []
+    assert words_cut(driver, "#prompt-versions, h1, form") == []
     assert driver.execute_script("return document.documentElement.scrollWidth") <= 1280
     driver.save_screenshot(str(SCREENSHOTS / "prompt-versions.png"))
 

@@ -32,7 +32,7 @@ from agent_blackbox.schemas import Settings
 from tests.conftest import Login
 from tests.integration._anthropic_server import AnthropicServer
 from tests.integration._backups import relay
-from tests.integration._browser import SCREENSHOTS, chromium, console
+from tests.integration._browser import SCREENSHOTS, chromium, console, words_cut
 from tests.integration._openai_server import OpenAIServer
 from tests.integration._views import build_analytics, build_views
 from tests.integration._wait import eventually
@@ -167,32 +167,6 @@ def browsing(
         yield Browsing(base, driver, replayer)
 
 
-_WORDS_CUT = """
-const cut = [];
-for (const cell of document.querySelectorAll(arguments[0])) {
-  const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
-  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-    for (const m of node.textContent.matchAll(/\\S+/g)) {
-      const range = document.createRange();
-      range.setStart(node, m.index);
-      range.setEnd(node, m.index + m[0].length);
-      const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
-      if (lines.size > 1) cut.push(m[0]);
-    }
-  }
-}
-return cut;
-"""
-"""The words under the elements a CSS selector finds that are laid out on more than one
-line: a word cut in the middle."""
-
-
-def _words_cut(driver: WebDriver, selector: str) -> list[str]:
-    found = driver.execute_script(_WORDS_CUT, selector)
-    assert isinstance(found, list)
-    return [str(w) for w in found]
-
-
 def _audited(engine: Engine, run_id: str, purpose: str) -> list[tuple[str, str]]:
     with engine.connect() as conn:
         rows = conn.execute(
@@ -261,7 +235,7 @@ def test_an_openai_run_as_a_tree_and_a_conversation_opened_for_one_purpose(
     assert row.find_element(By.CSS_SELECTOR, ".tool-errors").text == "1 tool error"
     assert row.find_elements(By.CSS_SELECTOR, ".llm-errors") == []  # no LLM call failed
     assert "error" not in (row.get_attribute("class") or "")
-    assert _words_cut(driver, "#runs th, #runs td") == []
+    assert words_cut(driver, "#runs th, #runs td") == []
     driver.save_screenshot(str(SCREENSHOTS / "runs-tool-error.png"))
 
     driver.get(f"{base}/runs/{run_id}")
@@ -288,7 +262,7 @@ def test_an_openai_run_as_a_tree_and_a_conversation_opened_for_one_purpose(
     labels = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#waterfall text.rowlabel")]
     assert labels[:2] == ["run started", "gpt-test"]
     assert {"get_weather", "get_time", "branch 1", "branch 2"} <= set(labels)
-    assert _words_cut(driver, "#tree .row, dl.facts, #llm-calls td, #events td:not(.attrs)") == []
+    assert words_cut(driver, "#tree .row, dl.facts, #llm-calls td, #events td:not(.attrs)") == []
     driver.save_screenshot(str(SCREENSHOTS / "run-tree.png"))
 
     purpose = f"support ticket 5150: weather outage in run {run_id[:8]}"
@@ -336,7 +310,7 @@ def test_an_openai_run_as_a_tree_and_a_conversation_opened_for_one_purpose(
     audit = _audited(engine, run_id, purpose)
     assert audit == [(browsing.login.url.username, "requested")] * 4
     assert purpose not in driver.current_url
-    assert _words_cut(driver, "#conversation .head, #conversation .role") == []
+    assert words_cut(driver, "#conversation .head, #conversation .role") == []
     driver.execute_script("document.getElementById('conversation-heading').scrollIntoView()")
     driver.save_screenshot(str(SCREENSHOTS / "run-conversation.png"))
 

@@ -22,7 +22,7 @@ from sqlalchemy import Engine, text
 from agent_blackbox.cli import main
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login
-from tests.integration._browser import SCREENSHOTS, chromium, console
+from tests.integration._browser import SCREENSHOTS, chromium, console, words_cut
 from tests.integration._triage_server import (
     KEY,
     URGENT_PROMPT,
@@ -31,7 +31,7 @@ from tests.integration._triage_server import (
     record_tickets,
 )
 from tests.integration._wait import eventually
-from tests.integration.test_console_conversations import _audited, _words_cut
+from tests.integration.test_console_conversations import _audited
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -137,7 +137,7 @@ def test_replay_history_and_a_fork_beside_its_parent(
         )
         .endswith(f"/runs/{forked.parent}/events/2")
     )
-    assert _words_cut(chrome, "#replays th, #replays td, dl.facts") == []
+    assert words_cut(chrome, "#replays th, #replays td, dl.facts") == []
     chrome.execute_script("document.getElementById('replays').scrollIntoView()")
     chrome.save_screenshot(str(SCREENSHOTS / "run-replays.png"))
 
@@ -189,7 +189,7 @@ def test_replay_history_and_a_fork_beside_its_parent(
     assert _audited(engine, forked.parent, purpose) == [(principal, "requested")] * 2
     assert _audited(engine, forked.fork, purpose) == [(principal, "requested")] * 2
     assert purpose not in chrome.current_url
-    assert _words_cut(chrome, "dl.facts, #diff .head, #diff .role, #diff .mark, h1, h2") == []
+    assert words_cut(chrome, "dl.facts, #diff .head, #diff .role, #diff .mark, h1, h2") == []
     chrome.save_screenshot(str(SCREENSHOTS / "fork-diff.png"))
 
 

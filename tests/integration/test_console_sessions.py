@@ -21,29 +21,11 @@ from sqlalchemy import Engine
 
 from agent_blackbox.schemas import Settings
 from tests.conftest import Login
-from tests.integration._browser import SCREENSHOTS, chromium, console
+from tests.integration._browser import SCREENSHOTS, chromium, console, words_cut
 from tests.integration._sessions import Recorded, record_sessions
 from tests.integration._wait import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-_BROKEN_WORDS = """
-const broken = [];
-for (const element of document.querySelectorAll(arguments[0])) {
-  const texts = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
-  for (let node = texts.nextNode(); node; node = texts.nextNode()) {
-    for (const word of node.textContent.matchAll(/\\S+/g)) {
-      const span = document.createRange();
-      span.setStart(node, word.index);
-      span.setEnd(node, word.index + word[0].length);
-      const tops = new Set(Array.from(span.getClientRects(), r => Math.round(r.top)));
-      if (tops.size > 1) broken.push(word[0]);
-    }
-  }
-}
-return broken;
-"""
-"""The words under the elements a selector finds that the layout spread over two lines."""
 
 _UNLABELLED = """
 return Array.from(document.querySelectorAll('main input:not([type=hidden]), main select'))
@@ -76,12 +58,6 @@ def _listed(driver: WebDriver) -> list[str]:
     return [str(a.get_attribute("href")).rsplit("/", 1)[1] for a in links]
 
 
-def _broken(driver: WebDriver, selector: str) -> list[str]:
-    found = driver.execute_script(_BROKEN_WORDS, selector)
-    assert isinstance(found, list)
-    return [str(word) for word in found]
-
-
 def _tab_to(driver: WebDriver, target: WebElement, *, most: int = 60) -> None:
     """Press Tab from the top of the page until ``target`` has the focus."""
     driver.find_element(By.TAG_NAME, "body").click()
@@ -104,7 +80,7 @@ def test_search_by_keyboard_terms_words_and_a_clear_error(browsing: Browsing) ->
     eventually(lambda: "q=refund" in driver.current_url, what="the search sent")
     assert _listed(driver) == [runs["sensitive"], runs["refund"]]
     assert "acme" in driver.find_element(By.ID, "searched-tenants").text
-    assert _broken(driver, "#runs td, #runs th, #filters") == []
+    assert words_cut(driver, "#runs td, #runs th, #filters") == []
     driver.save_screenshot(str(SCREENSHOTS / "search-words.png"))
 
     search = driver.find_element(By.ID, "q")
@@ -152,7 +128,7 @@ def test_session_page_lists_its_runs_in_order_with_totals(browsing: Browsing) ->
         runs["refund"],
         runs["tools"],
     ]
-    assert _broken(driver, "#session-runs td, #session-runs th, #session-totals") == []
+    assert words_cut(driver, "#session-runs td, #session-runs th, #session-totals") == []
     driver.save_screenshot(str(SCREENSHOTS / "session-page.png"))
 
     order[1].send_keys(Keys.ENTER)  # a run of the session opens from the keyboard
@@ -164,7 +140,7 @@ def test_session_page_lists_its_runs_in_order_with_totals(browsing: Browsing) ->
     assert user.text.startswith("hmac-sha256:")
     assert user.text.endswith("…")  # cut short whole, the digest in its title
     assert str(user.get_attribute("title")).startswith("hmac-sha256:")
-    assert _broken(driver, "#session-runs td, #session-totals") == []
+    assert words_cut(driver, "#session-runs td, #session-totals") == []
     driver.save_screenshot(str(SCREENSHOTS / "session-keyed-user.png"))
 
     driver.get(f"{browsing.base}/sessions/no-such-session")
