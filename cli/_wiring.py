@@ -3,11 +3,13 @@ are built from, made once and handed down."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
 import click
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from agent_blackbox.consumers import ViewReplayResults, ViewRunIndex
 from agent_blackbox.replayer import ReadSide
@@ -43,6 +45,18 @@ class Wiring:
         """An engine on the settings' database with ``pool`` (the pool policy's size
         for the kind of process; a command's by default)."""
         return pool.engine(self.settings.database_url)
+
+    @contextmanager
+    def connection(self, *, begin: bool = False) -> Iterator[Connection]:
+        """A connection for a command that reads (or, with ``begin``, writes in one
+        transaction that commits when the block ends) and is done: its engine is
+        disposed of afterwards."""
+        engine = self.engine()
+        try:
+            with engine.begin() if begin else engine.connect() as conn:
+                yield conn
+        finally:
+            engine.dispose()
 
 
 def views_read_side(settings: Settings) -> ReadSide:

@@ -73,12 +73,8 @@ def create_command(
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per dataset.")
 def list_command(as_json: bool) -> None:
     """List the datasets this login may see (granted every tenant of their runs)."""
-    engine = wired().engine()
-    try:
-        with engine.connect() as conn:
-            found = datasets_txn(conn)
-    finally:
-        engine.dispose()
+    with wired().connection() as conn:
+        found = datasets_txn(conn)
     if as_json:
         for dataset in found:
             click.echo(json.dumps(_shown(dataset), default=str))
@@ -178,24 +174,16 @@ def export_dataset_command(
 @click.argument("name")
 def delete_command(name: str) -> None:
     """Delete the dataset NAME (its runs stay). Exit 2 when there is none."""
-    engine = wired().engine()
-    try:
-        with engine.begin() as conn:
-            deleted = delete_dataset_txn(conn, name)
-    finally:
-        engine.dispose()
+    with wired().connection(begin=True) as conn:
+        deleted = delete_dataset_txn(conn, name)
     if not deleted:
         safe_console(stderr=True).print(f"[red]error:[/] no dataset {safe_text(name)} to delete")
         sys.exit(2)
 
 
 def _found(name: str) -> Dataset:
-    engine = wired().engine()
-    try:
-        with engine.connect() as conn:
-            dataset = dataset_txn(conn, name)
-    finally:
-        engine.dispose()
+    with wired().connection() as conn:
+        dataset = dataset_txn(conn, name)
     if dataset is None:
         problem = DatasetError(
             f"no dataset {name} this login can see; blackbox dataset list shows them"

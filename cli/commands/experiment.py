@@ -416,12 +416,8 @@ def show_command(experiment_id: str, as_json: bool, fail_on_regression: bool) ->
 
 def _kept(experiment_id: str) -> ExperimentReport:
     err = safe_console(stderr=True)
-    engine = wired().engine()
-    try:
-        with engine.connect() as conn:
-            kept = experiment_txn(conn, experiment_id)
-    finally:
-        engine.dispose()
+    with wired().connection() as conn:
+        kept = experiment_txn(conn, experiment_id)
     if kept is None:
         err.print(f"[red]error:[/] no experiment {safe_text(experiment_id)} this login can see")
         sys.exit(2)
@@ -432,12 +428,8 @@ def _kept(experiment_id: str) -> ExperimentReport:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per experiment.")
 def list_command(as_json: bool) -> None:
     """List the experiments, newest first."""
-    engine = wired().engine()
-    try:
-        with engine.connect() as conn:
-            found = experiments_txn(conn)
-    finally:
-        engine.dispose()
+    with wired().connection() as conn:
+        found = experiments_txn(conn)
     if as_json:
         for experiment, scored in found:
             click.echo(json.dumps(_listed(experiment, scored), default=str))
