@@ -10,10 +10,12 @@ from functools import partial
 
 import click
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import OperationalError
 
+from agent_blackbox.cli._workers import could_not_run
 from agent_blackbox.consumers import ViewReplayResults, ViewRunIndex
 from agent_blackbox.replayer import ReadSide
-from agent_blackbox.schemas import Settings
+from agent_blackbox.schemas import BlackboxError, Settings, safe_console
 from agent_blackbox.wiring import COMMAND_POOL, Pool
 
 
@@ -50,11 +52,18 @@ class Wiring:
     def connection(self, *, begin: bool = False) -> Iterator[Connection]:
         """A connection for a command that reads (or, with ``begin``, writes in one
         transaction that commits when the block ends) and is done: its engine is
-        disposed of afterwards."""
+        disposed of afterwards. A database that cannot be reached is a setup error: said
+        on stderr, exit 2 (never a traceback, never a finding's exit 1)."""
         engine = self.engine()
         try:
             with engine.begin() if begin else engine.connect() as conn:
                 yield conn
+        except OperationalError as exc:
+            problem = BlackboxError(
+                f"cannot reach the database ({exc.orig or exc}); is it running, and is "
+                "BLACKBOX_DATABASE_URL right?"
+            )
+            could_not_run(safe_console(stderr=True), problem)
         finally:
             engine.dispose()
 

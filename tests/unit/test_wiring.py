@@ -233,3 +233,17 @@ def test_a_command_reads_the_settings_once(
 def doubler(run: Any, value: Any) -> Any:
     """The recorded agent, as replay drives it."""
     return run.call("double", lambda n: 2 * n, value["n"])
+
+
+@pytest.mark.parametrize(
+    "args", [("dataset", "list"), ("dataset", "show", "x"), ("experiment", "list")]
+)
+def test_a_command_whose_database_cannot_be_reached_says_so_and_exits_2(
+    args: tuple[str, ...],
+) -> None:
+    unreachable = {"BLACKBOX_DATABASE_URL": "postgresql+psycopg://blackbox@127.0.0.1:1/none"}
+    result = CliRunner(env=unreachable).invoke(main, list(args))
+    assert result.exit_code == 2, result.output
+    assert "cannot reach the database" in result.output
+    assert "BLACKBOX_DATABASE_URL" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
