@@ -103,6 +103,9 @@ _SECURITY_HEADERS = {
     "cross-origin-opener-policy": "same-origin",
 }
 _RUN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+EVENTS_PAGE = 1_000
+"""Rows of a run page's events table: a run of 20,000 events is twenty pages of it (its
+tree lists every span on one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,13 +424,24 @@ class _Pages:
         items: list[Item] | None = None,
         status: int = 400,
     ) -> Response:
-        """A run's page; with ``items``, its conversation opened for ``purpose``."""
-        llm = [e for e in detail.events if e.event_type == "llm.call"]
+        """A run's page; with ``items``, its conversation opened for ``purpose``. Its
+        events table lists a page of :data:`EVENTS_PAGE` events from ``?events_from=``."""
+        try:
+            first = _int(request.query_params.get("events_from"), "events_from", default=1)
+        except _BadInput as exc:
+            return self.render(request, "error.html", status=400, message=str(exc))
+        listed = [e for e in detail.events if e.sequence >= first][:EVENTS_PAGE]
+        earlier = [e.sequence for e in detail.events if e.sequence < first][-EVENTS_PAGE:]
+        later = [e.sequence for e in detail.events if listed and e.sequence > listed[-1].sequence]
+        llm = [e for e in listed if e.event_type == "llm.call"]
         tree = run_tree(detail.events, name=detail.run.agent_id)
         return self.render(
             request,
             "run.html",
             d=detail,
+            listed=listed,
+            earlier=earlier[0] if earlier else None,
+            later=later[0] if later else None,
             tree=tree,
             fall=waterfall(tree),
             llm=llm,

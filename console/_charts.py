@@ -23,6 +23,9 @@ LABEL_CHAR = 6.1
 """Width of one character of a row's name (10 px monospace), to fit names in LABELS."""
 INDENT = 8
 """How far a span's name is indented per level of the tree."""
+WATERFALL_BARS = 1_000
+"""Bars drawn at most: past this a waterfall is taller than anyone scrolls (12,000 px),
+and the tree above it lists every span anyway."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +50,15 @@ class Waterfall:
     height: int
     span_ms: float
     ticks: list[tuple[float, str]]
+    spans: int = 0
+    """Spans of the tree in all: more than ``bars`` when the waterfall was cut."""
 
 
-def waterfall(tree: Span) -> Waterfall:
+def waterfall(tree: Span, *, most: int = WATERFALL_BARS) -> Waterfall:
     """Each span of the run's tree (every event, and each branch of concurrent work) as
     a bar from its start to its end, a row each in the tree's order, named by its span
-    (indented by its depth), coloured by its branch."""
+    (indented by its depth), coloured by its branch; the first ``most`` spans, on the
+    time axis of the whole run."""
     rows = tree.walk()[1:]
     if not rows:
         return Waterfall([], LABELS + WATERFALL_WIDTH, ROW, 0.0, [])
@@ -61,7 +67,7 @@ def waterfall(tree: Span) -> Waterfall:
     span_ms = max((end - origin).total_seconds() * 1000, 1.0)
     scale = (WATERFALL_WIDTH - 2) / span_ms
     bars = []
-    for row, (depth, span) in enumerate(rows):
+    for row, (depth, span) in enumerate(rows[:most]):
         x = (span.start - origin).total_seconds() * 1000 * scale
         width = max(span.duration_ms * scale, 2.0)
         indent = 4 + (depth - 1) * INDENT
@@ -81,7 +87,7 @@ def waterfall(tree: Span) -> Waterfall:
     ticks = [
         (round(LABELS + i * (WATERFALL_WIDTH - 2) / 4, 1), _ms(span_ms * i / 4)) for i in range(5)
     ]
-    return Waterfall(bars, LABELS + WATERFALL_WIDTH, len(bars) * ROW, span_ms, ticks)
+    return Waterfall(bars, LABELS + WATERFALL_WIDTH, len(bars) * ROW, span_ms, ticks, len(rows))
 
 
 def _bar_class(span: Span) -> str:
