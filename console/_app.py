@@ -149,6 +149,11 @@ def create_app(
             Route("/runs/{run_id}/events/{sequence:int}", pages.event),
             Route("/runs/{run_id}/events/{sequence:int}/body", openings.body, methods=["POST"]),
             Route("/runs/{run_id}/conversation", openings.conversation, methods=["POST"]),
+            Route(
+                "/runs/{run_id}/replays/{result_id:int}/values",
+                openings.replay_values,
+                methods=["POST"],
+            ),
             *fork_diff_routes(pages, openings),
             Route("/sessions/{session_id:path}", pages.session),
             Route("/charts", pages.charts),
@@ -423,6 +428,7 @@ class _Pages:
         message: str | None = None,
         items: list[Item] | None = None,
         status: int = 400,
+        replay_values: tuple[int, dict[str, Any]] | None = None,
     ) -> Response:
         """A run's page; with ``items``, its conversation opened for ``purpose``. Its
         events table lists a page of :data:`EVENTS_PAGE` events from ``?events_from=``."""
@@ -453,6 +459,7 @@ class _Pages:
             purpose=purpose,
             message=message,
             room=purpose_room(request.state.viewer),
+            replay_values=replay_values,
             status=200 if message is None else status,
         )
 

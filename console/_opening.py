@@ -14,13 +14,21 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from anyio import CapacityLimiter, to_thread
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from agent_blackbox.console._auth import Viewer
 from agent_blackbox.console._conversation import Opened, conversation
+from agent_blackbox.consumers import kept_values_txn
 from agent_blackbox.keystore import PURPOSE_MAX_CHARS, purpose_problem
-from agent_blackbox.replayer import OpenedBody, SourceError, open_bodies
+from agent_blackbox.replayer import (
+    KeptValues,
+    OpenedBody,
+    SourceError,
+    open_bodies,
+    open_kept_values,
+)
 from agent_blackbox.schemas import BlackboxError
 
 if TYPE_CHECKING:
@@ -78,6 +86,11 @@ class Openings:
     async def conversation(self, request: Request) -> Response:
         """A run's conversation (``/runs/{run_id}/conversation``)."""
         return await self._answer(request, self._open_conversation)
+
+    async def replay_values(self, request: Request) -> Response:
+        """The values behind a replay's first divergence
+        (``/runs/{run_id}/replays/{result_id}/values``)."""
+        return await self._answer(request, self._open_replay_values)
 
     async def _answer(self, request: Request, opening: Any) -> Response:
         form = await request.form()
@@ -146,6 +159,41 @@ class Openings:
             Opened(o.envelope.sequence, o.envelope.event_type, o.body, o.withheld) for o in opened
         )
         return self.pages.run_page(request, detail, may_open, purpose=purpose, items=items)
+
+    def _open_replay_values(self, request: Request, purpose: str) -> Response:
+        found = self.pages.run_of(request)
+        if isinstance(found, Response):
+            return found
+        detail, may_open = found
+        viewer: Viewer = request.state.viewer
+        result_id = int(request.path_params["result_id"])
+        problem = purpose_refusal(viewer, purpose)
+        if problem is not None or not may_open:
+            return self.pages.run_page(request, detail, may_open, purpose=purpose, message=problem)
+        c = self.pages.c
+        try:
+            with c.engine.connect() as conn:
+                kept = kept_values_txn(conn, detail.run.run_id, result_id)
+            if kept is None:
+                raise BlackboxError(f"replay {result_id} of this run kept no values to open")
+            values = open_kept_values(
+                c.engine,
+                KeptValues(kept.data, kept.key_id),
+                run_id=kept.run_id,
+                sequence=kept.sequence,
+                tenant_id=kept.tenant_id,
+                purpose=audited_purpose(viewer, purpose),
+            )
+        except (BlackboxError, SQLAlchemyError) as exc:
+            log.warning("console: replay values of %s not opened: %s", detail.run.run_id, exc)
+            message = str(exc) if isinstance(exc, BlackboxError) else "the views refused the read"
+            return self.pages.run_page(
+                request, detail, may_open, purpose=purpose, message=message, status=403
+            )
+        log.info("console: %s opened replay %s values of %s", viewer.name, result_id, kept.run_id)
+        return self.pages.run_page(
+            request, detail, may_open, purpose=purpose, replay_values=(result_id, values)
+        )
 
     def _read(
         self, request: Request, run_id: str, sequences: list[int], purpose: str

@@ -4,6 +4,7 @@ invisible characters) are shown as visible escapes."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -29,6 +30,7 @@ def page_templates() -> Environment:
     )
     templates.filters["shown"] = visible_text
     templates.filters["shown_json"] = shown_json
+    templates.filters["pretty"] = pretty
     templates.filters["shown_lines"] = shown_lines
     templates.filters["run_path"] = run_path
     templates.filters["attributes_line"] = attributes_line
@@ -50,10 +52,17 @@ def when(value: datetime | None) -> str:
     return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def shown_json(pretty: str) -> str:
+def pretty(value: object) -> str:
+    """A JSON value as indented text (a text value as the text itself)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+def shown_json(text: str) -> str:
     """Pretty-printed JSON with its hidden characters made visible line by line: the
     line breaks are the layout's own (JSON strings never hold a raw one)."""
-    return "\n".join(visible_text(line) for line in pretty.split("\n"))
+    return "\n".join(visible_text(line) for line in text.split("\n"))
 
 
 def shown_lines(text: str) -> str:

@@ -110,7 +110,7 @@ from agent_blackbox.consumers._prices import (
     dollars_json,
     dollars_text,
 )
-from agent_blackbox.consumers._replay_results import ViewReplayResults
+from agent_blackbox.consumers._replay_results import KeptRow, ViewReplayResults, kept_values_txn
 from agent_blackbox.consumers._retention import (
     Redaction,
     RetentionClass,
@@ -227,6 +227,7 @@ __all__ = [
     "KafkaUnavailable",
     "KeptExperiment",
     "KeptResult",
+    "KeptRow",
     "KeptScore",
     "LedgerEntry",
     "LedgerReport",
@@ -301,6 +302,7 @@ __all__ = [
     "fork_experiment_txn",
     "indexed_events_txn",
     "integrity_violations",
+    "kept_values_txn",
     "ledger_entries",
     "list_runs_txn",
     "llm_calls",

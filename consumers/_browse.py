@@ -294,6 +294,7 @@ class EffectPair:
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
+    id: int
     code_version: str | None
     result: str
     passed: bool
@@ -301,6 +302,10 @@ class ReplayResult:
     divergence_sequence: int | None
     duration_ms: float | None
     at: datetime | None
+    detail: str | None = None
+    """The first divergence in words (never a value)."""
+    values_kept: bool = False
+    """Whether the values behind it were kept, to open for a purpose."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,11 +355,12 @@ def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
         )
     ]
     replays = [
-        ReplayResult(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6])
+        ReplayResult(int(r[0]), r[1], r[2], bool(r[3]), r[4], r[5], r[6], r[7], r[8], r[9])
         for r in conn.execute(
             text(
-                "SELECT code_version, result, passed, divergence_kind, divergence_sequence, "
-                "duration_ms, replayed_at FROM blackbox_views.replay_results "
+                "SELECT id, code_version, result, passed, divergence_kind, divergence_sequence, "
+                "duration_ms, replayed_at, divergence_detail, values_kept "
+                "FROM blackbox_views.replay_results "
                 "WHERE run_id = :run_id ORDER BY id DESC LIMIT 20"
             ),
             {"run_id": run_id},

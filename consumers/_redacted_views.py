@@ -31,6 +31,7 @@ from agent_blackbox.consumers._ledger import (
     authenticity_problem,
     note_entry,
 )
+from agent_blackbox.consumers._replay_results import forget_replay_values_txn
 from agent_blackbox.consumers._tables import (
     events_index,
     integrity_violations,
@@ -109,6 +110,7 @@ def forget_run_labels_txn(conn: Connection, run_ids: Sequence[str]) -> None:
     if not run_ids:
         return
     ids = list(run_ids)
+    forget_replay_values_txn(conn, ids)
     conn.execute(
         runs_view.update()
         .where(runs_view.c.run_id.in_(ids))

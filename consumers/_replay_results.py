@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.consumers._errors import ViewStoreUnavailable
@@ -15,6 +16,15 @@ class _Divergence(Protocol):
     def kind(self) -> object: ...
     @property
     def sequence(self) -> int: ...
+    @property
+    def summary(self) -> str: ...
+
+
+class _Kept(Protocol):
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def key_id(self) -> str | None: ...
 
 
 class _Report(Protocol):
@@ -31,21 +41,33 @@ class _Report(Protocol):
     def events(self) -> int: ...
     @property
     def duration_ms(self) -> float | None: ...
+    @property
+    def kept(self) -> _Kept | None: ...
 
 
-# The tenant and the recorded code version come from the runs view in the same
-# statement: a role records results only of runs it may read (row security), and a run
-# the views do not know is not recorded.
+@dataclass(frozen=True, slots=True)
+class KeptRow:
+    """The values a replay result kept, and where they belong (see the replayer's
+    ``open_kept_values``)."""
+
+    data: bytes
+    key_id: str | None
+    run_id: str
+    tenant_id: str
+    sequence: int
+
+
+# The checked function is the only way in (revision 0022): it takes the tenant, agent
+# and recorded code version from the runs view, refuses a run outside the caller's
+# tenant grant, and derives ``passed`` from the result.
 _RECORD = text(
-    """
-    INSERT INTO blackbox_views.replay_results
-        (run_id, tenant_id, agent_id, recorded_code_version, code_version, result, passed,
-         divergence_kind, divergence_sequence, events, duration_ms)
-    SELECT r.run_id, r.tenant_id, r.agent_id, r.code_version, :code_version, :result,
-           :passed, :kind, :sequence, :events, :duration_ms
-      FROM blackbox_views.runs r
-     WHERE r.run_id = :run_id
-    """
+    "SELECT blackbox_views.record_replay_result(:run_id, :code_version, :result, :kind, "
+    ":sequence, :events, :duration_ms, :detail, :values, :values_key_id)"
+)
+_KEPT = text(
+    "SELECT divergence_values, values_key_id, run_id, tenant_id, divergence_sequence "
+    "FROM blackbox_views.replay_results WHERE id = :id AND run_id = :run_id "
+    "AND divergence_values IS NOT NULL"
 )
 
 
@@ -56,27 +78,54 @@ class ViewReplayResults:
         self._engine = engine
 
     def record(self, report: _Report, *, code_version: str | None) -> None:
-        """Keep ``report`` as the result of replaying its run with ``code_version``.
+        """Keep ``report`` as the result of replaying its run with ``code_version``: the
+        divergence in words, and the values behind it when the report kept them.
 
         Raises:
-            ViewStoreUnavailable: the database refused the row.
+            ViewStoreUnavailable: the database refused the row (the run is not in the
+                views, or not in a tenant this login is granted).
         """
         divergence = report.divergence
+        kept = getattr(report, "kept", None)
         params = {
             "run_id": report.run_id,
             "code_version": code_version,
             "result": report.result,
-            "passed": report.result in ("PASS", "LIMITED"),
             "kind": None if divergence is None else str(getattr(divergence.kind, "value", "")),
             "sequence": None if divergence is None else divergence.sequence,
             "events": report.events,
             "duration_ms": report.duration_ms,
+            "detail": None if divergence is None else divergence.summary[:4000],
+            "values": None if kept is None else kept.data,
+            "values_key_id": None if kept is None else kept.key_id,
         }
         try:
             with self._engine.begin() as conn:
                 conn.execute(_RECORD, params)
         except SQLAlchemyError as exc:
+            detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
             raise ViewStoreUnavailable(
-                f"cannot record the replay result of run {report.run_id}: "
-                f"{str(exc).splitlines()[0]}"
+                f"cannot record the replay result of run {report.run_id}: {detail}"
             ) from exc
+
+
+def kept_values_txn(conn: Connection, run_id: str, result_id: int) -> KeptRow | None:
+    """The values replay result ``result_id`` of ``run_id`` kept; None when it kept none
+    (or the login's tenants do not cover the run). Readable by replayer logins only."""
+    row = conn.execute(_KEPT, {"id": result_id, "run_id": run_id}).first()
+    if row is None:
+        return None
+    return KeptRow(bytes(row[0]), row[1], row[2], row[3], int(row[4]))
+
+
+def forget_replay_values_txn(conn: Connection, run_ids: list[str]) -> None:
+    """Clear the values the replay results of ``run_ids`` kept (a sealed run's are
+    shredded with its keys anyway). The caller commits."""
+    if run_ids:
+        conn.execute(
+            text(
+                "UPDATE blackbox_views.replay_results SET divergence_values = NULL, "
+                "values_key_id = NULL, values_kept = false WHERE run_id = ANY(:ids) AND divergence_values IS NOT NULL"
+            ),
+            {"ids": run_ids},
+        )

@@ -62,6 +62,8 @@ from ._index import ReplayResults as ReplayResults
 from ._index import RunIndex as RunIndex
 from ._index import RunLocation as RunLocation
 from ._indexed import replay_indexed as replay_indexed
+from ._kept import KeptValues as KeptValues
+from ._kept import open_kept_values as open_kept_values
 from ._opening import BlobReader as BlobReader
 from ._opening import DigestKeys as DigestKeys
 from ._outcomes import LlmCall as LlmCall

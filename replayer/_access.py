@@ -13,6 +13,7 @@ from agent_blackbox.keystore import (
     AuditedKeys,
     DataKeyStore,
     LocalKeyProvider,
+    OpeningKeys,
     purpose_problem,
 )
 from agent_blackbox.replayer._opening import DigestKeys
@@ -25,6 +26,8 @@ class Opening:
 
     pipeline: PayloadPipeline
     digests: DigestKeys | None = None
+    keys: OpeningKeys | None = None
+    """The audited data keys the pipeline opens sealed bodies with (None: no keys)."""
 
 
 def opening(engine: Callable[[], Engine], *, purpose: str) -> Opening:
@@ -49,7 +52,7 @@ def opening(engine: Callable[[], Engine], *, purpose: str) -> Opening:
     if provider is None:
         return Opening(PayloadPipeline())
     keys = AuditedKeys(engine(), provider, purpose=purpose)
-    return Opening(PayloadPipeline(sealer=AesGcmSealer(keys)), keys)
+    return Opening(PayloadPipeline(sealer=AesGcmSealer(keys)), keys, keys)
 
 
 def recording_keys() -> DataKeyStore | None:

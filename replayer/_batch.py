@@ -23,6 +23,7 @@ from typing import Any
 from agent_blackbox.replayer._access import Opening
 from agent_blackbox.replayer._driver import replay_run
 from agent_blackbox.replayer._history import SkippedMessage
+from agent_blackbox.replayer._kept import kept_values
 from agent_blackbox.replayer._opening import BlobReader
 from agent_blackbox.replayer._registry import AgentRegistry, MissingEntryPoint
 from agent_blackbox.replayer._report import ReplayReport
@@ -98,10 +99,15 @@ class _Watched:
 
     events: Iterable[Envelope]
     failed: BlackboxError | None = None
+    first: Envelope | None = None
+    """The run's first event read (its tenant and data key)."""
 
     def __iter__(self) -> Iterator[Envelope]:
         try:
-            yield from self.events
+            for envelope in self.events:
+                if self.first is None:
+                    self.first = envelope
+                yield envelope
         except BlackboxError as exc:
             self.failed = exc
             raise
@@ -188,7 +194,18 @@ class BatchReplayer:
             report = ReplayReport(run_id, agent, report.events, error=failure(watched.failed))
         if report.run_id != run_id:
             report = replace(report, run_id=run_id)
-        return report
+        return self._with_values(report, watched.first)
+
+    def _with_values(self, report: ReplayReport, run: Envelope | None) -> ReplayReport:
+        """``report`` with the values behind its divergence, to be kept for a purpose;
+        a replay that cannot seal them keeps none (its result says so all the same)."""
+        if report.divergence is None:
+            return report
+        try:
+            kept = kept_values(report.divergence, run, self.reading.keys)
+        except BlackboxError:
+            return report
+        return replace(report, kept=kept)
 
 
 @dataclass(slots=True)

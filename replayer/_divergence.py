@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -103,7 +103,11 @@ class Divergence:
     changes: tuple[Change, ...] = ()
     """For an argument mismatch, the input paths that differ (when the body was readable)."""
     revealed: bool = False
-    """Whether :attr:`changes` carry values (an explicit choice of the replay's caller)."""
+    """Whether :attr:`changes` are shown with their values (an explicit choice of the
+    replay's caller); they carry them either way, kept only behind a purpose."""
+    asked: Any = None
+    """The input the code asked with, scrubbed by the run's redaction rules (None when it
+    asked for nothing): never shown unless revealed."""
 
     @property
     def level(self) -> str:
@@ -116,7 +120,28 @@ class Divergence:
         values["kind"] = str(self.kind)
         values["level"] = self.level
         values["changes"] = [asdict(c) if self.revealed else {"path": c.path} for c in self.changes]
+        if not self.revealed:
+            del values["asked"]
         return values
+
+    @property
+    def summary(self) -> str:
+        """:meth:`describe` without a value, whatever the replay was asked to reveal: what
+        anyone who may see the run may read."""
+        return replace(self, revealed=False).describe()
+
+    def values(self) -> dict[str, Any] | None:
+        """The values behind the divergence (each changed path's recorded and asked
+        value, and the input the code asked with), JSON-ready; None when there are none.
+        Scrubbed already; kept only behind a stated purpose."""
+        if not self.changes and self.asked is None:
+            return None
+        return {
+            "changes": [
+                {"path": c.path, "expected": c.expected, "actual": c.actual} for c in self.changes
+            ],
+            "asked": self.asked,
+        }
 
     def describe(self) -> str:
         """One line for people."""
@@ -242,6 +267,7 @@ class Findings:
         fatal: bool = False,
         changes: tuple[Change, ...] = (),
         site: CallSite | None = None,
+        asked: Any = None,
     ) -> None:
         """Raise a control-flow (or ``fatal``) divergence; note the first state or
         content one of its level and return, so the replay goes on.
@@ -263,6 +289,7 @@ class Findings:
             actual_name=actual[2],
             changes=changes,
             revealed=self.reveal,
+            asked=asked,
         )
         if fatal or divergence.level == "control_flow":
             found = tuple(sorted([*self.found.values(), divergence], key=lambda d: d.sequence))
@@ -274,13 +301,10 @@ class Findings:
             self.found[divergence.level] = divergence
 
     def changes(self, before: Any, ask: Ask) -> tuple[Change, ...]:
-        """What differs between a recorded input and ``ask``'s, path by path (values
-        only when revealing them)."""
+        """What differs between a recorded input and ``ask``'s, path by path, with the
+        values (shown only when revealing them)."""
         after = json.loads(canonical_text(ask.input))
-        return tuple(
-            Change(path, old, new) if self.reveal else Change(path)
-            for path, old, new in _differences(before, after, "")
-        )
+        return tuple(Change(path, old, new) for path, old, new in _differences(before, after, ""))
 
 
 # What divergences say ---------------------------------------------------------------

@@ -171,6 +171,7 @@ class RecordedLog:
                 expected=NOTHING,
                 actual=asked(event_type, actual, ask),
                 detail=f"the recorded run has no more boundary events{where}",
+                asked=None if ask is None else ask.input,
             )
         assert envelope is not None
         if envelope.event_type != event_type:
@@ -179,6 +180,7 @@ class RecordedLog:
                 envelope.sequence,
                 expected=named(envelope),
                 actual=asked(event_type, actual, ask),
+                asked=None if ask is None else ask.input,
             )
         if actual is not None and actual != envelope.input_digest:
             before = None if ask is None else self._bodies.recorded_input(envelope)
@@ -188,6 +190,7 @@ class RecordedLog:
                 expected=named(envelope),
                 actual=asked(event_type, actual, ask),
                 changes=() if before is None or ask is None else findings.changes(before, ask),
+                asked=None if ask is None else ask.input,
             )
 
     def head(self, branch: int) -> Envelope | None:

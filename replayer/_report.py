@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_blackbox.replayer._divergence import Divergence
+from agent_blackbox.replayer._kept import KeptValues
 from agent_blackbox.replayer._sandbox import Nondeterminism
 
 LEVEL_NAMES = ("control_flow", "state", "content")
@@ -52,6 +53,9 @@ class ReplayReport:
     that reproduces a failed run passes: the code did what was recorded."""
     recorded_error: str | None = None
     """The type of the error a failed recorded run ended with."""
+    kept: KeptValues | None = None
+    """The values behind :attr:`divergence`, as a replay result keeps them for a stated
+    purpose (a batch replay seals them when the run is sealed)."""
 
     def __post_init__(self) -> None:
         if self.divergence is not None and not self.divergences:

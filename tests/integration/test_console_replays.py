@@ -2,7 +2,8 @@
 run recorded through the OpenAI SDK against the local endpoint, forked with a changed
 prompt by ``blackbox experiment run``, relayed and built into the views, then replayed
 by a changed agent (a divergence kept in the replay results). The run page shows the
-replay history and opens the divergence's recorded value behind a purpose; the fork's
+replay history, its first divergence in words, and the values behind it (recorded and
+replayed) opened for a purpose; the fork's
 diff page shows both runs side by side, opened for one purpose, one audit row per body
 read; no text cut mid-word at 1280 px."""
 
@@ -93,6 +94,7 @@ def forked(settings: Settings, engine: Engine) -> Forked:
     env["BLACKBOX_PURPOSE"] = "release check of v3"
     replayed = CliRunner(env=env).invoke(main, ["replay", parent, "--code-version", "v3"])
     assert replayed.exit_code == 1, replayed.output
+    assert "not kept" not in replayed.output, replayed.output
     return Forked(parent, fork, str(experiment))
 
 
@@ -141,17 +143,27 @@ def test_replay_history_and_a_fork_beside_its_parent(
     chrome.execute_script("document.getElementById('replays').scrollIntoView()")
     chrome.save_screenshot(str(SCREENSHOTS / "run-replays.png"))
 
-    # The divergence's recorded value, opened behind a purpose from the keyboard.
+    # The divergence in words for anyone; its values opened behind a purpose, from the
+    # keyboard: the recorded ticket beside the one this replay's code asked for.
+    detail = row.find_element(By.CSS_SELECTOR, ".divergence-detail").text
+    assert "read_ticket" in detail
+    assert f"{OUTAGE_TICKET}-x" not in detail  # words, never a value
     details = row.find_element(By.CSS_SELECTOR, "details.divergence-value")
     details.find_element(By.TAG_NAME, "summary").send_keys(Keys.ENTER)
     why = "why did the v3 replay diverge"
     details.find_element(By.NAME, "purpose").send_keys(why, Keys.ENTER)
-    body = eventually(
-        lambda: chrome.find_elements(By.CSS_SELECTOR, "#body, #message, #withheld"), what="the body"
+    opened = eventually(
+        lambda: chrome.find_elements(By.CSS_SELECTOR, ".divergence-values, #message"),
+        what="the replay's values",
     )[0]
-    assert body.get_attribute("id") == "body", body.text
-    assert OUTAGE_TICKET in body.text  # what the run recorded: the ticket it was given
+    assert "divergence-values" in (opened.get_attribute("class") or ""), opened.text
+    (change,) = opened.find_elements(By.CSS_SELECTOR, "table.changes tbody tr")
+    path, recorded, replayed = (c.text for c in change.find_elements(By.TAG_NAME, "td"))
+    assert path == "args[0]"  # the tool's first argument
+    assert (recorded, replayed) == (OUTAGE_TICKET, f"{OUTAGE_TICKET}-x")
     assert _audited(engine, forked.parent, why) == [(principal, "requested")]
+    assert why not in chrome.current_url
+    chrome.save_screenshot(str(SCREENSHOTS / "run-replay-values.png"))
 
     # The fork's page links the diff; the diff asks for a purpose first.
     chrome.get(f"{base}/runs/{forked.parent}")
