@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from datetime import UTC, datetime
 from decimal import Decimal
 from importlib import resources
@@ -146,6 +147,8 @@ def tree_html(tree: Span, base: str) -> Markup:
     return Markup("\n".join(out))  # noqa: S704
 
 
+@lru_cache(maxsize=4096)
 def _shown(value: str) -> str:
-    """``value`` escaped for HTML, its hidden characters made visible."""
+    """``value`` escaped for HTML, its hidden characters made visible (remembered: a
+    run's tree repeats its few names, kinds and details thousands of times)."""
     return str(escape(visible_text(value)))

@@ -17,6 +17,8 @@ Revises: 0020_views
   tenant and agent from the runs view, refuses a run the caller's tenant grant does not
   cover (or the views do not know), derives ``passed`` from the result, and bounds what
   it keeps.
+- ``runs`` gains an index of forks by their parent: a run page lists its forks, and
+  without it that was a scan of every run (a quarter of a second at a million runs).
 """
 
 from __future__ import annotations
@@ -92,7 +94,11 @@ def _function(check: str) -> str:
 
 
 def upgrade() -> None:
-    """Add the columns, narrow the grants, create the function."""
+    """Add the columns, narrow the grants, create the function; index forks."""
+    op.execute(
+        f"CREATE INDEX ix_runs_forks ON {SCHEMA}.runs (parent_run_id, started_at) "
+        "WHERE parent_run_id IS NOT NULL"
+    )
     op.execute(
         f"ALTER TABLE {SCHEMA}.replay_results ADD COLUMN divergence_detail text, "
         "ADD COLUMN divergence_values bytea, ADD COLUMN values_key_id text, "
@@ -113,7 +119,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    """Drop the function and the columns; give INSERT back."""
+    """Drop the function, the columns and the index; give INSERT back."""
+    op.execute(f"DROP INDEX {SCHEMA}.ix_runs_forks")
     op.execute(f"DROP FUNCTION {SCHEMA}.record_replay_result")
     op.execute(f"REVOKE SELECT ON {SCHEMA}.replay_results FROM blackbox_reader")
     op.execute(f"GRANT SELECT ON {SCHEMA}.replay_results TO blackbox_reader")
