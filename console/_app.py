@@ -18,7 +18,7 @@ import json
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from importlib import resources
@@ -65,6 +65,7 @@ from agent_blackbox.consumers import (
     SearchError,
     UsageRow,
     ViewRunIndex,
+    fork_experiment_txn,
     list_runs_txn,
     llm_usage_txn,
     parse_search,
@@ -407,6 +408,8 @@ class _Pages:
         with _Reading() as failed, self.c.engine.connect() as conn:
             detail = run_detail_txn(conn, run_id) if _RUN_ID.fullmatch(run_id) else None
             may_open = detail is not None and bodies_openable_txn(conn)
+            if detail is not None and detail.run.parent_run_id:
+                detail = replace(detail, experiment=fork_experiment_txn(conn, run_id))
         if failed.message:
             return self.render(request, "error.html", status=503, message=failed.message)
         if detail is None:

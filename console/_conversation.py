@@ -499,6 +499,7 @@ def answer_turns(response: Mapping[str, Any]) -> list[Turn]:
     """What the model answered, as assistant turns (one per choice; a stream assembled)."""
     view = completion_view(response)
     choices = [c for c in view.get("choices") or [] if isinstance(c, Mapping)]
+    thinking = _anthropic_thinking(response)
     turns = []
     for number, choice in enumerate(choices, start=1):
         label = f"choice {number}" if len(choices) > 1 else ""
@@ -506,7 +507,7 @@ def answer_turns(response: Mapping[str, Any]) -> list[Turn]:
         if not isinstance(message, Mapping):  # a legacy completion's choice is its text
             turns.append(Turn("assistant", tuple(_content(choice.get("text"))), label=label))
             continue
-        parts = _content(message.get("content"))
+        parts = [*(thinking if number == 1 else []), *_content(message.get("content"))]
         if isinstance(message.get("refusal"), str):
             parts.append(Part("note", f"refusal: {message['refusal']}"))
         calls = tuple(_chat_call(c) for c in message.get("tool_calls") or [])
@@ -514,6 +515,31 @@ def answer_turns(response: Mapping[str, Any]) -> list[Turn]:
             Turn(str(message.get("role") or "assistant"), tuple(parts), calls, label=label)
         )
     return turns
+
+
+def _anthropic_thinking(response: Mapping[str, Any]) -> list[Part]:
+    """An Anthropic answer's thinking blocks (whole, or assembled from a stream's
+    deltas), which the chat-shaped view of the answer leaves out."""
+    blocks = response.get("content")
+    if response.get("type") == "message" and isinstance(blocks, list):
+        return [
+            part
+            for block in blocks
+            if isinstance(block, Mapping) and block.get("type") in ("thinking", "redacted_thinking")
+            for part in _piece(block)
+        ]
+    events = response.get("stream")
+    if not isinstance(events, list):
+        return []
+    pieces = [
+        str(e["delta"].get("thinking") or "")
+        for e in events
+        if isinstance(e, Mapping)
+        and e.get("type") == "content_block_delta"
+        and isinstance(e.get("delta"), Mapping)
+        and e["delta"].get("type") == "thinking_delta"
+    ]
+    return [Part("thinking", "".join(pieces))] if pieces else []
 
 
 # Folding ------------------------------------------------------------------------------

@@ -145,9 +145,7 @@ class _ForkDiff:
         sides: list[list[Item]] = []
         for detail in (parent, fork):
             wanted = conversation_sequences(detail.events)
-            read = (
-                self.openings._read(request, detail.run.run_id, wanted, purpose) if wanted else []
-            )
+            read = self.openings.read(request, detail.run.run_id, wanted, purpose) if wanted else []
             if isinstance(read, BlackboxError):
                 return self._page(request, fork, parent, may_open, experiment, purpose, str(read))
             sides.append(

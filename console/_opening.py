@@ -123,7 +123,7 @@ class Openings:
         if problem is not None or not may_open:
             return self.pages.event_page(request, event, may_open, purpose=purpose, message=problem)
         run_id = request.path_params["run_id"]
-        opened = self._read(request, run_id, [event.sequence], purpose)
+        opened = self.read(request, run_id, [event.sequence], purpose)
         if isinstance(opened, BlackboxError):
             return self.pages.event_page(
                 request,
@@ -145,7 +145,7 @@ class Openings:
         wanted = conversation_sequences(detail.events)
         if problem is not None or not may_open or not wanted:
             return self.pages.run_page(request, detail, may_open, purpose=purpose, message=problem)
-        opened = self._read(request, detail.run.run_id, wanted, purpose)
+        opened = self.read(request, detail.run.run_id, wanted, purpose)
         if isinstance(opened, BlackboxError):
             return self.pages.run_page(
                 request,
@@ -195,7 +195,7 @@ class Openings:
             request, detail, may_open, purpose=purpose, replay_values=(result_id, values)
         )
 
-    def _read(
+    def read(
         self, request: Request, run_id: str, sequences: list[int], purpose: str
     ) -> list[OpenedBody] | BlackboxError:
         """The bodies, read through the audited path; or the error that stopped it."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import lru_cache
 from importlib import resources
 from urllib.parse import quote
 

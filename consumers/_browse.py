@@ -323,6 +323,8 @@ class RunDetail:
     forks: list[str] = field(default_factory=list)
     prompt_templates: str | None = None
     """``id@digest`` of each prompt template of the run's snapshot."""
+    experiment: tuple[str, str, str] | None = None
+    """For a fork an experiment made: (experiment id, its name, the run it forked)."""
 
 
 def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
@@ -331,7 +333,7 @@ def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
     row = conn.execute(
         text(
             f"SELECT {_LIST_COLUMNS}, coalesce(u.tags, '{{}}'::jsonb), p.replayability, "
-            "u.prompt_templates "
+            f"u.prompt_templates, {LABEL_COLUMNS} "
             "FROM blackbox_views.runs r "
             "LEFT JOIN blackbox_views.run_rollups u ON u.run_id = r.run_id "
             "LEFT JOIN blackbox_views.run_replayability p ON p.run_id = r.run_id "
@@ -341,7 +343,7 @@ def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
     ).first()
     if row is None:
         return None
-    run = _with_failures(conn, [_listed(row)])[0]
+    run = _with_failures(conn, [labelled(row)])[0]
     events = run_events_txn(conn, run_id, limit=MAX_RUN_EVENTS + 1)
     effects = [
         EffectPair(*r)

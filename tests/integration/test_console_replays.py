@@ -169,6 +169,14 @@ def test_replay_history_and_a_fork_beside_its_parent(
     chrome.get(f"{base}/runs/{forked.parent}")
     chrome.find_element(By.CSS_SELECTOR, "a.fork-diff").click()
     eventually(lambda: chrome.find_elements(By.ID, "diff-form"), what="the diff page")
+    assert chrome.find_element(By.ID, "experiment").get_attribute("href") == (
+        f"{base}/experiments/{forked.experiment}"
+    )  # the diff page names the experiment that made the fork
+    chrome.get(f"{base}/runs/{forked.fork}")  # and so does the fork's own page
+    assert str(chrome.find_element(By.ID, "experiment").get_attribute("href")).endswith(
+        f"/experiments/{forked.experiment}"
+    )
+    chrome.get(f"{base}/runs/{forked.fork}/diff")
     assert (
         chrome.find_element(By.ID, "experiment")
         .get_attribute(

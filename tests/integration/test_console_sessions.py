@@ -134,6 +134,11 @@ def test_session_page_lists_its_runs_in_order_with_totals(browsing: Browsing) ->
     order[1].send_keys(Keys.ENTER)  # a run of the session opens from the keyboard
     eventually(lambda: driver.find_elements(By.ID, "run-id"), what="the run page")
     assert driver.find_element(By.ID, "run-id").text == runs["refund"]
+    # The run page leads back to its session and to its user's runs.
+    assert str(driver.find_element(By.ID, "session").get_attribute("href")).endswith(
+        "/sessions/chat-1"
+    )
+    assert str(driver.find_element(By.ID, "user").get_attribute("href")).endswith("?user=u-42")
 
     driver.get(f"{browsing.base}/sessions/{quote('chat-3')}")  # the sealed run's session
     user = driver.find_element(By.CSS_SELECTOR, "#session-runs td.label")

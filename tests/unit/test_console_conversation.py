@@ -403,3 +403,40 @@ def test_hostile_text_in_every_place_is_escaped_on_the_page() -> None:
     assert "\\x1b[31m" in page
     assert "\\u202e" in page
     assert page.count('class="turn') >= 6
+
+
+def test_an_anthropic_answers_thinking_is_shown_before_its_text() -> None:
+    request = {"model": "claude-test", "messages": [{"role": "user", "content": "x"}]}
+    whole = {
+        "type": "message",
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "the user wants x", "signature": "s"},
+            {"type": "text", "text": "Here is x"},
+        ],
+        "stop_reason": "end_turn",
+    }
+    (answer,) = exchange(2, _body(request, whole, provider="anthropic")).answer
+    assert answer.parts == (Part("thinking", "the user wants x"), Part("text", "Here is x"))
+    thinking = {"type": "thinking", "thinking": ""}
+    stream = [
+        {"type": "message_start", "message": {"id": "m", "role": "assistant", "content": []}},
+        {"type": "content_block_start", "index": 0, "content_block": thinking},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": "wants"},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": " x"},
+        },
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "x!"}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_stop"},
+    ]
+    (answer,) = exchange(3, _body(request, {"stream": stream}, provider="anthropic")).answer
+    assert answer.parts == (Part("thinking", "wants x"), Part("text", "x!"))
