@@ -125,7 +125,8 @@ def forget_replay_values_txn(conn: Connection, run_ids: list[str]) -> None:
         conn.execute(
             text(
                 "UPDATE blackbox_views.replay_results SET divergence_values = NULL, "
-                "values_key_id = NULL, values_kept = false WHERE run_id = ANY(:ids) AND divergence_values IS NOT NULL"
+                "values_key_id = NULL, values_kept = false "
+                "WHERE run_id = ANY(:ids) AND divergence_values IS NOT NULL"
             ),
             {"ids": run_ids},
         )
