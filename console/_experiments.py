@@ -19,7 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_blackbox.consumers import datasets_txn, experiment_txn, experiments_txn
+from agent_blackbox.consumers import (
+    STALLED_AFTER_MINUTES,
+    datasets_txn,
+    experiment_txn,
+    experiments_txn,
+)
 from agent_blackbox.replayer import METHOD, ExperimentReport
 from agent_blackbox.replayer._experiment_stats import Mean, ScoreSummary
 
@@ -83,6 +88,7 @@ class _ExperimentPages:
             regressed={r["run_id"]: [w["score"] for w in r["worse"]] for r in regressed},
             method=METHOD,
             bar_width=_BAR_WIDTH,
+            stalled_after=STALLED_AFTER_MINUTES,
         )
 
     def _unreadable(self, request: Request, exc: SQLAlchemyError) -> Response:

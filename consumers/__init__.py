@@ -73,6 +73,7 @@ from agent_blackbox.consumers._errors import (
     ViewStoreUnavailable,
 )
 from agent_blackbox.consumers._experiments import (
+    STALLED_AFTER_MINUTES,
     ExperimentRow,
     KeptExperiment,
     KeptResult,
@@ -200,6 +201,7 @@ __all__ = [
     "MAX_SESSION_RUNS",
     "RUN_STATUSES",
     "SEARCH_TERMS",
+    "STALLED_AFTER_MINUTES",
     "TEXT_INDEX_GROUP",
     "USAGE_GROUPS",
     "VIEWS_SCHEMA",

@@ -261,10 +261,20 @@ class KeptExperiment:
     results: tuple[KeptResult, ...]
 
 
-_HEADER = """
+STALLED_AFTER_MINUTES = 15
+"""An experiment still ``running`` that has kept no run's result for this long is shown
+``stalled``: the process that ran it was killed, or is stuck (one fork takes seconds to
+a few minutes)."""
+_HEADER = f"""
     SELECT experiment_id, name, dataset, selection, variant, evaluators, confidence,
-           tolerances, tenants, runs, status, created_at, created_by, finished_at
-      FROM blackbox_views.experiments
+           tolerances, tenants, runs,
+           CASE WHEN status = 'running' AND coalesce(
+                    (SELECT max(r.scored_at) FROM blackbox_views.experiment_runs r
+                      WHERE r.experiment_id = e.experiment_id), created_at)
+                    < now() - interval '{STALLED_AFTER_MINUTES} minutes'
+                THEN 'stalled' ELSE status END,
+           created_at, created_by, finished_at
+      FROM blackbox_views.experiments e
 """
 
 

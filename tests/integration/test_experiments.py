@@ -287,6 +287,35 @@ def test_experiment_over_fifty_runs_compares_two_prompt_versions(recorded: Recor
     assert again["regressions"] == report["regressions"]
     _page_shows_the_summary(recorded, experiment_id, sql, len({run for run, _ in expected}))
 
+    # Had its process been killed before the end, the experiment would stay 'running'
+    # for good: once no result has been kept for a while it is shown stalled instead.
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE blackbox_views.experiments SET status = 'running', finished_at = NULL "
+                "WHERE experiment_id = :id"
+            ),
+            {"id": experiment_id},
+        )
+    assert _status(recorded, experiment_id) == "running"  # its results are fresh
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE blackbox_views.experiment_runs SET scored_at = scored_at - "
+                "interval '1 hour' WHERE experiment_id = :id"
+            ),
+            {"id": experiment_id},
+        )
+    assert _status(recorded, experiment_id) == "stalled"
+
+
+def _status(recorded: Recorded, experiment_id: str) -> str:
+    shown = CliRunner(env=recorded.env).invoke(
+        main, ["experiment", "show", experiment_id, "--json"]
+    )
+    assert shown.exit_code == 0, shown.output
+    return str(json.loads(shown.stdout)["status"])
+
 
 def _page_shows_the_summary(
     recorded: Recorded, experiment_id: str, sql: dict[str, dict[str, float]], regressions: int
