@@ -432,7 +432,7 @@ class RecorderBase:
         if self.spans is None:
             yield lambda envelope, crossing: envelope
             return
-        with self.spans.crossing() as seen:
+        with self.spans.crossing(self.scrub) as seen:
             yield seen
 
     def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:
