@@ -16,7 +16,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
@@ -81,6 +80,7 @@ from agent_blackbox.replayer import OpenedBody
 from agent_blackbox.schemas import (
     Settings,
     hidden_characters,
+    is_run_id,
     moment,
 )
 
@@ -102,7 +102,6 @@ _SECURITY_HEADERS = {
     "cache-control": "no-store",
     "cross-origin-opener-policy": "same-origin",
 }
-_RUN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 EVENTS_PAGE = 1_000
 """Rows of a run page's events table: a run of 20,000 events is twenty pages of it (its
 tree lists every span on one)."""
@@ -400,7 +399,7 @@ class _Pages:
         bodies; or the page saying why there is none."""
         run_id = request.path_params["run_id"]
         with _Reading() as failed, self.c.engine.connect() as conn:
-            detail = run_detail_txn(conn, run_id) if _RUN_ID.fullmatch(run_id) else None
+            detail = run_detail_txn(conn, run_id) if is_run_id(run_id) else None
             may_open = detail is not None and bodies_openable_txn(conn)
         if failed.message:
             return self.render(request, "error.html", status=503, message=failed.message)
@@ -467,7 +466,7 @@ class _Pages:
         open bodies; or the page saying why there is none."""
         run_id = request.path_params["run_id"]
         sequence = request.path_params["sequence"]
-        if _RUN_ID.fullmatch(run_id) is None:
+        if not is_run_id(run_id):
             return self.render(
                 request, "error.html", status=404, message="no such run in these views"
             )
