@@ -41,6 +41,7 @@ from agent_blackbox.console._auth import (
     Refusal,
     StaticTokens,
     request_host,
+    seconds,
 )
 from agent_blackbox.console._charts import charts, waterfall
 from agent_blackbox.console._compare import compared
@@ -299,18 +300,17 @@ class _Pages:
         if _cross_site(request):
             return self.render(request, "error.html", status=403, message="cross-site sign-in")
         client = request.client.host if request.client else "?"
-        name = self.c.auth.check_token(str(form.get("token", "")))
+        name = self.c.auth.sign_in(client, str(form.get("token", "")))
+        if isinstance(name, int):
+            log.warning("console sign-in throttled for %s (%d s)", client, name)
+            return self.render(
+                request,
+                "login.html",
+                status=429,
+                target=target,
+                message=f"too many failed sign-ins; wait {seconds(name)} and try again",
+            )
         if name is None:
-            if self.c.auth.throttled(client):
-                log.warning("console sign-in throttled for %s", client)
-                return self.render(
-                    request,
-                    "login.html",
-                    status=429,
-                    target=target,
-                    message="too many failed sign-ins from here; wait a minute and try again",
-                )
-            self.c.auth.failed_sign_in(client)
             log.warning("console sign-in refused from %s", client)
             return self.render(
                 request, "login.html", status=401, target=target, message="that token is not known"
