@@ -80,7 +80,9 @@ class SignInThrottle:
         record.last = now
         over = record.failures - FREE_FAILURES
         if over > 0:
-            record.free_at = now + min(FIRST_WAIT_S * 2.0 ** (over - 1), MAX_WAIT_S)
+            # The exponent is capped: the wait reached its cap long before, and 2.0**1024
+            # would overflow (a patient guesser fails that often in about ten days).
+            record.free_at = now + min(FIRST_WAIT_S * 2.0 ** min(over - 1, 32), MAX_WAIT_S)
         self._records[key] = record  # most recent last: the quietest go first
         return max(record.free_at - now, 0.0)
 
