@@ -153,8 +153,8 @@ def test_every_console_link_quotes_the_ids_it_carries(
                 run_id=hostile,
                 session_id="s-1",
             )
-    recorder.record(
-        _agent, snapshot, agent_id="a", tenant_id=TENANT_A, session_id=f"../runs/{victim.run_id}"
+    in_session, _ = recorder.record(
+        _agent, snapshot, agent_id="a", tenant_id=TENANT_A, session_id=climbing
     )
     fork, _ = recorder.record(
         _agent,
@@ -177,6 +177,12 @@ def test_every_console_link_quotes_the_ids_it_carries(
     assert "<script>" not in listed.text
     leading_to_victim = [link for link in links if unquote(link) == f"/runs/{victim.run_id}"]
     assert leading_to_victim == [f"/runs/{victim.run_id}"]  # its own link, once
+
+    climbing_session = client.get(f"/sessions/{quote(climbing, safe='')}")  # its own link
+    assert climbing_session.status_code == 200
+    shown = _links(climbing_session.text)  # that session's page, not the victim's
+    assert f"/runs/{in_session.run_id}" in shown
+    assert f"/runs/{victim.run_id}" not in shown
 
     session = client.get("/sessions/s-1")
     assert session.status_code == 200
