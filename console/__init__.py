@@ -15,18 +15,26 @@ from agent_blackbox.console._auth import (
     StaticTokens,
     TrustedProxyHeader,
     Viewer,
+    add_token,
     is_loopback,
 )
+from agent_blackbox.console._throttle import SignInThrottle
+from agent_blackbox.console._token_strength import MIN_TOKEN_BITS, new_token, token_bits
 
 __all__ = [
     "CSP",
+    "MIN_TOKEN_BITS",
     "Authenticator",
     "ConsoleAuthError",
     "LoopbackOnly",
     "Refusal",
+    "SignInThrottle",
     "StaticTokens",
     "TrustedProxyHeader",
     "Viewer",
+    "add_token",
     "create_app",
     "is_loopback",
+    "new_token",
+    "token_bits",
 ]

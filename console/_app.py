@@ -16,7 +16,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
@@ -42,6 +41,7 @@ from agent_blackbox.console._auth import (
     Refusal,
     StaticTokens,
     request_host,
+    seconds,
 )
 from agent_blackbox.console._charts import charts, waterfall
 from agent_blackbox.console._compare import compared
@@ -82,6 +82,7 @@ from agent_blackbox.replayer import OpenedBody
 from agent_blackbox.schemas import (
     Settings,
     hidden_characters,
+    is_run_id,
     moment,
 )
 
@@ -103,7 +104,6 @@ _SECURITY_HEADERS = {
     "cache-control": "no-store",
     "cross-origin-opener-policy": "same-origin",
 }
-_RUN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 EVENTS_PAGE = 1_000
 """Rows of a run page's events table: a run of 20,000 events is twenty pages of it (its
 tree lists every span on one)."""
@@ -306,18 +306,17 @@ class _Pages:
         if _cross_site(request):
             return self.render(request, "error.html", status=403, message="cross-site sign-in")
         client = request.client.host if request.client else "?"
-        name = self.c.auth.check_token(str(form.get("token", "")))
+        name = self.c.auth.sign_in(client, str(form.get("token", "")))
+        if isinstance(name, int):
+            log.warning("console sign-in throttled for %s (%d s)", client, name)
+            return self.render(
+                request,
+                "login.html",
+                status=429,
+                target=target,
+                message=f"too many failed sign-ins; wait {seconds(name)} and try again",
+            )
         if name is None:
-            if self.c.auth.throttled(client):
-                log.warning("console sign-in throttled for %s", client)
-                return self.render(
-                    request,
-                    "login.html",
-                    status=429,
-                    target=target,
-                    message="too many failed sign-ins from here; wait a minute and try again",
-                )
-            self.c.auth.failed_sign_in(client)
             log.warning("console sign-in refused from %s", client)
             return self.render(
                 request, "login.html", status=401, target=target, message="that token is not known"
@@ -406,7 +405,7 @@ class _Pages:
         bodies; or the page saying why there is none."""
         run_id = request.path_params["run_id"]
         with _Reading() as failed, self.c.engine.connect() as conn:
-            detail = run_detail_txn(conn, run_id) if _RUN_ID.fullmatch(run_id) else None
+            detail = run_detail_txn(conn, run_id) if is_run_id(run_id) else None
             may_open = detail is not None and bodies_openable_txn(conn)
             if detail is not None and detail.run.parent_run_id:
                 detail = replace(detail, experiment=fork_experiment_txn(conn, run_id))
@@ -477,7 +476,7 @@ class _Pages:
         open bodies; or the page saying why there is none."""
         run_id = request.path_params["run_id"]
         sequence = request.path_params["sequence"]
-        if _RUN_ID.fullmatch(run_id) is None:
+        if not is_run_id(run_id):
             return self.render(
                 request, "error.html", status=404, message="no such run in these views"
             )

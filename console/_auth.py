@@ -3,9 +3,11 @@
 An :class:`Authenticator` turns a request into a :class:`Viewer` or refuses it. The
 console ships:
 
-- :class:`StaticTokens`: named tokens from an owner-only file; a browser signs in once
-  with its token and gets a signed, HTTP-only, same-site session cookie; a script sends
-  ``Authorization: Bearer <token>``;
+- :class:`StaticTokens`: named tokens from an owner-only file, each strong enough not to
+  be guessed (see :mod:`._token_strength`); a browser signs in once with its token and
+  gets a signed, HTTP-only, same-site session cookie; a script sends
+  ``Authorization: Bearer <token>``; wrong tokens are slowed down exponentially (see
+  :mod:`._throttle`);
 - :class:`TrustedProxyHeader`: a reverse proxy in front (an SSO gateway) names the user
   in a header; the header is believed only from the proxy's own addresses;
 - :class:`LoopbackOnly`: no authentication at all, for a console on the operator's own
@@ -26,7 +28,6 @@ import re
 import secrets
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +36,18 @@ from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
-from agent_blackbox.schemas import OWNER_ONLY_FORBIDDEN, BlackboxError, read_checked_file
+from agent_blackbox.console._throttle import SignInThrottle
+from agent_blackbox.console._token_strength import new_token, weakness
+from agent_blackbox.schemas import (
+    OWNER_ONLY_FORBIDDEN,
+    BlackboxError,
+    read_checked_file,
+    write_owner_only,
+)
 
 SESSION_COOKIE = "blackbox_session"
 SESSION_SECONDS = 8 * 3600
 _IPV4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
-SIGN_IN_FAILURES = 5
-SIGN_IN_WINDOW_S = 60.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 
@@ -142,23 +148,19 @@ class StaticTokens:
 
     description = "static tokens (sign in with a token; scripts send a bearer token)"
 
-    def __init__(self, tokens: Mapping[str, str], *, session_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        tokens: Mapping[str, str],
+        *,
+        session_key: bytes | None = None,
+        throttle: SignInThrottle | None = None,
+    ) -> None:
         if not tokens:
             raise ConsoleAuthError("the token file names no token; add a line `name token`")
         for name, token in tokens.items():
-            if _NAME.fullmatch(name) is None:
-                raise ConsoleAuthError(
-                    f"token name {name!r}: use 1-64 letters, digits, and _ . @ -"
-                )
-            if len(token) < 24:
-                raise ConsoleAuthError(
-                    f"the token of {name} is {len(token)} characters; use at least 24 random "
-                    "ones (`python -c 'import secrets; print(secrets.token_urlsafe())'`)"
-                )
-            if len(set(token)) < 8:
-                raise ConsoleAuthError(
-                    f"the token of {name} repeats a few characters; use a random one"
-                )
+            problem = _token_problem(name, token)
+            if problem is not None:
+                raise ConsoleAuthError(problem)
         if len(set(tokens.values())) != len(tokens):
             raise ConsoleAuthError(
                 "two names share a token: give each viewer a token of their own, so the "
@@ -169,7 +171,7 @@ class StaticTokens:
         }
         self._key = session_key or secrets.token_bytes(32)
         self._revoked: dict[str, float] = {}
-        self._failures: dict[str, deque[float]] = {}
+        self.throttle = throttle or SignInThrottle()
         self._lock = threading.Lock()
 
     @classmethod
@@ -180,17 +182,9 @@ class StaticTokens:
             ConsoleAuthError: the file cannot be read, is readable by others, or has a
                 malformed line (named by its number, never its content).
         """
-        raw = read_checked_file(
-            path,
-            what="console token file",
-            forbidden=OWNER_ONLY_FORBIDDEN,
-            refusal="is readable or writable by others (mode {mode}), and whoever reads it "
-            "can sign in to the console; restrict it with `chmod 600 {path}`",
-            unsafe=ConsoleAuthError,
-            unreadable=ConsoleAuthError,
-        )
+        raw = _read_token_file(path)
         tokens: dict[str, str] = {}
-        for number, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
+        for number, line in enumerate(raw.splitlines(), 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
@@ -200,7 +194,10 @@ class StaticTokens:
             if parts[0] in tokens:
                 raise ConsoleAuthError(f"{path} line {number}: {parts[0]} is named twice")
             tokens[parts[0]] = parts[1]
-        return cls(tokens)
+        try:
+            return cls(tokens)
+        except ConsoleAuthError as exc:
+            raise ConsoleAuthError(f"{path}: {exc}") from None
 
     def check_token(self, token: str) -> str | None:
         """The name ``token`` belongs to, or None."""
@@ -229,27 +226,18 @@ class StaticTokens:
             self._revoked = {n: t for n, t in self._revoked.items() if t > now}
             self._revoked[parts[2]] = float(parts[1])
 
-    def throttled(self, client: str) -> bool:
-        """Whether ``client`` failed to sign in :data:`SIGN_IN_FAILURES` times within the
-        last :data:`SIGN_IN_WINDOW_S` seconds: its wrong tokens are then answered "wait"
-        (429) until a minute has passed since the fifth. A right token is always let in
-        (a token of 24 random characters is not found by guessing; the wait only slows
-        guessing down), so whoever shares an address with a guesser is not locked out."""
-        now = time.monotonic()
-        with self._lock:
-            failures = self._failures.get(client)
-            while failures and failures[0] < now - SIGN_IN_WINDOW_S:
-                failures.popleft()
-            return failures is not None and len(failures) >= SIGN_IN_FAILURES
-
-    def failed_sign_in(self, client: str) -> None:
-        """Count a failed sign-in (or bearer token) of ``client``."""
-        with self._lock:
-            failures = self._failures.pop(client, None) or deque(maxlen=SIGN_IN_FAILURES)
-            failures.append(time.monotonic())
-            self._failures[client] = failures  # most recent last: the oldest go first
-            while len(self._failures) > 10_000:
-                del self._failures[next(iter(self._failures))]
+    def sign_in(self, client: str, token: str) -> str | int | None:
+        """Who ``token``, offered by ``client``, signs in as: the name; or the whole
+        seconds to wait first (the client or the token's prefix failed too often: the
+        token is not even looked at, so the right one is refused too); or None (a wrong
+        token, counted against both)."""
+        wait = self.throttle.wait(client, token)
+        if wait:
+            return wait
+        name = self.check_token(token)
+        if name is None:
+            self.throttle.failed(client, token)
+        return name
 
     def csrf_token(self, session: str) -> str:
         """The token a form of this session must carry back."""
@@ -276,19 +264,79 @@ class StaticTokens:
     def authenticate(self, request: HTTPConnection) -> Viewer | Refusal:
         header = request.headers.get("authorization", "")
         if header.lower().startswith("bearer "):
-            name = self.check_token(header[7:].strip())
-            if name is not None:
-                return Viewer(name, "token")
             client = request.client.host if request.client else "?"
-            if self.throttled(client):
-                return Refusal(429, "too many wrong tokens from here; wait a minute")
-            self.failed_sign_in(client)
+            found = self.sign_in(client, header[7:].strip())
+            if isinstance(found, str):
+                return Viewer(found, "token")
+            if found is not None:
+                return Refusal(429, f"too many wrong tokens; wait {seconds(found)}")
             return Refusal(401, "the bearer token is not one of this console's tokens")
         cookie = request.cookies.get(SESSION_COOKIE)
         name = None if cookie is None else self._session(cookie)
         if name is None:
             return Refusal(401, "sign in with your console token", can_sign_in=True)
         return Viewer(name, "session")
+
+
+def seconds(count: int) -> str:
+    """``1 second``, ``2 seconds``: how long a refused client must wait."""
+    return f"{count} second" if count == 1 else f"{count} seconds"
+
+
+def add_token(path: Path, name: str) -> str:
+    """Give ``name`` a newly generated token in the token file ``path``: created
+    owner-only when missing; the line of ``name`` replaced when it has one, every other
+    line kept. Returns the token, to hand to its viewer (it is not shown again).
+
+    Raises:
+        ConsoleAuthError: the name is not usable, or the file cannot be read safely or
+            written.
+    """
+    if _NAME.fullmatch(name) is None:
+        raise ConsoleAuthError(f"token name {name!r}: use 1-64 letters, digits, and _ . @ -")
+    lines = _read_token_file(path).splitlines() if path.exists() else []
+    kept = [line for line in lines if line.split()[:1] != [name]]
+    token = new_token()
+    try:
+        write_owner_only(path, "".join(f"{line}\n" for line in [*kept, f"{name} {token}"]).encode())
+    except OSError as exc:
+        raise ConsoleAuthError(f"cannot write the console token file {path}: {exc}") from exc
+    return token
+
+
+def _read_token_file(path: Path) -> str:
+    """The text of the token file ``path``, which must be owner-only.
+
+    Raises:
+        ConsoleAuthError: it cannot be read, or others may read or write it.
+    """
+    raw = read_checked_file(
+        path,
+        what="console token file",
+        forbidden=OWNER_ONLY_FORBIDDEN,
+        refusal="is readable or writable by others (mode {mode}), and whoever reads it "
+        "can sign in to the console; restrict it with `chmod 600 {path}`",
+        unsafe=ConsoleAuthError,
+        unreadable=ConsoleAuthError,
+    )
+    return raw.decode("utf-8", "replace")
+
+
+def _token_problem(name: str, token: str) -> str | None:
+    """What is wrong with the entry ``name token`` of a token file (never showing the
+    token), or None."""
+    if _NAME.fullmatch(name) is None:
+        return f"token name {name!r}: use 1-64 letters, digits, and _ . @ -"
+    fix = (
+        f"replace it with a generated one: `blackbox web --token-file FILE --new-token "
+        f"{name}` writes one into the file and prints it once"
+    )
+    if len(token) < 24:
+        return f"the token of {name} is {len(token)} characters; use at least 24 random ones: {fix}"
+    if len(set(token)) < 8:
+        return f"the token of {name} repeats a few characters; {fix}"
+    problem = weakness(token)
+    return None if problem is None else f"the token of {name} is too weak: {problem}; {fix}"
 
 
 class TrustedProxyHeader:

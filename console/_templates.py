@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import lru_cache
 from importlib import resources
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
@@ -34,6 +35,9 @@ def page_templates() -> Environment:
     templates.filters["pretty"] = pretty
     templates.filters["shown_lines"] = shown_lines
     templates.filters["run_path"] = run_path
+    # Jinja's own urlencode leaves "/" as it is, so an id such as "../runs/<other>" made
+    # a link to another page: every value put in a link is quoted whole by this one.
+    templates.filters["urlencode"] = url_quoted
     templates.filters["attributes_line"] = attributes_line
     templates.filters["when"] = when
     templates.filters["ms"] = ms
@@ -75,6 +79,16 @@ def shown_lines(text: str) -> str:
 def run_path(run_id: str) -> Markup:
     """``/runs/<run id>``, quoted and escaped once for every link of a run page."""
     return escape(f"/runs/{quote(run_id, safe='')}")
+
+
+def url_quoted(value: object) -> str:
+    """``value`` quoted for a link: a mapping as a query string (``a=1&b=2``), anything
+    else as one path segment or query value, every character but letters, digits and
+    ``_ . - ~`` percent-encoded, ``/`` too, so an id never adds a segment to a path nor a
+    parameter to a query."""
+    if isinstance(value, Mapping):
+        return urlencode({str(k): str(v) for k, v in value.items()})
+    return quote(str(value), safe="")
 
 
 def attributes_line(attributes: dict[str, str]) -> str:

@@ -292,7 +292,7 @@ class AsyncRun(AsyncBoundaries):
         spans = self._recorder.spans
         if spans is None:
             return await drive_async(boundary, self.core, self._append, self.settling)
-        with spans.crossing() as seen:
+        with spans.crossing(self.core.scrub) as seen:
 
             async def append(crossing: Crossing, connection: Any) -> Envelope:
                 return seen(await self._append(crossing, connection), crossing)

@@ -65,6 +65,7 @@ from agent_blackbox.schemas import (
     EnvelopeCodec,
     PayloadPipeline,
     Settings,
+    check_run_id,
     check_tags,
     tag_attributes,
 )
@@ -137,7 +138,10 @@ class RunOptions:
     subject_ids: tuple[str, ...] = ()
     """The data subjects the run concerns; a deletion request for one shreds the run."""
     run_id: str | None = None
-    """A run id of the caller's choosing (a fresh UUID when None)."""
+    """A run id of the caller's choosing (a fresh UUID when None): 1 to 128 characters of
+    ``A-Z a-z 0-9 _ . : -``, starting with a letter or a digit
+    (:data:`~agent_blackbox.schemas.RUN_ID_RULE`); any other is refused with
+    :class:`~agent_blackbox.schemas.InvalidRunId` and nothing is recorded."""
     classification: str = "internal"
     """How sensitive the run is; some classes take keyed digests."""
     retention_class: str = "standard"
@@ -156,6 +160,7 @@ class RunOptions:
         Raises:
             TypeError: neither names the agent.
             ValueError: a field is empty or of the wrong kind.
+            InvalidRunId: ``run_id`` breaks the run id rule (a ``ValueError`` too).
         """
         if options is not None:
             return replace(options, **keywords) if keywords else options
@@ -169,6 +174,8 @@ class RunOptions:
                 raise ValueError(f"RunOptions.{name} must be a non-empty string")
         if isinstance(self.subject_ids, str):
             raise ValueError("RunOptions.subject_ids is a tuple of ids, not one string")
+        if self.run_id is not None:
+            check_run_id(self.run_id)  # shown in URLs, file names, terminals: one alphabet
         for name in ("session_id", "user_id"):
             value = getattr(self, name)
             if value is not None and not _run_label(value):
@@ -432,7 +439,7 @@ class RecorderBase:
         if self.spans is None:
             yield lambda envelope, crossing: envelope
             return
-        with self.spans.crossing() as seen:
+        with self.spans.crossing(self.scrub) as seen:
             yield seen
 
     def cached_digest(self, tenant_id: str, classification: str) -> Digester | None:

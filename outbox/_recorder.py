@@ -342,7 +342,7 @@ class Run(Boundaries):
         spans = self._recorder.spans
         if spans is None:
             return drive(boundary, self.core, self._append)
-        with spans.crossing() as seen:
+        with spans.crossing(self.core.scrub) as seen:
 
             def append(crossing: Crossing, connection: Any) -> Envelope:
                 return seen(self._append(crossing, connection), crossing)

@@ -12,20 +12,28 @@ recorder's ``otel_content=True``). Then an LLM call's span gets
 a tool call's ``gen_ai.tool.call.arguments`` and ``gen_ai.tool.call.result``, each as
 JSON text of the crossing *as recorded*: after redaction, exactly what the event holds,
 cut at :data:`CONTENT_MAX_CHARS`.
+
+A crossing that fails marks its span as failed with the error *as recorded*: its type and
+its message after redaction (the message the event holds), on ``error.type``, the status
+and one ``exception`` span event. The exception itself is never handed to the SDK (whose
+own recording would put the raw message and the whole stack trace on the span); a stack
+trace is added only with content on, and then redacted by the run's rules too.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from agent_blackbox.outbox._boundaries import Crossing
-from agent_blackbox.schemas import Envelope, EventType, completion_view, env_flag
+from agent_blackbox.outbox._boundaries import Crossing, error_info
+from agent_blackbox.outbox._scrub import Scrub
+from agent_blackbox.schemas import BlackboxError, Envelope, EventType, completion_view, env_flag
 
 OTEL_ENV = "BLACKBOX_OTEL"
 OTEL_CONTENT_ENV = "BLACKBOX_OTEL_CONTENT"
@@ -67,13 +75,27 @@ class BoundarySpans:
         return self._tracer
 
     @contextmanager
-    def crossing(self) -> Iterator[Callable[[Envelope, Crossing], Envelope]]:
+    def crossing(
+        self, scrub: Scrub | None = None
+    ) -> Iterator[Callable[[Envelope, Crossing], Envelope]]:
         """A span around one crossing; what it yields is given each event appended
         inside it with its crossing (and gives the event back), and names and fills the
-        span from them."""
+        span from them.
+
+        Args:
+            scrub: the run's redaction, for an error that escapes the span without
+                having been recorded (and for a stack trace, with content on); None
+                when the run has none yet: such a message is left out.
+        """
+        # The SDK is never handed the exception: its own recording would put the raw
+        # message (and its status description) and the whole stack trace on the span.
         with self.tracer.start_as_current_span(
-            "blackbox.crossing", kind=SpanKind.CLIENT, record_exception=True
+            "blackbox.crossing",
+            kind=SpanKind.CLIENT,
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
+            recorded: list[Mapping[str, str]] = []
 
             def seen(envelope: Envelope, crossing: Crossing) -> Envelope:
                 name, attributes = _described(envelope)
@@ -81,12 +103,20 @@ class BoundarySpans:
                 span.set_attributes(attributes)
                 if self.content:
                     span.set_attributes(_content(envelope.event_type, crossing))
-                if "error" in envelope.attributes:
-                    span.set_attribute("error.type", envelope.attributes["error"])
-                    span.set_status(Status(StatusCode.ERROR))
+                error = _recorded_error(crossing)
+                if error is not None:
+                    recorded.append(error)
                 return envelope
 
-            yield seen
+            try:
+                yield seen
+            except BaseException as exc:
+                error = recorded[-1] if recorded else _scrubbed_error(exc, scrub)
+                stack = _stack(exc, error, scrub) if self.content else None
+                _failed(span, error, stack)
+                raise
+            if recorded:  # recorded as failed, and not raised (a run's own failure)
+                _failed(span, recorded[-1], None)
 
 
 def _described(envelope: Envelope) -> tuple[str, dict[str, str | int | list[str]]]:
@@ -149,3 +179,52 @@ def _content(event_type: str, crossing: Crossing) -> dict[str, str]:
 
 def _cut(text: str) -> str:
     return text if len(text) <= CONTENT_MAX_CHARS else text[: CONTENT_MAX_CHARS - 1] + "…"
+
+
+def _recorded_error(crossing: Crossing) -> Mapping[str, str] | None:
+    """The error ``crossing`` records (type and redacted message), if it records one."""
+    output = crossing.output
+    error = output.get("error") if isinstance(output, Mapping) else None
+    if isinstance(error, Mapping) and "type" in error:
+        return error
+    return None
+
+
+def _scrubbed_error(exc: BaseException, scrub: Scrub | None) -> Mapping[str, str]:
+    """``exc`` as a recorded event would hold it: its type, its message redacted by
+    ``scrub`` (left out when there is no scrub, or the message cannot be redacted)."""
+    info = error_info(exc) or {"type": type(exc).__qualname__, "message": ""}
+    message = _redacted(info.get("message", ""), scrub)
+    return {"type": info["type"]} if message is None else {"type": info["type"], "message": message}
+
+
+def _redacted(text: str, scrub: Scrub | None) -> str | None:
+    """``text`` after ``scrub``'s rules, or None when it cannot be told safely."""
+    if scrub is None:
+        return None
+    try:
+        return str(scrub.value(text, set()))
+    except BlackboxError:  # e.g. pseudonym rules without a tenant key: say nothing
+        return None
+
+
+def _stack(exc: BaseException, error: Mapping[str, str], scrub: Scrub | None) -> str | None:
+    """The frames ``exc`` went through and its recorded error, redacted as a whole
+    (source lines can hold literals too). Chained exceptions are left out: their
+    messages were never recorded, so never redacted."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    last = f"{error['type']}: {error['message']}" if error.get("message") else error["type"]
+    return _redacted(f"Traceback (most recent call last):\n{frames}{last}\n", scrub)
+
+
+def _failed(span: Span, error: Mapping[str, str], stack: str | None) -> None:
+    """Mark ``span`` failed with ``error`` (as recorded) and, when given, ``stack``."""
+    message = error.get("message")
+    span.set_attribute("error.type", error["type"])
+    span.set_status(Status(StatusCode.ERROR, f"{error['type']}: {message}" if message else None))
+    attributes = {"exception.type": error["type"]}
+    if message:
+        attributes["exception.message"] = message
+    if stack:
+        attributes["exception.stacktrace"] = stack
+    span.add_event("exception", attributes)

@@ -19,6 +19,7 @@ from agent_blackbox.console import (
     LoopbackOnly,
     StaticTokens,
     TrustedProxyHeader,
+    add_token,
     create_app,
     is_loopback,
 )
@@ -34,6 +35,13 @@ from agent_blackbox.wiring import SERVICE_POOL
     envvar="BLACKBOX_CONSOLE_TOKEN_FILE",
     type=click.Path(path_type=Path, dir_okay=False),
     help="Owner-only file of `name token` lines: viewers sign in with a token.",
+)
+@click.option(
+    "--new-token",
+    "new_token_for",
+    metavar="NAME",
+    help="Give NAME a newly generated token in --token-file (created owner-only when "
+    "missing; NAME's old token is replaced), print it once, and exit without serving.",
 )
 @click.option(
     "--proxy-header",
@@ -63,6 +71,7 @@ def web_command(
     host: str,
     port: int,
     token_file: Path | None,
+    new_token_for: str | None,
     proxy_header: str | None,
     trusted_proxy: tuple[str, ...],
     secure_cookie: bool,
@@ -74,6 +83,9 @@ def web_command(
     that is not on a loopback address is refused.
     """
     err = safe_console(stderr=True)
+    if new_token_for is not None:
+        _new_token(token_file, new_token_for)
+        return
     try:
         auth = _authenticator(token_file, proxy_header, trusted_proxy)
         if allowed_hosts and isinstance(auth, LoopbackOnly):
@@ -142,6 +154,24 @@ def web_command(
         uvicorn.Server(config).run()
     finally:
         engine.dispose()
+
+
+def _new_token(token_file: Path | None, name: str) -> None:
+    """Write a generated token for ``name`` into ``token_file`` and print it (stdout, so a
+    script can take it; the note goes to stderr)."""
+    err = safe_console(stderr=True)
+    try:
+        if token_file is None:
+            raise ConsoleAuthError("--new-token needs --token-file: the file to write it into")
+        token = add_token(token_file, name)
+    except ConsoleAuthError as exc:
+        err.print(f"[red]error:[/] {safe_text(exc)}")
+        sys.exit(2)
+    click.echo(token)
+    err.print(
+        f"a new console token for {safe_text(name)} is in {safe_text(token_file)}; hand it "
+        "to them now: it is not shown again (a running console reads the file at start)"
+    )
 
 
 def _authenticator(

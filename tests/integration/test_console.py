@@ -277,7 +277,7 @@ def test_without_a_token_only_loopback_clients_are_served(
 def test_with_a_token_file_viewers_sign_in_and_scripts_send_a_bearer_token(
     settings: Settings, engine: Engine, login: Login, recorded: dict[str, Any], tmp_path: Path
 ) -> None:
-    token = "t0ken-for-ada-" + "x" * 20
+    token = "yWWdl_yO_IraXzVZ0-KKTEGDrLRkHib_"  # generated: weak ones are refused
     tokens = tmp_path / "tokens"
     tokens.write_text(f"# console viewers\nada {token}\n")
     tokens.chmod(stat.S_IRUSR | stat.S_IWUSR)

@@ -22,6 +22,7 @@ from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Settings
+from tests._run_ids import unchecked_run_ids
 from tests.conftest import Login
 from tests.integration._views import build_views
 from tests.security.conftest import TENANT_A
@@ -42,14 +43,15 @@ def agent(run: AgentRun, input: Any) -> Any:
 
 def _record(writer: Engine, settings: Settings, *, subject: str) -> str:
     recorder = Recorder(writer, settings=settings, keys=DataKeyStore(LocalKeyProvider({"v1": KEK})))
-    run, _ = recorder.record(
-        agent,
-        RunSnapshot(code_version="display.1", input={"who": subject}),
-        agent_id=AGENT,
-        tenant_id=TENANT_A,
-        subject_ids=(subject,),
-        run_id=f"run-{os.urandom(4).hex()}-{HOSTILE}",
-    )
+    with unchecked_run_ids():  # recorded as before the run id rule, or forged on the topic
+        run, _ = recorder.record(
+            agent,
+            RunSnapshot(code_version="display.1", input={"who": subject}),
+            agent_id=AGENT,
+            tenant_id=TENANT_A,
+            subject_ids=(subject,),
+            run_id=f"run-{os.urandom(4).hex()}-{HOSTILE}",
+        )
     return run.run_id
 
 

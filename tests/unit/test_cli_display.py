@@ -15,6 +15,7 @@ from agent_blackbox.consumers._retention import Redaction, RetentionReport
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, RunSnapshot
 from agent_blackbox.replayer import write_archive
 from agent_blackbox.schemas import safe_console
+from tests._run_ids import unchecked_run_ids
 
 LINK = "\x1b]8;;https://evil.example/\x1b\\click me\x1b]8;;\x1b\\"
 CLEAR = "\x1b[2J"
@@ -48,7 +49,8 @@ def _assert_nothing_raw(output: str) -> None:
 def archive(tmp_path_factory: pytest.TempPathFactory) -> str:
     recorder = MemoryRecorder()
     snapshot = RunSnapshot(code_version="display.1", input={"text": HOSTILE})
-    recorder.record(echo_entry, snapshot, agent_id=f"agent{SHORTCODE}", run_id=f"run-{HOSTILE}")
+    with unchecked_run_ids():  # an archive of a run recorded before the run id rule
+        recorder.record(echo_entry, snapshot, agent_id=f"agent{SHORTCODE}", run_id=f"run-{HOSTILE}")
     path = tmp_path_factory.mktemp("archive") / "runs.avro"
     write_archive(path, list(recorder.events))
     return str(path)

@@ -16,14 +16,15 @@ from agent_blackbox.console import (
     CSP,
     ConsoleAuthError,
     LoopbackOnly,
+    SignInThrottle,
     StaticTokens,
     TrustedProxyHeader,
     create_app,
 )
 from agent_blackbox.schemas import Settings
 
-TOKEN = "a-token-of-ada-long-enough-1234"
-TOKEN_B = "another-token-for-bob-5678-xyz"
+TOKEN = "Ju8izountVIkrVlEzZxoU9Nf_o5BaX_Z"  # generated: weak ones are refused
+TOKEN_B = "CWZkispZHmPKE17nwhRP73aVeGITtykL"
 NOWHERE = "postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=1"
 
 
@@ -200,16 +201,23 @@ def test_signing_out_ends_the_session_for_good() -> None:
     assert client.get("/runs").status_code == 303
 
 
-def test_sign_in_is_throttled_after_repeated_failures() -> None:
-    client = _client(StaticTokens({"ada": TOKEN}))
-    answers = [client.post("/login", data={"token": f"guess-{i}"}).status_code for i in range(6)]
-    assert answers == [401] * 5 + [429]
-    # Whoever shares the address is not locked out: the right token still signs in.
+def test_sign_in_backs_off_after_repeated_failures() -> None:
+    now = [0.0]
+    tokens = StaticTokens({"ada": TOKEN}, throttle=SignInThrottle(clock=lambda: now[0]))
+    client = _client(tokens)
+    answers = [client.post("/login", data={"token": f"guess-{i}"}).status_code for i in range(5)]
+    assert answers == [401] * 4 + [429]  # three free, then a second's wait
+    # While it waits, the right token is refused too: trying teaches a guesser nothing.
+    refused = client.post("/login", data={"token": TOKEN})
+    assert refused.status_code == 429
+    assert "wait 1 second " in refused.text
+    bearer = client.get("/runs", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert bearer.status_code == 429
+    now[0] += 1
     assert client.post("/login", data={"token": TOKEN}).status_code == 303
-    wrong = [client.get("/runs", headers={"Authorization": "Bearer x" * i}) for i in (1, 2)]
-    assert [w.status_code for w in wrong] == [429, 429]  # bearer guesses count too
-    right = client.get("/runs", headers={"Authorization": f"Bearer {TOKEN}"})
-    assert right.status_code == 503
+    # Another address, with another token prefix, is not slowed by the guesser.
+    other = _client(tokens, client=("127.0.0.2", 5000))
+    assert other.get("/runs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 503
 
 
 def test_a_user_named_twice_by_the_proxy_is_refused() -> None:
