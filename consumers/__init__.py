@@ -110,6 +110,7 @@ from agent_blackbox.consumers._prices import (
     dollars_json,
     dollars_text,
 )
+from agent_blackbox.consumers._redacted_views import SHREDDED_DIGEST, scrub_run_views_txn
 from agent_blackbox.consumers._replay_results import ViewReplayResults
 from agent_blackbox.consumers._retention import (
     Redaction,
@@ -200,6 +201,7 @@ __all__ = [
     "MAX_SESSION_RUNS",
     "RUN_STATUSES",
     "SEARCH_TERMS",
+    "SHREDDED_DIGEST",
     "TEXT_INDEX_GROUP",
     "USAGE_GROUPS",
     "VIEWS_SCHEMA",
@@ -320,6 +322,7 @@ __all__ = [
     "run_events_txn",
     "run_rollups",
     "runs_view",
+    "scrub_run_views_txn",
     "searchable_tenants_txn",
     "select_runs_txn",
     "session_txn",
