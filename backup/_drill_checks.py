@@ -26,10 +26,11 @@ from agent_blackbox.broker import KafkaUnavailable, watermarks
 from agent_blackbox.consumers import (
     event_references_txn,
     event_spans_txn,
+    unscrubbed_view_runs_txn,
     view_digests_txn,
 )
 from agent_blackbox.keystore import key_states_txn
-from agent_blackbox.outbox.lifecycle import shredded_runs_txn
+from agent_blackbox.outbox.lifecycle import shredded_runs_txn, unscrubbed_runs_txn
 from agent_blackbox.schemas import Settings
 from agent_blackbox.wiring import COMMAND_POOL
 
@@ -156,13 +157,21 @@ class DrillChecks:
             ledger = list(write_side.ledger_rows_txn(conn))
             runs = sorted({str(r["run_id"]) for r in ledger})
             states = key_states_txn(conn, run_ids=runs)
+            shredded = shredded_runs_txn(conn)
+            rows = unscrubbed_runs_txn(conn, shredded)
+            views = unscrubbed_view_runs_txn(conn, shredded)
         live = [
             f"run {run}: data key {key} is live in the restored copy although the ledger "
             "destroyed it"
             for key, (run, is_live) in sorted(states.items())
             if is_live and any(key in r["key_ids"] for r in ledger if r["run_id"] == run)
         ]
-        detail = f"{len(runs)} runs in the deletion ledger: none of their destroyed keys is live"
+        live += [f"run {run}: its row or effects still hold values forget scrubs" for run in rows]
+        live += [f"run {run}: the views still hold its digests or labels" for run in views]
+        detail = (
+            f"{len(runs)} runs in the deletion ledger: none of their destroyed keys is live, "
+            f"and {len(shredded)} shredded runs are scrubbed in rows and views"
+        )
         return Check("forgotten stays unreadable", not live, detail, tuple(live))
 
     # -- with the project's own tools ------------------------------------------------

@@ -110,7 +110,11 @@ from agent_blackbox.consumers._prices import (
     dollars_json,
     dollars_text,
 )
-from agent_blackbox.consumers._redacted_views import SHREDDED_DIGEST, scrub_run_views_txn
+from agent_blackbox.consumers._redacted_views import (
+    SHREDDED_DIGEST,
+    scrub_run_views_txn,
+    unscrubbed_view_runs_txn,
+)
 from agent_blackbox.consumers._replay_results import ViewReplayResults
 from agent_blackbox.consumers._retention import (
     Redaction,
@@ -332,6 +336,7 @@ __all__ = [
     "text_search_tenants",
     "text_search_tenants_txn",
     "tool_calls",
+    "unscrubbed_view_runs_txn",
     "usage_series_txn",
     "view_digests_txn",
     "view_figures_txn",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, select, text, union
 
 from agent_blackbox.consumers._ledger import (
     DatabaseFacts,
@@ -115,6 +115,30 @@ def scrub_run_views_txn(conn: Connection, run_ids: Sequence[str]) -> None:
             incoming_output_digest=SHREDDED_DIGEST,
         )
     )
+
+
+def unscrubbed_view_runs_txn(conn: Connection, run_ids: Sequence[str]) -> list[str]:
+    """The runs of ``run_ids`` the views still hold a digest, session or user id of
+    (what :func:`scrub_run_views_txn` would replace)."""
+    if not run_ids:
+        return []
+    ids = list(run_ids)
+    events, runs = events_index.c, runs_view.c
+    digested = (
+        select(events.run_id)
+        .where(events.run_id.in_(ids))
+        .where(
+            events.input_digest.is_distinct_from(SHREDDED_DIGEST)
+            | events.output_digest.is_distinct_from(SHREDDED_DIGEST)
+        )
+    )
+    labelled = (
+        select(runs.run_id)
+        .where(runs.run_id.in_(ids))
+        .where(runs.session_id.is_not(None) | runs.user_id.is_not(None))
+    )
+    found = conn.execute(union(digested, labelled)).scalars()
+    return sorted(str(r) for r in found)
 
 
 def forget_run_labels_txn(conn: Connection, run_ids: Sequence[str]) -> None:

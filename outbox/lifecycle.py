@@ -47,6 +47,7 @@ __all__ = [
     "scrub_runs_txn",
     "scrub_shredded_runs_txn",
     "shredded_runs_txn",
+    "unscrubbed_runs_txn",
     "write_ledger_txn",
 ]
 
@@ -304,6 +305,27 @@ def shredded_runs_txn(conn: Connection) -> list[str]:
     shredding, a re-application, or a forget of a run recorded unencrypted): the runs a
     restored copy must hold scrubbed (:func:`scrub_runs_txn`)."""
     return [str(r) for r in conn.execute(_SHREDDED_RUNS).scalars()]
+
+
+_UNSCRUBBED = text(
+    """
+    SELECT r.run_id FROM blackbox.runs r
+     WHERE r.run_id = ANY(:run_ids)
+       AND (r.state IS NOT NULL OR r.subject_ids <> '{}'
+            OR EXISTS (SELECT 1 FROM blackbox.effects e
+                        WHERE e.run_id = r.run_id
+                          AND (e.idempotency_key <> :shredded || ':' || e.intent_sequence
+                               OR e.external_id <> :shredded)))
+     ORDER BY r.run_id
+    """
+)
+
+
+def unscrubbed_runs_txn(conn: Connection, run_ids: Sequence[str]) -> list[str]:
+    """The runs of ``run_ids`` whose row or effects still hold a value the shredding
+    scrub replaces (a drill's check that a restore scrubbed what the ledger names)."""
+    params = {"run_ids": list(run_ids), "shredded": SHREDDED}
+    return [str(r) for r in conn.execute(_UNSCRUBBED, params).scalars()]
 
 
 def scrub_shredded_runs_txn(conn: Connection) -> list[str]:

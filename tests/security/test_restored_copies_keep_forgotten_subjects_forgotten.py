@@ -13,6 +13,7 @@ what it should).
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,21 @@ def test_a_whole_restore_brings_back_no_value_of_theirs(
 
     url = _env_url(env_file)
     _assert_forgotten(url, logins_into(url), backed_up)
+
+
+def test_a_drill_fails_a_copy_whose_views_kept_the_forgotten_run(
+    copies: Copies,  # noqa: F811
+    backed_up: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A restore that forgot the views' scrub (a regression) is caught by the drill.
+    monkeypatch.setattr("agent_blackbox.backup._copy.scrub_views", lambda _engine: [])
+    drilled = copies.cli("drill", "--sample", "0", "--json")
+
+    assert drilled.exit_code == 1, drilled.output
+    report = json.loads(drilled.stdout)
+    [failed] = [c for c in report["checks"] if c["passed"] is False]
+    assert failed["name"] == "forgotten stays unreadable"
+    assert failed["where"] == [
+        f"run {backed_up['runs'][FORGOTTEN]}: the views still hold its digests or labels"
+    ]
