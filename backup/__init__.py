@@ -54,6 +54,7 @@ from agent_blackbox.backup._store import (
     check_key,
 )
 from agent_blackbox.backup._target import Target, TargetError, create_target, drop_target
+from agent_blackbox.backup._trust import TRUST_CUT_OPTION, check_backup, parse_cut
 from agent_blackbox.backup._verify import StoreCheck, check_store, fetch_checked
 from agent_blackbox.backup._writer import BackupPolicy, BackupWriter, backup_group
 
@@ -61,6 +62,7 @@ __all__ = [
     "BACKUP_URL_ENV",
     "MAX_KEY_LENGTH",
     "TABLES",
+    "TRUST_CUT_OPTION",
     "BackupBusy",
     "BackupCorrupt",
     "BackupDiverged",
@@ -96,6 +98,7 @@ __all__ = [
     "TargetError",
     "backup_group",
     "blob_key",
+    "check_backup",
     "check_key",
     "check_store",
     "create_target",
@@ -107,6 +110,7 @@ __all__ = [
     "load_chain",
     "load_pruned",
     "open_store",
+    "parse_cut",
     "plan_prune",
     "print_drill",
     "prune",

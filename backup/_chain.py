@@ -70,16 +70,19 @@ def load_chain(
     verifier: CheckpointVerifier,
     *,
     at: datetime | None = None,
+    upto: int | None = None,
 ) -> Chain:
     """Every manifest from the first up to the newest (or the last created at or before
-    ``at``), each checked: readable, numbered in order, naming its predecessor's SHA-256,
-    and signed by a known key. A manifest that fails is recorded as a problem and the
-    chain stops before it only if it cannot be read at all.
+    ``at``, or the one numbered ``upto``), each checked: readable, numbered in order,
+    naming its predecessor's SHA-256, and signed by a known key. A manifest that fails is
+    recorded as a problem and the chain stops before it only if it cannot be read at all.
     """
     chain = Chain()
     previous = GENESIS_MANIFEST
     expected = 1
     for number in manifest_numbers(store):
+        if upto is not None and number > upto:
+            break
         key = manifest_key(number)
         if number != expected:
             chain.problems.append(

@@ -1,5 +1,6 @@
 """Bringing a checked cut (or a selection of its runs) back into a target, in order:
-the deletion ledger with the rows, the events, the views, the blobs.
+the deletion ledger with the rows, the events, the views, the blobs. Every run the
+ledger names comes back as ``forget`` left it: keys destroyed, rows and views scrubbed.
 
 Shared by the drill (everything, then verified and dropped) and by ``blackbox restore``
 (a selection, kept for an investigation).
@@ -33,7 +34,9 @@ from agent_blackbox.consumers import (
     entries_of,
     event_references_txn,
     reapply_ledger,
+    scrub_run_views_txn,
 )
+from agent_blackbox.outbox.lifecycle import shredded_runs_txn
 from agent_blackbox.schemas import CheckpointVerifier, PayloadPipeline, Settings
 
 Say = Callable[[str], None]
@@ -66,6 +69,8 @@ class RestoredCopy:
     produced: dict[int, int] = field(default_factory=dict)
     """Events produced to the target topic, per partition."""
     blobs: int = 0
+    scrubbed: list[str] = field(default_factory=list)
+    """Runs the restored ledger names as shredded, scrubbed in the rebuilt views."""
 
     @property
     def events(self) -> int:
@@ -114,6 +119,7 @@ def restore_copy(
         )
     with stage("rebuild the views"):
         build_views(target.settings, engine, expected=copy.events)
+        copy.scrubbed = scrub_views(engine)
     with stage("restore blobs"):
         only = None
         if selection.run_ids is not None:
@@ -121,6 +127,21 @@ def restore_copy(
                 only = frozenset(event_references_txn(conn)[1])
         copy.blobs = restore_blobs(store, cut, engine, only=only)
     return copy
+
+
+def scrub_views(engine: Engine) -> list[str]:
+    """Apply ``forget``'s scrub of the views to every run the target's deletion ledger
+    names; those runs.
+
+    The rebuilt views hold what the restored events say: a run forgotten after the cut
+    has no ``run.redacted`` among them (nor has one recorded unencrypted), so its
+    digests, attributes and labels would stay. This runs before the copy is handed over
+    (no one else holds its credentials yet).
+    """
+    with engine.begin() as conn:
+        run_ids = shredded_runs_txn(conn)
+        scrub_run_views_txn(conn, run_ids)
+    return run_ids
 
 
 def build_views(

@@ -2,9 +2,11 @@
 
 :func:`run_drill` goes through these stages, timing each:
 
-1. **check** the backup where it is: the manifest chain up to the cut, its signatures,
-   and every object's SHA-256 and contents (a backup that fails stops the drill here:
-   nothing is restored from objects that are not the ones written);
+1. **check** the backup where it is, as ``backup verify`` does (:func:`check_backup`):
+   the manifest chain up to the cut, its signatures, every object's SHA-256 and
+   contents, and that no manifest was removed from the store's end (a backup that fails
+   stops the drill here: nothing is restored from objects that are not the ones
+   written, nor from a store that lost its newest cuts, unless told which to trust);
 2. **target**: a new database with a role of its own and a new topic prefix;
 3. **ledger and rows**: destructions newer than the cut are gathered first (the
    production database's ledger and the ``run.redacted`` notes after the cut, when
@@ -31,10 +33,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from agent_blackbox.backup._chain import head_manifest
 from agent_blackbox.backup._copy import Stages, restore_copy
 from agent_blackbox.backup._drill_checks import Check, DrillChecks
-from agent_blackbox.backup._errors import BackupCorrupt, BackupError
+from agent_blackbox.backup._errors import BackupError
 from agent_blackbox.backup._manifest import Manifest
 from agent_blackbox.backup._newer import NewerDeletions
 from agent_blackbox.backup._restore import (
@@ -48,8 +49,8 @@ from agent_blackbox.backup._target import (
     target_engine,
     target_name,
 )
-from agent_blackbox.backup._verify import StoreCheck, check_store
-from agent_blackbox.backup._writer import recorded_offsets
+from agent_blackbox.backup._trust import TRUST_CUT_OPTION, check_backup
+from agent_blackbox.backup._verify import StoreCheck
 from agent_blackbox.broker import broker_answers, new_admin
 from agent_blackbox.consumers import LedgerReport
 from agent_blackbox.schemas import (
@@ -72,6 +73,9 @@ class DrillOptions:
     """Leave the target in place afterwards (its name is in the report)."""
     purpose: str = "restore drill"
     """Why the sample's bodies are read (written to the restored copy's access audit)."""
+    trust_cut: int | None = None
+    """The manifest number of the cut the operator vouches for: restore it even though
+    the store's newest manifests were removed (see :func:`check_backup`)."""
 
 
 @dataclass(slots=True)
@@ -151,11 +155,10 @@ def run_drill(
     stage = Stages(say)
     report.stages = stage.times
     with stage("check the backup"):
-        recorded = None if options.at is not None else recorded_by_production(production, store)
-        check = check_store(store, verifier, at=options.at, recorded=recorded)
+        check = check_backup(
+            production, store, verifier, at=options.at, trust_cut=options.trust_cut
+        )
     cut = check.cut
-    if cut is None and not check.chain.problems:
-        raise BackupError(no_cut(store, options.at))
     if cut is not None:
         _describe_cut(report, check, cut)
     report.add(_backup_check(check))
@@ -216,28 +219,6 @@ def require_broker(production: Settings) -> None:
         )
 
 
-def no_cut(store: BackupStore, at: datetime | None) -> str:
-    """Why there is nothing to restore or check, and what to do."""
-    if at is not None:
-        return (
-            f"no backup cut in {store.describe()} was written at or before {at.isoformat()}; "
-            "give a later --at"
-        )
-    return (
-        f"no backup in {store.describe()}: run `blackbox backup run`, or point --store "
-        "(BLACKBOX_BACKUP_URL) at the store backed up to"
-    )
-
-
-def recorded_by_production(production: Settings, store: BackupStore) -> dict[int, int] | None:
-    """How far production's database says the backup got (None: unknown)."""
-    try:
-        head = head_manifest(store)
-    except BackupCorrupt:
-        return None  # the check names the unreadable manifest
-    return None if head is None else recorded_offsets(production, store, head.positions)
-
-
 def _describe_cut(report: DrillReport, check: StoreCheck, cut: Manifest) -> None:
     report.cut = cut.key
     report.cut_created_at = cut.created_at
@@ -254,6 +235,10 @@ def _backup_check(check: StoreCheck) -> Check:
         f"{check.messages:,} events, {check.blobs} blobs"
     )
     where = tuple(f"{p.where}: {p.problem}" for p in check.problems[:20])
+    if check.waived:
+        detail += f"; restored as told ({TRUST_CUT_OPTION}) although " + "; ".join(
+            f"{p.where}: {p.problem}" for p in check.waived[:3]
+        )
     return Check("backup objects and manifest chain", not check.problems, detail, where)
 
 

@@ -26,9 +26,11 @@ from agent_blackbox.broker import KafkaUnavailable, watermarks
 from agent_blackbox.consumers import (
     event_references_txn,
     event_spans_txn,
+    unscrubbed_view_runs_txn,
     view_digests_txn,
 )
 from agent_blackbox.keystore import key_states_txn
+from agent_blackbox.outbox.lifecycle import shredded_runs_txn, unscrubbed_runs_txn
 from agent_blackbox.schemas import Settings
 from agent_blackbox.wiring import COMMAND_POOL
 
@@ -155,13 +157,21 @@ class DrillChecks:
             ledger = list(write_side.ledger_rows_txn(conn))
             runs = sorted({str(r["run_id"]) for r in ledger})
             states = key_states_txn(conn, run_ids=runs)
+            shredded = shredded_runs_txn(conn)
+            rows = unscrubbed_runs_txn(conn, shredded)
+            views = unscrubbed_view_runs_txn(conn, shredded)
         live = [
             f"run {run}: data key {key} is live in the restored copy although the ledger "
             "destroyed it"
             for key, (run, is_live) in sorted(states.items())
             if is_live and any(key in r["key_ids"] for r in ledger if r["run_id"] == run)
         ]
-        detail = f"{len(runs)} runs in the deletion ledger: none of their destroyed keys is live"
+        live += [f"run {run}: its row or effects still hold values forget scrubs" for run in rows]
+        live += [f"run {run}: the views still hold its digests or labels" for run in views]
+        detail = (
+            f"{len(runs)} runs in the deletion ledger: none of their destroyed keys is live, "
+            f"and {len(shredded)} shredded runs are scrubbed in rows and views"
+        )
         return Check("forgotten stays unreadable", not live, detail, tuple(live))
 
     # -- with the project's own tools ------------------------------------------------
@@ -194,17 +204,28 @@ class DrillChecks:
             return Check(name, None, f"production database not reachable: {_first(exc)}")
         with self._engine.connect() as conn:
             ours = view_digests_txn(conn, limits)
+            forgotten = set(shredded_runs_txn(conn))
         # Production's views may lag behind the backup (its consumer is slower than the
         # backup writer): a run they hold fewer events of is not compared, only counted.
         behind = [r for r in limits if theirs.get(r, (0, ""))[0] < ours.get(r, (0, ""))[0]]
+        # A run shredded after the cut is scrubbed in the copy, and in production's views
+        # only once their consumer reads its run.redacted: not a difference of the copy.
+        unscrubbed = [
+            r for r in limits if r in forgotten and r not in behind and ours.get(r) != theirs.get(r)
+        ]
         wrong = [
             f"run {run}: {ours.get(run, (0, ''))[0]} events, digests differ from production's"
             for run in sorted(limits)
-            if run not in behind and ours.get(run) != theirs.get(run)
+            if run not in behind and run not in unscrubbed and ours.get(run) != theirs.get(run)
         ]
         detail = f"{len(limits) - len(behind):,} runs digested row by row up to the cut"
         if behind:
             detail += f"; {len(behind):,} not compared (production's views are behind)"
+        if unscrubbed:
+            detail += (
+                f"; {len(unscrubbed):,} shredded runs scrubbed in the copy, not yet in "
+                "production's views"
+            )
         return Check(name, not wrong, detail, tuple(wrong))
 
     def replay_sample(self, sample: int, purpose: str) -> Check:

@@ -30,7 +30,7 @@ from agent_blackbox.backup._target import (
     drop_target,
     target_engine,
 )
-from agent_blackbox.backup._verify import check_store
+from agent_blackbox.backup._trust import check_backup
 from agent_blackbox.keystore import purpose_problem, record_access_txn
 from agent_blackbox.schemas import CheckpointVerifier, Settings
 from agent_blackbox.wiring import COMMAND_POOL
@@ -51,6 +51,8 @@ class RestoreRequest:
     since: datetime | None = None
     at: datetime | None = None
     principal: str = ""
+    trust_cut: int | None = None
+    """The manifest number of the cut the operator vouches for (``--trust-cut``)."""
 
     def problem(self) -> str | None:
         """What makes the request unusable, or None."""
@@ -105,11 +107,15 @@ def restore_runs(
         raise BackupError(problem)
     stage = Stages(say)
     with stage("check the backup"):
-        check = check_store(store, verifier, at=request.at)
+        check = check_backup(
+            production, store, verifier, at=request.at, trust_cut=request.trust_cut
+        )
     cut = check.cut
     if cut is None or check.problems:
         found = "; ".join(f"{p.where}: {p.problem}" for p in check.problems[:5])
         raise BackupCorrupt(f"the backup failed its check, nothing is restored: {found}")
+    for waived in check.waived:
+        say(f"restoring {cut.key} as told although {waived.where}: {waived.problem}")
     forgotten = frozenset(
         str(r["run_id"])
         for r in table_rows(store, cut, "deletion_ledger")

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from agent_blackbox.backup._chain import load_chain
-from agent_blackbox.backup._drill import no_cut
 from agent_blackbox.backup._errors import BackupError
 from agent_blackbox.backup._manifest import Manifest, SegmentEntry
 from agent_blackbox.backup._pruned import PRUNED, PruneRecord, load_pruned
 from agent_blackbox.backup._restore import table_rows
 from agent_blackbox.backup._snapshot import BLOBS, blob_key
 from agent_blackbox.backup._store import BackupStore
+from agent_blackbox.backup._trust import no_cut
 from agent_blackbox.consumers import RetentionPolicy
 from agent_blackbox.schemas import CheckpointSigner, CheckpointVerifier
 

@@ -9,7 +9,9 @@ The order is the point:
 2. the other rows follow in the same transaction, trimmed to the cut: a run's row
    names the last event the cut holds (the snapshot was taken a little after the
    segments), a run with no event in the cut is left out, and a checkpoint signed past
-   the cut's events is set aside (counted);
+   the cut's events is set aside (counted); before it commits, every run the ledger
+   names as shredded gets ``forget``'s scrub (state, subject ids, effects' keys and
+   external ids), so a backup taken before a deletion brings none of them back;
 3. blobs, each checked against its content address;
 4. the events, produced to the target topic on the partition they were read from, with
    their keys, headers and timestamps, envelopes byte for byte.
@@ -40,6 +42,7 @@ from agent_blackbox.backup._snapshot import (
 from agent_blackbox.backup._store import BackupStore
 from agent_blackbox.backup._verify import fetch_blob, fetch_checked
 from agent_blackbox.broker import kafka_errors, new_producer, producer_config
+from agent_blackbox.outbox.lifecycle import scrub_shredded_runs_txn
 from agent_blackbox.schemas import Settings
 
 _BATCH = 2_000
@@ -70,6 +73,8 @@ class RestoredTables:
     """(run, key) destroyed by a ledger entry newer than the cut, before any write."""
     checkpoints_past_cut: int = 0
     runs_without_events: int = 0
+    scrubbed: list[str] = field(default_factory=list)
+    """Runs the ledger names as shredded, scrubbed as ``forget`` scrubs them."""
 
 
 def table_rows(store: BackupStore, cut: Manifest, name: str) -> Iterator[dict[str, Any]]:
@@ -106,6 +111,9 @@ def restore_tables(
             done.rows[table.name] = _write(conn, table, rows)
         # Newer entries after the cut's, and the id sequence moved past all of them.
         write_side.restore_ledger_txn(conn, newer)
+        # What forget scrubbed (state, subjects, effect keys and ids) is scrubbed from
+        # every run the ledger names, before this transaction makes any row visible.
+        done.scrubbed = scrub_shredded_runs_txn(conn)
     return done
 
 

@@ -14,7 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from agent_blackbox.backup._chain import Chain, ChainProblem, load_chain
+from agent_blackbox.backup._chain import (
+    Chain,
+    ChainProblem,
+    load_chain,
+    manifest_numbers,
+    read_manifest,
+)
 from agent_blackbox.backup._errors import BackupCorrupt
 from agent_blackbox.backup._manifest import Manifest, SegmentEntry, TableEntry
 from agent_blackbox.backup._pruned import load_pruned
@@ -44,6 +50,9 @@ class StoreCheck:
     """The newest backed-up message's Kafka timestamp (ms since the epoch)."""
     pruned: set[str] = field(default_factory=set)
     """Segments a prune record says were removed on purpose (expired)."""
+    waived: list[ChainProblem] = field(default_factory=list)
+    """Problems the operator accepted by naming the cut to trust (newest manifests
+    removed from the store): reported, not failed."""
 
     def segments_held(self) -> list[SegmentEntry]:
         """The segments up to the cut that the store still holds (not pruned)."""
@@ -64,16 +73,21 @@ def check_store(
     verifier: CheckpointVerifier,
     *,
     at: datetime | None = None,
+    upto: int | None = None,
     progress: Progress | None = None,
     recorded: Mapping[int, int] | None = None,
+    trusted: bool = False,
 ) -> StoreCheck:
-    """Check the chain up to the newest cut (or the last at or before ``at``) and every
-    object it names; every problem is listed, none stops the check.
+    """Check the chain up to the newest cut (or the last at or before ``at``, or the
+    manifest numbered ``upto``) and every object it names; every problem is listed, none
+    stops the check.
 
     ``recorded``: how far the database says the backup got (partition -> next offset);
-    a newest cut short of it means manifests were removed from the store's end.
+    a store whose newest manifest is short of it had manifests removed from its end,
+    whichever cut is checked. ``trusted``: the operator named the cut (``upto``), so
+    that removal is reported in ``waived`` rather than failing the check.
     """
-    chain = load_chain(store, verifier, at=at)
+    chain = load_chain(store, verifier, at=at, upto=upto)
     pruned = load_pruned(store, verifier)
     check = StoreCheck(chain=chain, problems=[*chain.problems, *pruned.problems])
     check.pruned = pruned.segments
@@ -86,8 +100,8 @@ def check_store(
         if not check.problems:
             check.problems.append(ChainProblem(store.describe(), "no backup manifest is there"))
         return check
-    if recorded and at is None:
-        _check_tail(chain.cut, recorded, check)
+    if recorded:
+        _check_tail(store, chain.cut, recorded, check, trusted=trusted)
     segments = check.segments_held()
     codec = EnvelopeCodec()
     for done, segment in enumerate(segments, 1):
@@ -98,17 +112,39 @@ def check_store(
     return check
 
 
-def _check_tail(cut: Manifest, recorded: Mapping[int, int], check: StoreCheck) -> None:
-    short = {p: o for p, o in sorted(recorded.items()) if o > cut.positions.get(p, 0)}
-    if short:
-        where = ", ".join(f"[{p}]@{o}" for p, o in short.items())
-        check.problems.append(
-            ChainProblem(
-                cut.key,
-                f"the database records backing up to {where}, past this newest manifest: "
-                "manifests after it were removed from the store",
-            )
-        )
+def _check_tail(
+    store: BackupStore,
+    cut: Manifest,
+    recorded: Mapping[int, int],
+    check: StoreCheck,
+    *,
+    trusted: bool,
+) -> None:
+    newest = _newest(store, cut)
+    if newest is None:
+        return  # unreadable: the chain check up to it names it
+    short = {p: o for p, o in sorted(recorded.items()) if o > newest.positions.get(p, 0)}
+    if not short:
+        return
+    where = ", ".join(f"[{p}]@{o}" for p, o in short.items())
+    problem = ChainProblem(
+        newest.key,
+        f"the database records backing up to {where}, past this newest manifest: "
+        "manifests after it were removed from the store; nothing is restored from it "
+        "unless you name the cut to trust (--trust-cut <number>)",
+    )
+    (check.waived if trusted else check.problems).append(problem)
+
+
+def _newest(store: BackupStore, cut: Manifest) -> Manifest | None:
+    """The store's newest manifest (``cut`` when it is the newest)."""
+    numbers = manifest_numbers(store)
+    if not numbers or numbers[-1] == cut.number:
+        return cut
+    try:
+        return read_manifest(store, numbers[-1])
+    except (BackupCorrupt, StoreError):
+        return None
 
 
 def fetch_checked(store: BackupStore, key: str, sha256: str) -> bytes:

@@ -17,7 +17,11 @@ measured in the same run:
    over none (target: at most 1.10);
 3. ``replay_events_per_s``: the recorded runs re-driven in process (``replay_run``:
    every body opened, every request rebuilt), the best of ``--repeat``;
-   ``replay_ratio`` is default over none (target: at least 0.90).
+   ``replay_ratio`` is default over none (target: at least 0.90);
+4. what padding a compressed body to its size bucket costs (a sealed body is padded so
+   its size hides what compressed well, ``schemas._padding``), over the default
+   store's compressed bodies: ``padding_bytes_pct``, the bytes added in per cent of
+   the compressed bytes, and ``padding_us_per_body``, padding and unpadding one body.
 
     python -m bench.payloads [--turns 50] [--runs 6] [--repeat 5]
 """
@@ -33,7 +37,8 @@ from typing import Any
 
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, Recorder, RunSnapshot
 from agent_blackbox.replayer import replay_run
-from agent_blackbox.schemas import Envelope, EventType, Settings
+from agent_blackbox.schemas import Envelope, EventType, Settings, split_encoding
+from agent_blackbox.schemas._padding import pad, unpad
 from bench._common import bench_settings, drop_runs, emit, stage
 from bench._conversation import conversation_agent, docstring_prose
 
@@ -94,6 +99,26 @@ def recorded(store: str, turns: int, runs: int) -> Store:
         recorder.record(agent, snapshot, agent_id=f"support-{_provider(i)}")
         out.append(list(recorder.events))
     return Store(out, recorder)
+
+
+def padding_cost(store: Store) -> tuple[float, float]:
+    """Padding ``store``'s compressed bodies to their size buckets, as the recorder does
+    before sealing one: the bytes added (per cent of the compressed bytes) and the
+    microseconds to pad and unpad a body."""
+    bodies = [
+        e.payload
+        for run in store.runs
+        for e in run
+        if e.payload is not None and split_encoding(e.payload_encoding)[0] is not None
+    ]
+    began = time.perf_counter()
+    padded = [pad(body) for body in bodies]
+    for body in padded:
+        unpad(body, "bench")
+    seconds = time.perf_counter() - began
+    compressed = sum(map(len, bodies))
+    added = sum(map(len, padded)) - compressed
+    return 100 * added / compressed, 1e6 * seconds / len(bodies)
 
 
 class _Timed:
@@ -194,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         emit(BENCH, "bytes_per_event", every, unit="bytes", store=name, **labels)
     reduction = sizes["none"] / sizes["default"]
     emit(BENCH, "llm_bytes_reduction", reduction, unit="x", target=REDUCTION_TARGET, **labels)
+    added, micros = padding_cost(stored["default"])
+    emit(BENCH, "padding_bytes_pct", added, unit="%", store="default", **labels)
+    emit(BENCH, "padding_us_per_body", micros, unit="us", store="default", **labels)
 
     settings = bench_settings(BENCH)
     with stage("recording through Postgres"):

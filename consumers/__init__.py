@@ -111,6 +111,11 @@ from agent_blackbox.consumers._prices import (
     dollars_json,
     dollars_text,
 )
+from agent_blackbox.consumers._redacted_views import (
+    SHREDDED_DIGEST,
+    scrub_run_views_txn,
+    unscrubbed_view_runs_txn,
+)
 from agent_blackbox.consumers._replay_results import KeptRow, ViewReplayResults, kept_values_txn
 from agent_blackbox.consumers._retention import (
     Redaction,
@@ -201,6 +206,7 @@ __all__ = [
     "MAX_SESSION_RUNS",
     "RUN_STATUSES",
     "SEARCH_TERMS",
+    "SHREDDED_DIGEST",
     "STALLED_AFTER_MINUTES",
     "TEXT_INDEX_GROUP",
     "USAGE_GROUPS",
@@ -324,6 +330,7 @@ __all__ = [
     "run_events_txn",
     "run_rollups",
     "runs_view",
+    "scrub_run_views_txn",
     "searchable_tenants_txn",
     "select_runs_txn",
     "session_txn",
@@ -333,6 +340,7 @@ __all__ = [
     "text_search_tenants",
     "text_search_tenants_txn",
     "tool_calls",
+    "unscrubbed_view_runs_txn",
     "usage_series_txn",
     "view_digests_txn",
     "view_figures_txn",

@@ -28,6 +28,7 @@ from agent_blackbox.outbox.lifecycle import (
     RunHead,
     ledger_key_ids_txn,
     run_head_txn,
+    scrub_run_txn,
     write_ledger_txn,
 )
 from agent_blackbox.schemas import (
@@ -113,8 +114,9 @@ def reapply_ledger(
     verifier: CheckpointVerifier | None = None,
 ) -> LedgerReport:
     """Destroy again the data keys of every authentic, chained note whose keys belong to
-    its run (see the module's docstring); report the others with the reason. One
-    transaction for all. Entries come from the topic (:func:`ledger_entries`).
+    its run, and scrub the run's clear values as the shredding did (see the module's
+    docstring); report the others with the reason. One transaction for all. Entries
+    come from the topic (:func:`ledger_entries`).
 
     Args:
         engine: a connection as the schema owner (it destroys keys, writes the ledger).
@@ -134,6 +136,9 @@ def reapply_ledger(
             applied += 1
             reason = f"reapplied {entry.reason}"
             again = destroy_key_ids_txn(conn, entry.key_ids, run_id=entry.run_id, reason=reason)
+            # The whole of the shredding comes back, not only the keys' destruction: what
+            # the run row and its effects held in clear is scrubbed as forget scrubs it.
+            scrub_run_txn(conn, entry.run_id)
             if again:
                 write_ledger_txn(
                     conn,

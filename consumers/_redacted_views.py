@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, select, text, union
 
 from agent_blackbox.consumers._ledger import (
     DatabaseFacts,
@@ -76,12 +76,28 @@ def scrub_redacted_runs_txn(conn: Connection, envelopes: Iterable[Envelope]) -> 
     names, and keep only :data:`KEPT_ATTRIBUTES` of its events' attributes; the number
     of runs scrubbed. The caller commits."""
     run_ids = sorted({e.run_id for e in envelopes if e.event_type == EventType.RUN_REDACTED})
+    scrub_run_views_txn(conn, run_ids)
+    return len(run_ids)
+
+
+def scrub_run_views_txn(conn: Connection, run_ids: Sequence[str]) -> None:
+    """Forget in the views what ``run_ids``' destroyed keys protected: their events'
+    digests become :data:`SHREDDED_DIGEST` (in the events index and the integrity
+    violations), their attributes keep only :data:`KEPT_ATTRIBUTES`, their session and
+    user ids and their words go. What a confirmed ``run.redacted`` does, and what a
+    restore does to the runs its ledger names. The caller commits."""
     if not run_ids:
-        return 0
+        return
+    run_ids = list(run_ids)
     events = events_index.c
     conn.execute(
         events_index.update()
-        .where(events.run_id.in_(run_ids), events.input_digest != SHREDDED_DIGEST)
+        .where(
+            events.run_id.in_(run_ids),
+            # IS DISTINCT FROM: an event without an input digest is scrubbed all the same.
+            events.input_digest.is_distinct_from(SHREDDED_DIGEST)
+            | events.output_digest.is_distinct_from(SHREDDED_DIGEST),
+        )
         .values(
             input_digest=SHREDDED_DIGEST,
             output_digest=SHREDDED_DIGEST,
@@ -100,7 +116,30 @@ def scrub_redacted_runs_txn(conn: Connection, envelopes: Iterable[Envelope]) -> 
             incoming_output_digest=SHREDDED_DIGEST,
         )
     )
-    return len(run_ids)
+
+
+def unscrubbed_view_runs_txn(conn: Connection, run_ids: Sequence[str]) -> list[str]:
+    """The runs of ``run_ids`` the views still hold a digest, session or user id of
+    (what :func:`scrub_run_views_txn` would replace)."""
+    if not run_ids:
+        return []
+    ids = list(run_ids)
+    events, runs = events_index.c, runs_view.c
+    digested = (
+        select(events.run_id)
+        .where(events.run_id.in_(ids))
+        .where(
+            events.input_digest.is_distinct_from(SHREDDED_DIGEST)
+            | events.output_digest.is_distinct_from(SHREDDED_DIGEST)
+        )
+    )
+    labelled = (
+        select(runs.run_id)
+        .where(runs.run_id.in_(ids))
+        .where(runs.session_id.is_not(None) | runs.user_id.is_not(None))
+    )
+    found = conn.execute(union(digested, labelled)).scalars()
+    return sorted(str(r) for r in found)
 
 
 def forget_run_labels_txn(conn: Connection, run_ids: Sequence[str]) -> None:

@@ -416,9 +416,7 @@ class RecorderBase:
         self.scrub.check_key_store(present=keys is not None)
         pipeline = config.get("pipeline")
         if pipeline is None and keys is not None:
-            pipeline = PayloadPipeline(
-                sealer=AesGcmSealer(), compression=self.settings.payload_compression
-            )
+            pipeline = recording_pipeline(self.settings, sealed=True)
         self._factory = new_factory(self.settings, pipeline, config.get("clock", utc_now))
         self._digests: dict[str, Digester] = {}
         self.tools: ToolPolicy = config.get("tools") or LiveTools()
@@ -523,13 +521,24 @@ def keys_from_env() -> DataKeyStore | None:
     return None if provider is None else DataKeyStore(provider)
 
 
+def recording_pipeline(settings: Settings, *, sealed: bool) -> PayloadPipeline:
+    """The pipeline a recorder packs bodies with: ``settings``' compression (and each
+    tenant's, ``payload_compression_tenants``), sealed under the run's data key when
+    ``sealed`` (compressed sealed bodies are then padded to size buckets)."""
+    return PayloadPipeline(
+        sealer=AesGcmSealer() if sealed else None,
+        compression=settings.payload_compression,
+        tenant_compression=settings.tenant_compressions(),
+    )
+
+
 def new_factory(
     settings: Settings, pipeline: PayloadPipeline | None, clock: Callable[[], datetime]
 ) -> EventFactory:
     """The event factory a recorder builds its envelopes with."""
     return EventFactory(
         settings=settings,
-        pipeline=pipeline or PayloadPipeline(compression=settings.payload_compression),
+        pipeline=pipeline or recording_pipeline(settings, sealed=False),
         codec=EnvelopeCodec(),
         clock=clock,
     )

@@ -44,6 +44,10 @@ __all__ = [
     "runs_due_for_shredding_txn",
     "runs_of_subject_txn",
     "scrub_run_txn",
+    "scrub_runs_txn",
+    "scrub_shredded_runs_txn",
+    "shredded_runs_txn",
+    "unscrubbed_runs_txn",
     "write_ledger_txn",
 ]
 
@@ -239,7 +243,7 @@ _SCRUB = [
     text(
         """
         UPDATE blackbox.runs SET state = NULL, subject_ids = '{}'
-         WHERE run_id = :run_id AND (state IS NOT NULL OR subject_ids <> '{}')
+         WHERE run_id = ANY(:run_ids) AND (state IS NOT NULL OR subject_ids <> '{}')
         """
     ),
     text(
@@ -247,10 +251,19 @@ _SCRUB = [
         UPDATE blackbox.effects
            SET idempotency_key = :shredded || ':' || intent_sequence,
                external_id = CASE WHEN external_id IS NULL THEN NULL ELSE :shredded END
-         WHERE run_id = :run_id AND idempotency_key <> :shredded || ':' || intent_sequence
+         WHERE run_id = ANY(:run_ids)
+           AND idempotency_key <> :shredded || ':' || intent_sequence
         """
     ),
 ]
+# The actions of the deletion ledger that destroyed a run's bodies (or found none to
+# destroy): each was done with the run's scrub, so a copy of the run must carry it too.
+_SHREDDED_RUNS = text(
+    """
+    SELECT DISTINCT run_id FROM blackbox.deletion_ledger
+     WHERE action IN ('shred_keys', 'unencrypted', 'reapply') ORDER BY run_id
+    """
+)
 _LEDGER_KEYS = text(
     """
     SELECT DISTINCT unnest(key_ids) FROM blackbox.deletion_ledger
@@ -276,8 +289,53 @@ def scrub_run_txn(conn: Connection, run_id: str) -> None:
     keys and external ids become :data:`SHREDDED` placeholders), in the caller's
     transaction: the shredding one, so nothing the destroyed keys protected outlives
     them here."""
+    scrub_runs_txn(conn, [run_id])
+
+
+def scrub_runs_txn(conn: Connection, run_ids: Sequence[str]) -> None:
+    """:func:`scrub_run_txn` for every run of ``run_ids``, in the caller's transaction."""
+    if not run_ids:
+        return
     for statement in _SCRUB:
-        conn.execute(statement, {"run_id": run_id, "shredded": SHREDDED})
+        conn.execute(statement, {"run_ids": list(run_ids), "shredded": SHREDDED})
+
+
+def shredded_runs_txn(conn: Connection) -> list[str]:
+    """The runs whose bodies this database's deletion ledger says were destroyed (by a
+    shredding, a re-application, or a forget of a run recorded unencrypted): the runs a
+    restored copy must hold scrubbed (:func:`scrub_runs_txn`)."""
+    return [str(r) for r in conn.execute(_SHREDDED_RUNS).scalars()]
+
+
+_UNSCRUBBED = text(
+    """
+    SELECT r.run_id FROM blackbox.runs r
+     WHERE r.run_id = ANY(:run_ids)
+       AND (r.state IS NOT NULL OR r.subject_ids <> '{}'
+            OR EXISTS (SELECT 1 FROM blackbox.effects e
+                        WHERE e.run_id = r.run_id
+                          AND (e.idempotency_key <> :shredded || ':' || e.intent_sequence
+                               OR e.external_id <> :shredded)))
+     ORDER BY r.run_id
+    """
+)
+
+
+def unscrubbed_runs_txn(conn: Connection, run_ids: Sequence[str]) -> list[str]:
+    """The runs of ``run_ids`` whose row or effects still hold a value the shredding
+    scrub replaces (a drill's check that a restore scrubbed what the ledger names)."""
+    params = {"run_ids": list(run_ids), "shredded": SHREDDED}
+    return [str(r) for r in conn.execute(_UNSCRUBBED, params).scalars()]
+
+
+def scrub_shredded_runs_txn(conn: Connection) -> list[str]:
+    """Apply the shredding scrub (:func:`scrub_runs_txn`) to every run the deletion
+    ledger names as shredded, in the caller's transaction; those runs. A restore calls
+    it in the transaction that writes the restored rows, so a copy never holds, even
+    for a moment, what ``forget`` scrubbed from the original."""
+    run_ids = shredded_runs_txn(conn)
+    scrub_runs_txn(conn, run_ids)
+    return run_ids
 
 
 def ledger_key_ids_txn(conn: Connection, run_id: str) -> frozenset[str]:

@@ -12,6 +12,8 @@ with it turned off) open as they always did:
 ``avro+deflate``                      zlib's deflate
 ``avro+zstd-d1+aes256gcm+aad2``       compressed, then sealed (the sealer's part
                                       follows the compression's)
+``avro+zstd-d1+pad1+aes256gcm+aad2``  compressed, padded to a size bucket, sealed
+                                      (:mod:`~agent_blackbox.schemas._padding`)
 ====================================  ===========================================
 
 The shared dictionary ships with the package (``dictionaries/payload-d1.zdict``) and
@@ -41,6 +43,7 @@ from typing import Final, Literal
 import zstandard
 
 from agent_blackbox.schemas._errors import UndecodableMessage
+from agent_blackbox.schemas._padding import PADDING, unpad
 
 Compression = Literal["zstd", "zstd-nodict", "deflate", "none"]
 """What a pipeline compresses with (``Settings.payload_compression``): ``zstd`` uses
@@ -93,11 +96,15 @@ def with_compression(encoding: str, scheme: str) -> str:
 
 
 def split_encoding(encoding: str) -> tuple[str | None, str]:
-    """The compression scheme of ``encoding`` (None when uncompressed) and the encoding
-    the sealer sees (``encoding`` without it)."""
+    """The compression scheme of ``encoding`` (None when uncompressed; with its padding
+    step when padded: ``zstd-d1+pad1``) and the encoding the sealer sees (``encoding``
+    without them)."""
     body, _, rest = encoding.partition("+")
     scheme, _, seal = rest.partition("+")
     if scheme == "deflate" or scheme == "zstd" or scheme.startswith("zstd-d"):
+        padding, _, after = seal.partition("+")
+        if padding == PADDING:
+            scheme, seal = f"{scheme}+{PADDING}", after
         return scheme, f"{body}+{seal}" if seal else body
     return None, encoding
 
@@ -148,6 +155,11 @@ class Inflater:
             UndecodableMessage: an unknown compression or dictionary, a corrupt frame,
                 or one that inflates past the limit; ``where`` names the event.
         """
+        base, _, padding = scheme.partition("+")
+        if padding:
+            if padding != PADDING:
+                raise UndecodableMessage(f"{where}: unknown payload padding {padding!r}")
+            data, scheme = unpad(data, where), base
         if scheme == "deflate":
             return self._deflated(data, where)
         if scheme == "zstd":

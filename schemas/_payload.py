@@ -28,6 +28,7 @@ from agent_blackbox.schemas._compression import (
 from agent_blackbox.schemas._envelope import Envelope
 from agent_blackbox.schemas._errors import BlackboxError, UndecodableMessage
 from agent_blackbox.schemas._migrations import BodyReader
+from agent_blackbox.schemas._padding import PADDING, pad
 from agent_blackbox.schemas._request_prefix import RequestMemory, RequestPrefixMissing
 from agent_blackbox.schemas.event_types import EventType
 
@@ -138,7 +139,11 @@ class PayloadPipeline:
         reader: decodes and migrates bodies.
         compression: what :meth:`pack` compresses with (``Settings.payload_compression``:
             ``zstd``, ``zstd-nodict``, ``deflate``; ``none``, the default, stores Avro as
-            it is). Opening reads every compression whatever this says.
+            it is). Opening reads every compression whatever this says. A compressed
+            body that is sealed is padded to a size bucket (``schemas._padding``).
+        tenant_compression: the compression of the tenants it names, in place of
+            ``compression`` (``Settings.tenant_compressions``: ``none`` for a tenant
+            whose bodies mix secrets with text others control).
         max_body_bytes: the largest body :meth:`unpack` inflates a payload to.
 
     A pipeline remembers the latest LLM requests of the runs it opens, to rebuild those
@@ -152,6 +157,7 @@ class PayloadPipeline:
         *,
         reader: BodyReader | None = None,
         compression: str = "none",
+        tenant_compression: Mapping[str, str] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         self._bodies = bodies or BodyCodec()
@@ -162,6 +168,9 @@ class PayloadPipeline:
         # Reading migrates: old body versions come out at the newest (or asked) version.
         self._reader = reader or BodyReader(self._bodies)
         self._compressor = Compressor(compression)
+        self._tenant_compressors = {
+            tenant: Compressor(chosen) for tenant, chosen in (tenant_compression or {}).items()
+        }
         self._inflater = Inflater(max_body_bytes)
         self._requests = RequestMemory()
 
@@ -178,12 +187,19 @@ class PayloadPipeline:
         if context.event_type != event_type or context.body_version != version:
             context = replace(context, event_type=event_type, body_version=version)
         plain = self._bodies.encode(event_type, version, body)
-        packed = self._compressor.compress(plain)
-        if packed is None:
+        compressor = self._tenant_compressors.get(context.tenant_id, self._compressor)
+        packed = compressor.compress(plain)
+        if packed is None or compressor.scheme is None:
             return self._sealer.seal(plain, context)
+        scheme = compressor.scheme
+        if not self._plaintext:
+            # Sealed: its size is all a reader without the key learns, so it is padded
+            # to a bucket (see schemas._padding); kept unpadded only if that is no gain.
+            packed, scheme = pad(packed), f"{scheme}+{PADDING}"
+            if len(packed) >= len(plain):
+                return self._sealer.seal(plain, context)
         sealed = self._sealer.seal(packed, context)
-        assert self._compressor.scheme is not None
-        return replace(sealed, encoding=with_compression(sealed.encoding, self._compressor.scheme))
+        return replace(sealed, encoding=with_compression(sealed.encoding, scheme))
 
     def unpack(
         self, envelope: Envelope, data: bytes | None = None, *, version: int | None = None

@@ -55,6 +55,13 @@ class Settings:
     """How recorders compress bodies before sealing them: ``zstd`` (with the shared
     dictionary), ``zstd-nodict``, ``deflate`` or ``none``. Each payload names its own
     compression, so readers open every setting, and events recorded before it."""
+    payload_compression_tenants: str = ""
+    """Tenants whose bodies are compressed otherwise than :attr:`payload_compression`
+    says, as ``tenant=compression`` pairs, comma-separated: ``acme=none,globex=deflate``.
+    Compression before sealing lets a body's size hint at what it holds (sealed,
+    compressed bodies are padded to size buckets, which narrows that but does not close
+    it); ``none`` closes it for a tenant whose bodies mix secrets with text others
+    control. A tenant id with ``,`` or ``=`` in it cannot be named here."""
     llm_request_references: str = "on"
     """``on``: an LLM request that repeats the start of one of its run's latest requests
     is stored as a reference to it plus what is new (a 50-turn conversation does not
@@ -117,6 +124,26 @@ class Settings:
         plain = _classes(self.plain_digest_classes)
         return encrypted and "*" not in plain and classification not in plain
 
+    def tenant_compressions(self) -> dict[str, str]:
+        """:attr:`payload_compression_tenants` as tenant → compression.
+
+        Raises:
+            ValueError: a pair is not ``tenant=compression`` with one of the compressions.
+        """
+        chosen: dict[str, str] = {}
+        for pair in self.payload_compression_tenants.split(","):
+            if not pair.strip():
+                continue
+            tenant, equals, compression = (part.strip() for part in pair.partition("="))
+            if not tenant or not equals or compression not in COMPRESSIONS:
+                raise ValueError(
+                    f"BLACKBOX_PAYLOAD_COMPRESSION_TENANTS: {pair.strip()!r} is not "
+                    f"tenant=compression with a compression among {', '.join(COMPRESSIONS)} "
+                    "(e.g. acme=none)"
+                )
+            chosen[tenant] = compression
+        return chosen
+
     @property
     def canonicalisation(self) -> Canonicalisation:
         """The canonicalisation of :attr:`canonical_json`."""
@@ -153,6 +180,7 @@ class Settings:
                 f"BLACKBOX_PAYLOAD_COMPRESSION={self.payload_compression!r} is not one of "
                 f"{', '.join(COMPRESSIONS)}"
             )
+        self.tenant_compressions()  # raises naming a malformed pair
         if self.canonical_json not in CANONICALISATIONS:
             raise ValueError(
                 f"BLACKBOX_CANONICAL_JSON={self.canonical_json!r} is not one of "

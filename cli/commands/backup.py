@@ -14,17 +14,15 @@ from rich.console import Console
 from rich.table import Table
 
 from agent_blackbox.backup import (
-    BackupError,
     BackupPolicy,
     BackupWriter,
     Manifest,
     StoreCheck,
-    check_store,
+    check_backup,
     open_store,
     plan_prune,
     prune,
 )
-from agent_blackbox.backup._drill import no_cut, recorded_by_production
 from agent_blackbox.backup._prune import horizon_note
 from agent_blackbox.broker import settle_heap
 from agent_blackbox.cli._wiring import wired
@@ -163,16 +161,9 @@ def backup_verify(url: str | None, at: datetime | None, as_json: bool) -> None:
     try:
         store = open_store(url)
         verifier = required_verifier()
-        recorded = None if when is not None else recorded_by_production(settings, store)
-        check = check_store(
-            store,
-            verifier,
-            at=when,
-            progress=_Progress(console, "checked", "segments"),
-            recorded=recorded,
+        check = check_backup(
+            settings, store, verifier, at=when, progress=_Progress(console, "checked", "segments")
         )
-        if check.cut is None and not check.chain.problems:
-            raise BackupError(no_cut(store, when))
     except BlackboxError as exc:
         cannot_run(console, exc, as_json=as_json)
     if as_json:

@@ -6,7 +6,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +18,7 @@ from rich.console import Console
 
 from agent_blackbox.backup import (
     BACKUP_URL_ENV,
+    TRUST_CUT_OPTION,
     BackupCorrupt,
     BackupError,
     DrillOptions,
@@ -25,6 +26,7 @@ from agent_blackbox.backup import (
     Target,
     drop_target,
     open_store,
+    parse_cut,
     print_drill,
     restore_runs,
     run_drill,
@@ -48,6 +50,28 @@ STORE_HELP = f"The backup store's URL (default: {BACKUP_URL_ENV})."
 AT = click.DateTime(formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d"])
 """A time on the command line; one without a zone is local time."""
 _ENV_MARK = "# The restored copy "
+
+
+def _cut_number(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_cut(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def trust_cut_option(command: Callable[..., None]) -> Callable[..., None]:
+    """``--trust-cut N``: the option of ``drill`` and ``restore`` naming the cut to trust."""
+    return click.option(
+        TRUST_CUT_OPTION,
+        "trust_cut",
+        default=None,
+        callback=_cut_number,
+        help="Restore this cut (its manifest number, or key as `backup verify` prints it) "
+        "although the database records backing up past the store's newest manifest "
+        "(removed manifests are refused otherwise).",
+    )(command)
 
 
 def aware(at: datetime | None, option: str = "--at") -> datetime | None:
@@ -134,6 +158,7 @@ def interrupted_as_keyboard() -> Iterator[None]:
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 @click.option("--drop", "drop_name", default=None, help="Drop the kept copy of this name instead.")
+@trust_cut_option
 def drill_command(
     url: str | None,
     at: datetime | None,
@@ -142,11 +167,15 @@ def drill_command(
     purpose: str,
     as_json: bool,
     drop_name: str | None,
+    trust_cut: int | None,
 ) -> None:
     """Rehearse a disaster recovery: check the backup, restore it into an isolated
     database and topic of its own, rebuild the views, verify everything, report RPO and
     RTO, and drop the copy (unless --keep). Production is only read. Interrupted, it drops
     the copy it was making.
+
+    The backup is checked as `backup verify` checks it; a store whose newest manifests
+    were removed fails the drill unless --trust-cut names the cut to restore.
 
     Exit status: 0 every check passed, 1 a check failed, 2 the drill could not run.
     """
@@ -157,7 +186,9 @@ def drill_command(
         _drop(console, settings, drop_name, prefix="blackbox_drill_")
     if (problem := purpose_problem(purpose)) is not None:
         raise click.BadParameter(problem, param_hint="--purpose")
-    options = DrillOptions(at=aware(at), sample=sample, keep=keep, purpose=purpose)
+    options = DrillOptions(
+        at=aware(at), sample=sample, keep=keep, purpose=purpose, trust_cut=trust_cut
+    )
     try:
         store = open_store(url)
         verifier = required_verifier()
@@ -199,6 +230,7 @@ def drill_command(
     help="Where to write the copy's credentials (default: ./<NAME>.env, owner-only).",
 )
 @click.option("--drop", is_flag=True, help="Drop the restored copy NAME instead.")
+@trust_cut_option
 def restore_command(
     url: str | None,
     into: str,
@@ -209,11 +241,15 @@ def restore_command(
     purpose: str | None,
     env_file: Path | None,
     drop: bool,
+    trust_cut: int | None,
 ) -> None:
     """Bring back a selection of runs from the backup into a copy of their own, for an
     investigation: --runs, --subject and/or --since (all given must hold), from the
     newest cut or the last at or before --at. Deletions are applied first, as in a
     drill; who restored what and why is written to the access audit.
+
+    The backup is checked first, as `backup verify` checks it; a store whose newest
+    manifests were removed is refused unless --trust-cut names the cut to restore.
 
     Exit status: 0 restored (or dropped), 1 the backup failed its check, 2 could not run.
     """
@@ -230,6 +266,7 @@ def restore_command(
         subject=subject,
         since=aware(since, "--since"),
         at=aware(at),
+        trust_cut=trust_cut,
     )
     if (problem := request.problem()) is not None:
         raise click.UsageError(problem)

@@ -145,7 +145,7 @@ def test_a_sealed_reply_over_the_ceiling_is_truncated_sealed_and_replays(
     events = _envelopes(engine, run.run_id)
     assert {e.payload_encoding for e in events} <= {
         SEALED_ENCODING,
-        "avro+zstd-d1+" + SEALED_ENCODING[5:],
+        "avro+zstd-d1+pad1+" + SEALED_ENCODING[5:],
     }
     llm = events[1]
     assert llm.attributes["body_truncated"] == "true"

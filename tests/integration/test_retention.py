@@ -145,11 +145,25 @@ def test_forget_destroys_a_subjects_bodies_everywhere(engine: Engine, settings: 
                 ),
                 dict(row),
             )
+        # ... and with it the run rows as they were before forget scrubbed them.
+        conn.execute(
+            text(
+                "UPDATE blackbox.runs SET subject_ids = '{alice}', state = 'alice at 1 Main St' "
+                "WHERE run_id = ANY(:runs)"
+            ),
+            {"runs": alice},
+        )
     entries = list(ledger_entries(settings))
     assert sorted(e.run_id for e in entries) == sorted(alice)
     again = reapply_ledger(engine, entries)  # unsigned notes the database's ledger records
     assert again.ignored == ()
     assert sorted(run_id for run_id, _ in again.destroyed) == sorted(alice)
+    with engine.connect() as conn:  # scrubbed again with the keys' destruction
+        restored = conn.execute(
+            text("SELECT subject_ids, state FROM blackbox.runs WHERE run_id = ANY(:runs)"),
+            {"runs": alice},
+        ).all()
+    assert [tuple(row) for row in restored] == [([], None)] * len(alice)
     for run_id in alice:
         with pytest.raises(KeyDestroyed):
             _pipeline(engine, "after restore").unpack(copy[run_id][1])

@@ -32,6 +32,7 @@ from agent_blackbox.schemas import (
     is_plaintext,
 )
 from agent_blackbox.schemas._compression import split_encoding, with_compression
+from agent_blackbox.schemas._padding import bucket
 from tests.unit.test_sealing import KEY, OneKey
 
 SYSTEM = "You are a careful support agent. " * 20
@@ -211,9 +212,11 @@ def test_sealed_payloads_are_compressed_first() -> None:
         recorded.run_id, recorded.sequence, recorded.event_id, recorded.tenant_id, data_key=KEY
     )
     sealed = sealing.pack("llm.call", 4, body, context)
-    assert sealed.encoding == with_compression(SEALED_ENCODING, "zstd-d1")
-    assert sealed.encoding == "avro+zstd-d1+aes256gcm+aad2"
+    # Padded to a size bucket before sealing (schemas._padding): 12-byte nonce, 16-byte tag.
+    assert sealed.encoding == with_compression(SEALED_ENCODING, "zstd-d1+pad1")
+    assert sealed.encoding == "avro+zstd-d1+pad1+aes256gcm+aad2"
     assert len(sealed.data) < 1000
+    assert len(sealed.data) - 28 == bucket(len(sealed.data) - 28 - 1)
     envelope = replace(
         recorded,
         body_version=4,
