@@ -15,13 +15,18 @@ What changed from :mod:`._shapes` (which stays as it was, for runs recorded unde
   as JSON encoded inside a JSON string shows them.
 
 The rest (private keys, key shapes, bearer tokens, passwords in URLs, phone numbers) are
-version 2's. Every pattern runs on RE2, in time linear in the text.
+version 2's patterns and checks. Every pattern runs on RE2, in time linear in the text,
+over the text's UTF-8 bytes (RE2's Python wrapper maps a ``str``'s offsets at a cost per
+match several times the match's), and no pattern has a capturing group (a match with
+groups costs RE2 a second, slower pass): a check finds the parts of a match itself.
+Checks of a few characters around a match (the words near a card number) use Python's
+engine on a bounded slice.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
@@ -30,12 +35,20 @@ from urllib.parse import unquote
 import re2  # type: ignore[import-untyped]
 
 from agent_blackbox.outbox._detectors import DIGITS
-from agent_blackbox.outbox._placeholders import CREDENTIAL
+from agent_blackbox.outbox._placeholders import CREDENTIAL, PLACEHOLDER_PREFIX
 from agent_blackbox.outbox._shapes import (
+    _KEY_HINTS,
+    _KEY_SHAPES,
     _NAME_WORDS,
-    SHAPES,
+    BEARER_PATTERN,
+    PHONE_PATTERN,
+    PRIVATE_KEY_PATTERN,
+    Finder,
     Shape,
-    _spans,
+    _joined,
+    _phone_check,
+    _token_check,
+    _whole,
     _word_before,
     is_card_v2,
     is_secret_name,
@@ -57,15 +70,73 @@ _FILE_EXTENSIONS = frozenset(
     )
     for word in line.split()
 )
-_DENSITY = re2.compile(r"(?i)\d+(?:[._]\d+)?x")
-_VERSION_START = re2.compile(r"\d+\.\d+")
 # An address: letters, marks and digits of any script (NFKC has folded the text), a
 # domain of such labels, and a top-level domain of letters or in its ``xn--`` form.
 _EMAIL = (
-    r"[\p{L}\p{M}\p{N}._%+-]+@((?:[\p{L}\p{M}\p{N}-]+\.)+(?:xn--[A-Za-z0-9-]{2,}|[\p{L}\p{M}]{2,}))"
+    r"[\p{L}\p{M}\p{N}._%+-]+@(?:[\p{L}\p{M}\p{N}-]+\.)+"
+    r"(?:xn--[A-Za-z0-9-]{2,}|[\p{L}\p{M}]{2,})"
 )
 
 
+class _At:
+    """A match's span, read the way version 2's checks read a match."""
+
+    __slots__ = ("_end", "_start")
+
+    def __init__(self, start: int, end: int) -> None:
+        self._start, self._end = start, end
+
+    def span(self) -> tuple[int, int]:
+        return self._start, self._end
+
+    def start(self) -> int:
+        return self._start
+
+    def end(self) -> int:
+        return self._end
+
+
+_Check = Callable[[str, _At], "tuple[int, int] | None"]
+
+
+def matches(compiled: Any, text: str) -> Iterator[tuple[int, int]]:
+    """The spans of ``compiled``'s matches in ``text``, matched over its UTF-8 bytes and
+    mapped back to character offsets in one pass."""
+    if text.isascii():
+        for match in compiled.finditer(text.encode()):
+            yield match.span()
+        return
+    data = text.encode("utf-8", "surrogatepass")
+    at_byte = at_char = 0
+    for match in compiled.finditer(data):
+        start_byte, end_byte = match.span()
+        start = at_char + len(data[at_byte:start_byte].decode("utf-8", "replace"))
+        at_char = start + len(data[start_byte:end_byte].decode("utf-8", "replace"))
+        at_byte = end_byte
+        yield start, at_char
+
+
+def _finder(pattern: str, check: _Check, *, joins: str | None = None) -> Finder:
+    """A finder running ``pattern`` once over a string; ``check`` confirms each match
+    and gives the span to replace. With ``joins``, a match may not follow a letter, a
+    digit or one of ``joins`` unless it follows the previous match directly (as version
+    2's finders)."""
+    compiled = re2.compile(pattern)
+
+    def find(text: str) -> list[tuple[int, int]]:
+        found: list[tuple[int, int]] = []
+        for start, end in matches(compiled, text):
+            span = check(text, _At(start, end))
+            if span is None or text.startswith(PLACEHOLDER_PREFIX, span[0]):
+                continue
+            if joins is None or not _joined(text, span[0], joins, found):
+                found.append(span)
+        return found
+
+    return find
+
+
+@lru_cache(maxsize=4096)
 def is_real_domain(domain: str) -> bool:
     """Whether an e-mail address's domain can be one: its top-level domain is no file
     extension, and it is neither an image-density suffix nor a version number."""
@@ -73,24 +144,23 @@ def is_real_domain(domain: str) -> bool:
     if labels[-1] in _FILE_EXTENSIONS:
         return False
     head = ".".join(labels[:-1])
-    if _DENSITY.fullmatch(head) is not None:
+    if head.endswith("x") and head[:-1].replace(".", "", 1).isdigit():
         return False  # icon@2x.zip, hero@1.5x.mov
-    return _VERSION_START.match(domain) is None  # two numeric labels first: a version or IP
+    # Two numeric labels first: a version (pkg@1.2.3-rc.beta) or an address, not a name.
+    return not (len(labels) > 2 and labels[0].isdigit() and labels[1].isdigit())
 
 
-def _email_check(text: str, match: Any) -> tuple[int, int] | None:
-    end = match.end()
+def _email_check(text: str, match: _At) -> tuple[int, int] | None:
+    start, end = match.span()
     if end < len(text) and (text[end].isalnum() or text[end] == "-"):
         return None
-    start, stop = match.span(1)
-    if not is_real_domain(text[start:stop]):
-        return None
-    return match.span()  # type: ignore[no-any-return]
+    return (start, end) if is_real_domain(text[start:end].rsplit("@", 1)[1]) else None
 
 
 # A word that says a number near it is a card's: card fields and words, networks, and
 # how a payment is told. Letters around it may not continue it ("discard", "company").
-_CARD_WORDS = re2.compile(
+# Python's engine: it runs on a slice of at most _CONTEXT_BEFORE characters.
+_CARD_WORDS = re.compile(
     r"(?:^|[^a-z])(?:cards?|cardnumber|cardno|creditcard|debitcard|credit|debit|visa"
     r"|mastercard|master card|amex|american express|discover|maestro|jcb|unionpay|diners"
     r"|cc|ccn|ccnum|pan|paid with|pay with|paying with|charged to)(?:[^a-z]|$)"
@@ -106,7 +176,7 @@ def card_words_near(text: str, start: int, end: int) -> bool:
     return _CARD_WORDS.search(before) is not None or _CARD_WORDS.search(after) is not None
 
 
-def _card_check(text: str, match: Any) -> tuple[int, int] | None:
+def _card_check(text: str, match: _At) -> tuple[int, int] | None:
     start, end = match.span()
     if start > 0 and (_word_before(text, start) or text[start - 1] in "+.-"):
         return None
@@ -188,39 +258,62 @@ def is_secret_name_v3(key: str) -> bool:
     return is_secret_name(name)
 
 
-def _pair_check(text: str, match: Any) -> tuple[int, int] | None:
-    start, end = match.span(1)
-    if not is_secret_name(text[start:end]):
+_NAME_RUN = re.compile(r"[A-Za-z0-9_.-]*")
+_VALUE_START = re.compile(r"(?:\\{0,7}[\"'])?[ \t]*[=:][ \t]*(?:\\{0,7}[\"'])?")
+
+
+def _pair_check(text: str, match: _At) -> tuple[int, int] | None:
+    """The value of a ``name=value`` whose name is a credential's. The pattern has no
+    groups: the name is the run of name characters the match starts with, the value
+    what follows the ``=`` or ``:`` and an opening quote (escaped or not)."""
+    start, end = match.span()
+    name = _NAME_RUN.match(text, start, end)
+    name_end = start if name is None else name.end()
+    if not is_secret_name(text[start:name_end]):
         return None
-    value_start, value_end = match.span(2)
+    between = _VALUE_START.match(text, name_end, end)
+    value_start = end if between is None else between.end()
     # An escaped closing quote (\" of JSON inside JSON) ends the value, not its backslash.
-    while value_end > value_start + 1 and text[value_end - 1] == "\\":
-        value_end -= 1
-    return value_start, value_end
+    while end > value_start + 1 and text[end - 1] == "\\":
+        end -= 1
+    return (value_start, end) if value_start < end else None
+
+
+def _userinfo_check(text: str, match: _At) -> tuple[int, int] | None:
+    """The password of ``scheme://user:password@``: after the first ``:`` past ``//``."""
+    start, end = match.span()
+    colon = text.index(":", text.index("://", start, end) + 3, end)
+    return colon + 1, end - 1
 
 
 _QUOTE = r"(?:\\{0,7}[\"'])?"
 
 SHAPES_V3: Mapping[str, Shape] = MappingProxyType(
     {
-        "private_key": SHAPES["private_key"],
-        "api_key": SHAPES["api_key"],
-        "bearer_token": SHAPES["bearer_token"],
-        "url_userinfo": SHAPES["url_userinfo"],
+        "private_key": Shape(_finder(PRIVATE_KEY_PATTERN, _whole), ("private key",), "private_key"),
+        "api_key": Shape(_finder(_KEY_SHAPES, _whole, joins="_"), _KEY_HINTS, "api_key"),
+        "bearer_token": Shape(
+            _finder(BEARER_PATTERN, _token_check), ("bearer", "basic"), "bearer_token"
+        ),
+        "url_userinfo": Shape(
+            _finder(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:[^\s/@]+@", _userinfo_check),
+            ("://",),
+            CREDENTIAL,
+        ),
         "credential_pair": Shape(
-            _spans(
-                rf"(?i)([A-Za-z0-9_.-]*(?:{_NAME_WORDS})[A-Za-z0-9_.-]*){_QUOTE}[ \t]*[=:][ \t]*"
-                rf"{_QUOTE}([^\s&#\"',;<>{{}}()\[\]]+)",
+            _finder(
+                rf"(?i)[A-Za-z0-9_.-]*(?:{_NAME_WORDS})[A-Za-z0-9_.-]*{_QUOTE}[ \t]*[=:][ \t]*"
+                rf"{_QUOTE}[^\s&#\"',;<>{{}}()\[\]]+",
                 _pair_check,
             ),
             tuple(_NAME_WORDS.split("|")),
             CREDENTIAL,
         ),
-        "email": Shape(_spans(_EMAIL, _email_check, joins="._%+-"), ("@",), "email"),
+        "email": Shape(_finder(_EMAIL, _email_check, joins="._%+-"), ("@",), "email"),
         "card_number": Shape(
             # 13 to 19 digits in one block or in the groups cards print (4-4-4-4..7,
             # 4-6-5, 4-6-4), grouped by spaces, dashes, dots or slashes.
-            _spans(
+            _finder(
                 r"\b(?:\d{13,19}|\d{4}[ ./-]\d{4}[ ./-]\d{4}[ ./-]\d{1,7}"
                 r"|\d{4}[ ./-]\d{6}[ ./-]\d{4,5})\b",
                 _card_check,
@@ -228,7 +321,7 @@ SHAPES_V3: Mapping[str, Shape] = MappingProxyType(
             DIGITS,
             "card_number",
         ),
-        "phone": SHAPES["phone"],
+        "phone": Shape(_finder(PHONE_PATTERN, _phone_check, joins="_+.-"), DIGITS, "phone"),
     }
 )
 """Every version 3 detector, in the order they run over a string (version 2's names)."""
@@ -240,4 +333,5 @@ __all__ = [
     "is_card_field",
     "is_card_value",
     "is_real_domain",
+    "matches",
 ]

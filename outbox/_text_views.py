@@ -7,20 +7,22 @@ inside a key). Redaction version 3 runs its detectors over such views too, and r
 in the text itself what a match covers there: a :class:`View` maps each span of its text
 back to the span of the text it was made from.
 
-Every view is built in one pass over the text (a linear-time pattern finds the pieces to
-change; the stretches between are kept whole), and a span is mapped back by a binary
-search over the changed pieces.
+Every view is built in one pass over the text, and a span is mapped back by a binary
+search over the changed pieces. The pieces to change are found by patterns that are runs
+of one character class or of one fixed-width escape, which even a backtracking engine
+matches in linear time; Python's engine runs them (RE2's wrapper maps the offsets of each
+match in a ``str``, which costs more than these matches do).
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
-
-import re2  # type: ignore[import-untyped]
 
 from agent_blackbox.outbox._text_scan import _INVISIBLE, _LOOKALIKES
 
@@ -35,45 +37,63 @@ _MORE_INVISIBLE = (
 )
 INVISIBLE_V3 = {**_INVISIBLE, **dict.fromkeys((c for r in _MORE_INVISIBLE for c in r), None)}
 """What version 3 removes before matching: version 2's invisible characters and more."""
-_INVISIBLE_CLASS = "".join(f"\\x{{{code:x}}}" for code in sorted(INVISIBLE_V3))
-INVISIBLE_RUN = re2.compile(f"[{_INVISIBLE_CLASS}]+")
-LOOKALIKES = _LOOKALIKES
-"""Look-alike letters of other scripts and their Latin twins, one for one (version 2's)."""
-_PERCENT_RUN = re2.compile(r"(?:%[0-9A-Fa-f]{2})+")
+
+
+def _class_of(codes: Iterable[int]) -> str:
+    """A character class of ``codes``, as ranges (a class listing hundreds of characters
+    one by one is matched several times slower)."""
+    ranges: list[list[int]] = []
+    for code in sorted(codes):
+        if ranges and ranges[-1][1] == code - 1:
+            ranges[-1][1] = code
+        else:
+            ranges.append([code, code])
+    return "".join(
+        re.escape(chr(low)) + ("" if low == high else "-" + re.escape(chr(high)))
+        for low, high in ranges
+    )
+
+
+INVISIBLE_RUN = re.compile(f"([{_class_of(INVISIBLE_V3)}]+)")
+LOOKALIKES = {**_LOOKALIKES, **dict.fromkeys(range(0xD800, 0xE000), 0xFFFD)}
+"""Look-alike letters of other scripts and their Latin twins, one for one (version 2's),
+and lone surrogates (a JSON string may hold one) as U+FFFD: matching runs on UTF-8."""
+_PERCENT_RUN = re.compile(r"((?:%[0-9A-Fa-f]{2})+)")
 _PERCENT_ROUNDS = 2
 """How many times a text is percent-decoded: twice catches ``%255F`` (``%5F`` encoded
 again), the most a client's double encoding gives."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Piece:
-    """A changed piece: ``[start, end)`` of the view came from ``[origin, origin_end)``.
-    With ``scale``, each character of the view came from ``scale`` characters of the
-    origin (``%41`` gives ``A``: 3); without (0), only the piece as a whole maps."""
+@dataclass(slots=True)
+class _Pieces:
+    """The changed pieces of a view, in order, none overlapping: piece ``i`` is
+    ``[starts[i], ends[i])`` of the view and came from ``[origins[i], origin_ends[i])``.
+    With ``scales[i]``, each of its characters came from that many characters of the
+    origin (``%41`` gives ``A``: 3); with 0, only the piece as a whole maps."""
 
-    start: int
-    end: int
-    origin: int
-    origin_end: int
-    scale: int
+    starts: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    origins: list[int] = field(default_factory=list)
+    origin_ends: list[int] = field(default_factory=list)
+    scales: list[int] = field(default_factory=list)
 
 
 class View:
-    """A text derived from ``origin`` by changing some pieces of it.
+    """A text derived from another (the scanned text, or a view of it) by changing
+    some pieces of it.
 
     Args:
         text: the derived text.
-        pieces: the changed pieces, in order, none overlapping.
-        below: the view ``origin`` itself is, when views are stacked (None: the scanned
-            text).
+        pieces: the changed pieces.
+        below: the view the text was derived from, when views are stacked (None: the
+            scanned text).
     """
 
-    __slots__ = ("_below", "_pieces", "_starts", "text")
+    __slots__ = ("_below", "_pieces", "text")
 
-    def __init__(self, text: str, pieces: Sequence[_Piece], below: View | None = None) -> None:
+    def __init__(self, text: str, pieces: _Pieces, below: View | None = None) -> None:
         self.text = text
         self._pieces = pieces
-        self._starts = [piece.start for piece in pieces]
         self._below = below
 
     def origin(self, start: int, end: int) -> tuple[int, int]:
@@ -83,24 +103,24 @@ class View:
         return span if self._below is None else self._below.origin(*span)
 
     def _origin_start(self, at: int) -> int:
-        i = bisect_right(self._starts, at) - 1
+        p = self._pieces
+        i = bisect_right(p.starts, at) - 1
         if i < 0:
             return at
-        piece = self._pieces[i]
-        if at < piece.end:
-            return piece.origin + (at - piece.start) * piece.scale
-        return piece.origin_end + (at - piece.end)
+        if at < p.ends[i]:
+            return p.origins[i] + (at - p.starts[i]) * p.scales[i]
+        return p.origin_ends[i] + (at - p.ends[i])
 
     def _origin_end(self, at: int) -> int:
-        i = bisect_left(self._starts, at) - 1
+        p = self._pieces
+        i = bisect_left(p.starts, at) - 1
         if i < 0:
             return at
-        piece = self._pieces[i]
-        if at <= piece.end:
-            return (
-                piece.origin + (at - piece.start) * piece.scale if piece.scale else piece.origin_end
-            )
-        return piece.origin_end + (at - piece.end)
+        if at <= p.ends[i] and p.scales[i]:
+            return p.origins[i] + (at - p.starts[i]) * p.scales[i]
+        if at <= p.ends[i]:
+            return p.origin_ends[i]
+        return p.origin_ends[i] + (at - p.ends[i])
 
 
 def normalised(text: str) -> str:
@@ -112,36 +132,46 @@ def normalised(text: str) -> str:
 
 
 def _derived(
-    text: str, pattern: Any, change: Callable[[str], tuple[str, int] | None], below: View | None
+    text: str, pattern: Any, change: Callable[[str], tuple[str, int]], below: View | None
 ) -> View | None:
-    """The view of ``text`` with each match of ``pattern`` changed by ``change`` (which
-    gives the new text and its scale, or None to keep the match); None when nothing
-    changed."""
-    parts: list[str] = []
-    pieces: list[_Piece] = []
-    last = shift = 0
-    for match in pattern.finditer(text):
-        start, end = match.span()
-        changed = change(text[start:end])
-        if changed is None:
-            continue
-        new, scale = changed
-        parts += (text[last:start], new)
-        pieces.append(_Piece(start + shift, start + shift + len(new), start, end, scale))
-        shift += len(new) - (end - start)
-        last = end
-    if not pieces:
+    """The view of ``text`` with each match of ``pattern`` (which has one group, the
+    whole match) changed by ``change`` into a new text and its scale; None when
+    ``pattern`` does not match.
+
+    Written as passes over lists rather than one loop over matches: a crafted text
+    holds a match every few characters, and each pass costs a fraction of a loop's turn.
+    """
+    parts = pattern.split(text)  # literal, match, literal, ..., literal
+    if len(parts) == 1:
         return None
-    parts.append(text[last:])
-    return View("".join(parts), pieces, below)
+    literals, found = parts[0::2], parts[1::2]
+    changed = [change(piece) for piece in found]
+    news = [new for new, _ in changed]
+    # Piece i starts after literals 0..i and, in the view, after the new texts before it
+    # (in the origin, after the matches before it).
+    literals_to = list(accumulate(map(len, literals[:-1])))
+    news_before = accumulate(map(len, news[:-1]), initial=0)
+    found_before = accumulate(map(len, found[:-1]), initial=0)
+    starts = [a + b for a, b in zip(literals_to, news_before, strict=True)]
+    origins = [a + b for a, b in zip(literals_to, found_before, strict=True)]
+    pieces = _Pieces(
+        starts=starts,
+        ends=[start + len(new) for start, new in zip(starts, news, strict=True)],
+        origins=origins,
+        origin_ends=[at + len(piece) for at, piece in zip(origins, found, strict=True)],
+        scales=[scale for _, scale in changed],
+    )
+    merged = [""] * (len(literals) + len(news))
+    merged[0::2], merged[1::2] = literals, news
+    return View("".join(merged), pieces, below)
 
 
-def _percent_decoded(run: str) -> tuple[str, int] | None:
+def _percent_decoded(run: str) -> tuple[str, int]:
     raw = bytes.fromhex(run.replace("%", ""))
     try:
         decoded = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return None  # not text: left as it is
+        return run, 1  # not text: kept as it is, character for character
     return decoded, 3 if raw.isascii() else 0
 
 
