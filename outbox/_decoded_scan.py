@@ -122,31 +122,33 @@ class DecodedScan:
             if spans:
                 normal, folded = self._replaced(spans, normal, folded)
                 hit = True
-        # A placeholder ends a word, so it may let a detector match next to it that could
-        # not before: rounds go on until one changes nothing (redacting twice is then
-        # redacting once), and at most _ROUNDS of them, which keeps the work linear.
-        # Each round: keys across line breaks first (the text itself would give the first
-        # line's part of such a key alone), then the text, then its percent-decoded view
-        # (after the text: a value cut short by a decoded space, ``abc%20def``, is whole
-        # in the text).
-        for round_ in range(_ROUNDS):
+        # Keys across line breaks first (the text itself would give the first line's part
+        # of such a key alone), then the text, then its percent-decoded view (after the
+        # text: a value cut short by a decoded space, ``abc%20def``, is whole in the text).
+        start = folded
+        normal, folded = self._applied(self._across_breaks(folded), normal, folded, fired)
+        normal, folded = self._in_text(normal, folded, shapes, fired)
+        normal, folded = self._applied(self._decoded(folded, shapes), normal, folded, fired)
+        return normal if hit or folded != start else text
+
+    def _in_text(
+        self, normal: str, folded: str, shapes: tuple[Shape, ...], fired: set[str]
+    ) -> tuple[str, str]:
+        """``normal`` and ``folded`` with what ``shapes`` find in ``folded`` replaced,
+        shape after shape (each sees the placeholders of those before it, as in version
+        2). A placeholder ends a word, so it may let a detector match next to it that could
+        not before: rounds go on until one changes nothing (redacting twice is then
+        redacting once), and at most _ROUNDS of them, which keeps the work linear."""
+        for _ in range(_ROUNDS):
             before = folded
-            normal, folded = self._applied(self._across_breaks(folded), normal, folded, fired)
-            # The text itself, shape after shape: each sees the placeholders of those
-            # before it (as in version 2).
             lowered = folded.lower()
             for shape in shapes:
                 if _holds(lowered, shape.hints):
                     found = [(start, end, shape.label) for start, end in shape.find(folded)]
                     normal, folded = self._applied(found, normal, folded, fired)
-            # The decoded view again only when the text changed (a placeholder now in it).
-            if round_ == 0 or folded != before:
-                spans = self._decoded(folded, shapes)
-                normal, folded = self._applied(spans, normal, folded, fired)
             if folded == before:
                 break
-            hit = True
-        return normal if hit else text
+        return normal, folded
 
     def _applied(
         self, spans: list[Span], normal: str, folded: str, fired: set[str]

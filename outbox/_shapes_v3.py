@@ -96,20 +96,48 @@ class _At:
         return self._end
 
 
-_Check = Callable[[str, _At], "tuple[int, int] | None"]
+_Check = Callable[[str, int, int], "tuple[int, int] | None"]
+"""Confirms a match (the text, where the match starts and ends) and gives the span to
+replace, or None."""
+
+
+def _v2(check: Callable[[str, Any], tuple[int, int] | None]) -> _Check:
+    """A version 2 check (given a match object) as a version 3 one."""
+    return lambda text, start, end: check(text, _At(start, end))
+
+
+def _byte_spans(compiled: Any, data: bytes) -> Iterator[tuple[int, int]]:
+    """The spans of ``compiled``'s matches in ``data``, left to right.
+
+    Calls the engine's matcher under the wrapper when it is there: the wrapper's
+    ``finditer`` builds a match object a match, which costs more than the match when a
+    crafted text holds one every few characters. Same spans, same order (a test checks)."""
+    regexp = getattr(compiled, "_regexp", None)
+    anchor = getattr(getattr(re2, "_Anchor", None), "UNANCHORED", None)
+    if regexp is None or anchor is None:  # another wrapper version: its public path
+        for match in compiled.finditer(data):
+            yield match.span()
+        return
+    at, end = 0, len(data)
+    while True:
+        start, stop = regexp.Match(anchor, data, at, end)[0]
+        if start < 0:
+            return
+        yield start, stop
+        if at == end:
+            return
+        at = at + 1 if stop == at else stop
 
 
 def matches(compiled: Any, text: str) -> Iterator[tuple[int, int]]:
     """The spans of ``compiled``'s matches in ``text``, matched over its UTF-8 bytes and
     mapped back to character offsets in one pass."""
     if text.isascii():
-        for match in compiled.finditer(text.encode()):
-            yield match.span()
+        yield from _byte_spans(compiled, text.encode())
         return
     data = text.encode("utf-8", "surrogatepass")
     at_byte = at_char = 0
-    for match in compiled.finditer(data):
-        start_byte, end_byte = match.span()
+    for start_byte, end_byte in _byte_spans(compiled, data):
         start = at_char + len(data[at_byte:start_byte].decode("utf-8", "replace"))
         at_char = start + len(data[start_byte:end_byte].decode("utf-8", "replace"))
         at_byte = end_byte
@@ -126,7 +154,7 @@ def _finder(pattern: str, check: _Check, *, joins: str | None = None) -> Finder:
     def find(text: str) -> list[tuple[int, int]]:
         found: list[tuple[int, int]] = []
         for start, end in matches(compiled, text):
-            span = check(text, _At(start, end))
+            span = check(text, start, end)
             if span is None or text.startswith(PLACEHOLDER_PREFIX, span[0]):
                 continue
             if joins is None or not _joined(text, span[0], joins, found):
@@ -150,8 +178,7 @@ def is_real_domain(domain: str) -> bool:
     return not (len(labels) > 2 and labels[0].isdigit() and labels[1].isdigit())
 
 
-def _email_check(text: str, match: _At) -> tuple[int, int] | None:
-    start, end = match.span()
+def _email_check(text: str, start: int, end: int) -> tuple[int, int] | None:
     if end < len(text) and (text[end].isalnum() or text[end] == "-"):
         return None
     return (start, end) if is_real_domain(text[start:end].rsplit("@", 1)[1]) else None
@@ -176,8 +203,7 @@ def card_words_near(text: str, start: int, end: int) -> bool:
     return _CARD_WORDS.search(before) is not None or _CARD_WORDS.search(after) is not None
 
 
-def _card_check(text: str, match: _At) -> tuple[int, int] | None:
-    start, end = match.span()
+def _card_check(text: str, start: int, end: int) -> tuple[int, int] | None:
     if start > 0 and (_word_before(text, start) or text[start - 1] in "+.-"):
         return None
     if end < len(text) and (text[end].isalnum() or text[end] == "_"):
@@ -262,11 +288,10 @@ _NAME_RUN = re.compile(r"[A-Za-z0-9_.-]*")
 _VALUE_START = re.compile(r"(?:\\{0,7}[\"'])?[ \t]*[=:][ \t]*(?:\\{0,7}[\"'])?")
 
 
-def _pair_check(text: str, match: _At) -> tuple[int, int] | None:
+def _pair_check(text: str, start: int, end: int) -> tuple[int, int] | None:
     """The value of a ``name=value`` whose name is a credential's. The pattern has no
     groups: the name is the run of name characters the match starts with, the value
     what follows the ``=`` or ``:`` and an opening quote (escaped or not)."""
-    start, end = match.span()
     name = _NAME_RUN.match(text, start, end)
     name_end = start if name is None else name.end()
     if not is_secret_name(text[start:name_end]):
@@ -279,9 +304,8 @@ def _pair_check(text: str, match: _At) -> tuple[int, int] | None:
     return (value_start, end) if value_start < end else None
 
 
-def _userinfo_check(text: str, match: _At) -> tuple[int, int] | None:
+def _userinfo_check(text: str, start: int, end: int) -> tuple[int, int] | None:
     """The password of ``scheme://user:password@``: after the first ``:`` past ``//``."""
-    start, end = match.span()
     colon = text.index(":", text.index("://", start, end) + 3, end)
     return colon + 1, end - 1
 
@@ -290,10 +314,14 @@ _QUOTE = r"(?:\\{0,7}[\"'])?"
 
 SHAPES_V3: Mapping[str, Shape] = MappingProxyType(
     {
-        "private_key": Shape(_finder(PRIVATE_KEY_PATTERN, _whole), ("private key",), "private_key"),
-        "api_key": Shape(_finder(_KEY_SHAPES, _whole, joins="_"), _KEY_HINTS, "api_key"),
+        "private_key": Shape(
+            _finder(PRIVATE_KEY_PATTERN, _v2(_whole)),
+            ("private key",),
+            "private_key",
+        ),
+        "api_key": Shape(_finder(_KEY_SHAPES, _v2(_whole), joins="_"), _KEY_HINTS, "api_key"),
         "bearer_token": Shape(
-            _finder(BEARER_PATTERN, _token_check), ("bearer", "basic"), "bearer_token"
+            _finder(BEARER_PATTERN, _v2(_token_check)), ("bearer", "basic"), "bearer_token"
         ),
         "url_userinfo": Shape(
             _finder(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:[^\s/@]+@", _userinfo_check),
@@ -321,7 +349,7 @@ SHAPES_V3: Mapping[str, Shape] = MappingProxyType(
             DIGITS,
             "card_number",
         ),
-        "phone": Shape(_finder(PHONE_PATTERN, _phone_check, joins="_+.-"), DIGITS, "phone"),
+        "phone": Shape(_finder(PHONE_PATTERN, _v2(_phone_check), joins="_+.-"), DIGITS, "phone"),
     }
 )
 """Every version 3 detector, in the order they run over a string (version 2's names)."""
