@@ -19,8 +19,10 @@ as U+FE0F and the Unicode tag characters too) and look-alike letters folded. The
   line's part alone and leave the rest), so a key cut over lines goes whole; a plain
   word that starts the next line (``Thanks``) is not taken as the key's end.
 
-Every pattern runs on RE2 and every view is built in one pass: the time stays linear in
-the text.
+Every detector runs on RE2 (:mod:`._shapes_v3`); the views' patterns are runs of one
+character class or escape, and the few other checks run Python's engine over a bounded
+slice or from a match's end to the next match's start, so the time stays linear in the
+text.
 """
 
 from __future__ import annotations
@@ -187,11 +189,15 @@ class DecodedScan:
             return []
         if not decoded.text.isascii():  # escapes of invisible characters
             decoded = without(decoded, INVISIBLE_RUN) or decoded
-        spans = [
-            (start, _value_end(folded, end) if label == CREDENTIAL else end, label)
-            for start, end, label in _found(decoded, shapes)
+        spans = _merged(_found(decoded, shapes), ordered=False)
+        if not spans:
+            return []
+        # Each value runs on at most to the next span: the runs add up to the text once.
+        bounds = [start for start, _, _ in spans[1:]] + [len(folded)]
+        return [
+            (start, _value_end(folded, end, bound) if label == CREDENTIAL else end, label)
+            for (start, end, label), bound in zip(spans, bounds, strict=True)
         ]
-        return _merged(spans, ordered=False)
 
     def _across_breaks(self, folded: str) -> list[Span]:
         """The keys (of the key shapes, when in force) that ``folded`` holds cut by line
@@ -243,9 +249,9 @@ def _key_end(folded: str, start: int, end: int, label: str) -> Span:
     return start, end, label
 
 
-def _value_end(folded: str, end: int) -> int:
-    """Where a credential's value that reaches ``end`` ends in ``folded``."""
-    run = _VALUE_RUN.match(folded, end)
+def _value_end(folded: str, end: int, bound: int) -> int:
+    """Where a credential's value that reaches ``end`` ends in ``folded`` (by ``bound``)."""
+    run = _VALUE_RUN.match(folded, end, bound)
     return end if run is None else run.end()
 
 
