@@ -143,9 +143,9 @@ class DecodedScan:
         redacting once), and at most _ROUNDS of them, which keeps the work linear."""
         for _ in range(_ROUNDS):
             before = folded
-            lowered = folded.lower()
+            held = _Hints(folded.lower())
             for shape in shapes:
-                if _holds(lowered, shape.hints):
+                if held.any(shape.hints):
                     found = [(start, end, shape.label) for start, end in shape.find(folded)]
                     normal, folded = self._applied(found, normal, folded, fired)
             if folded == before:
@@ -218,8 +218,13 @@ class DecodedScan:
         normal_parts: list[str] = []
         folded_parts: list[str] = []
         last = 0
+        placeholders: dict[str, str] = {}  # a label's placeholder, when it is no pseudonym
         for start, end, label in spans:
-            stand_in = self._stand_ins.of(label, normal[start:end])
+            stand_in = placeholders.get(label)
+            if stand_in is None:
+                stand_in = self._stand_ins.of(label, normal[start:end])
+                if not self._stand_ins.pseudonymous(label):
+                    placeholders[label] = stand_in
             normal_parts += (normal[last:start], stand_in)
             folded_parts += (folded[last:start], stand_in)
             last = end
@@ -271,6 +276,27 @@ def _merged(spans: list[Span], *, ordered: bool) -> list[Span]:
         else:
             merged.append((start, end, label))
     return merged
+
+
+class _Hints:
+    """Which hints a text holds, each looked for once (the card and phone shapes share
+    the ten digits)."""
+
+    __slots__ = ("_seen", "_text")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._seen: dict[str, bool] = {}
+
+    def any(self, hints: tuple[str, ...]) -> bool:
+        """Whether the text holds one of ``hints``."""
+        for hint in hints:
+            held = self._seen.get(hint)
+            if held is None:
+                held = self._seen[hint] = hint in self._text
+            if held:
+                return True
+        return False
 
 
 def _holds(text: str, hints: tuple[str, ...]) -> bool:
