@@ -210,17 +210,19 @@ class ValueWalk:
         self, key: object, item: Any, live: _Live, fired: set[str], depth: int, level: int
     ) -> Any:
         """An item where a card number is expected (version 3): a card number (digits,
-        grouped or not, or a number) goes whole; a mapping's items are expected to be
-        card numbers in turn; a path rule ending here still applies first."""
+        grouped or not, or a number) goes whole; a list's and a mapping's items are
+        expected to be card numbers in turn; a path rule ending here applies first."""
         if live and _advance(live, key)[1]:
             return self._child(key, item, live, fired, depth, level)
         if is_card_value(item):
             fired.add("card_number")
             text = str(int(item)) if type(item) is float else str(item)
             return self._stand_ins.of("card_number", text)
-        if isinstance(item, dict) and not live:
+        if isinstance(item, dict | list) and not live:
             if level >= MAX_VALUE_DEPTH:
                 raise _TooDeep
+            if isinstance(item, list):  # {"cards": [4111..., ...]}
+                return [self._card_child(key, x, live, fired, depth, level + 1) for x in item]
             return self._mapping(item, live, fired, depth, level + 1, cards=True)
         return self._child(key, item, live, fired, depth, level)
 

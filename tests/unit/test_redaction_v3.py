@@ -112,6 +112,7 @@ def test_numbers_where_a_card_is_expected_are_replaced() -> None:
         "credit_card": {"number": 4532015112830366, "brand": "visa"},
         "order_id": 4532015112830366,
         "id": 4532015112830366.0,
+        "cards": [4532015112830366, "n/a"],
     }
     assert redact(value) == {
         "card": CARD,
@@ -121,6 +122,7 @@ def test_numbers_where_a_card_is_expected_are_replaced() -> None:
         "credit_card": {"number": CARD, "brand": "visa"},
         "order_id": 4532015112830366,
         "id": 4532015112830366.0,
+        "cards": [CARD, "n/a"],
     }
 
 
