@@ -48,6 +48,7 @@ from agent_blackbox.outbox._text_views import (
 
 _ROUNDS = 3
 _SHORT = 256
+_LONG = 4096
 _DATA_DEPTH = 2
 """How deep ``data:`` URLs inside decoded ``data:`` URL bodies are decoded."""
 
@@ -143,9 +144,12 @@ class DecodedScan:
         redacting once), and at most _ROUNDS of them, which keeps the work linear."""
         for _ in range(_ROUNDS):
             before = folded
-            held = _Hints(folded.lower())
+            lowered = folded.lower()
+            # A long text is searched for each hint once (the card and phone shapes share
+            # the ten digits); a short one is quicker searched again than remembered.
+            held = _Hints(lowered) if len(lowered) > _LONG else None
             for shape in shapes:
-                if held.any(shape.hints):
+                if _holds(lowered, shape.hints) if held is None else held.any(shape.hints):
                     found = [(start, end, shape.label) for start, end in shape.find(folded)]
                     normal, folded = self._applied(found, normal, folded, fired)
             if folded == before:

@@ -246,9 +246,15 @@ def is_card_field(key: object) -> bool:
 def holds_card_fields(mapping: Mapping[Any, Any]) -> bool:
     """Whether a mapping is a card's details (it has a ``cvc``, an ``exp_month``...), so
     its ``number`` is a card number."""
-    return any(
-        isinstance(key, str) and "_".join(_name_tokens(key)) in _CARD_SIBLINGS for key in mapping
-    )
+    for key in mapping:  # noqa: SIM110 -- a loop: any() over a generator costs more
+        if isinstance(key, str) and _is_card_sibling(key):
+            return True
+    return False
+
+
+@lru_cache(maxsize=4096)
+def _is_card_sibling(key: str) -> bool:
+    return "_".join(_name_tokens(key)) in _CARD_SIBLINGS
 
 
 _SEPARATORS = str.maketrans("", "", " -./")
