@@ -21,6 +21,7 @@ import unicodedata
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import accumulate
 from typing import Any
 
@@ -166,6 +167,7 @@ def _derived(
     return View("".join(merged), pieces, below)
 
 
+@lru_cache(maxsize=1024)  # the same few escapes (%20, %2F, %40...) come again and again
 def _percent_decoded(run: str) -> tuple[str, int]:
     raw = bytes.fromhex(run.replace("%", ""))
     try:
