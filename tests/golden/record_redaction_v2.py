@@ -1,8 +1,10 @@
 """Records the golden history of a run redacted under redaction version 2.
 
-    python -m tests.golden.record_redaction_v2 tests/golden/redaction-v2.avro
+    python -m tests.golden.record_redaction_v2 tests/golden/redaction/v2.avro
 
-Run once, at commit be361e0 (the last release whose default rules were version 2), with
+The archive sits in a folder of its own, out of the histories every reader of
+``tests/golden/*.avro`` checks (the JVM consumer's figures among them). Run once, at
+commit be361e0 (the last release whose default rules were version 2), with
 the memory recorder: the archive is committed and must replay forever under version 2.
 Its tool arguments hold values that version 2 and version 3 redact differently (an
 image name with a density suffix, a bare order number that passes the card checks, a

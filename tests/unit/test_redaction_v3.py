@@ -24,7 +24,7 @@ from tests.golden.record_redaction_v2 import agent as golden_agent
 REDACTOR = Redactor()
 EMAIL, CARD = placeholder("email"), placeholder("card_number")
 CREDENTIAL = placeholder("credential")
-GOLDEN_V2 = Path(__file__).resolve().parents[1] / "golden" / "redaction-v2.avro"
+GOLDEN_V2 = Path(__file__).resolve().parents[1] / "golden" / "redaction" / "v2.avro"
 
 
 def redact(value: Any) -> Any:
