@@ -35,7 +35,7 @@ from collections.abc import Iterable
 import re2  # type: ignore[import-untyped]
 
 from agent_blackbox.outbox._placeholders import CREDENTIAL, StandIns
-from agent_blackbox.outbox._shapes import ALWAYS_ON_V2, Shape
+from agent_blackbox.outbox._shapes import _KEY_HINTS, ALWAYS_ON_V2, Shape
 from agent_blackbox.outbox._shapes_v3 import SHAPES_V3, matches
 from agent_blackbox.outbox._text_views import (
     INVISIBLE_RUN,
@@ -53,6 +53,12 @@ _DATA_DEPTH = 2
 """How deep ``data:`` URLs inside decoded ``data:`` URL bodies are decoded."""
 
 _LINE_BREAKS = re.compile("([\r\n\x0b\x0c\x85\u2028\u2029]+)")
+# The breaks taken out to join a key's lines: not one before a line that starts with a
+# key's prefix (joined to the line before, it would read as the tail of its last word).
+# The look-ahead is of a few characters: linear in Python's engine.
+_JOINED_BREAKS = re.compile(
+    "([\r\n\x0b\x0c\x85\u2028\u2029]+)(?!(?i:" + "|".join(map(re.escape, _KEY_HINTS)) + "))"
+)
 _DATA_URL = re2.compile(
     r"(?i)data:[^\s,;]{0,100}(?:;[^\s,;]{0,100}){0,8};base64,[A-Za-z0-9+/_-]+={0,2}"
 )
@@ -211,7 +217,7 @@ class DecodedScan:
             return []
         if not _holds(folded.lower(), keys.hints):
             return []
-        joined = without(folded, _LINE_BREAKS)
+        joined = without(folded, _JOINED_BREAKS)
         if joined is None:
             return []
         spans = [_key_end(folded, *span) for span in _found(joined, (keys,))]

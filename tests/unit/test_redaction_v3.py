@@ -185,6 +185,9 @@ def test_a_key_cut_by_a_line_break_goes_whole_and_the_next_word_stays() -> None:
     key = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t"
     assert redact(f"{key[:20]}\n{key[20:]} ok") == f"{placeholder('api_key')} ok"
     assert redact(f"key {key}\nThanks") == f"key {placeholder('api_key')}\nThanks"
+    # A line that starts with the key's prefix is not joined to the line before it.
+    assert redact(f"x\n{key[:3]}\n{key[3:]}") == f"x\n{placeholder('api_key')}"
+    assert redact("id\nAKIA\nIOSFODNN7EXAMPLE") == f"id\n{placeholder('api_key')}"
 
 
 def test_a_binary_data_url_is_scanned_for_credentials_only() -> None:
