@@ -18,7 +18,8 @@ would be a dictionary attack away from the address, so pseudonyms need a key sto
 
 The :class:`Redactor` composes the parts, each in a module of its own: the rules, checked
 (:mod:`._redaction_rules`); the detectors of each version (:mod:`._detectors`,
-:mod:`._shapes`); matching them in text (:mod:`._text_scan`); walking a value
+:mod:`._shapes`, :mod:`._shapes_v3`); matching them in text (:mod:`._text_scan`,
+:mod:`._decoded_scan` over the views of :mod:`._text_views`); walking a value
 (:mod:`._value_walk`); and what stands in for a removed value (:mod:`._placeholders`).
 """
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_blackbox.outbox._decoded_scan import DecodedScan
 from agent_blackbox.outbox._detectors import (
     ALWAYS_ON,
     CREDENTIAL_KEYS,
@@ -148,8 +150,10 @@ class Redactor:
         scan: TextScan
         if rules.version == 1:
             scan = PatternScan(rules.detectors, stand_ins)
-        else:
+        elif rules.version == 2:
             scan = ShapeScan(rules.detectors, stand_ins)
+        else:
+            scan = DecodedScan(rules.detectors, stand_ins)
         self._walk = ValueWalk(
             version=rules.version,
             paths=rules.paths,

@@ -17,12 +17,13 @@ from agent_blackbox.outbox._detectors import ALWAYS_ON, DEFAULT_DETECTORS, DETEC
 from agent_blackbox.outbox._errors import RedactionConfigError
 from agent_blackbox.outbox._placeholders import CREDENTIAL, PSEUDONYMOUS
 from agent_blackbox.outbox._shapes import ALWAYS_ON_V2, SHAPES
+from agent_blackbox.outbox._shapes_v3 import SHAPES_V3
 
-REDACTION_VERSION = 2
+REDACTION_VERSION = 3
 """The detector set new runs are recorded with (``version`` in the recorded rules). Rules
 recorded without a version are version 1: the detectors of that time, kept as they were
-so that old runs replay."""
-VERSIONS = (1, 2)
+so that old runs replay; version 2 runs replay with version 2's detectors likewise."""
+VERSIONS = (1, 2, 3)
 
 PathRules: TypeAlias = tuple[tuple[str, tuple[str, ...]], ...]
 """Path rules, each as its rule name (``path:<dotted path>``) and the segments left to
@@ -70,7 +71,7 @@ class RedactionRules:
             raise RedactionConfigError(
                 f"unknown redaction version {version!r}; known: {', '.join(map(str, VERSIONS))}"
             )
-        known_detectors = DETECTORS if version == 1 else SHAPES
+        known_detectors = _detectors_of(version)
         if any(isinstance(names, str) for names in (detectors, paths, pseudonyms)):
             raise RedactionConfigError(
                 "detectors, paths and pseudonyms are lists of strings, not a string"
@@ -118,7 +119,7 @@ class RedactionRules:
         if "detectors" in config:
             detectors: Iterable[str] = lists["detectors"]
         else:
-            detectors = DEFAULT_DETECTORS if version == 1 else tuple(SHAPES)
+            detectors = DEFAULT_DETECTORS if version == 1 else tuple(_detectors_of(version))
         return cls.build(
             detectors=detectors,
             paths=lists["paths"],
@@ -168,6 +169,11 @@ class RedactionRules:
         if self.version > 1:
             config["version"] = self.version
         return config
+
+
+def _detectors_of(version: int) -> Mapping[str, object]:
+    """The detectors of a redaction version, by name, in the order they run."""
+    return DETECTORS if version == 1 else SHAPES if version == 2 else SHAPES_V3
 
 
 def _parse_path(path: object) -> tuple[str, ...]:

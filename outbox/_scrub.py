@@ -109,7 +109,9 @@ class Scrub:
         (:func:`~agent_blackbox.outbox._stream_redaction.redacted_stream`)."""
         if self._redactor is not None and isinstance(response.get("stream"), list):
             response = redacted_stream(
-                response, lambda text: self.value(text, fired, path="llm.response.stream")
+                response,
+                lambda text: self.value(text, fired, path="llm.response.stream"),
+                completions=self.version > 2,
             )
         return self.value(dict(response), fired, path="llm.response")
 

@@ -223,17 +223,26 @@ _KEY_HINTS: tuple[str, ...] = (
 )
 _KEY_HINTS += ("xapp-", "aiza", "npm_", "pypi-", "sg.", "eyj", "dop_v1_", "shp", "hooks.")
 _KEY_HINTS += ("discord",)
+PRIVATE_KEY_PATTERN = (
+    r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----(?s:.*?)"
+    r"(?:-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|\z)"
+)
+BEARER_PATTERN = r"\b(?i:bearer|basic)\s+[A-Za-z0-9\-._~+/]{7,}[A-Za-z0-9\-_~+/]=*"
+# International, national (a trunk 0 or an area code in parentheses first) or the 3-3-4
+# shape; is_phone counts the digits. Each repetition adds one digit: 7 to 15 of them, as
+# in is_phone.
+PHONE_PATTERN = (
+    r"\+\d(?:[ .-]?\(?\d\)?){6,14}\b"
+    r"|\b0\d(?:[ .-]?\(?\d\)?){5,13}\b|\(\d{2,}\)(?:[ .-]?\d){5,13}\b"
+    r"|\b\d{3}[ .-]?\d{3}[ .-]?\d{4}\b"
+)
 _NAME_WORDS = (
     "token|secret|passw|passphrase|pwd|pass|key|auth|cookie|credential|session|sig|pin|otp"
 )
 SHAPES: Mapping[str, Shape] = MappingProxyType(
     {
         "private_key": Shape(
-            _spans(
-                r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----(?s:.*?)"
-                r"(?:-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|\z)",
-                _whole,
-            ),
+            _spans(PRIVATE_KEY_PATTERN, _whole),
             ("private key",),
             "private_key",
         ),
@@ -243,9 +252,7 @@ SHAPES: Mapping[str, Shape] = MappingProxyType(
             "api_key",
         ),
         "bearer_token": Shape(
-            _spans(
-                r"\b(?i:bearer|basic)\s+[A-Za-z0-9\-._~+/]{7,}[A-Za-z0-9\-_~+/]=*", _token_check
-            ),
+            _spans(BEARER_PATTERN, _token_check),
             ("bearer", "basic"),
             "bearer_token",
         ),
@@ -285,16 +292,7 @@ SHAPES: Mapping[str, Shape] = MappingProxyType(
             "card_number",
         ),
         "phone": Shape(
-            _spans(
-                # International, national (a trunk 0 or an area code in parentheses
-                # first) or the 3-3-4 shape; is_phone counts the digits.
-                # Each repetition adds one digit: 7 to 15 of them, as in is_phone.
-                r"\+\d(?:[ .-]?\(?\d\)?){6,14}\b"
-                r"|\b0\d(?:[ .-]?\(?\d\)?){5,13}\b|\(\d{2,}\)(?:[ .-]?\d){5,13}\b"
-                r"|\b\d{3}[ .-]?\d{3}[ .-]?\d{4}\b",
-                _phone_check,
-                joins="_+.-",
-            ),
+            _spans(PHONE_PATTERN, _phone_check, joins="_+.-"),
             DIGITS,
             "phone",
         ),

@@ -4,8 +4,9 @@ A stream is recorded as ``{"stream": [chunk, ...]}``, and the text of one answer
 in pieces, a few characters a chunk: an e-mail address or a key is split over several
 chunks, and no detector sees it in any one of them. So before the chunks are scrubbed
 one by one, the pieces of each channel (one choice's text, one tool call's arguments,
-one content block of an Anthropic message, one output item of a Responses API stream)
-are put together and the whole text is redacted. When a rule fires, the redacted text
+one content block of an Anthropic message, one output item of a Responses API stream,
+and from redaction version 3 on one choice's text of a legacy completions stream) are
+put together and the whole text is redacted. When a rule fires, the redacted text
 is dealt back into the same chunks, each taking as many characters as it held (the last
 takes the rest), so that the chunks still add up to the answer, now redacted; the
 chunking around a placeholder may differ from the model's.
@@ -27,15 +28,20 @@ _BLOCK_TEXT = ("text", "partial_json", "thinking")
 """Text fields of an Anthropic ``content_block_delta``'s delta."""
 
 
-def redacted_stream(response: Any, redact: Callable[[str], str]) -> Any:
+def redacted_stream(
+    response: Any, redact: Callable[[str], str], *, completions: bool = False
+) -> Any:
     """``response`` with the text of each stream channel redacted as a whole by
-    ``redact``; ``response`` itself when it is not a stream or nothing changed."""
+    ``redact``; ``response`` itself when it is not a stream or nothing changed.
+
+    With ``completions`` (redaction version 3 on), the ``choices[].text`` of a legacy
+    completions stream is a channel too (version 2 runs replay without it)."""
     chunks = response.get("stream") if isinstance(response, Mapping) else None
     if not isinstance(chunks, list):
         return response
     channels: dict[ChannelKey, list[tuple[int, Path, str]]] = {}
     for at, chunk in enumerate(chunks):
-        for key, path, text in _pieces(chunk):
+        for key, path, text in _pieces(chunk, completions):
             channels.setdefault(key, []).append((at, path, text))
     edits: list[tuple[int, Path, str]] = []
     for pieces in channels.values():
@@ -63,7 +69,7 @@ def _dealt(pieces: list[tuple[int, Path, str]], text: str) -> Iterator[tuple[int
         at = end
 
 
-def _pieces(chunk: Any) -> Iterator[tuple[ChannelKey, Path, str]]:
+def _pieces(chunk: Any, completions: bool) -> Iterator[tuple[ChannelKey, Path, str]]:
     """The text pieces of one chunk: (its channel, where it is, the text)."""
     if not isinstance(chunk, Mapping):
         return
@@ -82,6 +88,8 @@ def _pieces(chunk: Any) -> Iterator[tuple[ChannelKey, Path, str]]:
     choices = chunk.get("choices")
     if isinstance(choices, list):  # a chat completion chunk
         yield from _choice_pieces(choices)
+        if completions:  # a legacy completions chunk: {"choices": [{"text": ...}]}
+            yield from _text_pieces(choices)
 
 
 def _choice_pieces(choices: list[Any]) -> Iterator[tuple[ChannelKey, Path, str]]:
@@ -99,6 +107,13 @@ def _choice_pieces(choices: list[Any]) -> Iterator[tuple[ChannelKey, Path, str]]
                 path: Path = ("choices", place, "delta", "tool_calls", slot, "function")
                 key = ("tool", index, call.get("index", slot))
                 yield key, (*path, "arguments"), function["arguments"]
+
+
+def _text_pieces(choices: list[Any]) -> Iterator[tuple[ChannelKey, Path, str]]:
+    for place, choice in enumerate(choices):
+        if isinstance(choice, Mapping) and isinstance(choice.get("text"), str):
+            index = choice.get("index", place)
+            yield ("text", index), ("choices", place, "text"), choice["text"]
 
 
 def _with(value: Any, path: Path, text: str) -> Any:

@@ -3,7 +3,11 @@
 The walk owns what a value's structure decides: a mapping key that names a credential
 loses its value, and so does a header given as a name and a value; a configured path
 loses its whole value; an integer that is a card number becomes a string stand-in;
-strings go to the text scan (version 2 first parses JSON found inside them). Lists and
+strings go to the text scan (version 2 first parses JSON found inside them, version 3
+JSON strings holding JSON too). From version 3 on, a number is a card number only where
+a card is expected (under a card-like key, or in a mapping with a ``cvc`` or an
+``exp_month``): an id or an order number passes the issuer and Luhn checks too often to
+be redacted on its digits alone. Lists and
 mappings are walked at most :data:`~agent_blackbox.schemas.MAX_VALUE_DEPTH` deep, so no
 value can exhaust the stack.
 """
@@ -18,6 +22,12 @@ from agent_blackbox.outbox._detectors import is_credential_key, luhn
 from agent_blackbox.outbox._placeholders import CREDENTIAL, StandIns, placeholder
 from agent_blackbox.outbox._redaction_rules import PathRules
 from agent_blackbox.outbox._shapes import is_card_v2, is_secret_name
+from agent_blackbox.outbox._shapes_v3 import (
+    holds_card_fields,
+    is_card_field,
+    is_card_value,
+    is_secret_name_v3,
+)
 from agent_blackbox.outbox._text_scan import SCAN_CAP, TextScan, windows
 from agent_blackbox.schemas import MAX_VALUE_DEPTH, canonical_text, deepest_path, too_deep
 
@@ -36,6 +46,9 @@ _PATH_PLACEHOLDER = placeholder("path")
 
 _JSON_DEPTH = 8
 """How deep JSON encoded inside strings is parsed and scanned; deeper, it is text."""
+_JSON_HEADS_V2 = ("{", "[")
+_JSON_HEADS = ("{", "[", '"')
+"""How a string holding JSON starts (version 3: a JSON string too, JSON encoded twice)."""
 
 _Live: TypeAlias = PathRules
 """Path rules still in play at a node: each rule's name and its segments left to match."""
@@ -87,7 +100,7 @@ class ValueWalk:
         if kind is str:
             return len(value) < _MIN_LENGTH  # shorter than any credential name, too
         if kind is int:
-            return not (self._card_ints and value in _CARD_INTS)
+            return self._version > 2 or not (self._card_ints and value in _CARD_INTS)
         if self._version > 1 and kind is not list and kind is not tuple:
             return kind in _INERT_SCALARS
         if kind in _INERT_SCALARS:
@@ -136,12 +149,17 @@ class ValueWalk:
         return value
 
     def _card(self, value: int) -> bool:
+        # From version 3 on, a number alone is never a card: only where one is expected.
+        if self._version > 2:
+            return False
         return luhn(str(value)) if self._version == 1 else is_card_v2(str(value))
 
     def _credential_key(self, key: object) -> bool:
         if self._version == 1:
             return is_credential_key(key)
-        return isinstance(key, str) and is_secret_name(key)
+        if self._version == 2:
+            return isinstance(key, str) and is_secret_name(key)
+        return isinstance(key, str) and is_secret_name_v3(key)
 
     def _child(
         self, key: object, item: Any, live: _Live, fired: set[str], depth: int, level: int
@@ -156,23 +174,57 @@ class ValueWalk:
         return self._walk(item, live, fired, depth, level)
 
     def _mapping(
-        self, value: dict[Any, Any], live: _Live, fired: set[str], depth: int, level: int
+        self,
+        value: dict[Any, Any],
+        live: _Live,
+        fired: set[str],
+        depth: int,
+        level: int,
+        *,
+        cards: bool = False,
     ) -> dict[Any, Any]:
         # A header as {"name": "Authorization", "value": "..."} hides its secret in "value".
         secret_value = self._credential_key(value.get("name")) and "value" in value
         # A language model's log-probabilities: {"token": "Hello", "logprob": -0.1}.
         text_token = self._version > 1 and "logprob" in value
+        # Version 3: where a card number is expected (cards: the mapping is under a
+        # card-like key), and the card detector is on.
+        expects = self._card_ints and self._version > 2
+        cards = expects and (cards or holds_card_fields(value))
         out: dict[Any, Any] = {}
         for key, item in value.items():
             credential = self._credential_key(key) and not (text_token and key == "token")
+            card = expects and (cards or is_card_field(key))
             if self._version > 1 and isinstance(key, str) and len(key) >= _MIN_LENGTH:
                 key = self._key_of(key, out, fired)
             if credential or (secret_value and key == "value"):
                 fired.add(CREDENTIAL)
                 out[key] = _CREDENTIAL_PLACEHOLDER
+            elif card:
+                out[key] = self._card_child(key, item, live, fired, depth, level)
             else:
                 out[key] = self._child(key, item, live, fired, depth, level)
         return out
+
+    def _card_child(
+        self, key: object, item: Any, live: _Live, fired: set[str], depth: int, level: int
+    ) -> Any:
+        """An item where a card number is expected (version 3): a card number (digits,
+        grouped or not, or a number) goes whole; a list's and a mapping's items are
+        expected to be card numbers in turn; a path rule ending here applies first."""
+        if live and _advance(live, key)[1]:
+            return self._child(key, item, live, fired, depth, level)
+        if is_card_value(item):
+            fired.add("card_number")
+            text = str(int(item)) if type(item) is float else str(item)
+            return self._stand_ins.of("card_number", text)
+        if isinstance(item, dict | list) and not live:
+            if level >= MAX_VALUE_DEPTH:
+                raise _TooDeep
+            if isinstance(item, list):  # {"cards": [4111..., ...]}
+                return [self._card_child(key, x, live, fired, depth, level + 1) for x in item]
+            return self._mapping(item, live, fired, depth, level + 1, cards=True)
+        return self._child(key, item, live, fired, depth, level)
 
     def _key_of(self, key: str, out: Mapping[Any, Any], fired: set[str]) -> str:
         """A mapping key, scanned like any string; two keys redacted alike are told apart
@@ -213,11 +265,19 @@ class ValueWalk:
         if len(value) > SCAN_CAP:
             return "".join(self._scan.scan(window, fired) for window in windows(value))
         head = value.lstrip()[:1]
-        if head in ("{", "[") and depth < _JSON_DEPTH:
+        heads = _JSON_HEADS if self._version > 2 else _JSON_HEADS_V2
+        if head in heads and depth < _JSON_DEPTH:
             try:
                 parsed = json.loads(value)
             except (ValueError, RecursionError):
                 parsed = None
+            if isinstance(parsed, str):  # version 3: JSON encoded again, as a JSON string
+                inner_text: set[str] = set()
+                scrubbed_text = self._string(parsed, inner_text, depth + 1, level)
+                if not inner_text:
+                    return value
+                fired.update(inner_text)
+                return json.dumps(scrubbed_text, ensure_ascii=False)
             if isinstance(parsed, (dict, list)):
                 inner: set[str] = set()
                 try:

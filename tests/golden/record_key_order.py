@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from agent_blackbox.outbox import AgentRun, EffectOutcome, MemoryRecorder, RunSnapshot
+from agent_blackbox.outbox import AgentRun, EffectOutcome, MemoryRecorder, Redactor, RunSnapshot
 from agent_blackbox.schemas import Envelope, Settings
 
 SORTED_RUN = "00000000-0000-4000-8000-00000000a001"
@@ -130,9 +130,10 @@ def record_runs(
     agent: Callable[[AgentRun, Any], Any] | None = None, *, canonical_json: str = "v1"
 ) -> list[Envelope]:
     """The two golden runs recorded in memory (hold them still for the same bytes),
-    hashed over ``canonical_json``: the golden file's, version 1, unless told."""
+    hashed over ``canonical_json``: the golden file's, version 1, unless told. Redacted
+    under redaction version 2, the golden file's (its rules are in ``run.started``)."""
     settings = replace(Settings.from_env(), canonical_json=canonical_json)
-    recorder = MemoryRecorder(clock=lambda: EPOCH, settings=settings)
+    recorder = MemoryRecorder(clock=lambda: EPOCH, settings=settings, redaction=Redactor(version=2))
     runs: Mapping[str, dict[str, Any]] = {SORTED_RUN: SORTED_INPUT, UNSORTED_RUN: UNSORTED_INPUT}
     for run_id, value in runs.items():
         entry = agent or KeyOrderAgent(sort_keys=True)

@@ -91,7 +91,7 @@ def test_bad_pseudonym_rules_are_refused(config: dict[str, object], message: str
 
 def test_the_rules_round_trip_and_rules_without_pseudonyms_read_as_before() -> None:
     detectors = list(Redactor().config["detectors"])
-    assert Redactor().config == {"detectors": detectors, "paths": [], "version": 2}
+    assert Redactor().config == {"detectors": detectors, "paths": [], "version": 3}
     old = Redactor(version=1).config
     assert old == {"detectors": list(old["detectors"]), "paths": []}
     assert "pseudonyms" not in Redactor().config

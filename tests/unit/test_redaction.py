@@ -136,7 +136,10 @@ def test_card_lookalikes_failing_luhn_are_kept(text: str) -> None:
 
 
 def test_integer_card_numbers_are_replaced_whole() -> None:
-    assert REDACTOR.redact({"n": 4111111111111111}) == Redacted({"n": CARD}, ("card_number",))
+    # Version 3: where a card number is expected (a card-like key); version 2: anywhere.
+    assert REDACTOR.redact({"card": 4111111111111111}) == Redacted({"card": CARD}, ("card_number",))
+    assert REDACTOR.redact({"n": 4111111111111111}).value == {"n": 4111111111111111}
+    assert Redactor(version=2).redact({"n": 4111111111111111}).value == {"n": CARD}
     assert redact([4111111111111112, 42, -4111111111111111, True, 1.5, None]) == [
         4111111111111112,
         42,
@@ -367,7 +370,12 @@ def test_rules_name_everything_in_force() -> None:
 
 def test_fired_is_sorted_and_unique() -> None:
     redactor = Redactor(paths=["z"])
-    value = {"z": 1, "b": "a@b.io c@d.io", "a": ["a@b.io", 4111111111111111], "password": "p"}
+    value = {
+        "z": 1,
+        "b": "a@b.io c@d.io",
+        "a": ["a@b.io", {"cc": 4111111111111111}],
+        "password": "p",
+    }
     assert redactor.redact(value).fired == ("card_number", "credential", "email", "path:z")
 
 
@@ -492,7 +500,7 @@ def test_from_config_builds_the_configured_redactor() -> None:
     redactor = Redactor.from_config(config, default_version=1)
     assert redactor.rules == ("api_key", "bearer_token", "credential", "email", "path:args.0")
     assert Redactor.from_config({}).rules == REDACTOR.rules
-    assert Redactor.from_config(config).config == {**config, "version": 2} | {
+    assert Redactor.from_config(config).config == {**config, "version": 3} | {
         "detectors": [*ALWAYS_ON_V2, "email"]
     }
 
@@ -576,8 +584,11 @@ def test_inert_values_are_the_ones_redaction_leaves_alone(value: Any) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    [4111111111111111, "a@b.io", {"k": 1}, ["cookie", "x"], [["a", "a@b.io"]]],
+    ["a@b.io", {"k": 1}, ["cookie", "x"], [["a", "a@b.io"]]],
 )
 def test_values_a_rule_may_touch_are_not_inert(value: Any) -> None:
     assert not Redactor().inert(value)
     assert not Redactor(detectors=[], paths=["x"]).inert(1)
+    # An integer alone is a card number up to version 2 only (version 3 needs a key).
+    assert not Redactor(version=2).inert(4111111111111111)
+    assert Redactor().inert(4111111111111111)

@@ -230,7 +230,8 @@ def test_a_keyed_version_1_redactor_stays_version_1() -> None:
     keyed = old.keyed(b"k" * 32)
     assert keyed.version == 1
     assert keyed.redact({"token": "abc"}).value == {"token": "abc"}
-    assert Redactor(pseudonyms=["email"]).keyed(b"k" * 32).version == 2
+    assert Redactor(pseudonyms=["email"]).keyed(b"k" * 32).version == 3
+    assert Redactor(pseudonyms=["email"], version=2).keyed(b"k" * 32).version == 2
 
 
 def test_a_snapshots_flags_and_a_transitions_reason_are_scrubbed_and_still_replay() -> None:
