@@ -85,6 +85,10 @@ def test_a_cut_commit_then_a_refused_reconnect_says_it_may_have_been_recorded(
     assert proxy.cuts == 1
     assert proxy.refused == 2  # both retries tried to reach the database
     assert _sequences(engine, run.run_id) == [1, 2]  # it was recorded
+    assert (raised.value.run_id, raised.value.sequence) == (run.run_id, 2)
+    with engine.connect() as conn:
+        query = text("SELECT event_id::text FROM blackbox.outbox WHERE sequence = 2")
+        assert raised.value.event_id == conn.execute(query).scalar_one()  # the error names it
     assert calls == [21]
     proxy.refuse(0)
     run.now()  # the run's next append continues after the event that committed
