@@ -22,6 +22,7 @@ from ._errors import ConcurrentRunWriter as ConcurrentRunWriter
 from ._errors import DatabaseUnavailable as DatabaseUnavailable
 from ._errors import EffectRejected as EffectRejected
 from ._errors import EventsNotRecorded as EventsNotRecorded
+from ._errors import MaybeRecorded as MaybeRecorded
 from ._errors import NotSerialisable as NotSerialisable
 from ._errors import PayloadTooLarge as PayloadTooLarge
 from ._errors import RecordedError as RecordedError

@@ -27,12 +27,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy import Engine, TextClause
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
-from agent_blackbox.outbox._failures import TRANSIENT_RETRIES, refusal, retry_delay, unavailable
+from agent_blackbox.outbox._failures import (
+    TRANSIENT_RETRIES,
+    cut_off,
+    refusal,
+    retry_delay,
+    unavailable,
+)
 from agent_blackbox.outbox._stepper import Stepper
 
 if TYPE_CHECKING:
@@ -65,6 +72,13 @@ class Rows:
 
     def first(self) -> Any:
         return self._rows[0] if self._rows else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Tried:
+    """An attempt that failed and may be tried again after ``delay`` seconds."""
+
+    delay: float
 
 
 def _lend_back(connection: PoolProxiedConnection) -> None:
@@ -121,32 +135,54 @@ class DirectTransactions:
         the retry finds out (the plan recognises its own event at the run's head).
         """
         ambiguous = False
-        for attempt in range(TRANSIENT_RETRIES):
+        try:
+            for attempt in range(TRANSIENT_RETRIES):
+                done, ambiguous = self._attempt(plan, attempt, ambiguous, autocommit=autocommit)
+                if isinstance(done, _Tried):
+                    time.sleep(done.delay)  # back off before a fresh attempt
+                    continue
+                return done
+        except SQLAlchemyError as exc:  # (the pool's own errors: no connection to lend)
+            raise unavailable(exc, ambiguous=ambiguous) from exc
+        raise AssertionError("unreachable")
+
+    def _attempt(
+        self, plan: Callable[[], Plan[T]], attempt: int, ambiguous: bool, *, autocommit: bool
+    ) -> tuple[T | _Tried, bool]:
+        """One attempt: the plan's result, or how long to wait before the next; with
+        whether any attempt so far may have committed.
+
+        Raises:
+            DatabaseUnavailable: that was the last attempt, or the failure is not transient.
+        """
+        connection: PoolProxiedConnection | None = None
+        switched: bool | None = None
+        alone = committing = False
+        try:
             connection = self._connect()
             switched = self._autocommit(connection) if autocommit else None
             alone = switched is not None  # each statement commits by itself
             committing = alone
-            try:
-                result = self._execute(connection, plan())
-                committing = True
-                if not alone:
-                    self._commit(connection)
-                return result
-            except DBAPIError as exc:
-                # In autocommit a statement the server refused did not commit; one whose
-                # connection was lost may have.
-                open_ended = committing and (exc.connection_invalidated or not alone)
-                ambiguous = ambiguous or open_ended
-                delay = retry_delay(exc, attempt, ambiguous=ambiguous)
-            finally:
+            result = self._execute(connection, plan())
+            committing = True
+            if not alone:
+                self._commit(connection)
+            return result, ambiguous
+        except DBAPIError as exc:
+            # In autocommit a statement the server refused did not commit; one whose
+            # session ended meanwhile may have. Kept across attempts: a later one that
+            # cannot connect must not forget it (the agent would be told nothing was
+            # recorded, and record the call again).
+            ambiguous = ambiguous or (committing and (not alone or cut_off(exc)))
+            delay = retry_delay(exc, attempt, ambiguous=ambiguous, connecting=connection is None)
+            return _Tried(delay), ambiguous
+        finally:
+            if connection is not None:
                 if switched and connection.is_valid:
                     _lend_back(connection)
                 connection.close()  # back to the pool, which rolls back what did not commit
-            time.sleep(delay)  # back off before a fresh attempt
-        raise AssertionError("unreachable")
 
-    @staticmethod
-    def _autocommit(connection: PoolProxiedConnection) -> bool | None:
+    def _autocommit(self, connection: PoolProxiedConnection) -> bool | None:
         """Put ``connection`` in autocommit: True when this switched it (and must switch it
         back), False when it was in autocommit already, None when the driver has no such
         switch (the plan then runs in a transaction, committed at its end)."""
@@ -155,14 +191,17 @@ class DirectTransactions:
             return None
         if driver.autocommit:
             return False
-        driver.autocommit = True
+        try:
+            driver.autocommit = True
+        except self._error as exc:  # a connection the server closed meanwhile
+            raise self._translated(exc, connection, None) from exc
         return True
 
     def _connect(self) -> PoolProxiedConnection:
         try:
             return self._engine.raw_connection()
         except self._error as exc:
-            raise unavailable(self._translated(exc, None, None)) from exc
+            raise self._translated(exc, None, None) from exc
 
     def _execute(self, connection: PoolProxiedConnection, plan: Plan[T]) -> T:
         """:func:`~agent_blackbox.outbox._postgres.execute` on the DB-API cursor."""

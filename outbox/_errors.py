@@ -10,6 +10,7 @@ __all__ = [
     "DatabaseUnavailable",
     "EffectRejected",
     "EventsNotRecorded",
+    "MaybeRecorded",
     "NotSerialisable",
     "PayloadTooLarge",
     "RecordedError",
@@ -20,7 +21,33 @@ __all__ = [
 
 
 class DatabaseUnavailable(BlackboxError):
-    """Postgres cannot be reached or refused a statement."""
+    """Postgres cannot be reached or refused a statement.
+
+    Raised by an append, ``maybe_recorded`` says what became of the event: False, nothing
+    was recorded (recording the call again records it once); True (the subclass
+    :class:`MaybeRecorded`), it may have been.
+    """
+
+    maybe_recorded = False
+    run_id: str | None = None
+    """The run of the event an append could not write (None: not an append)."""
+    sequence: int | None = None
+    """That event's sequence in the run, as last tried."""
+    event_id: str | None = None
+    """That event's id (kept across the attempts)."""
+
+
+class MaybeRecorded(DatabaseUnavailable):
+    """The connection failed while the event was being committed, and no later attempt
+    reached the database to find out: the event may be in the run, or not.
+
+    Do not record the call again (a tool would run twice). Keep the run: its next append
+    continues after the event if it committed, in its place if not. An effect whose intent
+    this is was not performed; once the database answers, ``recorder.unresolved_effects()``
+    lists the intent if it committed, to resolve before trying the effect again.
+    """
+
+    maybe_recorded = True
 
 
 class PayloadTooLarge(BlackboxError, ValueError):
@@ -67,6 +94,8 @@ class EventsNotRecorded(BlackboxError):
         self.run_id = run_id
         self.count = count
         self.cause = cause
+        self.maybe_recorded = isinstance(cause, MaybeRecorded)
+        """Some of them may have been committed (the flush's commit was cut)."""
         super().__init__(
             f"group commit: {count} buffered event(s) of run {run_id} could not be "
             f"written: {cause}. They stay buffered in this process: the run's next boundary or "

@@ -4,18 +4,30 @@ end of the attempts (the agent is told whether its event may have been recorded)
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from agent_blackbox.outbox._errors import (
     ConcurrentRunWriter,
     DatabaseUnavailable,
+    MaybeRecorded,
     RunNotActive,
     WriterRefused,
 )
 
+if TYPE_CHECKING:
+    from agent_blackbox.outbox._writer import PreparedEvent
+
 TRANSIENT_RETRIES = 3
 # serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now
 _TRANSIENT_STATES = {"40001", "40P01", "57P01", "57P02", "57P03"}
+
+# admin_shutdown, crash_shutdown: the server ended the session, whatever it was doing
+# (``pg_ctl stop -m immediate`` ends a session whose commit may be on disk already).
+_ENDED_STATES = {"57P01", "57P02"}
 
 _NOT_ALLOWED = "42501"
 _NOT_RUNNING = "55000"
@@ -40,32 +52,76 @@ def refusal(exc: DBAPIError) -> WriterRefused | RunNotActive | ConcurrentRunWrit
     )
 
 
-def retry_delay(exc: DBAPIError, attempt: int, *, ambiguous: bool = False) -> float:
+def retry_delay(
+    exc: DBAPIError, attempt: int, *, ambiguous: bool = False, connecting: bool = False
+) -> float:
     """How long to wait before the next attempt of a transaction that failed with
-    ``exc`` (``ambiguous``: an attempt so far failed while committing).
+    ``exc`` (``ambiguous``: an attempt so far failed while committing; ``connecting``:
+    this one failed to connect).
+
+    A connection the server did not take (refused, cut, starting up) is worth another
+    attempt: that is how an attempt after an ambiguous commit reaches a database that is
+    back, and finds out what became of the event.
 
     Raises:
-        DatabaseUnavailable: the failure is not transient, or that was the last attempt.
+        DatabaseUnavailable: the failure is not transient, or that was the last attempt
+            (:class:`MaybeRecorded` when ``ambiguous``).
     """
     code = getattr(exc.orig, "sqlstate", None)
-    transient = exc.connection_invalidated or code in _TRANSIENT_STATES
+    unreached = connecting and (code is None or code.startswith("08"))
+    transient = unreached or exc.connection_invalidated or code in _TRANSIENT_STATES
     if not transient or attempt == TRANSIENT_RETRIES - 1:
         raise unavailable(exc, ambiguous=ambiguous) from exc
     return 0.05 * 2.0**attempt
 
 
+def cut_off(exc: DBAPIError) -> bool:
+    """Whether ``exc`` ended the session rather than answered the statement: a statement
+    that commits by itself (autocommit) may then have committed, as a cut COMMIT may."""
+    code = getattr(exc.orig, "sqlstate", None)
+    return bool(
+        exc.connection_invalidated or code is None or code in _ENDED_STATES or code.startswith("08")
+    )
+
+
 def unavailable(exc: SQLAlchemyError, *, ambiguous: bool = False) -> DatabaseUnavailable:
     """What the agent is told when its event could not be written: that nothing was
-    recorded, or, when a commit was under way as the connection failed, that it may
-    have been."""
-    outcome = (
-        "the connection failed while the event was being committed, so it may have been "
-        "recorded; the run's next append will tell (it recognises its own event)"
-        if ambiguous
-        else "nothing was recorded for this event"
+    recorded, or, when a commit was under way as the connection failed at any attempt
+    and no later attempt could find out, that it may have been (:class:`MaybeRecorded`)."""
+    failure = f"the outbox write failed: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
+    remedy = (
+        "Check that Postgres is reachable (BLACKBOX_DATABASE_URL) and migrated (blackbox migrate)"
     )
-    return DatabaseUnavailable(
-        f"the outbox write failed: {exc.__class__.__name__}: {str(exc).splitlines()[0]}; "
-        f"{outcome}. Check that Postgres is reachable (BLACKBOX_DATABASE_URL) and migrated "
-        "(blackbox migrate)"
-    )
+    if ambiguous:
+        return MaybeRecorded(
+            f"{failure}; the connection failed while the event was being committed and the "
+            "database did not answer again, so it may have been recorded. Do not record the "
+            "call again (a tool would run twice): keep the run, whose next append continues "
+            f"after the event if it committed. {remedy}"
+        )
+    return DatabaseUnavailable(f"{failure}; nothing was recorded for this event. {remedy}")
+
+
+_OPEN_INTENT = (
+    "The effect was not performed. If its intent committed, recorder.unresolved_effects() "
+    "lists it once the database answers: resolve it (run.resolve_effect) before trying "
+    "the effect again"
+)
+
+
+@contextmanager
+def naming(event: Callable[[], PreparedEvent]) -> Iterator[None]:
+    """Name the event being appended (``event()``: as last tried) on a
+    :class:`DatabaseUnavailable` raised inside, and say what an open intent means."""
+    try:
+        yield
+    except DatabaseUnavailable as exc:
+        envelope = event().envelope
+        exc.run_id, exc.sequence, exc.event_id = (
+            envelope.run_id,
+            envelope.sequence,
+            envelope.event_id,
+        )
+        if exc.maybe_recorded and envelope.event_type == "effect.intent":
+            exc.add_note(_OPEN_INTENT)
+        raise

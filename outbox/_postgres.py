@@ -29,7 +29,7 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
@@ -39,7 +39,13 @@ from agent_blackbox.outbox._boundaries import Crossing
 from agent_blackbox.outbox._core import APPEND_ATTEMPTS, RunCore, StartPlan
 from agent_blackbox.outbox._direct import DirectTransactions
 from agent_blackbox.outbox._errors import DatabaseUnavailable, RunNotActive
-from agent_blackbox.outbox._failures import TRANSIENT_RETRIES, refusal, retry_delay, unavailable
+from agent_blackbox.outbox._failures import (
+    TRANSIENT_RETRIES,
+    naming,
+    refusal,
+    retry_delay,
+    unavailable,
+)
 from agent_blackbox.outbox._group import Batch
 from agent_blackbox.outbox._metrics import counting_failures
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
@@ -64,6 +70,8 @@ T = TypeVar("T")
 Statement = tuple[TextClause, dict[str, Any]]
 Plan = Generator[Statement, Any, T]
 """Statements to execute in order; each receives its result, the plan returns a value."""
+_Stage = Literal["connecting", "working", "committing"]
+"""Where an attempt of a transaction of the log's own was when it failed."""
 
 _START_RUN = text(
     """
@@ -530,30 +538,32 @@ class PostgresLog:
     def transact(self, work: Callable[[Connection], T], connection: Joinable | None = None) -> T:
         """Run ``work`` in the caller's transaction, or in a new one with retries (a joined
         transaction belongs to the caller, who decides)."""
+        ambiguous = False  # kept across attempts (see _failures.unavailable)
         try:
             if connection is not None:
                 joined = (
                     connection if isinstance(connection, Connection) else connection.connection()
                 )
                 return work(joined)
-            ambiguous = False
             for attempt in range(TRANSIENT_RETRIES):
-                committing = False
+                stage: _Stage = "connecting"
                 try:
                     with self.engine.begin() as conn:
+                        stage = "working"
                         result = work(conn)
-                        committing = True
+                        stage = "committing"
                     return result
                 except DBAPIError as exc:
-                    ambiguous = ambiguous or committing
-                    # back off before a fresh attempt
-                    time.sleep(retry_delay(exc, attempt, ambiguous=ambiguous))
+                    ambiguous = ambiguous or stage == "committing"
+                    connecting = stage == "connecting"
+                    delay = retry_delay(exc, attempt, ambiguous=ambiguous, connecting=connecting)
+                    time.sleep(delay)  # back off before a fresh attempt
         except SQLAlchemyError as exc:
-            raise unavailable(exc) from exc
+            raise unavailable(exc, ambiguous=ambiguous) from exc
         raise AssertionError("unreachable")
 
     def create(self, start: StartPlan, connection: Joinable | None) -> Envelope:
-        with counting_failures():
+        with counting_failures(), naming(lambda: start.first):
             return self.run(lambda: create_plan(start), connection)
 
     def append(
@@ -561,11 +571,12 @@ class PostgresLog:
     ) -> Envelope:
         with counting_failures():
             attempt = Attempt(core.prepare(crossing, event_id))
-            return self.run(
-                lambda: append_plan(core, crossing, event_id, attempt=attempt),
-                connection,
-                autocommit=_stands_alone(core.identity, attempt.event),
-            )
+            with naming(lambda: attempt.event):
+                return self.run(
+                    lambda: append_plan(core, crossing, event_id, attempt=attempt),
+                    connection,
+                    autocommit=_stands_alone(core.identity, attempt.event),
+                )
 
     def flush(self, core: RunCore, batch: Batch) -> None:
         """Append a run's buffered events in one transaction of the log's own."""
@@ -600,26 +611,30 @@ class AsyncPostgresLog:
         connection: AsyncConnection | None = None,
     ) -> T:
         """See :meth:`PostgresLog.transact`."""
+        ambiguous = False
         try:
             if connection is not None:
                 return await work(connection)
-            ambiguous = False
             for attempt in range(TRANSIENT_RETRIES):
-                committing = False
+                stage: _Stage = "connecting"
                 try:
                     async with self.engine.begin() as conn:
+                        stage = "working"
                         result = await work(conn)
-                        committing = True
+                        stage = "committing"
                     return result
                 except DBAPIError as exc:
-                    ambiguous = ambiguous or committing
-                    await asyncio.sleep(retry_delay(exc, attempt, ambiguous=ambiguous))
+                    ambiguous = ambiguous or stage == "committing"
+                    connecting = stage == "connecting"
+                    await asyncio.sleep(
+                        retry_delay(exc, attempt, ambiguous=ambiguous, connecting=connecting)
+                    )
         except SQLAlchemyError as exc:
-            raise unavailable(exc) from exc
+            raise unavailable(exc, ambiguous=ambiguous) from exc
         raise AssertionError("unreachable")
 
     async def create(self, start: StartPlan, connection: AsyncConnection | None) -> Envelope:
-        with counting_failures():
+        with counting_failures(), naming(lambda: start.first):
             return await self.transact(
                 lambda conn: execute_async(conn, create_plan(start)), connection
             )
@@ -632,7 +647,7 @@ class AsyncPostgresLog:
         def work(conn: AsyncConnection) -> Awaitable[Envelope]:
             return execute_async(conn, append_plan(core, crossing, event_id, attempt=attempt))
 
-        with counting_failures():
+        with counting_failures(), naming(lambda: attempt.event):
             return await self.transact(work, connection)
 
     async def flush(self, core: RunCore, batch: Batch) -> None:

@@ -9,6 +9,9 @@ connection. That is the ambiguous commit a writer must survive without appending
 A commit is a ``COMMIT``, or a statement sent outside a transaction (autocommit, as the
 recorder appends an event: one statement that commits on its own), whose answer ends
 with the server ready for the next query.
+
+Armed with :meth:`CommitDropper.refuse`, it also resets new connections as soon as it
+accepts them, as a server that is down would: the writer's retries cannot get through.
 """
 
 from __future__ import annotations
@@ -137,6 +140,9 @@ class CommitDropper:
         """COMMITs seen, cut or not."""
         self.cuts = 0
         """COMMITs that reached the server and whose answer the client never got."""
+        self._refusing: float = 0
+        self.refused = 0
+        """Connections reset as soon as they were accepted (see :meth:`refuse`)."""
         self._links: list[_Link] = []
         self._stopped = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -150,6 +156,20 @@ class CommitDropper:
         """Drop the connection after every ``every``-th COMMIT from now on (0: never)."""
         with self._lock:
             self._every = every
+
+    def refuse(self, times: float = 1) -> None:
+        """Reset each of the next ``times`` new connections at once (``math.inf``: all;
+        0: let them through again)."""
+        with self._lock:
+            self._refusing = times
+
+    def _take_refusal(self) -> bool:
+        with self._lock:
+            if self._refusing <= 0:
+                return False
+            self._refusing -= 1
+            self.refused += 1
+            return True
 
     def take_cut(self) -> bool:
         with self._lock:
@@ -178,6 +198,11 @@ class CommitDropper:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._take_refusal():
+                # A zero linger makes close() send a reset, as a port nobody listens on does.
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()
+                continue
             link = _Link(self, client)
             self._links.append(link)
             link.start()
