@@ -22,6 +22,9 @@ keeps both in one Postgres. Views kept in another database see the write side's
 ``postgres_fdw``, see docs/security.md); without it, the write side's checks are
 skipped (logged once) and the chain and ``run.finished`` checks still apply.
 
+Hashing the chain is most of the work, so it is done where a consumer decodes (see
+:class:`ChainLinks`), beside the previous batch's transaction rather than inside it.
+
 The verdict is made when the event is consumed, against the write side as it is then:
 a genuine event is committed before the relay publishes it, so it is never past the
 head. A predecessor that is neither in the batch nor indexed (a rebuild whose first
@@ -31,7 +34,7 @@ events the topic no longer holds) leaves the chain unjudged.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
@@ -76,11 +79,82 @@ class _Stored:
     finished: Mapping[str, int]
 
 
-class Vouching:
-    """Judges the events of each batch (see the module); one per consumer."""
+Follows = Callable[[Envelope, str], bool]
+"""Whether an envelope's chain hash follows from the given previous chain hash."""
 
-    def __init__(self) -> None:
+
+def follows(envelope: Envelope, previous: str) -> bool:
+    """Whether ``envelope``'s chain hash follows from ``previous`` (one that is no hex
+    digest is followed by nothing)."""
+    try:
+        return envelope.chain_hash == envelope.expected_chain_hash(previous)
+    except ValueError:
+        return False
+
+
+class ChainLinks:
+    """Chain links checked as a consumer decodes, so that its commit does not hash.
+
+    :meth:`see` is called on the reading thread with each envelope in the order of its
+    partition: an envelope whose run's previous envelope came just before it is checked
+    against that one's chain hash then. :meth:`follows`, on the committing thread, takes
+    that answer when it was about the same envelope (the very object) and the same
+    previous chain hash, and hashes otherwise. Bounded: past ``limit`` answers waiting
+    (a batch dropped at a rebalance leaves its answers unasked), or five times as many
+    runs remembered, everything is dropped (and hashed again when asked).
+    """
+
+    def __init__(self, *, limit: int = 20_000) -> None:
+        self._limit = limit
+        self._last: dict[str, tuple[int, str]] = {}
+        self._links: dict[int, tuple[Envelope, str, bool]] = {}
+
+    def see(self, envelope: Envelope) -> None:
+        """Check ``envelope`` against its run's envelope seen just before it, if any."""
+        run_id, sequence = envelope.run_id, envelope.sequence
+        last = self._last.get(run_id)
+        self._last[run_id] = (sequence, envelope.chain_hash)
+        if sequence == 1:
+            previous = GENESIS_CHAIN_HASH
+        elif last is not None and last[0] == sequence - 1:
+            previous = last[1]
+        else:
+            return
+        if len(self._links) >= self._limit or len(self._last) >= 5 * self._limit:
+            self._links.clear()
+            self._last.clear()
+        self._links[id(envelope)] = (envelope, previous, follows(envelope, previous))
+
+    def screen(self, screen: Callable[[Envelope], str | None]) -> Callable[[Envelope], str | None]:
+        """``screen`` (a consumer's, see :class:`~agent_blackbox.consumers._sorting.BatchSorter`)
+        that also passes every envelope it lets through to :meth:`see`."""
+
+        def screened(envelope: Envelope) -> str | None:
+            why = screen(envelope)
+            if why is None:
+                self.see(envelope)
+            return why
+
+        return screened
+
+    def follows(self, envelope: Envelope, previous: str) -> bool:
+        """:func:`follows`, answered from :meth:`see` when it checked the same."""
+        link = self._links.pop(id(envelope), None)
+        if link is not None and link[0] is envelope and link[1] == previous:
+            return link[2]
+        return follows(envelope, previous)
+
+
+class Vouching:
+    """Judges the events of each batch (see the module); one per consumer.
+
+    Args:
+        links: the chain links its consumer checked while decoding, if it does.
+    """
+
+    def __init__(self, *, links: ChainLinks | None = None) -> None:
         self._write_side: bool | None = None
+        self._follows: Follows = follows if links is None else links.follows
 
     def unverified(
         self, conn: Connection, envelopes: Sequence[Envelope]
@@ -98,7 +172,7 @@ class Vouching:
         for run_id, events in runs.items():
             events.sort(key=lambda e: e.sequence)
             head = heads.get(run_id) if heads is not None else None
-            _judge_run(events, heads is not None, head, stored, found)
+            _judge_run(events, heads is not None, head, stored, found, self._follows)
         if found:
             _warn(found)
         return found
@@ -121,31 +195,53 @@ def _judge_run(
     head: RunHead | None,
     stored: _Stored,
     found: dict[EventKey, Unverified],
+    follows: Follows = follows,
 ) -> None:
     """Add the unverified events of one run's ``events`` (in sequence order) to
-    ``found``; ``asked``: whether the write side was asked (``head`` is its answer)."""
+    ``found``; ``asked``: whether the write side was asked (``head`` is its answer).
+
+    One pass with the common case (nothing wrong) first: this runs for every event a
+    consumer takes, and the chain's hash is most of its time."""
     if asked and head is None:
         unknown = Unverified("the write side holds no run of this id", unknown_run=True)
         found.update(((e.run_id, e.sequence), unknown) for e in events)
         return
+    run_id = events[0].run_id
     chains = {e.sequence: e.chain_hash for e in events}  # less the unverified, below
-    finished = stored.finished.get(events[0].run_id)
+    before = stored.chain.get
+    finished = stored.finished.get(run_id)
+    last, tenant = (head.last_sequence, head.tenant_id) if head is not None else (None, None)
     for envelope in events:
-        why = (
-            f"it follows the run's run.finished (sequence {finished})"
-            if finished is not None and _after(envelope, finished)
-            else _head_problem(envelope, head) or _chain_problem(envelope, chains, stored)
-        )
+        sequence = envelope.sequence
+        if finished is not None and sequence > finished:
+            why = _after(envelope, finished)
+        elif last is not None and (sequence >= last or envelope.tenant_id != tenant):
+            why = _head_problem(envelope, head)
+        else:
+            why = None
+        if why is None:
+            previous = (
+                GENESIS_CHAIN_HASH
+                if sequence == 1
+                else chains.get(sequence - 1) or before((run_id, sequence - 1))
+            )
+            if previous is not None and not (
+                sequence == last or follows(envelope, previous)  # at the head: compared
+            ):
+                why = f"its chain hash does not follow from sequence {sequence - 1}'s"
         if why is not None:
-            found[(envelope.run_id, envelope.sequence)] = Unverified(why)
-            del chains[envelope.sequence]  # an unverified event vouches for no successor
-        elif envelope.event_type == EventType.RUN_FINISHED and finished is None:
-            finished = envelope.sequence
+            found[(run_id, sequence)] = Unverified(why)
+            del chains[sequence]  # an unverified event vouches for no successor
+        elif finished is None and envelope.event_type == EventType.RUN_FINISHED:
+            finished = sequence
 
 
-def _after(envelope: Envelope, finished: int) -> bool:
-    """Whether ``envelope`` comes after a run's end, where only a ``run.redacted`` may."""
-    return envelope.sequence > finished and envelope.event_type != EventType.RUN_REDACTED
+def _after(envelope: Envelope, finished: int) -> str | None:
+    """Why ``envelope``, after a run's end at ``finished``, is unverified: only a
+    ``run.redacted`` may come there."""
+    if envelope.event_type == EventType.RUN_REDACTED:
+        return None
+    return f"it follows the run's run.finished (sequence {finished})"
 
 
 def _head_problem(envelope: Envelope, head: RunHead | None) -> str | None:
@@ -158,24 +254,6 @@ def _head_problem(envelope: Envelope, head: RunHead | None) -> str | None:
     if envelope.sequence == head.last_sequence and envelope.chain_hash != head.chain_head:
         return "its chain hash is not the write side's chain head"
     return None
-
-
-def _chain_problem(envelope: Envelope, chains: Mapping[int, str], stored: _Stored) -> str | None:
-    sequence = envelope.sequence
-    previous = (
-        GENESIS_CHAIN_HASH
-        if sequence == 1
-        else chains.get(sequence - 1) or stored.chain.get((envelope.run_id, sequence - 1))
-    )
-    if previous is None:
-        return None
-    try:
-        expected = envelope.expected_chain_hash(previous)
-    except ValueError:  # a predecessor's chain hash that is no hex digest: no chain
-        expected = None
-    if envelope.chain_hash == expected:
-        return None
-    return f"its chain hash does not follow from sequence {sequence - 1}'s"
 
 
 def _stored(conn: Connection, runs: Mapping[str, Sequence[Envelope]]) -> _Stored:
