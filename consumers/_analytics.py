@@ -27,7 +27,7 @@ from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.consumers._runtime import ConsumerRuntime
 from agent_blackbox.consumers._tables import effect_calls, llm_calls, run_rollups, tool_calls
 from agent_blackbox.consumers._views import split_repeats, views_screen
-from agent_blackbox.consumers._vouching import ChainLinks, Unverified, Vouching
+from agent_blackbox.consumers._vouching import Unverified, Vouching
 from agent_blackbox.schemas import (
     PROMPT_VERSION_TAG,
     CheckpointVerifier,
@@ -473,18 +473,17 @@ class AnalyticsConsumer(ConsumerRuntime):
     ) -> None:
         self.prices = prices or PriceTable.load(settings.price_file)
         self._costs = CostCounter(registry)
-        links = ChainLinks()  # the chain is hashed while decoding, beside the last commit
         super().__init__(
             settings,
             partial(
                 apply_analytics,
                 redactions=RedactionCheck(verifier),
                 prices=self.prices,
-                vouching=Vouching(links=links),
+                vouching=Vouching(),
             ),
             name="analytics",
             group_id=group_id or ANALYTICS_GROUP,
-            screen=links.screen(views_screen),
+            screen=views_screen,
             engine=engine,
             batch_size=batch_size,
             registry=registry,

@@ -41,7 +41,7 @@ from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.consumers._sorting import Batch, BatchSorter, Screen
 from agent_blackbox.consumers._view_database import ViewDatabase
 from agent_blackbox.consumers._views import apply_batch, views_screen
-from agent_blackbox.consumers._vouching import ChainLinks, Vouching
+from agent_blackbox.consumers._vouching import Vouching
 from agent_blackbox.schemas import CheckpointVerifier, EnvelopeCodec, Settings
 
 log = logging.getLogger(__name__)
@@ -332,15 +332,14 @@ class ViewConsumer(ConsumerRuntime):
         instance_id: str | None = None,
     ) -> None:
         self._redactions = RedactionCheck(verifier)
-        links = ChainLinks()  # the chain is hashed while decoding, beside the last commit
-        self._vouching = Vouching(links=links)
+        self._vouching = Vouching()
         self._partitions: dict[str, int] = {}
         super().__init__(
             settings,
             self._project,
             name="views",
             group_id=group_id,
-            screen=links.screen(views_screen),
+            screen=views_screen,
             engine=engine,
             codec=codec,
             batch_size=batch_size,

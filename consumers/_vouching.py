@@ -22,8 +22,8 @@ keeps both in one Postgres. Views kept in another database see the write side's
 ``postgres_fdw``, see docs/security.md); without it, the write side's checks are
 skipped (logged once) and the chain and ``run.finished`` checks still apply.
 
-Hashing the chain is most of the work, so it is done where a consumer decodes (see
-:class:`ChainLinks`), beside the previous batch's transaction rather than inside it.
+Hashing the chain is most of the work (about 10 µs an event); an event at the write
+side's head is compared with its chain head instead.
 
 The verdict is made when the event is consumed, against the write side as it is then:
 a genuine event is committed before the relay publishes it, so it is never past the
@@ -92,69 +92,12 @@ def follows(envelope: Envelope, previous: str) -> bool:
         return False
 
 
-class ChainLinks:
-    """Chain links checked as a consumer decodes, so that its commit does not hash.
-
-    :meth:`see` is called on the reading thread with each envelope in the order of its
-    partition: an envelope whose run's previous envelope came just before it is checked
-    against that one's chain hash then. :meth:`follows`, on the committing thread, takes
-    that answer when it was about the same envelope (the very object) and the same
-    previous chain hash, and hashes otherwise. Bounded: past ``limit`` answers waiting
-    (a batch dropped at a rebalance leaves its answers unasked), or five times as many
-    runs remembered, everything is dropped (and hashed again when asked).
-    """
-
-    def __init__(self, *, limit: int = 20_000) -> None:
-        self._limit = limit
-        self._last: dict[str, tuple[int, str]] = {}
-        self._links: dict[int, tuple[Envelope, str, bool]] = {}
-
-    def see(self, envelope: Envelope) -> None:
-        """Check ``envelope`` against its run's envelope seen just before it, if any."""
-        run_id, sequence = envelope.run_id, envelope.sequence
-        last = self._last.get(run_id)
-        self._last[run_id] = (sequence, envelope.chain_hash)
-        if sequence == 1:
-            previous = GENESIS_CHAIN_HASH
-        elif last is not None and last[0] == sequence - 1:
-            previous = last[1]
-        else:
-            return
-        if len(self._links) >= self._limit or len(self._last) >= 5 * self._limit:
-            self._links.clear()
-            self._last.clear()
-        self._links[id(envelope)] = (envelope, previous, follows(envelope, previous))
-
-    def screen(self, screen: Callable[[Envelope], str | None]) -> Callable[[Envelope], str | None]:
-        """``screen`` (a consumer's, see :class:`~agent_blackbox.consumers._sorting.BatchSorter`)
-        that also passes every envelope it lets through to :meth:`see`."""
-
-        def screened(envelope: Envelope) -> str | None:
-            why = screen(envelope)
-            if why is None:
-                self.see(envelope)
-            return why
-
-        return screened
-
-    def follows(self, envelope: Envelope, previous: str) -> bool:
-        """:func:`follows`, answered from :meth:`see` when it checked the same."""
-        link = self._links.pop(id(envelope), None)
-        if link is not None and link[0] is envelope and link[1] == previous:
-            return link[2]
-        return follows(envelope, previous)
-
-
 class Vouching:
-    """Judges the events of each batch (see the module); one per consumer.
+    """Judges the events of each batch (see the module); one per consumer."""
 
-    Args:
-        links: the chain links its consumer checked while decoding, if it does.
-    """
-
-    def __init__(self, *, links: ChainLinks | None = None) -> None:
+    def __init__(self) -> None:
         self._write_side: bool | None = None
-        self._follows: Follows = follows if links is None else links.follows
+        self._follows: Follows = follows
 
     def unverified(
         self, conn: Connection, envelopes: Sequence[Envelope]

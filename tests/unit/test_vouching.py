@@ -9,7 +9,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from agent_blackbox.consumers._vouching import (
-    ChainLinks,
     EventKey,
     Unverified,
     _judge_run,
@@ -138,18 +137,3 @@ def test_a_predecessor_s_chain_hash_that_is_no_digest_breaks_the_chain() -> None
     assert _judged(events[1:], _head(events), stored=stored) == {
         2: "its chain hash does not follow from sequence 1's"
     }
-
-
-def test_links_checked_while_decoding_answer_only_for_the_same_envelope() -> None:
-    """The reading thread's answer is reused for that very envelope; a forged copy
-    under the same event id (the other thread may ask about it) is hashed afresh."""
-    events = _chained(KINDS)
-    links = ChainLinks()
-    screened = links.screen(lambda _e: None)
-    for event in events:
-        assert screened(event) is None
-    copy = replace(events[1], attributes={"tool": "approve_refund"})  # same ids and hash
-    assert links.follows(copy, events[0].chain_hash) is False
-    assert links.follows(events[1], events[0].chain_hash) is True
-    assert links.follows(events[2], "ab" * 32) is False  # asked about another predecessor
-    assert links.follows(events[0], GENESIS_CHAIN_HASH) is True
