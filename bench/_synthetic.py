@@ -134,6 +134,40 @@ def rows(template: Sequence[Envelope], *, events: int, shards: int) -> Iterator[
             emitted += 1
 
 
+def register(engine: Engine, rows: Sequence[Row]) -> None:
+    """Give the write side a runs row for each run of ``rows`` (tenant, agent, head and
+    chain head of its last row), as its recorder would have left it: the consumers
+    mark events of runs the write side does not hold as unverified, and a bench of
+    them must measure the path recorded runs take. :func:`bench._common.drop_runs`
+    deletes them again."""
+    last: dict[str, Row] = {}
+    for row in rows:
+        seen = last.get(row.run_id)
+        if seen is None or row.sequence > seen.sequence:
+            last[row.run_id] = row
+    codec = EnvelopeCodec()
+    heads = [codec.decode(row.envelope) for row in last.values()]
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO blackbox.runs (run_id, tenant_id, agent_id, last_sequence, "
+                "chain_head) VALUES (:run_id, :tenant_id, :agent_id, :sequence, :chain_hash) "
+                "ON CONFLICT (run_id) DO UPDATE SET last_sequence = excluded.last_sequence, "
+                "chain_head = excluded.chain_head"
+            ),
+            [
+                {
+                    "run_id": e.run_id,
+                    "tenant_id": e.tenant_id,
+                    "agent_id": e.agent_id,
+                    "sequence": e.sequence,
+                    "chain_hash": e.chain_hash,
+                }
+                for e in heads
+            ],
+        )
+
+
 def produce(settings: Settings, topic: str, rows: Sequence[Row], *, stamped: bool = False) -> None:
     """Send ``rows`` to ``topic`` as the relay does (key, value, header, its producer
     config) with a bare producer, and return once every one is acknowledged.

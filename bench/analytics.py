@@ -26,7 +26,7 @@ from agent_blackbox.broker import ensure_topics
 from agent_blackbox.consumers import AnalyticsConsumer, migrate_views
 from agent_blackbox.schemas import Settings
 from bench import _synthetic
-from bench._common import bench_settings, delete_topics, emit, run_counted, stage
+from bench._common import bench_settings, delete_topics, drop_runs, emit, run_counted, stage
 
 BENCH = "analytics"
 EVENTS_TARGET = 10_000.0
@@ -55,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = bench_settings(BENCH)
     engine = create_engine(settings.database_url)
     views: subprocess.Popen[bytes] | None = None
+    rows: list[_synthetic.Row] = []
     try:
         migrate_views(settings.database_url)
         ensure_topics(settings, {settings.topic: settings.partitions})
@@ -63,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             rows = list(
                 _synthetic.rows(template, events=args.events, shards=settings.outbox_shards)
             )
+            _synthetic.register(engine, rows)
             _synthetic.produce(settings, settings.topic, rows)
         env = {
             **os.environ,
@@ -82,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if views is not None:
             views.terminate()
             views.wait(timeout=30)
+        drop_runs(engine, sorted({row.run_id for row in rows}))
         engine.dispose()
         delete_topics(settings, [settings.topic])
 

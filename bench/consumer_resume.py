@@ -29,7 +29,7 @@ from agent_blackbox.broker import ensure_topics
 from agent_blackbox.consumers import migrate_views
 from agent_blackbox.schemas import Settings
 from bench import _synthetic
-from bench._common import bench_settings, delete_group, delete_topics, emit, stage
+from bench._common import bench_settings, delete_group, delete_topics, drop_runs, emit, stage
 from bench.views import clean_views, indexed
 
 BENCH = "consumer_resume"
@@ -104,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 _synthetic.rows(template, events=args.events, shards=settings.outbox_shards)
             )
             run_ids.update(row.run_id for row in rows)
+            _synthetic.register(engine, rows)
             _synthetic.produce(settings, settings.topic, rows)
             return len(rows)
 
@@ -142,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         clean_views(
             engine, topic=settings.topic, group_id=settings.consumer_group, run_ids=sorted(run_ids)
         )
+        drop_runs(engine, sorted(run_ids))
         delete_topics(settings, [settings.topic, settings.dlq_topic])
         # A killed static member stays in the group until its session expires.
         time.sleep(settings.consumer_session_timeout_ms / 1000 + 1)

@@ -43,6 +43,7 @@ from agent_blackbox.consumers import (
     Delivered,
     ViewConsumer,
     ViewRunIndex,
+    Vouching,
     apply_batch,
     consumer_offsets,
     events_index,
@@ -58,6 +59,7 @@ from bench._common import (
     bench_settings,
     delete_group,
     delete_topics,
+    drop_runs,
     emit,
     fresh_topic,
     percentile,
@@ -132,9 +134,11 @@ def visible_ms(
     applied: list[Delivered] = []
     latencies: dict[str, float] = {}
 
+    vouching = Vouching()
+
     def project(conn: Connection, records: Sequence[Delivered]) -> BatchOutcome:
         applied.extend(records)
-        return apply_batch(conn, records)
+        return apply_batch(conn, records, vouching=vouching)
 
     consumer = ConsumerRuntime(
         settings,
@@ -207,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             rows = list(
                 _synthetic.rows(template, events=args.events, shards=settings.outbox_shards)
             )
+            _synthetic.register(engine, rows)
             _synthetic.produce(settings, settings.topic, rows)
         with stage("view consumer"):
             startup, rate, cpu = build_views(settings, group_id=group_id, events=len(rows))
@@ -229,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         )
         rows += steady
+        _synthetic.register(engine, steady)
         ensure_topics(latency, {latency.topic: latency.partitions})
         with stage(f"publish {len(steady)} events at {args.rate:g}/s to a caught-up consumer"):
             took = visible_ms(latency, steady, group_id=latency_group, rate=args.rate)[warmup:]
@@ -247,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_ids = sorted({row.run_id for row in rows})
         clean_views(engine, topic=settings.topic, group_id=group_id, run_ids=run_ids)
         clean_views(engine, topic=latency.topic, group_id=latency_group, run_ids=run_ids)
+        drop_runs(engine, run_ids)
         delete_topics(
             settings, [settings.topic, settings.dlq_topic, latency.topic, latency.dlq_topic]
         )

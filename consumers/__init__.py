@@ -194,6 +194,7 @@ from agent_blackbox.consumers._view_metrics import (
     view_figures_txn,
 )
 from agent_blackbox.consumers._views import apply_batch, views_screen
+from agent_blackbox.consumers._vouching import Unverified, Vouching
 
 __all__ = [
     "ANALYTICS_GROUP",
@@ -273,6 +274,7 @@ __all__ = [
     "TextIndexer",
     "TextSearchTenant",
     "TokenCounts",
+    "Unverified",
     "UsagePoint",
     "UsageRow",
     "ViewConsumer",
@@ -284,6 +286,7 @@ __all__ = [
     "ViewStoreUnavailable",
     "ViewsNotMigrated",
     "ViewsSummary",
+    "Vouching",
     "advance_offsets",
     "apply_analytics",
     "apply_batch",

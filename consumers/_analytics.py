@@ -26,7 +26,8 @@ from agent_blackbox.consumers._prices import Price, PriceTable, TokenCounts
 from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.consumers._runtime import ConsumerRuntime
 from agent_blackbox.consumers._tables import effect_calls, llm_calls, run_rollups, tool_calls
-from agent_blackbox.consumers._views import views_screen
+from agent_blackbox.consumers._views import split_repeats, views_screen
+from agent_blackbox.consumers._vouching import Unverified, Vouching
 from agent_blackbox.schemas import (
     PROMPT_VERSION_TAG,
     CheckpointVerifier,
@@ -46,6 +47,7 @@ def apply_analytics(
     *,
     redactions: RedactionCheck | None = None,
     prices: PriceTable | None = None,
+    vouching: Vouching | None = None,
 ) -> AnalyticsOutcome:
     """Project ``records`` into the analytics views through ``conn``; the caller commits.
 
@@ -55,8 +57,14 @@ def apply_analytics(
     A ``run.redacted`` the write side confirms (``redactions``, as the views consumer
     checks it) makes the views forget what of its run could name the subject: the
     run's tags and its effects' idempotency-key digests (a digest of a short key
-    confirms a guess)."""
+    confirms a guess).
+
+    An event the write side does not vouch for (``vouching``, as the views consumer
+    judges it) changes no rollup: its call row is kept with the reason in
+    ``unverified`` (left out of every total), any other kind is passed over."""
     table = prices or PriceTable.shipped()
+    firsts, _ = split_repeats(records)
+    marks = (vouching or Vouching()).unverified(conn, [r.envelope for r in firsts])
     started: list[dict[str, Any]] = []
     redacted: list[Envelope] = []
     failed: list[Envelope] = []
@@ -67,12 +75,16 @@ def apply_analytics(
     for record in records:
         envelope = record.envelope
         kind = envelope.event_type
-        if kind == EventType.RUN_STARTED:
-            started.append(_started_row(envelope))
-        elif kind == EventType.LLM_CALL:
-            llm.append(_llm_row(envelope, table))
+        mark = marks.get(record.key) if marks else None
+        if kind == EventType.LLM_CALL:
+            llm.append(_llm_row(envelope, table, mark))
         elif kind == EventType.TOOL_CALL:
-            tools.append({**_call(envelope), "tool": envelope.attributes.get("tool")})
+            tool = envelope.attributes.get("tool")
+            tools.append({**_call(envelope, mark), "tool": tool})
+        elif mark is not None:
+            continue  # counted as passed over: it changes no view
+        elif kind == EventType.RUN_STARTED:
+            started.append(_started_row(envelope))
         elif kind == EventType.EFFECT_INTENT:
             intents.append(_intent_row(envelope))
         elif kind == EventType.EFFECT_RECEIPT:
@@ -86,7 +98,7 @@ def apply_analytics(
     _carry_versions(conn, llm)
     new_llm = _insert_new(conn, llm_calls, llm)
     new_tools = _insert_new(conn, tool_calls, tools)
-    _add_to_rollups(conn, new_llm, new_tools)
+    _add_to_rollups(conn, _vouched(new_llm), _vouched(new_tools))
     inserted += len(new_llm) + len(new_tools)
     inserted += _note_run_errors(conn, failed)
     inserted += _fill(conn, _unique(intents), "intent_sequence", _INTENT)
@@ -103,8 +115,15 @@ def apply_analytics(
         inserted=inserted,
         duplicates=max(handled - inserted, 0),
         passed_over=passed_over,
-        costs=tuple(_call_cost(row) for row in new_llm),
+        costs=tuple(_call_cost(row) for row in _vouched(new_llm)),
     )
+
+
+def _vouched(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The call rows the write side vouches for (usually all of them)."""
+    if all(row["unverified"] is None for row in rows):
+        return rows
+    return [row for row in rows if row["unverified"] is None]
 
 
 SHREDDED_KEY = "shredded-"
@@ -276,7 +295,7 @@ _INTENT = ("effect", "intent_sequence", "intent_at")
 _RECEIPT = ("receipt_sequence", "receipt_at", "status")
 
 
-def _call(envelope: Envelope) -> dict[str, Any]:
+def _call(envelope: Envelope, mark: Unverified | None = None) -> dict[str, Any]:
     attributes = envelope.attributes
     return {
         "run_id": envelope.run_id,
@@ -287,13 +306,14 @@ def _call(envelope: Envelope) -> dict[str, Any]:
         "recorded_at": envelope.recorded_at,
         "latency_ms": _number(attributes.get("latency_ms"), float),
         "error_class": attributes.get("error"),
+        "unverified": None if mark is None else mark.reason,
     }
 
 
-def _llm_row(envelope: Envelope, prices: PriceTable) -> dict[str, Any]:
+def _llm_row(envelope: Envelope, prices: PriceTable, mark: Unverified | None) -> dict[str, Any]:
     attributes = envelope.attributes
     row = {
-        **_call(envelope),
+        **_call(envelope, mark),
         "provider": attributes.get("provider"),
         "model": attributes.get("model"),
         "prompt_tokens": _number(attributes.get("prompt_tokens"), int),
@@ -455,7 +475,12 @@ class AnalyticsConsumer(ConsumerRuntime):
         self._costs = CostCounter(registry)
         super().__init__(
             settings,
-            partial(apply_analytics, redactions=RedactionCheck(verifier), prices=self.prices),
+            partial(
+                apply_analytics,
+                redactions=RedactionCheck(verifier),
+                prices=self.prices,
+                vouching=Vouching(),
+            ),
             name="analytics",
             group_id=group_id or ANALYTICS_GROUP,
             screen=views_screen,

@@ -90,6 +90,24 @@ class ListedRun:
     """Tool calls that raised (the agent may have caught the error and carried on)."""
     session_id: str | None = None
     user_id: str | None = None
+    unverified: str | None = None
+    """Why the write side does not vouch for its first unverified event (None: it
+    vouches for every event the views hold of it)."""
+    unverified_events: int = 0
+    """How many of its events are unverified (counted up to :data:`MARKS_COUNTED`)."""
+
+    @property
+    def unverified_title(self) -> str:
+        """What the console's ``unverified`` tag says when pointed at."""
+        if self.unverified is None:
+            return ""
+        many = "" if self.unverified_events == 1 else "s"
+        more = "+" if self.unverified_events >= MARKS_COUNTED else ""
+        return (
+            f"{self.unverified_events}{more} event{many} of this run the write side does not "
+            f"vouch for (produced to the topic by someone other than the relay?), left out of "
+            f"totals and exports; the first: {self.unverified}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +116,21 @@ class RunPage:
     next: Cursor | None
 
 
-_LIST_COLUMNS = """
+MARKS_COUNTED = 1000
+"""A run's unverified events are counted up to this many (a forged run may hold many)."""
+
+# A listed run's marks: its first unverified event's reason and how many it has, both
+# read through the partial index of marked events (nothing read for a clean run).
+_LIST_COLUMNS = f"""
     r.run_id, r.tenant_id, r.agent_id, r.status, r.started_at, r.finished_at,
     r.event_count, r.code_version, r.parent_run_id, u.prompt_version,
     coalesce(u.llm_calls, 0), coalesce(u.errors, 0), coalesce(u.total_tokens, 0),
-    u.max_latency_ms, coalesce(u.models, '{}'), r.unrecorded_calls, r.unrecorded_call,
-    u.cost_usd, coalesce(u.unpriced_calls, 0)
+    u.max_latency_ms, coalesce(u.models, '{{}}'), r.unrecorded_calls, r.unrecorded_call,
+    u.cost_usd, coalesce(u.unpriced_calls, 0),
+    (SELECT x.unverified FROM blackbox_views.events x
+      WHERE x.run_id = r.run_id AND x.unverified IS NOT NULL ORDER BY x.sequence LIMIT 1),
+    (SELECT count(*) FROM (SELECT 1 FROM blackbox_views.events x
+      WHERE x.run_id = r.run_id AND x.unverified IS NOT NULL LIMIT {MARKS_COUNTED}) m)
 """
 
 
@@ -192,10 +219,12 @@ def list_runs_txn(
 _FAILURES = text(
     """
     SELECT run_id, 'llm', count(*) FROM blackbox_views.llm_calls
-     WHERE run_id = ANY(:run_ids) AND error_class IS NOT NULL GROUP BY run_id
+     WHERE run_id = ANY(:run_ids) AND error_class IS NOT NULL AND unverified IS NULL
+     GROUP BY run_id
     UNION ALL
     SELECT run_id, 'tool', count(*) FROM blackbox_views.tool_calls
-     WHERE run_id = ANY(:run_ids) AND error_class IS NOT NULL GROUP BY run_id
+     WHERE run_id = ANY(:run_ids) AND error_class IS NOT NULL AND unverified IS NULL
+     GROUP BY run_id
     """
 )
 
@@ -257,6 +286,8 @@ def _listed(row: Any) -> ListedRun:
         unrecorded_call=row[16],
         cost_usd=row[17],
         unpriced_calls=int(row[18]),
+        unverified=row[19],
+        unverified_events=int(row[20]),
     )
 
 
@@ -274,6 +305,8 @@ class RunEvent:
     out_of_line: bool
     cost_usd: Decimal | None = None
     """An LLM call's exact cost (None: unknown, or not an LLM call)."""
+    unverified: str | None = None
+    """Why the write side does not vouch for it (None: it does)."""
 
     @property
     def branch(self) -> int:
@@ -380,14 +413,14 @@ def run_detail_txn(conn: Connection, run_id: str) -> RunDetail | None:
     return RunDetail(
         run=run,
         finished_at=run.finished_at,
-        tags=dict(row[19]),
-        replayability=row[20],
+        tags=dict(row[21]),
+        replayability=row[22],
         events=events[:MAX_RUN_EVENTS],
         events_cut=len(events) > MAX_RUN_EVENTS,
         effects=effects,
         replays=replays,
         forks=forks,
-        prompt_templates=row[21],
+        prompt_templates=row[23],
     )
 
 
@@ -401,7 +434,8 @@ def run_events_txn(
             """
             SELECT e.sequence, e.event_id, e.event_type, e.recorded_at,
                    coalesce(e.attributes, '{}'::jsonb), coalesce(l.latency_ms, t.latency_ms),
-                   e.key_id IS NOT NULL, e.payload_ref IS NOT NULL, l.cost_usd
+                   e.key_id IS NOT NULL, e.payload_ref IS NOT NULL, l.cost_usd,
+                   e.unverified
               FROM blackbox_views.events e
               LEFT JOIN blackbox_views.llm_calls l
                      ON l.run_id = e.run_id AND l.sequence = e.sequence
@@ -425,6 +459,7 @@ def run_events_txn(
             sealed=bool(r[6]),
             out_of_line=bool(r[7]),
             cost_usd=r[8],
+            unverified=r[9],
         )
         for r in rows
     ]
@@ -474,7 +509,7 @@ def usage_series_txn(
                    percentile_cont(0.99) WITHIN GROUP (ORDER BY c.latency_ms),
                    sum(c.cost_usd)
               FROM blackbox_views.llm_calls c
-             WHERE c.recorded_at >= :since
+             WHERE c.recorded_at >= :since AND c.unverified IS NULL
              GROUP BY 1, 2
              ORDER BY 1, 2
             """

@@ -26,7 +26,8 @@ from agent_blackbox.schemas import BlackboxError, Checkpoint, Settings, safe_tex
 
 _LOCATE = text(
     """
-    SELECT topic, "partition", min("offset"), max("offset"), count(*), min(agent_id)
+    SELECT topic, "partition", min("offset"), max("offset"), count(*), min(agent_id),
+           array_agg(sequence ORDER BY sequence) FILTER (WHERE e.unverified IS NOT NULL)
       FROM blackbox_views.events e JOIN blackbox_views.runs r USING (run_id)
      WHERE run_id = :run_id
      GROUP BY topic, "partition"
@@ -57,6 +58,8 @@ class IndexedRun:
     first_offset: int
     last_offset: int
     events: int
+    unverified: frozenset[int] = frozenset()
+    """The sequences of its events the write side does not vouch for."""
 
 
 class ViewRunIndex:
@@ -96,11 +99,18 @@ class ViewRunIndex:
             raise _unreadable("the events index", exc) from exc
         if not rows:
             return None
-        topic, partition, first, last, count, agent_id = (
+        topic, partition, first, last, count, agent_id, unverified = (
             rows[0] if len(rows) == 1 else self._own_partition(run_id, rows)
         )
         return IndexedRun(
-            run_id, agent_id, str(topic), int(partition), int(first), int(last), int(count)
+            run_id,
+            agent_id,
+            str(topic),
+            int(partition),
+            int(first),
+            int(last),
+            int(count),
+            frozenset(int(s) for s in unverified or ()),
         )
 
     def _own_partition(self, run_id: str, rows: Sequence[Any]) -> Any:

@@ -41,6 +41,7 @@ from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.consumers._sorting import Batch, BatchSorter, Screen
 from agent_blackbox.consumers._view_database import ViewDatabase
 from agent_blackbox.consumers._views import apply_batch, views_screen
+from agent_blackbox.consumers._vouching import Vouching
 from agent_blackbox.schemas import CheckpointVerifier, EnvelopeCodec, Settings
 
 log = logging.getLogger(__name__)
@@ -331,6 +332,7 @@ class ViewConsumer(ConsumerRuntime):
         instance_id: str | None = None,
     ) -> None:
         self._redactions = RedactionCheck(verifier)
+        self._vouching = Vouching()
         self._partitions: dict[str, int] = {}
         super().__init__(
             settings,
@@ -357,7 +359,13 @@ class ViewConsumer(ConsumerRuntime):
         # Kafka's committed offsets are informational, never read. Nothing is lost or
         # counted twice; the crash costs a re-read.
         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-        return apply_batch(conn, records, partitions=self._partitions, redactions=self._redactions)
+        return apply_batch(
+            conn,
+            records,
+            partitions=self._partitions,
+            redactions=self._redactions,
+            vouching=self._vouching,
+        )
 
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
         self._partitions.clear()  # a topic may have grown: read its count again

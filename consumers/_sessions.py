@@ -67,6 +67,10 @@ _TOTALS = text(
       FROM blackbox_views.runs r
       LEFT JOIN blackbox_views.run_rollups u ON u.run_id = r.run_id
      WHERE r.session_id = :session
+       -- a run the write side never recorded (its start unverified) counts for nothing
+       AND NOT EXISTS (SELECT 1 FROM blackbox_views.events x
+                        WHERE x.run_id = r.run_id AND x.sequence = 1
+                          AND x.unverified IS NOT NULL)
     """
 )
 

@@ -60,10 +60,16 @@ class UsageRow:
 
 
 def llm_usage_txn(
-    conn: Connection, *, by: str, since: datetime, agent: str | None = None
+    conn: Connection,
+    *,
+    by: str,
+    since: datetime,
+    agent: str | None = None,
+    include_unverified: bool = False,
 ) -> list[UsageRow]:
     """The LLM calls recorded since ``since`` (of ``agent`` only, when given), grouped by
-    ``by`` (a key of :data:`GROUPINGS`), most calls first.
+    ``by`` (a key of :data:`GROUPINGS`), most calls first. Calls the write side does not
+    vouch for (``llm_calls.unverified``) are left out unless ``include_unverified``.
 
     Raises:
         ValueError: ``by`` names no grouping.
@@ -85,11 +91,12 @@ def llm_usage_txn(
           LEFT JOIN blackbox_views.runs r ON r.run_id = c.run_id
          WHERE c.recorded_at >= :since
            AND (CAST(:agent AS text) IS NULL OR c.agent_id = :agent)
+           AND (:unverified OR c.unverified IS NULL)
          GROUP BY 1
          ORDER BY 2 DESC, 1
         """
     )
-    where = {"since": since, "agent": agent}
+    where = {"since": since, "agent": agent, "unverified": include_unverified}
     return [_usage_row(row) for row in conn.execute(statement, where)]
 
 

@@ -55,6 +55,8 @@ runs_view = Table(
     # The run's session and end user, from run.started (NULL once the run is shredded).
     Column("session_id", Text),
     Column("user_id", Text),
+    # The sequence of its run.finished: what may follow it is judged (see _vouching).
+    Column("finished_sequence", BigInteger),
     Index("ix_runs_tenant_agent", "tenant_id", "agent_id"),
 )
 """One row per run: status, counts and the run.started / run.finished facts."""
@@ -78,8 +80,16 @@ events_index = Table(
     Column("payload_ref", Text),
     # The envelope's unsealed attributes (model, tokens, tool, status, branch, tags...).
     Column("attributes", JSONB),
+    # Why the write side does not vouch for the event (NULL: it does; see _vouching).
+    Column("unverified", Text),
     PrimaryKeyConstraint("run_id", "sequence"),
     Index("ix_events_topic_partition_offset", "topic", "partition", "offset"),
+    Index(
+        "ix_events_unverified",
+        "run_id",
+        "sequence",
+        postgresql_where=text("unverified IS NOT NULL"),
+    ),
 )
 """Where every event lives in Kafka, with its digests; never the payload."""
 
@@ -176,6 +186,9 @@ def _call_columns() -> list[Column[object]]:
         Column("recorded_at", DateTime(timezone=True), nullable=False),
         Column("latency_ms", Float),
         Column("error_class", Text),
+        # Why the write side does not vouch for the call (NULL: it does): left out of
+        # every total.
+        Column("unverified", Text),
     ]
 
 

@@ -17,6 +17,12 @@ The relay puts every event of a run on the partition its key maps to. An event f
 on another partition was produced by someone else: it is recorded as a violation and
 not indexed at all, so the run index keeps one partition per run and readers never
 see it.
+
+An event the write side does not vouch for (see :mod:`~agent_blackbox.consumers._vouching`:
+an unknown run, past the run's head, after its ``run.finished``, a chain break) is
+indexed with the reason in ``events.unverified`` and changes no run of the write side's
+in the runs view; a run the write side never recorded is listed from its own events,
+every one of them marked, so that readers can show it as unverified.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from agent_blackbox.consumers._tables import (
     integrity_violations,
     runs_view,
 )
+from agent_blackbox.consumers._vouching import Unverified, Vouching
 from agent_blackbox.schemas import (
     PLAINTEXT_IN_SEALED_RUN,
     Envelope,
@@ -143,6 +150,8 @@ class RunDelta:
     session_id: str | None = None
     user_id: str | None = None
     """The run's session and end user, as ``run.started`` names them."""
+    finished_sequence: int | None = None
+    """The sequence of the run's ``run.finished``."""
 
 
 def apply_batch(
@@ -151,18 +160,21 @@ def apply_batch(
     *,
     partitions: Mapping[str, int] | None = None,
     redactions: RedactionCheck | None = None,
+    vouching: Vouching | None = None,
 ) -> BatchOutcome:
     """Project ``records`` into the views through ``conn``; the caller commits.
 
     1. Set aside, as violations, events on another partition than their run's key maps
        to (by each topic's partition count in ``partitions``, when given).
     2. Keep the first record of each ``(run_id, sequence)``; later ones are repeats.
-    3. Bulk-insert the firsts into the events index, skipping any that collide.
+    3. Judge the firsts with ``vouching`` and bulk-insert them into the events index,
+       each with its mark when unverified, skipping any that collide.
     4. Look up the stored rows of everything that collided (and of the repeats).
     5. Same digests and chain hash: a duplicate, ignored. Different: a violation row.
     6. A new event with a plaintext body in a run that has a data key, or a new
        ``run.redacted`` that ``redactions`` does not confirm: a violation row.
-    7. Upsert each run touched by a newly inserted event (but those of step 6), once.
+    7. Upsert each run touched by a newly inserted event (but those of step 6 and the
+       unverified events of runs the write side knows), once.
     8. A run shredded by a newly inserted, confirmed ``run.redacted``: replace its digests.
 
     Raises:
@@ -175,7 +187,8 @@ def apply_batch(
         set_aside = {id(v.incoming) for v in misplaced}
         records = [r for r in records if id(r) not in set_aside]
     firsts, repeats = split_repeats(records)
-    inserted_keys = _insert_events(conn, firsts)
+    marks = (vouching or Vouching()).unverified(conn, [r.envelope for r in firsts])
+    inserted_keys = _insert_events(conn, firsts, marks)
     if len(inserted_keys) == len(firsts):  # the common case: every first is new
         inserted, colliding = firsts, repeats
     else:
@@ -188,6 +201,7 @@ def apply_batch(
     violations += misplaced + refused
     _record_violations(conn, violations)
     untrusted = {v.incoming.key for v in refused}
+    untrusted.update(k for k, why in marks.items() if not why.unknown_run)
     trusted = [r.envelope for r in inserted if not untrusted or delivered_key(r) not in untrusted]
     _upsert_runs(conn, aggregate_runs(trusted))
     _upsert_runs(conn, [replace(d, event_count=0) for d in aggregate_runs(notes.displaced)])
@@ -429,6 +443,7 @@ def _run_delta(envelopes: list[Envelope]) -> RunDelta:
         code_version=started.attributes.get("code_version") if started else None,
         parent_run_id=started.attributes.get("parent_run_id") if started else None,
         finished_at=finished.recorded_at if finished else None,
+        finished_sequence=finished.sequence if finished else None,
         status=finished.attributes.get("status", FINISHED_WITHOUT_STATUS) if finished else None,
         redacted_at=redacted.recorded_at if redacted else None,
         unrecorded_calls=_count(finished.attributes.get("unrecorded_calls")) if finished else None,
@@ -518,13 +533,15 @@ _BINARY_SQL: dict[str, str] = {}
 """Statement name → its SQL with binary array placeholders (compiled once)."""
 
 
-def _insert_events(conn: Connection, records: Sequence[Delivered]) -> set[tuple[str, int]]:
+def _insert_events(
+    conn: Connection, records: Sequence[Delivered], marks: Mapping[tuple[str, int], Unverified]
+) -> set[tuple[str, int]]:
     if not records:
         return set()
     ordered = sorted(records, key=delivered_key)  # a stable lock order across consumers
     if conn.dialect.driver == "psycopg":
-        return _copy_events(conn, ordered)
-    columns = _event_columns(ordered)
+        return _copy_events(conn, ordered, marks)
+    columns = _event_columns(ordered, marks)
     statement = (
         pg.insert(events_index)
         .from_select(list(columns), _unnest(events_index, columns))
@@ -541,11 +558,11 @@ their way into the index."""
 _EVENT_COLUMNS = (
     *("run_id", "sequence", "event_id", "event_type", "body_version", "topic"),
     *("partition", "offset", "input_digest", "output_digest", "chain_hash"),
-    *("recorded_at", "key_id", "payload_ref", "attributes"),
+    *("recorded_at", "key_id", "payload_ref", "attributes", "unverified"),
 )
 _EVENT_TYPES = (
     *("text", "int8", "text", "text", "int4", "text", "int4", "int8", "text", "text"),
-    *("text", "timestamptz", "text", "text", "jsonb"),
+    *("text", "timestamptz", "text", "text", "jsonb", "text"),
 )
 _QUOTED = ", ".join(f'"{name}"' for name in _EVENT_COLUMNS)
 _CREATE_INCOMING = (
@@ -560,7 +577,9 @@ _INSERT_INCOMING = (
 )
 
 
-def _copy_events(conn: Connection, ordered: Sequence[Delivered]) -> set[tuple[str, int]]:
+def _copy_events(
+    conn: Connection, ordered: Sequence[Delivered], marks: Mapping[tuple[str, int], Unverified]
+) -> set[tuple[str, int]]:
     """:func:`_insert_events` through ``COPY``: binary rows written by the driver's
     compiled code, about a third of the client's time of the array parameters.
 
@@ -578,11 +597,13 @@ def _copy_events(conn: Connection, ordered: Sequence[Delivered]) -> set[tuple[st
             write = copy.write_row
             for r in ordered:
                 e = r.envelope
+                mark = marks.get((e.run_id, e.sequence)) if marks else None
                 # fmt: off
                 write((
                     e.run_id, e.sequence, e.event_id, e.event_type, e.body_version,
                     r.topic, r.partition, r.offset, e.input_digest, e.output_digest,
                     e.chain_hash, e.recorded_at, e.key_id, e.payload_ref, e.attributes,
+                    None if mark is None else mark.reason,
                 ))
                 # fmt: on
         cursor.execute(_INSERT_INCOMING)
@@ -612,7 +633,9 @@ def _arrays(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
     return {f"u_{name}": values for name, values in columns.items()}
 
 
-def _event_columns(records: Sequence[Delivered]) -> dict[str, list[Any]]:
+def _event_columns(
+    records: Sequence[Delivered], marks: Mapping[tuple[str, int], Unverified]
+) -> dict[str, list[Any]]:
     envelopes = [r.envelope for r in records]
     return {
         "run_id": [e.run_id for e in envelopes],
@@ -630,6 +653,10 @@ def _event_columns(records: Sequence[Delivered]) -> dict[str, list[Any]]:
         "key_id": [e.key_id for e in envelopes],
         "payload_ref": [e.payload_ref for e in envelopes],
         "attributes": [e.attributes for e in envelopes],
+        "unverified": [
+            None if (m := marks.get((e.run_id, e.sequence))) is None else m.reason
+            for e in envelopes
+        ],
     }
 
 
@@ -789,6 +816,7 @@ def _upsert_runs_statement(columns: dict[str, list[Any]]) -> Executable:
             "code_version": func.coalesce(old.code_version, new.code_version),
             "parent_run_id": func.coalesce(old.parent_run_id, new.parent_run_id),
             "finished_at": func.coalesce(new.finished_at, old.finished_at),
+            "finished_sequence": func.least(old.finished_sequence, new.finished_sequence),
             "redacted_at": func.coalesce(old.redacted_at, new.redacted_at),
             "limited_replay": old.limited_replay | new.limited_replay,
             "unrecorded_calls": func.coalesce(new.unrecorded_calls, old.unrecorded_calls),
@@ -817,6 +845,7 @@ def _run_columns(deltas: Sequence[RunDelta]) -> dict[str, list[Any]]:
         "code_version": [d.code_version for d in deltas],
         "parent_run_id": [d.parent_run_id for d in deltas],
         "finished_at": [d.finished_at for d in deltas],
+        "finished_sequence": [d.finished_sequence for d in deltas],
         "redacted_at": [d.redacted_at for d in deltas],
         "limited_replay": [d.redacted_at is not None for d in deltas],
         "unrecorded_calls": [d.unrecorded_calls for d in deltas],

@@ -40,9 +40,11 @@ __all__ = [
     "mark_abandoned_txn",
     "retention_classes_txn",
     "run_head_txn",
+    "run_heads_txn",
     "runs_due_for_deletion_txn",
     "runs_due_for_shredding_txn",
     "runs_of_subject_txn",
+    "runs_readable_txn",
     "scrub_run_txn",
     "scrub_runs_txn",
     "scrub_shredded_runs_txn",
@@ -281,6 +283,17 @@ _LEDGER_READABLE = text(
 _RUN_HEAD = text(
     "SELECT tenant_id, last_sequence, chain_head FROM blackbox.runs WHERE run_id = :run_id"
 )
+_RUN_HEADS = text(
+    "SELECT run_id, tenant_id, last_sequence, chain_head FROM blackbox.runs "
+    "WHERE run_id = ANY(CAST(:run_ids AS text[]))"
+)
+# As for the ledger: a views database without the write side (or a role that may not
+# read it) cannot vouch for runs, and asking must not abort the transaction.
+_RUNS_READABLE = text(
+    """
+    SELECT COALESCE(has_table_privilege(to_regclass('blackbox.runs'), 'SELECT'), false)
+    """
+)
 
 
 def scrub_run_txn(conn: Connection, run_id: str) -> None:
@@ -357,3 +370,21 @@ def run_head_txn(conn: Connection, run_id: str) -> RunHead | None:
     if row is None:
         return None
     return RunHead(str(row.tenant_id), int(row.last_sequence), str(row.chain_head))
+
+
+def run_heads_txn(conn: Connection, run_ids: Sequence[str]) -> dict[str, RunHead]:
+    """The tenant and chain head ``blackbox.runs`` holds for each of ``run_ids`` it
+    knows (one statement, by primary key); a run it does not know is left out."""
+    if not run_ids:
+        return {}
+    rows = conn.execute(_RUN_HEADS, {"run_ids": list(run_ids)})
+    return {
+        str(r.run_id): RunHead(str(r.tenant_id), int(r.last_sequence), str(r.chain_head))
+        for r in rows
+    }
+
+
+def runs_readable_txn(conn: Connection) -> bool:
+    """Whether this database holds the write side's runs table and the session may read
+    it (so :func:`run_heads_txn` can say which runs and sequences the write side holds)."""
+    return bool(conn.execute(_RUNS_READABLE).scalar())

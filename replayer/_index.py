@@ -43,6 +43,13 @@ class RunLocation(Protocol):
     @property
     def events(self) -> int: ...
 
+    @property
+    def unverified(self) -> frozenset[int]:
+        """The sequences of the run's events the write side does not vouch for (produced
+        to the topic by someone other than the relay): a reader that shows or exports
+        the run leaves them out unless asked for them."""
+        ...
+
 
 class RunIndex(Protocol):
     """What the read side knows of recorded runs."""

@@ -149,6 +149,9 @@ class KafkaRunSource:
         self.first, self.last = location.first_offset, location.last_offset
         self.count = location.events
         self.agent_id: str | None = location.agent_id
+        self.unverified = location.unverified
+        """The sequences of the run's events the write side does not vouch for, as the
+        index marks them (:meth:`vouched` leaves them out)."""
         self.skipped: list[SkippedMessage] = []
         """Messages under the run's key that are not its events: anyone who can produce
         to the topic can write one; the view consumer dead-letters or flags them, and a
@@ -166,6 +169,11 @@ class KafkaRunSource:
             offset,
             why,
         )
+
+    def vouched(self) -> Iterator[Envelope]:
+        """The run's events but those the index marks unverified."""
+        marked = self.unverified
+        return iter(self) if not marked else (e for e in self if e.sequence not in marked)
 
     def __iter__(self) -> Iterator[Envelope]:
         codec = EnvelopeCodec()

@@ -23,13 +23,19 @@ BODY_LIMIT = 160
 
 
 def timeline_table(
-    run_id: str, events: Iterable[Envelope], *, pipeline: PayloadPipeline | None = None
+    run_id: str,
+    events: Iterable[Envelope],
+    *,
+    pipeline: PayloadPipeline | None = None,
+    unverified: frozenset[int] = frozenset(),
 ) -> Table:
     """The run as a table: sequence, type, time, attributes and, with ``pipeline``, a
     shortened body. Every value from the log passes :func:`agent_blackbox.schemas.safe_text`.
 
     An event with a plaintext body in a run that has a data key (appended by someone
-    other than the run's recorder) is marked refused, and its body is never shown.
+    other than the run's recorder) is marked refused, and its body is never shown. An
+    event whose sequence is in ``unverified`` (the write side does not vouch for it) is
+    marked unverified.
     """
     table = Table(title=f"Run {safe_text(run_id)}")
     for column in ("seq", "event", "recorded at", "attributes", *(("body",) if pipeline else ())):
@@ -40,7 +46,9 @@ def timeline_table(
         attributes = ", ".join(f"{k}={v}" for k, v in sorted(envelope.attributes.items()))
         row = [
             str(envelope.sequence),
-            safe_text(envelope.event_type) + (" (refused)" if refusal else ""),
+            safe_text(envelope.event_type)
+            + (" (refused)" if refusal else "")
+            + (" (unverified)" if envelope.sequence in unverified else ""),
             envelope.recorded_at.isoformat(timespec="milliseconds"),
             safe_text(attributes, limit=BODY_LIMIT),
         ]

@@ -114,6 +114,13 @@ _SELECTING = "--since, --until, --agent, --limit and --include-forks"
     help="Write to FILE (owner-only, replaced only once the export is whole) instead of "
     "standard output.",
 )
+@click.option(
+    "--include-unverified",
+    is_flag=True,
+    help="Export events the write side does not vouch for too (of runs it never recorded, "
+    "past a run's head or after its end, or off its hash chain: produced to the topic by "
+    "someone other than the relay). Left out by default, each run's count on stderr.",
+)
 def export_command(
     run_ids: tuple[str, ...],
     since_raw: str | None,
@@ -127,6 +134,7 @@ def export_command(
     purpose: str | None,
     archive: Path | None,
     output: Path | None,
+    include_unverified: bool,
 ) -> None:
     """Export RUN_IDs (or the runs --since selects) as JSON lines on standard output or
     --output FILE; progress and the summary go to standard error.
@@ -169,7 +177,9 @@ def export_command(
     try:
         read = purpose if bodies else None
         records, audit = _records(engine, form, examples == "call", read, tally)
-        runs, total = _runs(wiring, engine, run_ids, scope, until, archive, err)
+        runs, total = _runs(
+            wiring, engine, run_ids, scope, until, archive, err, everything=include_unverified
+        )
         for run_id, events in _progress(runs, total, tally, err, hidden=sink.on_terminal):
             if audit is not None and archive is None:
                 audit(run_id)  # the run's access request, before any of its bodies opens
@@ -246,8 +256,12 @@ def _runs(
     until: datetime | None,
     archive: Path | None,
     err: Console,
+    *,
+    everything: bool,
 ) -> tuple[Iterator[RunEvents], int | None]:
-    """The runs to export, each streamed, and how many (when known up front).
+    """The runs to export, each streamed, and how many (when known up front); without
+    ``everything``, the events the index marks unverified are left out (a run all of
+    whose events are, whole).
 
     Raises:
         SourceError: a run id is not indexed (before anything is written).
@@ -261,9 +275,10 @@ def _runs(
         # Every run is located before anything is written: an unknown id stops the
         # export at once.
         sources = [KafkaRunSource(settings, index, run_id) for run_id in wanted]
-        return _read(((source, source) for source in sources), err), len(sources)
+        runs = ((source, source) for source in sources)
+        return _read(runs, err, everything=everything), len(sources)
     ids = _indexed(index, scope, until)
-    return _read(_kafka_runs(settings, index, ids, until), err), len(ids)
+    return _read(_kafka_runs(settings, index, ids, until), err, everything=everything), len(ids)
 
 
 def _indexed(index: RunIndex, scope: RunFilter, until: datetime | None) -> list[str]:
@@ -286,9 +301,19 @@ def _indexed(index: RunIndex, scope: RunFilter, until: datetime | None) -> list[
 
 
 def _read(
-    runs: Iterable[tuple[KafkaRunSource, Iterable[Envelope]]], err: Console
+    runs: Iterable[tuple[KafkaRunSource, Iterable[Envelope]]], err: Console, *, everything: bool
 ) -> Iterator[RunEvents]:
     for source, events in runs:
+        if source.unverified and not everything:
+            marked = source.unverified
+            err.print(
+                f"[yellow]warning:[/] run {safe_text(source.run_id)}: left out "
+                f"{_count(len(marked), 'event')} the write side does not vouch for "
+                "(--include-unverified exports them)"
+            )
+            if len(marked) >= source.count:
+                continue  # a run the write side never recorded: nothing of it is exported
+            events = (e for e in events if e.sequence not in marked)
         yield source.run_id, events
         if source.skipped:
             err.print(

@@ -102,6 +102,8 @@ def _json(run: ListedRun) -> dict[str, Any]:
         "models": list(run.models),
         "code_version": run.code_version,
         "prompt_version": run.prompt_version,
+        "unverified": run.unverified,
+        "unverified_events": run.unverified_events,
     }
 
 
@@ -116,7 +118,7 @@ def _table(runs: list[ListedRun]) -> None:
             run.started_at.strftime("%Y-%m-%d %H:%M:%S") if run.started_at else "-",
             safe_text(run.run_id),
             safe_text(run.agent_id),
-            safe_text(run.status),
+            safe_text(run.status) + (" (unverified)" if run.unverified else ""),
             safe_text(run.session_id or ""),
             safe_text(run.user_id or ""),
             f"{run.event_count:,}",

@@ -48,7 +48,14 @@ def _since(raw: str) -> datetime:
     "--since", "since_raw", default="1h", show_default=True, help="30m, 1h, 2d, or a time."
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per group on stdout.")
-def stats_command(by: str, since_raw: str, as_json: bool) -> None:
+@click.option(
+    "--include-unverified",
+    is_flag=True,
+    help="Count LLM calls the write side does not vouch for too (events of runs it never "
+    "recorded, past a run's head or after its end, or off its hash chain: produced to "
+    "the topic by someone other than the relay). Left out by default.",
+)
+def stats_command(by: str, since_raw: str, as_json: bool, include_unverified: bool) -> None:
     """LLM calls, tokens, cost, latency p50/p95/p99 and error rate from the analytics
     views (built by `blackbox analytics`), grouped by one dimension. Costs are exact
     sums at the prices in force when the calls were read; calls of a model without a
@@ -59,7 +66,7 @@ def stats_command(by: str, since_raw: str, as_json: bool) -> None:
     engine = wired().engine()
     try:
         with engine.connect() as conn:
-            rows = llm_usage_txn(conn, by=by, since=since)
+            rows = llm_usage_txn(conn, by=by, since=since, include_unverified=include_unverified)
     except SQLAlchemyError as exc:
         could_not_run(console, BlackboxError(f"cannot read the analytics views: {exc}"))
     finally:

@@ -20,7 +20,15 @@ from agent_blackbox.schemas import BlackboxError, permission_refused, safe_conso
 @click.option("--bodies", is_flag=True, help="Show each event's body (needs --purpose).")
 @purpose_option(required=False)
 @click.option("--archive", type=click.Path(exists=True, path_type=Path), default=None)
-def timeline_command(run_id: str, bodies: bool, purpose: str | None, archive: Path | None) -> None:
+@click.option(
+    "--include-unverified",
+    is_flag=True,
+    help="Show the events the write side does not vouch for too, marked (produced to the "
+    "topic by someone other than the relay). Left out by default, counted on stderr.",
+)
+def timeline_command(
+    run_id: str, bodies: bool, purpose: str | None, archive: Path | None, include_unverified: bool
+) -> None:
     """Show RUN_ID event by event (metadata only, unless --bodies)."""
     console = safe_console(stderr=True)
     if bodies and not purpose:
@@ -28,13 +36,21 @@ def timeline_command(run_id: str, bodies: bool, purpose: str | None, archive: Pa
     wiring = wired()
     engine = wiring.engine()
     try:
-        events = (
-            list(read_archive(archive, run_id=run_id))
-            if archive is not None
-            else list(KafkaRunSource(wiring.settings, wiring.read_side.run_index(engine), run_id))
-        )
+        marked: frozenset[int] = frozenset()
+        if archive is not None:
+            events = list(read_archive(archive, run_id=run_id))
+        else:
+            source = KafkaRunSource(wiring.settings, wiring.read_side.run_index(engine), run_id)
+            marked = source.unverified
+            events = list(source if include_unverified else source.vouched())
+        if marked and not include_unverified:
+            console.print(
+                f"[yellow]warning:[/] left out {len(marked)} event(s) the write side does not "
+                "vouch for (--include-unverified shows them, marked)"
+            )
         pipeline = opening(lambda: engine, purpose=purpose).pipeline if bodies and purpose else None
-        safe_console().print(timeline_table(run_id, events, pipeline=pipeline))
+        table = timeline_table(run_id, events, pipeline=pipeline, unverified=marked)
+        safe_console().print(table)
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as

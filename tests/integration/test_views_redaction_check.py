@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from agent_blackbox.consumers import apply_batch, migrate_views, runs_view
 from agent_blackbox.consumers._batch import Delivered
 from agent_blackbox.consumers._redacted_views import RedactionCheck
 from agent_blackbox.schemas import (
+    GENESIS_CHAIN_HASH,
     BodyCodec,
     CheckpointSigner,
     CheckpointVerifier,
@@ -98,6 +100,16 @@ def _note(run_id: str, sequence: int, *, signer: CheckpointSigner | None) -> Env
     )
 
 
+def _chained(events: list[Envelope]) -> list[Envelope]:
+    previous = GENESIS_CHAIN_HASH
+    chained = []
+    for event in events:
+        event = replace(event, chain_hash=event.expected_chain_hash(previous))
+        previous = event.chain_hash
+        chained.append(event)
+    return chained
+
+
 def _run(engine: Engine, check: RedactionCheck, *, signer: CheckpointSigner | None) -> str:
     run_id = f"run-{uuid.uuid4().hex}"
     events = [
@@ -105,6 +117,7 @@ def _run(engine: Engine, check: RedactionCheck, *, signer: CheckpointSigner | No
         _event(run_id, 2, EventType.RUN_FINISHED, attributes={"status": "succeeded"}),
         _note(run_id, 3, signer=signer),
     ]
+    events = _chained(events)  # as its recorder wrote them: an event off the chain is unverified
     records = [Delivered(e, "events", 0, e.sequence) for e in events]
     with engine.begin() as conn:
         apply_batch(conn, records, redactions=check)

@@ -148,14 +148,17 @@ def test_a_forged_plaintext_finish_is_refused_by_every_reader(
     replayer = login("blackbox_replayer", tenant=TENANT_A)
     env = _env(settings, replayer.url.render_as_string(hide_password=False))
 
-    # The timeline, with bodies, as the replayer holding the keys.
-    shown = CliRunner(env=env).invoke(
-        main, ["timeline", run_id, "--bodies", "--purpose", "incident 1 forged finish"]
-    )
+    # The timeline, with bodies, as the replayer holding the keys: the forged event is
+    # past the run's head, so it is left out unless asked for, and then refused.
+    timeline = ["timeline", run_id, "--bodies", "--purpose", "incident 1 forged finish"]
+    shown = CliRunner(env=env).invoke(main, timeline)
+    assert shown.exit_code == 0, shown.output
+    assert "run.finished" not in shown.stdout
+    shown = CliRunner(env=env).invoke(main, [*timeline, "--include-unverified"])
     assert shown.exit_code == 0, shown.output
     assert SECRET in shown.stdout  # the genuine sealed body opens
     assert FORGED not in shown.output
-    assert "run.finished (refused)" in shown.stdout
+    assert "run.finished (refused) (unverified)" in shown.stdout
     assert "refused: plaintext body in a run sealed under data key" in shown.stdout
 
     # Replay: an ERROR naming the forged event, not a divergence.

@@ -531,6 +531,7 @@ class _Located:
     first_offset: int = 0
     last_offset: int = 4
     events: int = 5
+    unverified: frozenset[int] = frozenset()
 
 
 class _Index:

@@ -2,7 +2,7 @@
 divergence was: a line for everyone, the values for a stated purpose.
 
 Revision ID: 0022_views
-Revises: 0020_views
+Revises: 0021_views
 
 - ``replay_results`` gains ``divergence_detail`` (the divergence in words: the boundary
   recorded and the one the code asked for, the paths that changed, the call site; never
@@ -27,7 +27,7 @@ from alembic import op
 from sqlalchemy import text
 
 revision = "0022_views"
-down_revision: str | None = "0020_views"
+down_revision: str | None = "0021_views"
 branch_labels: str | None = None
 depends_on: str | None = None
 
