@@ -53,6 +53,7 @@ from agent_blackbox.backup._store import (
     StoreError,
     check_key,
 )
+from agent_blackbox.backup._tally import EventTally
 from agent_blackbox.backup._target import Target, TargetError, create_target, drop_target
 from agent_blackbox.backup._trust import TRUST_CUT_OPTION, check_backup, parse_cut
 from agent_blackbox.backup._verify import StoreCheck, check_store, fetch_checked
@@ -76,6 +77,7 @@ __all__ = [
     "Check",
     "DrillOptions",
     "DrillReport",
+    "EventTally",
     "EventsLost",
     "FolderStore",
     "Manifest",
