@@ -51,6 +51,7 @@ from agent_blackbox.backup._store import (
     BackupStore,
     ObjectMissing,
     StoreError,
+    StoreUnreachable,
     check_key,
 )
 from agent_blackbox.backup._tally import EventTally
@@ -95,6 +96,7 @@ __all__ = [
     "SnapshotTable",
     "StoreCheck",
     "StoreError",
+    "StoreUnreachable",
     "TableEntry",
     "Target",
     "TargetError",
