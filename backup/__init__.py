@@ -38,6 +38,7 @@ from agent_blackbox.backup._manifest import (
 )
 from agent_blackbox.backup._metrics import BackupMetrics
 from agent_blackbox.backup._open import open_store
+from agent_blackbox.backup._outage import RetryPolicy, StoreOutageTooLong
 from agent_blackbox.backup._partial import RestoreRequest, RestoreResult, restore_runs
 from agent_blackbox.backup._prune import PrunePlan, plan_prune, prune
 from agent_blackbox.backup._pruned import PruneRecord, load_pruned
@@ -88,6 +89,7 @@ __all__ = [
     "PruneRecord",
     "RestoreRequest",
     "RestoreResult",
+    "RetryPolicy",
     "RunRange",
     "S3Store",
     "SegmentEntry",
@@ -96,6 +98,7 @@ __all__ = [
     "SnapshotTable",
     "StoreCheck",
     "StoreError",
+    "StoreOutageTooLong",
     "StoreUnreachable",
     "TableEntry",
     "Target",

@@ -24,13 +24,23 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
-from agent_blackbox.backup import BackupStore, S3Store, check_store
+from agent_blackbox.backup import (
+    BackupPolicy,
+    BackupStore,
+    BackupWriter,
+    FolderStore,
+    RetryPolicy,
+    S3Store,
+    StoreUnreachable,
+    check_store,
+)
 from agent_blackbox.backup._cut import EVENTS
 from agent_blackbox.broker import watermarks
 from agent_blackbox.schemas import Settings
@@ -238,6 +248,64 @@ def _assert_each_event_once(settings: Settings, store: BackupStore) -> None:
             assert first == covered, (partition, spans)
             covered = last + 1
         assert covered == end, (partition, spans)
+
+
+class _FlakyStore(FolderStore):
+    """A folder store whose manifests cannot be written while ``down`` is set (the
+    outage falls between a cut's segments and its manifest); it counts every put."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.down = threading.Event()
+        self.puts: Counter[str] = Counter()
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.down.is_set() and key.startswith("manifests/"):
+            raise StoreUnreachable(f"could not reach {self.describe()} to write {key!r}")
+        self.puts[key] += 1
+        super().put(key, data)
+
+
+def test_a_cut_retried_after_an_outage_uploads_no_segment_twice(
+    settings: Settings, engine: Engine, tmp_path: Path
+) -> None:
+    store = _FlakyStore(tmp_path / "store")
+    retry = RetryPolicy(first_s=0.1, cap_s=0.2, give_up_after_s=60)
+    policy = BackupPolicy(roll_seconds=0.2, retry=retry)
+    writer = BackupWriter(settings, store, signer=SIGNER, engine=engine, policy=policy)
+    up = {"topic": settings.topic}
+    failures = "blackbox_backup_cut_failures_total"
+    stop = threading.Event()
+    record(engine, settings, "ada", sealed=False)
+    relay(engine, settings)
+    store.down.set()
+    with writer:
+        thread = threading.Thread(target=writer.run, args=(stop,))
+        thread.start()
+        try:
+            eventually(
+                lambda: (writer.metrics.registry.get_sample_value(failures, up) or 0) >= 3,
+                timeout=60,
+                what="three failed attempts at the cut",
+            )
+            assert writer.metrics.registry.get_sample_value("blackbox_backup_store_up", up) == 0
+            record(engine, settings, "grace", sealed=False)  # not read until the store is back
+            relay(engine, settings)
+            store.down.clear()
+            eventually(
+                lambda: _backed_up_to_the_end(settings, store),
+                timeout=60,
+                what="the backup catching up after the outage",
+            )
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+    assert not thread.is_alive()
+    segments = {k: n for k, n in store.puts.items() if k.startswith(EVENTS)}
+    assert segments
+    assert set(segments.values()) == {1}, segments
+    assert writer.metrics.registry.get_sample_value("blackbox_backup_store_up", up) == 1
+    _assert_each_event_once(settings, store)
 
 
 def _public(tmp_path: Path) -> str:

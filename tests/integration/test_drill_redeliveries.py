@@ -21,7 +21,15 @@ import pytest
 from confluent_kafka import Message
 from sqlalchemy import Engine
 
-from agent_blackbox.backup import BackupStore, DrillOptions, open_store, run_drill
+from agent_blackbox.backup import (
+    BackupStore,
+    DrillOptions,
+    RestoreRequest,
+    drop_target,
+    open_store,
+    restore_runs,
+    run_drill,
+)
 from agent_blackbox.broker import new_producer, producer_config
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.schemas import EnvelopeCodec, Settings
@@ -88,7 +96,7 @@ def _record_other_agent(engine: Engine, settings: Settings, who: str) -> str:
     return run.run_id
 
 
-def test_re_delivered_copies_pass_the_drill_and_are_counted(
+def test_re_delivered_copies_pass_the_drill_and_a_restore_and_are_counted(
     settings: Settings, engine: Engine, store: BackupStore
 ) -> None:
     runs = [record(engine, settings, who) for who in ("ada", "grace", "edsger")]
@@ -110,6 +118,15 @@ def test_re_delivered_copies_pass_the_drill_and_are_counted(
     assert report.events == events(engine)  # distinct events, not messages
     assert checks[_SAMPLE_CHECK].passed is True
     assert report.to_dict()["duplicates"] == 5
+    request = RestoreRequest(
+        into=f"t{uuid.uuid4().hex[:10]}", purpose="count copies", run_ids=frozenset(runs[:1])
+    )
+    restored = restore_runs(settings, store, request, verifier=VERIFIER)
+    try:
+        assert (restored.copy.events, restored.copy.messages) == (4, 7)
+        assert restored.copy.tally.duplicates == 3
+    finally:
+        assert drop_target(settings, restored.target) == []
 
 
 @pytest.mark.parametrize("conflict", ["other event id", "other bytes"])
