@@ -8,6 +8,7 @@ import pytest
 
 from agent_blackbox.backup import BackupMetrics, StoreUnreachable
 from agent_blackbox.backup._outage import RetryPolicy, StoreOutage, StoreOutageTooLong
+from agent_blackbox.cli.commands.backup import _SPAN
 
 TOPIC = {"topic": "t"}
 
@@ -98,3 +99,10 @@ def test_other_failures_back_off_without_counting_an_outage() -> None:
     assert [outage.other_failure() for _ in range(3)] == [2, 4, 5]
     assert not outage.active
     assert _gauges(metrics) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"), [("90", 90.0), ("90s", 90.0), ("15m", 900.0), ("2h", 7200.0)]
+)
+def test_give_up_after_takes_seconds_or_a_unit(given: str, seconds: float) -> None:
+    assert _SPAN.convert(given, None, None) == seconds
