@@ -38,6 +38,7 @@ from agent_blackbox.backup._manifest import (
 )
 from agent_blackbox.backup._metrics import BackupMetrics
 from agent_blackbox.backup._open import open_store
+from agent_blackbox.backup._outage import RetryPolicy, StoreOutageTooLong
 from agent_blackbox.backup._partial import RestoreRequest, RestoreResult, restore_runs
 from agent_blackbox.backup._prune import PrunePlan, plan_prune, prune
 from agent_blackbox.backup._pruned import PruneRecord, load_pruned
@@ -51,8 +52,10 @@ from agent_blackbox.backup._store import (
     BackupStore,
     ObjectMissing,
     StoreError,
+    StoreUnreachable,
     check_key,
 )
+from agent_blackbox.backup._tally import EventTally
 from agent_blackbox.backup._target import Target, TargetError, create_target, drop_target
 from agent_blackbox.backup._trust import TRUST_CUT_OPTION, check_backup, parse_cut
 from agent_blackbox.backup._verify import StoreCheck, check_store, fetch_checked
@@ -76,6 +79,7 @@ __all__ = [
     "Check",
     "DrillOptions",
     "DrillReport",
+    "EventTally",
     "EventsLost",
     "FolderStore",
     "Manifest",
@@ -85,6 +89,7 @@ __all__ = [
     "PruneRecord",
     "RestoreRequest",
     "RestoreResult",
+    "RetryPolicy",
     "RunRange",
     "S3Store",
     "SegmentEntry",
@@ -93,6 +98,8 @@ __all__ = [
     "SnapshotTable",
     "StoreCheck",
     "StoreError",
+    "StoreOutageTooLong",
+    "StoreUnreachable",
     "TableEntry",
     "Target",
     "TargetError",

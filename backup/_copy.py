@@ -26,6 +26,7 @@ from agent_blackbox.backup._restore import (
     restore_tables,
 )
 from agent_blackbox.backup._store import BackupStore
+from agent_blackbox.backup._tally import EventTally
 from agent_blackbox.backup._target import Target
 from agent_blackbox.backup._verify import StoreCheck
 from agent_blackbox.consumers import (
@@ -67,14 +68,23 @@ class RestoredCopy:
     newer: NewerDeletions
     ledger: LedgerReport
     produced: dict[int, int] = field(default_factory=dict)
-    """Events produced to the target topic, per partition."""
+    """Messages produced to the target topic, per partition (re-delivered copies
+    included: the copy's topic holds what the backed-up topic held)."""
+    tally: EventTally = field(default_factory=EventTally)
+    """The distinct events of those messages, the re-delivered copies and conflicts."""
     blobs: int = 0
     scrubbed: list[str] = field(default_factory=list)
     """Runs the restored ledger names as shredded, scrubbed in the rebuilt views."""
 
     @property
-    def events(self) -> int:
+    def messages(self) -> int:
+        """Messages produced to the target topic."""
         return sum(self.produced.values())
+
+    @property
+    def events(self) -> int:
+        """Distinct events restored (each re-delivered copy counted once)."""
+        return self.tally.events
 
 
 def restore_copy(
@@ -115,10 +125,10 @@ def restore_copy(
     copy = RestoredCopy(tables, newer, ledger)
     with stage("restore events"):
         copy.produced = produce_events(
-            store, check.segments_held(), target.settings, selection=selection
+            store, check.segments_held(), target.settings, selection=selection, tally=copy.tally
         )
     with stage("rebuild the views"):
-        build_views(target.settings, engine, expected=copy.events)
+        build_views(target.settings, engine, expected=copy.messages)
         copy.scrubbed = scrub_views(engine)
     with stage("restore blobs"):
         only = None

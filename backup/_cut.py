@@ -42,6 +42,9 @@ class CutWriter:
         self._signer = signer
         self._snapshots = snapshots
         self._topic = topic
+        self._uploaded: set[str] = set()
+        """Segments stored for the cut under way: a retry after a failure (the store
+        away, say) does not upload them again."""
 
     def write(self, pending: PendingCut, *, after: Manifest | None) -> Manifest:
         """Write ``pending``'s segments, the snapshot and the manifest that follows
@@ -64,13 +67,16 @@ class CutWriter:
             lost=tuple(pending.lost),
         ).signed(self._signer)
         self._store.put(manifest.key, manifest.to_bytes())
+        self._uploaded.clear()
         return manifest
 
     def _write_segment(self, builder: SegmentBuilder) -> SegmentEntry:
         data = builder.encode()
         digest = hashlib.sha256(data).hexdigest()
         key = f"{EVENTS}p{builder.partition:04d}/{builder.first_offset:020d}-{digest}.avro"
-        self._store.put(key, data)
+        if key not in self._uploaded:
+            self._store.put(key, data)
+            self._uploaded.add(key)
         return SegmentEntry(
             key=key,
             sha256=digest,

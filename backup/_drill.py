@@ -14,10 +14,13 @@
    and the notes are re-applied (authenticated as ``blackbox ledger reapply`` does);
 4. **blobs** and **events** into the target;
 5. **views** rebuilt from the restored topic by the normal views consumer;
-6. **verify**: counts per partition and per run against the manifests, contiguous
-   sequences, every data key and blob the events name, ``blackbox verify --all`` on the
-   copy (digests, chains, signed checkpoints), the views equal to production's at the
-   cut, forgotten runs without a live key, a sample of runs replayed;
+6. **verify**: counts per partition against the manifests, distinct events per run
+   (a re-delivered copy counted once and reported as a figure; a conflicting copy of a
+   run's sequence fails), contiguous sequences, every data key and blob the events
+   name, ``blackbox verify --all`` on the copy (digests, chains, signed checkpoints),
+   the views equal to production's at the cut, forgotten runs without a live key, a
+   sample of runs replayed (drawn from the agents with an entry point; the others'
+   runs counted as skipped);
 7. the target is dropped unless asked to keep it.
 
 The report gives RPO (the disaster point minus the cut's newest event) and RTO (the
@@ -76,6 +79,9 @@ class DrillOptions:
     trust_cut: int | None = None
     """The manifest number of the cut the operator vouches for: restore it even though
     the store's newest manifests were removed (see :func:`check_backup`)."""
+    agents: tuple[str, ...] = ()
+    """Entry points for the replay sample besides ``BLACKBOX_AGENTS`` (``--agent``:
+    ``module:function`` for every agent, ``name=module:function`` for one)."""
 
 
 @dataclass(slots=True)
@@ -90,7 +96,12 @@ class DrillReport:
     target: str | None = None
     kept: bool = False
     events: int = 0
+    """Distinct events of the cut (the manifests' message count until it is restored)."""
     runs: int = 0
+    duplicates: int = 0
+    """Re-delivered copies among the restored messages, each counted once in ``events``."""
+    skipped: int = 0
+    """Runs the replay sample skipped: their agents have no entry point."""
     stages: dict[str, float] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     rto_s: float | None = None
@@ -126,6 +137,8 @@ class DrillReport:
             "kept": self.kept,
             "events": self.events,
             "runs": self.runs,
+            "duplicates": self.duplicates,
+            "skipped": self.skipped,
             "stages_s": {k: round(v, 3) for k, v in self.stages.items()},
             "checks": [
                 {"name": c.name, "passed": c.passed, "detail": c.detail, "where": list(c.where)}
@@ -198,10 +211,14 @@ def _restore_and_verify(
             production, store, check, target, engine, verifier=verifier, stage=stage
         )
         report.add(_ledger_check(copy.tables, copy.newer, copy.ledger))
+        report.events, report.duplicates = copy.events, copy.tally.duplicates
         with stage("verify the restored copy"):
-            checks = DrillChecks(production, target, engine, check, copy.produced)
+            checks = DrillChecks(
+                production, target, engine, check, copy.tally, agents=options.agents
+            )
             for found in checks.all(copy.tables, sample=options.sample, purpose=options.purpose):
                 report.add(found)
+        report.skipped = checks.skipped
     finally:
         engine.dispose()
 

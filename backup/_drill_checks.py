@@ -11,15 +11,23 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 import agent_blackbox.outbox.snapshot as write_side
+from agent_blackbox.backup._drill_sample import (
+    EntryPoints,
+    SamplePlan,
+    plan_sample,
+    replay_arguments,
+)
 from agent_blackbox.backup._errors import BackupError
 from agent_blackbox.backup._restore import RestoredTables
+from agent_blackbox.backup._tally import EventTally
 from agent_blackbox.backup._target import Target
 from agent_blackbox.backup._verify import StoreCheck
 from agent_blackbox.broker import KafkaUnavailable, watermarks
@@ -50,7 +58,16 @@ class Check:
 
 
 class DrillChecks:
-    """Checks of one restored copy against its backup (and production, where it answers)."""
+    """Checks of one restored copy against its backup (and production, where it answers).
+
+    Args:
+        production: production's settings (its views are compared, its replays asked).
+        target: the restored copy.
+        engine: the copy's database.
+        check: the check of the backup the copy was restored from.
+        tally: the distinct events of the messages restored.
+        agents: the drill's ``--agent`` entry points (besides ``BLACKBOX_AGENTS``).
+    """
 
     def __init__(
         self,
@@ -58,13 +75,18 @@ class DrillChecks:
         target: Target,
         engine: Engine,
         check: StoreCheck,
-        produced: Mapping[int, int],
+        tally: EventTally,
+        *,
+        agents: Sequence[str] = (),
     ) -> None:
         self._production = production
         self._target = target
         self._engine = engine
         self._check = check
-        self._produced = dict(produced)
+        self._tally = tally
+        self._entries = EntryPoints.of(agents)
+        self.skipped = 0
+        """Runs the replay sample skipped (their agents have no entry point)."""
         if check.cut is None:
             raise BackupError("a drill checks a restored cut; this check found none")
 
@@ -114,22 +136,31 @@ class DrillChecks:
         return Check("events per partition", not wrong and not lost, detail, tuple(lost + wrong))
 
     def runs(self) -> Check:
-        counts: dict[str, int] = {}
+        """Per run, the restored views hold the backup's distinct events (a re-delivered
+        copy counted once, a conflicting one failing), the manifests account for every
+        message restored, and the sequences run 1..n."""
+        manifests: dict[str, int] = {}
         for segment in self._check.segments_held():
             for run in segment.runs:
-                counts[run.run_id] = counts.get(run.run_id, 0) + run.count
+                manifests[run.run_id] = manifests.get(run.run_id, 0) + run.count
+        tally = self._tally
         with self._engine.connect() as conn:
             spans = event_spans_txn(conn)
-        wrong: list[str] = []
-        for run_id, count in sorted(counts.items()):
-            indexed, first, last = spans.get(run_id, (0, 0, 0))
-            if indexed != count:
-                wrong.append(f"run {run_id}: manifests {count} events, restored views {indexed}")
-            elif first != 1 or last != indexed:
-                wrong.append(
-                    f"run {run_id}: sequences {first}..{last} for {indexed} events (not 1..n)"
-                )
-        detail = f"{len(counts):,} runs, each counted and contiguous from sequence 1"
+        wrong = list(tally.conflicts)
+        if (more := tally.conflicting - len(tally.conflicts)) > 0:
+            wrong.append(f"... and {more} more conflicting copies")
+        for run_id in sorted(set(manifests) | set(tally.runs)):
+            problem = _run_problem(run_id, manifests.get(run_id, 0), tally, spans)
+            if problem is not None:
+                wrong.append(problem)
+        detail = (
+            f"{len(manifests):,} runs, {tally.events:,} distinct events, each run counted and "
+            "contiguous from sequence 1"
+        )
+        if tally.duplicates:
+            detail += f"; {tally.duplicates:,} re-delivered copies counted once"
+        if tally.conflicting:
+            detail += f"; {tally.conflicting:,} conflicting copies"
         return Check("events per run, contiguous sequences", not wrong, detail, tuple(wrong))
 
     def references(self) -> Check:
@@ -229,29 +260,45 @@ class DrillChecks:
         return Check(name, not wrong, detail, tuple(wrong))
 
     def replay_sample(self, sample: int, purpose: str) -> Check:
-        """Replay ``sample`` runs of the copy. A run that could not be replayed (no entry
-        point, a setup or access problem) fails the check as such, never as a divergence;
-        a run that diverged passes only when it diverges the same way in production."""
+        """Replay ``sample`` runs of the copy, drawn from the agents with an entry point
+        (see :mod:`._drill_sample`); the runs of other agents are counted as skipped. A
+        run that could not be replayed (a setup or access problem) fails the check as
+        such, never as a divergence; a run that diverged passes only when it diverges
+        the same way in production."""
         name = "sample of runs replayed"
         if sample <= 0:
             return Check(name, None, "no sample asked for (--sample 0)")
-        if not os.environ.get("BLACKBOX_AGENTS"):
+        if self._entries.empty:
             return Check(
                 name,
                 False,
                 "could not replay: no entry points; set BLACKBOX_AGENTS (name=module:function,"
-                "...) to the agents' entry points, or give --sample 0",
+                "...) or give --agent, or give --sample 0",
             )
-        args = ["replay", "--all", "--limit", str(sample), "--json", "--purpose", purpose]
-        _code, out, err = self._child(args)
-        lines = [json.loads(line) for line in out.splitlines() if line.strip()]
-        runs = [line for line in lines if line.get("type") == "run"]
+        plan = plan_sample(self._tally.agents, self._entries, sample)
+        self.skipped = plan.skipped_runs
+        runs: list[dict[str, Any]] = []
+        for _agent, args in replay_arguments(plan, self._entries, purpose):
+            _code, out, err = self._child(args)
+            lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+            found = [line for line in lines if line.get("type") == "run"]
+            if not found:
+                return Check(name, False, f"could not replay: {_tail(err)}")
+            runs += found
         if not runs:
-            return Check(name, False, f"could not replay: {_tail(err)}")
+            return Check(
+                name, None, f"no run of an agent with an entry point; {plan.describe_skipped()}"
+            )
+        return self._sample_check(name, runs, plan, purpose)
+
+    def _sample_check(
+        self, name: str, runs: list[dict[str, Any]], plan: SamplePlan, purpose: str
+    ) -> Check:
+        self.skipped += sum(1 for r in runs if r["result"] == "SKIPPED")
         unreplayed = [
-            f"run {r['run_id']}: {r['result']}: {r.get('error') or r.get('skipped') or ''}"
+            f"run {r['run_id']}: {r['result']}: {r.get('error') or ''}"
             for r in runs
-            if r["result"] in ("ERROR", "SKIPPED")
+            if r["result"] == "ERROR"
         ]
         differ = [
             f"run {r['run_id']}: {r['result']} on the restored copy, {theirs} in production"
@@ -260,11 +307,16 @@ class DrillChecks:
             and (theirs := self._production_result(r["run_id"], purpose)) != r["result"]
         ]
         passed = sum(1 for r in runs if r["result"] in ("PASS", "LIMITED"))
-        detail = f"{len(runs)} runs: {passed} passed"
-        if same := len(runs) - passed - len(unreplayed) - len(differ):
+        skipped = sum(1 for r in runs if r["result"] == "SKIPPED")
+        detail = f"{len(runs) - skipped} runs: {passed} passed"
+        if same := len(runs) - skipped - passed - len(unreplayed) - len(differ):
             detail += f", {same} diverged as in production"
         if unreplayed:
             detail += f", {len(unreplayed)} could not be replayed"
+        if plan.skipped_runs:
+            detail += f"; {plan.describe_skipped()}"
+        if skipped:
+            detail += f"; {skipped} runs skipped by replay"
         wrong = tuple(unreplayed + differ)
         return Check(name, not wrong, detail, wrong)
 
@@ -278,6 +330,24 @@ class DrillChecks:
 
     def _child(self, args: list[str]) -> tuple[int, str, str]:
         return _run_child(args, _environment(self._target.settings))
+
+
+def _run_problem(
+    run_id: str, manifests: int, tally: EventTally, spans: Mapping[str, tuple[int, int, int]]
+) -> str | None:
+    """What is wrong with ``run_id`` in the copy, or None."""
+    messages, distinct = tally.copies(run_id), tally.distinct(run_id)
+    if messages != manifests:
+        return f"run {run_id}: manifests {manifests} messages, backup segments {messages}"
+    indexed, first, last = spans.get(run_id, (0, 0, 0))
+    if indexed != distinct:
+        return (
+            f"run {run_id}: backup {distinct} distinct events ({messages} messages), "
+            f"restored views {indexed}"
+        )
+    if first != 1 or last != indexed:
+        return f"run {run_id}: sequences {first}..{last} for {indexed} events (not 1..n)"
+    return None
 
 
 def _environment(settings: Settings) -> dict[str, str]:

@@ -16,6 +16,13 @@ def print_drill(console: Console, report: DrillReport) -> None:
         f"{report.runs:,} runs; target {safe_text(report.target or '-')}"
         + (" (kept)" if report.kept else "")
     )
+    if report.duplicates:
+        console.print(
+            f"{report.duplicates:,} re-delivered copies in the topic (a relay restart "
+            "publishes again what it had not deleted): each counted once"
+        )
+    if report.skipped:
+        console.print(f"{report.skipped:,} runs left out of the replay sample: no entry point")
     stages = Table(title="stages")
     stages.add_column("stage")
     stages.add_column("seconds", justify="right")

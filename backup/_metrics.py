@@ -41,6 +41,24 @@ class BackupMetrics:
             labels,
             registry=self.registry,
         )
+        self._store_up = Gauge(
+            "blackbox_backup_store_up",
+            "1 while the backup store answers, 0 during an outage (cuts are retried).",
+            labels,
+            registry=self.registry,
+        )
+        self._outage = Gauge(
+            "blackbox_backup_store_outage_seconds",
+            "How long the backup store has been unreachable (0 when it answers).",
+            labels,
+            registry=self.registry,
+        )
+        self._failed = Counter(
+            "blackbox_backup_cut_failures",
+            "Attempts to write a cut that failed and are retried (store, database, broker).",
+            labels,
+            registry=self.registry,
+        )
         self._topic = topic
 
     def lag(self, partition: int, messages: int) -> None:
@@ -53,3 +71,10 @@ class BackupMetrics:
 
     def lost(self, messages: int) -> None:
         self._lost.labels(topic=self._topic).inc(messages)
+
+    def store_outage(self, *, up: bool, seconds: float) -> None:
+        self._store_up.labels(topic=self._topic).set(1 if up else 0)
+        self._outage.labels(topic=self._topic).set(seconds)
+
+    def cut_failed(self) -> None:
+        self._failed.labels(topic=self._topic).inc()

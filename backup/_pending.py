@@ -34,7 +34,7 @@ class PendingCut:
     def resume(self, read: Mapping[int, int], lost: Iterable[LostRange]) -> None:
         """Start reading at ``read``, with ``lost`` already found missing."""
         self.read = dict(read)
-        self.lost.extend(lost)
+        self.lost = list(lost)
 
     def expected(self, partition: int, offset: int) -> int:
         """The offset that should come next in ``partition`` (``offset`` when nothing

@@ -40,6 +40,7 @@ from agent_blackbox.backup._snapshot import (
     decode_table,
 )
 from agent_blackbox.backup._store import BackupStore
+from agent_blackbox.backup._tally import EventTally
 from agent_blackbox.backup._verify import fetch_blob, fetch_checked
 from agent_blackbox.broker import kafka_errors, new_producer, producer_config
 from agent_blackbox.outbox.lifecycle import scrub_shredded_runs_txn
@@ -145,9 +146,11 @@ def produce_events(
     *,
     selection: Selection = EVERYTHING,
     progress: Progress | None = None,
+    tally: EventTally | None = None,
 ) -> dict[int, int]:
     """Produce every message of ``segments`` to ``settings.topic``, on its own
-    partition, in offset order; returns the count per partition.
+    partition, in offset order; returns the count per partition. Each message is also
+    counted into ``tally`` when given (distinct events, re-delivered copies, conflicts).
 
     Raises:
         BackupCorrupt: a segment is missing or not what its manifest says.
@@ -169,6 +172,8 @@ def produce_events(
                 if not selection.admits(run_id):
                     continue
                 _produce(producer, settings.topic, segment.partition, message, delivered)
+                if tally is not None:
+                    tally.add(message.value)
                 counts[segment.partition] = counts.get(segment.partition, 0) + 1
             if progress is not None:
                 progress(done, len(segments))

@@ -7,15 +7,18 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from agent_blackbox.backup._store import ObjectMissing, StoreError, check_key
+from agent_blackbox.backup._store import ObjectMissing, StoreError, StoreUnreachable, check_key
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _NO_BUCKET = {"NoSuchBucket"}
+# What a store says when it is there but cannot serve now (overloaded, starting, failing).
+_UNAVAILABLE = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown"}
 _REFUSED = {
     "AccessDenied",
     "InvalidAccessKeyId",
@@ -114,15 +117,22 @@ class S3Store:
     def _translate(self, exc: Exception, verb: str, key: str) -> StoreError:
         where = self.describe()
         if isinstance(exc, EndpointConnectionError):
-            return StoreError(
+            return StoreUnreachable(
                 f"could not reach {where} to {verb} {key!r}: is the object store running, "
                 "and is the endpoint in BLACKBOX_BACKUP_URL right?"
             )
+        if isinstance(exc, (BotoConnectionError, HTTPClientError)):
+            return StoreUnreachable(f"lost the connection to {where} to {verb} {key!r}: {exc}")
         code = (
             str(exc.response.get("Error", {}).get("Code", ""))
             if isinstance(exc, ClientError)
             else ""
         )
+        if code in _UNAVAILABLE:
+            return StoreUnreachable(
+                f"{where} cannot serve now ({code}) to {verb} {key!r}: it is overloaded or "
+                "failing; retry later"
+            )
         if code in _MISSING:
             return ObjectMissing(key, where)
         if code in _NO_BUCKET:

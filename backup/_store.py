@@ -21,6 +21,11 @@ class StoreError(BlackboxError):
     no such bucket or folder, a bad key); the message says which and what to do."""
 
 
+class StoreUnreachable(StoreError):
+    """The store did not answer, or answered that it cannot serve now (a connection
+    refused or timed out, a 5xx such as 503 Slow Down): worth trying again later."""
+
+
 class ObjectMissing(StoreError):
     """No object under that key."""
 

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from confluent_kafka import Message as KafkaMessage
@@ -30,13 +30,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._chain import head_manifest
 from agent_blackbox.backup._cut import CutWriter
-from agent_blackbox.backup._errors import BackupError
+from agent_blackbox.backup._errors import BackupDiverged, BackupError
 from agent_blackbox.backup._manifest import Manifest
 from agent_blackbox.backup._metrics import BackupMetrics
+from agent_blackbox.backup._outage import RetryPolicy, StoreOutage
 from agent_blackbox.backup._pending import PendingCut
 from agent_blackbox.backup._position import BackupPosition
 from agent_blackbox.backup._snapshot import SnapshotTaker
-from agent_blackbox.backup._store import BackupStore
+from agent_blackbox.backup._store import BackupStore, StoreUnreachable
 from agent_blackbox.backup._store_lock import StoreLock
 from agent_blackbox.backup._topic_reader import TopicReader
 from agent_blackbox.broker import KafkaUnavailable, watermarks
@@ -57,8 +58,8 @@ class BackupPolicy:
     """...or once the oldest buffered message waited this long."""
     batch: int = 5_000
     """Messages taken from Kafka per poll."""
-    retry_seconds: float = 5.0
-    """Wait before trying a failed cut again (the buffers are kept)."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """How a failed cut is tried again, and how long an unreachable store is waited for."""
 
     def __post_init__(self) -> None:
         if self.roll_bytes < 1 or self.roll_seconds <= 0 or self.batch < 1:
@@ -121,6 +122,7 @@ class BackupWriter:
         self._engine = engine or SERVICE_POOL.engine(settings.database_url)
         self._policy = policy or BackupPolicy()
         self.metrics = metrics or BackupMetrics(topic=settings.topic)
+        self._outage = StoreOutage(self._policy.retry, self.metrics, store=store.describe())
         self.group_id = backup_group(store)
         self._lock = StoreLock(self._engine, name=self.group_id, store=store.describe())
         self._reader = TopicReader(settings, group_id=self.group_id)
@@ -173,6 +175,26 @@ class BackupWriter:
             self.close()
             raise
 
+    def open_riding_outages(self, stop: threading.Event) -> bool:
+        """:meth:`open`, tried again with back-off while the store is unreachable (as
+        :meth:`run` retries a cut); False when ``stop`` was set before it opened.
+
+        Raises:
+            StoreOutageTooLong: the store stayed unreachable for the policy's
+                ``give_up_after_s``.
+            BackupBusy, BackupDiverged, KafkaUnavailable, StoreError, BackupError: as
+                :meth:`open`.
+        """
+        while not stop.is_set():
+            try:
+                self.open()
+            except StoreUnreachable as exc:
+                stop.wait(self._outage.failed(exc))
+                continue
+            self._outage.succeeded()
+            return True
+        return False
+
     def close(self) -> None:
         """Leave Kafka and release the store (buffered messages not in a cut are read
         again by the next writer)."""
@@ -186,27 +208,54 @@ class BackupWriter:
     def run(
         self, stop: threading.Event, *, on_cut: Callable[[Manifest], None] | None = None
     ) -> None:
-        """Back up until ``stop`` is set, writing a cut whenever the policy says; a cut
-        that fails (store or database away) is tried again with the buffers kept. On
-        stop, what is buffered is written as a last cut."""
-        retry_at = 0.0
+        """Back up until ``stop`` is set, writing a cut whenever the policy says. On
+        stop, what is buffered is written as a last cut.
+
+        A cut that fails (store, database or broker away) is tried again with a capped
+        exponential back-off, AS IT WAS: no message is read meanwhile, so the retry
+        writes the same segments (those already stored are not uploaded again) and the
+        cuts before and after it neither overlap nor leave a gap.
+
+        Raises:
+            StoreOutageTooLong: the store stayed unreachable for the policy's
+                ``give_up_after_s`` (see :mod:`._outage`).
+            BackupDiverged: another writer moved the offsets.
+        """
+        retry_at: float | None = None
         while not stop.is_set():
-            self.poll(0.5)
-            if self._due() and time.monotonic() >= retry_at:
-                try:
-                    manifest = self.cut()
-                except (BackupError, KafkaUnavailable) as exc:
-                    log.warning(
-                        "backup cut failed, retrying in %.0f s: %s", self._policy.retry_seconds, exc
-                    )
-                    retry_at = time.monotonic() + self._policy.retry_seconds
+            if retry_at is None:
+                self.poll(0.5)
+            else:  # a failed cut waits for its retry; nothing more is read meanwhile
+                self._outage.tick()
+                stop.wait(max(0.0, min(0.5, retry_at - time.monotonic())))
+                if time.monotonic() < retry_at or stop.is_set():
                     continue
-                if on_cut is not None:
-                    on_cut(manifest)
+            if retry_at is None and not self._due():
+                continue
+            retry_at = self._attempt_cut(on_cut)
         if self.buffered:
             manifest = self.cut()
             if on_cut is not None:
                 on_cut(manifest)
+
+    def _attempt_cut(self, on_cut: Callable[[Manifest], None] | None) -> float | None:
+        """Write a cut; None when it was written, else when to try again."""
+        try:
+            manifest = self.cut()
+        except StoreUnreachable as exc:
+            self.metrics.cut_failed()
+            return time.monotonic() + self._outage.failed(exc)
+        except (BackupError, KafkaUnavailable) as exc:
+            if isinstance(exc, BackupDiverged):
+                raise
+            self.metrics.cut_failed()
+            wait = self._outage.other_failure()
+            log.warning("backup cut failed, retrying in %.0f s: %s", wait, exc)
+            return time.monotonic() + wait
+        self._outage.succeeded()
+        if on_cut is not None:
+            on_cut(manifest)
+        return None
 
     def catch_up(
         self,

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from agent_blackbox.backup import (
     BackupPolicy,
+    BackupStore,
     BackupWriter,
     Manifest,
     StoreCheck,
@@ -23,6 +24,7 @@ from agent_blackbox.backup import (
     plan_prune,
     prune,
 )
+from agent_blackbox.backup._outage import GIVE_UP_ENV, RetryPolicy
 from agent_blackbox.backup._prune import horizon_note
 from agent_blackbox.broker import settle_heap
 from agent_blackbox.cli._wiring import wired
@@ -41,6 +43,7 @@ from agent_blackbox.cli.commands.recovery import (
 )
 from agent_blackbox.consumers import RetentionPolicy
 from agent_blackbox.schemas import (
+    SPAN_SECONDS,
     BlackboxError,
     CheckpointSigner,
     CheckpointVerifier,
@@ -50,6 +53,28 @@ from agent_blackbox.schemas import (
 )
 
 _PROGRESS_EVERY_S = 2.0
+
+
+class _Span(click.ParamType[float]):
+    """A length of time: a whole number of seconds, or a number and a unit (s, m, h)."""
+
+    name = "span"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        text = str(value).strip().lower()
+        number, unit = (text, 1)
+        if text[-1:] in ("s", "m", "h"):
+            number, unit = text[:-1], SPAN_SECONDS[text[-1]]
+        if not number.isdigit() or int(number) == 0:
+            self.fail(f"{value!r}: give a length of time such as 90s, 15m or 2h", param, ctx)
+        return float(int(number) * unit)
+
+
+_SPAN = _Span()
 
 
 @click.group("backup")
@@ -74,41 +99,85 @@ def backup_group() -> None:
     type=click.IntRange(min=1),
     help="Write a cut once this many MB are buffered.",
 )
+@click.option(
+    "--give-up-after",
+    "give_up_after",
+    envvar=GIVE_UP_ENV,
+    default="15m",
+    show_default=True,
+    type=_SPAN,
+    help="While the store is unreachable the backup retries with back-off (up to 10 s "
+    "apart), logging once a minute; it exits 2 once an outage lasted this long (90s, "
+    f"15m, 2h; env {GIVE_UP_ENV}).",
+)
 @metrics_port_option
 def backup_run(
-    url: str | None, once: bool, roll_seconds: float, roll_mb: int, metrics_port: int | None
+    url: str | None,
+    once: bool,
+    roll_seconds: float,
+    roll_mb: int,
+    give_up_after: float,
+    metrics_port: int | None,
 ) -> None:
     """Back up the events topic with the write side's keys, ledger, checkpoints and
     blobs, until SIGTERM or Ctrl-C (or, with --once, up to the topic's end).
 
     Manifests are signed with the checkpoint signer's key (BLACKBOX_SIGNING_KEY_FILE).
+    An outage of the store is ridden out (see --give-up-after): the cut that failed is
+    written once the store answers, and the backup goes on from there. Gauges:
+    blackbox_backup_store_up, blackbox_backup_store_outage_seconds.
     """
     console = safe_console(stderr=True, log_path=False)
     settings = wired().settings
     try:
-        policy = BackupPolicy(roll_bytes=roll_mb * 1024 * 1024, roll_seconds=roll_seconds)
+        policy = BackupPolicy(
+            roll_bytes=roll_mb * 1024 * 1024,
+            roll_seconds=roll_seconds,
+            retry=RetryPolicy(give_up_after_s=give_up_after),
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     started = time.monotonic()
+    written = 0
     try:
         store = open_store(url)
         signer = CheckpointSigner.from_env()
-        with BackupWriter(settings, store, signer=signer, policy=policy) as writer:
-            serve_metrics(metrics_port, writer.metrics.registry)
-            console.log(f"backing up [bold]{settings.topic}[/] to {safe_text(store.describe())}")
-            settle_heap()
-            if once:
-                manifest = writer.catch_up(progress=_Progress(console, "read", "messages"))
-                _say_cut(console, manifest)
-            else:
-                stop = threading.Event()
-                with stop_on_signals(stop):
-                    writer.run(stop, on_cut=lambda m: _say_cut(console, m))
+        writer = BackupWriter(settings, store, signer=signer, policy=policy)
+        serve_metrics(metrics_port, writer.metrics.registry)
+        if once:
+            with writer:
+                written = _once(console, settings.topic, writer, store)
+        else:
+            written = _continuously(console, settings.topic, writer, store)
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise
         could_not_run(console, exc)
-    click.echo(f"{writer.written:,} events backed up in {time.monotonic() - started:.1f} s")
+    click.echo(f"{written:,} events backed up in {time.monotonic() - started:.1f} s")
+
+
+def _once(console: Console, topic: str, writer: BackupWriter, store: BackupStore) -> int:
+    console.log(f"backing up [bold]{topic}[/] to {safe_text(store.describe())}")
+    settle_heap()
+    manifest = writer.catch_up(progress=_Progress(console, "read", "messages"))
+    _say_cut(console, manifest)
+    return writer.written
+
+
+def _continuously(console: Console, topic: str, writer: BackupWriter, store: BackupStore) -> int:
+    """Run ``writer`` until a signal; an unreachable store is waited for, also at the
+    start (see --give-up-after)."""
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        if not writer.open_riding_outages(stop):
+            return 0
+        try:
+            console.log(f"backing up [bold]{topic}[/] to {safe_text(store.describe())}")
+            settle_heap()
+            writer.run(stop, on_cut=lambda m: _say_cut(console, m))
+        finally:
+            writer.close()
+    return writer.written
 
 
 class _Progress:

@@ -32,6 +32,7 @@ from agent_blackbox.backup import (
     run_drill,
 )
 from agent_blackbox.backup._partial import RESTORE_PREFIX
+from agent_blackbox.backup._tally import EventTally
 from agent_blackbox.backup._target import existing_target
 from agent_blackbox.cli._wiring import wired
 from agent_blackbox.keystore import purpose_problem
@@ -145,7 +146,15 @@ def interrupted_as_keyboard() -> Iterator[None]:
     default=20,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Runs to replay on the restored copy (entry points from BLACKBOX_AGENTS; 0: none).",
+    help="Runs to replay on the restored copy, drawn from the agents with an entry point "
+    "(BLACKBOX_AGENTS or --agent; the others' runs are counted as skipped; 0: none).",
+)
+@click.option(
+    "--agent",
+    "agents",
+    multiple=True,
+    help="An entry point for the replay sample: module:function for every agent, or "
+    "NAME=module:function for one (repeatable; besides BLACKBOX_AGENTS).",
 )
 @click.option(
     "--keep", is_flag=True, help="Leave the restored copy in place (credentials to a file)."
@@ -163,6 +172,7 @@ def drill_command(
     url: str | None,
     at: datetime | None,
     sample: int,
+    agents: tuple[str, ...],
     keep: bool,
     purpose: str,
     as_json: bool,
@@ -187,7 +197,12 @@ def drill_command(
     if (problem := purpose_problem(purpose)) is not None:
         raise click.BadParameter(problem, param_hint="--purpose")
     options = DrillOptions(
-        at=aware(at), sample=sample, keep=keep, purpose=purpose, trust_cut=trust_cut
+        at=aware(at),
+        sample=sample,
+        keep=keep,
+        purpose=purpose,
+        trust_cut=trust_cut,
+        agents=agents,
     )
     try:
         store = open_store(url)
@@ -251,7 +266,8 @@ def restore_command(
     The backup is checked first, as `backup verify` checks it; a store whose newest
     manifests were removed is refused unless --trust-cut names the cut to restore.
 
-    Exit status: 0 restored (or dropped), 1 the backup failed its check, 2 could not run.
+    Exit status: 0 restored (or dropped), 1 the backup failed its check or holds a
+    conflicting copy of an event (the copy is kept to look at), 2 could not run.
     """
     console = safe_console(stderr=True, log_path=False)
     quiet_views()
@@ -291,12 +307,29 @@ def restore_command(
         f"restored {len(result.runs)} runs ({result.copy.events:,} events, "
         f"{result.copy.blobs} blobs) from {result.cut} into {safe_text(result.target.describe())}"
     )
+    _say_copies(out, result.copy.tally)
     if missing := sorted(request.run_ids - set(result.runs)):
         out.print(f"[yellow]not in the backup:[/] {safe_text(', '.join(missing))}")
     out.print(f"credentials in {env_path} (owner-only); look at it with e.g.")
     source = env_path if env_path.is_absolute() or env_path.parent != Path() else f"./{env_path}"
     out.print(f"  . {source} && blackbox timeline {result.runs[0]}")
     out.print(f"drop it with: blackbox restore --into {into} --drop")
+    if result.copy.tally.conflicting:
+        sys.exit(1)
+
+
+def _say_copies(out: Console, tally: EventTally) -> None:
+    """The re-delivered copies (a figure) and the conflicting ones (a finding)."""
+    if tally.duplicates:
+        out.print(f"{tally.duplicates:,} re-delivered copies in the backup, each counted once")
+    if tally.conflicting:
+        out.print(
+            f"[red]conflicting copies:[/] {tally.conflicting:,} messages claim a run's "
+            "sequence with another event id or other bytes (the views keep the first and "
+            "list the others as integrity violations):"
+        )
+        for line in tally.conflicts:
+            out.print(f"  {safe_text(line)}")
 
 
 def _drop(

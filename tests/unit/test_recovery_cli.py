@@ -20,6 +20,8 @@ from agent_blackbox.cli import main
         (["restore", "--into", "case42", "--purpose", "a real purpose"], "say which runs"),
         (["restore", "--into", "case42", "--runs", "r", "--since", "2999-01-01"], "future"),
         (["backup", "run", "--roll-seconds", "0"], "--roll-seconds"),
+        (["backup", "run", "--give-up-after", "soon"], "such as 90s, 15m or 2h"),
+        (["backup", "run", "--give-up-after", "0m"], "such as 90s, 15m or 2h"),
         (["drill", "--drop", "production"], "not a copy this command made"),
     ],
 )
