@@ -311,6 +311,11 @@ class LocalKafka(ChildService):
         return f"{_MAIN_CLASS} {self.properties_path}"
 
     @property
+    def node_id(self) -> int:
+        """The node's ``node.id`` in its cluster."""
+        return self._node_id
+
+    @property
     def controller_port(self) -> int:
         """The node's KRaft controller port."""
         return self._controller_port
