@@ -14,6 +14,11 @@ from agent_blackbox.broker._errors import CHECK_BROKER, KafkaUnavailable, descri
 from agent_blackbox.schemas import Settings
 
 _MAX_DLQ_PARTITIONS = 3
+_REPLICATED = 3
+"""The replication factor of a cluster of three brokers or more, when none is set."""
+_MIN_IN_SYNC = 2
+"""In sync replicas a replicated topic requires for a write: one broker may be away and
+writes go on; with two away, producers wait instead of trusting a single copy."""
 
 
 def ensure_topics(
@@ -23,11 +28,14 @@ def ensure_topics(
     client_config: ClientConfig | None = None,
     timeout_s: float = 30.0,
 ) -> None:
-    """Create the topics of ``topics`` (name → partitions) that are missing, each with
-    ``settings.replication_factor``; by default the event topic (``settings.partitions``)
-    and its dead-letter topic (1 to 3 partitions). A topic that exists, or that someone
-    else creates first, is left as it is. Returns once the broker reports every topic
-    with leaders; a broker still starting is asked again until ``timeout_s``.
+    """Create the topics of ``topics`` (name → partitions) that are missing; by default
+    the event topic (``settings.partitions``) and its dead-letter topic (1 to 3
+    partitions). Each gets ``settings.replication_factor`` replicas, or when it is unset
+    (0) three on a cluster of three brokers or more and one otherwise; a topic of three
+    replicas or more requires two in sync for a write (``min.insync.replicas=2``). A topic
+    that exists, or that someone else creates first, is left as it is. Returns once the
+    broker reports every topic with leaders; a broker still starting is asked again until
+    ``timeout_s``.
 
     Raises:
         KafkaUnavailable: the broker is unreachable or refused to create a topic.
@@ -37,7 +45,8 @@ def ensure_topics(
     deadline = time.monotonic() + timeout_s
     missing = [name for name in wanted if not _has_leaders(admin, name, deadline)]
     if missing:
-        _create(admin, {name: wanted[name] for name in missing}, settings, deadline)
+        replicas = settings.replication_factor or _replicas_for(admin, deadline)
+        _create(admin, {name: wanted[name] for name in missing}, settings, replicas, deadline)
         _await_leaders(admin, missing, deadline)
 
 
@@ -49,13 +58,36 @@ def default_topics(settings: Settings) -> dict[str, int]:
     }
 
 
+def topic_replication(replicas: int) -> dict[str, str]:
+    """The topic-level settings of a topic with ``replicas`` replicas."""
+    return {"min.insync.replicas": str(_MIN_IN_SYNC)} if replicas >= _REPLICATED else {}
+
+
+def _replicas_for(admin: AdminClient, deadline: float) -> int:
+    """3 on a cluster that reports three brokers or more, else 1."""
+    try:
+        metadata = admin.list_topics(timeout=max(0.1, deadline - time.monotonic()))
+    except KafkaException as exc:
+        raise KafkaUnavailable(
+            f"cannot read the cluster's brokers: {describe(exc)}; {CHECK_BROKER}"
+        ) from exc
+    return _REPLICATED if len(metadata.brokers) >= _REPLICATED else 1
+
+
 def _create(
-    admin: AdminClient, wanted: dict[str, int], settings: Settings, deadline: float
+    admin: AdminClient,
+    wanted: dict[str, int],
+    settings: Settings,
+    replicas: int,
+    deadline: float,
 ) -> None:
     pause = threading.Event()
     for name, partitions in wanted.items():
         new = NewTopic(
-            name, num_partitions=partitions, replication_factor=settings.replication_factor
+            name,
+            num_partitions=partitions,
+            replication_factor=replicas,
+            config=topic_replication(replicas),
         )
         while True:
             remaining = deadline - time.monotonic()

@@ -34,9 +34,11 @@ class Settings:
     partitions: int = 12
     """The topic's partition count when the relay creates it. Choose it before the topic
     holds data: more partitions later move runs to other partitions."""
-    replication_factor: int = 1
-    """The topic's replication factor when the relay creates it (3 on a production
-    cluster)."""
+    replication_factor: int = 0
+    """The topics' replication factor when the relay or a consumer creates them. Unset
+    (0): 3 when the cluster reports three brokers or more, else 1. A topic created with
+    three replicas or more requires two in sync for a write (``min.insync.replicas=2``),
+    so an event acknowledged to the relay (``acks=all``) is on two brokers at least."""
     outbox_shards: int = 16
     """How many shards the outbox is split into, each read by the one relay leasing it.
     Writers and relays must agree; change it only with an empty outbox."""

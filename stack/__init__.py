@@ -1,7 +1,8 @@
 """The local development stack, without Docker: PostgreSQL, Kafka and (optionally) S3Proxy.
 
 PostgreSQL comes from the machine's Debian package and is initialised into a cache folder;
-Kafka (one KRaft node) runs from the official jars, fetched once with Maven; S3Proxy, an
+Kafka (one KRaft node, or three replicating nodes with ``up(brokers=3)``) runs from the
+official jars, fetched once with Maven; S3Proxy, an
 S3-compatible object store for backups, runs from its jar the same way, only when asked
 for. Everything (data, logs, pid files, sockets) lives under one cache folder and a set of
 ports, so several stacks can run side by side::
@@ -24,6 +25,7 @@ from pathlib import Path
 from rich.console import Console
 
 from agent_blackbox.schemas import safe_console
+from agent_blackbox.stack._cluster import LocalKafkaCluster
 from agent_blackbox.stack._kafka import LocalKafka
 from agent_blackbox.stack._postgres import LocalPostgres
 from agent_blackbox.stack._process import (
@@ -44,6 +46,7 @@ from agent_blackbox.stack._web import LocalWeb
 __all__ = [
     "Endpoints",
     "LocalKafka",
+    "LocalKafkaCluster",
     "LocalPostgres",
     "LocalS3",
     "LocalStack",
@@ -97,6 +100,9 @@ class LocalStack:
         cache, chosen = self._settings.cache_dir, self._settings.ports
         self.postgres = LocalPostgres(cache, chosen.postgres, console=self._console)
         self.kafka = LocalKafka(cache, chosen.kafka, chosen.controller, console=self._console)
+        self.kafka_cluster = LocalKafkaCluster(
+            cache, chosen.kafka, chosen.controller, console=self._console
+        )
         self.s3 = LocalS3(cache, chosen.s3, console=self._console)
         self.web = LocalWeb(cache, chosen.console, console=self._console)
 
@@ -105,11 +111,14 @@ class LocalStack:
         """The cache folder, ports and overrides in effect."""
         return self._settings
 
-    def up(self, *, with_s3: bool = False) -> Endpoints:
+    def up(self, *, with_s3: bool = False, brokers: int | None = None) -> Endpoints:
         """Start whatever is not running yet; a no-op for services already up.
 
         Args:
             with_s3: Also start S3Proxy, the object store for backups.
+            brokers: 1 for a single Kafka broker, 3 for a three-node cluster (replication
+                factor 3, ``min.insync.replicas=2``); by default the cluster when it
+                already runs, else one broker.
 
         Returns:
             The endpoints, external ones included.
@@ -117,10 +126,15 @@ class LocalStack:
         Raises:
             StackError: a service could not be installed, started or reached.
         """
+        clustered = self._clustered(brokers)
+        nodes = self.kafka_cluster.nodes
+        kafka_names = {node.name for node in nodes} if clustered else {self.kafka.name}
         before = [
             entry
-            for entry in self.status()
-            if (with_s3 or entry.name != self.s3.name) and entry.name != self.web.name
+            for entry in self.status(clustered=clustered)
+            if (with_s3 or entry.name != self.s3.name)
+            and entry.name != self.web.name
+            and (entry.name in kafka_names or not entry.name.startswith("kafka"))
         ]
         database_url = self._settings.external_database_url
         if database_url is None:
@@ -131,13 +145,38 @@ class LocalStack:
             )
         bootstrap = self._settings.external_kafka_bootstrap
         if bootstrap is None:
-            bootstrap = self.kafka.start()
+            bootstrap = self._start_kafka(clustered=clustered)
         else:
             self._console.print(f"kafka: external ({bootstrap}), not started")
         backup = self._start_s3() if with_s3 else None
         if all(entry.state != "stopped" for entry in before):
             self._console.print(f"nothing to start: {_states(before)}")
         return Endpoints(database_url=database_url, kafka_bootstrap=bootstrap, backup=backup)
+
+    def _clustered(self, brokers: int | None) -> bool:
+        if brokers is None:
+            return self.kafka_cluster.is_running()
+        if brokers not in (1, 3):
+            raise StackError(f"--brokers must be 1 or 3, got {brokers}.")
+        return brokers == 3
+
+    def _start_kafka(self, *, clustered: bool) -> str:
+        """The single broker or the cluster; refuses to start one while the other runs
+        (they share the first ports)."""
+        cache = self._settings.cache_dir
+        if clustered and self.kafka.is_running():
+            raise StackError(
+                f"A single Kafka broker runs from {cache} at {self.kafka.bootstrap}: stop it "
+                "with `blackbox stack down` (its data is kept), then `blackbox stack up "
+                "--brokers 3`."
+            )
+        if not clustered and self.kafka_cluster.is_running():
+            raise StackError(
+                f"A three-broker Kafka cluster runs from {cache} at "
+                f"{self.kafka_cluster.bootstrap}: use `blackbox stack up --brokers 3`, or "
+                "stop it with `blackbox stack down` first (its data is kept)."
+            )
+        return self.kafka_cluster.start() if clustered else self.kafka.start()
 
     def _start_s3(self) -> S3Endpoint | None:
         backup_url = self._settings.external_backup_url
@@ -166,7 +205,11 @@ class LocalStack:
             self._console.print(f"s3: external ({redact_url(backup_url)}), left alone")
         bootstrap = self._settings.external_kafka_bootstrap
         if bootstrap is None:
-            self.kafka.stop()
+            cluster_ran = self.kafka_cluster.is_running()
+            if cluster_ran:
+                self.kafka_cluster.stop()
+            if not cluster_ran or self.kafka.is_running():
+                self.kafka.stop()
         else:
             self._console.print(f"kafka: external ({bootstrap}), left alone")
         database_url = self._settings.external_database_url
@@ -177,23 +220,38 @@ class LocalStack:
         if not s3_running and all(entry.state != "running" for entry in before):
             self._console.print(f"nothing to stop: {_states(before)}")
 
-    def status(self) -> list[ServiceStatus]:
-        """One entry per service: running, stopped, or external."""
+    def status(self, *, clustered: bool | None = None) -> list[ServiceStatus]:
+        """One entry per service: running, stopped, or external.
+
+        Args:
+            clustered: List the three nodes of the Kafka cluster (``kafka-1`` ...)
+                besides the single broker; by default when the cluster was ever started
+                from this cache folder.
+        """
         database_url = self._settings.external_database_url
-        bootstrap = self._settings.external_kafka_bootstrap
         backup_url = self._settings.external_backup_url
+        if clustered is None:
+            clustered = self.kafka_cluster.exists()
         return [
             self.postgres.status()
             if database_url is None
             else ServiceStatus("postgres", "external", None, redact_password(database_url), None),
-            self.kafka.status()
-            if bootstrap is None
-            else ServiceStatus("kafka", "external", None, bootstrap, None),
+            *self._kafka_status(clustered=clustered),
             self.s3.status()
             if backup_url is None
             else ServiceStatus(self.s3.name, "external", None, redact_url(backup_url), None),
             self.web.status(),
         ]
+
+    def _kafka_status(self, *, clustered: bool) -> list[ServiceStatus]:
+        bootstrap = self._settings.external_kafka_bootstrap
+        if bootstrap is not None:
+            return [ServiceStatus("kafka", "external", None, bootstrap, None)]
+        if not clustered:
+            return [self.kafka.status()]
+        # The single broker is left out of a cluster's listing unless it ever ran here.
+        single = [self.kafka.status()] if self.kafka.data_dir.exists() else []
+        return [*single, *self.kafka_cluster.status()]
 
 
 def _states(statuses: list[ServiceStatus]) -> str:

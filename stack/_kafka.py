@@ -1,5 +1,7 @@
-"""A single-node Apache Kafka broker (KRaft, broker and controller in one JVM).
+"""An Apache Kafka node in KRaft mode, broker and controller in one JVM.
 
+Alone it is the single-node cluster of the default stack; three of them (see
+``stack._cluster``) form a replicated cluster whose controller quorum has three voters.
 The broker runs from the official jars, which Maven copies once into
 ``<cache>/kafka/jars``; later starts need neither Maven nor the network. Layout under
 ``<cache>/kafka``: ``jars/``, ``data/`` (log.dirs), ``logs/`` (``server.log`` from log4j2
@@ -10,9 +12,12 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import secrets
+import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
@@ -24,6 +29,7 @@ from agent_blackbox.stack._maven import MavenJars
 from agent_blackbox.stack._process import (
     ChildService,
     PidFile,
+    ServiceError,
     file_size,
     find_java,
     require_free_port,
@@ -62,29 +68,60 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
-def render_server_properties(*, port: int, controller_port: int, log_dir: Path) -> str:
-    """``server.properties`` for a one-node cluster listening on loopback only."""
+def read_cluster_id(data_dir: Path) -> str | None:
+    """The ``cluster.id`` of the storage formatted in ``data_dir``, or ``None``."""
+    try:
+        meta = (data_dir / "meta.properties").read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    for line in meta.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "cluster.id":
+            return value.strip()
+    return None
+
+
+def render_server_properties(
+    *,
+    port: int,
+    controller_port: int,
+    log_dir: Path,
+    node_id: int = 1,
+    voters: Mapping[int, int] | None = None,
+) -> str:
+    """``server.properties`` for a node listening on loopback only.
+
+    Args:
+        port: The node's client (PLAINTEXT) port.
+        controller_port: The node's controller port.
+        log_dir: Its ``log.dirs``.
+        node_id: Its ``node.id``.
+        voters: Every voter of the controller quorum, node id → controller port; by
+            default this node alone (a one-node cluster). With three voters or more the
+            internal topics take three replicas and every topic at least two in sync
+            replicas for a write (``min.insync.replicas=2``).
+    """
+    quorum = dict(voters) if voters is not None else {node_id: controller_port}
     settings = {
-        "node.id": "1",
+        "node.id": str(node_id),
         "process.roles": "broker,controller",
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "inter.broker.listener.name": "PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "controller.quorum.voters": ",".join(
+            f"{voter}@127.0.0.1:{voter_port}" for voter, voter_port in sorted(quorum.items())
+        ),
         "log.dirs": str(log_dir),
-        # One broker: every internal topic must make do with a single replica.
-        "offsets.topic.replication.factor": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        **_replication(len(quorum)),
         # Consumers in tests join alone; waiting for more members only adds latency.
         "group.initial.rebalance.delay.ms": "0",
         # After a crash the controller refuses the restarted broker's registration until
         # the dead incarnation's session expires (default 9 s); a short session keeps a
         # kill-and-restart in tests quick. Heartbeats must come well inside the session.
+        # In a cluster the same session bounds how long a frozen or dead leader keeps its
+        # partitions: once fenced, the controller moves leadership and shrinks the ISRs.
         "broker.heartbeat.interval.ms": "500",
         "broker.session.timeout.ms": "3000",
         # Topics are created on purpose, with the partition count the code asks for.
@@ -95,16 +132,53 @@ def render_server_properties(*, port: int, controller_port: int, log_dir: Path) 
     return "# Written by the blackbox stack launcher on every start.\n" + "\n".join(lines) + "\n"
 
 
+def _replication(nodes: int) -> dict[str, str]:
+    """How many copies internal and default topics keep on a cluster of ``nodes``."""
+    if nodes < 3:
+        # One broker: every internal topic must make do with a single replica.
+        return {
+            "offsets.topic.replication.factor": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+        }
+    # Three copies, two of them needed for a write: one node may be away (a restart, a
+    # crash) while producers with acks=all go on; with two away they wait rather than
+    # have a write acknowledged by a single copy. Never elect a replica that fell out
+    # of sync: that would drop acknowledged writes.
+    return {
+        "default.replication.factor": "3",
+        "min.insync.replicas": "2",
+        "unclean.leader.election.enable": "false",
+        "offsets.topic.replication.factor": "3",
+        "transaction.state.log.replication.factor": "3",
+        "transaction.state.log.min.isr": "2",
+        "share.coordinator.state.topic.replication.factor": "3",
+        "share.coordinator.state.topic.min.isr": "2",
+    }
+
+
 class LocalKafka(ChildService):
-    """A one-node Kafka broker for development, owned by one cache folder and two ports.
+    """A Kafka node for development, owned by one cache folder and two ports: a
+    one-node cluster by default, or one node of a cluster (``node_id``, ``voters``).
 
     Args:
-        cache_dir: The stack's cache folder; the broker lives in ``<cache_dir>/kafka``.
+        cache_dir: The stack's cache folder; the broker lives in ``<cache_dir>/<folder>``.
         port: Loopback port of the PLAINTEXT listener clients use.
         controller_port: Loopback port of the KRaft controller listener.
         console: Where progress messages go (stderr by default).
         start_timeout: Seconds to wait for the broker to answer after launch.
         stop_timeout: Seconds to wait for a clean shutdown before SIGKILL.
+        node_id: The node's id in its cluster.
+        voters: The cluster's controller quorum, node id → controller port (this node
+            alone by default).
+        folder: The node's folder under ``cache_dir``.
+        name: How ``status`` and messages call it.
+        cluster_id: The id to format empty storage with (every node of a cluster needs
+            the same); a fresh one by default.
+        jars_dir: Where the Kafka jars are kept (``<cache_dir>/<folder>/jars`` by
+            default); the nodes of a cluster share one copy.
     """
 
     name = "kafka"
@@ -119,15 +193,25 @@ class LocalKafka(ChildService):
         console: Console | None = None,
         start_timeout: float = 120.0,
         stop_timeout: float = 30.0,
+        node_id: int = 1,
+        voters: Mapping[int, int] | None = None,
+        folder: str = "kafka",
+        name: str = "kafka",
+        cluster_id: str | None = None,
+        jars_dir: Path | None = None,
     ) -> None:
-        self._root = cache_dir.resolve() / "kafka"
+        self._root = cache_dir.resolve() / folder
+        self.name = name
         self._port = port
         self._controller_port = controller_port
+        self._node_id = node_id
+        self._voters = dict(voters) if voters is not None else None
+        self._cluster_id = cluster_id
         self._console = console or safe_console(stderr=True, soft_wrap=True)
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
         self._jars = MavenJars(
-            self._root / "jars",
+            jars_dir or self._root / "jars",
             pom=POM,
             service="kafka",
             what="the Kafka jars",
@@ -175,7 +259,7 @@ class LocalKafka(ChildService):
         """
         pid = self.pid()
         if pid is not None:
-            self._console.print(f"kafka: already running (pid {pid}) at {self.bootstrap}")
+            self._console.print(f"{self.name}: already running (pid {pid}) at {self.bootstrap}")
             return self.bootstrap
         self._remove_stale_pid_file()
         require_free_port(self._port, service="Kafka", option="--kafka-port")
@@ -190,9 +274,33 @@ class LocalKafka(ChildService):
         self._launch(java)
         elapsed = time.monotonic() - began
         self._console.print(
-            f"kafka: started (pid {self.pid()}) at {self.bootstrap} in {elapsed:.1f}s"
+            f"{self.name}: started (pid {self.pid()}) at {self.bootstrap} in {elapsed:.1f}s"
         )
         return self.bootstrap
+
+    def install(self) -> None:
+        """Fetch the jars unless a complete copy is there (Maven, first start only).
+
+        Raises:
+            MissingPrerequisiteError: Maven is missing.
+            ServiceError: Maven could not fetch them.
+        """
+        self._jars.ensure()
+
+    def freeze(self) -> None:
+        """SIGSTOP the node: alive but silent, as a node cut off by the network; for
+        fault tests. :meth:`thaw` lets it go on."""
+        self._signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT a node :meth:`freeze` stopped."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, signum: signal.Signals) -> None:
+        pid = self.pid()
+        if pid is None:
+            raise ServiceError(f"{self.name} is not running: nothing to signal")
+        os.kill(pid, signum)
 
     # -- steps of start() ----------------------------------------------------------
 
@@ -202,9 +310,27 @@ class LocalKafka(ChildService):
     def _marker(self) -> str:
         return f"{_MAIN_CLASS} {self.properties_path}"
 
+    @property
+    def node_id(self) -> int:
+        """The node's ``node.id`` in its cluster."""
+        return self._node_id
+
+    @property
+    def controller_port(self) -> int:
+        """The node's KRaft controller port."""
+        return self._controller_port
+
+    def cluster_id(self) -> str | None:
+        """The cluster id its storage was formatted with, ``None`` before the first start."""
+        return read_cluster_id(self.data_dir)
+
     def _properties(self) -> str:
         return render_server_properties(
-            port=self._port, controller_port=self._controller_port, log_dir=self.data_dir
+            port=self._port,
+            controller_port=self._controller_port,
+            log_dir=self.data_dir,
+            node_id=self._node_id,
+            voters=self._voters,
         )
 
     def _jvm(self, java: str, *options: str) -> list[str]:
@@ -213,8 +339,10 @@ class LocalKafka(ChildService):
         return [java, *options, *logging_options, "-cp", self._jars.classpath]
 
     def _format(self, java: str) -> None:
-        cluster_id, properties = new_cluster_id(), str(self.properties_path)
-        self._console.print(f"kafka: formatting storage in {self.data_dir} (cluster {cluster_id})")
+        cluster_id, properties = self._cluster_id or new_cluster_id(), str(self.properties_path)
+        self._console.print(
+            f"{self.name}: formatting storage in {self.data_dir} (cluster {cluster_id})"
+        )
         run_checked(
             [*self._jvm(java), _STORAGE_TOOL, "format", "-t", cluster_id, "-c", properties],
             what="Formatting the Kafka storage",

@@ -121,6 +121,14 @@ def stack_group() -> None:
     is_flag=True,
     help="Also start the run console (blackbox web) on the stack, for this machine only.",
 )
+@click.option(
+    "--brokers",
+    type=click.Choice(["1", "3"]),
+    default=None,
+    help="1: one Kafka broker. 3: a KRaft cluster of three nodes on the Kafka and "
+    "controller ports and the next four (replication factor 3, min.insync.replicas 2). "
+    "[default: the cluster when it runs, else 1]",
+)
 def up(
     cache_dir: Path | None,
     postgres_port: int,
@@ -130,6 +138,7 @@ def up(
     console_port: int,
     with_s3: bool,
     with_console: bool,
+    brokers: str | None,
 ) -> None:
     """Start PostgreSQL and Kafka, and S3Proxy with --with-s3 (a no-op for what already
     runs, and it says so).
@@ -142,7 +151,7 @@ def up(
         cache_dir, postgres_port, kafka_port, controller_port, s3_port, console_port
     )
     try:
-        endpoints = stack.up(with_s3=with_s3)
+        endpoints = stack.up(with_s3=with_s3, brokers=int(brokers) if brokers else None)
         web = (
             stack.web.start(
                 database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap

@@ -91,6 +91,10 @@ class FaultStack:
         shutil.rmtree(self.kafka.data_dir, ignore_errors=True)
         self.postgres.start()
         self.kafka.start()
+        self.make_template()
+
+    def make_template(self) -> None:
+        """Create the migrated, instrumented template database scenarios clone."""
         admin = create_engine(self.postgres.url, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(text(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)"))

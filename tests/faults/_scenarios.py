@@ -41,6 +41,7 @@ def _run(
     body: Callable[[Scenario, Figures, int], None],
     *,
     relays: tuple[str, ...] = ("relay-1",),
+    lease_ttl: float = LEASE_TTL_S,
 ) -> Figures:
     """The common frame: a consumer and relays up, then ``body`` (which drives the load
     and the faults), then the after-heal check."""
@@ -49,7 +50,7 @@ def _run(
     with scenario(stack, name, log_dir) as current:
         current.consumer("views-1")
         for relay_id in relays:
-            current.relay(relay_id, lease_ttl=LEASE_TTL_S)
+            current.relay(relay_id, lease_ttl=lease_ttl)
         body(current, figures, events)
         figures.notes["load_s"] = round(time.monotonic() - started, 1)
         after_heal(current, figures)
