@@ -151,6 +151,29 @@ class LocalPostgres(PidService):
         return f"postgresql+psycopg://{ROLE}@127.0.0.1:{self._port}/{DATABASE}"
 
     @property
+    def port(self) -> int:
+        """The loopback TCP port it listens on."""
+        return self._port
+
+    @property
+    def cache_dir(self) -> Path:
+        """The stack's cache folder this server belongs to."""
+        return self._cache_dir
+
+    @property
+    def socket_dir(self) -> Path:
+        """The folder of its unix socket (the superuser connects there)."""
+        return self._socket_dir()
+
+    def bin_dir(self) -> Path:
+        """The ``bin`` folder of the PostgreSQL version its data directory needs.
+
+        Raises:
+            MissingPrerequisiteError: that version is not installed (and cannot be).
+        """
+        return self._bin_dir()
+
+    @property
     def root(self) -> Path:
         """The folder holding ``data/``, ``run/`` and the server log."""
         primary = self._cache_dir / "postgres"
