@@ -229,7 +229,7 @@ class LocalPostgres(PidService):
         """
         if self.pid() is None:
             self._clear_stale_files()
-            self._console.print("postgres: not running")
+            self._console.print(f"{self.name}: not running")
             return
         argv = [str(self._bin_dir() / "pg_ctl"), "stop", "-D", str(self.data_dir)]
         run_checked(
@@ -238,7 +238,7 @@ class LocalPostgres(PidService):
             hint=f"See {self.log_path}.",
             cwd=self.root,
         )
-        self._console.print("postgres: stopped")
+        self._console.print(f"{self.name}: stopped")
 
     # -- steps of start() ----------------------------------------------------------
 
