@@ -1,16 +1,17 @@
 """A Postgres standby takes over (issue 31, item 5): a primary and a synchronous
 streaming standby of this module's own (the stack launcher's ``PostgresStandby``, free
 ports, its own cache folder; never the shared stack's Postgres), writer threads recording
-runs through the multi-host URL, a ``blackbox relay`` and a ``blackbox consume`` on the
-same URL publishing to the shared Kafka on a fresh topic. The primary's postmaster is
-killed (SIGKILL) under load and the standby promoted; nobody is restarted.
+runs through the multi-host URL, a ``blackbox relay``, a ``blackbox consume`` and a
+``blackbox analytics`` on the same URL, with the shared Kafka and a fresh topic. The
+primary's postmaster is killed (SIGKILL) under load and the standby promoted; nobody is
+restarted.
 
 Afterwards: every event a writer was told was recorded is in the promoted database (the
 outbox trigger's copy) and on the topic; every error a writer heard was a
 ``DatabaseUnavailable`` (``MaybeRecorded`` included), and one that said nothing was
 recorded names an event that is not in the promoted database; the after-heal check holds
-(committed = published, order, views, effects, ``verify --all``). The time from the kill to
-the first write acknowledged again is measured.
+(committed = published, order, views, effects, ``verify --all``) and the analytics views
+caught up. The time from the kill to the first write acknowledged again is measured.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.pool import NullPool
 
-from agent_blackbox.consumers import migrate_views
+from agent_blackbox.consumers import events_index, migrate_views, tool_calls
 from agent_blackbox.outbox import DatabaseUnavailable, EffectOutcome, Recorder, RunSnapshot
 from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings
@@ -215,6 +216,7 @@ def test_standby_takes_over(pair: Pair, tmp_path: Path, replication: str) -> Non
     try:
         relay = current.relay("relay-a")
         consumer = current.consumer("views")
+        analytics = current._spawn("analytics", ["analytics", "--group", f"{settings.topic}.a"])
         writers.start()
         eventually(lambda: writers.events >= BEFORE_KILL, timeout=120, what="writers recording")
         killed = time.monotonic()
@@ -228,6 +230,8 @@ def test_standby_takes_over(pair: Pair, tmp_path: Path, replication: str) -> Non
         figures = after_heal(current, Figures(scenario=f"pg-standby-{replication}"))
         assert relay.process.poll() is None, f"the relay exited: see {relay.log}"
         assert consumer.process.poll() is None, f"the consumer exited: see {consumer.log}"
+        eventually(lambda: _analytics_caught_up(current), timeout=120, what="analytics views")
+        assert analytics.process.poll() is None, f"analytics exited: see {analytics.log}"
     finally:
         writers.stop()
         for worker in current.workers:
@@ -260,6 +264,15 @@ def test_standby_takes_over(pair: Pair, tmp_path: Path, replication: str) -> Non
     if replication == "synchronous":
         assert lost == set(), f"{len(lost)} acknowledged events missing after the failover"
         assert figures.problems() == [], figures.json_line()
+
+
+def _analytics_caught_up(current: Scenario) -> bool:
+    """Whether the analytics consumer has one ``tool_calls`` row per indexed tool call."""
+    indexed = select(func.count()).where(events_index.c.event_type == "tool.call")
+    with current.engine.connect() as conn:
+        expected = conn.execute(indexed).scalar_one()
+        rows = conn.execute(select(func.count()).select_from(tool_calls)).scalar_one()
+    return bool(expected) and rows == expected
 
 
 def _committed(pair: Pair) -> list[tuple[str, int, str]]:
