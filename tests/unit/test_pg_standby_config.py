@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, make_url
 from agent_blackbox.cli.commands.stack import status_table
 from agent_blackbox.schemas import Settings, normalize_database_url
 from agent_blackbox.stack import LocalPostgres, PostgresStandby, ServiceStatus
+from agent_blackbox.stack._settings import StackSettings, redact_password
 from agent_blackbox.stack._standby import STANDBY_NAME, multi_host_url, render_standby_conf
 
 PAIR = "postgresql+psycopg://blackbox@/blackbox?host=127.0.0.1:25432&host=127.0.0.1:25433"
@@ -62,6 +63,17 @@ def test_other_urls_are_kept_character_for_character(url: str) -> None:
 def test_ambiguous_host_lists_are_refused(url: str) -> None:
     with pytest.raises(ValueError, match="database URL"):
         normalize_database_url(url)
+
+
+def test_the_stack_prints_a_multi_host_url_it_was_given_without_its_password(
+    tmp_path: Path,
+) -> None:
+    given = "postgresql+psycopg://u:secret@h1:5432,h2:5433/db?target_session_attrs=read-write"
+    settings = StackSettings.from_env({"BLACKBOX_DATABASE_URL": given}, cache_dir=tmp_path)
+    assert settings.external_database_url == normalize_database_url(given)
+    shown = redact_password(settings.external_database_url or "")
+    assert "secret" not in shown
+    assert "host=h1:5432&host=h2:5433" in shown
 
 
 def test_psycopg_is_handed_libpq_host_and_port_lists() -> None:
