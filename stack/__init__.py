@@ -168,10 +168,10 @@ class LocalStack:
             )
             return standby.start()
         url = self.postgres.start()
-        if pg_standby:
-            standby.start()
+        if pg_standby or standby.is_running():
+            standby.start()  # a no-op for a standby that runs
             return multi_host_url(self.postgres, standby)
-        if standby.exists() and not standby.is_running():
+        if standby.exists():
             # Commits would wait for a standby that is not there.
             standby.require_synchronous(False)
         return url
