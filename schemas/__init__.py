@@ -42,6 +42,7 @@ from agent_blackbox.schemas._compat import (
     incompatibilities,
 )
 from agent_blackbox.schemas._compression import COMPRESSIONS, Compression, split_encoding
+from agent_blackbox.schemas._database_url import normalize_database_url
 from agent_blackbox.schemas._deletion import (
     DELETION_PURPOSE,
     REDACTED_SIGNED_VERSION,
@@ -273,6 +274,7 @@ __all__ = [
     "llm_usage",
     "moment",
     "next_chain_hash",
+    "normalize_database_url",
     "ordered_text",
     "permission_refused",
     "read_checked_file",

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from agent_blackbox.schemas._compression import COMPRESSIONS
+from agent_blackbox.schemas._database_url import normalize_database_url
 from agent_blackbox.schemas._digests import CANONICALISATIONS, NEW_RUNS, Canonicalisation
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://blackbox@127.0.0.1:25432/blackbox"
@@ -24,7 +25,10 @@ class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     """The Postgres database of the write side (``blackbox``) and the views
     (``blackbox_views``), as an SQLAlchemy URL. Unset, with the Kafka bootstrap unset too,
-    it is the local stack's."""
+    it is the local stack's. A primary with standbys is named as libpq names several
+    servers (``postgresql+psycopg://u@h1:5432,h2:5433/db?target_session_attrs=read-write``),
+    which is kept in the equivalent form SQLAlchemy parses
+    (``postgresql+psycopg://u@/db?host=h1:5432&host=h2:5433&...``)."""
     kafka_bootstrap: str = DEFAULT_KAFKA_BOOTSTRAP
     """The Kafka brokers (``host:port``, comma-separated) the relay publishes to and
     every consumer reads from."""
@@ -188,6 +192,8 @@ class Settings:
                 f"BLACKBOX_CANONICAL_JSON={self.canonical_json!r} is not one of "
                 f"{', '.join(CANONICALISATIONS)}"
             )
+        # A primary-and-standby URL (h1:p1,h2:p2) becomes the form SQLAlchemy parses.
+        object.__setattr__(self, "database_url", normalize_database_url(self.database_url))
         on = flag("BLACKBOX_LLM_REQUEST_REFERENCES", self.llm_request_references)
         object.__setattr__(self, "llm_request_references", "on" if on else "off")
 

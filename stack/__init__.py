@@ -41,6 +41,7 @@ from agent_blackbox.stack._settings import (
     redact_password,
     redact_url,
 )
+from agent_blackbox.stack._standby import PostgresStandby, multi_host_url, with_role
 from agent_blackbox.stack._web import LocalWeb
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "LocalS3",
     "LocalStack",
     "MissingPrerequisiteError",
+    "PostgresStandby",
     "S3Endpoint",
     "ServiceError",
     "ServiceStatus",
@@ -99,6 +101,10 @@ class LocalStack:
         self._console = console or safe_console(stderr=True, soft_wrap=True)
         cache, chosen = self._settings.cache_dir, self._settings.ports
         self.postgres = LocalPostgres(cache, chosen.postgres, console=self._console)
+        # The standby takes the next port (only started with --pg-standby).
+        self.postgres_standby = PostgresStandby(
+            self.postgres, chosen.postgres + 1, console=self._console
+        )
         self.kafka = LocalKafka(cache, chosen.kafka, chosen.controller, console=self._console)
         self.kafka_cluster = LocalKafkaCluster(
             cache, chosen.kafka, chosen.controller, console=self._console
@@ -111,7 +117,9 @@ class LocalStack:
         """The cache folder, ports and overrides in effect."""
         return self._settings
 
-    def up(self, *, with_s3: bool = False, brokers: int | None = None) -> Endpoints:
+    def up(
+        self, *, with_s3: bool = False, brokers: int | None = None, pg_standby: bool = False
+    ) -> Endpoints:
         """Start whatever is not running yet; a no-op for services already up.
 
         Args:
@@ -119,6 +127,8 @@ class LocalStack:
             brokers: 1 for a single Kafka broker, 3 for a three-node cluster (replication
                 factor 3, ``min.insync.replicas=2``); by default the cluster when it
                 already runs, else one broker.
+            pg_standby: Also start a streaming standby of PostgreSQL on the next port,
+                which every commit waits for; the database URL then names both servers.
 
         Returns:
             The endpoints, external ones included.
@@ -133,12 +143,19 @@ class LocalStack:
             entry
             for entry in self.status(clustered=clustered)
             if (with_s3 or entry.name != self.s3.name)
+            and (pg_standby or entry.name != self.postgres_standby.name)
             and entry.name != self.web.name
             and (entry.name in kafka_names or not entry.name.startswith("kafka"))
         ]
         database_url = self._settings.external_database_url
         if database_url is None:
-            database_url = self.postgres.start()
+            database_url = self._start_postgres(pg_standby=pg_standby)
+        elif pg_standby:
+            raise StackError(
+                "--pg-standby starts a standby of the local PostgreSQL, but "
+                "BLACKBOX_DATABASE_URL points at a server of your own. Unset it, or give "
+                "--cache-dir or --postgres-port to manage the local servers."
+            )
         else:
             self._console.print(
                 f"postgres: external ({redact_password(database_url)}), not started"
@@ -178,6 +195,46 @@ class LocalStack:
             )
         return self.kafka_cluster.start() if clustered else self.kafka.start()
 
+    def _start_postgres(self, *, pg_standby: bool) -> str:
+        """Start the primary (and the standby); the URL clients should use."""
+        standby = self.postgres_standby
+        if standby.promoted:
+            # The old primary's data is behind the promoted standby: starting it would
+            # give two servers accepting writes.
+            self._console.print(
+                f"postgres: not started: the standby was promoted, and the old primary's "
+                f"data in {self.postgres.root} is behind it. Delete that folder and "
+                f"{standby.root} to start over with a fresh pair."
+            )
+            return standby.start()
+        url = self.postgres.start()
+        if pg_standby or standby.is_running():
+            standby.start()  # a no-op for a standby that runs
+            return multi_host_url(self.postgres, standby)
+        if standby.exists():
+            # Commits would wait for a standby that is not there.
+            standby.require_synchronous(False)
+        return url
+
+    def promote(self) -> str:
+        """Promote the PostgreSQL standby to primary (after the primary is lost).
+
+        Returns:
+            The URL of the new primary.
+
+        Raises:
+            StackError: the primary still runs (both would accept writes), there is no
+                running standby, or promoting it failed.
+        """
+        pid = self.postgres.pid()
+        if pid is not None and not self.postgres_standby.promoted:
+            raise StackError(
+                f"The primary PostgreSQL still runs (pid {pid}): promoting the standby now "
+                "would leave two servers accepting writes. Stop the primary first (`pg_ctl "
+                f"stop -D {self.postgres.data_dir} -m fast` as the postgres user), then promote."
+            )
+        return self.postgres_standby.promote()
+
     def _start_s3(self) -> S3Endpoint | None:
         backup_url = self._settings.external_backup_url
         if backup_url is None:
@@ -215,6 +272,9 @@ class LocalStack:
         database_url = self._settings.external_database_url
         if database_url is None:
             self.postgres.stop()
+            if self.postgres_standby.exists():
+                # After the primary: a clean shutdown sends its last WAL to the standby.
+                self.postgres_standby.stop()
         else:
             self._console.print(f"postgres: external ({redact_password(database_url)}), left alone")
         if not s3_running and all(entry.state != "running" for entry in before):
@@ -233,9 +293,7 @@ class LocalStack:
         if clustered is None:
             clustered = self.kafka_cluster.exists()
         return [
-            self.postgres.status()
-            if database_url is None
-            else ServiceStatus("postgres", "external", None, redact_password(database_url), None),
+            *self._postgres_status(database_url),
             *self._kafka_status(clustered=clustered),
             self.s3.status()
             if backup_url is None
@@ -252,6 +310,16 @@ class LocalStack:
         # The single broker is left out of a cluster's listing unless it ever ran here.
         single = [self.kafka.status()] if self.kafka.data_dir.exists() else []
         return [*single, *self.kafka_cluster.status()]
+
+    def _postgres_status(self, external_url: str | None) -> list[ServiceStatus]:
+        """The primary's entry, and the standby's with both roles once one was made."""
+        if external_url is not None:
+            shown = redact_password(external_url)
+            return [ServiceStatus("postgres", "external", None, shown, None)]
+        if not self.postgres_standby.exists():
+            return [self.postgres.status()]
+        primary = with_role(self.postgres.status(), self.postgres)
+        return [primary, self.postgres_standby.status()]
 
 
 def _states(statuses: list[ServiceStatus]) -> str:

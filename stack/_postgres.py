@@ -151,6 +151,29 @@ class LocalPostgres(PidService):
         return f"postgresql+psycopg://{ROLE}@127.0.0.1:{self._port}/{DATABASE}"
 
     @property
+    def port(self) -> int:
+        """The loopback TCP port it listens on."""
+        return self._port
+
+    @property
+    def cache_dir(self) -> Path:
+        """The stack's cache folder this server belongs to."""
+        return self._cache_dir
+
+    @property
+    def socket_dir(self) -> Path:
+        """The folder of its unix socket (the superuser connects there)."""
+        return self._socket_dir()
+
+    def bin_dir(self) -> Path:
+        """The ``bin`` folder of the PostgreSQL version its data directory needs.
+
+        Raises:
+            MissingPrerequisiteError: that version is not installed (and cannot be).
+        """
+        return self._bin_dir()
+
+    @property
     def root(self) -> Path:
         """The folder holding ``data/``, ``run/`` and the server log."""
         primary = self._cache_dir / "postgres"
@@ -206,7 +229,7 @@ class LocalPostgres(PidService):
         """
         if self.pid() is None:
             self._clear_stale_files()
-            self._console.print("postgres: not running")
+            self._console.print(f"{self.name}: not running")
             return
         argv = [str(self._bin_dir() / "pg_ctl"), "stop", "-D", str(self.data_dir)]
         run_checked(
@@ -215,7 +238,7 @@ class LocalPostgres(PidService):
             hint=f"See {self.log_path}.",
             cwd=self.root,
         )
-        self._console.print("postgres: stopped")
+        self._console.print(f"{self.name}: stopped")
 
     # -- steps of start() ----------------------------------------------------------
 

@@ -52,6 +52,8 @@ class ServiceStatus:
         pid: The process id when running locally.
         address: The database URL, bootstrap address or S3 endpoint clients should use.
         data_dir: Where the service keeps its data; ``None`` for external services.
+        role: ``"primary"`` or ``"standby"`` for a PostgreSQL with a standby; ``None``
+            otherwise.
     """
 
     name: str
@@ -59,6 +61,7 @@ class ServiceStatus:
     pid: int | None
     address: str
     data_dir: Path | None
+    role: str | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
+from agent_blackbox.schemas import normalize_database_url
+
 CACHE_DIR_ENV = "BLACKBOX_CACHE_DIR"
 DATABASE_URL_ENV = "BLACKBOX_DATABASE_URL"
 KAFKA_BOOTSTRAP_ENV = "BLACKBOX_KAFKA_BOOTSTRAP"
@@ -82,7 +84,8 @@ class StackSettings:
         return cls(
             cache_dir=(cache_dir or default_cache_dir(env)).expanduser().resolve(),
             ports=ports or StackPorts(),
-            external_database_url=env.get(DATABASE_URL_ENV) or None,
+            # A URL naming a primary and standbys, in the form the rest of the code parses.
+            external_database_url=normalize_database_url(env.get(DATABASE_URL_ENV) or "") or None,
             external_kafka_bootstrap=env.get(KAFKA_BOOTSTRAP_ENV) or None,
             external_backup_url=env.get(BACKUP_URL_ENV) or None,
         )

@@ -1,4 +1,5 @@
-"""``stack up | down | status``: the command-line face of :class:`agent_blackbox.stack.LocalStack`.
+"""``stack up | down | status | promote``: the command-line face of
+:class:`agent_blackbox.stack.LocalStack`.
 
 The root ``blackbox`` command mounts :data:`stack_group`. Progress goes to stderr, results
 (endpoints, the status table) to stdout.
@@ -129,6 +130,13 @@ def stack_group() -> None:
     "controller ports and the next four (replication factor 3, min.insync.replicas 2). "
     "[default: the cluster when it runs, else 1]",
 )
+@click.option(
+    "--pg-standby",
+    is_flag=True,
+    help="Also start a streaming standby of PostgreSQL on the next port (commits wait "
+    "for it); the database URL then names both. `blackbox stack promote` makes it the "
+    "primary.",
+)
 def up(
     cache_dir: Path | None,
     postgres_port: int,
@@ -139,6 +147,7 @@ def up(
     with_s3: bool,
     with_console: bool,
     brokers: str | None,
+    pg_standby: bool,
 ) -> None:
     """Start PostgreSQL and Kafka, and S3Proxy with --with-s3 (a no-op for what already
     runs, and it says so).
@@ -151,7 +160,9 @@ def up(
         cache_dir, postgres_port, kafka_port, controller_port, s3_port, console_port
     )
     try:
-        endpoints = stack.up(with_s3=with_s3, brokers=int(brokers) if brokers else None)
+        endpoints = stack.up(
+            with_s3=with_s3, brokers=int(brokers) if brokers else None, pg_standby=pg_standby
+        )
         web = (
             stack.web.start(
                 database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap
@@ -214,6 +225,32 @@ def down(
 
 @stack_group.command()
 @_stack_options
+def promote(
+    cache_dir: Path | None,
+    postgres_port: int,
+    kafka_port: int,
+    controller_port: int,
+    s3_port: int,
+    console_port: int,
+) -> None:
+    """Promote the PostgreSQL standby (from `stack up --pg-standby`) to primary, once the
+    primary is lost. Clients on the URL `stack up` printed reconnect to it by themselves.
+
+    Never promote while the primary still accepts writes: both would. The old primary is
+    not started again by `stack up` (its data is behind the promoted server).
+    """
+    stack = _open_stack(
+        cache_dir, postgres_port, kafka_port, controller_port, s3_port, console_port
+    )
+    try:
+        url = stack.promote()
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _out.print(Text(url))
+
+
+@stack_group.command()
+@_stack_options
 def status(
     cache_dir: Path | None,
     postgres_port: int,
@@ -240,6 +277,8 @@ def status_table(statuses: list[ServiceStatus]) -> Table:
     for entry in statuses:
         external = entry.state == "external"
         state = f"external: {entry.address}" if external else entry.state
+        if entry.role is not None:
+            state = f"{state} ({entry.role})"
         table.add_row(
             entry.name,
             Text(state, style=_STATE_STYLE[entry.state]),
