@@ -23,6 +23,7 @@ from urllib.parse import quote, unquote, urljoin, urlsplit
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DataError
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.testclient import TestClient
 
@@ -100,6 +101,26 @@ def test_a_writer_cannot_record_a_run_under_a_hostile_id(
     allowed = "order-17:retry.2_" + "x" * 111  # the whole alphabet, 128 characters
     run, _ = recorder.record(_agent, snapshot, agent_id="a", tenant_id=TENANT_A, run_id=allowed)
     assert run.run_id == allowed
+    assert _counts(engine)[0] == 1
+
+
+_START = text(
+    "SELECT blackbox.start_run(:run_id, :tenant, 'a', ARRAY[]::text[], 'genesis', NULL, "
+    "'ids.1', 'standard', 'standard', :credential)"
+)
+
+
+def test_a_writer_going_around_the_recorder_is_held_to_the_rule_too(
+    engine: Engine, login: Login
+) -> None:
+    writer = login("blackbox_writer", tenant=TENANT_A)
+    for hostile in REFUSED:
+        with writer.begin() as conn, pytest.raises(DataError, match="run id rule"):
+            conn.execute(_START, {"run_id": hostile, "tenant": TENANT_A, "credential": b"k" * 32})
+    assert _counts(engine) == (0, 0)
+    # The schema's owner still may: a restore brings back runs recorded before the rule.
+    with engine.begin() as conn:
+        conn.execute(_START, {"run_id": "../legacy", "tenant": TENANT_A, "credential": b"k" * 32})
     assert _counts(engine)[0] == 1
 
 

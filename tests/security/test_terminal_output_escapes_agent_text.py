@@ -41,9 +41,11 @@ def agent(run: AgentRun, input: Any) -> Any:
     return found["note"]
 
 
-def _record(writer: Engine, settings: Settings, *, subject: str) -> str:
-    recorder = Recorder(writer, settings=settings, keys=DataKeyStore(LocalKeyProvider({"v1": KEK})))
-    with unchecked_run_ids():  # recorded as before the run id rule, or forged on the topic
+def _record(owner: Engine, settings: Settings, *, subject: str) -> str:
+    # Recorded as before the run id rule (or restored from then, or forged on the topic):
+    # only the schema's owner may still write such an id.
+    recorder = Recorder(owner, settings=settings, keys=DataKeyStore(LocalKeyProvider({"v1": KEK})))
+    with unchecked_run_ids():
         run, _ = recorder.record(
             agent,
             RunSnapshot(code_version="display.1", input={"who": subject}),
@@ -81,10 +83,9 @@ def _clean(result: Result, *, expect_exit: int = 0) -> str:
 def test_hostile_run_ids_print_escaped_everywhere(
     engine: Engine, settings: Settings, login: Login
 ) -> None:
-    writer = login("blackbox_writer", tenant=TENANT_A)
     forgotten_subject = f"subject-{os.urandom(4).hex()}"
-    forgotten = _record(writer, settings, subject=forgotten_subject)
-    expiring = _record(writer, settings, subject=f"subject-{os.urandom(4).hex()}")
+    forgotten = _record(engine, settings, subject=forgotten_subject)
+    expiring = _record(engine, settings, subject=f"subject-{os.urandom(4).hex()}")
     relay = Relay(engine, settings=settings)
     try:
         relay.drain(timeout=60)
