@@ -167,8 +167,15 @@ class Openings:
         detail, may_open = found
         viewer: Viewer = request.state.viewer
         result_id = int(request.path_params["result_id"])
+        if all(r.id != result_id for r in detail.replays):
+            return self.pages.render(
+                request, "error.html", status=404, message=f"no replay {result_id} of this run"
+            )
+        if not may_open:
+            refused = "this console's login may not open recorded values (it is a reader)"
+            return self.pages.run_page(request, detail, may_open, message=refused, status=403)
         problem = purpose_refusal(viewer, purpose)
-        if problem is not None or not may_open:
+        if problem is not None:
             return self.pages.run_page(request, detail, may_open, purpose=purpose, message=problem)
         c = self.pages.c
         try:

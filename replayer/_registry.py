@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Mapping
+from typing import Any
 
 from agent_blackbox.replayer._driver import AgentEntry, entry_problem
 from agent_blackbox.schemas import BlackboxError
@@ -36,7 +38,7 @@ def load_entry(path: str) -> AgentEntry:
             "agent_blackbox.examples.ticket_agent:replay_entry"
         )
     try:
-        module = importlib.import_module(module_name)
+        module = _imported(module_name)
     except Exception as exc:  # the agent's module ran its own code: anything can fail
         raise UnknownAgent(
             f"cannot import {module_name!r} for entry point {path!r}: {type(exc).__name__}: {exc}"
@@ -52,6 +54,23 @@ def load_entry(path: str) -> AgentEntry:
             "as entry(run, input)"
         )
     return entry  # type: ignore[no-any-return]
+
+
+def _imported(module_name: str) -> Any:
+    """``module_name`` imported; when it is not found and the working directory is not on
+    the import path, looked for there too, as ``python -m`` would (the ``blackbox``
+    script puts its own folder on the path instead, so an agent's module beside the
+    command was not found). Searched after everything installed, so nothing installed
+    is shadowed by a file of the same name here."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        top = module_name.partition(".")[0]
+        if exc.name != top or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(module_name)
 
 
 def load_replay_entry(path: str) -> AgentEntry:

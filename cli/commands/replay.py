@@ -164,8 +164,8 @@ def replay_command(
     code_version: str | None,
 ) -> None:
     """Replay RUN_ID (or --all) through the agent's own code, offline. Each result is
-    kept in the views' replay_results with --code-version (a pass rate per code version
-    is then a query).
+    kept in the views' replay_results, with its --code-version when given (a pass rate
+    per code version is then a query).
 
     Entry points come from --agent or BLACKBOX_AGENTS (name=module:function,...). With
     --all, runs of an agent without an entry point are SKIPPED and the batch goes on.

@@ -9,6 +9,9 @@ read; no text cut mid-word at 1280 px."""
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +167,9 @@ def test_replay_history_and_a_fork_beside_its_parent(
     assert _audited(engine, forked.parent, why) == [(principal, "requested")]
     assert why not in chrome.current_url
     chrome.save_screenshot(str(SCREENSHOTS / "run-replay-values.png"))
+    # A replay the run does not have is not found, and nothing is audited for it.
+    assert _posted(f"{base}/runs/{forked.parent}/replays/999999/values", why) == 404
+    assert _audited(engine, forked.parent, why) == [(principal, "requested")]
 
     # The fork's page links the diff; the diff asks for a purpose first.
     chrome.get(f"{base}/runs/{forked.parent}")
@@ -211,6 +217,16 @@ def test_replay_history_and_a_fork_beside_its_parent(
     assert purpose not in chrome.current_url
     assert words_cut(chrome, "dl.facts, #diff .head, #diff .role, #diff .mark, h1, h2") == []
     chrome.save_screenshot(str(SCREENSHOTS / "fork-diff.png"))
+
+
+def _posted(url: str, purpose: str) -> int:
+    """The status a form POST of ``purpose`` to ``url`` is answered with."""
+    form = urllib.parse.urlencode({"purpose": purpose, "csrf": ""}).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=form), timeout=30) as got:
+            return int(got.status)
+    except urllib.error.HTTPError as refused:
+        return int(refused.code)
 
 
 def test_a_run_that_is_no_fork_has_no_diff(
