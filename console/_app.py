@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
@@ -438,9 +439,11 @@ class _Pages:
             first = _int(request.query_params.get("events_from"), "events_from", default=1)
         except _BadInput as exc:
             return self.render(request, "error.html", status=400, message=str(exc))
-        listed = [e for e in detail.events if e.sequence >= first][:EVENTS_PAGE]
-        earlier = [e.sequence for e in detail.events if e.sequence < first][-EVENTS_PAGE:]
-        later = [e.sequence for e in detail.events if listed and e.sequence > listed[-1].sequence]
+        events = detail.events  # in sequence order
+        at = bisect_left(events, first, key=lambda e: e.sequence)
+        listed = events[at : at + EVENTS_PAGE]
+        earlier = [events[max(at - EVENTS_PAGE, 0)].sequence] if at else []
+        later = [events[at + EVENTS_PAGE].sequence] if at + EVENTS_PAGE < len(events) else []
         llm = [e for e in listed if e.event_type == "llm.call"]
         tree = run_tree(detail.events, name=detail.run.agent_id)
         return self.render(

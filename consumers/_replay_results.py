@@ -86,7 +86,7 @@ class ViewReplayResults:
                 views, or not in a tenant this login is granted).
         """
         divergence = report.divergence
-        kept = getattr(report, "kept", None)
+        kept = report.kept
         params = {
             "run_id": report.run_id,
             "code_version": code_version,
