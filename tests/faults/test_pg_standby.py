@@ -38,7 +38,7 @@ from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings
 from agent_blackbox.stack import LocalPostgres, LocalStack, PostgresStandby, StackError, StackPorts
 from agent_blackbox.stack._standby import multi_host_url
-from tests.conftest import _cache_dir
+from tests.conftest import Services, _cache_dir
 from tests.faults._check import Figures, after_heal
 from tests.faults._harness import _INSTRUMENT, Scenario, _delete_topics, free_port
 from tests.integration._wait import eventually
@@ -191,25 +191,27 @@ def _kill_postmaster(server: LocalPostgres) -> None:
     eventually(lambda: server.pid() is None, timeout=30, what="the primary's postmaster gone")
 
 
-def _settings(url: str) -> Settings:
+def _settings(url: str, kafka_bootstrap: str) -> Settings:
     suffix = uuid.uuid4().hex[:10]
     return replace(
         Settings(),
         database_url=url,
-        kafka_bootstrap=os.environ.get("BLACKBOX_KAFKA_BOOTSTRAP", "127.0.0.1:26092"),
+        kafka_bootstrap=kafka_bootstrap,
         topic=f"faults.pg-standby.{suffix}",
         consumer_group=f"faults-standby-{suffix}",
     )
 
 
 @pytest.mark.parametrize("replication", ["synchronous", "asynchronous"])
-def test_standby_takes_over(pair: Pair, tmp_path: Path, replication: str) -> None:
+def test_standby_takes_over(
+    pair: Pair, services: Services, tmp_path: Path, replication: str
+) -> None:
     """Synchronous: nothing acknowledged is lost and the after-heal check holds.
     Asynchronous: what is lost (acknowledged on the primary, not yet on the standby) is
     measured, and errors stay honest."""
     if replication == "asynchronous":
         pair.standby.require_synchronous(False)
-    settings = _settings(pair.url)
+    settings = _settings(pair.url, services.kafka_bootstrap)  # the suite's own Kafka
     engine = create_engine(pair.url, pool_size=4, max_overflow=4, pool_pre_ping=True)
     current = Scenario("pg-standby", None, settings, engine, tmp_path)  # type: ignore[arg-type]
     writers = Writers(settings)
