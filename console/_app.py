@@ -439,11 +439,7 @@ class _Pages:
             first = _int(request.query_params.get("events_from"), "events_from", default=1)
         except _BadInput as exc:
             return self.render(request, "error.html", status=400, message=str(exc))
-        events = detail.events  # in sequence order
-        at = bisect_left(events, first, key=lambda e: e.sequence)
-        listed = events[at : at + EVENTS_PAGE]
-        earlier = [events[max(at - EVENTS_PAGE, 0)].sequence] if at else []
-        later = [events[at + EVENTS_PAGE].sequence] if at + EVENTS_PAGE < len(events) else []
+        listed, earlier, later = _events_page(detail.events, first)
         llm = [e for e in listed if e.event_type == "llm.call"]
         tree = run_tree(detail.events, name=detail.run.agent_id)
         return self.render(
@@ -451,8 +447,8 @@ class _Pages:
             "run.html",
             d=detail,
             listed=listed,
-            earlier=earlier[0] if earlier else None,
-            later=later[0] if later else None,
+            earlier=earlier,
+            later=later,
             tree=tree,
             fall=waterfall(tree),
             llm=llm,
@@ -593,6 +589,17 @@ class _Reading:
             )
             return True
         return False
+
+
+def _events_page(
+    events: Sequence[RunEvent], first: int
+) -> tuple[Sequence[RunEvent], int | None, int | None]:
+    """The page of :data:`EVENTS_PAGE` of ``events`` (in sequence order) from sequence
+    ``first``, and where the pages before and after it start (None: there is none)."""
+    at = bisect_left(events, first, key=lambda e: e.sequence)
+    earlier = events[max(at - EVENTS_PAGE, 0)].sequence if at else None
+    later = events[at + EVENTS_PAGE].sequence if at + EVENTS_PAGE < len(events) else None
+    return events[at : at + EVENTS_PAGE], earlier, later
 
 
 def _searched(where: RunFilter, search: str) -> RunFilter:
