@@ -40,7 +40,7 @@ from agent_blackbox.stack import LocalPostgres, LocalStack, PostgresStandby, Sta
 from agent_blackbox.stack._standby import multi_host_url
 from tests.conftest import Services, _cache_dir
 from tests.faults._check import Figures, after_heal
-from tests.faults._harness import _INSTRUMENT, Scenario, _delete_topics, free_port
+from tests.faults._harness import _INSTRUMENT, Scenario, Worker, _delete_topics, free_port
 from tests.integration._wait import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(300)]
@@ -221,6 +221,10 @@ def test_standby_takes_over(
         analytics = current._spawn("analytics", ["analytics", "--group", f"{settings.topic}.a"])
         writers.start()
         eventually(lambda: writers.events >= BEFORE_KILL, timeout=120, what="writers recording")
+        # A consumer still starting when the database goes exits (it cannot migrate its
+        # views, exit 2): the kill waits for both to be applying, as a failover in
+        # production finds them.
+        eventually(lambda: _applying(current, (consumer, analytics)), timeout=120, what="applying")
         killed = time.monotonic()
         _kill_postmaster(pair.primary)
         eventually(lambda: writers.heard, timeout=30, what="writers hearing the primary's loss")
@@ -232,8 +236,9 @@ def test_standby_takes_over(
         figures = after_heal(current, Figures(scenario=f"pg-standby-{replication}"))
         assert relay.process.poll() is None, f"the relay exited: see {relay.log}"
         assert consumer.process.poll() is None, f"the consumer exited: see {consumer.log}"
-        eventually(lambda: _analytics_caught_up(current), timeout=120, what="analytics views")
-        assert analytics.process.poll() is None, f"analytics exited: see {analytics.log}"
+        eventually(
+            lambda: _analytics_caught_up(current, analytics), timeout=120, what="analytics views"
+        )
     finally:
         writers.stop()
         for worker in current.workers:
@@ -268,8 +273,20 @@ def test_standby_takes_over(
         assert figures.problems() == [], figures.json_line()
 
 
-def _analytics_caught_up(current: Scenario) -> bool:
-    """Whether the analytics consumer has one ``tool_calls`` row per indexed tool call."""
+def _applying(current: Scenario, workers: tuple[Worker, ...]) -> bool:
+    """Whether the views and the analytics consumers both applied something (they are
+    past their start); fails at once, naming its log, when one of them exited."""
+    for worker in workers:
+        assert worker.process.poll() is None, f"{worker.name} exited: see {worker.log}"
+    with current.engine.connect() as conn:
+        calls = conn.execute(select(func.count()).select_from(tool_calls)).scalar_one()
+    return current.indexed() > 0 and calls > 0
+
+
+def _analytics_caught_up(current: Scenario, analytics: Worker) -> bool:
+    """Whether the analytics consumer has one ``tool_calls`` row per indexed tool call;
+    fails at once, naming its log, when it exited."""
+    assert analytics.process.poll() is None, f"analytics exited: see {analytics.log}"
     indexed = select(func.count()).where(events_index.c.event_type == "tool.call")
     with current.engine.connect() as conn:
         expected = conn.execute(indexed).scalar_one()
