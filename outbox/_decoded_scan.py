@@ -39,12 +39,12 @@ from agent_blackbox.outbox._shapes import _KEY_HINTS, ALWAYS_ON_V2, Shape
 from agent_blackbox.outbox._shapes_v3 import SHAPES_V3, matches
 from agent_blackbox.outbox._text_views import (
     INVISIBLE_RUN,
-    LOOKALIKES,
     View,
     normalised,
     percent_decoded,
     without,
 )
+from agent_blackbox.outbox._text_views import folded as fold
 
 _ROUNDS = 3
 _SHORT = 256
@@ -121,7 +121,7 @@ class DecodedScan:
         """``text`` with ``shapes`` applied (``depth``: how many ``data:`` URL bodies deep
         it was decoded from)."""
         normal = normalised(text)
-        folded = normal if normal.isascii() else normal.translate(LOOKALIKES)
+        folded = fold(normal)
         lowered = folded.lower()
         if len(lowered) < _SHORT and self._any_hint.search(lowered) is None:
             return text
@@ -247,7 +247,8 @@ def _found(view: View, shapes: Iterable[Shape]) -> list[Span]:
     spans: list[Span] = []
     for shape in shapes:
         if _holds(lowered, shape.hints):
-            spans += ((*view.origin(s, e), shape.label) for s, e in shape.find(view.text))
+            label = shape.label
+            spans += [(s, e, label) for s, e in view.origins(shape.find(view.text))]
     return spans
 
 

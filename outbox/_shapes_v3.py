@@ -53,7 +53,7 @@ from agent_blackbox.outbox._shapes import (
     is_card_v2,
     is_secret_name,
 )
-from agent_blackbox.outbox._text_views import LOOKALIKES, normalised
+from agent_blackbox.outbox._text_views import folded, normalised
 
 _FILE_EXTENSIONS = frozenset(
     # File name extensions that are no top-level domain (those that are, such as .zip,
@@ -133,13 +133,24 @@ def matches(compiled: Any, text: str) -> Iterator[tuple[int, int]]:
     """The spans of ``compiled``'s matches in ``text``, matched over its UTF-8 bytes and
     mapped back to character offsets in one pass."""
     if text.isascii():
-        yield from _byte_spans(compiled, text.encode())
-        return
-    data = text.encode("utf-8", "surrogatepass")
+        return _byte_spans(compiled, text.encode())
+    return _char_spans(compiled, text.encode("utf-8", "surrogatepass"))
+
+
+# Each byte of a UTF-8 text as 1 when it continues a character, else 0: the characters
+# before a byte offset are the bytes before it less the continuation bytes among them.
+_CONTINUATION = bytes(1 if 0x80 <= byte < 0xC0 else 0 for byte in range(256))
+
+
+def _char_spans(compiled: Any, data: bytes) -> Iterator[tuple[int, int]]:
+    """:func:`_byte_spans` of a UTF-8 text as character offsets (counted, not decoded:
+    a crafted text may hold a match every few characters)."""
+    continuing = data.translate(_CONTINUATION)
+    count = continuing.count
     at_byte = at_char = 0
     for start_byte, end_byte in _byte_spans(compiled, data):
-        start = at_char + len(data[at_byte:start_byte].decode("utf-8", "replace"))
-        at_char = start + len(data[start_byte:end_byte].decode("utf-8", "replace"))
+        start = at_char + (start_byte - at_byte) - count(1, at_byte, start_byte)
+        at_char = start + (end_byte - start_byte) - count(1, start_byte, end_byte)
         at_byte = end_byte
         yield start, at_char
 
@@ -152,12 +163,18 @@ def _finder(pattern: str, check: _Check, *, joins: str | None = None) -> Finder:
     compiled = re2.compile(pattern)
 
     def find(text: str) -> list[tuple[int, int]]:
+        # The loop runs once a match, and a crafted text may hold one every few
+        # characters: what it can learn once (are there placeholders at all?) it does.
         found: list[tuple[int, int]] = []
+        placeholders = PLACEHOLDER_PREFIX in text
         for start, end in matches(compiled, text):
             span = check(text, start, end)
-            if span is None or text.startswith(PLACEHOLDER_PREFIX, span[0]):
+            if span is None:
                 continue
-            if joins is None or not _joined(text, span[0], joins, found):
+            at = span[0]
+            if placeholders and text.startswith(PLACEHOLDER_PREFIX, at):
+                continue
+            if joins is None or not _joined(text, at, joins, found):
                 found.append(span)
         return found
 
@@ -181,7 +198,7 @@ def is_real_domain(domain: str) -> bool:
 def _email_check(text: str, start: int, end: int) -> tuple[int, int] | None:
     if end < len(text) and (text[end].isalnum() or text[end] == "-"):
         return None
-    return (start, end) if is_real_domain(text[start:end].rsplit("@", 1)[1]) else None
+    return (start, end) if is_real_domain(text[text.rindex("@", start, end) + 1 : end]) else None
 
 
 # A word that says a number near it is a card's: card fields and words, networks, and
@@ -283,27 +300,26 @@ def is_secret_name_v3(key: str) -> bool:
     """Whether a mapping key names a credential (version 3): version 2's test, on the key
     normalised, with look-alike letters folded, line breaks and tabs taken out, and
     percent-escapes decoded (``api%5Fkey``, ``pass\\nword``, ``api_key\\ufe0f``)."""
-    name = normalised(key)
-    if not name.isascii():
-        name = name.translate(LOOKALIKES)
+    name = folded(normalised(key))
     name = unquote(unquote(_NAME_BREAKS.sub("", name)))
     return is_secret_name(name)
 
 
-_NAME_RUN = re.compile(r"[A-Za-z0-9_.-]*")
-_VALUE_START = re.compile(r"(?:\\{0,7}[\"'])?[ \t]*[=:][ \t]*(?:\\{0,7}[\"'])?")
+# The name (the run of name characters a match starts with), then what comes between it
+# and the value: an optional quote (escaped or not), the ``=`` or ``:`` and another.
+_PAIR_HEAD = re.compile(r"([A-Za-z0-9_.-]*)(?:\\{0,7}[\"'])?[ \t]*[=:][ \t]*(?:\\{0,7}[\"'])?")
 
 
 def _pair_check(text: str, start: int, end: int) -> tuple[int, int] | None:
     """The value of a ``name=value`` whose name is a credential's. The pattern has no
     groups: the name is the run of name characters the match starts with, the value
     what follows the ``=`` or ``:`` and an opening quote (escaped or not)."""
-    name = _NAME_RUN.match(text, start, end)
-    name_end = start if name is None else name.end()
-    if not is_secret_name(text[start:name_end]):
+    head = _PAIR_HEAD.match(text, start, end)
+    if head is None:  # the pattern matched these parts: never, but then no value
         return None
-    between = _VALUE_START.match(text, name_end, end)
-    value_start = end if between is None else between.end()
+    if not is_secret_name(text[start : head.end(1)]):
+        return None
+    value_start = head.end()
     # An escaped closing quote (\" of JSON inside JSON) ends the value, not its backslash.
     while end > value_start + 1 and text[end - 1] == "\\":
         end -= 1
