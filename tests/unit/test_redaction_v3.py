@@ -4,17 +4,24 @@ version 2 kept reachable for the runs recorded under it."""
 from __future__ import annotations
 
 import base64
+import random
 import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import re2  # type: ignore[import-untyped]
 
 from agent_blackbox.outbox import Redactor
 from agent_blackbox.outbox._placeholders import placeholder
 from agent_blackbox.outbox._scrub import Scrub
-from agent_blackbox.outbox._shapes_v3 import is_card_field, is_card_value, is_real_domain
+from agent_blackbox.outbox._shapes_v3 import (
+    is_card_field,
+    is_card_value,
+    is_real_domain,
+    matches,
+)
 from agent_blackbox.outbox._text_views import percent_decoded, without
 from agent_blackbox.replayer import read_archive, replay_run
 from agent_blackbox.schemas import PayloadPipeline, canonical_text
@@ -174,6 +181,35 @@ def test_a_view_without_line_breaks_maps_back_to_the_text() -> None:
     assert view.origin(1, 3) == (1, 5)
     assert view.origin(2, 4) == (4, 6)  # "cd"
     assert view.origin(2, 5) == (4, 8)  # "cd\ne": the break inside comes along
+
+
+def test_a_view_maps_many_spans_as_it_maps_each() -> None:
+    """``origins`` (one loop, as the finders use it) gives what ``origin`` gives span by
+    span, through stacked views, at piece edges and inside pieces."""
+    rng = random.Random(31)
+    units = ["a", "%41", "%2541", "\u200b", "\n", "key", "%5F", "=", " "]
+    for _ in range(200):
+        text = "".join(rng.choice(units) for _ in range(rng.randint(1, 30)))
+        view = percent_decoded(text)
+        if view is None:
+            continue
+        stacked = without(view, re.compile("([\u200b\n]+)")) or view
+        size = len(stacked.text)
+        edges = sorted(rng.randint(0, size) for _ in range(2 * rng.randint(1, 6)))
+        spans = [(edges[i], edges[i + 1]) for i in range(0, len(edges), 2)]
+        assert stacked.origins(spans) == [stacked.origin(*span) for span in spans], text
+
+
+def test_match_offsets_in_a_text_of_any_script_are_its_characters() -> None:
+    """Spans matched over UTF-8 bytes come back as the text's character offsets, for
+    characters of one to four bytes and lone surrogates."""
+    rng = random.Random(37)
+    compiled = re2.compile(r"[a-z]+@\p{L}+")
+    units = ["ab@cd", "é", "例", "\U0001f600", "\ud800", " ", "x@é", "@"]
+    for _ in range(300):
+        text = "".join(rng.choice(units) for _ in range(rng.randint(1, 25)))
+        expected = [m.span() for m in re.finditer(r"[a-z]+@[^\W\d_]+", text)]
+        assert list(matches(compiled, text)) == expected, text
 
 
 def test_a_value_cut_short_by_a_decoded_space_goes_whole() -> None:
