@@ -41,13 +41,14 @@ from agent_blackbox.outbox._placement import (
     branch_of,
     started_of,
 )
-from agent_blackbox.outbox._scrub import RULES_ATTRIBUTE, Scrub
+from agent_blackbox.outbox._scrub import FIRED_ATTRIBUTE, RULES_ATTRIBUTE, Scrub
 from agent_blackbox.outbox._sites import agent_file, installed_file, stdlib_file
 from agent_blackbox.outbox._steps import Begin, Call, Cross, Draws, End, Settle, Step, Steps
 from agent_blackbox.outbox._surface import AsyncBoundaries, Boundaries
 
 __all__ = [
     "BRANCH",
+    "FIRED_ATTRIBUTE",
     "RULES_ATTRIBUTE",
     "STARTED",
     "Ask",

@@ -231,6 +231,9 @@ class Findings:
         """Events checked only in part, as (sequence, note): LLM calls recorded truncated
         over the ceiling, whose reduced response was handed back unchecked; calls that
         went online because the replay allowed it."""
+        self.redacted: dict[int, str] = {}
+        """The recorded results handed back to the code that redaction had changed, as
+        sequence: the rules that fired (the event's ``redacted`` attribute)."""
 
     @property
     def divergences(self) -> tuple[Divergence, ...]:
@@ -274,6 +277,8 @@ class Findings:
 
         ``expected`` and ``actual`` are (event type, digest, boundary name); ``site`` is
         the call site when the caller knows it better than the stack does."""
+        if kind in _FROM_VALUES and self.redacted:
+            detail = "; ".join(part for part in (detail, self._redacted_note(sequence)) if part)
         divergence = Divergence(
             kind=kind,
             run_id=self.run_id,
@@ -300,11 +305,36 @@ class Findings:
         if known is None or divergence.sequence < known.sequence:
             self.found[divergence.level] = divergence
 
+    def _redacted_note(self, before: int) -> str:
+        """What may explain a divergence of values with the code unchanged: results
+        handed back before ``before`` that were redacted when recorded ('' if none)."""
+        handed = sorted(seq for seq in self.redacted if seq < before)
+        if not handed:
+            return ""
+        rules = sorted({rule for seq in handed for rule in self.redacted[seq].split(",")})
+        shown = ", ".join(map(str, handed[:5])) + (", ..." if len(handed) > 5 else "")
+        return (
+            f"{len(handed)} recorded event(s) handed back to the code had values redacted "
+            f"({', '.join(rules)}; sequence {shown}): code that slices, compares or "
+            "parses a redacted value sees its placeholder in replay and can go another "
+            "way with the code unchanged"
+        )
+
     def changes(self, before: Any, ask: Ask) -> tuple[Change, ...]:
         """What differs between a recorded input and ``ask``'s, path by path, with the
         values (shown only when revealing them)."""
         after = json.loads(canonical_text(ask.input))
         return tuple(Change(path, old, new) for path, old, new in _differences(before, after, ""))
+
+
+_FROM_VALUES = frozenset(
+    {
+        DivergenceKind.ARGUMENT_MISMATCH,
+        DivergenceKind.STATE_MISMATCH,
+        DivergenceKind.OUTPUT_MISMATCH,
+    }
+)
+"""Divergences of values, which code reading a redacted result can cause unchanged."""
 
 
 # What divergences say ---------------------------------------------------------------

@@ -26,6 +26,7 @@ from agent_blackbox.outbox import (
     recorded_value,
 )
 from agent_blackbox.outbox.contract import (
+    FIRED_ATTRIBUTE,
     crossing,
     enter_crossing,
     leave_crossing,
@@ -167,6 +168,9 @@ class Bodies:
         except BlackboxError as exc:
             self._unopened(envelope, exc)
         output, material = recorded(envelope.event_type, body)
+        fired = envelope.attributes.get(FIRED_ATTRIBUTE)
+        if fired and output is not None:
+            self._findings.redacted[envelope.sequence] = fired
         if envelope.event_type == _LLM and _reduced(body):
             note = _reduced_note(envelope, body["body_truncated"])
             self._findings.limitations.append((envelope.sequence, note))
