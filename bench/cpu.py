@@ -172,7 +172,7 @@ def start_workers(stack: ExitStack, settings: Settings, group: str) -> dict[str,
     workers: dict[str, Worker] = {}
     for role, command in _COMMANDS.items():
         # The relay's lease outlives its pause (see pipeline).
-        relay = ["--relay-id", f"bench-cpu-{group}", "--lease-ttl", "3600", "--heartbeat", "1"]
+        relay = ["--relay-id", f"bench-cpu-{group}", "--lease-ttl", "3600"]
         extra = relay if role == "relay" else ["--group", f"{group}.{role}"]
         worker = Worker([*command, *extra], worker_env(named(settings, role)), name=role)
         stack.callback(worker.stop)
