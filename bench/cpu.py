@@ -353,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             with stage(f"pipeline, {mode} writer"):
                 spent = pipeline(mine, events=args.events, runs=args.runs, group=mode == "group")
             relay_us[mode] = report(spent, mode=mode)
-            floor_settings = replace(settings, topic=topics[0])
+            floor_settings = replace(settings, topic=topics[0], partitions=12)
         if relay_us:
             with stage("plain producer on the same messages"):
                 count, plain_us = plain_floor(floor_settings)
