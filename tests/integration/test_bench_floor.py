@@ -42,7 +42,9 @@ def test_pgbench_appends_the_recorders_events_and_cleans_up(
         assert len(_tables(engine)) == 1
 
     assert len(result.latencies_ms) == 2 * 5  # the warm-up's 3 per client left out
-    assert result.clients == 2 and result.tx_per_s > 0 and result.average_ms > 0
+    assert result.clients == 2
+    assert result.tx_per_s > 0
+    assert result.average_ms > 0
     assert sorted(heads.values()) == [8, 8]  # two runs, each at warm-up + events
     codec = EnvelopeCodec()
     decoded = [codec.decode(bytes(envelope)) for _, _, envelope in rows]
