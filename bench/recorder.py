@@ -120,6 +120,7 @@ def report(writers: int, results: Sequence[WriterResult], *, warmup: int, **labe
         target=P50_TARGET_MS if one else None,
         at_least=False,
         writers=writers,
+        **labels,
     )
     emit(
         BENCH,
@@ -129,6 +130,7 @@ def report(writers: int, results: Sequence[WriterResult], *, warmup: int, **labe
         target=P99_TARGET_MS if one else None,
         at_least=False,
         writers=writers,
+        **labels,
     )
     emit(
         BENCH,
