@@ -51,7 +51,7 @@ from agent_blackbox.outbox import GroupCommit, Recorder, RunSnapshot
 from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings
 from bench import _processes
-from bench._common import console, delete_topics, emit, fresh_topic, stage
+from bench._common import console, delete_group, delete_topics, emit, fresh_topic, stage
 from bench._pipeline import Worker, wait_for, worker_env
 
 BENCH = "cpu"
@@ -215,6 +215,8 @@ def pipeline(settings: Settings, *, events: int, runs: int, group: bool) -> dict
     engine = create_engine(settings.database_url, pool_size=1)
     with ExitStack() as stack:
         stack.callback(engine.dispose)
+        for consumer in CONSUMERS:  # once the workers stopped (callbacks run last first)
+            stack.callback(delete_group, settings, f"{group_id}.{consumer}")
         workers = start_workers(stack, settings, group_id)
         with stage("warm-up run through the pipeline"):
             record(named(settings, "agent"), events=50, runs=1, group=group, agent_id="warm")
@@ -306,7 +308,7 @@ def plain_producer(settings: Settings, source: str, results: Any) -> None:
     try:
         messages = _processes.read_topic(settings, source)
         target = replace(settings, topic=fresh_topic("cpu.plain"))
-        ensure_topics(target)
+        ensure_topics(target, {target.topic: target.partitions})
         producer = new_producer(target, producer_config(target))
         cpu = time.process_time()
         for key, value, headers in messages:
@@ -344,12 +346,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     base = Settings.from_env()
     topics: list[str] = []
+    try:
+        measure_modes(base, args, topics)
+    finally:
+        delete_topics(base, topics)
+    console.log("done")
+
+
+def measure_modes(base: Settings, args: argparse.Namespace, topics: list[str]) -> None:
+    """Each writer mode through the pipeline, then the plain producer; the topics made
+    are added to ``topics``."""
     with own_database(base) as settings:
         relay_us: dict[str, float] = {}
         for mode in args.modes:
             mine = replace(settings, topic=fresh_topic(f"cpu.{mode}"), partitions=12)
+            topics += [mine.topic, mine.dlq_topic]
             ensure_topics(mine)
-            topics.append(mine.topic)
             with stage(f"pipeline, {mode} writer"):
                 spent = pipeline(mine, events=args.events, runs=args.runs, group=mode == "group")
             relay_us[mode] = report(spent, mode=mode)
@@ -368,8 +380,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                     at_least=False,
                     mode=mode,
                 )
-    delete_topics(base, topics)
-    console.log("done")
 
 
 if __name__ == "__main__":
