@@ -242,6 +242,11 @@ class Worker:
             stderr=subprocess.STDOUT,
         )
 
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self._process.pid
+
     def alive(self) -> bool:
         """Whether the process is still running."""
         return self._process.poll() is None

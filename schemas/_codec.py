@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from agent_blackbox.schemas._envelope import Envelope
+from agent_blackbox.schemas._envelope_reader import reader_for
 from agent_blackbox.schemas._errors import BodyEncodingError, UndecodableMessage
 from agent_blackbox.schemas._registry import ENVELOPE, SchemaRegistry, default_registry
 
@@ -54,6 +55,7 @@ class EnvelopeCodec:
         )
         self._writer = entry.parsed
         self._plain = _plain_reading(entry.parsed)
+        self._read_own = reader_for(entry.parsed)
         self._prefix = SINGLE_OBJECT_MAGIC + entry.fingerprint
         self._schema_ids = schema_ids
 
@@ -74,6 +76,12 @@ class EnvelopeCodec:
         # The common case first: written by this codec's own schema version, which one
         # comparison of the prefix tells without a look-up in the registry.
         own = data.startswith(self._prefix)
+        # Its own version, read straight into an envelope (_envelope_reader.py); a
+        # message that reader is not sure of goes the general way, which judges it.
+        if own and self._read_own is not None and type(data) is bytes:
+            envelope: Envelope | None = self._read_own(data, _HEADER)
+            if envelope is not None:
+                return envelope
         writer = self._writer if own else self._writer_for(data)
         body = io.BytesIO(data)
         body.seek(_HEADER if own or data[:2] == SINGLE_OBJECT_MAGIC else 5)
