@@ -32,7 +32,12 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import Any, Final
 
-from agent_blackbox.schemas._canonical import canonical_text, digest_bytes, encoded_parts
+from agent_blackbox.schemas._canonical import (
+    canonical_text,
+    digest_bytes,
+    encoded_parts,
+    object_text,
+)
 from agent_blackbox.schemas._digests import CANONICAL_V1, Canonicalisation
 from agent_blackbox.schemas._errors import UndecodableMessage
 
@@ -143,6 +148,9 @@ class _Run:
     calls: OrderedDict[int, _Held] = field(default_factory=OrderedDict)
     lost: dict[int, str] = field(default_factory=dict)
     """llm.calls whose bodies did not open, and why: what names them cannot be rebuilt."""
+    texts: dict[str, str] = field(default_factory=dict)
+    """The canonical JSON (under the run's canonicalisation, when not version 1) of each
+    part of the latest request rebuilt, by the part's version 1 text."""
 
     def hold(self, sequence: int, held: _Held) -> None:
         calls = self.calls
@@ -212,7 +220,7 @@ class RequestMemory:
             raise UndecodableMessage(f"{where}: a request stored by reference has no own part")
         split = _spliced(earlier.parts(), json.loads(text), prefix, where)
         whole = split.text()
-        if _request_sha256(whole, canonical) != prefix["request_sha256"]:
+        if _split_sha256(split, whole, canonical, run) != prefix["request_sha256"]:
             raise UndecodableMessage(
                 f"{where}: the request rebuilt from llm.call {prefix['sequence']} does not "
                 "match its recorded digest; the run's events are not those it was recorded "
@@ -227,6 +235,29 @@ def _request_sha256(whole: str, canonical: Canonicalisation) -> str:
     if canonical is CANONICAL_V1:
         return digest_bytes(whole.encode("utf-8"))
     return canonical.digest(json.loads(whole))
+
+
+def _split_sha256(split: SplitRequest, whole: str, canonical: Canonicalisation, run: _Run) -> str:
+    """:func:`_request_sha256` of ``whole``, the text of ``split``: under another
+    canonicalisation than version 1, the request's canonical JSON is put together from
+    its parts', and a part the latest request of the run had is not written again."""
+    if canonical is CANONICAL_V1:
+        return _request_sha256(whole, canonical)
+    known, texts = run.texts, dict[str, str]()
+
+    def text(part: str) -> str:
+        found = texts.get(part) or known.get(part)
+        if found is None:
+            found = canonical.json(json.loads(part)).decode("utf-8")
+        texts[part] = found
+        return found
+
+    members = {name: text(part) for name, part in split.fields.items()}
+    if split.key is not None:
+        members[split.key] = "[" + ",".join(text(item) for item in split.items) + "]"
+    run.texts = texts
+    code_points = canonical.code_point_keys
+    return digest_bytes(object_text(members, code_point_keys=code_points).encode("utf-8"))
 
 
 def _spliced(
