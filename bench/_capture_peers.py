@@ -82,7 +82,7 @@ def conversation_turns(seed: int) -> tuple[str, list[tuple[str, str]]]:
     rng = random.Random(seed)
     system = "You are a support agent. " + docstring_prose(rng, SYSTEM_PROMPT_WORDS)
     turns = [
-        (docstring_prose(rng, rng.randint(20, 80)), docstring_prose(rng, rng.randint(80, 145)))
+        (docstring_prose(rng, rng.randint(20, 80)), docstring_prose(rng, rng.randint(75, 135)))
         for _ in range(TURNS)
     ]
     return system, turns

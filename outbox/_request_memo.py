@@ -167,7 +167,9 @@ class RequestMemo:
         """The parts of a request :meth:`asked` scrubbed (or a copy of it), if recent."""
         if not isinstance(request, Mapping):
             return None
-        for parts in reversed(self._recent):
+        with self._lock:  # another thread of the run may be appending
+            recent = tuple(self._recent)
+        for parts in reversed(recent):
             if parts.holds(request):
                 return parts
         return None
