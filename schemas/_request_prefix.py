@@ -95,6 +95,8 @@ class SplitRequest:
     fields: dict[str, str]
     key: str | None
     items: list[str]
+    written: tuple[str, list[str]] | None = None
+    """A reader's: the items' canonical JSON under the canonicalisation it names."""
 
     @classmethod
     def of(cls, request: Mapping[str, Any], *, path: str = "llm.request") -> SplitRequest:
@@ -218,9 +220,11 @@ class RequestMemory:
             raise RequestPrefixMissing(run_id, sequence, prefix["sequence"])
         if text is None:
             raise UndecodableMessage(f"{where}: a request stored by reference has no own part")
-        split = _spliced(earlier.parts(), json.loads(text), prefix, where)
+        parts = earlier.parts()
+        split = _spliced(parts, json.loads(text), prefix, where)
         whole = split.text()
-        if _split_sha256(split, whole, canonical, run) != prefix["request_sha256"]:
+        continued = (parts, prefix["items"])
+        if _split_sha256(split, whole, canonical, run, continued) != prefix["request_sha256"]:
             raise UndecodableMessage(
                 f"{where}: the request rebuilt from llm.call {prefix['sequence']} does not "
                 "match its recorded digest; the run's events are not those it was recorded "
@@ -237,25 +241,33 @@ def _request_sha256(whole: str, canonical: Canonicalisation) -> str:
     return canonical.digest(json.loads(whole))
 
 
-def _split_sha256(split: SplitRequest, whole: str, canonical: Canonicalisation, run: _Run) -> str:
-    """:func:`_request_sha256` of ``whole``, the text of ``split``: under another
-    canonicalisation than version 1, the request's canonical JSON is put together from
-    its parts', and a part the latest request of the run had is not written again."""
+def _split_sha256(
+    split: SplitRequest,
+    whole: str,
+    canonical: Canonicalisation,
+    run: _Run,
+    continued: tuple[SplitRequest, int],
+) -> str:
+    """:func:`_request_sha256` of ``whole``, the text of ``split``, which continues the
+    first ``count`` items of ``earlier`` (``continued``): under another canonicalisation
+    than version 1, the request's canonical JSON is put together from its parts', and
+    the items it shares with ``earlier`` are not written again."""
     if canonical is CANONICAL_V1:
         return _request_sha256(whole, canonical)
-    known, texts = run.texts, dict[str, str]()
 
-    def text(part: str) -> str:
-        found = texts.get(part) or known.get(part)
-        if found is None:
-            found = canonical.json(json.loads(part)).decode("utf-8")
-        texts[part] = found
-        return found
+    def write(text: str) -> str:
+        return canonical.json(json.loads(text)).decode("utf-8")
 
-    members = {name: text(part) for name, part in split.fields.items()}
+    known = run.texts
+    run.texts = {text: known.get(text) or write(text) for text in split.fields.values()}
+    members = {name: run.texts[text] for name, text in split.fields.items()}
     if split.key is not None:
-        members[split.key] = "[" + ",".join(text(item) for item in split.items) + "]"
-    run.texts = texts
+        earlier, count = continued
+        if earlier.written is None or earlier.written[0] != canonical.name:
+            earlier.written = (canonical.name, [write(item) for item in earlier.items])
+        items = earlier.written[1][:count] + [write(item) for item in split.items[count:]]
+        split.written = (canonical.name, items)
+        members[split.key] = "[" + ",".join(items) + "]"
     code_points = canonical.code_point_keys
     return digest_bytes(object_text(members, code_point_keys=code_points).encode("utf-8"))
 

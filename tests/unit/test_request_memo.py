@@ -330,6 +330,18 @@ def test_a_request_that_cannot_be_recorded_fails_as_the_whole_way_fails(
     assert errors[0] == errors[1]
 
 
+@pytest.mark.parametrize("canonical", ["v1", "rfc8785"])
+def test_random_conversations_replay_their_requests_rebuilt_by_reference(canonical: str) -> None:
+    recorder = MemoryRecorder(settings=Settings(canonical_json=canonical))
+    for seed in range(6):  # forks and removals: requests continue only part of another
+        recorder.events.clear()
+        snapshot = RunSnapshot(code_version="memo", input={"seed": seed})
+        recorder.record(_agent(seed, 14), snapshot, agent_id="memo")
+        events = list(recorder.events)
+        report = replay_run(events, _agent(seed, 14), blobs=recorder)
+        assert report.passed, f"seed {seed}: {report.divergence}"
+
+
 def test_replay_checks_each_request_against_its_recording() -> None:
     recorder = MemoryRecorder(settings=Settings())
     recorder.record(_agent(7, 12), RunSnapshot(code_version="memo", input={}), agent_id="memo")
