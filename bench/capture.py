@@ -75,6 +75,7 @@ from agent_blackbox.outbox import (
 from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings
 from bench import _sdk_capture
+from bench._capture_peers import run_peers
 from bench._common import console, emit, percentile, stage
 from bench._conversation import TOOLS, docstring_prose
 from bench._fake_llm import FakeLLM
@@ -600,7 +601,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         type=float,
         default=float(os.environ.get("CAPTURE_CHUNK_DELAY_MS") or 2.0),
     )
+    parser.add_argument(
+        "--peers",
+        type=int,
+        metavar="CONVERSATIONS",
+        help="measure against Langfuse and OpenInference instead (bench._capture_peers)",
+    )
     args = parser.parse_args(argv)
+    if args.peers:
+        with fresh_database() as settings, FakeLLM() as server:
+            run_peers(
+                settings.database_url, server.base_url, conversations=args.peers, machine=machine()
+            )
+        return
     plan = Plan(args.calls, args.paced_calls)
     began = time.perf_counter()
     samples: Samples = defaultdict(list)

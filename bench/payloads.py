@@ -17,8 +17,13 @@ measured in the same run:
    over none (target: at most 1.10);
 3. ``replay_events_per_s``: the recorded runs re-driven in process (``replay_run``:
    every body opened, every request rebuilt), the best of ``--repeat``;
-   ``replay_ratio`` is default over none (target: at least 0.90);
-4. what padding a compressed body to its size bucket costs (a sealed body is padded so
+   ``replay_ratio`` is default over none (target: at least 0.90), and
+   ``replay_over_tool_loop`` default over the tool loop of ``bench.replay``, replayed
+   in the same rounds (target: at least 0.25; or at least 5,000 events/s);
+4. ``llm_over_tool_p50_ratio``: the default store's recorder p50 per LLM call at turns
+   20-50 over that of a tool call with about 1 KB of arguments, recorded between the
+   conversations on the same database (target: at most 1.5);
+5. what padding a compressed body to its size bucket costs (a sealed body is padded so
    its size hides what compressed well, ``schemas._padding``), over the default
    store's compressed bodies: ``padding_bytes_pct``, the bytes added in per cent of
    the compressed bytes, and ``padding_us_per_body``, padding and unpadding one body.
@@ -29,6 +34,7 @@ measured in the same run:
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +47,7 @@ from agent_blackbox.schemas import Envelope, EventType, Settings, split_encoding
 from agent_blackbox.schemas._padding import pad, unpad
 from bench._common import bench_settings, drop_runs, emit, stage
 from bench._conversation import conversation_agent, docstring_prose
+from bench.replay import loop_agent
 
 BENCH = "payloads"
 REDUCTION_TARGET = 5.0
@@ -122,10 +129,12 @@ def padding_cost(store: Store) -> tuple[float, float]:
 
 
 class _Timed:
-    """The agent's run, timing what each ``llm`` costs beyond the model's own time."""
+    """The agent's run, timing what each ``llm`` costs beyond the model's own time, by
+    turn (1-based)."""
 
-    def __init__(self, run: AgentRun, latencies: list[float]) -> None:
+    def __init__(self, run: AgentRun, latencies: list[tuple[int, float]]) -> None:
         self._run, self._latencies = run, latencies
+        self._turn = 0
 
     def llm(
         self,
@@ -145,22 +154,53 @@ class _Timed:
 
         began = time.perf_counter()
         answer = self._run.llm(timed, request, **options)
-        self._latencies.append((time.perf_counter() - began - spent) * 1000)
+        self._turn += 1
+        self._latencies.append((self._turn, (time.perf_counter() - began - spent) * 1000))
         return answer
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._run, name)
 
 
+TOOL_ARGUMENT_WORDS = 170
+"""About 1 KB of text: the tool call an LLM call is compared with."""
+TOOL_CALLS = 50
+LATE_TURNS = range(20, 51)
+"""The turns of a 50-turn conversation whose LLM calls are compared with a tool call."""
+LLM_OVER_TOOL_TARGET = 1.5
+
+
+def tool_latencies(recorder: Recorder, calls: int, seed: int) -> tuple[list[float], str]:
+    """What each of ``calls`` tool calls with about 1 KB of arguments costs the agent,
+    in one run; and the run's id."""
+    argument = docstring_prose(random.Random(seed), TOOL_ARGUMENT_WORDS)
+    latencies: list[float] = []
+
+    def entry(run: AgentRun, input: Any) -> None:
+        for i in range(calls):
+            began = time.perf_counter()
+            run.call("lookup", _echo, {"query": argument, "page": i})
+            latencies.append((time.perf_counter() - began) * 1000)
+
+    run, _ = recorder.record(entry, RunSnapshot(code_version="bench", input={}), agent_id="tool")
+    return latencies, run.run_id
+
+
+def _echo(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"found": len(arguments["query"]), "page": arguments["page"]}
+
+
 def recorder_latencies(
     settings: Settings, turns: int, runs: int
-) -> tuple[dict[str, list[float]], list[str]]:
-    """p50 material for none and default, alternating runs on the same database."""
+) -> tuple[dict[str, list[tuple[int, float]]], list[float], list[str]]:
+    """p50 material for none and default, alternating runs on the same database (by
+    turn), and for 1 KB tool calls on the default store between them."""
     recorders = {
         store: Recorder.from_settings(Settings(**{**_fields(settings), **STORES[store]}))
         for store in ("none", "default")
     }
-    latencies: dict[str, list[float]] = {"none": [], "default": []}
+    latencies: dict[str, list[tuple[int, float]]] = {"none": [], "default": []}
+    tools: list[float] = []
     run_ids: list[str] = []
     agents = _agents(turns, runs)
     for i, agent in enumerate(agents):
@@ -173,9 +213,12 @@ def recorder_latencies(
             snapshot = RunSnapshot(code_version="bench", input={"seed": i})
             run, _ = recorders[store].record(entry, snapshot, agent_id="support")
             run_ids.append(run.run_id)
+        calls, run_id = tool_latencies(recorders["default"], TOOL_CALLS, seed=i)
+        tools += calls if i > 0 else []
+        run_ids.append(run_id)
     for recorder in recorders.values():
         recorder.engine.dispose()
-    return latencies, run_ids
+    return latencies, tools, run_ids
 
 
 def _fields(settings: Settings) -> dict[str, Any]:
@@ -190,7 +233,11 @@ def replay_rates(stores: Mapping[str, Store], turns: int, repeat: int) -> dict[s
     for round_ in range(repeat):
         for name in sorted(stores, reverse=round_ % 2 == 1):
             store = stores[name]
-            agents = _agents(turns, len(store.runs))
+            agents = (
+                [loop_agent] * len(store.runs)
+                if name == TOOL_LOOP
+                else _agents(turns, len(store.runs))
+            )
             events = sum(len(run) for run in store.runs)
             began = time.perf_counter()
             for run, agent in zip(store.runs, agents, strict=True):
@@ -199,6 +246,25 @@ def replay_rates(stores: Mapping[str, Store], turns: int, repeat: int) -> dict[s
                     raise SystemExit(f"{name}: replay diverged: {report.divergence}")
             best[name] = max(best[name], events / (time.perf_counter() - began))
     return best
+
+
+TOOL_LOOP = "tool-loop"
+"""The runs of ``bench.replay``'s tool loop, replayed beside the conversations."""
+TOOL_LOOP_EVENTS = 100
+REPLAY_TARGET = 5000.0
+REPLAY_OVER_TOOL_LOOP_TARGET = 0.25
+
+
+def tool_loop(runs: int) -> Store:
+    """``runs`` runs of the tool loop, recorded into memory with the default store."""
+    recorder = MemoryRecorder(settings=Settings(**STORES["default"]))  # type: ignore[arg-type]
+    out: list[list[Envelope]] = []
+    for _ in range(runs):
+        recorder.events.clear()
+        snapshot = RunSnapshot(code_version="bench", input={"events": TOOL_LOOP_EVENTS})
+        recorder.record(loop_agent, snapshot, agent_id="loop")
+        out.append(list(recorder.events))
+    return Store(out, recorder)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -225,11 +291,28 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     settings = bench_settings(BENCH)
     with stage("recording through Postgres"):
-        latencies, run_ids = recorder_latencies(settings, args.turns, args.runs + 1)
+        latencies, tools, run_ids = recorder_latencies(settings, args.turns, args.runs + 1)
     try:
-        p50 = {store: statistics.median(values) for store, values in latencies.items()}
+        p50 = {
+            store: statistics.median(v for _, v in values) for store, values in latencies.items()
+        }
         for store, value in p50.items():
             emit(BENCH, "recorder_p50_ms", value, unit="ms", store=store, **labels)
+        late = statistics.median(v for t, v in latencies["default"] if t in LATE_TURNS)
+        tool = statistics.median(tools)
+        turns = f"{LATE_TURNS.start}-{LATE_TURNS.stop - 1}"
+        emit(BENCH, "recorder_p50_ms", late, unit="ms", store="default", at_turns=turns, **labels)
+        emit(BENCH, "tool_call_1kb_p50_ms", tool, unit="ms", store="default", **labels)
+        emit(
+            BENCH,
+            "llm_over_tool_p50_ratio",
+            late / tool,
+            unit="x",
+            target=LLM_OVER_TOOL_TARGET,
+            at_least=False,
+            at_turns=turns,
+            **labels,
+        )
         emit(
             BENCH,
             "recorder_p50_ratio",
@@ -246,9 +329,27 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     with stage("replaying"):
         pair = {name: stored[name] for name in ("none", "default")}
+        pair[TOOL_LOOP] = tool_loop(args.runs)
         rates = replay_rates(pair, args.turns, args.repeat)
     for store, rate in rates.items():
-        emit(BENCH, "replay_events_per_s", rate, unit="events/s", store=store, **labels)
+        target = REPLAY_TARGET if store == "default" else None
+        emit(
+            BENCH,
+            "replay_events_per_s",
+            rate,
+            unit="events/s",
+            store=store,
+            target=target,
+            **labels,
+        )
+    emit(
+        BENCH,
+        "replay_over_tool_loop",
+        rates["default"] / rates[TOOL_LOOP],
+        unit="x",
+        target=REPLAY_OVER_TOOL_LOOP_TARGET,
+        **labels,
+    )
     emit(
         BENCH,
         "replay_ratio",

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from agent_blackbox.outbox import _boundaries as b
 from agent_blackbox.outbox._boundaries import error_info
 from agent_blackbox.outbox._llm import llm_input
+from agent_blackbox.outbox._request_memo import RequestMemo
 from agent_blackbox.outbox._scrub import Scrub
 from agent_blackbox.schemas import Digester, EventType
 
@@ -66,6 +67,8 @@ class Contract:
     def __init__(self, scrub: Scrub, digest: Digester) -> None:
         self.scrub = scrub.keyed(digest)  # pseudonyms take the run's tenant key
         self.digest = digest
+        self.requests = RequestMemo(self.scrub, digest)
+        """The parts of the run's latest LLM requests, which the next ones reuse."""
         # Inputs that never change are digested once per run, not once per call.
         self._clocks: dict[str, Ask] = {}
         self._draws: dict[str, Ask] = {}
@@ -103,6 +106,11 @@ class Contract:
         """An LLM call; ``value`` is the scrubbed request. The model is the one named,
         else the request's own, else ``unknown``."""
         chosen = model or str(request.get("model", "unknown"))
+        asked = self.requests.asked(provider, chosen, dict(request))
+        if asked is not None:
+            parts = asked.parts
+            fired_parts = parts.fired or _NOTHING_FIRED
+            return Ask(EventType.LLM_CALL, asked.input, asked.digest, parts.value, fired_parts)
         fired: set[str] = set()
         scrubbed = self.scrub.value(dict(request), fired, path="llm.request")
         inputs = llm_input(provider, chosen, scrubbed)

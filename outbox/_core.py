@@ -63,6 +63,7 @@ from agent_blackbox.schemas import (
     Digester,
     Envelope,
     EnvelopeCodec,
+    EventType,
     PayloadPipeline,
     Settings,
     check_run_id,
@@ -278,7 +279,10 @@ class RunCore:
 
     def prepare(self, crossing: b.Crossing, event_id: str) -> PreparedEvent:
         sequence = self.cursor.sequence + 1
-        crossing = self.requests.shortened(crossing, sequence)
+        parts = None
+        if crossing.event_type == EventType.LLM_CALL and isinstance(crossing.input, Mapping):
+            parts = self.contract.requests.parts_of(crossing.input.get("request"))
+        crossing = self.requests.shortened(crossing, sequence, parts=parts)
         ids = {
             name: crossing.attributes[name] for name in _EFFECT_IDS if name in crossing.attributes
         }

@@ -147,6 +147,7 @@ def llm(
         response=None if response is None else scrub.response(response, seen),
         error=scrub.error(error, seen),
         latency_ms=latency_ms,
+        parts=contract.requests.parts_of(ask.value),
     )
     if error is not None:
         # The error carries what llm.call recorded of it (v2: type and message), so a

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from agent_blackbox.outbox._boundaries import Crossing, error_info, plain_error
 from agent_blackbox.schemas import (
@@ -32,8 +33,12 @@ from agent_blackbox.schemas import (
     digest_bytes,
     llm_usage,
     ordered_text,
+    plain_ordered_text,
 )
 from agent_blackbox.schemas import completion_view as completion_view  # outbox re-exports it
+
+if TYPE_CHECKING:
+    from agent_blackbox.outbox._request_memo import RequestParts
 
 # Request fields that are the conversation or the call itself, not sampling parameters.
 _NOT_PARAMS = frozenset(
@@ -63,8 +68,10 @@ def llm_call(
     response: Mapping[str, Any] | None,
     error: BaseException | None,
     latency_ms: float,
+    parts: RequestParts | None = None,
 ) -> Crossing:
-    """A finished LLM call; ``response`` is the provider's raw JSON."""
+    """A finished LLM call; ``response`` is the provider's raw JSON. ``parts`` are
+    ``request``'s, when a :class:`RequestMemo` scrubbed it: its text is theirs."""
     err = plain_error(error_info(error))  # llm.call v2 records type and message only
     params = {k: v for k, v in request.items() if k not in _NOT_PARAMS}
     reply = completion_view(response or {})
@@ -75,7 +82,9 @@ def llm_call(
         "provider": provider,
         "model": model,
         "request_params_json": canonical_text(params, path="llm.params"),
-        "raw_request_json": canonical_text(dict(request), path="llm.request"),
+        "raw_request_json": canonical_text(dict(request), path="llm.request")
+        if parts is None
+        else parts.text(CANONICAL_V1),
         # The response is handed back in replay: stored in its own key order. The
         # request is the agent's input, checked by its digest and never handed back:
         # it stays canonical, which the prefix references (_prefixes) compose from.
@@ -157,21 +166,44 @@ def invalid_tool_arguments(request: Mapping[str, Any], choices: list[Any]) -> li
 
 
 def _arguments_valid(schema: Mapping[str, Any], arguments: Any) -> bool | None:
-    # jsonschema is loaded on the first call that has a schema to check against.
-    from jsonschema.exceptions import SchemaError
-    from jsonschema.validators import validator_for
-
     try:
         value = json.loads(arguments) if isinstance(arguments, str) else arguments
     except ValueError:
         return False
     plain = dict(schema)
+    text = plain_ordered_text(plain)
+    # An agent declares the same tools in every request: checking a schema against its
+    # metaschema cost more than the rest of recording the call, so it is done once per
+    # schema text (which tells schemas apart exactly).
+    validator = _validator(plain) if text is None else _known_validator(text)
+    if validator is None:
+        return None
+    from jsonschema.exceptions import SchemaError
+
     try:
-        validator = validator_for(plain)
-        validator.check_schema(plain)
-        return bool(validator(plain).is_valid(value))
+        return bool(validator.is_valid(value))
     except SchemaError:
         return None
+
+
+@lru_cache(maxsize=256)
+def _known_validator(text: str) -> Any | None:
+    """:func:`_validator` of the schema whose :func:`plain_ordered_text` is ``text``."""
+    return _validator(json.loads(text))
+
+
+def _validator(schema: dict[str, Any]) -> Any | None:
+    """A validator of ``schema``; None when the schema itself is invalid."""
+    # jsonschema is loaded on the first call that has a schema to check against.
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator = validator_for(schema)
+        validator.check_schema(schema)
+    except SchemaError:
+        return None
+    return validator(schema)
 
 
 def _tool_calls(choice: Any) -> list[Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent_blackbox.outbox._boundaries import Crossing
+from agent_blackbox.outbox._request_memo import RequestParts
 from agent_blackbox.schemas import (
     CANONICAL_V1,
     REFERENCE_WINDOW,
@@ -45,9 +46,13 @@ class RequestPrefixes:
         """The run's canonicalisation: a whole request's digest is taken over it."""
         self._recent: list[_Recorded] = []
 
-    def shortened(self, crossing: Crossing, sequence: int) -> Crossing:
+    def shortened(
+        self, crossing: Crossing, sequence: int, *, parts: RequestParts | None = None
+    ) -> Crossing:
         """``crossing`` as it is stored as event ``sequence``: an llm.call's request by
         reference when it shares enough with one of the run's latest requests.
+        ``parts`` are the request's when a :class:`RequestMemo` scrubbed it (its texts
+        are then theirs, not written again).
 
         Every llm.call with a request is remembered for the calls after it; anything at
         ``sequence`` or later is forgotten first (a retried append re-prepares it).
@@ -61,7 +66,11 @@ class RequestPrefixes:
         whole = crossing.body.get("raw_request_json")
         if not isinstance(request, Mapping) or whole is None:
             return crossing
-        split = SplitRequest.checked(request, whole)
+        if parts is not None and whole is parts.text(CANONICAL_V1):
+            split: SplitRequest | None = parts.split()
+        else:
+            parts = None
+            split = SplitRequest.checked(request, whole)
         if split is None:
             return crossing
         best, shared, saved = _best_match(split, recent)
@@ -83,15 +92,19 @@ class RequestPrefixes:
             "key": split.key or "",
             "items": best.items,
             "fields": sorted(shared),
-            "request_sha256": self._request_sha256(request, whole),
+            "request_sha256": self._request_sha256(request, whole, parts),
         }
         return replace(crossing, body=body)
 
-    def _request_sha256(self, request: Mapping[str, Any], whole: str) -> str:
+    def _request_sha256(
+        self, request: Mapping[str, Any], whole: str, parts: RequestParts | None
+    ) -> str:
         """The digest of the whole request: of its text, which is its version 1
         canonical JSON, or of the request under the run's canonicalisation."""
         if self.canonical is CANONICAL_V1:
             return digest_bytes(whole.encode("utf-8"))
+        if parts is not None:
+            return parts.sha256(self.canonical)
         return self.canonical.digest(request, path="llm.request")
 
     def forget(self, sequence: int) -> None:

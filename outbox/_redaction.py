@@ -229,6 +229,24 @@ class Redactor:
         (their keys may be credentials)."""
         return self._walk.inert(value, depth)
 
+    def apart(self, value: dict[Any, Any], turns: str | None) -> bool:
+        """Whether redacting the mapping ``value`` redacts each of its values alone
+        (:meth:`redact_part`, level 1), and each item of its list under ``turns`` alone
+        (level 2): so a value seen before may keep its redacted copy. See
+        :meth:`~agent_blackbox.outbox._value_walk.ValueWalk.apart`."""
+        return self._walk.apart(value, turns)
+
+    def redact_part(self, value: Any, *, level: int) -> Redacted:
+        """A value of a mapping :meth:`apart` holds for (``level`` 1), or an item of its
+        list of turns (2), redacted as :meth:`redact` of the mapping redacts it.
+
+        Raises:
+            NotSerialisable: it nests too deeply.
+        """
+        fired: set[str] = set()
+        redacted = self._walk.copy_part(value, level=level, fired=fired)
+        return Redacted(redacted, tuple(sorted(fired)))
+
     def redact(self, value: Any, *, path: str = "$") -> Redacted:
         """Return a redacted deep copy of ``value`` (tuples become lists); never mutates it.
 

@@ -128,6 +128,24 @@ class Scrub:
         fired.update(redacted.fired)
         return redacted.value
 
+    def apart(self, value: dict[Any, Any], turns: str | None) -> bool:
+        """Whether :meth:`value` of the mapping ``value`` scrubs each of its values, and
+        each item of its list under ``turns``, alone (:meth:`part`); never without
+        rules (the value is then recorded as the caller's own objects)."""
+        return self._redactor is not None and self._redactor.apart(value, turns)
+
+    def part(self, value: Any, *, level: int) -> tuple[Any, tuple[str, ...]]:
+        """A value of a mapping :meth:`apart` holds for (``level`` 1) or an item of its
+        list of turns (2), scrubbed as :meth:`value` of the mapping scrubs it, and the
+        rules that fired.
+
+        Raises:
+            NotSerialisable: it nests too deeply.
+        """
+        assert self._redactor is not None, "apart() holds only with rules"
+        redacted = self._redactor.redact_part(value, level=level)
+        return redacted.value, redacted.fired
+
     def snapshot(self, snapshot: Any, fired: set[str]) -> dict[str, Any]:
         """The fields of a run's input snapshot (a ``RunSnapshot``) that ``run.started``
         records besides its input, as recorded: from version 2 on each is scrubbed on its

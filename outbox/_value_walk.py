@@ -127,6 +127,49 @@ class ValueWalk:
         except _TooDeep:
             raise too_deep(deepest_path(value, path=path) or path) from None
 
+    def apart(self, value: dict[Any, Any], turns: str | None) -> bool:
+        """Whether :meth:`copy` of the mapping ``value`` copies each of its values alone,
+        as :meth:`copy_part` does at level 1, under the same key, and (with ``turns``)
+        each item of the list under that key alone, as :meth:`copy_part` does at level
+        2: no path rule is configured, and no key names a credential or a card, changes
+        when scanned, or makes the mapping a header or a card's details, and the list
+        of turns is no header."""
+        if self._paths or (self._credential_key(value.get("name")) and "value" in value):
+            return False
+        cards = self._card_ints and self._version > 2
+        if cards and holds_card_fields(value):
+            return False
+        for key in value:
+            if type(key) is not str or self._credential_key(key):
+                return False
+            if (cards and is_card_field(key)) or (
+                self._version > 1 and len(key) >= _MIN_LENGTH and self._scans(key)
+            ):
+                return False
+        items = None if turns is None else value.get(turns)
+        if turns is not None and type(items) is not list:
+            return False
+        return not (items and len(items) == 2 and self._credential_key(items[0]))
+
+    def _scans(self, key: str) -> bool:
+        """Whether scanning ``key`` fires a rule or changes it."""
+        fired: set[str] = set()
+        return self._scan.scan(key, fired) != key or bool(fired)
+
+    def copy_part(self, value: Any, *, level: int, fired: set[str]) -> Any:
+        """A redacted copy of ``value`` as :meth:`copy` copies it at ``level`` below the
+        root of a mapping :meth:`apart` holds for: a value of the mapping (1), an item
+        of its list of turns (2).
+
+        Raises:
+            NotSerialisable: it nests too deeply (naming no path: :meth:`copy` of the
+                whole value names where).
+        """
+        try:
+            return self._walk(value, (), fired, 0, level)
+        except _TooDeep:
+            raise too_deep("$") from None
+
     def _walk(self, value: Any, live: _Live, fired: set[str], depth: int, level: int) -> Any:
         # depth: how many JSON strings deep this value was parsed from; level: how deeply
         # it sits in lists and mappings (bounded, so no value can exhaust the stack).

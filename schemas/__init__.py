@@ -13,7 +13,9 @@ from agent_blackbox.schemas._canonical import (
     canonical_text,
     deepest_path,
     digest_bytes,
+    object_text,
     ordered_text,
+    plain_ordered_text,
     too_deep,
 )
 from agent_blackbox.schemas._checkpoint import (
@@ -275,8 +277,10 @@ __all__ = [
     "moment",
     "next_chain_hash",
     "normalize_database_url",
+    "object_text",
     "ordered_text",
     "permission_refused",
+    "plain_ordered_text",
     "read_checked_file",
     "refusing_plaintext",
     "rfc8785_json",

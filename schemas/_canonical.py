@@ -111,6 +111,28 @@ def encoded_parts(values: Sequence[Any]) -> list[str] | None:
     return ["".join(_C_ENCODER(value, 0)) for value in values]
 
 
+def plain_ordered_text(value: Any) -> str | None:
+    """The :func:`ordered_text` of ``value`` when it is built of exactly dict, list, tuple,
+    str, int, bool, None and finite floats with str keys, else None: a text that tells
+    such values apart exactly (an int from a float, key order kept), so a cache of what
+    is derived from a value can key on it. Tuples write as lists: a caller whose result
+    differs between the two must not use it."""
+    if _C_ORDERED_ENCODER is None or not _plain(value):
+        return None
+    return "".join(_C_ORDERED_ENCODER(value, 0))
+
+
+def object_text(members: Mapping[str, str], *, code_point_keys: bool = True) -> str:
+    """The canonical JSON of an object from the canonical texts of its members' values:
+    keys sorted by code point (version 1), or by UTF-16 code units (RFC 8785)."""
+    names = sorted(members) if code_point_keys else sorted(members, key=_utf16)
+    return "{" + ",".join(f"{encode_basestring(k)}:{members[k]}" for k in names) + "}"
+
+
+def _utf16(key: str) -> bytes:
+    return key.encode("utf-16-be", "surrogatepass")
+
+
 HMAC_PREFIX = "hmac-sha256:"
 
 

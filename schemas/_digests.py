@@ -119,6 +119,11 @@ class Digester(Protocol):
         """This digest (the same key, if any) over ``canonical``."""
         ...
 
+    def of_canonical(self, data: bytes) -> str:
+        """The digest of a value whose canonical JSON (under :attr:`canonical`) is
+        ``data``, written by the caller from texts it already held."""
+        ...
+
 
 _sha256 = hashlib.sha256
 
@@ -137,6 +142,9 @@ class PlainDigest:
 
     def under(self, canonical: Canonicalisation) -> PlainDigest:
         return canonical.digest
+
+    def of_canonical(self, data: bytes) -> str:
+        return DIGEST_PREFIX + _sha256(data).hexdigest()
 
     def __repr__(self) -> str:
         return f"PlainDigest({self.canonical.name})"
@@ -173,6 +181,11 @@ class KeyedDigest:
     def __call__(self, value: Any, *, path: str = "$") -> str:
         mac = self._keyed.copy()
         mac.update(self.canonical.encode(value, path=path))
+        return HMAC_PREFIX + mac.hexdigest()
+
+    def of_canonical(self, data: bytes) -> str:
+        mac = self._keyed.copy()
+        mac.update(data)
         return HMAC_PREFIX + mac.hexdigest()
 
     def under(self, canonical: Canonicalisation) -> KeyedDigest:

@@ -32,7 +32,12 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import Any, Final
 
-from agent_blackbox.schemas._canonical import canonical_text, digest_bytes, encoded_parts
+from agent_blackbox.schemas._canonical import (
+    canonical_text,
+    digest_bytes,
+    encoded_parts,
+    object_text,
+)
 from agent_blackbox.schemas._digests import CANONICAL_V1, Canonicalisation
 from agent_blackbox.schemas._errors import UndecodableMessage
 
@@ -90,6 +95,8 @@ class SplitRequest:
     fields: dict[str, str]
     key: str | None
     items: list[str]
+    written: tuple[str, list[str]] | None = None
+    """A reader's: the items' canonical JSON under the canonicalisation it names."""
 
     @classmethod
     def of(cls, request: Mapping[str, Any], *, path: str = "llm.request") -> SplitRequest:
@@ -143,6 +150,9 @@ class _Run:
     calls: OrderedDict[int, _Held] = field(default_factory=OrderedDict)
     lost: dict[int, str] = field(default_factory=dict)
     """llm.calls whose bodies did not open, and why: what names them cannot be rebuilt."""
+    texts: dict[str, str] = field(default_factory=dict)
+    """The canonical JSON (under the run's canonicalisation, when not version 1) of each
+    part of the latest request rebuilt, by the part's version 1 text."""
 
     def hold(self, sequence: int, held: _Held) -> None:
         calls = self.calls
@@ -210,9 +220,11 @@ class RequestMemory:
             raise RequestPrefixMissing(run_id, sequence, prefix["sequence"])
         if text is None:
             raise UndecodableMessage(f"{where}: a request stored by reference has no own part")
-        split = _spliced(earlier.parts(), json.loads(text), prefix, where)
+        parts = earlier.parts()
+        split = _spliced(parts, json.loads(text), prefix, where)
         whole = split.text()
-        if _request_sha256(whole, canonical) != prefix["request_sha256"]:
+        continued = (parts, prefix["items"])
+        if _split_sha256(split, whole, canonical, run, continued) != prefix["request_sha256"]:
             raise UndecodableMessage(
                 f"{where}: the request rebuilt from llm.call {prefix['sequence']} does not "
                 "match its recorded digest; the run's events are not those it was recorded "
@@ -227,6 +239,37 @@ def _request_sha256(whole: str, canonical: Canonicalisation) -> str:
     if canonical is CANONICAL_V1:
         return digest_bytes(whole.encode("utf-8"))
     return canonical.digest(json.loads(whole))
+
+
+def _split_sha256(
+    split: SplitRequest,
+    whole: str,
+    canonical: Canonicalisation,
+    run: _Run,
+    continued: tuple[SplitRequest, int],
+) -> str:
+    """:func:`_request_sha256` of ``whole``, the text of ``split``, which continues the
+    first ``count`` items of ``earlier`` (``continued``): under another canonicalisation
+    than version 1, the request's canonical JSON is put together from its parts', and
+    the items it shares with ``earlier`` are not written again."""
+    if canonical is CANONICAL_V1:
+        return _request_sha256(whole, canonical)
+
+    def write(text: str) -> str:
+        return canonical.json(json.loads(text)).decode("utf-8")
+
+    known = run.texts
+    run.texts = {text: known.get(text) or write(text) for text in split.fields.values()}
+    members = {name: run.texts[text] for name, text in split.fields.items()}
+    if split.key is not None:
+        earlier, count = continued
+        if earlier.written is None or earlier.written[0] != canonical.name:
+            earlier.written = (canonical.name, [write(item) for item in earlier.items])
+        items = earlier.written[1][:count] + [write(item) for item in split.items[count:]]
+        split.written = (canonical.name, items)
+        members[split.key] = "[" + ",".join(items) + "]"
+    code_points = canonical.code_point_keys
+    return digest_bytes(object_text(members, code_point_keys=code_points).encode("utf-8"))
 
 
 def _spliced(

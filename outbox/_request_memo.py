@@ -1,0 +1,223 @@
+"""What a run's LLM requests already cost, kept for the requests after them.
+
+An agent sends its whole conversation with every call, so request ``n`` repeats the
+messages of requests ``1..n-1``. Redacting, writing canonical JSON and digesting the
+whole request at every call made recording an LLM call cost in proportion to the
+conversation's length. A :class:`RequestMemo` (one per run, in record mode and in
+replay alike) keeps, for each top-level field of a request and each item of its list of
+turns, the redacted copy, the rules that fired and its canonical texts, keyed by the
+exact bytes of the part as the agent handed it over (``marshal`` version 2: key order
+kept, an int told from a float, floats by their bits). A part seen before is not walked again; the
+request's texts are put together from its parts' texts (:func:`object_text`), and its
+digests taken over those bytes.
+
+Only where that changes nothing: the redaction rules redact each part alone
+(:meth:`Scrub.apart`: no path rule, no credential, card or header context above the
+parts), and every part is built of plain JSON types. Otherwise, or when a part cannot be
+recorded (too deep, a lone surrogate), the request goes the whole way as before, which
+also raises the error naming where. A property test compares both ways byte for byte.
+
+The redacted copies are the recorder's own objects, never handed to the agent and never
+changed, so later steps of the same call (the body's request text, the request stored
+by reference) find the parts of a request by the identity of its fields' values.
+"""
+
+from __future__ import annotations
+
+import marshal
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_blackbox.outbox._errors import BlackboxError
+from agent_blackbox.outbox._llm import llm_input
+from agent_blackbox.outbox._scrub import Scrub
+from agent_blackbox.schemas import (
+    CANONICAL_V1,
+    Canonicalisation,
+    Digester,
+    SplitRequest,
+    object_text,
+    plain_ordered_text,
+)
+from agent_blackbox.schemas._request_prefix import turn_key
+
+KEPT_CALLS = 8
+"""A part not repeated by any of this many requests since is forgotten."""
+_RECENT = 4
+"""Requests whose parts later steps may still ask for (concurrent calls of one run)."""
+
+
+@dataclass(slots=True)
+class _Part:
+    """One field of a request, or one item of its list of turns, as recorded."""
+
+    value: Any
+    """The redacted copy."""
+    fired: tuple[str, ...]
+    texts: dict[str, str]
+    """The value's canonical JSON by canonicalisation name."""
+    used: int
+
+    def text(self, canonical: Canonicalisation) -> str:
+        found = self.texts.get(canonical.name)
+        if found is None:
+            found = self.texts[canonical.name] = canonical.json(self.value).decode("utf-8")
+        return found
+
+
+@dataclass(slots=True)
+class RequestParts:
+    """A redacted request, and the parts it is made of."""
+
+    value: dict[str, Any]
+    """The redacted request (its list of turns a list of the parts' values)."""
+    fields: dict[str, _Part]
+    """Each top-level field but the list of turns, in the request's order."""
+    key: str | None
+    items: list[_Part]
+    fired: frozenset[str]
+    wholes: dict[str, str] = field(default_factory=dict)
+
+    def text(self, canonical: Canonicalisation) -> str:
+        """The request's canonical JSON under ``canonical``, from its parts' texts."""
+        found = self.wholes.get(canonical.name)
+        if found is None:
+            members = {name: part.text(canonical) for name, part in self.fields.items()}
+            if self.key is not None:
+                members[self.key] = "[" + ",".join(p.text(canonical) for p in self.items) + "]"
+            found = object_text(members, code_point_keys=canonical.code_point_keys)
+            self.wholes[canonical.name] = found
+        return found
+
+    def sha256(self, canonical: Canonicalisation) -> str:
+        """SHA-256 of the request's canonical JSON under ``canonical``."""
+        return CANONICAL_V1.digest.of_canonical(self.text(canonical).encode("utf-8"))
+
+    def split(self) -> SplitRequest:
+        """The request as the version 1 texts of its parts (a new object: prefix
+        matching swaps its texts for earlier ones)."""
+        fields = {name: part.text(CANONICAL_V1) for name, part in self.fields.items()}
+        return SplitRequest(fields, self.key, [p.text(CANONICAL_V1) for p in self.items])
+
+    def holds(self, request: Mapping[str, Any]) -> bool:
+        """Whether ``request`` is this request or a copy of it holding the same objects."""
+        value = self.value
+        if request is value:
+            return True
+        if len(request) != len(value):
+            return False
+        for (name, item), (theirs, other) in zip(value.items(), request.items(), strict=True):
+            if name != theirs or item is not other:
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """An LLM call's request as the memo scrubbed and digested it."""
+
+    input: dict[str, Any]
+    digest: str
+    parts: RequestParts
+
+
+class RequestMemo:
+    """The parts of one run's latest LLM requests (see the module's docstring).
+
+    Args:
+        scrub: the run's redaction rules.
+        digest: the run's digest (its canonicalisation is the run's).
+    """
+
+    def __init__(self, scrub: Scrub, digest: Digester) -> None:
+        self._scrub = scrub
+        self._digest = digest
+        self._parts: dict[tuple[int, bytes], _Part] = {}
+        self._calls = 0
+        self._recent: deque[RequestParts] = deque(maxlen=_RECENT)
+        self._lock = threading.Lock()
+
+    def asked(self, provider: str, model: str, request: dict[str, Any]) -> Asked | None:
+        """The scrubbed input of an LLM call of ``request`` (the caller's copy, which is
+        not kept) and its digest, from the parts already seen; None where the memo
+        does not apply (then scrub and digest the whole request)."""
+        key = turn_key(request)
+        if not self._scrub.apart(request, key):
+            return None
+        try:
+            parts = self._request(request, key)
+            canonical = self._digest.canonical
+            members = {
+                "provider": canonical.json(provider).decode("utf-8"),
+                "model": canonical.json(model).decode("utf-8"),
+                "request": parts.text(canonical),
+            }
+            text = object_text(members, code_point_keys=canonical.code_point_keys)
+        except (BlackboxError, ValueError):
+            return None  # the whole way raises it again, naming where
+        with self._lock:
+            self._recent.append(parts)
+        digest = self._digest.of_canonical(text.encode("utf-8"))
+        return Asked(llm_input(provider, model, parts.value), digest, parts)
+
+    def parts_of(self, request: Any) -> RequestParts | None:
+        """The parts of a request :meth:`asked` scrubbed (or a copy of it), if recent."""
+        if not isinstance(request, Mapping):
+            return None
+        with self._lock:  # another thread of the run may be appending
+            recent = tuple(self._recent)
+        for parts in reversed(recent):
+            if parts.holds(request):
+                return parts
+        return None
+
+    def _request(self, request: dict[str, Any], key: str | None) -> RequestParts:
+        """The request's parts, each found or made; forgets the parts not used lately.
+
+        Raises:
+            NotSerialisable: a part nests too deeply or has no JSON form.
+            ValueError: a part is not plain JSON (:class:`_NotPlain`), or has a lone
+                surrogate.
+        """
+        with self._lock:
+            self._calls += 1
+            now = self._calls
+        fields = {name: self._part(value, 1, now) for name, value in request.items() if name != key}
+        items = [] if key is None else [self._part(item, 2, now) for item in request[key]]
+        value: dict[str, Any] = {}
+        for name in request:
+            value[name] = [p.value for p in items] if name == key else fields[name].value
+        fired = frozenset(name for part in (*fields.values(), *items) for name in part.fired)
+        if now % KEPT_CALLS == 0:
+            self._forget(now)
+        return RequestParts(value, fields, key, items, fired)
+
+    def _part(self, value: Any, level: int, now: int) -> _Part:
+        """The part ``value`` at ``level``, found by its exact bytes or made."""
+        # marshal's version 2 writes plain types exactly (an int is no float, keys in
+        # order, floats by their bits, no references between objects), refuses their
+        # subclasses, and costs a fraction of writing JSON.
+        exact = marshal.dumps(value, 2)
+        found = self._parts.get((level, exact))
+        if found is None:
+            if plain_ordered_text(value) is None:  # NaN, bytes, a set...
+                raise _NotPlain
+            redacted, fired = self._scrub.part(value, level=level)
+            found = _Part(redacted, fired, {}, now)
+            # Both texts now: a part that has none fails here, not in a later step.
+            found.text(CANONICAL_V1)
+            found.text(self._digest.canonical)
+            self._parts[level, exact] = found
+        found.used = now
+        return found
+
+    def _forget(self, now: int) -> None:
+        with self._lock:
+            self._parts = {k: p for k, p in self._parts.items() if p.used > now - KEPT_CALLS}
+
+
+class _NotPlain(ValueError):
+    """A part of a request is not built of plain JSON types."""

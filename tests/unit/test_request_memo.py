@@ -1,0 +1,373 @@
+"""Incremental LLM-call recording: a run's requests reuse the redaction, the canonical
+texts and the digests of the parts its earlier requests already had
+(``outbox._request_memo``), and every result is byte for byte what the whole way gives.
+
+A property test over seeded random conversations (no hypothesis in the venv): messages
+with secrets, e-mail addresses, card numbers, JSON inside strings, numbers of each JSON
+type, keys out of order, tuples; requests whose root makes redaction depend on more than
+a part (path rules, a credential or card key, a header); earlier messages edited in
+place, removed, or the conversation forked. Each is recorded with the memo and with the
+memo turned off, and the stored events compared: payload bytes, digests, attributes
+(the rules that fired among them).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from agent_blackbox.outbox import AgentRun, MemoryRecorder, Redactor, RunSnapshot, _recording
+from agent_blackbox.outbox._request_memo import RequestMemo
+from agent_blackbox.outbox._scrub import Scrub
+from agent_blackbox.outbox.contract import Contract
+from agent_blackbox.replayer import replay_run
+from agent_blackbox.schemas import (
+    CANONICAL_V1,
+    RFC8785,
+    Envelope,
+    KeyedDigest,
+    NotSerialisable,
+    Settings,
+    object_text,
+    plain_ordered_text,
+)
+
+SECRETS = (
+    "alice.smith@example.com",
+    "sk-proj-" + "A1b2C3d4E5f6G7h8" * 3,
+    "4111 1111 1111 1111",
+    "AKIAIOSFODNN7EXAMPLE",
+    "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJlc2lnbmF0dXJl",
+    "+44 20 7946 0958",
+    "data:text/plain;base64," + base64.b64encode(b"api_key=sk-live-0123456789abcdef").decode(),
+    "https://x.test/?api%5Fkey=sk-live-0123456789abcdefghij",
+    "ghp_" + "x1Y2z3" * 6,
+    "password=hunter2hunter2",
+)
+WORDS = [
+    "the",
+    "order",
+    "was",
+    "late",
+    "and",
+    "the",
+    "customer",
+    "asked",
+    "for",
+    "a",
+    "refund",
+    "of",
+    "the",
+    "second",
+    "item",
+]
+
+
+def _text(rng: random.Random) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(1, 30))]
+    if rng.random() < 0.3:
+        words.insert(rng.randint(0, len(words)), rng.choice(SECRETS))
+    return " ".join(words)
+
+
+def _scalar(rng: random.Random) -> Any:
+    return rng.choice(
+        [
+            1,
+            1.0,
+            True,
+            None,
+            -0.0,
+            0.0,
+            2**60,
+            4111111111111111,
+            0.25,
+            "short",
+            rng.choice(SECRETS),
+        ]
+    )
+
+
+def _message(rng: random.Random) -> dict[str, Any]:
+    kind = rng.randrange(7)
+    if kind == 0:
+        return {"role": "user", "content": _text(rng)}
+    if kind == 1:  # a tool result: JSON inside the string
+        result = {"note": _text(rng), "amount": _scalar(rng), "card": _scalar(rng)}
+        return {
+            "role": "tool",
+            "tool_call_id": f"call_{rng.randrange(99)}",
+            "content": json.dumps(result),
+        }
+    if kind == 2:  # keys in another order, content blocks
+        return {"content": [{"type": "text", "text": _text(rng)}], "role": "assistant"}
+    if kind == 3:
+        arguments = json.dumps({"order_id": _text(rng)[:20], "email": rng.choice(SECRETS)})
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    if kind == 4:  # a card's details inside a message, numbers of each type
+        return {
+            "role": "user",
+            "content": _text(rng),
+            "payment": {"number": _scalar(rng), "cvc": 123},
+        }
+    if kind == 5:  # a tuple, and a header given as a pair
+        return {
+            "role": "user",
+            "content": (_text(rng), _scalar(rng)),
+            "h": ["Authorization", "x" * 9],
+        }
+    return {"role": "user", "name": "api_key", "value": _text(rng), "api_key": "k" * 12}
+
+
+def _request(rng: random.Random, messages: list[Any], turn: int) -> dict[str, Any]:
+    key = "input" if rng.random() < 0.15 else "messages"
+    request: dict[str, Any] = {"model": "m-1", key: list(messages)}
+    if rng.random() < 0.7:
+        request["temperature"] = rng.choice([0.2, 1.0, 1, 0])
+    if rng.random() < 0.6:
+        request["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    if rng.random() < 0.5:
+        request["system"] = "You are helpful. " + rng.choice(SECRETS)
+    odd = rng.random()
+    if odd < 0.05:
+        request["api_key"] = "sk-" + "z" * 30  # a credential at the root
+    elif odd < 0.10:
+        request["cvc"] = 321  # the root holds a card's details
+    elif odd < 0.15:
+        request["name"], request["value"] = "Authorization", "Basic abc"  # a header
+    elif odd < 0.20:
+        request[key] = ["Authorization", "x" * 12]  # the turn list is a header
+    elif odd < 0.25:
+        request["metadata"] = {"user_id": f"u-{turn}", "card_number": 4111111111111111}
+    return request
+
+
+def _conversation(seed: int, turns: int) -> Iterator[dict[str, Any]]:
+    rng = random.Random(seed)
+    messages: list[Any] = [{"role": "system", "content": _text(rng)}]
+    for turn in range(turns):
+        for _ in range(rng.randint(1, 3)):
+            messages.append(_message(rng))
+        change = rng.random()
+        if change < 0.1 and len(messages) > 2:  # an earlier message edited in place
+            edited = rng.choice(messages[1:])
+            if isinstance(edited, dict):
+                edited["content"] = _text(rng)
+        elif change < 0.15 and len(messages) > 3:  # one removed
+            del messages[rng.randrange(1, len(messages))]
+        elif change < 0.2 and len(messages) > 3:  # a fork from an earlier point
+            messages = messages[: rng.randrange(1, len(messages))]
+        yield _request(rng, messages, turn)
+
+
+def _send(request: Mapping[str, Any]) -> dict[str, Any]:
+    turns = request.get("messages") or request.get("input") or []
+    text = f"answer to {len(turns)} turns" + (
+        " mail bob@example.org" if len(turns) % 4 == 0 else ""
+    )
+    return {
+        "id": f"r-{len(turns)}",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+    }
+
+
+def _agent(seed: int, turns: int) -> Callable[[AgentRun, Any], Any]:
+    def agent(run: AgentRun, input: Any) -> Any:
+        for request in _conversation(seed, turns):
+            run.llm(_send, request, provider="openai")
+        return {"done": True}
+
+    return agent
+
+
+def _stored(envelope: Envelope) -> tuple[Any, ...]:
+    """What must not differ between the two ways: the body's bytes, its encoding, the
+    digests and the attributes (the rules that fired, the request's sizes)."""
+    return (
+        envelope.sequence,
+        envelope.event_type,
+        envelope.payload,
+        envelope.payload_encoding,
+        envelope.input_digest,
+        envelope.output_digest,
+        dict(envelope.attributes),
+    )
+
+
+def _recorded(recorder: MemoryRecorder, seed: int, turns: int) -> list[tuple[Any, ...]]:
+    recorder.events.clear()
+    snapshot = RunSnapshot(code_version="memo", input={"seed": seed})
+    recorder.record(_agent(seed, turns), snapshot, agent_id="memo")
+    return [_stored(e) for e in recorder.events]
+
+
+@pytest.fixture
+def whole_way(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
+    """Turns the memo off (True) or on again (False). Calls take no time (a body
+    records its call's latency, which would differ between the two recordings)."""
+    monkeypatch.setattr(_recording.time, "perf_counter", lambda: 1.0)
+
+    original = RequestMemo.asked
+
+    def switch(off: bool) -> None:
+        monkeypatch.setattr(RequestMemo, "asked", (lambda *_: None) if off else original)
+
+    return switch
+
+
+CONFIGS = [
+    pytest.param({}, {}, id="default"),
+    pytest.param({"canonical_json": "v1"}, {}, id="canonical-v1"),
+    pytest.param({"llm_request_references": "off"}, {}, id="no-references"),
+    pytest.param({"payload_compression": "none"}, {"version": 2}, id="redaction-v2"),
+    pytest.param({}, {"version": 1}, id="redaction-v1"),
+    pytest.param({}, {"paths": ["messages.*.content"]}, id="path-rule"),
+]
+
+
+@pytest.mark.parametrize(("settings", "rules"), CONFIGS)
+def test_random_conversations_record_the_same_bytes_with_and_without_the_memo(
+    settings: dict[str, str], rules: dict[str, Any], whole_way: Callable[[bool], None]
+) -> None:
+    recorder = MemoryRecorder(settings=Settings(**settings), redaction=Redactor(**rules))  # type: ignore[arg-type]
+    for seed in range(8):
+        whole_way(False)
+        incremental = _recorded(recorder, seed, turns=14)
+        whole_way(True)
+        whole = _recorded(recorder, seed, turns=14)
+        assert len(incremental) == len(whole) > 14
+        for mine, theirs in zip(incremental, whole, strict=True):
+            assert mine == theirs, f"seed {seed}, event {mine[0]}"
+    fired = {e.attributes.get("redacted") for e in recorder.events}
+    assert fired - {None}, "the conversations fired no rule: they test too little"
+
+
+@pytest.mark.parametrize("canonical", [CANONICAL_V1, RFC8785], ids=["v1", "rfc8785"])
+@pytest.mark.parametrize("pseudonyms", [(), ("email",)], ids=["placeholders", "pseudonyms"])
+def test_keyed_asks_are_the_same_with_and_without_the_memo(
+    canonical: Any, pseudonyms: tuple[str, ...]
+) -> None:
+    digest = KeyedDigest(b"k" * 32, canonical)
+    scrub = Scrub(Redactor(pseudonyms=pseudonyms))
+    memo, whole = Contract(scrub, digest), Contract(scrub, digest)
+    whole.requests = _Off()  # type: ignore[assignment]
+    asked = 0
+    for seed in range(6):
+        for request in _conversation(100 + seed, turns=12):
+            mine, theirs = memo.llm("openai", None, request), whole.llm("openai", None, request)
+            assert mine.input_digest == theirs.input_digest
+            assert plain_ordered_text(mine.value) == plain_ordered_text(theirs.value)
+            assert mine.input == theirs.input
+            assert mine.fired == theirs.fired
+            asked += memo.requests.parts_of(mine.value) is not None
+    assert asked > 40, "the memo was used for too few requests to tell"
+
+
+class _Off:
+    def asked(self, *_: Any) -> None:
+        return None
+
+    def parts_of(self, _: Any) -> None:
+        return None
+
+
+def test_each_request_redacts_only_the_parts_it_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    walked: list[Any] = []
+    part = Scrub.part
+
+    def counted(self: Scrub, value: Any, *, level: int) -> Any:
+        walked.append(value)
+        return part(self, value, level=level)
+
+    monkeypatch.setattr(Scrub, "part", counted)
+    contract = Contract(Scrub(Redactor()), RFC8785.digest)
+    messages: list[dict[str, Any]] = []
+    for turn in range(30):
+        messages.append({"role": "user", "content": f"question {turn}: " + "word " * 200})
+        request = {"model": "m", "messages": list(messages), "tools": [{"name": "f"}]}
+        walked.clear()
+        contract.llm("openai", None, request)
+        # The first request walks its fields too; each later one its new message only.
+        assert walked == (["m", request["tools"], messages[0]] if turn == 0 else [messages[-1]])
+
+
+def test_an_earlier_message_changed_in_place_is_redacted_again() -> None:
+    contract = Contract(Scrub(Redactor()), RFC8785.digest)
+    messages = [{"role": "user", "content": "hello there"}, {"role": "user", "content": "x" * 10}]
+    contract.llm("openai", None, {"model": "m", "messages": messages})
+    messages[0]["content"] = "write to alice.smith@example.com"
+    ask = contract.llm("openai", None, {"model": "m", "messages": messages})
+    assert ask.value["messages"][0]["content"] == "write to [redacted:email]"
+    assert "email" in ask.fired
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [float("nan"), {"deep": json.loads("[" * 120 + "]" * 120)}, "\ud800"],
+    ids=["nan", "too-deep", "lone-surrogate"],
+)
+def test_a_request_that_cannot_be_recorded_fails_as_the_whole_way_fails(
+    bad: Any, whole_way: Callable[[bool], None]
+) -> None:
+    errors = []
+    for off in (False, True):
+        whole_way(off)
+        contract = Contract(Scrub(Redactor()), RFC8785.digest)
+        contract.llm("openai", None, {"model": "m", "messages": [{"content": "fine words"}]})
+        request = {"model": "m", "messages": [{"content": "fine words"}, {"content": bad}]}
+        with pytest.raises((NotSerialisable, ValueError)) as raised:
+            contract.llm("openai", None, request)
+        errors.append((type(raised.value), str(raised.value)))
+    assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("canonical", ["v1", "rfc8785"])
+def test_random_conversations_replay_their_requests_rebuilt_by_reference(canonical: str) -> None:
+    recorder = MemoryRecorder(settings=Settings(canonical_json=canonical))
+    for seed in range(6):  # forks and removals: requests continue only part of another
+        recorder.events.clear()
+        snapshot = RunSnapshot(code_version="memo", input={"seed": seed})
+        recorder.record(_agent(seed, 14), snapshot, agent_id="memo")
+        events = list(recorder.events)
+        report = replay_run(events, _agent(seed, 14), blobs=recorder)
+        assert report.passed, f"seed {seed}: {report.divergence}"
+
+
+def test_replay_checks_each_request_against_its_recording() -> None:
+    recorder = MemoryRecorder(settings=Settings())
+    recorder.record(_agent(7, 12), RunSnapshot(code_version="memo", input={}), agent_id="memo")
+    events = list(recorder.events)
+    assert replay_run(events, _agent(7, 12), blobs=recorder).passed
+
+    def changed(run: AgentRun, input: Any) -> Any:
+        for turn, request in enumerate(_conversation(7, 12)):
+            if turn == 9:  # a message the earlier requests had, changed in the replay
+                turns = request.get("messages") or request["input"]
+                turns[0] = {**turns[0], "content": "something else"}
+            run.llm(_send, request, provider="openai")
+        return {"done": True}
+
+    report = replay_run(events, changed, blobs=recorder)
+    assert not report.passed
+    assert report.divergence is not None
+
+
+def test_digests_of_canonical_bytes_are_the_digests_of_the_value() -> None:
+    value = {"b": [1, 2.5, "é"], "a": {"z": None, "y": True}}
+    for canonical in (CANONICAL_V1, RFC8785):
+        keyed = KeyedDigest(b"q" * 32, canonical)
+        data = canonical.json(value)
+        assert keyed.of_canonical(data) == keyed(value)
+        assert canonical.digest.of_canonical(data) == canonical.digest(value)
+        members = {k: canonical.json(v).decode() for k, v in value.items()}
+        text = object_text(members, code_point_keys=canonical.code_point_keys)
+        assert text.encode() == data
