@@ -116,14 +116,16 @@ class Publisher:
         clock = time.monotonic
         produce = self._producer.produce
         delivered = batch.delivered
-        take, opened = order.take, order.opened
+        open_runs, stopped, hold = order.open, order.stopped, order.hold
         until = deadline.produce_until
         header = EVENT_ID_HEADER
         produced = 0
         try:
             for row in rows:
-                if not take(row, batch):
-                    produced += 1  # held behind its run's message, or left
+                key = row[1]
+                if key in open_runs or key in stopped:
+                    hold(row, batch)  # behind its run's message in the producer, or left
+                    produced += 1
                     continue
                 # Read afresh per row: the heartbeat thread renews (or fences) meanwhile;
                 # the deadline only when the one read last has passed.
@@ -138,10 +140,10 @@ class Publisher:
                     break
                 headers: _Headers = [(header, row[2]), stamp]
                 try:
-                    produce(topic, row[3], row[1], on_delivery=delivered, headers=headers)
+                    produce(topic, row[3], key, on_delivery=delivered, headers=headers)
                 except BufferError:
                     self._produce_when_room(topic, row, headers, batch)
-                opened(row[1])
+                open_runs[key] = None  # its run's next row waits for the report
                 produced += 1
         finally:
             # Counted once: a report of this batch served meanwhile (inside a poll for
@@ -233,25 +235,24 @@ class Publisher:
         rule every row is produced under: a lease valid long enough for the message to
         settle. A row whose turn comes too late is left, and its run stopped."""
         order, leases = self._order, self._leases
+        produce, topic, header = self._producer.produce, self._topic, EVENT_ID_HEADER
         while order.ready:
             ready, order.ready = order.ready, []
+            # Read once a round, as ``publish`` reads them once a row: a round is what
+            # one poll released, produced within microseconds.
+            stamps = {} if leases is None else leases.stamps
+            late = leases is None or time.monotonic() >= leases.deadline.produce_until
             for row, batch in ready:
-                stamp = None if leases is None else leases.stamps.get(row[5])
-                if (
-                    leases is None
-                    or stamp is None
-                    or time.monotonic() >= leases.deadline.produce_until
-                ):
+                stamp = stamps.get(row[5])
+                if late or stamp is None:
                     batch.drop(row)
                     order.stop(row[1])
                     continue
-                headers: _Headers = [(EVENT_ID_HEADER, row[2]), stamp]
+                headers: _Headers = [(header, row[2]), stamp]
                 try:
-                    self._producer.produce(
-                        self._topic, row[3], row[1], on_delivery=batch.delivered, headers=headers
-                    )
+                    produce(topic, row[3], row[1], on_delivery=batch.delivered, headers=headers)
                 except BufferError:
-                    self._produce_when_room(self._topic, row, headers, batch)
+                    self._produce_when_room(topic, row, headers, batch)
                 # Its run stays open: the acknowledgement that released it left it so.
 
     def _produce_when_room(self, topic: str, row: Row, headers: _Headers, batch: Batch) -> None:

@@ -57,10 +57,10 @@ class RunOrder:
         self.stopped: set[bytes] = set()
         """Runs whose delivery failed: nothing more of them until everything settled."""
 
-    def take(self, row: Row, batch: Batch) -> bool:
-        """Whether ``row`` may be produced now; if not, it is held (its run has a
-        message in the producer) or dropped into ``batch.left`` (its run stopped). A
-        row allowed through opens its run: call ``opened`` once it is produced."""
+    def hold(self, row: Row, batch: Batch) -> None:
+        """Hold ``row`` behind its run's message in the producer, or, its run stopped,
+        drop it into ``batch.left``. (The publisher produces a row of a run in neither
+        state at once, and marks the run open: ``open[key] = None``.)"""
         key = row[1]
         if key in self.open:
             held = self.open[key]
@@ -68,22 +68,20 @@ class RunOrder:
                 self.open[key] = deque([(row, batch)])
             else:
                 held.append((row, batch))
-            return False
-        if key in self.stopped:
+        else:
             batch.drop(row)
-            return False
-        return True
-
-    def opened(self, key: bytes) -> None:
-        """A message of run ``key`` was handed to the producer."""
-        self.open[key] = None
 
     def acknowledged(self, key: bytes) -> None:
         """Kafka acknowledged run ``key``'s message: its next held row becomes ready."""
         held = self.open.pop(key, None)
         if held:
-            self.ready.append(held.popleft())
-            self.open[key] = held or None
+            self.release(key, held)
+
+    def release(self, key: bytes, held: deque[Held]) -> None:
+        """Make the first of ``held`` (run ``key``'s, just taken out of ``open``)
+        ready; the run stays open, for the rest."""
+        self.ready.append(held.popleft())
+        self.open[key] = held or None
 
     def failed(self, key: bytes) -> None:
         """Run ``key``'s message failed: drop what it holds and stop the run."""
