@@ -1,10 +1,12 @@
 """A batch of outbox rows on its way to Kafka: what was produced, what Kafka answered.
 
-The relay reads a batch of rows, produces them in order and keeps the batch until every
-delivery report of it has come back (``pending`` at 0); ``settle`` then sorts the
-produced rows into acknowledged (deleted from the outbox) and failed (left for the next
-read). A failed report tells its row by the message's value, the envelope, which is
-unique to its event: reports of failed deliveries carry no headers.
+The relay reads a batch of rows, takes them in order and keeps the batch until every
+row taken has settled (``pending`` at 0): produced and reported, or dropped unproduced.
+A row is produced at once, or held until Kafka acknowledged the event of its run before
+it (``_run_order``); ``settle`` then sorts the taken rows into acknowledged (deleted from
+the outbox), failed and left (both stay for the next read). A failed report tells its
+row by the message's value, the envelope, which is unique to its event: reports of
+failed deliveries carry no headers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 
 from agent_blackbox.outbox.relay._log import log
+from agent_blackbox.outbox.relay._run_order import RunOrder
 
 Row = tuple[int, bytes, bytes, bytes, float, int, int]
 """An outbox row as the relay reads it: id, key (the run id), event id header value,
@@ -32,13 +35,19 @@ class Batch:
 
     rows: Sequence[Row]
     produced: int = 0
-    """Rows produced, the first ones of ``rows``."""
+    """Rows taken, the first ones of ``rows``: produced, or held behind an unacknowledged
+    event of their run (and then produced or dropped)."""
     acked: list[int] = field(default_factory=list)
     """Row ids Kafka acknowledged, known once the batch settled (``settle``)."""
     failed: list[int] = field(default_factory=list)
     """Row ids whose delivery failed, known once the batch settled."""
     failed_values: list[bytes] = field(default_factory=list)
     """The values of the failed deliveries, as the reports give them."""
+    left: list[int] = field(default_factory=list)
+    """Row ids taken and never produced: an earlier event of their run failed, or the
+    lease no longer allowed producing when their turn came. They stay in the outbox."""
+    order: RunOrder = field(default_factory=RunOrder)
+    """The publisher's one-message-per-run rule, shared by the batches in flight."""
     refused: int = 0
     timed_out: int = 0
     purged: int = 0
@@ -54,7 +63,13 @@ class Batch:
         (an envelope, unique to its event) tells the row at ``settle``."""
         self.pending -= 1
         if err is None:
+            # RunOrder.acknowledged, inlined: it runs once per event.
+            key: bytes = msg.key()  # type: ignore[assignment]  # the relay's keys are bytes
+            held = self.order.open.pop(key, None)
+            if held:
+                self.order.release(key, held)
             return
+        self.order.failed(msg.key())  # type: ignore[arg-type]
         self.failed_values.append(msg.value() or b"")
         code = err.code()
         if code == _TIMED_OUT:
@@ -75,13 +90,19 @@ class Batch:
             if self.failed_values:
                 values = set(self.failed_values)
                 self.failed = [row[0] for row in produced if row[3] in values]
-            failed = set(self.failed)
+            failed = set(self.failed).union(self.left)
             self.acked = [row[0] for row in produced if row[0] not in failed]
+
+    def drop(self, row: Row) -> None:
+        """``row`` was taken and will not be produced (see ``left``)."""
+        self.pending -= 1
+        self.left.append(row[0])
 
     @property
     def left_rows(self) -> bool:
-        """Rows of the batch stay in the outbox: a delivery failed or the batch was cut."""
-        return bool(self.failed) or self.cut
+        """Rows of the batch stay in the outbox: a delivery failed, a row was left, or
+        the batch was cut."""
+        return bool(self.failed) or bool(self.left) or self.cut
 
 
 def order_gaps(rows: Sequence[Sequence[Any]], acked: Sequence[int], failed: Sequence[int]) -> int:

@@ -3,9 +3,12 @@
 The publisher owns the relay's producer and its window of batches in flight, oldest
 first. A row is produced only while its shard's lease is valid long enough for the
 message to settle before the lease can move (``LeaseDeadline.produce_until``), stamped
-with the lease's epoch beside the event id. Batches overlap: the next one is produced
-while the reports of the one before still arrive, and a batch is settled once every
-report of it came back.
+with the lease's epoch beside the event id. A run has at most one message in the
+producer: its next row is held until Kafka acknowledged that one, and produced after the
+poll that served the acknowledgement, under the same lease rule (``_run_order`` says why
+this keeps every run's order whatever fails). Batches overlap: the next one is produced
+while the reports of the one before still arrive, and a batch is settled once every row
+of it was reported or dropped.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from agent_blackbox.broker import new_producer, producer_config
 from agent_blackbox.outbox.relay._batch import Batch, Row
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
 from agent_blackbox.outbox.relay._log import log
+from agent_blackbox.outbox.relay._run_order import RunOrder
 from agent_blackbox.schemas import Settings
 
 EVENT_ID_HEADER = "blackbox.event_id"
@@ -79,6 +83,10 @@ class Publisher:
         )
         self._window: deque[Batch] = deque()
         """Batches produced and not yet settled, oldest first."""
+        self._order = RunOrder()
+        self._leases: Leases | None = None
+        """The leases the last batch was produced under; held rows are produced under
+        them too, when their turn comes."""
 
     @property
     def batches_in_flight(self) -> int:
@@ -96,20 +104,29 @@ class Publisher:
         return len(self._producer)
 
     def publish(self, rows: Sequence[Row], leases: Leases) -> Batch:
-        """Produce ``rows`` in order while ``leases`` allow; the batch joins the window
-        of batches in flight (its deliveries are settled by ``settle``)."""
-        batch = Batch(rows=rows)
+        """Take ``rows`` in order while ``leases`` allow: each is produced, or held
+        behind its run's message in the producer (``RunOrder``); the batch joins the
+        window of batches in flight (its deliveries are settled by ``settle``)."""
+        order = self._order
+        batch = Batch(rows=rows, order=order)
         self._window.append(batch)
+        self._leases = leases
         topic = self._topic
         deadline = leases.deadline
         clock = time.monotonic
         produce = self._producer.produce
         delivered = batch.delivered
+        open_runs, stopped, hold = order.open, order.stopped, order.hold
         until = deadline.produce_until
         header = EVENT_ID_HEADER
         produced = 0
         try:
             for row in rows:
+                key = row[1]
+                if key in open_runs or key in stopped:
+                    hold(row, batch)  # behind its run's message in the producer, or left
+                    produced += 1
+                    continue
                 # Read afresh per row: the heartbeat thread renews (or fences) meanwhile;
                 # the deadline only when the one read last has passed.
                 stamp = leases.stamps.get(row[5])
@@ -123,16 +140,17 @@ class Publisher:
                     break
                 headers: _Headers = [(header, row[2]), stamp]
                 try:
-                    produce(topic, row[3], row[1], on_delivery=delivered, headers=headers)
+                    produce(topic, row[3], key, on_delivery=delivered, headers=headers)
                 except BufferError:
                     self._produce_when_room(topic, row, headers, batch)
+                open_runs[key] = None  # its run's next row waits for the report
                 produced += 1
         finally:
             # Counted once: a report of this batch served meanwhile (inside a poll for
-            # room) took its pending count down already.
+            # room) took its pending count down already, and so did a row left.
             batch.produced = produced
             batch.pending += produced
-        self._producer.poll(0)  # serve the deliveries of earlier batches
+        self._poll(0)  # serve the deliveries of earlier batches
         return batch
 
     def settle(
@@ -154,7 +172,7 @@ class Publisher:
         while len(window) > keep:
             batch = window[0]
             if batch.pending > 0:
-                self._producer.poll(0.05)
+                self._poll(0.05)
                 now = time.monotonic()
                 if stop is not None and stop.is_set():
                     grace = grace or now + self._shutdown_grace_s
@@ -165,6 +183,7 @@ class Publisher:
                             each.settle()
                         done.extend(window)
                         window.clear()
+                        self._order = RunOrder()  # what it held stays in the outbox
                         break
                 if now - warned_at > 5.0:
                     warned_at = now
@@ -179,6 +198,8 @@ class Publisher:
             batch.settle()
             if batch.left_rows:
                 keep = 0
+        if not window:
+            self._order.settled()
         return done
 
     def purge(self) -> int:
@@ -198,9 +219,41 @@ class Publisher:
         """Forget the batches in flight (what was acknowledged and not deleted is
         published again) and shut the producer down."""
         self._window.clear()
+        self._order = RunOrder()
         # Shut the client down now: left to garbage collection, its threads go on
         # reconnecting (and logging) after the broker is gone.
         self._producer.close()
+
+    def _poll(self, timeout: float) -> None:
+        """Serve delivery reports, then produce the rows they released."""
+        self._producer.poll(timeout)
+        if self._order.ready:
+            self._release()
+
+    def _release(self) -> None:
+        """Produce the rows whose run's previous message was just acknowledged, under the
+        rule every row is produced under: a lease valid long enough for the message to
+        settle. A row whose turn comes too late is left, and its run stopped."""
+        order, leases = self._order, self._leases
+        produce, topic, header = self._producer.produce, self._topic, EVENT_ID_HEADER
+        while order.ready:
+            ready, order.ready = order.ready, []
+            # Read once a round, as ``publish`` reads them once a row: a round is what
+            # one poll released, produced within microseconds.
+            stamps = {} if leases is None else leases.stamps
+            late = leases is None or time.monotonic() >= leases.deadline.produce_until
+            for row, batch in ready:
+                stamp = stamps.get(row[5])
+                if late or stamp is None:
+                    batch.drop(row)
+                    order.stop(row[1])
+                    continue
+                headers: _Headers = [(header, row[2]), stamp]
+                try:
+                    produce(topic, row[3], row[1], on_delivery=batch.delivered, headers=headers)
+                except BufferError:
+                    self._produce_when_room(topic, row, headers, batch)
+                # Its run stays open: the acknowledgement that released it left it so.
 
     def _produce_when_room(self, topic: str, row: Row, headers: _Headers, batch: Batch) -> None:
         """Produce ``row`` once the local queue has room again."""

@@ -1,8 +1,10 @@
 """The outbox relay: publishes committed events to Kafka in order, then deletes them.
 
 Guarantees rest on four rules. A run lives on one shard and a shard is read in id
-order, so a run's events are produced in sequence order; the idempotent producer keeps
-that order on the partition across retries. A row is deleted only after its delivery
+order, so a run's events are taken in sequence order; a run has at most one message in
+the producer, its next event produced only once Kafka acknowledged the one before
+(``_run_order``), so no failed, timed-out or retried delivery can put a later event of a
+run ahead of an earlier one on the topic. A row is deleted only after its delivery
 report succeeded, so nothing committed is lost. A shard is read by the one relay that
 holds its lease, and deletes are fenced by that lease. And a relay publishes only under
 a lease it can show valid, stamping each message with the lease's epoch.
@@ -47,13 +49,15 @@ heartbeating while it waits for a writer's NOTIFY.
 
 Broker outages. With a finite message timeout an outage fails deliveries instead of
 holding them: the rows stay in the outbox and the next batch reads them again first,
-so they are published in order once the broker is back. One rare case remains: the
-producer may time out an earlier queued message of a partition and still deliver a
-later one (its timeout scan and a reconnect racing). The later event then precedes the
-earlier one in the topic; readers order by sequence, and the relay counts the case
-(``blackbox_relay_order_gaps``) and logs it. A request already sent but answered only
-after the timeout is reported timed out although the broker may have written it: its
-rows stay and are published again, duplicates that readers absorb.
+so they are published in order once the broker is back. The producer fails each
+timed-out message on its own (a failover that outlasts the message timeout fails a
+run's earlier event while a later one of its partition may get through), which is why a
+run's next event waits for the acknowledgement of the one before: a failure stops the
+run, its later rows stay with the failed one and follow it. The relay still counts any
+event acknowledged after an earlier one of its run failed (``blackbox_relay_order_gaps``,
+which the rule keeps at 0). A request already sent but answered only after the timeout
+is reported timed out although the broker may have written it: its rows stay and are
+published again, duplicates that readers absorb.
 """
 
 from __future__ import annotations

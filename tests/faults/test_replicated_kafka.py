@@ -2,9 +2,10 @@
 
 The module starts its own cluster with the stack launcher (``stack up --brokers 3``: three
 KRaft nodes, replication factor 3, ``min.insync.replicas`` 2) on free ports and a cache
-folder of its own, never the shared services. Each fault runs once over
-:data:`EVENTS` events recorded by writer threads and published by a ``blackbox relay``:
-the leader of the busiest partitions killed (SIGKILL), a node stopped for
+folder of its own, never the shared services. Each fault runs once over :data:`EVENTS`
+events recorded by writer threads and published by a ``blackbox relay`` at its default
+lease (deliveries time out after 1 s, well within a failover; no run may come out of order
+all the same): the leader of the busiest partitions killed (SIGKILL), a node stopped for
 :data:`AWAY_S`, two nodes stopped (nothing may be acknowledged: producers wait), a node
 frozen (SIGSTOP, a partitioned node) and thawed. After each, the after-heal check reads
 the topic with a plain consumer and compares it with what committed: nothing lost, no run
