@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import shutil
+import signal
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -40,6 +41,17 @@ TEMPLATE_DB = os.environ.get("BLACKBOX_TEST_TEMPLATE_DB", "blackbox_test_templat
 def _cache_dir() -> Path:
     base = os.environ.get("BLACKBOX_CACHE_DIR")
     return (Path(base) if base else ROOT / ".cache" / "blackbox") / "test"
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (a CI job's time limit, ``kill``) ends the session as Ctrl-C does:
+    Python's default would end the process at once, and the Postgres, Kafka and S3Proxy
+    the session started would outlive it; as an interrupt, the fixtures stop them."""
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
 @dataclass(frozen=True)
