@@ -13,11 +13,12 @@ import uuid
 from pathlib import Path
 
 import boto3
+from botocore.config import Config
 from sqlalchemy import text
 
 from agent_blackbox.backup import BackupStore, S3Store, check_store, decode_segment
 from agent_blackbox.backup._cut import EVENTS
-from agent_blackbox.broker import watermarks
+from agent_blackbox.broker import ensure_topics, watermarks
 from agent_blackbox.schemas import EnvelopeCodec, Settings
 from agent_blackbox.stack import LocalS3
 from tests.faults._check import Figures
@@ -98,6 +99,7 @@ def store_outage(stack: FaultStack, log_dir: Path, events: int, *, s3: LocalS3) 
 
     def body(current: Scenario, figures: Figures, events: int) -> None:
         store, env = _backup_store(s3, log_dir, current.name)
+        ensure_topics(current.settings)  # the backup needs the topic at its start
         backup = current._spawn("backup", ["backup", "run", "--roll-seconds", "1"], env=env)
 
         def fault(number: int, load: Load) -> None:
@@ -154,12 +156,20 @@ def _backup_store(s3: LocalS3, log_dir: Path, name: str) -> tuple[BackupStore, d
         "BLACKBOX_BACKUP_URL": f"s3://{endpoint.bucket}/{prefix}?endpoint={endpoint.endpoint_url}",
         "BLACKBOX_SIGNING_KEY_FILE": str(key),
     }
-    client = boto3.client(
+    # As the project's own client talks to an S3-compatible store: path-style, and no
+    # checksum headers S3Proxy does not implement.
+    config = Config(
+        s3={"addressing_style": "path"},
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    client = boto3.session.Session().client(
         "s3",
         endpoint_url=endpoint.endpoint_url,
         aws_access_key_id=endpoint.access_key,
         aws_secret_access_key=endpoint.secret_key,
         region_name="us-east-1",
+        config=config,
     )
     store = S3Store(endpoint.bucket, prefix=prefix, endpoint=endpoint.endpoint_url, client=client)
     return store, env
