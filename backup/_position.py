@@ -87,12 +87,29 @@ class BackupPosition:
             with self._engine.begin() as conn:
                 advance_offsets(conn, group_id=self._group_id, moves=moves)
         except OffsetsMoved as exc:
-            raise BackupDiverged(
-                f"another backup writer moved the offsets of {self._store}: {exc}"
-            ) from exc
+            if not self._already_at(positions):
+                raise BackupDiverged(
+                    f"another backup writer moved the offsets of {self._store}: {exc}"
+                ) from exc
         except SQLAlchemyError as exc:
             raise BackupError(f"cannot store the backup's offsets: {first_line(exc)}") from exc
         self.stored.update(positions)
+
+    def _already_at(self, positions: Mapping[int, int]) -> bool:
+        """Whether the database already records ``positions``: an earlier attempt of this
+        very move committed although its reply was lost (the connection broke at COMMIT,
+        say in a failover), so the compare-and-set finds its own value, not a rival's.
+
+        Raises:
+            BackupError: the database could not be read.
+        """
+        partitions = [(self._topic, p) for p in sorted(positions)]
+        try:
+            with self._engine.connect() as conn:
+                found = load_offsets(conn, group_id=self._group_id, partitions=partitions)
+        except SQLAlchemyError as exc:
+            raise BackupError(f"cannot read the backup's offsets: {first_line(exc)}") from exc
+        return all(found[(self._topic, p)] == o for p, o in positions.items())
 
     def _load(self, lows: Mapping[int, int]) -> None:
         partitions = [(self._topic, p) for p in sorted(lows)]

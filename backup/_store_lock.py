@@ -1,4 +1,9 @@
-"""One backup writer per store: a Postgres advisory lock held for as long as it writes."""
+"""One backup writer per store: a Postgres advisory lock held for as long as it writes.
+
+The lock belongs to a database session, so it ends with the session: a primary that
+fails over to its standby takes it along. The writer checks the session before each cut
+(:meth:`StoreLock.hold`) and takes the lock again on the database that now answers.
+"""
 
 from __future__ import annotations
 
@@ -38,15 +43,39 @@ class StoreLock:
             ).scalar_one()
             self._session.commit()
         except SQLAlchemyError as exc:
+            self.release()
             raise BackupError(
                 f"cannot reach the database to lock the backup store: {first_line(exc)}; check "
                 "BLACKBOX_DATABASE_URL"
             ) from exc
         if not locked:
+            self.release()  # a session without the lock must not pass for one with it
             raise BackupBusy(
                 f"another backup writer is writing to {self._store}; stop it "
                 "first (one writer per store)"
             )
+
+    def hold(self) -> None:
+        """Make sure the lock is still held, taking it again on a new session when the
+        one that held it is gone (the database restarted or failed over).
+
+        Raises:
+            BackupError: the database is unreachable.
+            BackupBusy: another writer took the lock while this one's session was gone.
+        """
+        if self._session is not None and self._alive(self._session):
+            return
+        self.release()
+        self.acquire()
+
+    @staticmethod
+    def _alive(session: Connection) -> bool:
+        try:
+            session.execute(text("SELECT 1")).scalar_one()
+            session.rollback()  # ends the read; a session's advisory lock outlives it
+        except SQLAlchemyError:
+            return False
+        return True
 
     def release(self) -> None:
         """Give the lock up (nothing happens when it is not held)."""

@@ -10,8 +10,10 @@ A cut is written in this order, and only then does the backup's position advance
    (compare-and-set, as the views' offsets do).
 
 A crash anywhere before 3 leaves nothing the chain names; between 3 and 4, the next
-start finds the store ahead of the database and moves the database up. Only one writer
-works on a store at a time (a Postgres advisory lock); a second one is refused.
+start finds the store ahead of the database and moves the database up; a running writer
+whose database went away between 3 and 4 (a failover, say) retries 4 alone. Only one
+writer works on a store at a time (a Postgres advisory lock, taken again on the database
+that answers after a failover); a second one is refused.
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ class BackupWriter:
         )
         self._pending = PendingCut(self._topic, EnvelopeCodec())
         self._cuts: CutWriter | None = None
+        self._unrecorded: Manifest | None = None
+        """A manifest in the store whose offsets the database does not record yet."""
         self.written = 0
         """Messages written in cuts by this writer."""
         self.written_bytes = 0
@@ -318,8 +322,15 @@ class BackupWriter:
         """
         if self._cuts is None:
             raise BackupError("the backup writer is not open; call open() first")
-        manifest = self._cuts.write(self._pending, after=self._head)
+        # After a failover the lock went with the old primary's session: take it again
+        # on the new one before writing anything.
+        self._lock.hold()
+        # A manifest written whose offsets could not be recorded (the database went
+        # away in between) is recorded on the retry, never written a second time.
+        manifest = self._unrecorded or self._cuts.write(self._pending, after=self._head)
+        self._unrecorded = manifest
         self._position.advance(manifest.positions)
+        self._unrecorded = None
         self._head = manifest
         segments = manifest.segments
         count, size = sum(s.count for s in segments), sum(s.size for s in segments)

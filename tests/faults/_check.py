@@ -74,6 +74,13 @@ class Figures:
     verify_skipped: int = 0
     """Messages ``verify --all`` skipped as not events (a finding: it exits 1)."""
     takeovers_s: list[float] = field(default_factory=list)
+    """Per fault: seconds until the pipeline recovered (the scenario says from what)."""
+    acknowledged_lost: int = 0
+    """Events an agent was told were recorded that the database no longer holds (a
+    failover to a standby that had not received them)."""
+    broken: list[str] = field(default_factory=list)
+    """What a scenario's own checks found broken beyond the after-heal check (the
+    backup's, say), in words."""
     writer_failures: int = 0
     duration_s: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
@@ -84,9 +91,17 @@ class Figures:
             return [f"the scenario did not complete: {self.notes['error']}"]
         found = [
             f"{name} = {value}"
-            for name in ("lost", "phantom", "reordered", "stale_applied", "committed_twice")
+            for name in (
+                "lost",
+                "acknowledged_lost",
+                "phantom",
+                "reordered",
+                "stale_applied",
+                "committed_twice",
+            )
             if (value := getattr(self, name))
         ]
+        found.extend(self.broken)
         if self.outbox_left:
             found.append(f"{self.outbox_left} rows left in the outbox")
         if not self.views_exact:

@@ -8,6 +8,11 @@ frame (a fresh database and topic, writer threads, a ``blackbox relay`` and a
 its events and ends with the after-heal check, whose reader consumes the topic with
 confluent-kafka directly and compares it with what committed.
 
+A node the fault took away is started again in the background: its JVM starts while
+the after-heal check reads the topic, and the next scenario waits for all three nodes
+(:meth:`ClusterStack.settle`) before it makes its topic (three replicas need three
+nodes).
+
 What each scenario adds is the time the fault stopped publication: from the fault (or
 from the heal, when nothing can be published during the fault) until every partition the
 fault took away has grown past the end offset it had before. End offsets are read from the
@@ -19,6 +24,7 @@ from __future__ import annotations
 import random
 import shutil
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -75,16 +81,53 @@ class ClusterStack(FaultStack):
         self.cluster = self.local.kafka_cluster
         self._admin: AdminClient | None = None
         self.kafka = self.cluster  # type: ignore[assignment]  # scenario() reads .bootstrap
+        self._restarts: list[threading.Thread] = []
+        self._restart_errors: list[BaseException] = []
 
     def start(self) -> None:
         """``stack up --brokers 3`` from empty Kafka storage, then the template."""
         # The ports are new each time and are part of the quorum: old storage would not fit.
-        shutil.rmtree(self.cluster.root, ignore_errors=True)
+        # The jars stay (fetching them again with Maven would add a JVM run of its own).
+        for node in self.cluster.nodes:
+            shutil.rmtree(node.data_dir, ignore_errors=True)
         self.local.up(brokers=NODES)
         self.make_template()
 
+    def restart_in_background(self, node: LocalKafka, notes: dict[str, object]) -> None:
+        """Start ``node`` again on a thread of its own (``notes["restart_s"]``: how long
+        its start took); :meth:`settle` waits for it."""
+
+        def start() -> None:
+            began = time.monotonic()
+            try:
+                node.start()
+            except BaseException as exc:  # settle() raises it in the test's thread
+                self._restart_errors.append(exc)
+            notes["restart_s"] = round(time.monotonic() - began, 2)
+
+        thread = threading.Thread(target=start, name=f"restart-{node.name}", daemon=True)
+        thread.start()
+        self._restarts.append(thread)
+
+    def settle(self, *, timeout: float = 180.0) -> None:
+        """Until every node started in the background runs and all three are registered.
+
+        Raises:
+            AssertionError: a node did not start (its error chained), or not in time.
+        """
+        for thread in self._restarts:
+            thread.join(timeout=timeout)
+            assert not thread.is_alive(), f"{thread.name} still starting after {timeout:.0f}s"
+        self._restarts.clear()
+        if self._restart_errors:
+            error = self._restart_errors.pop()
+            raise AssertionError(f"a node did not start again: {error}") from error
+        self.cluster.wait_registered(NODES, timeout=timeout)
+
     def stop(self) -> None:
         """``stack down``: every node, paused or not, and Postgres."""
+        for thread in self._restarts:
+            thread.join(timeout=180)
         for node in self.cluster.nodes:
             if node.is_running():
                 node.thaw()  # a frozen node would not hear SIGTERM until the kill
@@ -198,7 +241,9 @@ def _frame(
     events: int,
     fault: Callable[[Scenario, Figures, EndOffsets], None],
 ) -> Figures:
-    """The common frame with one fault half-way; the cluster is whole again after it."""
+    """The common frame with one fault half-way. It starts from a whole cluster (every
+    node of an earlier fault back); a node the fault took away may still be starting
+    when it ends."""
 
     def body(current: Scenario, figures: Figures, events: int) -> None:
         offsets = EndOffsets(stack.cluster.bootstrap, current.settings.topic)
@@ -206,16 +251,17 @@ def _frame(
 
             def inject(number: int, load: Load) -> None:
                 topic = current.settings.topic
+                stack.settle()  # a node restarted by the round before
                 figures.notes["replicas"] = replication_of(stack, topic)
                 stack.wait_fully_replicated(topic)
                 fault(current, figures, offsets)
-                stack.wait_fully_replicated(topic)
                 figures.notes["acknowledged_at_fault_end"] = load.events
 
             _loaded(current, figures, events, inject)
         finally:
             offsets.close()
 
+    stack.settle()  # the topic gets three replicas: all three nodes must be there
     return _run(stack, log_dir, name, events, body)
 
 
@@ -239,7 +285,7 @@ def leader_kill(stack: ClusterStack, log_dir: Path, events: int) -> Figures:
             published_again(stack, offsets, before, since=killed_at, away=victim)
         )
         figures.notes.update(victim=victim.name, partitions_led=len(led))
-        victim.start()
+        stack.restart_in_background(victim, figures.notes)
 
     return _frame(stack, log_dir, "leader_kill", events, fault)
 
@@ -273,9 +319,7 @@ def broker_stop(stack: ClusterStack, log_dir: Path, events: int, *, away_s: floa
         figures.notes["published_while_away"] = sum(
             grown.get(p, 0) - during.get(p, 0) for p in every
         )
-        restarted = time.monotonic()
-        victim.start()
-        figures.notes["restart_s"] = round(time.monotonic() - restarted, 2)
+        stack.restart_in_background(victim, figures.notes)
         figures.notes.update(victim=victim.name, away_s=away_s)
 
     return _frame(stack, log_dir, "broker_stop", events, fault)

@@ -211,8 +211,10 @@ class Scenario:
     def consumer(self, name: str) -> Worker:
         return self._spawn(name, ["consume"])
 
-    def _spawn(self, name: str, argv: list[str]) -> Worker:
-        worker = Worker(name, argv, self.env(), self.log_dir / f"{self.name}.{name}.log")
+    def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> Worker:
+        """Start ``blackbox <argv>`` with this scenario's environment (plus ``env``)."""
+        log = self.log_dir / f"{self.name}.{name}.log"
+        worker = Worker(name, argv, self.env(**(env or {})), log)
         self.workers.append(worker)
         return worker
 

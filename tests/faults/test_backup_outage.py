@@ -39,15 +39,14 @@ from agent_blackbox.backup import (
     RetryPolicy,
     S3Store,
     StoreUnreachable,
-    check_store,
 )
 from agent_blackbox.backup._cut import EVENTS
-from agent_blackbox.broker import watermarks
 from agent_blackbox.schemas import Settings
 from agent_blackbox.stack import LocalS3
 from tests.conftest import _cache_dir
+from tests.faults._backup import assert_each_event_once, backed_up_to_the_end, manifests
 from tests.faults._harness import free_port
-from tests.integration._backups import SIGNER, VERIFIER, record, relay
+from tests.integration._backups import SIGNER, record, relay
 from tests.integration._wait import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(300)]
@@ -150,12 +149,6 @@ def _gauge(port: int, name: str) -> float | None:
     return None if found is None else float(found[1])
 
 
-def _backed_up_to_the_end(settings: Settings, store: BackupStore) -> bool:
-    ends = {p: high for p, (_low, high) in watermarks(settings, settings.topic).items()}
-    check = check_store(store, VERIFIER)
-    return check.cut is not None and dict(check.cut.positions) == ends
-
-
 def test_the_backup_rides_out_a_store_outage_and_catches_up(
     settings: Settings,
     engine: Engine,
@@ -171,7 +164,7 @@ def test_the_backup_rides_out_a_store_outage_and_catches_up(
     try:
         with _Traffic(engine, settings) as traffic:
             eventually(
-                lambda: _gauge(port, "blackbox_backup_store_up") == 1 and store_cuts(store) >= 2,
+                lambda: _gauge(port, "blackbox_backup_store_up") == 1 and manifests(store) >= 2,
                 timeout=60,
                 what=f"the backup writing cuts ({log})",
             )
@@ -196,7 +189,7 @@ def test_the_backup_rides_out_a_store_outage_and_catches_up(
         assert traffic.error is None
         assert traffic.runs >= 3
         eventually(
-            lambda: _backed_up_to_the_end(settings, store),
+            lambda: backed_up_to_the_end(settings, store),
             timeout=60,
             what=f"the backup catching up with the topic ({log})",
         )
@@ -208,7 +201,7 @@ def test_the_backup_rides_out_a_store_outage_and_catches_up(
     assert code == 0, said
     assert "backup store unreachable, retrying with back-off" in said
     assert "backup store reachable again after" in said
-    _assert_each_event_once(settings, store)
+    assert_each_event_once(settings, store)
     verify = subprocess.run(
         [sys.executable, "-m", "agent_blackbox", "backup", "verify", "--store", url],
         env={**os.environ, **env, "BLACKBOX_SIGNING_PUBLIC_KEYS": _public(tmp_path)},
@@ -223,31 +216,6 @@ def test_the_backup_rides_out_a_store_outage_and_catches_up(
         f"outage {outage_s:.1f} s, store found again {found_s:.1f} s after it answered, "
         f"{traffic.runs} runs recorded meanwhile"
     )
-
-
-def store_cuts(store: BackupStore) -> int:
-    return len(list(store.keys("manifests/")))
-
-
-def _assert_each_event_once(settings: Settings, store: BackupStore) -> None:
-    """Per partition, the chain's segments cover the topic from its start to its end
-    with no overlap and no gap, and the store holds no segment no manifest names."""
-    check = check_store(store, VERIFIER)
-    assert check.passed, check.problems
-    named = {s.key for s in check.segments_held()}
-    assert set(store.keys(EVENTS)) == named  # nothing written twice under another key
-    ends = {p: high for p, (_low, high) in watermarks(settings, settings.topic).items()}
-    for partition, end in ends.items():
-        spans = sorted(
-            (s.first_offset, s.last_offset)
-            for s in check.segments_held()
-            if s.partition == partition
-        )
-        covered = 0
-        for first, last in spans:
-            assert first == covered, (partition, spans)
-            covered = last + 1
-        assert covered == end, (partition, spans)
 
 
 class _FlakyStore(FolderStore):
@@ -293,7 +261,7 @@ def test_a_cut_retried_after_an_outage_uploads_no_segment_twice(
             relay(engine, settings)
             store.down.clear()
             eventually(
-                lambda: _backed_up_to_the_end(settings, store),
+                lambda: backed_up_to_the_end(settings, store),
                 timeout=60,
                 what="the backup catching up after the outage",
             )
@@ -305,7 +273,7 @@ def test_a_cut_retried_after_an_outage_uploads_no_segment_twice(
     assert segments
     assert set(segments.values()) == {1}, segments
     assert writer.metrics.registry.get_sample_value("blackbox_backup_store_up", up) == 1
-    _assert_each_event_once(settings, store)
+    assert_each_event_once(settings, store)
 
 
 def _public(tmp_path: Path) -> str:

@@ -8,17 +8,21 @@ way a disaster or an attacker could damage it.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from agent_blackbox.backup import (
     BackupBusy,
     BackupDiverged,
+    BackupError,
     BackupPolicy,
     BackupStore,
     BackupWriter,
+    FolderStore,
     Manifest,
     check_store,
     open_store,
@@ -34,6 +38,7 @@ from tests.integration._backups import (
     record_large,
     relay,
 )
+from tests.integration._pgproxy import CommitDropper, through
 from tests.integration._wait import eventually
 
 pytestmark = pytest.mark.integration
@@ -132,6 +137,96 @@ def test_a_crash_after_the_manifest_before_the_offsets_resumes_without_a_gap(
 
     assert second.previous == first.digest
     assert sum(s.count for s in second.segments) == events(engine) - before  # the new run
+    assert check_store(store, VERIFIER).passed
+
+
+class _CountingStore(FolderStore):
+    """A folder store that counts every put, by key."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.puts: Counter[str] = Counter()
+
+    def put(self, key: str, data: bytes) -> None:
+        self.puts[key] += 1
+        super().put(key, data)
+
+
+class _NthCommitDropper(CommitDropper):
+    """Drops the connection after the ``nth`` COMMIT from now only (0: none)."""
+
+    nth = 0
+
+    def take_cut(self) -> bool:
+        cut = super().take_cut()
+        return cut or self.commits == self.nth
+
+
+def test_a_cut_whose_offsets_commit_lost_its_reply_is_recorded_not_written_again(
+    settings: Settings, engine: Engine, tmp_path: Path, recorded: list[str]
+) -> None:
+    """The offsets' COMMIT reaches the database, its reply does not (the connection
+    drops, as in a failover): the cut fails; the retry finds the offsets it wrote and
+    writes no second manifest 1."""
+    store = _CountingStore(tmp_path / "store")
+    url = engine.url
+    proxy = _NthCommitDropper(url.host or "127.0.0.1", url.port or 5432)
+    proxied = create_engine(through(url, proxy), pool_pre_ping=True)
+    try:
+        with BackupWriter(settings, store, signer=SIGNER, engine=proxied) as writer:
+            while writer.poll(1.0):
+                pass
+            proxy.nth = proxy.commits + 2  # the snapshot's COMMIT, then the offsets'
+            with pytest.raises(BackupError, match="cannot store the backup's offsets"):
+                writer.cut()
+            assert proxy.cuts == 1
+
+            manifest = writer.cut()
+    finally:
+        proxied.dispose()
+        proxy.stop()
+
+    assert manifest.number == 1
+    assert store.puts[manifest.key] == 1
+    assert [k for k in store.keys("manifests/")] == [manifest.key]
+    check = check_store(store, VERIFIER)
+    assert check.passed, check.problems
+    assert check.messages == events(engine)
+    with BackupWriter(settings, store, signer=SIGNER, engine=engine) as again:
+        assert again.head == manifest  # the database records its offsets: no divergence
+
+
+def _end_lock_sessions(engine: Engine) -> int:
+    """End the sessions holding an advisory lock, as a failover ends them all."""
+    query = text(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks "
+        "WHERE locktype = 'advisory' AND database = "
+        "(SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+    with engine.begin() as conn:
+        return len(conn.execute(query).all())
+
+
+def test_a_writer_whose_lock_went_with_its_session_takes_it_again_before_a_cut(
+    settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
+) -> None:
+    with BackupWriter(settings, store, signer=SIGNER, engine=engine) as writer:
+        assert _end_lock_sessions(engine) == 1
+        rival = BackupWriter(settings, store, signer=SIGNER, engine=engine)
+        rival.open()  # the lock was free: a second writer takes it
+        try:
+            while writer.poll(1.0):
+                pass
+            with pytest.raises(BackupBusy):
+                writer.cut()  # refused before it writes anything
+            assert list(store.keys("manifests/")) == []
+        finally:
+            rival.close()
+
+        writer.cut()  # the lock is free again: taken back, then the cut
+        second = BackupWriter(settings, store, signer=SIGNER, engine=engine)
+        with pytest.raises(BackupBusy, match="another backup writer"):
+            second.open()
     assert check_store(store, VERIFIER).passed
 
 
