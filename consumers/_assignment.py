@@ -79,6 +79,13 @@ class Assignment:
         self.fence.forget(p.partition for p in partitions)
         consumer.unassign()
 
+    def drop_all(self) -> None:
+        """Hold nothing: the client that held the partitions is gone (fenced), and the
+        next one is assigned afresh."""
+        self.fence.forget(p for _, p in self.positions)
+        self.positions.clear()
+        self.unsynced.clear()
+
     def rewind(self, consumer: Consumer) -> None:
         """Seek every partition held to its stored offset, and reset its fence.
 
@@ -117,8 +124,13 @@ class Assignment:
         ]
 
     def advance(self, next_offsets: Mapping[TopicPartition, int]) -> None:
-        """A batch committed: the database now stores ``next_offsets``."""
-        self.positions.update(next_offsets)
+        """A batch committed: the database now stores ``next_offsets`` (of the
+        partitions still held: a batch may commit after its client was fenced and
+        dropped, and the next assignment reads the stored offsets anyway)."""
+        positions = self.positions
+        for tp, offset in next_offsets.items():
+            if tp in positions:
+                positions[tp] = offset
 
     def _load(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The stored offsets of ``tps``; their fences are reset to the stored ones

@@ -44,8 +44,9 @@ class BatchCommitter:
         self._dead_letters: DeadLetterWriter | None = None
 
     def open(self) -> None:
-        """Start the dead-letter producer."""
-        self._dead_letters = DeadLetterWriter(self._settings, client_config=self._client_config)
+        """Start the dead-letter producer (once: a member that joins again keeps it)."""
+        if self._dead_letters is None:
+            self._dead_letters = DeadLetterWriter(self._settings, client_config=self._client_config)
 
     def commit(self, batch: Batch, moves: Sequence[OffsetMove]) -> BatchOutcome:
         """1. DLQ acknowledged. 2. Offsets CAS. 3. Projection. 4. Commit.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agent_blackbox.broker import KafkaUnavailable
 from agent_blackbox.schemas import BlackboxError
 
 
@@ -40,3 +41,10 @@ class DeadLetterFailed(ConsumerError):
 
     Its offset was not committed; the consumer rewinds and tries again.
     """
+
+
+class MemberFenced(KafkaUnavailable):
+    """Kafka fenced this consumer's static membership (``group.instance.id``): its client
+    is unusable. After a coordinator failover the group's new coordinator can fence a
+    member that is alone with its id; the runtime then joins again with a new client.
+    Fenced again and again, another consumer runs with the same id."""

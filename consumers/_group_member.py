@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaPartition
 
 from agent_blackbox.broker import ClientConfig, KafkaUnavailable, kafka_errors, new_consumer
+from agent_blackbox.consumers._errors import MemberFenced
 from agent_blackbox.consumers._offsets import TopicPartition
 from agent_blackbox.schemas import Settings
 
@@ -23,6 +24,16 @@ from agent_blackbox.schemas import Settings
 log = logging.getLogger("agent_blackbox.consumers._runtime")
 
 _KAFKA_COMMIT_EVERY_S = 1.0
+_FENCED_REJOINS = 3
+_FENCED_WINDOW_S = 60.0
+"""A member fenced more than _FENCED_REJOINS times in _FENCED_WINDOW_S fails for good."""
+
+
+def _fenced(error: KafkaError) -> bool:
+    """Whether a fatal error is the fencing of a static member (librdkafka reports it as
+    a generic fatal error whose text names the reason)."""
+    return error.code() == KafkaError.FENCED_INSTANCE_ID or "fenced" in error.str().lower()
+
 
 Rebalanced = Callable[[Consumer, list[KafkaPartition]], None]
 """A rebalance callback: the client and the partitions assigned or revoked."""
@@ -59,6 +70,7 @@ class GroupMember:
         self._client: Consumer | None = None
         self._uncommitted: dict[TopicPartition, int] = {}
         self._committed_at = 0.0
+        self._fenced_at: list[float] = []
 
     @property
     def joined(self) -> bool:
@@ -113,6 +125,12 @@ class GroupMember:
         # A fenced static member gets its fatal error as a message whose own flag may
         # not say so; the client is unusable either way.
         if error.fatal() or error.code() == KafkaError._FATAL:
+            if self._instance_id and _fenced(error) and self._may_rejoin():
+                self.drop()
+                raise MemberFenced(
+                    f"consumer {self._name!r} was fenced ({error.str()}); joining again "
+                    "with a new client"
+                )
             hint = (
                 f"; if another consumer of group {self._group_id!r} runs with instance id "
                 f"{self._instance_id!r}, give each its own (--instance-id)"
@@ -193,6 +211,25 @@ class GroupMember:
             self._client.close()
         except (KafkaException, RuntimeError) as exc:
             log.warning("consumer %s did not close cleanly: %s", self._name, exc)
+
+    def drop(self) -> None:
+        """Let go of an unusable client without leaving the group (a fenced member is no
+        member any more); :meth:`join` makes a new one."""
+        client, self._client = self._client, None
+        self._uncommitted.clear()
+        if client is not None:
+            try:
+                client.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.debug("consumer %s: the fenced client did not close: %s", self._name, exc)
+
+    def _may_rejoin(self) -> bool:
+        """Whether a fencing is the first few of the last minute: more, and another
+        consumer holds the same instance id (rejoining would fence it in turn)."""
+        now = time.monotonic()
+        self._fenced_at = [t for t in self._fenced_at if now - t < _FENCED_WINDOW_S]
+        self._fenced_at.append(now)
+        return len(self._fenced_at) <= _FENCED_REJOINS
 
     @property
     def client(self) -> Consumer:

@@ -9,13 +9,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from agent_blackbox.consumers._batch import BatchOutcome
-from agent_blackbox.consumers._errors import DeadLetterFailed, ViewStoreUnavailable
+from agent_blackbox.consumers._errors import DeadLetterFailed, MemberFenced, ViewStoreUnavailable
 from agent_blackbox.consumers._idle import IdleClock
 
 # These are the runtime's log lines: they keep its logger's name.
 log = logging.getLogger("agent_blackbox.consumers._runtime")
 
-_RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed)
+_RETRYABLE = (ViewStoreUnavailable, DeadLetterFailed, MemberFenced)
 _MAX_BACKOFF_S = 30.0
 
 
@@ -39,8 +39,9 @@ class Turns(Protocol):
 class ConsumeLoop:
     """Runs a pipeline's turns until ``stop`` is set or ``idle`` says it is finished.
 
-    A lost database or an unacknowledged dead letter is retried with a backoff that
-    doubles from 0.4 s to at most 30 s; anything else ends the loop.
+    A lost database, an unacknowledged dead letter or a fenced static membership (the
+    member joins again) is retried with a backoff that doubles from 0.4 s to at most
+    30 s; anything else ends the loop.
 
     Args:
         consumer: the consumer's name, for the log.

@@ -121,6 +121,7 @@ class ConsumerRuntime:
             return
         if self._closed:
             raise ConsumerError(f"consumer {self.name!r} is closed; create a new one")
+        self._assignment.drop_all()  # a fenced client's partitions went with it
         ensure_topics(self._settings, client_config=self._client_config)
         self._committer.open()
         self._member.join(on_assign=self._on_assign, on_revoke=self._on_revoke)
