@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,28 +86,53 @@ class ViewReplayResults:
             ViewStoreUnavailable: the database refused the row (the run is not in the
                 views, or not in a tenant this login is granted).
         """
-        divergence = report.divergence
-        kept = report.kept
-        params = {
-            "run_id": report.run_id,
-            "code_version": code_version,
-            "result": report.result,
-            "kind": None if divergence is None else str(getattr(divergence.kind, "value", "")),
-            "sequence": None if divergence is None else divergence.sequence,
-            "events": report.events,
-            "duration_ms": report.duration_ms,
-            "detail": None if divergence is None else divergence.summary[:4000],
-            "values": None if kept is None else kept.data,
-            "values_key_id": None if kept is None else kept.key_id,
-        }
+        self.record_many([report], code_version=code_version)
+
+    def record_many(self, reports: Sequence[_Report], *, code_version: str | None) -> None:
+        """Keep ``reports`` in their order, as :meth:`record` keeps one, in one
+        transaction: all of them or, when the database refuses one, none.
+
+        Raises:
+            ViewStoreUnavailable: the database refused a row (its run is named).
+        """
+        if not reports:
+            return
+        rows = [_params(report, code_version) for report in reports]
         try:
             with self._engine.begin() as conn:
-                conn.execute(_RECORD, params)
+                # Several rows go as one pipelined batch: a round trip for the batch,
+                # not one per run (what bounded ``replay --all`` over short runs).
+                conn.execute(_RECORD, rows if len(rows) > 1 else rows[0])
         except SQLAlchemyError as exc:
             detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            which = reports[0].run_id if len(reports) == 1 else _named(exc, reports)
             raise ViewStoreUnavailable(
-                f"cannot record the replay result of run {report.run_id}: {detail}"
+                f"cannot record the replay result of run {which}: {detail}"
             ) from exc
+
+
+def _params(report: _Report, code_version: str | None) -> dict[str, object]:
+    divergence = report.divergence
+    kept = report.kept
+    return {
+        "run_id": report.run_id,
+        "code_version": code_version,
+        "result": report.result,
+        "kind": None if divergence is None else str(getattr(divergence.kind, "value", "")),
+        "sequence": None if divergence is None else divergence.sequence,
+        "events": report.events,
+        "duration_ms": report.duration_ms,
+        "detail": None if divergence is None else divergence.summary[:4000],
+        "values": None if kept is None else kept.data,
+        "values_key_id": None if kept is None else kept.key_id,
+    }
+
+
+def _named(exc: SQLAlchemyError, reports: Sequence[_Report]) -> str:
+    """The run a refused batch stopped at, when the database's message names it."""
+    message = str(getattr(exc, "orig", None) or exc)
+    named = [r.run_id for r in reports if r.run_id in message]
+    return named[0] if named else f"{reports[0].run_id} (or one of the {len(reports) - 1} after it)"
 
 
 def kept_values_txn(conn: Connection, run_id: str, result_id: int) -> KeptRow | None:

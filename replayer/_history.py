@@ -68,6 +68,10 @@ FETCH_BATCH = 5_000
 PER_WORKER = 20_000
 """Messages below which one more worker process is not started by default: starting one
 (a fresh interpreter importing the replayer) costs about as much as reading that many."""
+PER_WORKER_RUNS = 1_000
+"""Wanted runs below which one more worker process is not started by default: each run
+has a cost of its own (setting up its replay, checking its end) besides its events',
+so a history of many short runs is worth a worker sooner than its messages say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +329,7 @@ class HistoryScan(Generic[R]):
             found is handed to the handler's ``missing``.
         workers: readers: this process, and one worker process fewer (1 reads in this
             process only). By default one per core, but no more than one per
-            :data:`PER_WORKER` messages.
+            :data:`PER_WORKER` messages or :data:`PER_WORKER_RUNS` wanted runs.
         on_progress: called with the messages read so far, as the scan goes.
     """
 
@@ -352,7 +356,8 @@ class HistoryScan(Generic[R]):
         self.partitions = len(marks)
         ranges = {p: (low, high) for p, (low, high) in marks.items() if high > low}
         self.total = sum(high - low for low, high in ranges.values())
-        readers = max(1, min(self.workers or _default_workers(self.total), len(ranges)))
+        wanted = 0 if self.wanted is None else len(self.wanted)
+        readers = max(1, min(self.workers or _default_workers(self.total, wanted), len(ranges)))
         seen: set[str] = set()
         if readers > 1 and not _picklable(self.work):
             log.warning(
@@ -411,8 +416,11 @@ def _picklable(work: object) -> bool:
     return True
 
 
-def _default_workers(messages: int) -> int:
-    return max(1, min(os.cpu_count() or 1, messages // PER_WORKER))
+def _default_workers(messages: int, runs: int = 0) -> int:
+    """Readers for ``messages`` of ``runs`` wanted runs: one per core, but no more than
+    the messages or the runs pay a worker's start for."""
+    worth = max(messages // PER_WORKER, runs // PER_WORKER_RUNS)
+    return max(1, min(os.cpu_count() or 1, worth))
 
 
 def largest_first(ranges: dict[int, tuple[int, int]]) -> list[Stretch]:

@@ -8,7 +8,7 @@ index of another store.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -95,6 +95,10 @@ class ReplayResults(Protocol):
 
     def record(self, report: ReplayReport, *, code_version: str | None) -> None:
         """Keep ``report`` as the result of replaying its run with ``code_version``."""
+        ...
+
+    def record_many(self, reports: Sequence[ReplayReport], *, code_version: str | None) -> None:
+        """Keep ``reports``, in their order, in one transaction: all or none."""
         ...
 
 

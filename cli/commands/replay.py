@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -211,20 +212,29 @@ def replay_command(
     except KeyboardInterrupt:
         out.fail(f"interrupted after {out.replayed} runs; the summary covers those")
     finally:
-        results.close()
+        results.close(out)
     sys.exit(out.finish())
 
 
 class _ResultKeeper:
     """Keeps each report in the read side's replay results, when the command was wired
     with them (``wiring``: none for runs read from an archive); a result that cannot be
-    kept is said once, and replay goes on."""
+    kept is said once, and replay goes on.
+
+    Reports are kept in batches (:data:`KEEP_BATCH` runs, or what came in
+    :data:`KEEP_EVERY_S`), one transaction each: a transaction per run made the
+    database's round trips, not the replay, the bound of a batch of short runs. A batch
+    the database refuses is kept run by run, so the runs before the refused one are kept
+    as they were before batching.
+    """
 
     def __init__(self, code_version: str | None, wiring: Wiring | None) -> None:
         self._code_version = code_version
         self._engine: Engine | None = None
         self._results: ReplayResults | None = None
         self._failed = False
+        self._waiting: list[ReplayReport] = []
+        self._since = 0.0
         side = None if wiring is None else wiring.read_side
         if wiring is not None and side is not None and side.replay_results is not None:
             self._engine = wiring.engine()
@@ -233,15 +243,43 @@ class _ResultKeeper:
     def keep(self, report: ReplayReport, out: _Output) -> None:
         if self._results is None or self._failed:
             return
-        try:
-            self._results.record(report, code_version=self._code_version)
-        except BlackboxError as exc:
-            self._failed = True
-            out.warn(f"replay results are not kept: {exc}")
+        if not self._waiting:
+            self._since = time.monotonic()
+        self._waiting.append(report)
+        if len(self._waiting) >= KEEP_BATCH or time.monotonic() - self._since >= KEEP_EVERY_S:
+            self.flush(out)
 
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
+    def flush(self, out: _Output) -> None:
+        """Keep the reports waiting, in the order they came."""
+        waiting, self._waiting = self._waiting, []
+        if self._results is None or self._failed or not waiting:
+            return
+        try:
+            self._results.record_many(waiting, code_version=self._code_version)
+            return
+        except BlackboxError:
+            pass  # kept one by one below, to keep those before the refused one
+        for report in waiting:
+            try:
+                self._results.record(report, code_version=self._code_version)
+            except BlackboxError as exc:
+                self._failed = True
+                out.warn(f"replay results are not kept: {exc}")
+                return
+
+    def close(self, out: _Output) -> None:
+        """Keep what is waiting, and let the connections go."""
+        try:
+            self.flush(out)
+        finally:
+            if self._engine is not None:
+                self._engine.dispose()
+
+
+KEEP_BATCH = 500
+"""Replay results kept per transaction."""
+KEEP_EVERY_S = 1.0
+"""At most this long between a result and its keeping, however slowly runs come."""
 
 
 def _registry(agent_paths: tuple[str, ...]) -> AgentRegistry:

@@ -190,6 +190,15 @@ def test_a_short_history_is_read_in_process_by_default(monkeypatch: pytest.Monke
     assert [_default_workers(n) for n in (0, 19_999, 40_000, 10**6)] == [1, 1, 2, 4]
 
 
+def test_many_short_runs_are_worth_a_worker_sooner_than_their_messages_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    # 2,000 runs of 11 events: 22,000 messages alone would give one reader.
+    assert _default_workers(22_000) == 1
+    assert [_default_workers(22_000, n) for n in (999, 2_000, 3_000, 10**5)] == [1, 2, 3, 4]
+
+
 def test_a_run_is_read_only_in_the_partition_its_key_maps_to() -> None:
     runs = [record(1) for _ in range(12)]
     home = [r for r in runs if partition_of(r[0].run_id.encode(), 12) == PARTITION]
