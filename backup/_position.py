@@ -8,7 +8,7 @@ moved them makes the first one stop instead of writing a diverging chain.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -103,22 +103,25 @@ class BackupPosition:
         Raises:
             BackupError: the database could not be read.
         """
-        partitions = [(self._topic, p) for p in sorted(positions)]
-        try:
-            with self._engine.connect() as conn:
-                found = load_offsets(conn, group_id=self._group_id, partitions=partitions)
-        except SQLAlchemyError as exc:
-            raise BackupError(f"cannot read the backup's offsets: {first_line(exc)}") from exc
-        return all(found[(self._topic, p)] == o for p, o in positions.items())
+        found = self._stored(positions)
+        return all(found[p] == o for p, o in positions.items())
 
     def _load(self, lows: Mapping[int, int]) -> None:
-        partitions = [(self._topic, p) for p in sorted(lows)]
+        self.stored = self._stored(lows)
+
+    def _stored(self, partitions: Iterable[int]) -> dict[int, int | None]:
+        """The offsets the database stores for the backup's ``partitions``.
+
+        Raises:
+            BackupError: the database could not be read.
+        """
+        wanted = [(self._topic, p) for p in sorted(partitions)]
         try:
             with self._engine.connect() as conn:
-                stored = load_offsets(conn, group_id=self._group_id, partitions=partitions)
+                stored = load_offsets(conn, group_id=self._group_id, partitions=wanted)
         except SQLAlchemyError as exc:
             raise BackupError(f"cannot read the backup's offsets: {first_line(exc)}") from exc
-        self.stored = {p: stored[(self._topic, p)] for p in lows}
+        return {p: stored[(topic, p)] for topic, p in wanted}
 
     def _check(self, head: Manifest) -> None:
         """The store's newest manifest is of this topic and not behind the record."""

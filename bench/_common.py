@@ -23,10 +23,10 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, make_url, text
 
 from agent_blackbox.broker import new_admin, settle_heap
-from agent_blackbox.consumers import BatchOutcome, ConsumerRuntime
+from agent_blackbox.consumers import BatchOutcome, ConsumerRuntime, migrate_views
 from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings, safe_console
 
@@ -44,6 +44,27 @@ def bench_settings(bench: str) -> Settings:
     settings = Settings.from_env()
     migrate_write_side(settings.database_url)
     return replace(settings, topic=fresh_topic(bench), partitions=PARTITIONS)
+
+
+@contextmanager
+def own_database(settings: Settings, label: str, *, views: bool = False) -> Iterator[Settings]:
+    """``settings`` on a fresh database of the bench's own (named after ``label``), its
+    write side migrated and, with ``views``, its views; dropped at the end."""
+    base = make_url(settings.database_url)
+    name = f"{base.database}_{label}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = base.set(database=name).render_as_string(hide_password=False)
+    try:
+        migrate_write_side(url)
+        if views:
+            migrate_views(url)
+        yield replace(settings, database_url=url)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def fresh_topic(bench: str) -> str:

@@ -51,7 +51,6 @@ import os
 import random
 import statistics
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -60,7 +59,7 @@ from functools import cache
 from typing import Any
 
 import openai
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import agent_blackbox as bb
@@ -72,11 +71,10 @@ from agent_blackbox.outbox import (
     Recorder,
     RunSnapshot,
 )
-from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings
 from bench import _sdk_capture
 from bench._capture_peers import run_peers
-from bench._common import console, emit, percentile, stage
+from bench._common import console, emit, own_database, percentile, stage
 from bench._conversation import TOOLS, docstring_prose
 from bench._fake_llm import FakeLLM
 
@@ -497,30 +495,6 @@ def _rounded(value: float | None) -> float | None:
 # The run -------------------------------------------------------------------------------
 
 
-@contextmanager
-def fresh_database() -> Iterator[Settings]:
-    """The settings from the environment, on a database of the bench's own (migrated),
-    dropped at the end."""
-    settings = Settings.from_env()
-    base = make_url(settings.database_url)
-    name = f"{base.database}_capture_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = base.set(database=name).render_as_string(hide_password=False)
-    try:
-        migrate_write_side(url)
-        yield Settings(**{**_fields(settings), "database_url": url})
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-def _fields(settings: Settings) -> dict[str, Any]:
-    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
-
-
 def sync_variants(
     recorders: Mapping[str, Recorder | MemoryRecorder | None], base_url: str
 ) -> dict[str, SyncVariant]:
@@ -609,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.peers:
-        with fresh_database() as settings, FakeLLM() as server:
+        with own_database(Settings.from_env(), "capture") as settings, FakeLLM() as server:
             run_peers(
                 settings.database_url, server.base_url, conversations=args.peers, machine=machine()
             )
@@ -618,7 +592,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     began = time.perf_counter()
     samples: Samples = defaultdict(list)
     with (
-        fresh_database() as settings,
+        own_database(Settings.from_env(), "capture") as settings,
         FakeLLM(chunks=args.chunks, delay_ms=args.chunk_delay_ms) as server,
     ):
         console.log(f"fake server on {server.base_url}, requests of {request_kb('grown')} KB")

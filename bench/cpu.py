@@ -38,20 +38,26 @@ import multiprocessing
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, make_url, text
 
 from agent_blackbox.broker import ensure_topics, new_producer, producer_config, watermarks
-from agent_blackbox.consumers import migrate_views
 from agent_blackbox.outbox import GroupCommit, Recorder, RunSnapshot
-from agent_blackbox.outbox.storage import migrate_write_side
 from agent_blackbox.schemas import Settings
 from bench import _processes
-from bench._common import console, delete_group, delete_topics, emit, fresh_topic, stage
+from bench._common import (
+    console,
+    delete_group,
+    delete_topics,
+    emit,
+    fresh_topic,
+    own_database,
+    stage,
+)
 from bench._pipeline import Worker, wait_for, worker_env
 
 BENCH = "cpu"
@@ -76,26 +82,6 @@ class Recorded:
 
 
 # The database of the bench's own --------------------------------------------------------
-
-
-@contextmanager
-def own_database(settings: Settings) -> Iterator[Settings]:
-    """``settings`` on a fresh database (write side and views migrated), dropped at the
-    end."""
-    base = make_url(settings.database_url)
-    name = f"{base.database}_cpu_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = base.set(database=name).render_as_string(hide_password=False)
-    try:
-        migrate_write_side(url)
-        migrate_views(url)
-        yield replace(settings, database_url=url)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def named(settings: Settings, role: str) -> Settings:
@@ -356,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def measure_modes(base: Settings, args: argparse.Namespace, topics: list[str]) -> None:
     """Each writer mode through the pipeline, then the plain producer; the topics made
     are added to ``topics``."""
-    with own_database(base) as settings:
+    with own_database(base, "cpu", views=True) as settings:
         relay_us: dict[str, float] = {}
         for mode in args.modes:
             mine = replace(settings, topic=fresh_topic(f"cpu.{mode}"), partitions=12)
