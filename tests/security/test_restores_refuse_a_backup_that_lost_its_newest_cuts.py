@@ -12,7 +12,7 @@ trust with ``--trust-cut``.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, text
@@ -59,7 +59,8 @@ def test_verify_restore_and_drill_all_refuse_it(
 
     name = copies.restore_name(f"t{uuid.uuid4().hex[:10]}")
     # --at picks the cut; it does not excuse a store that lost its end.
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S%z")
+    # A second on: the text keeps whole seconds, and the cut may be of this very second.
+    now = (datetime.now(UTC) + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%S%z")
     for extra in ([], ["--at", now]):
         restored = copies.cli(
             "restore",
