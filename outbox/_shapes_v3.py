@@ -314,6 +314,23 @@ def _pair_check(text: str, start: int, end: int) -> tuple[int, int] | None:
     """The value of a ``name=value`` whose name is a credential's. The pattern has no
     groups: the name is the run of name characters the match starts with, the value
     what follows the ``=`` or ``:`` and an opening quote (escaped or not)."""
+    if end - start > _PAIR_MEMO_CHARS:
+        return _pair_value(text, start, end)
+    # The answer depends on the match's characters alone, and a crafted text repeats
+    # one pair thousands of times: each distinct pair is checked once.
+    found = _pair_value_memo(text[start:end])
+    return None if found is None else (start + found[0], start + found[1])
+
+
+_PAIR_MEMO_CHARS = 256
+
+
+@lru_cache(maxsize=4096)
+def _pair_value_memo(pair: str) -> tuple[int, int] | None:
+    return _pair_value(pair, 0, len(pair))
+
+
+def _pair_value(text: str, start: int, end: int) -> tuple[int, int] | None:
     head = _PAIR_HEAD.match(text, start, end)
     if head is None:  # the pattern matched these parts: never, but then no value
         return None
@@ -333,6 +350,12 @@ def _userinfo_check(text: str, start: int, end: int) -> tuple[int, int] | None:
 
 
 _QUOTE = r"(?:\\{0,7}[\"'])?"
+CREDENTIAL_PAIR_PATTERN = (
+    rf"(?i)[A-Za-z0-9_.-]*(?:{_NAME_WORDS})[A-Za-z0-9_.-]*{_QUOTE}[ \t]*[=:][ \t]*"
+    rf"{_QUOTE}[^\s&#\"',;<>{{}}()\[\]]+"
+)
+"""A ``name=value`` (or ``name: value``, quoted or not) whose name holds a credential's
+word; :func:`_pair_check` says whether the whole name is one."""
 
 SHAPES_V3: Mapping[str, Shape] = MappingProxyType(
     {
@@ -351,11 +374,7 @@ SHAPES_V3: Mapping[str, Shape] = MappingProxyType(
             CREDENTIAL,
         ),
         "credential_pair": Shape(
-            _finder(
-                rf"(?i)[A-Za-z0-9_.-]*(?:{_NAME_WORDS})[A-Za-z0-9_.-]*{_QUOTE}[ \t]*[=:][ \t]*"
-                rf"{_QUOTE}[^\s&#\"',;<>{{}}()\[\]]+",
-                _pair_check,
-            ),
+            _finder(CREDENTIAL_PAIR_PATTERN, _pair_check),
             tuple(_NAME_WORDS.split("|")),
             CREDENTIAL,
         ),

@@ -17,6 +17,10 @@ from agent_blackbox.outbox import Redactor
 from agent_blackbox.outbox._placeholders import placeholder
 from agent_blackbox.outbox._scrub import Scrub
 from agent_blackbox.outbox._shapes_v3 import (
+    CREDENTIAL_PAIR_PATTERN,
+    SHAPES_V3,
+    _pair_check,
+    _pair_value,
     is_card_field,
     is_card_value,
     is_real_domain,
@@ -210,6 +214,32 @@ def test_match_offsets_in_a_text_of_any_script_are_its_characters() -> None:
         text = "".join(rng.choice(units) for _ in range(rng.randint(1, 25)))
         expected = [m.span() for m in re.finditer(r"[a-z]+@[^\W\d_]+", text)]
         assert list(matches(compiled, text)) == expected, text
+
+
+def test_a_credential_pair_is_checked_once_as_it_would_be_each_time() -> None:
+    """The pair check remembers each distinct pair: the spans it gives are those of the
+    check itself, wherever the pair stands, for short pairs and past the memo's bound."""
+    rng = random.Random(41)
+    units = ["api", "_key", "%5F", "password", "=", ":", '\\"', "'", " ", "x", "&", "\\"]
+    find = SHAPES_V3["credential_pair"].find
+    found = 0
+    for _ in range(300):
+        pair = "".join(rng.choice(units) for _ in range(rng.randint(1, 20)))
+        text = "a " + pair + " b " + pair + "x" * rng.choice([0, 300])
+        spans = find(text)
+        assert spans == _unmemoised_pairs(text), text
+        found += len(spans)
+    assert found > 50  # the texts hold pairs: the comparison is not of empty lists
+    assert _pair_check("password=" + "v" * 300, 0, 309) == (9, 309)
+
+
+def _unmemoised_pairs(text: str) -> list[tuple[int, int]]:
+    found = []
+    for start, end in matches(re2.compile(CREDENTIAL_PAIR_PATTERN), text):
+        span = _pair_value(text, start, end)
+        if span is not None:
+            found.append(span)
+    return found
 
 
 def test_a_value_cut_short_by_a_decoded_space_goes_whole() -> None:
