@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -267,6 +267,29 @@ def _delete_topics(settings: Settings) -> None:
     delete_topics(settings, [settings.topic, settings.dlq_topic])
 
 
+class WriterThreads:
+    """``count`` daemon threads, each running ``write(i)`` until :meth:`stop`; a writer
+    checks :attr:`stopping` between its runs (and backs off on it)."""
+
+    def __init__(self, count: int, write: Callable[[int], None]) -> None:
+        self.stopping = threading.Event()
+        self._threads = [
+            threading.Thread(target=write, args=(i,), name=f"writer-{i}", daemon=True)
+            for i in range(count)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, *, timeout: float) -> None:
+        """Ask every writer to stop and wait for it; fails when one is still going."""
+        self.stopping.set()
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+        assert not any(t.is_alive() for t in self._threads), "a writer did not stop"
+
+
 class Load:
     """Writer threads recording runs through the public recorder API until stopped.
 
@@ -279,12 +302,9 @@ class Load:
 
     def __init__(self, engine: Engine, settings: Settings, *, writers: int) -> None:
         self._recorder = Recorder(engine, settings=settings)
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._write, name=f"writer-{i}", daemon=True)
-            for i in range(writers)
-        ]
+        self._writers = WriterThreads(writers, self._write)
+        self._stop = self._writers.stopping
         self._going = threading.Event()
         self._going.set()
         self.events = 0
@@ -293,8 +313,7 @@ class Load:
         self.errors: list[str] = []
 
     def start(self) -> Load:
-        for thread in self._threads:
-            thread.start()
+        self._writers.start()
         return self
 
     def hold(self) -> None:
@@ -307,9 +326,7 @@ class Load:
     def stop(self) -> None:
         self._stop.set()
         self._going.set()
-        for thread in self._threads:
-            thread.join(timeout=120)
-        assert not any(t.is_alive() for t in self._threads), "a writer did not stop"
+        self._writers.stop(timeout=120)
 
     def wait_events(self, count: int, *, timeout: float = 120.0) -> None:
         """Until writers appended ``count`` events in all since they started."""
@@ -319,7 +336,7 @@ class Load:
         with self._lock:
             self.events += events
 
-    def _write(self) -> None:
+    def _write(self, _writer: int) -> None:
         while not self._stop.is_set():
             self._going.wait()
             try:

@@ -41,7 +41,14 @@ from tests.faults._backup import (
     manifests,
 )
 from tests.faults._check import Figures, after_heal
-from tests.faults._harness import _INSTRUMENT, Scenario, Worker, _delete_topics, free_port
+from tests.faults._harness import (
+    _INSTRUMENT,
+    Scenario,
+    Worker,
+    WriterThreads,
+    _delete_topics,
+    free_port,
+)
 from tests.integration._wait import eventually
 
 WRITERS = 3
@@ -109,12 +116,9 @@ class Writers:
 
     def __post_init__(self) -> None:
         self._recorder = Recorder.from_settings(self.settings)
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._write, name=f"writer-{i}", daemon=True)
-            for i in range(WRITERS)
-        ]
+        self._writers = WriterThreads(WRITERS, self._write)
+        self._stop = self._writers.stopping
 
     @property
     def events(self) -> int:
@@ -122,16 +126,11 @@ class Writers:
             return sum(self.acked.values())
 
     def start(self) -> Writers:
-        for thread in self._threads:
-            thread.start()
+        self._writers.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(timeout=60)
-        assert not any(t.is_alive() for t in self._threads), "a writer did not stop"
+        self._writers.stop(timeout=60)
 
     def first_ack_after(self, moment: float) -> float | None:
         with self._lock:
@@ -152,7 +151,7 @@ class Writers:
             self.acked[run_id] = sequence
             self.acks.append((time.monotonic(), run_id, sequence))
 
-    def _write(self) -> None:
+    def _write(self, _writer: int) -> None:
         while not self._stop.is_set():
             try:
                 self._one_run()

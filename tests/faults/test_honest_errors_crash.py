@@ -28,7 +28,7 @@ from agent_blackbox.stack import LocalPostgres
 from agent_blackbox.stack._postgres import OS_USER, find_bin_dir
 from agent_blackbox.stack._process import as_user
 from tests.conftest import _cache_dir
-from tests.faults._harness import free_port
+from tests.faults._harness import WriterThreads, free_port
 from tests.integration._wait import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(300)]
@@ -98,27 +98,20 @@ class Writers:
 
     def __init__(self, engine: Engine, settings: Settings) -> None:
         self._recorder = Recorder(engine, settings=settings)
-        self._stop = threading.Event()
         self._lock = threading.Lock()
         self.appended = 0
         self.heard: list[Heard] = []
         self.unexpected: list[BaseException] = []
         self.performed: list[str] = []
-        self._threads = [
-            threading.Thread(target=self._write, args=(i,), name=f"writer-{i}", daemon=True)
-            for i in range(WRITERS)
-        ]
+        self._writers = WriterThreads(WRITERS, self._write)
+        self._stop = self._writers.stopping
 
     def start(self) -> Writers:
-        for thread in self._threads:
-            thread.start()
+        self._writers.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=60)
-        assert not any(t.is_alive() for t in self._threads), "a writer did not stop"
+        self._writers.stop(timeout=60)
 
     def _count(self, events: int) -> None:
         with self._lock:
