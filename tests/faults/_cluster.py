@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
@@ -269,7 +270,16 @@ def replication_of(stack: ClusterStack, topic: str) -> dict[str, int]:
     """The topic's replica count and ``min.insync.replicas``, as the cluster reports."""
     replicas = {len(isrs) for _, isrs in stack.partitions(topic).values()}
     resource = ConfigResource("topic", topic)
-    config = stack.admin().describe_configs([resource])[resource].result(timeout=10)
+
+    def described() -> dict[str, Any] | None:
+        # The request goes to any node: one that was just stopped or frozen may have its
+        # connection torn down under the request (a soak round hit this). Asked again.
+        try:
+            return dict(stack.admin().describe_configs([resource])[resource].result(timeout=10))
+        except KafkaException:
+            return None
+
+    config = eventually(described, timeout=60, what=f"the configuration of {topic}")
     return {"replicas": max(replicas), "min_insync": int(config["min.insync.replicas"].value)}
 
 
