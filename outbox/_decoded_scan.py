@@ -31,6 +31,8 @@ import base64
 import binascii
 import re
 from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
 
 import re2  # type: ignore[import-untyped]
 
@@ -244,9 +246,10 @@ class DecodedScan:
 def _found(view: View, shapes: Iterable[Shape]) -> list[Span]:
     """The spans (of the scanned text) of what ``shapes`` find in ``view``."""
     lowered = view.text.lower()
+    held = _Hints(lowered) if len(lowered) > _LONG else None
     spans: list[Span] = []
     for shape in shapes:
-        if _holds(lowered, shape.hints):
+        if _holds(lowered, shape.hints) if held is None else held.any(shape.hints):
             label = shape.label
             spans += [(s, e, label) for s, e in view.origins(shape.find(view.text))]
     return spans
@@ -290,24 +293,41 @@ def _merged(spans: list[Span], *, ordered: bool) -> list[Span]:
 
 
 class _Hints:
-    """Which hints a text holds, each looked for once (the card and phone shapes share
-    the ten digits)."""
+    """Which hints a long text holds. A search for one hint passes over the whole text
+    when the hint is absent, and a crafted text holds few of them: the hints of a shape
+    are looked for together, in one pass of RE2 over the text's UTF-8 (where every
+    hint is one character, as the card and phone shapes' ten digits, by the string's
+    own search, which finds a character faster). A hint is in the text exactly when its
+    UTF-8 is in the text's."""
 
-    __slots__ = ("_seen", "_text")
+    __slots__ = ("_data", "_seen", "_text")
 
     def __init__(self, text: str) -> None:
         self._text = text
-        self._seen: dict[str, bool] = {}
+        self._data: bytes | None = None
+        self._seen: dict[tuple[str, ...], bool] = {}
 
     def any(self, hints: tuple[str, ...]) -> bool:
         """Whether the text holds one of ``hints``."""
-        for hint in hints:
-            held = self._seen.get(hint)
-            if held is None:
-                held = self._seen[hint] = hint in self._text
-            if held:
-                return True
-        return False
+        held = self._seen.get(hints)
+        if held is None:
+            pattern = _hint_pattern(hints)
+            if pattern is None:
+                held = _holds(self._text, hints)
+            else:
+                if self._data is None:
+                    self._data = self._text.encode("utf-8", "surrogatepass")
+                held = pattern.search(self._data) is not None
+            self._seen[hints] = held
+        return held
+
+
+@lru_cache(maxsize=64)
+def _hint_pattern(hints: tuple[str, ...]) -> Any:
+    """The RE2 pattern (over UTF-8) of any of ``hints``; None when each is one character."""
+    if all(len(hint) == 1 for hint in hints):
+        return None
+    return re2.compile(b"|".join(re2.escape(hint).encode("utf-8") for hint in hints))
 
 
 def _holds(text: str, hints: tuple[str, ...]) -> bool:

@@ -14,6 +14,7 @@ import pytest
 import re2  # type: ignore[import-untyped]
 
 from agent_blackbox.outbox import Redactor
+from agent_blackbox.outbox._decoded_scan import _Hints, _holds
 from agent_blackbox.outbox._placeholders import placeholder
 from agent_blackbox.outbox._scrub import Scrub
 from agent_blackbox.outbox._shapes_v3 import (
@@ -240,6 +241,20 @@ def _unmemoised_pairs(text: str) -> list[tuple[int, int]]:
         if span is not None:
             found.append(span)
     return found
+
+
+def test_a_long_text_holds_a_shapes_hints_as_a_search_for_each_finds_them() -> None:
+    """The hints of a long text, looked for together over its UTF-8, are those a search
+    for each hint finds: in any script, with lone surrogates, for every shape's set."""
+    rng = random.Random(43)
+    hints = sorted({hint for shape in SHAPES_V3.values() for hint in shape.hints})
+    units = [*hints, "é", "例", "\U0001f600", "\ud800", " ", "x", "k", "e", "y", "@"]
+    for _ in range(200):
+        text = "".join(rng.choice(units) for _ in range(rng.randint(0, 12)))
+        text += "\u00e9" * rng.choice([0, 5000])
+        held = _Hints(text)
+        for shape in SHAPES_V3.values():
+            assert held.any(shape.hints) == _holds(text, shape.hints), (text[:60], shape.hints)
 
 
 def test_a_value_cut_short_by_a_decoded_space_goes_whole() -> None:
