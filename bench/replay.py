@@ -13,7 +13,11 @@ Figures: ``events_per_s`` of the long run (one process, one thread; the median o
 ``--repeat`` fresh processes); ``peak_rss_mb`` of
 that process and of one replaying a run a quarter as long, with ``replay_rss_growth_mb``,
 how much of it the replay added (about the same for both: memory does not grow with the
-run); ``short_run_s``, from opening the archive of a short run to its PASS report.
+run); ``short_run_s``, from opening the archive of a short run to its PASS report;
+``hot_path_cpu_us_per_event`` by ``stage``: the CPU of reading the archive into
+envelopes, checking the chain and opening the bodies, each timed alone over the first
+100,000 events of the memory run's archive, and ``engine``, the rest of the long run's
+CPU per event (the agent's code, the turn-taking, the digests of what it asked).
 
 ``history_events_per_s``: a generated history (``--history`` events in runs of
 ``--run-events``, recorded with the MemoryRecorder and produced to a fresh topic of
@@ -32,6 +36,7 @@ nothing else running). The topic is deleted afterwards.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import queue
 import resource
@@ -42,6 +47,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import islice
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -57,7 +63,13 @@ from agent_blackbox.replayer import (
     write_archive,
 )
 from agent_blackbox.replayer._batch import Replaying
-from agent_blackbox.schemas import Envelope, EnvelopeCodec, Settings
+from agent_blackbox.schemas import (
+    GENESIS_CHAIN_HASH,
+    Envelope,
+    EnvelopeCodec,
+    PayloadPipeline,
+    Settings,
+)
 from agent_blackbox.stack import StackSettings
 from bench._common import PARTITIONS, bench_settings, console, delete_topics, emit, progress, stage
 
@@ -246,6 +258,50 @@ def replay_fresh(path: Path) -> Replayed:
     return result
 
 
+HOT_PATH_SAMPLE = 100_000
+"""Events of the hot path's sample (the first of the memory run's archive)."""
+
+
+def hot_path(path: Path, sample: int) -> dict[str, float]:
+    """CPU microseconds per event of the replay's per-event stages, each timed alone over
+    the first ``sample`` events of ``path``: ``read`` (the archive's Avro records into
+    envelopes), ``chain`` (each event's chain hash computed again and compared) and
+    ``unpack`` (each body opened, inflated and decoded). Runs in a process of its own
+    (:func:`hot_path_fresh`); the sample is held in memory, which a replay never does,
+    so the collector is kept out of its way (a streamed replay frees each event before
+    the next)."""
+    cpu = time.process_time
+    gc.disable()
+    started = cpu()
+    envelopes = list(islice(read_archive(path), sample))
+    read = cpu() - started
+    gc.freeze()
+    gc.enable()
+    try:
+        started = cpu()
+        previous = GENESIS_CHAIN_HASH
+        for envelope in envelopes:
+            if envelope.expected_chain_hash(previous) != envelope.chain_hash:
+                raise RuntimeError(f"{path}: the chain breaks at sequence {envelope.sequence}")
+            previous = envelope.chain_hash
+        chain = cpu() - started
+        pipeline = PayloadPipeline()
+        started = cpu()
+        for envelope in envelopes:
+            pipeline.unpack(envelope)
+        unpack = cpu() - started
+    finally:
+        gc.unfreeze()
+    per_event = 1e6 / len(envelopes)
+    return {"read": read * per_event, "chain": chain * per_event, "unpack": unpack * per_event}
+
+
+def hot_path_fresh(path: Path, sample: int) -> dict[str, float]:
+    """:func:`hot_path` in a newly spawned process."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(hot_path, path, sample).result()
+
+
 def _peak_rss_mb() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes there, KiB here
@@ -405,6 +461,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             events=result.events,
         )
         emit(BENCH, "replay_rss_growth_mb", result.growth_mb, unit="MB", events=result.events)
+    # Where an event's CPU goes: the stages timed alone, and the rest of the median
+    # long run's CPU per event (the agent's code, the replay's turn-taking, the digests
+    # of what the code asked and the values it is handed back).
+    with stage(f"timing the hot path over {HOT_PATH_SAMPLE:,} events"):
+        stages = hot_path_fresh(archives[1], HOT_PATH_SAMPLE)
+    stages["engine"] = 1e6 / statistics.median(cpu_rates) - sum(stages.values())
+    for name, us in stages.items():
+        emit(BENCH, "hot_path_cpu_us_per_event", us, unit="us", stage=name)
     emit(
         BENCH,
         "short_run_s",
