@@ -36,7 +36,7 @@ from __future__ import annotations
 import threading
 import zlib
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Final, Literal
 
@@ -95,6 +95,9 @@ def with_compression(encoding: str, scheme: str) -> str:
     return f"{body}+{scheme}+{rest}" if rest else f"{body}+{scheme}"
 
 
+# Every event's encoding is split three times on its way (the sealed-run guard, its
+# refusal check, the opening), and a log holds a handful of encodings.
+@lru_cache(maxsize=256)
 def split_encoding(encoding: str) -> tuple[str | None, str]:
     """The compression scheme of ``encoding`` (None when uncompressed; with its padding
     step when padded: ``zstd-d1+pad1``) and the encoding the sealer sees (``encoding``
