@@ -17,7 +17,9 @@ rebound to the wrappers, and so are the ``datetime`` module and its ``datetime``
 ``date`` classes in those modules only (``datetime.now``/``utcnow``/``today``,
 ``date.today``): the classes the rest of the process sees are left alone, so type checks
 outside the agent are not affected. Everything is restored when the last guard exits,
-also on error. Guards may overlap and be entered from several threads; the wrappers stay
+also on error, unless :meth:`NondeterminismGuard.installed` holds the wrappers in place
+(a batch replaying run after run, each under a guard of its own, installs them once).
+Guards may overlap and be entered from several threads; the wrappers stay
 correct for threads the agent starts while a guard is entered.
 
 Not seen: functions the agent keeps elsewhere than in a module global (a default
@@ -38,7 +40,8 @@ import time
 import types
 import uuid
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, Literal
@@ -162,6 +165,19 @@ class NondeterminismGuard:
             matched = self._matched[module] = covers(self.modules, module)
         return matched
 
+    @staticmethod
+    @contextmanager
+    def installed() -> Iterator[None]:
+        """Keep the wrappers installed while entered, also between guards: a guard
+        entered inside then only points the agent's names at them, and its exit only
+        points them back. Calls outside a guard pass straight through (nothing is
+        noted); everything is restored on exit."""
+        _PATCHES.hold()
+        try:
+            yield
+        finally:
+            _PATCHES.release()
+
     def __enter__(self) -> NondeterminismGuard:
         _PATCHES.add(self)
         return self
@@ -284,6 +300,9 @@ class _Patches:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.guards: tuple[NondeterminismGuard, ...] = ()
+        self._holds = 0
+        """How many :meth:`NondeterminismGuard.installed` keep the wrappers in place."""
+        self._installed = False
         self._saved: list[tuple[Any, str, Any, bool]] = []
         """(owner, attribute, original, whether the owner held it itself)."""
         self._rebound: dict[int, Any] = {}
@@ -296,7 +315,7 @@ class _Patches:
 
     def add(self, guard: NondeterminismGuard) -> None:
         with self._lock:
-            if not self.guards:
+            if not self._installed:
                 self._install()
             self.guards = (*self.guards, guard)
             self._rebind(guard.modules)
@@ -305,13 +324,26 @@ class _Patches:
         with self._lock:
             self.guards = tuple(g for g in self.guards if g is not guard)
             self._restore_names(guard.modules)
-            if not self.guards:
+            if not self.guards and not self._holds:
                 self._uninstall()
             else:  # names still watched by another guard are put back
                 for other in self.guards:
                     self._rebind(other.modules)
 
+    def hold(self) -> None:
+        with self._lock:
+            if not self._installed:
+                self._install()
+            self._holds += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holds -= 1
+            if not self.guards and not self._holds:
+                self._uninstall()
+
     def _install(self) -> None:
+        self._installed = True
         self._replacements = {
             id(_dt): self._guarded_datetime,
             id(_dt.datetime): _GuardedDatetime,
@@ -336,6 +368,7 @@ class _Patches:
         return made[1]
 
     def _uninstall(self) -> None:
+        self._installed = False
         for owner, name, original, own in reversed(self._saved):
             if own:
                 setattr(owner, name, original)

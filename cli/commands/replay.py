@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -22,6 +23,7 @@ from sqlalchemy import Engine
 
 from agent_blackbox.cli._purpose import purpose_option
 from agent_blackbox.cli._wiring import Wiring, wired
+from agent_blackbox.outbox import NondeterminismGuard
 from agent_blackbox.outbox.storage import PostgresBlobs
 from agent_blackbox.replayer import (
     AgentRegistry,
@@ -329,8 +331,9 @@ def _reports(
                 registry, reading, skip_unknown=work.skip_unknown, how=work.how
             )
             runs = _archive_runs(archive, run_id, scope)
-            for rid, opened in _progress(runs, None, console):
-                yield replayer.replay(rid, opened)
+            with NondeterminismGuard.installed():
+                for rid, opened in _progress(runs, None, console):
+                    yield replayer.replay(rid, opened)
             return
         index = wiring.read_side.run_index(engine)
         if scope is not None:
@@ -369,15 +372,21 @@ class ReplayWork:
             skip_unknown=self.skip_unknown,
             how=self.how,
         )
-        return _ReplayHandler(replayer, engine)
+        # Each run replays under a guard of its own: the wrappers it needs are installed
+        # once for the worker, not once a run (a tenth of a short run's replay).
+        held = ExitStack()
+        held.enter_context(NondeterminismGuard.installed())
+        return _ReplayHandler(replayer, engine, held)
 
 
 @dataclass(frozen=True, slots=True)
 class _ReplayHandler:
     replayer: BatchReplayer
     engine: Engine
+    held: ExitStack
 
     def close(self) -> None:
+        self.held.close()
         self.engine.dispose()
 
     def handle(self, run: AssembledRun) -> ReplayReport:

@@ -301,6 +301,39 @@ def test_overlapping_guards_each_see_their_own_modules(agent: ModuleType) -> Non
     assert _patched_state() == before
 
 
+def test_wrappers_held_installed_serve_guard_after_guard(agent: ModuleType) -> None:
+    """A batch holds the wrappers installed: each guard entered in it still sees only
+    its own reads, the agent's names are its own again between guards, a call outside
+    a guard passes through, and everything is restored when the hold ends."""
+    before = _patched_state()
+    names = dict(vars(agent))
+    with NondeterminismGuard.installed():
+        held = _patched_state()
+        assert held[0] is not before[0]  # time.time is the wrapper
+        assert time.time() > 0  # and passes the call through, outside any guard
+        reports = [_replayed(agent.clock_agent) for _ in range(3)]
+        assert [[n.what for n in r.nondeterminism] for r in reports] == [["time.time"]] * 3
+        assert dict(vars(agent)) == names  # rebound back after each replay
+        assert _patched_state() == held  # still installed between the guards
+    assert _patched_state() == before
+    assert dict(vars(agent)) == names
+
+
+def test_a_guard_outliving_the_hold_keeps_the_wrappers_until_it_exits(
+    agent: ModuleType,
+) -> None:
+    before = _patched_state()
+    guard = NondeterminismGuard([PACKAGE])
+    hold = NondeterminismGuard.installed()
+    hold.__enter__()
+    with guard:
+        hold.__exit__(None, None, None)
+        agent.random_agent(_FakeRun(), None)
+        assert random.random is not before[2]
+    assert [r.what for r in guard.reads] == ["random.random"]
+    assert _patched_state() == before
+
+
 class _FakeRun:
     def random(self) -> float:
         return 0.5
