@@ -137,6 +137,34 @@ async def replay_run_async(
 def entry_problem(entry: Callable[..., Any]) -> str | None:
     """Why ``entry`` cannot be an agent's entry point (called as ``entry(run, input)``),
     or None. A wrong entry point is a setup error, never a divergence."""
+    return _per_entry(_entry_problem, entry)
+
+
+def is_async_entry(entry: Callable[..., Any]) -> bool:
+    """Whether ``entry`` is a coroutine function (also behind decorators and partials,
+    or as a callable object's ``__call__``)."""
+    return _per_entry(_is_async_entry, entry)
+
+
+def _per_entry(answer: Callable[[Any], T], entry: Callable[..., Any]) -> T:
+    """``answer(entry)``, worked out once per entry point: a batch replays run after run
+    with the same one, and reading its signature cost more than a short run's events."""
+    try:
+        return _ANSWERS[answer, entry]  # type: ignore[no-any-return]
+    except KeyError:
+        found = _ANSWERS[answer, entry] = answer(entry)
+        if len(_ANSWERS) > _ANSWERS_KEPT:  # the oldest goes (another thread may have)
+            _ANSWERS.pop(next(iter(_ANSWERS), None), None)  # type: ignore[arg-type]
+        return found
+    except TypeError:  # an entry that cannot be a key (a callable object without a hash)
+        return answer(entry)
+
+
+_ANSWERS: dict[tuple[Callable[[Any], Any], Any], Any] = {}
+_ANSWERS_KEPT = 128
+
+
+def _entry_problem(entry: Callable[..., Any]) -> str | None:
     name = getattr(entry, "__qualname__", None) or repr(entry)
     if inspect.isclass(entry):
         return (
@@ -154,9 +182,7 @@ def entry_problem(entry: Callable[..., Any]) -> str | None:
     return None
 
 
-def is_async_entry(entry: Callable[..., Any]) -> bool:
-    """Whether ``entry`` is a coroutine function (also behind decorators and partials,
-    or as a callable object's ``__call__``)."""
+def _is_async_entry(entry: Callable[..., Any]) -> bool:
     target = inspect.unwrap(entry)
     method = type(target).__call__  # a function's own is a method-wrapper: not a coroutine
     return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(method)
