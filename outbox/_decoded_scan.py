@@ -31,7 +31,6 @@ import base64
 import binascii
 import re
 from collections.abc import Iterable
-from functools import lru_cache
 from typing import Any
 
 import re2  # type: ignore[import-untyped]
@@ -50,7 +49,6 @@ from agent_blackbox.outbox._text_views import folded as fold
 
 _ROUNDS = 3
 _SHORT = 256
-_LONG = 4096
 _DATA_DEPTH = 2
 """How deep ``data:`` URLs inside decoded ``data:`` URL bodies are decoded."""
 
@@ -155,9 +153,9 @@ class DecodedScan:
             lowered = folded.lower()
             # A long text is searched for each hint once (the card and phone shapes share
             # the ten digits); a short one is quicker searched again than remembered.
-            held = _Hints(lowered) if len(lowered) > _LONG else None
+            held = _Hints(lowered) if len(lowered) > _SHORT else None
             for shape in shapes:
-                if _holds(lowered, shape.hints) if held is None else held.any(shape.hints):
+                if _holds(lowered, shape.hints) if held is None else held.any(shape):
                     found = [(start, end, shape.label) for start, end in shape.find(folded)]
                     normal, folded = self._applied(found, normal, folded, fired)
             if folded == before:
@@ -215,7 +213,7 @@ class DecodedScan:
         """The keys (of the key shapes, when in force) that ``folded`` holds cut by line
         breaks, each ending where :func:`_key_end` says."""
         keys = self._keys
-        if keys is None or _LINE_BREAKS.search(folded) is None:
+        if keys is None or not _has_line_break(folded):
             return []
         if not _holds(folded.lower(), keys.hints):
             return []
@@ -246,10 +244,10 @@ class DecodedScan:
 def _found(view: View, shapes: Iterable[Shape]) -> list[Span]:
     """The spans (of the scanned text) of what ``shapes`` find in ``view``."""
     lowered = view.text.lower()
-    held = _Hints(lowered) if len(lowered) > _LONG else None
+    held = _Hints(lowered) if len(lowered) > _SHORT else None
     spans: list[Span] = []
     for shape in shapes:
-        if _holds(lowered, shape.hints) if held is None else held.any(shape.hints):
+        if _holds(lowered, shape.hints) if held is None else held.any(shape):
             label = shape.label
             spans += [(s, e, label) for s, e in view.origins(shape.find(view.text))]
     return spans
@@ -293,41 +291,47 @@ def _merged(spans: list[Span], *, ordered: bool) -> list[Span]:
 
 
 class _Hints:
-    """Which hints a long text holds. A search for one hint passes over the whole text
-    when the hint is absent, and a crafted text holds few of them: the hints of a shape
-    are looked for together, in one pass of RE2 over the text's UTF-8 (where every
-    hint is one character, as the card and phone shapes' ten digits, by the string's
-    own search, which finds a character faster). A hint is in the text exactly when its
-    UTF-8 is in the text's."""
+    """Which shapes' hints a text holds, found in one pass over its UTF-8 by an RE2 set
+    of one pattern a shape (any of its hints). A search for each hint passed over the
+    whole text when the hint was absent, and most are absent from most texts (a crafted
+    one holds none of them). A hint is in the text exactly when its UTF-8 is in the
+    text's."""
 
-    __slots__ = ("_data", "_seen", "_text")
+    __slots__ = ("_held", "_text")
 
     def __init__(self, text: str) -> None:
         self._text = text
-        self._data: bytes | None = None
-        self._seen: dict[tuple[str, ...], bool] = {}
+        found = _HINT_SET.Match(text.encode("utf-8", "surrogatepass"))
+        self._held = frozenset(found or ())
 
-    def any(self, hints: tuple[str, ...]) -> bool:
-        """Whether the text holds one of ``hints``."""
-        held = self._seen.get(hints)
-        if held is None:
-            pattern = _hint_pattern(hints)
-            if pattern is None:
-                held = _holds(self._text, hints)
-            else:
-                if self._data is None:
-                    self._data = self._text.encode("utf-8", "surrogatepass")
-                held = pattern.search(self._data) is not None
-            self._seen[hints] = held
-        return held
+    def any(self, shape: Shape) -> bool:
+        """Whether the text holds one of ``shape``'s hints."""
+        index = _HINT_INDEX.get(id(shape))
+        if index is None:  # a shape outside the set: its hints looked for one by one
+            return _holds(self._text, shape.hints)
+        return index in self._held
 
 
-@lru_cache(maxsize=64)
-def _hint_pattern(hints: tuple[str, ...]) -> Any:
-    """The RE2 pattern (over UTF-8) of any of ``hints``; None when each is one character."""
-    if all(len(hint) == 1 for hint in hints):
-        return None
-    return re2.compile(b"|".join(re2.escape(hint).encode("utf-8") for hint in hints))
+def _hint_set(shapes: Iterable[Shape]) -> tuple[Any, dict[int, int]]:
+    """An RE2 set matching any hint of each of ``shapes`` (one pattern a shape, over
+    UTF-8), and each shape's index in it."""
+    found = re2.Set.SearchSet()
+    index: dict[int, int] = {}
+    for shape in shapes:
+        index[id(shape)] = found.Add(b"|".join(re2.escape(h).encode("utf-8") for h in shape.hints))
+    found.Compile()
+    return found, index
+
+
+_HINT_SET, _HINT_INDEX = _hint_set(SHAPES_V3.values())
+
+
+def _has_line_break(text: str) -> bool:
+    """Whether ``text`` holds one of :data:`_LINE_BREAKS`' characters (an ASCII text can
+    hold four of them, each found by the string's own search, faster than a pattern)."""
+    if text.isascii():
+        return "\n" in text or "\r" in text or "\x0b" in text or "\x0c" in text
+    return _LINE_BREAKS.search(text) is not None
 
 
 def _holds(text: str, hints: tuple[str, ...]) -> bool:
