@@ -20,6 +20,7 @@ from sqlalchemy import Engine, text
 from agent_blackbox.backup import BackupStore, open_store
 from agent_blackbox.schemas import Settings
 from tests.integration._backups import cut, record, relay
+from tests.integration._wait import eventually
 from tests.security._restores import Copies, copies  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -59,8 +60,11 @@ def test_verify_restore_and_drill_all_refuse_it(
 
     name = copies.restore_name(f"t{uuid.uuid4().hex[:10]}")
     # --at picks the cut; it does not excuse a store that lost its end.
-    # A second on: the text keeps whole seconds, and the cut may be of this very second.
-    now = (datetime.now(UTC) + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%S%z")
+    # The text keeps whole seconds and the cut may be of this very second: the time
+    # given is the next whole second, once it has come (a time to come is refused).
+    at = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    eventually(lambda: datetime.now(UTC) >= at, timeout=5, what="the next whole second")
+    now = at.strftime("%Y-%m-%dT%H:%M:%S%z")
     for extra in ([], ["--at", now]):
         restored = copies.cli(
             "restore",
