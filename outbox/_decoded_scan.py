@@ -151,8 +151,8 @@ class DecodedScan:
         for _ in range(_ROUNDS):
             before = folded
             lowered = folded.lower()
-            # A long text is searched for each hint once (the card and phone shapes share
-            # the ten digits); a short one is quicker searched again than remembered.
+            # Past a few hundred characters the shapes' hints are found in one pass
+            # (_Hints); a shorter text is quicker searched hint by hint.
             held = _Hints(lowered) if len(lowered) > _SHORT else None
             for shape in shapes:
                 if _holds(lowered, shape.hints) if held is None else held.any(shape):
