@@ -8,8 +8,9 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import lru_cache
 from itertools import chain
-from typing import Any, TypedDict, TypeVar, Unpack, cast
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, cast
 
 from agent_blackbox.keystore import DataKeyMissing, KeyDestroyed
 from agent_blackbox.outbox import AgentRun, NondeterminismGuard
@@ -37,6 +38,9 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     UnknownSchemaVersion,
 )
+
+if TYPE_CHECKING:
+    from functools import _lru_cache_wrapper
 
 T = TypeVar("T")
 
@@ -146,24 +150,22 @@ def is_async_entry(entry: Callable[..., Any]) -> bool:
     return _per_entry(_is_async_entry, entry)
 
 
-def _per_entry(answer: Callable[[Any], T], entry: Callable[..., Any]) -> T:
-    """``answer(entry)``, worked out once per entry point: a batch replays run after run
-    with the same one, and reading its signature cost more than a short run's events."""
+_ENTRIES_KEPT = 128
+"""Entry points whose checks are remembered."""
+
+
+def _per_entry(answer: _lru_cache_wrapper[T], entry: Callable[..., Any]) -> T:
+    """``answer(entry)``, remembered per entry point: a batch replays run after run with
+    the same one, and reading its signature cost more than a short run's events. An
+    entry that cannot be a key (a callable object without a hash) is answered afresh."""
     try:
-        return _ANSWERS[answer, entry]  # type: ignore[no-any-return]
-    except KeyError:
-        found = _ANSWERS[answer, entry] = answer(entry)
-        if len(_ANSWERS) > _ANSWERS_KEPT:  # the oldest goes (another thread may have)
-            _ANSWERS.pop(next(iter(_ANSWERS), None), None)  # type: ignore[arg-type]
-        return found
-    except TypeError:  # an entry that cannot be a key (a callable object without a hash)
-        return answer(entry)
+        hash(entry)
+    except TypeError:
+        return answer.__wrapped__(entry)
+    return answer(entry)
 
 
-_ANSWERS: dict[tuple[Callable[[Any], Any], Any], Any] = {}
-_ANSWERS_KEPT = 128
-
-
+@lru_cache(maxsize=_ENTRIES_KEPT)
 def _entry_problem(entry: Callable[..., Any]) -> str | None:
     name = getattr(entry, "__qualname__", None) or repr(entry)
     if inspect.isclass(entry):
@@ -182,6 +184,7 @@ def _entry_problem(entry: Callable[..., Any]) -> str | None:
     return None
 
 
+@lru_cache(maxsize=_ENTRIES_KEPT)
 def _is_async_entry(entry: Callable[..., Any]) -> bool:
     target = inspect.unwrap(entry)
     method = type(target).__call__  # a function's own is a method-wrapper: not a coroutine

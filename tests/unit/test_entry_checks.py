@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_blackbox.replayer._driver import _ANSWERS_KEPT, entry_problem, is_async_entry
+from agent_blackbox.replayer._driver import _ENTRIES_KEPT, entry_problem, is_async_entry
 
 
 def good(run: Any, input: Any) -> Any:
@@ -50,7 +50,7 @@ def test_an_entry_without_a_hash_is_checked_each_time() -> None:
 def test_many_entries_are_answered_alike() -> None:
     """More entries than are kept: the oldest answers are worked out again."""
     made: list[tuple[Any, bool]] = []
-    for i in range(_ANSWERS_KEPT + 20):
+    for i in range(_ENTRIES_KEPT + 20):
         if i % 2:
             made.append((lambda run, input: input, True))
         else:
