@@ -100,8 +100,8 @@ class View:
     def origin(self, start: int, end: int) -> tuple[int, int]:
         """The span of the scanned text that ``[start, end)`` of this view came from (a
         piece partly covered is covered whole, unless its characters map one by one)."""
-        span = (self._origin_start(start), self._origin_end(end))
-        return span if self._below is None else self._below.origin(*span)
+        [span] = self.origins([(start, end)])
+        return span
 
     def origins(self, spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         """:meth:`origin` of each of ``spans``, in one loop (a crafted text may give a
@@ -132,26 +132,6 @@ class View:
                 last = origin_ends[i] + (end - ends[i])
             mapped.append((first, last))
         return mapped if self._below is None else self._below.origins(mapped)
-
-    def _origin_start(self, at: int) -> int:
-        p = self._pieces
-        i = bisect_right(p.starts, at) - 1
-        if i < 0:
-            return at
-        if at < p.ends[i]:
-            return p.origins[i] + (at - p.starts[i]) * p.scales[i]
-        return p.origin_ends[i] + (at - p.ends[i])
-
-    def _origin_end(self, at: int) -> int:
-        p = self._pieces
-        i = bisect_left(p.starts, at) - 1
-        if i < 0:
-            return at
-        if at <= p.ends[i] and p.scales[i]:
-            return p.origins[i] + (at - p.starts[i]) * p.scales[i]
-        if at <= p.ends[i]:
-            return p.origin_ends[i]
-        return p.origin_ends[i] + (at - p.ends[i])
 
 
 _LOOKALIKE = re.compile(f"[{_class_of(LOOKALIKES)}]")
