@@ -134,13 +134,7 @@ def _best_match(
         old = earlier.split
         if old.key != split.key:
             continue
-        count = 0
-        saved = 0
-        for mine, theirs in zip(split.items, old.items, strict=False):
-            if mine != theirs:
-                break
-            count += 1
-            saved += len(theirs)
+        count, saved = _shared_items(split.items, old.items)
         fields = {
             name
             for name, text in split.fields.items()
@@ -154,6 +148,21 @@ def _best_match(
     if best is not None:
         _share(split, best.earlier.split, best.items)
     return best, best_fields, best_saved
+
+
+def _shared_items(mine: list[str], theirs: list[str]) -> tuple[int, int]:
+    """How many of ``theirs`` ``mine`` begins with, and their length."""
+    if len(mine) >= len(theirs) and mine[: len(theirs)] == theirs:
+        # Most often: the earlier request whole, compared in one step (the texts it
+        # shares are mostly the same objects, and equal at once).
+        return len(theirs), sum(map(len, theirs))
+    count = saved = 0
+    for text, other in zip(mine, theirs, strict=False):
+        if text != other:
+            break
+        count += 1
+        saved += len(other)
+    return count, saved
 
 
 def _share(split: SplitRequest, earlier: SplitRequest, items: int) -> None:

@@ -69,6 +69,33 @@ class _Part:
 
 
 @dataclass(slots=True)
+class _TurnTexts:
+    """The canonical JSON of a request's list of turns, by canonicalisation name; and,
+    when the list goes on from the whole list of the run's request before it, that
+    list's texts, so that only the new items' texts are joined."""
+
+    texts: dict[str, str] = field(default_factory=dict)
+    earlier: dict[str, str] | None = None
+    """The texts of the list this one goes on from (all of it: this list's first
+    ``shared`` items); that list's own ``texts``, so never a chain of requests."""
+    shared: int = 0
+
+    def text(self, items: list[_Part], canonical: Canonicalisation) -> str:
+        found = self.texts.get(canonical.name)
+        if found is None:
+            before = None if self.earlier is None else self.earlier.get(canonical.name)
+            if before is None:
+                found = "[" + ",".join(p.text(canonical) for p in items) + "]"
+            elif len(items) == self.shared:
+                found = before
+            else:
+                tail = ",".join(p.text(canonical) for p in items[self.shared :])
+                found = before[:-1] + "," + tail + "]"
+            self.texts[canonical.name] = found
+        return found
+
+
+@dataclass(slots=True)
 class RequestParts:
     """A redacted request, and the parts it is made of."""
 
@@ -79,6 +106,7 @@ class RequestParts:
     key: str | None
     items: list[_Part]
     fired: frozenset[str]
+    turns: _TurnTexts
     wholes: dict[str, str] = field(default_factory=dict)
 
     def text(self, canonical: Canonicalisation) -> str:
@@ -87,7 +115,7 @@ class RequestParts:
         if found is None:
             members = {name: part.text(canonical) for name, part in self.fields.items()}
             if self.key is not None:
-                members[self.key] = "[" + ",".join(p.text(canonical) for p in self.items) + "]"
+                members[self.key] = self.turns.text(self.items, canonical)
             found = object_text(members, code_point_keys=canonical.code_point_keys)
             self.wholes[canonical.name] = found
         return found
@@ -100,7 +128,8 @@ class RequestParts:
         """The request as the version 1 texts of its parts (a new object: prefix
         matching swaps its texts for earlier ones)."""
         fields = {name: part.text(CANONICAL_V1) for name, part in self.fields.items()}
-        return SplitRequest(fields, self.key, [p.text(CANONICAL_V1) for p in self.items])
+        v1 = CANONICAL_V1.name  # every part's version 1 text is written when it is made
+        return SplitRequest(fields, self.key, [p.texts[v1] for p in self.items])
 
     def holds(self, request: Mapping[str, Any]) -> bool:
         """Whether ``request`` is this request or a copy of it holding the same objects."""
@@ -138,6 +167,7 @@ class RequestMemo:
         self._parts: dict[tuple[int, bytes], _Part] = {}
         self._calls = 0
         self._recent: deque[RequestParts] = deque(maxlen=_RECENT)
+        self._latest: _LatestTurns | None = None
         self._lock = threading.Lock()
 
     def asked(self, provider: str, model: str, request: dict[str, Any]) -> Asked | None:
@@ -186,21 +216,63 @@ class RequestMemo:
             self._calls += 1
             now = self._calls
         fields = {name: self._part(value, 1, now) for name, value in request.items() if name != key}
-        items = [] if key is None else [self._part(item, 2, now) for item in request[key]]
+        items: list[_Part] = []
+        turns = _TurnTexts()
+        if key is not None:
+            items, turns = self._turns(key, request[key], now)
         value: dict[str, Any] = {}
         for name in request:
             value[name] = [p.value for p in items] if name == key else fields[name].value
         fired = frozenset(name for part in (*fields.values(), *items) for name in part.fired)
         if now % KEPT_CALLS == 0:
             self._forget(now)
-        return RequestParts(value, fields, key, items, fired)
+        return RequestParts(value, fields, key, items, fired, turns)
+
+    def _turns(self, key: str, turns: list[Any], now: int) -> tuple[list[_Part], _TurnTexts]:
+        """The parts of a request's list of turns, and the texts it is written from.
+
+        A conversation's request is most often the run's request before it plus a few
+        new turns. The list is written with marshal once, in C, and the bytes it shares
+        with the latest list (whole items, since marshal writes a list as a header and
+        then each item as it writes it alone) are that list's parts: only the items after
+        them are looked up one by one.
+        """
+        if type(turns) is not list:  # a subclass: marshal refuses it, its items not
+            return [self._part(item, 2, now) for item in turns], _TurnTexts()
+        whole = marshal.dumps(turns, 2)
+        with self._lock:
+            latest = self._latest
+        shared = 0 if latest is None or latest.key != key else latest.shared(whole)
+        parts: list[_Part] = []
+        ends: list[int] = []
+        if latest is not None and shared:
+            parts, ends = latest.parts[:shared], latest.ends[:shared]
+            for part in parts:
+                part.used = now
+        at = ends[-1] if ends else _LIST_HEADER
+        for item in turns[shared:]:
+            exact = marshal.dumps(item, 2)
+            parts.append(self._found(item, exact, 2, now))
+            at += len(exact)
+            ends.append(at)
+        texts = _TurnTexts()
+        if at != len(whole):  # not written as assumed: the parts stand, nothing is shared
+            return parts, texts
+        if latest is not None and 0 < shared == len(latest.parts):
+            texts.earlier, texts.shared = latest.texts.texts, shared
+        with self._lock:
+            self._latest = _LatestTurns(key, whole, ends, parts, texts)
+        return parts, texts
 
     def _part(self, value: Any, level: int, now: int) -> _Part:
         """The part ``value`` at ``level``, found by its exact bytes or made."""
         # marshal's version 2 writes plain types exactly (an int is no float, keys in
         # order, floats by their bits, no references between objects), refuses their
         # subclasses, and costs a fraction of writing JSON.
-        exact = marshal.dumps(value, 2)
+        return self._found(value, marshal.dumps(value, 2), level, now)
+
+    def _found(self, value: Any, exact: bytes, level: int, now: int) -> _Part:
+        """The part ``value`` whose marshal bytes are ``exact``, found or made."""
         found = self._parts.get((level, exact))
         if found is None:
             if plain_ordered_text(value) is None:  # NaN, bytes, a set...
@@ -217,6 +289,42 @@ class RequestMemo:
     def _forget(self, now: int) -> None:
         with self._lock:
             self._parts = {k: p for k, p in self._parts.items() if p.used > now - KEPT_CALLS}
+
+
+_LIST_HEADER = len(marshal.dumps([], 2))
+"""The bytes marshal writes a list's length in, before its items."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LatestTurns:
+    """The list of turns of the run's latest request, as marshal wrote it."""
+
+    key: str
+    exact: bytes
+    ends: list[int]
+    """Where each item's bytes end in ``exact``."""
+    parts: list[_Part]
+    texts: _TurnTexts
+
+    def shared(self, exact: bytes) -> int:
+        """How many of this list's first items the list written as ``exact`` begins
+        with (item bytes compared whole)."""
+        view = memoryview(self.exact)
+        ends = self.ends
+
+        def begins(count: int) -> bool:
+            return exact.startswith(view[_LIST_HEADER : ends[count - 1]], _LIST_HEADER)
+
+        if not ends or begins(len(ends)):
+            return len(ends)
+        low, high = 0, len(ends) - 1  # begins(low) holds, begins(high + 1) does not
+        while low < high:
+            middle = (low + high + 1) // 2
+            if begins(middle):
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
 
 class _NotPlain(ValueError):

@@ -300,6 +300,37 @@ def test_each_request_redacts_only_the_parts_it_adds(monkeypatch: pytest.MonkeyP
         assert walked == (["m", request["tools"], messages[0]] if turn == 0 else [messages[-1]])
 
 
+def test_a_request_that_goes_on_from_the_one_before_looks_up_only_its_new_turns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    looked_up: list[Any] = []
+    found = RequestMemo._found
+
+    def counted(self: RequestMemo, value: Any, exact: bytes, level: int, now: int) -> Any:
+        if level == 2:
+            looked_up.append(value)
+        return found(self, value, exact, level, now)
+
+    monkeypatch.setattr(RequestMemo, "_found", counted)
+    contract = Contract(Scrub(Redactor()), RFC8785.digest)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    asks = []
+    for turn in range(6):
+        messages.append({"role": "user", "content": f"question {turn}"})
+        looked_up.clear()
+        asks.append(contract.llm("openai", None, {"model": "m", "messages": list(messages)}))
+        assert looked_up == (messages if turn == 0 else [messages[-1]])
+    # A fork back to an earlier turn shares what it still has in common.
+    looked_up.clear()
+    fork = [*messages[:3], {"role": "user", "content": "another question"}]
+    forked = contract.llm("openai", None, {"model": "m", "messages": fork})
+    assert looked_up == [fork[-1]]
+    whole = Contract(Scrub(Redactor()), RFC8785.digest).llm(
+        "openai", None, {"model": "m", "messages": fork}
+    )
+    assert (forked.value, forked.input_digest) == (whole.value, whole.input_digest)
+
+
 def test_an_earlier_message_changed_in_place_is_redacted_again() -> None:
     contract = Contract(Scrub(Redactor()), RFC8785.digest)
     messages = [{"role": "user", "content": "hello there"}, {"role": "user", "content": "x" * 10}]
