@@ -49,6 +49,11 @@ from agent_blackbox.outbox._text_views import folded as fold
 
 _ROUNDS = 3
 _SHORT = 256
+_REMEMBERED_LENGTH = 16 * 1024
+"""The longest text whose outcome a scan keeps (characters)."""
+_REMEMBERED_CHARS = 4 * 1024 * 1024
+"""The characters of texts and outcomes a scan keeps, at most (then all are forgotten at
+once, and it begins again)."""
 _DATA_DEPTH = 2
 """How deep ``data:`` URLs inside decoded ``data:`` URL bodies are decoded."""
 
@@ -99,7 +104,16 @@ class DecodedScan:
         stand_ins: what replaces a match.
     """
 
-    __slots__ = ("_any_hint", "_credentials", "_keys", "_labels", "_shapes", "_stand_ins")
+    __slots__ = (
+        "_any_hint",
+        "_credentials",
+        "_keys",
+        "_labels",
+        "_scanned",
+        "_scanned_chars",
+        "_shapes",
+        "_stand_ins",
+    )
 
     def __init__(self, names: Iterable[str], stand_ins: StandIns) -> None:
         chosen = tuple(names)
@@ -111,11 +125,35 @@ class DecodedScan:
         ordered = sorted(hints, key=len, reverse=True)
         self._any_hint = re.compile("|".join(map(re.escape, ordered)))
         self._stand_ins = stand_ins
+        self._scanned: dict[str, tuple[str | None, frozenset[str]]] = {}
+        self._scanned_chars = 0
 
     def scan(self, text: str, fired: set[str]) -> str:
         """``text`` with every version 3 detector applied. Unchanged when nothing fires;
-        otherwise the normalised text, redacted."""
-        return self._scan(text, fired, 0, self._shapes)
+        otherwise the normalised text, redacted.
+
+        The scan is a function of the text alone (the stand-ins of these rules are
+        fixed, or keyed pseudonyms), so its outcome is kept for the texts scanned
+        lately: an agent hands the same texts over again and again (the model's answer
+        comes back in the next request, a tool's result in the message that quotes it).
+        """
+        if len(text) > _REMEMBERED_LENGTH:
+            return self._scan(text, fired, 0, self._shapes)
+        scanned = self._scanned  # one dict operation at a time: safe between threads
+        found = scanned.get(text)
+        if found is None:
+            own: set[str] = set()
+            scrubbed = self._scan(text, own, 0, self._shapes)
+            found = (None if scrubbed is text else scrubbed, frozenset(own))
+            if self._scanned_chars > _REMEMBERED_CHARS:
+                scanned.clear()
+                self._scanned_chars = 0
+            scanned[text] = found
+            self._scanned_chars += len(text) + (0 if scrubbed is text else len(scrubbed))
+        changed, labels = found
+        if labels:
+            fired.update(labels)
+        return text if changed is None else changed
 
     def _scan(self, text: str, fired: set[str], depth: int, shapes: tuple[Shape, ...]) -> str:
         """``text`` with ``shapes`` applied (``depth``: how many ``data:`` URL bodies deep

@@ -352,3 +352,49 @@ def test_the_same_run_replayed_under_version_3_diverges() -> None:
     events[0] = replace(events[0], attributes={**events[0].attributes, "redaction": rules})
     report = replay_run(events, golden_agent)
     assert not report.passed
+
+
+def _fresh_scan() -> Any:
+    """The version 3 scan of a redactor of its own (nothing remembered yet)."""
+    return Redactor()._walk._scan
+
+
+def test_a_text_scanned_again_gives_what_it_gave_the_first_time() -> None:
+    rng = random.Random(33)
+    texts = [s.value for s in secret_corpus(4) if isinstance(s.value, str)]
+    texts += ["order A-12345 shipped", "x" * 40, "mail bob@example.org now", "\u200bsk-"]
+    texts += ["".join(rng.choice("ab1 @.:=%-\n") for _ in range(200)) for _ in range(50)]
+    remembered, fresh = _fresh_scan(), _fresh_scan()
+    for text in texts:
+        first: set[str] = set()
+        once = remembered.scan(text, first)
+        again: set[str] = set()
+        assert remembered.scan(text, again) == once
+        assert again == first  # the rules that fired are told again
+        alone: set[str] = set()
+        assert fresh._scan(text, alone, 0, fresh._shapes) == once
+        assert alone == first
+
+
+def test_an_unchanged_text_comes_back_as_the_callers_own_object() -> None:
+    scan = _fresh_scan()
+    text = "nothing to see in " + "these words " * 5
+    scan.scan(text, set())
+    copy = "".join(list(text))  # equal, another object
+    assert copy is not text
+    assert scan.scan(copy, set()) is copy
+
+
+def test_the_scan_forgets_past_its_bound_and_skips_long_texts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agent_blackbox.outbox import _decoded_scan
+
+    monkeypatch.setattr(_decoded_scan, "_REMEMBERED_CHARS", 1000)
+    scan = _fresh_scan()
+    for i in range(30):
+        scan.scan(f"text number {i} " + "w" * 100, set())
+    assert 0 < len(scan._scanned) <= 10
+    long = "y" * (_decoded_scan._REMEMBERED_LENGTH + 1)
+    scan.scan(long, set())
+    assert long not in scan._scanned
