@@ -172,12 +172,14 @@ LLM_OVER_TOOL_TARGET = 1.5
 
 def tool_latencies(recorder: Recorder, calls: int, seed: int) -> tuple[list[float], str]:
     """What each of ``calls`` tool calls with about 1 KB of arguments costs the agent,
-    in one run; and the run's id."""
-    argument = docstring_prose(random.Random(seed), TOOL_ARGUMENT_WORDS)
+    in one run; and the run's id. Each call's text is new: the recorder keeps what it
+    scanned lately, and a text sent again would cost it nothing."""
+    rng = random.Random(seed)
+    arguments = [docstring_prose(rng, TOOL_ARGUMENT_WORDS) for _ in range(calls)]
     latencies: list[float] = []
 
     def entry(run: AgentRun, input: Any) -> None:
-        for i in range(calls):
+        for i, argument in enumerate(arguments):
             began = time.perf_counter()
             run.call("lookup", _echo, {"query": argument, "page": i})
             latencies.append((time.perf_counter() - began) * 1000)
