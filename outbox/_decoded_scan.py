@@ -51,7 +51,7 @@ _ROUNDS = 3
 _SHORT = 256
 _REMEMBERED_LENGTH = 16 * 1024
 """The longest text whose outcome a scan keeps (characters)."""
-_REMEMBERED_CHARS = 4 * 1024 * 1024
+_REMEMBERED_CHARS = 1024 * 1024
 """The characters of texts and outcomes a scan keeps, at most (then all are forgotten at
 once, and it begins again)."""
 _DATA_DEPTH = 2
