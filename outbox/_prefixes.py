@@ -23,7 +23,6 @@ from agent_blackbox.schemas import (
     Canonicalisation,
     EventType,
     SplitRequest,
-    canonical_text,
     digest_bytes,
 )
 
@@ -78,15 +77,11 @@ class RequestPrefixes:
         del recent[:-REFERENCE_WINDOW]
         if best is None or saved < MIN_SHARED_BYTES:
             return crossing
-        own: dict[str, Any] = {
-            name: value
-            for name, value in request.items()
-            if name != split.key and name not in shared
-        }
-        if split.key is not None:
-            own[split.key] = list(request[split.key])[best.items :]
+        # What is the request's own, from the texts of its parts (put together as the
+        # whole request's text is: SplitRequest.checked saw them give it back).
+        own = {name: text for name, text in split.fields.items() if name not in shared}
         body = dict(crossing.body)
-        body["raw_request_json"] = canonical_text(own, path="llm.request")
+        body["raw_request_json"] = SplitRequest(own, split.key, split.items[best.items :]).text()
         body["request_prefix"] = {
             "sequence": best.sequence,
             "key": split.key or "",
