@@ -5,7 +5,8 @@ On a database and topic of the bench's own, for each writer mode (per-event, the
 commit): ``blackbox relay``, ``blackbox consume`` (the views) and ``blackbox analytics``
 run as processes; a warm-up run goes through them all (imports, connections, prepared
 statements, the group joins); then an agent process records ``--events`` tool calls
-(a 1 KB result each) over ``--runs`` runs, one thread each, and the bench waits until
+(a 1 KB result each) in ``--runs`` threads, each recording runs of ``--run-length``
+calls one after another (0: one run a thread), and the bench waits until
 both consumers committed the topic's last offset. Over that window, per event on the
 topic:
 
@@ -28,7 +29,8 @@ against the relay's.
 Budgets: views consumer <= 20 us per event, relay <= 1.2x the plain producer per
 message, agent <= 150 us per recorded tool call.
 
-    python -m bench.cpu [--events 20000] [--runs 8] [--modes per-event group]
+    python -m bench.cpu [--events 20000] [--runs 8] [--run-length 50]
+                        [--modes per-event group]
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ AGENT_BUDGET_US = 150.0
 CONSUMERS = ("views", "analytics")
 _COMMANDS = {"relay": ["relay"], "views": ["consume"], "analytics": ["analytics"]}
 DEADLINE_S = 600.0
+RUN_LENGTH = 50
+"""Tool calls per run. The relay holds one unacknowledged message per run, so a backlog
+of a few long runs drains a few messages per acknowledgement; runs of an agent are many
+and short."""
 _DESCRIPTION = "x" * 900
 """The tool result's text: with its other fields, about 1 KB."""
 
@@ -100,19 +106,33 @@ def lookup(item: int) -> dict[str, Any]:
     return {"item": item, "name": f"item-{item}", "stock": item * 7 % 101, "text": _DESCRIPTION}
 
 
-def record(settings: Settings, *, events: int, runs: int, group: bool, agent_id: str) -> Recorded:
-    """Record ``events`` tool calls over ``runs`` runs, a thread each (run in the agent
-    process)."""
+def record(
+    settings: Settings,
+    *,
+    events: int,
+    runs: int,
+    group: bool,
+    agent_id: str,
+    run_length: int | None = None,
+) -> Recorded:
+    """Record ``events`` tool calls in ``runs`` threads (run in the agent process): each
+    thread one run, or runs of ``run_length`` calls one after another."""
     engine = create_engine(settings.database_url, pool_size=runs + 1)
     recorder = Recorder(engine, settings=settings, group_commit=GroupCommit() if group else None)
-    per_run = events // runs
+    per_thread = events // runs
+    length = run_length or per_thread
+    recorded: list[int] = []  # the events of each run (list.append: safe between threads)
 
     def one(index: int) -> None:
-        with recorder.start_run(
-            RunSnapshot(code_version="bench", input={"index": index}), agent_id=agent_id
-        ) as run:
-            for i in range(per_run):
-                run.call("lookup", lookup, i)
+        done = 0
+        while done < per_thread:
+            calls = min(length, per_thread - done)
+            snapshot = RunSnapshot(code_version="bench", input={"index": index, "at": done})
+            with recorder.start_run(snapshot, agent_id=agent_id) as run:
+                for i in range(calls):
+                    run.call("lookup", lookup, i)
+            recorded.append(calls + 2)  # with run.started and run.finished
+            done += calls
 
     cpu, wall = time.process_time(), time.perf_counter()
     threads = [threading.Thread(target=one, args=(i,)) for i in range(runs)]
@@ -122,7 +142,7 @@ def record(settings: Settings, *, events: int, runs: int, group: bool, agent_id:
         thread.join()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     engine.dispose()
-    return Recorded(runs * (per_run + 2), cpu, wall, agent_id)
+    return Recorded(sum(recorded), cpu, wall, agent_id)
 
 
 def _record_in_child(settings: Settings, kwargs: dict[str, Any], results: Any) -> None:
@@ -187,7 +207,9 @@ def caught_up(
     return check
 
 
-def pipeline(settings: Settings, *, events: int, runs: int, group: bool) -> dict[str, float]:
+def pipeline(
+    settings: Settings, *, events: int, runs: int, group: bool, run_length: int | None = None
+) -> dict[str, float]:
     """One writer mode through the whole pipeline: CPU seconds per role, with ``events``
     (what reached the topic) and the agent's figures.
 
@@ -214,7 +236,12 @@ def pipeline(settings: Settings, *, events: int, runs: int, group: bool) -> dict
         with _processes.BackendSampler(settings.database_url) as backends:
             with _processes.paused(workers["relay"].pid), stage(f"agent: {events} tool calls"):
                 agent = record_elsewhere(
-                    named(settings, "agent"), events=events, runs=runs, group=group, agent_id="cpu"
+                    named(settings, "agent"),
+                    events=events,
+                    runs=runs,
+                    group=group,
+                    agent_id="cpu",
+                    run_length=run_length,
                 )
                 spent["postgres.agent"] = backends.split().get("bench-cpu-agent", 0.0)
                 pids["broker"] = broker
@@ -325,7 +352,14 @@ def plain_floor(settings: Settings) -> tuple[int, float]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=20_000, help="tool calls recorded")
-    parser.add_argument("--runs", type=int, default=8, help="runs (agent threads)")
+    parser.add_argument("--runs", type=int, default=8, help="runs at a time (agent threads)")
+    parser.add_argument(
+        "--run-length",
+        type=int,
+        default=RUN_LENGTH,
+        help="tool calls per run: each thread records runs of this many one after another "
+        "(0: one run per thread)",
+    )
     parser.add_argument(
         "--modes", nargs="+", choices=("per-event", "group"), default=["per-event", "group"]
     )
@@ -349,7 +383,13 @@ def measure_modes(base: Settings, args: argparse.Namespace, topics: list[str]) -
             topics += [mine.topic, mine.dlq_topic]
             ensure_topics(mine)
             with stage(f"pipeline, {mode} writer"):
-                spent = pipeline(mine, events=args.events, runs=args.runs, group=mode == "group")
+                spent = pipeline(
+                    mine,
+                    events=args.events,
+                    runs=args.runs,
+                    group=mode == "group",
+                    run_length=args.run_length,
+                )
             relay_us[mode] = report(spent, mode=mode)
             floor_settings = replace(settings, topic=topics[0], partitions=12)
         if relay_us:
