@@ -47,6 +47,15 @@ def test_pseudonyms_are_keyed() -> None:
     assert redact("Ann@example.com") != redact("ann@example.com")
 
 
+def test_a_text_remembered_under_one_key_is_redacted_afresh_under_another() -> None:
+    text = "mail ann@example.com about the refund"
+    rules = Redactor(pseudonyms=["email"])
+    first, second = rules.keyed(KEY), rules.keyed(OTHER_KEY)
+    assert redact(text, first) == redact(text, first)  # the second time from memory
+    assert redact(text, second) != redact(text, first)
+    assert redact(text, second) == redact(text, Redactor(pseudonyms=["email"]).keyed(OTHER_KEY))
+
+
 def test_redacting_a_pseudonym_again_changes_nothing() -> None:
     value = {"a": "ann@example.com", "card": 4111111111111111, "text": "bob@ex.io and x"}
     redactor = Redactor(pseudonyms=["email", "card_number"]).keyed(KEY)
