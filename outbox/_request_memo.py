@@ -256,8 +256,8 @@ class RequestMemo:
             at += len(exact)
             ends.append(at)
         texts = _TurnTexts()
-        if at != len(whole):  # not written as assumed: the parts stand, nothing is shared
-            return parts, texts
+        if at != len(whole):  # not written as assumed: nothing is shared, each item alone
+            return [self._part(item, 2, now) for item in turns], texts
         if latest is not None and 0 < shared == len(latest.parts):
             texts.earlier, texts.shared = latest.texts.texts, shared
         with self._lock:
