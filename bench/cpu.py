@@ -113,10 +113,10 @@ def record(
     runs: int,
     group: bool,
     agent_id: str,
-    run_length: int | None = None,
+    run_length: int = 0,
 ) -> Recorded:
     """Record ``events`` tool calls in ``runs`` threads (run in the agent process): each
-    thread one run, or runs of ``run_length`` calls one after another."""
+    thread runs of ``run_length`` calls one after another, or (0) one run."""
     engine = create_engine(settings.database_url, pool_size=runs + 1)
     recorder = Recorder(engine, settings=settings, group_commit=GroupCommit() if group else None)
     per_thread = events // runs
@@ -208,7 +208,7 @@ def caught_up(
 
 
 def pipeline(
-    settings: Settings, *, events: int, runs: int, group: bool, run_length: int | None = None
+    settings: Settings, *, events: int, runs: int, group: bool, run_length: int = 0
 ) -> dict[str, float]:
     """One writer mode through the whole pipeline: CPU seconds per role, with ``events``
     (what reached the topic) and the agent's figures.
