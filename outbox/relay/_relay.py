@@ -280,8 +280,11 @@ class Relay:
         pipeline, leases = self._pipeline, self._leases
         pipeline.collect(wait=False)
         if leases.over_share:
-            # Shards are to be handed back, which waits for nothing to be queued.
+            # Shards are to be handed back, which waits for nothing to be queued and the
+            # last deletes to finish: under steady load the next batch would otherwise
+            # be produced while they run, and the relay never quiet enough to hand back.
             pipeline.settle(stop, leases, keep=0)
+            pipeline.collect(wait=True)
             if pipeline.quiet:
                 leases.renew_next()  # hand shards back now
         leases.keep_between_batches(may_release=pipeline.quiet)
