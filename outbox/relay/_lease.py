@@ -9,10 +9,16 @@ expiry other relays see in the database: they can claim the shards only after it
 What the relay may do with that deadline:
 
 - **Produce** a message only while ``now + message_timeout + margin <= deadline``. The
-  producer's ``message.timeout.ms`` is set to ``message_timeout``, so whatever the
-  process does next (a SIGSTOP, a GC pause, a frozen VM) a queued message is either sent
-  or failed by the producer before the lease can pass to another relay. A paused relay
-  cannot purge anything itself; the producer's own timeout is what fences it.
+  producer's ``message.timeout.ms`` is set to ``message_timeout``, so a message the
+  producer could not send in time is failed before the lease can pass to another relay.
+  The deadline is looked at again after each produce: a process that stood still
+  between the check and the produce (its message's timeout started only then) purges
+  what it queued at once.
+- **Not a fence at the broker.** A process frozen whole (a SIGSTOP, a frozen VM) with
+  messages in librdkafka's queues sends them when it is continued, before librdkafka
+  looks at their timeouts and before the relay's own thread runs: measured, messages
+  produced within a few milliseconds of a freeze went out the moment it ended. Such a
+  copy carries the old lease epoch, and every reader's ``EpochFence`` drops it.
 - **Purge** what it queued as soon as ``now >= deadline - margin`` without a renewal
   (the database is away, or the renewal is slower than the margin), or when a renewal
   shows a shard is no longer its own: it stops producing at once and the rows stay in

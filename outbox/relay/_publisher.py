@@ -14,6 +14,7 @@ of it was reported or dropped.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -145,6 +146,12 @@ class Publisher:
                     self._produce_when_room(topic, row, headers, batch)
                 open_runs[key] = None  # its run's next row waits for the report
                 produced += 1
+                if clock() >= until and clock() >= deadline.produce_until:
+                    # The process stood still between the check and the produce (a
+                    # SIGSTOP, a VM pause): the message's timeout started only now.
+                    self._produced_late()
+                    batch.cut = True
+                    break
         finally:
             # Counted once: a report of this batch served meanwhile (inside a poll for
             # room) took its pending count down already, and so did a row left.
@@ -241,7 +248,8 @@ class Publisher:
             # Read once a round, as ``publish`` reads them once a row: a round is what
             # one poll released, produced within microseconds.
             stamps = {} if leases is None else leases.stamps
-            late = leases is None or time.monotonic() >= leases.deadline.produce_until
+            until = -math.inf if leases is None else leases.deadline.produce_until
+            late = time.monotonic() >= until
             for row, batch in ready:
                 stamp = stamps.get(row[5])
                 if late or stamp is None:
@@ -254,6 +262,23 @@ class Publisher:
                 except BufferError:
                     self._produce_when_room(topic, row, headers, batch)
                 # Its run stays open: the acknowledgement that released it left it so.
+                if time.monotonic() >= until and leases is not None:
+                    until = leases.deadline.produce_until  # renewed meanwhile, or not
+                    if time.monotonic() >= until:
+                        late = True  # as in ``publish``: it stood still before the produce
+                        self._produced_late()
+
+    def _produced_late(self) -> None:
+        """A message was handed to the producer after its lease's last moment for it
+        (the process stood still between the check and the produce, and the message's
+        timeout started only then): purge what is queued before it is sent. The purged
+        rows stay in the outbox and are read again from the lowest id."""
+        purged = self.purge()
+        log.warning(
+            "the relay stood still while producing; %d queued messages purged (their rows "
+            "stay for the next read)",
+            purged,
+        )
 
     def _produce_when_room(self, topic: str, row: Row, headers: _Headers, batch: Batch) -> None:
         """Produce ``row`` once the local queue has room again."""

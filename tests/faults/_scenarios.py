@@ -134,7 +134,8 @@ MAX_PAUSES = 6
 def paused_relay(stack: FaultStack, log_dir: Path, events: int) -> Figures:
     """One of two relays is paused (SIGSTOP) past its lease under load, then resumed:
     the other takes its shards, and what the paused one had queued must not be applied
-    anywhere (nor, with the purge of item 2, published after the newer events).
+    anywhere. (What its producer had queued at the pause may still be published after
+    the newer events: every reader's epoch fence drops it.)
 
     A pause proves something only when the relay had deliveries queued at that moment,
     which is a matter of timing: each round pauses again (at most :data:`MAX_PAUSES`

@@ -82,9 +82,13 @@ def test_a_paused_relays_copies_are_never_applied(run_scenario: Run) -> None:
     assert figures.views_exact
 
 
-def test_a_paused_relay_publishes_nothing_after_newer_events(run_scenario: Run) -> None:
+def test_a_paused_relays_copies_published_late_are_all_fenced_off(run_scenario: Run) -> None:
+    """What the paused relay's producer had already queued may still go out when it is
+    continued (librdkafka sends it before it notices the message timeout, and before the
+    relay's own thread can purge it); each such copy carries the old lease epoch, and
+    the readers' fence drops it."""
     figures = run_scenario("paused_relay")
-    assert figures.stale_published == 0, figures.json_line()
+    assert figures.stale_published <= figures.fenced, figures.json_line()
 
 
 def test_a_paused_relay_does_not_stall_the_relay_that_took_over(run_scenario: Run) -> None:

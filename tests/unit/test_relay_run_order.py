@@ -227,3 +227,93 @@ def test_first_copies_stay_in_order_whatever_fails_and_whenever_reports_come(
     assert not outbox, "the outbox did not drain"
     expected = {run: list(range(1, count + 1)) for run, count in sequences.items() if count}
     assert _first_copies(producer.topic) == expected
+
+
+PURGED = KafkaError(KafkaError._PURGE_QUEUE)
+
+
+@dataclass
+class FreezingProducer(ScriptedProducer):
+    """A scripted producer in a process that stands still for ``freeze_s`` just before
+    its ``freeze_at``-th produce (the clock jumps; nothing else happens meanwhile), and
+    whose ``purge`` fails what it holds, as librdkafka reports purged messages."""
+
+    clock: list[float] = field(default_factory=lambda: [0.0])
+    freeze_at: int = 0
+    freeze_s: float = 0.0
+    purges: int = 0
+
+    def produce(
+        self, topic: str, value: bytes, key: bytes, *, on_delivery: Any, headers: Any
+    ) -> None:
+        if len(self.produced) + 1 == self.freeze_at:
+            self.clock[0] += self.freeze_s
+        super().produce(topic, value, key, on_delivery=on_delivery, headers=headers)
+
+    def purge(self, **_: Any) -> None:
+        self.purges += 1
+        held, self.held = self.held, []
+        for key, value, report in held:
+            report(PURGED, _Message(key, value))
+
+
+def _frozen(
+    monkeypatch: pytest.MonkeyPatch, producer: FreezingProducer
+) -> tuple[Publisher, _Leases]:
+    monkeypatch.setattr(_publisher, "time", _FakeTime(producer.clock))
+    publisher, leases = _publisher_with(monkeypatch, producer)
+    leases.deadline.renewed(producer.clock[0])  # TTL 60 s: produce until 24 s
+    return publisher, leases
+
+
+@dataclass
+class _FakeTime:
+    now: list[float]
+
+    def monotonic(self) -> float:
+        return self.now[0]
+
+
+@pytest.mark.parametrize("freeze_s", [30.0, 5.0])
+def test_a_message_produced_after_a_freeze_past_the_lease_is_purged_before_it_is_sent(
+    monkeypatch: pytest.MonkeyPatch, freeze_s: float
+) -> None:
+    """A freeze between the lease check and the produce starts the message's timeout
+    late: past the lease's last moment to produce, what is queued is purged at once and
+    the batch cut; a shorter freeze changes nothing."""
+    producer = FreezingProducer(
+        outcome=lambda v: (None, True), pick=lambda held: [], freeze_at=2, freeze_s=freeze_s
+    )
+    publisher, leases = _frozen(monkeypatch, producer)
+    rows = [_row(1, "a", 1), _row(2, "b", 1), _row(3, "c", 1)]
+    batch = publisher.publish(rows, leases)
+    producer.pick = lambda held: list(held)
+    (settled,) = _settle(publisher)
+    if freeze_s == 30.0:
+        assert producer.purges == 1
+        assert producer.produced == [b"a/1", b"b/1"]  # nothing after the freeze
+        assert batch.cut
+        assert settled.left_rows
+        assert (settled.acked, settled.failed) == ([], [1, 2])
+        assert producer.topic == []
+    else:
+        assert producer.purges == 0
+        assert settled.acked == [1, 2, 3]
+
+
+def test_a_held_event_produced_after_a_freeze_past_the_lease_is_purged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same rule for a run's next event, produced when its previous one was
+    acknowledged: the freeze comes just before that produce."""
+    producer = FreezingProducer(
+        outcome=lambda v: (None, True), pick=lambda held: [], freeze_at=2, freeze_s=30.0
+    )
+    publisher, leases = _frozen(monkeypatch, producer)
+    publisher.publish([_row(1, "a", 1), _row(2, "a", 2), _row(3, "a", 3)], leases)
+    producer.pick = lambda held: list(held)
+    (settled,) = _settle(publisher)
+    assert producer.purges == 1
+    assert producer.produced == [b"a/1", b"a/2"]
+    assert (settled.acked, settled.failed, settled.left) == ([1], [2], [3])
+    assert _first_copies(producer.topic) == {"a": [1]}
