@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -151,7 +152,7 @@ def after_heal(current: Scenario, figures: Figures, *, timeout: float = 180.0) -
         phases[name] = round(now - began, 2)
         began = now
 
-    eventually(lambda: current.outbox_rows() == 0, timeout=timeout, what="outbox drained")
+    _waited(current, lambda: current.outbox_rows() == 0, timeout=timeout, what="outbox drained")
     figures.outbox_left = current.outbox_rows()
     phase("drain")
     committed = _committed(current, figures)
@@ -165,6 +166,14 @@ def after_heal(current: Scenario, figures: Figures, *, timeout: float = 180.0) -
     phase("verify")
     figures.notes["check_s"] = phases
     return figures
+
+
+def _waited(current: Scenario, probe: Callable[[], bool], *, timeout: float, what: str) -> None:
+    """``eventually``, with the scenario's state and logs in the failure."""
+    try:
+        eventually(probe, timeout=timeout, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{current.diagnosis()}") from None
 
 
 def stale_so_far(current: Scenario) -> int:
@@ -260,7 +269,12 @@ def _views(
     timeout: float,
 ) -> None:
     """Wait until the consumers indexed as many events as committed, then compare."""
-    eventually(lambda: current.indexed() >= len(committed), timeout=timeout, what="views caught up")
+    _waited(
+        current,
+        lambda: current.indexed() >= len(committed),
+        timeout=timeout,
+        what="views caught up",
+    )
     with current.engine.connect() as conn:
         index = conn.execute(
             select(events_index.c.run_id, events_index.c.sequence, events_index.c.event_id)

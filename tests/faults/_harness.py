@@ -201,6 +201,7 @@ class Scenario:
             "BLACKBOX_TOPIC": self.settings.topic,
             "BLACKBOX_CONSUMER_GROUP": self.settings.consumer_group,
             "PYTHONUNBUFFERED": "1",
+            "COLUMNS": "160",  # log lines as they are, not wrapped at 80
             **extra,
         }
 
@@ -236,6 +237,31 @@ class Scenario:
 
     def load(self, *, writers: int = 3, engine: Engine | None = None) -> Load:
         return Load(engine or self.engine, self.settings, writers=writers)
+
+    def diagnosis(self, lines: int = 25) -> str:
+        """What a failed wait reports: the outbox, the views, the leases, and the last
+        ``lines`` of every process's log (the logs are gone once CI ends)."""
+        parts = []
+        try:
+            parts.append(f"outbox rows {self.outbox_rows()}, events indexed {self.indexed()}")
+            with self.engine.connect() as conn:
+                leases = conn.execute(
+                    text(
+                        "SELECT owner, count(*), max(epoch), "
+                        "bool_and(expires_at > now()) FROM blackbox.relay_leases GROUP BY owner"
+                    )
+                ).all()
+            parts.append(
+                f"leases (owner, shards, top epoch, all valid): {[tuple(r) for r in leases]}"
+            )
+        except Exception as exc:  # the database may be what failed
+            parts.append(f"database unreadable: {exc}")
+        for worker in self.workers:
+            state = worker.process.poll()
+            tail = worker.log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {worker.name} (exit {state}) {worker.log}")
+            parts.extend(line[:300] for line in tail)
+        return "\n".join(parts)
 
 
 @contextmanager
