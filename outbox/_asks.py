@@ -12,7 +12,7 @@ from agent_blackbox.outbox._boundaries import error_info
 from agent_blackbox.outbox._llm import llm_input
 from agent_blackbox.outbox._request_memo import RequestMemo
 from agent_blackbox.outbox._scrub import Scrub
-from agent_blackbox.schemas import Digester, EventType
+from agent_blackbox.schemas import Digester, EventType, SplitRequest
 
 _NOTHING_FIRED: frozenset[str] = frozenset()
 
@@ -73,6 +73,14 @@ class Contract:
         self._clocks: dict[str, Ask] = {}
         self._draws: dict[str, Ask] = {}
         self._endings: dict[str, Ask] = {}
+
+    def request_split(self, ask: Ask) -> SplitRequest | None:
+        """The version 1 texts of the parts of an LLM call's scrubbed request (``ask``
+        of :meth:`llm`), when the request memo built it; else None. Replay hands them
+        to the reader of the recorded body: a recorded request made of the same texts
+        need not be rebuilt from its reference."""
+        parts = self.requests.parts_of(ask.value)
+        return None if parts is None else parts.split()
 
     def _ask(
         self, event_type: EventType, inputs: Any, *, path: str, value: Any = None, fired: set[str]

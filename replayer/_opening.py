@@ -27,6 +27,7 @@ from agent_blackbox.outbox import (
 )
 from agent_blackbox.outbox.contract import (
     FIRED_ATTRIBUTE,
+    Ask,
     crossing,
     enter_crossing,
     leave_crossing,
@@ -46,6 +47,7 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     PlainDigest,
     SealedRunGuard,
+    SplitRequest,
     UnknownSchemaVersion,
     digest_bytes,
     is_plaintext,
@@ -150,11 +152,18 @@ class Bodies:
         self._findings = findings
         self._handed = handed
         self.digest: Digester = NEW_RUNS.digest
+        self.requests: Callable[[Ask], SplitRequest | None] | None = None
+        """The parts of an LLM call's request as the code made it (the run's
+        ``Contract.request_split``, once there is one)."""
         """The run's digest (known once its first envelope was read)."""
 
-    def open(self, envelope: Envelope) -> tuple[dict[str, Any], Any]:
+    def open(self, envelope: Envelope, ask: Ask | None = None) -> tuple[dict[str, Any], Any]:
         """The body of ``envelope`` and the output it recorded, checked against its
         output digest (a mismatch is noted as ``tampered_output``).
+
+        ``ask``: what the code asked, when it asked for this event. An llm.call whose
+        input digest it matches gives the reader its request's parts (``requests``):
+        a recorded request made of the same texts is taken as it is, not rebuilt.
 
         Raises:
             ReplaySetupError: the body cannot be read through no fault of the log.
@@ -163,8 +172,16 @@ class Bodies:
                 envelope naming an unknown version breaks the chain.
         """
         data = None if envelope.payload_ref is None else self._blob(envelope)
+        request = None
+        if (
+            ask is not None
+            and self.requests is not None
+            and envelope.event_type == _LLM
+            and ask.input_digest == envelope.input_digest
+        ):
+            request = self.requests(ask)
         try:
-            body = self._pipeline.unpack(envelope, data)
+            body = self._pipeline.unpack(envelope, data, request=request)
         except BlackboxError as exc:
             self._unopened(envelope, exc)
         output, material = recorded(envelope.event_type, body)

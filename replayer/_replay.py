@@ -175,6 +175,7 @@ class ReplayRun(Boundaries):
         # The rules the run was recorded under: what the code hands over now is
         # scrubbed the same way before its digest is compared.
         contract = Contract(Scrub.recorded_in(started.attributes), self._bodies.digest)
+        self._bodies.requests = contract.request_split
         self.core = ReplayCore(started.run_id, contract)
         self.snapshot_body = body
         """The recorded ``run.started`` body: the run's input snapshot."""

@@ -66,7 +66,7 @@ class Taker:
             if place is None and not (log.concurrent or log.own or log.finished_read):
                 envelope = log.straight(event_type, actual)
                 if envelope is not None:
-                    body, output = self._bodies.open(envelope)
+                    body, output = self._bodies.open(envelope, ask)
                     turns.release(envelope)
                     return envelope, body, output
             if place is None:
@@ -88,7 +88,7 @@ class Taker:
         against output digest, then (when its turn comes) the chain hash (held: the
         turns' lock)."""
         envelope = self._log.claim(event_type, actual, ask, place, strict, self.placement.begin)
-        body, output = self._bodies.open(envelope)
+        body, output = self._bodies.open(envelope, ask)
         if envelope.sequence != self._turns.released + 1:
             try:
                 self._turns.wait(envelope)
@@ -110,7 +110,7 @@ class Taker:
         with turns.lock:
             begin = self.placement.begin
             envelope = self._log.claim(ask.event_type, ask.input_digest, ask, place, True, begin)
-            body, output = self._bodies.open(envelope)
+            body, output = self._bodies.open(envelope, ask)
             waiting = None if envelope.sequence == turns.released + 1 else turns.future(envelope)
         return (envelope, body, output), waiting
 

@@ -29,7 +29,11 @@ from agent_blackbox.schemas._envelope import Envelope
 from agent_blackbox.schemas._errors import BlackboxError, UndecodableMessage
 from agent_blackbox.schemas._migrations import BodyReader
 from agent_blackbox.schemas._padding import PADDING, pad
-from agent_blackbox.schemas._request_prefix import RequestMemory, RequestPrefixMissing
+from agent_blackbox.schemas._request_prefix import (
+    RequestMemory,
+    RequestPrefixMissing,
+    SplitRequest,
+)
 from agent_blackbox.schemas.event_types import EventType
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
@@ -202,13 +206,20 @@ class PayloadPipeline:
         return replace(sealed, encoding=with_compression(sealed.encoding, scheme))
 
     def unpack(
-        self, envelope: Envelope, data: bytes | None = None, *, version: int | None = None
+        self,
+        envelope: Envelope,
+        data: bytes | None = None,
+        *,
+        version: int | None = None,
+        request: SplitRequest | None = None,
     ) -> dict[str, Any]:
         """Open the payload of ``envelope``, decode its body and bring it to ``version``.
 
         ``data`` supplies the bytes of a body stored out of line (``payload_ref``).
         ``version`` is the body version wanted, the newest when None; older bodies go
         through Avro resolution and the migrators (see :class:`BodyReader`).
+        ``request``: an llm.call's request the caller holds that may be the recorded one
+        (see :meth:`RequestMemory.read`).
 
         Raises:
             UnknownSchemaVersion: the envelope's body version has no reader path.
@@ -228,7 +239,7 @@ class PayloadPipeline:
             if kind != EventType.LLM_CALL:
                 return body
             return self._requests.read(
-                envelope.run_id, envelope.sequence, body, envelope.canonicalisation
+                envelope.run_id, envelope.sequence, body, envelope.canonicalisation, known=request
             )
         except RequestPrefixMissing:
             raise  # the reader may open what it lacks and try again

@@ -193,10 +193,17 @@ class RequestMemory:
         sequence: int,
         body: dict[str, Any],
         canonical: Canonicalisation = CANONICAL_V1,
+        *,
+        known: SplitRequest | None = None,
     ) -> dict[str, Any]:
         """``body`` (an llm.call at the newest version) with its whole request; the
         request is remembered for the llm.calls after it. ``canonical`` is the run's
         canonicalisation, that the whole request's digest was taken over.
+
+        ``known`` is a request the caller holds that may be the recorded one (replay's:
+        the request the agent's code just made, whose input digest matched). When the
+        stored parts are its parts, text for text, it is the request, and nothing is
+        rebuilt or digested again; else it is ignored.
 
         Raises:
             RequestPrefixMissing: the request names an llm.call not read before.
@@ -207,7 +214,8 @@ class RequestMemory:
         run = self._run(run_id)
         if prefix is None:
             if text is not None:
-                run.hold(sequence, _Held(text))
+                same = known is not None and known.text() == text
+                run.hold(sequence, _Held(None, known) if same else _Held(text))
             return body
         where = f"run {run_id} sequence {sequence}"
         earlier = run.calls.get(prefix["sequence"])
@@ -221,6 +229,9 @@ class RequestMemory:
         if text is None:
             raise UndecodableMessage(f"{where}: a request stored by reference has no own part")
         parts = earlier.parts()
+        if known is not None and _continues(parts, text, prefix, known):
+            run.hold(sequence, _Held(None, known))
+            return {**body, "raw_request_json": known.text(), "request_prefix": None}
         split = _spliced(parts, json.loads(text), prefix, where)
         whole = split.text()
         continued = (parts, prefix["items"])
@@ -270,6 +281,28 @@ def _split_sha256(
         members[split.key] = "[" + ",".join(items) + "]"
     code_points = canonical.code_point_keys
     return digest_bytes(object_text(members, code_point_keys=code_points).encode("utf-8"))
+
+
+def _continues(
+    earlier: SplitRequest, own: str, prefix: Mapping[str, Any], known: SplitRequest
+) -> bool:
+    """Whether ``known`` is the request stored as ``own`` (the text of its own part)
+    continuing ``earlier`` as ``prefix`` says: its shared fields and first items are
+    ``earlier``'s texts, and the rest is ``own``. Then splicing would rebuild ``known``
+    exactly (the texts are the version 1 texts it is assembled from)."""
+    key, count, shared = prefix["key"] or None, prefix["items"], prefix["fields"]
+    if known.key != key or earlier.key != key:
+        return False
+    if count > len(earlier.items) or count > len(known.items):
+        return False
+    for name in shared:
+        mine = known.fields.get(name)
+        if mine is None or earlier.fields.get(name) != mine:
+            return False
+    if earlier.items[:count] != known.items[:count]:
+        return False
+    fields = {name: value for name, value in known.fields.items() if name not in shared}
+    return assemble(fields, key, known.items[count:]) == own
 
 
 def _spliced(

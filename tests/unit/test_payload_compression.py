@@ -27,7 +27,9 @@ from agent_blackbox.schemas import (
     RequestPrefixMissing,
     SealedRunGuard,
     Settings,
+    SplitRequest,
     UndecodableMessage,
+    _request_prefix,
     canonical_text,
     is_plaintext,
 )
@@ -185,6 +187,125 @@ def test_a_reference_to_another_request_fails_its_digest() -> None:
         pipeline.unpack(envelope)
     with pytest.raises(UndecodableMessage, match="does not match its recorded digest"):
         pipeline.unpack(forged)
+
+
+def _known(text: str) -> SplitRequest:
+    """The request of ``text`` as replay's request memo hands it over: its parts' texts."""
+    return SplitRequest.of(json.loads(text))
+
+
+def test_a_request_known_to_be_the_recorded_one_is_taken_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replay hands the reader the request the code just made; when the stored parts
+    are its parts text for text, the reader takes it: the same bodies, nothing spliced
+    or digested again, and later references still rebuild from it."""
+    calls = _llm(_record().events)
+    reader = PayloadPipeline()
+    expected = [reader.unpack(e) for e in calls]
+    rebuilt = 0
+    spliced = _request_prefix._spliced
+
+    def counted(*args: Any) -> Any:
+        nonlocal rebuilt
+        rebuilt += 1
+        return spliced(*args)
+
+    monkeypatch.setattr(_request_prefix, "_spliced", counted)
+    pipeline = PayloadPipeline()
+    taken = [
+        pipeline.unpack(e, request=_known(body["raw_request_json"]))
+        for e, body in zip(calls, expected, strict=True)
+    ]
+    assert taken == expected
+    assert rebuilt == 0
+    # A reader given nothing for the later calls rebuilds them from the known ones.
+    mixed = PayloadPipeline()
+    firsts = [
+        mixed.unpack(e, request=_known(b["raw_request_json"]))
+        for e, b in zip(calls[:6], expected, strict=False)
+    ]
+    assert firsts + [mixed.unpack(e) for e in calls[6:]] == expected
+    assert rebuilt == len(calls) - 6
+
+
+def _mailing_agent(run: AgentRun, input: Any) -> Any:
+    """``chat_agent`` whose user quotes an e-mail address: redaction fires every turn."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for turn in range(input["turns"]):
+        messages.append({"role": "user", "content": f"mail ann{turn}@example.com: why? " * 9})
+        reply = run.llm(_reply, {"model": "m", "messages": messages}, provider="openai")
+        messages.append(reply["choices"][0]["message"])
+    return len(messages)
+
+
+@pytest.mark.parametrize("agent", [chat_agent, _mailing_agent])
+def test_replay_takes_the_recorded_requests_as_the_code_makes_them(
+    monkeypatch: pytest.MonkeyPatch, agent: Any
+) -> None:
+    """Replay rebuilds no recorded request: each is the one the code just made (redacted
+    the same way), and a request that changes is still caught."""
+    recorder = MemoryRecorder()
+    recorder.record(agent, RunSnapshot("c1", {"turns": 10}), agent_id="chat")
+    if agent is _mailing_agent:
+        assert all("ann" not in (e.payload or b"").decode("latin-1") for e in recorder.events)
+    spliced = _request_prefix._spliced
+    calls: list[int] = []
+    monkeypatch.setattr(_request_prefix, "_spliced", lambda *a: calls.append(1) or spliced(*a))
+    assert replay_run(recorder.events, agent).passed
+    assert calls == []
+
+    def changed(run: AgentRun, input: Any) -> Any:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+        for turn in range(input["turns"]):
+            question = "why not? " if turn == 6 else "why? "
+            messages.append({"role": "user", "content": f"question {turn}: " + question * 40})
+            reply = run.llm(_reply, {"model": "m", "messages": messages}, provider="openai")
+            messages.append(reply["choices"][0]["message"])
+            if turn == 0:
+                messages[1]["edited"] = True  # as chat_agent does
+        return None
+
+    if agent is chat_agent:
+        report = replay_run(recorder.events, changed)
+        assert report.divergence is not None
+        assert report.divergence.kind == "argument_mismatch"
+        assert report.divergence.sequence == _llm(recorder.events)[6].sequence
+
+
+def test_a_known_request_that_is_not_the_recorded_one_is_ignored() -> None:
+    calls = _llm(_record().events)
+    reader = PayloadPipeline()
+    expected = [reader.unpack(e) for e in calls]
+    pipeline = PayloadPipeline()
+    for envelope, body in zip(calls, expected, strict=True):
+        other = json.loads(body["raw_request_json"])
+        other["messages"][0] = {"role": "system", "content": "another prompt"}
+        assert pipeline.unpack(envelope, request=SplitRequest.of(other)) == body
+
+
+def test_a_forged_reference_fails_its_digest_whatever_request_is_known() -> None:
+    """A body re-stored to continue another call than it did is caught by its digest
+    even when the reader is handed the true request (the stored parts are not its)."""
+    calls = _llm(_record().events)
+    reader = PayloadPipeline()
+    true = [reader.unpack(e) for e in calls][5]["raw_request_json"]
+    plain = PayloadPipeline()
+    stored = plain._reader.read("llm.call", calls[5].body_version, _inflated(calls[5]))
+    prefix = stored["request_prefix"]
+    stored["request_prefix"] = {
+        **prefix,
+        "sequence": calls[3].sequence,
+        "items": prefix["items"] - 2,
+    }
+    context = PayloadContext(calls[5].run_id, calls[5].sequence, calls[5].event_id, "t")
+    repacked = plain.pack("llm.call", calls[5].body_version, stored, context)
+    forged = replace(calls[5], payload=repacked.data, payload_encoding=repacked.encoding)
+    pipeline = PayloadPipeline()
+    for envelope in calls[:5]:
+        pipeline.unpack(envelope)
+    with pytest.raises(UndecodableMessage, match="does not match its recorded digest"):
+        pipeline.unpack(forged, request=_known(true))
 
 
 def test_reexecute_and_export_get_the_whole_request() -> None:
