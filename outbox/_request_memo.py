@@ -38,11 +38,15 @@ from agent_blackbox.schemas import (
     CANONICAL_V1,
     Canonicalisation,
     Digester,
+    RunningDigest,
     SplitRequest,
     object_text,
     plain_ordered_text,
 )
 from agent_blackbox.schemas._request_prefix import turn_key
+
+_MARK = "\x00"
+"""Where a request's text goes in what is digested (see ``RequestParts.digest``)."""
 
 KEPT_CALLS = 8
 """A part not repeated by any of this many requests since is forgotten."""
@@ -68,6 +72,16 @@ class _Part:
         return found
 
 
+@dataclass(frozen=True, slots=True)
+class _Fed:
+    """A digest fed a request's text up to the end of its last item of turns."""
+
+    opening: str
+    """What it was fed before the first item (the list's ``[`` included)."""
+    running: RunningDigest
+    items: int
+
+
 @dataclass(slots=True)
 class _TurnTexts:
     """The canonical JSON of a request's list of turns, by canonicalisation name; and,
@@ -79,6 +93,11 @@ class _TurnTexts:
     """The texts of the list this one goes on from (all of it: this list's first
     ``shared`` items); that list's own ``texts``, so never a chain of requests."""
     shared: int = 0
+    fed: dict[tuple[str, str], _Fed] = field(default_factory=dict)
+    """The digests of the request fed through its last item, by canonicalisation and
+    what the digested text holds before the request (``RequestParts.digest``)."""
+    earlier_fed: dict[tuple[str, str], _Fed] | None = None
+    """The ``fed`` of the list this one goes on from, as ``earlier``."""
 
     def text(self, items: list[_Part], canonical: Canonicalisation) -> str:
         found = self.texts.get(canonical.name)
@@ -122,7 +141,43 @@ class RequestParts:
 
     def sha256(self, canonical: Canonicalisation) -> str:
         """SHA-256 of the request's canonical JSON under ``canonical``."""
-        return CANONICAL_V1.digest.of_canonical(self.text(canonical).encode("utf-8"))
+        return self.digest(canonical, CANONICAL_V1.digest)
+
+    def digest(
+        self, canonical: Canonicalisation, digester: Digester, *, within: str = _MARK
+    ) -> str:
+        """``digester``'s digest of the request's canonical JSON under ``canonical``,
+        or of ``within`` with the request's text in place of its one NUL (which no
+        canonical JSON holds: it is written escaped).
+
+        The text is never put together: the digest is fed it piece by piece, and when
+        the request goes on from the whole of the run's request before it, from a copy
+        of that request's digest fed through its last item, so only the new items are
+        fed (a digest follows the conversation's new turns, not its length).
+        """
+        key = self.key
+        if key is None:
+            whole = within.replace(_MARK, self.text(canonical))
+            return digester.of_canonical(whole.encode("utf-8"))
+        members = {name: part.text(canonical) for name, part in self.fields.items()}
+        members[key] = _MARK
+        opening, closing = within.split(_MARK)
+        before, after = object_text(members, code_point_keys=canonical.code_point_keys).split(_MARK)
+        opening += before + "["
+        slot = (canonical.name, within)
+        turns, items = self.turns, self.items
+        earlier = None if turns.earlier_fed is None else turns.earlier_fed.get(slot)
+        if earlier is not None and earlier.opening == opening and earlier.items == turns.shared:
+            running, done = earlier.running.copy(), earlier.items
+        else:
+            running, done = digester.begin(), 0
+            running.update(opening.encode("utf-8"))
+        if done < len(items):
+            tail = ",".join(part.text(canonical) for part in items[done:])
+            running.update((("," if done else "") + tail).encode("utf-8"))
+        turns.fed[slot] = _Fed(opening, running.copy(), len(items))
+        running.update(("]" + after + closing).encode("utf-8"))
+        return digester.finished(running)
 
     def split(self) -> SplitRequest:
         """The request as the version 1 texts of its parts (a new object: prefix
@@ -183,14 +238,14 @@ class RequestMemo:
             members = {
                 "provider": canonical.json(provider).decode("utf-8"),
                 "model": canonical.json(model).decode("utf-8"),
-                "request": parts.text(canonical),
+                "request": _MARK,
             }
-            text = object_text(members, code_point_keys=canonical.code_point_keys)
+            within = object_text(members, code_point_keys=canonical.code_point_keys)
+            digest = parts.digest(canonical, self._digest, within=within)
         except (BlackboxError, ValueError):
             return None  # the whole way raises it again, naming where
         with self._lock:
             self._recent.append(parts)
-        digest = self._digest.of_canonical(text.encode("utf-8"))
         return Asked(llm_input(provider, model, parts.value), digest, parts)
 
     def parts_of(self, request: Any) -> RequestParts | None:
@@ -260,6 +315,7 @@ class RequestMemo:
             return [self._part(item, 2, now) for item in turns], texts
         if latest is not None and 0 < shared == len(latest.parts):
             texts.earlier, texts.shared = latest.texts.texts, shared
+            texts.earlier_fed = latest.texts.fed
         with self._lock:
             self._latest = _LatestTurns(key, whole, ends, parts, texts)
         return parts, texts

@@ -124,6 +124,25 @@ class Digester(Protocol):
         ``data``, written by the caller from texts it already held."""
         ...
 
+    def begin(self) -> RunningDigest:
+        """A digest to feed canonical JSON piece by piece (:meth:`finished` gives it);
+        copied, it goes on from the same bytes twice."""
+        ...
+
+    def finished(self, running: RunningDigest) -> str:
+        """The digest of what ``running`` (from :meth:`begin`) was fed."""
+        ...
+
+
+class RunningDigest(Protocol):
+    """A hash being fed: ``hashlib``'s, or an HMAC."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+    def copy(self) -> RunningDigest: ...
+
+    def hexdigest(self) -> str: ...
+
 
 _sha256 = hashlib.sha256
 
@@ -145,6 +164,12 @@ class PlainDigest:
 
     def of_canonical(self, data: bytes) -> str:
         return DIGEST_PREFIX + _sha256(data).hexdigest()
+
+    def begin(self) -> RunningDigest:
+        return _sha256()
+
+    def finished(self, running: RunningDigest) -> str:
+        return DIGEST_PREFIX + running.hexdigest()
 
     def __repr__(self) -> str:
         return f"PlainDigest({self.canonical.name})"
@@ -187,6 +212,12 @@ class KeyedDigest:
         mac = self._keyed.copy()
         mac.update(data)
         return HMAC_PREFIX + mac.hexdigest()
+
+    def begin(self) -> RunningDigest:
+        return self._keyed.copy()
+
+    def finished(self, running: RunningDigest) -> str:
+        return HMAC_PREFIX + running.hexdigest()
 
     def under(self, canonical: Canonicalisation) -> KeyedDigest:
         if canonical is self.canonical:

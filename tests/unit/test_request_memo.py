@@ -402,3 +402,59 @@ def test_digests_of_canonical_bytes_are_the_digests_of_the_value() -> None:
         members = {k: canonical.json(v).decode() for k, v in value.items()}
         text = object_text(members, code_point_keys=canonical.code_point_keys)
         assert text.encode() == data
+
+
+class _CountingDigest:
+    """RFC 8785's plain digest, counting the bytes its running digests are fed."""
+
+    canonical = RFC8785
+
+    def __init__(self) -> None:
+        self.fed = 0
+
+    def __call__(self, value: Any, *, path: str = "$") -> str:
+        return RFC8785.digest(value, path=path)
+
+    def under(self, canonical: Any) -> Any:
+        return self
+
+    def of_canonical(self, data: bytes) -> str:
+        self.fed += len(data)
+        return RFC8785.digest.of_canonical(data)
+
+    def begin(self) -> _CountingRun:
+        return _CountingRun(self, RFC8785.digest.begin())
+
+    def finished(self, running: Any) -> str:
+        return RFC8785.digest.finished(running.inner)
+
+
+class _CountingRun:
+    def __init__(self, owner: _CountingDigest, inner: Any) -> None:
+        self.owner, self.inner = owner, inner
+
+    def update(self, data: bytes, /) -> None:
+        self.owner.fed += len(data)
+        self.inner.update(data)
+
+    def copy(self) -> _CountingRun:
+        return _CountingRun(self.owner, self.inner.copy())
+
+    def hexdigest(self) -> str:
+        return str(self.inner.hexdigest())
+
+
+def test_a_request_that_goes_on_from_the_one_before_digests_only_its_new_turns() -> None:
+    counting = _CountingDigest()
+    memo, whole = Contract(Scrub(Redactor()), counting), Contract(Scrub(Redactor()), counting)
+    whole.requests = _Off()  # type: ignore[assignment]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief " * 100}]
+    for turn in range(30):
+        messages.append({"role": "user", "content": f"question {turn}: " + "word " * 200})
+        request = {"model": "m", "messages": messages, "tools": [{"name": "f"}]}
+        counting.fed = 0
+        mine = memo.llm("openai", None, request)
+        fed = counting.fed
+        assert mine.input_digest == whole.llm("openai", None, request).input_digest
+        # Turn 30's request is over 30 KB: each fed its new message and the closing.
+        assert fed < (2_000 if turn else 3_000), (turn, fed)
