@@ -247,10 +247,15 @@ def _envelope(**changes: Any) -> Envelope:
         {"tag.\ufb33": "x", "tag.\U0001f600": "y"},
     ],
 )
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"agent_id": 'ag"ent\\\u0001', "subject_ids": ("s\n1",)}],
+    ids=["plain-fields", "escaped-fields"],
+)
 def test_the_chain_material_is_the_canonical_json_of_the_chain_record(
-    attributes: dict[str, str],
+    attributes: dict[str, str], fields: dict[str, Any]
 ) -> None:
-    envelope = _envelope(attributes=attributes)
+    envelope = _envelope(attributes=attributes, **fields)
     canonical = canonicalisation_of(attributes)
     assert envelope.chain_material() == canonical.json(envelope.chain_record())
 
