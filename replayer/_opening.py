@@ -152,10 +152,10 @@ class Bodies:
         self._findings = findings
         self._handed = handed
         self.digest: Digester = NEW_RUNS.digest
+        """The run's digest (known once its first envelope was read)."""
         self.requests: Callable[[Ask], SplitRequest | None] | None = None
         """The parts of an LLM call's request as the code made it (the run's
         ``Contract.request_split``, once there is one)."""
-        """The run's digest (known once its first envelope was read)."""
 
     def open(self, envelope: Envelope, ask: Ask | None = None) -> tuple[dict[str, Any], Any]:
         """The body of ``envelope`` and the output it recorded, checked against its

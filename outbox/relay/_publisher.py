@@ -146,12 +146,14 @@ class Publisher:
                     self._produce_when_room(topic, row, headers, batch)
                 open_runs[key] = None  # its run's next row waits for the report
                 produced += 1
-                if clock() >= until and clock() >= deadline.produce_until:
-                    # The process stood still between the check and the produce (a
-                    # SIGSTOP, a VM pause): the message's timeout started only now.
-                    self._produced_late()
-                    batch.cut = True
-                    break
+                if clock() >= until:
+                    until = deadline.produce_until  # renewed meanwhile, or not
+                    if clock() >= until:
+                        # The process stood still between the check and the produce (a
+                        # SIGSTOP, a VM pause): the message's timeout started only now.
+                        self._produced_late()
+                        batch.cut = True
+                        break
         finally:
             # Counted once: a report of this batch served meanwhile (inside a poll for
             # room) took its pending count down already, and so did a row left.
