@@ -358,7 +358,8 @@ class RecorderConfig(TypedDict, total=False):
 
     Keys:
         settings: shards, payload limits; read from the environment when omitted.
-        pipeline: how bodies become payload bytes (plain Avro by default).
+        pipeline: how bodies become payload bytes (by default Avro compressed as
+            ``settings.payload_compression`` says: zstd unless told).
         clock: the source of ``recorded_at``.
         tools: how tool calls are answered (live by default; a fork answers from its
             parent's recording).

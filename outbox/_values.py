@@ -40,6 +40,7 @@ from typing import Any, Generic, TypeVar
 
 from agent_blackbox.outbox._errors import RecordedError
 from agent_blackbox.schemas import (
+    LONE_SURROGATE_ADVICE,
     MAX_VALUE_DEPTH,
     BlackboxError,
     NotSerialisable,
@@ -181,6 +182,24 @@ def _resolve(path: str) -> Any:
 # Encoding ---------------------------------------------------------------------------
 
 
+def _unicode(text: str, path: str) -> str:
+    """``text``, when it is Unicode (it has a UTF-8 form, which a body's JSON needs).
+
+    Raises:
+        NotSerialisable: it holds a lone surrogate (a JSON text can, after decoding).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        raise NotSerialisable(
+            path,
+            f"a text holds a lone surrogate (U+{code:04X}), which is not Unicode",
+            LONE_SURROGATE_ADVICE,
+        ) from None
+    return text
+
+
 def encode_value(
     value: Any, *, path: str = "$", converters: Converters = DEFAULT_CONVERTERS
 ) -> Any:
@@ -201,7 +220,9 @@ class _Encoder:
 
     def encode(self, value: Any, path: str, depth: int) -> Any:
         kind = type(value)
-        if kind is str or kind is int or kind is bool or value is None:
+        if kind is str:
+            return value if value.isascii() else _unicode(value, path)
+        if kind is int or kind is bool or value is None:
             return value
         if kind is float:
             return value if math.isfinite(value) else {TAG: "float", "value": repr(value)}
@@ -231,6 +252,9 @@ class _Encoder:
     def _dict(self, value: dict[Any, Any], path: str, depth: int) -> Any:
         below = depth + 1
         if TAG not in value and all(type(key) is str for key in value):
+            if not "".join(value).isascii():
+                for key in value:
+                    _unicode(key, f"{path}.<key>")
             return {key: self.encode(item, f"{path}.{key}", below) for key, item in value.items()}
         pairs = [
             [

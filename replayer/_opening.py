@@ -221,7 +221,9 @@ class Bodies:
                 ReplaySetupError(
                     f"run {envelope.run_id} sequence {envelope.sequence}: the body is "
                     f"stored out of line ({envelope.payload_ref}) and no blob reader was "
-                    "given; pass blobs= (PostgresBlobs on the write side's engine)"
+                    "given; pass blobs= (PostgresBlobs on the write side's engine, or the "
+                    "memory recorder that recorded the run); a memory recorder's run "
+                    "replays with agent_blackbox.testing.replay(recorder, agent)"
                 )
             )
         with crossing():  # the replay's own reading, not the agent's I/O

@@ -7,6 +7,7 @@ This package is a leaf: it imports no other part of agent_blackbox.
 from agent_blackbox.schemas._canonical import (
     DIGEST_PREFIX,
     HMAC_PREFIX,
+    LONE_SURROGATE_ADVICE,
     MAX_VALUE_DEPTH,
     JsonValue,
     canonical_json,
@@ -178,6 +179,7 @@ __all__ = [
     "GENESIS_CHAIN_HASH",
     "HMAC_PREFIX",
     "LLM_CALL_VERSION",
+    "LONE_SURROGATE_ADVICE",
     "MAX_RUN_ID",
     "MAX_TAGS",
     "MAX_VALUE_DEPTH",

@@ -74,9 +74,14 @@ def canonical_json(value: Any, *, path: str = "$") -> bytes:
             (an object, bytes, a non-string key, NaN or an infinity).
     """
     if _C_ENCODER is not None and _plain(value):
-        return "".join(_C_ENCODER(value, 0)).encode("utf-8")
-    _check(value, path, 0)  # raises naming the path, or lets a subclass or Mapping through
-    return _ENCODER.encode(value).encode("utf-8")
+        text = "".join(_C_ENCODER(value, 0))
+    else:
+        _check(value, path, 0)  # raises naming the path, or lets a subclass or Mapping through
+        text = _ENCODER.encode(value)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _lone_surrogate(value, path) from None
 
 
 def canonical_text(value: Any, *, path: str = "$") -> str:
@@ -96,9 +101,61 @@ def ordered_text(value: Any, *, path: str = "$") -> str:
         NotSerialisable: as :func:`canonical_json`, for the same values.
     """
     if _C_ORDERED_ENCODER is not None and _plain(value):
-        return "".join(_C_ORDERED_ENCODER(value, 0))
-    _check(value, path, 0)
-    return _ORDERED_ENCODER.encode(value)
+        text = "".join(_C_ORDERED_ENCODER(value, 0))
+    else:
+        _check(value, path, 0)
+        text = _ORDERED_ENCODER.encode(value)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _lone_surrogate(value, path) from None
+    return text
+
+
+LONE_SURROGATE_ADVICE = (
+    "Replace it before it crosses a recorded boundary, for example with "
+    "text.encode('utf-8', 'replace').decode('utf-8')"
+)
+"""What to do with a text that is not Unicode (a JSON text can decode to one)."""
+
+
+def _lone_surrogate(value: Any, path: str) -> NotSerialisable:
+    """The refusal of ``value``, whose JSON text holds a lone surrogate, naming where:
+    a text that is not Unicode has no UTF-8 (nor a place in an Avro string)."""
+    found = _surrogate_at(value, path, 0)
+    where, code = found if found is not None else (path, 0xD800)
+    return NotSerialisable(
+        where,
+        f"a text holds a lone surrogate (U+{code:04X}), which is not Unicode",
+        LONE_SURROGATE_ADVICE,
+    )
+
+
+def _surrogate_at(value: Any, path: str, depth: int) -> tuple[str, int] | None:
+    """The path of the first string (or key) of ``value`` that holds a lone surrogate,
+    and the surrogate's code point."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return path, ord(value[exc.start])
+        return None
+    if depth >= MAX_VALUE_DEPTH:
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _surrogate_at(key, f"{path}.<key>", depth + 1) or _surrogate_at(
+                item, f"{path}.{key}", depth + 1
+            )
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _surrogate_at(item, f"{path}[{index}]", depth + 1)
+            if found is not None:
+                return found
+    return None
 
 
 def encoded_parts(values: Sequence[Any]) -> list[str] | None:

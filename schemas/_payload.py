@@ -141,9 +141,10 @@ class PayloadPipeline:
         bodies: the body codec.
         sealer: seals and opens payloads (plaintext when None).
         reader: decodes and migrates bodies.
-        compression: what :meth:`pack` compresses with (``Settings.payload_compression``:
-            ``zstd``, ``zstd-nodict``, ``deflate``; ``none``, the default, stores Avro as
-            it is). Opening reads every compression whatever this says. A compressed
+        compression: what :meth:`pack` compresses with (``zstd``, ``zstd-nodict``,
+            ``deflate``; ``none``, this class's default, stores Avro as it is; the
+            recorders build their pipeline from ``Settings.payload_compression``, zstd
+            unless told). Opening reads every compression whatever this says. A compressed
             body that is sealed is padded to a size bucket (``schemas._padding``).
         tenant_compression: the compression of the tenants it names, in place of
             ``compression`` (``Settings.tenant_compressions``: ``none`` for a tenant

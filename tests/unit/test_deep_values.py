@@ -16,8 +16,10 @@ from agent_blackbox.schemas import (
     NotSerialisable,
     PayloadPipeline,
     canonical_json,
+    canonical_text,
     deepest_path,
     digest,
+    ordered_text,
 )
 
 DEEP = 3_000
@@ -97,3 +99,46 @@ def test_a_deep_tool_result_is_recorded_as_an_unserialisable_result_and_replays(
     assert "fetch.result.rows.a.a" in str(caught[0])
     assert replay_run(list(recorder.events), agent).passed
     assert str(caught[1]) == str(caught[0])
+
+
+@pytest.mark.parametrize(
+    ("result", "where"),
+    [
+        ({"v": "a\ud800b"}, "lookup.result.v: a text holds a lone surrogate (U+D800)"),
+        ({"k\udc00": 1}, "lookup.result.<key>: a text holds a lone surrogate (U+DC00)"),
+        (["ok", ("x", "\udfff")], "lookup.result[1][1]: a text holds a lone surrogate"),
+    ],
+)
+def test_a_tool_result_that_is_not_unicode_is_recorded_as_an_unserialisable_result(
+    result: Any, where: str
+) -> None:
+    """A lone surrogate (a model's or a service's JSON may decode to one) has no UTF-8:
+    the result is refused naming where, recorded as the tool's error, and replayed."""
+    caught: list[NotSerialisable] = []
+
+    def agent(run: AgentRun, _: Any) -> str:
+        try:
+            run.call("lookup", lambda: result)
+        except NotSerialisable as exc:
+            caught.append(exc)
+        return "done"
+
+    recorder = MemoryRecorder()
+    recorder.record(agent, RunSnapshot(code_version="u"), agent_id="u")
+    [tool] = [e for e in recorder.events if e.event_type == "tool.call"]
+    body = PayloadPipeline().unpack(tool)
+    assert body["result_json"] is None
+    assert body["error"]["kind"] == "unserialisable_result"
+    assert where in str(caught[0])
+    assert "encode('utf-8', 'replace')" in str(caught[0])
+    assert replay_run(list(recorder.events), agent).passed
+    assert str(caught[1]) == str(caught[0])
+
+
+@pytest.mark.parametrize("write", [ordered_text, canonical_text], ids=["ordered", "canonical"])
+def test_a_json_text_of_a_value_that_is_not_unicode_is_refused_naming_where(
+    write: Any,
+) -> None:
+    with pytest.raises(NotSerialisable, match=r"^llm\.response\.choices\[0\]\.content: a text"):
+        write({"choices": [{"content": "x\ud800"}]}, path="llm.response")
+    assert write({"a": "ünïcode ✓"}) == '{"a":"ünïcode ✓"}'

@@ -18,7 +18,7 @@ from agent_blackbox.keystore import AccessDenied
 from agent_blackbox.outbox import integrations
 from agent_blackbox.outbox.integrations import anthropic as anthropic_capture
 from agent_blackbox.outbox.integrations import openai as openai_capture
-from agent_blackbox.replayer import DivergenceKind, UnknownAgent
+from agent_blackbox.replayer import DivergenceKind, UnknownAgent, replay_run
 from agent_blackbox.schemas import BlackboxError, NotSerialisable, Settings
 from agent_blackbox.testing import AsyncMemoryRecorder, MemoryRecorder, replay
 
@@ -209,6 +209,8 @@ def test_testing_replay_reads_bodies_the_recorder_kept_out_of_line() -> None:
     assert replay(recorder, agent).passed
     without = bb.replay(recorder.events, agent)  # envelopes alone: no blob reader
     assert without.result == "ERROR"
+    assert "agent_blackbox.testing.replay(recorder, agent)" in str(without.error)
+    assert replay_run(recorder.events, agent, blobs=recorder).passed
 
 
 def test_an_async_agent_replays_from_an_async_memory_recorder() -> None:
