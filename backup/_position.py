@@ -84,27 +84,54 @@ class BackupPosition:
         if not moves:
             return
         try:
-            with self._engine.begin() as conn:
-                advance_offsets(conn, group_id=self._group_id, moves=moves)
+            self._moved(moves)
         except OffsetsMoved as exc:
-            if not self._already_at(positions):
+            found = self._stored(positions)
+            if all(found[p] == o for p, o in positions.items()):
+                pass  # an earlier attempt of this very move committed, its reply lost
+            elif self._behind(found):
+                # The database lost offsets this writer stored: a failover to a standby
+                # that had not received them. A rival only moves them forward, so they
+                # are stored again from where the database is.
+                again = [
+                    OffsetMove(self._topic, p, expected=found[p], next_offset=o)
+                    for p, o in sorted(positions.items())
+                    if found[p] != o
+                ]
+                try:
+                    self._moved(again)
+                except OffsetsMoved as rival:
+                    raise BackupDiverged(
+                        f"another backup writer moved the offsets of {self._store}: {rival}"
+                    ) from rival
+            else:
                 raise BackupDiverged(
                     f"another backup writer moved the offsets of {self._store}: {exc}"
                 ) from exc
-        except SQLAlchemyError as exc:
-            raise BackupError(f"cannot store the backup's offsets: {first_line(exc)}") from exc
         self.stored.update(positions)
 
-    def _already_at(self, positions: Mapping[int, int]) -> bool:
-        """Whether the database already records ``positions``: an earlier attempt of this
-        very move committed although its reply was lost (the connection broke at COMMIT,
-        say in a failover), so the compare-and-set finds its own value, not a rival's.
+    def _moved(self, moves: list[OffsetMove]) -> None:
+        """Advance ``moves`` in one transaction.
 
         Raises:
-            BackupError: the database could not be read.
+            OffsetsMoved: a partition is not where a move expects it.
+            BackupError: the database could not be written.
         """
-        found = self._stored(positions)
-        return all(found[p] == o for p, o in positions.items())
+        try:
+            with self._engine.begin() as conn:
+                advance_offsets(conn, group_id=self._group_id, moves=moves)
+        except SQLAlchemyError as exc:
+            raise BackupError(f"cannot store the backup's offsets: {first_line(exc)}") from exc
+
+    def _behind(self, found: Mapping[int, int | None]) -> bool:
+        """Whether the database records no partition past what this writer stored
+        (``found``, read after a compare-and-set failed): its own writes were lost,
+        no rival moved them."""
+        for p, offset in found.items():
+            mine = self.stored.get(p)
+            if offset is not None and (mine is None or offset > mine):
+                return False
+        return True
 
     def _load(self, lows: Mapping[int, int]) -> None:
         self.stored = self._stored(lows)

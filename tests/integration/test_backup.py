@@ -140,6 +140,64 @@ def test_a_crash_after_the_manifest_before_the_offsets_resumes_without_a_gap(
     assert check_store(store, VERIFIER).passed
 
 
+def _offsets(engine: Engine, group: str) -> dict[int, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT partition, next_offset FROM blackbox_views.consumer_offsets "
+                "WHERE group_id = :g"
+            ),
+            {"g": group},
+        ).all()
+    return {int(p): int(o) for p, o in rows}
+
+
+def test_a_running_writer_whose_offsets_the_database_lost_stores_them_again(
+    settings: Settings, engine: Engine, store: BackupStore, recorded: list[str]
+) -> None:
+    """A failover to a standby that had not received the writer's last offsets (an
+    asynchronous one) moves them back under the running writer: its next cut stores
+    them again from there, without a gap or a second copy. A rival only moves them
+    forward, and that still stops the writer."""
+    with BackupWriter(settings, store, signer=SIGNER, engine=engine) as writer:
+        while writer.poll(1.0):
+            pass
+        first = writer.cut()
+        group = writer.group_id
+        stored = _offsets(engine, group)
+        assert stored
+        with engine.begin() as conn:  # the standby never got the cut's offsets
+            conn.execute(
+                text("DELETE FROM blackbox_views.consumer_offsets WHERE group_id = :g"),
+                {"g": group},
+            )
+        before = events(engine)
+        record(engine, settings, "barbara")
+        relay(engine, settings)
+        while writer.poll(1.0):
+            pass
+        second = writer.cut()
+        assert second.previous == first.digest
+        assert sum(s.count for s in second.segments) == events(engine) - before
+        assert all(_offsets(engine, group)[p] >= o for p, o in stored.items())
+
+        with engine.begin() as conn:  # a rival moves the offsets past this writer's
+            conn.execute(
+                text(
+                    "UPDATE blackbox_views.consumer_offsets SET next_offset = next_offset "
+                    "+ 1000 WHERE group_id = :g"
+                ),
+                {"g": group},
+            )
+        record(engine, settings, "hedy")
+        relay(engine, settings)
+        while writer.poll(1.0):
+            pass
+        with pytest.raises(BackupDiverged, match="another backup writer moved the offsets"):
+            writer.cut()
+    assert check_store(store, VERIFIER).passed
+
+
 class _CountingStore(FolderStore):
     """A folder store that counts every put, by key."""
 
