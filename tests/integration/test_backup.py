@@ -27,6 +27,7 @@ from agent_blackbox.backup import (
     check_store,
     open_store,
 )
+from agent_blackbox.consumers import load_offsets
 from agent_blackbox.schemas import CheckpointSigner, Settings
 from tests.integration._backups import (
     SIGNER,
@@ -140,16 +141,12 @@ def test_a_crash_after_the_manifest_before_the_offsets_resumes_without_a_gap(
     assert check_store(store, VERIFIER).passed
 
 
-def _offsets(engine: Engine, group: str) -> dict[int, int]:
+def _offsets(engine: Engine, settings: Settings, group: str) -> dict[int, int]:
+    """The offsets the database stores for the backup's ``group``, by partition."""
+    wanted = [(settings.topic, p) for p in range(settings.partitions)]
     with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT partition, next_offset FROM blackbox_views.consumer_offsets "
-                "WHERE group_id = :g"
-            ),
-            {"g": group},
-        ).all()
-    return {int(p): int(o) for p, o in rows}
+        found = load_offsets(conn, group_id=group, partitions=wanted)
+    return {p: o for (_, p), o in found.items() if o is not None}
 
 
 def test_a_running_writer_whose_offsets_the_database_lost_stores_them_again(
@@ -164,7 +161,7 @@ def test_a_running_writer_whose_offsets_the_database_lost_stores_them_again(
             pass
         first = writer.cut()
         group = writer.group_id
-        stored = _offsets(engine, group)
+        stored = _offsets(engine, settings, group)
         assert stored
         with engine.begin() as conn:  # the standby never got the cut's offsets
             conn.execute(
@@ -179,7 +176,7 @@ def test_a_running_writer_whose_offsets_the_database_lost_stores_them_again(
         second = writer.cut()
         assert second.previous == first.digest
         assert sum(s.count for s in second.segments) == events(engine) - before
-        assert all(_offsets(engine, group)[p] >= o for p, o in stored.items())
+        assert all(_offsets(engine, settings, group)[p] >= o for p, o in stored.items())
 
         with engine.begin() as conn:  # a rival moves the offsets past this writer's
             conn.execute(

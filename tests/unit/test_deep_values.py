@@ -79,41 +79,22 @@ def test_deep_tool_arguments_are_refused_before_the_tool_runs() -> None:
     assert [e for e in recorder.events if e.event_type == "tool.call"] == []
 
 
-def test_a_deep_tool_result_is_recorded_as_an_unserialisable_result_and_replays() -> None:
-    caught: list[NotSerialisable] = []
-
-    def agent(run: AgentRun, _: Any) -> str:
-        try:
-            run.call("fetch", lambda: {"rows": _nested(DEEP)})
-        except NotSerialisable as exc:
-            caught.append(exc)
-            return "handled"
-        return "not raised"
-
-    recorder = MemoryRecorder()
-    recorder.record(agent, RunSnapshot(code_version="deep"), agent_id="deep")
-    [tool] = [e for e in recorder.events if e.event_type == "tool.call"]
-    body = PayloadPipeline().unpack(tool)
-    assert body["result_json"] is None
-    assert body["error"]["kind"] == "unserialisable_result"
-    assert "fetch.result.rows.a.a" in str(caught[0])
-    assert replay_run(list(recorder.events), agent).passed
-    assert str(caught[1]) == str(caught[0])
-
-
 @pytest.mark.parametrize(
     ("result", "where"),
     [
+        ({"rows": _nested(DEEP)}, "lookup.result.rows.a.a"),
         ({"v": "a\ud800b"}, "lookup.result.v: a text holds a lone surrogate (U+D800)"),
         ({"k\udc00": 1}, "lookup.result.<key>: a text holds a lone surrogate (U+DC00)"),
         (["ok", ("x", "\udfff")], "lookup.result[1][1]: a text holds a lone surrogate"),
     ],
+    ids=["too-deep", "surrogate", "surrogate-key", "surrogate-in-tuple"],
 )
-def test_a_tool_result_that_is_not_unicode_is_recorded_as_an_unserialisable_result(
+def test_a_tool_result_that_cannot_be_recorded_is_recorded_as_its_error_and_replays(
     result: Any, where: str
 ) -> None:
-    """A lone surrogate (a model's or a service's JSON may decode to one) has no UTF-8:
-    the result is refused naming where, recorded as the tool's error, and replayed."""
+    """Too deep, or a text that is not Unicode (a lone surrogate: a model's or a
+    service's JSON may decode to one, and it has no UTF-8): the result is refused naming
+    where, recorded as the tool's error (``unserialisable_result``), and replayed."""
     caught: list[NotSerialisable] = []
 
     def agent(run: AgentRun, _: Any) -> str:
@@ -130,7 +111,8 @@ def test_a_tool_result_that_is_not_unicode_is_recorded_as_an_unserialisable_resu
     assert body["result_json"] is None
     assert body["error"]["kind"] == "unserialisable_result"
     assert where in str(caught[0])
-    assert "encode('utf-8', 'replace')" in str(caught[0])
+    if "surrogate" in where:
+        assert "encode('utf-8', 'replace')" in str(caught[0])
     assert replay_run(list(recorder.events), agent).passed
     assert str(caught[1]) == str(caught[0])
 
