@@ -40,11 +40,11 @@ from typing import Any, Generic, TypeVar
 
 from agent_blackbox.outbox._errors import RecordedError
 from agent_blackbox.schemas import (
-    LONE_SURROGATE_ADVICE,
     MAX_VALUE_DEPTH,
     BlackboxError,
     NotSerialisable,
     canonical_text,
+    not_unicode,
     too_deep,
 )
 
@@ -188,15 +188,9 @@ def _unicode(text: str, path: str) -> str:
     Raises:
         NotSerialisable: it holds a lone surrogate (a JSON text can, after decoding).
     """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        code = ord(text[exc.start])
-        raise NotSerialisable(
-            path,
-            f"a text holds a lone surrogate (U+{code:04X}), which is not Unicode",
-            LONE_SURROGATE_ADVICE,
-        ) from None
+    refused = not_unicode(text, path)
+    if refused is not None:
+        raise refused
     return text
 
 

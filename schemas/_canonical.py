@@ -120,27 +120,34 @@ LONE_SURROGATE_ADVICE = (
 """What to do with a text that is not Unicode (a JSON text can decode to one)."""
 
 
+def not_unicode(text: str, path: str, *, what: str = "text") -> NotSerialisable | None:
+    """The refusal of ``text`` (at ``path``) when it holds a lone surrogate, which has no
+    UTF-8 (nor a place in an Avro string); None when it is Unicode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        return NotSerialisable(
+            path,
+            f"a {what} holds a lone surrogate (U+{code:04X}), which is not Unicode",
+            LONE_SURROGATE_ADVICE,
+        )
+    return None
+
+
 def _lone_surrogate(value: Any, path: str) -> NotSerialisable:
-    """The refusal of ``value``, whose JSON text holds a lone surrogate, naming where:
-    a text that is not Unicode has no UTF-8 (nor a place in an Avro string)."""
+    """The refusal of ``value``, whose JSON text holds a lone surrogate, naming where."""
     found = _surrogate_at(value, path, 0)
-    where, code = found if found is not None else (path, 0xD800)
-    return NotSerialisable(
-        where,
-        f"a text holds a lone surrogate (U+{code:04X}), which is not Unicode",
-        LONE_SURROGATE_ADVICE,
+    return found or NotSerialisable(
+        path, "a text holds a lone surrogate, which is not Unicode", LONE_SURROGATE_ADVICE
     )
 
 
-def _surrogate_at(value: Any, path: str, depth: int) -> tuple[str, int] | None:
-    """The path of the first string (or key) of ``value`` that holds a lone surrogate,
-    and the surrogate's code point."""
+def _surrogate_at(value: Any, path: str, depth: int) -> NotSerialisable | None:
+    """The refusal of the first string (or key) of ``value`` that holds a lone
+    surrogate, naming its path."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            return path, ord(value[exc.start])
-        return None
+        return not_unicode(value, path)
     if depth >= MAX_VALUE_DEPTH:
         return None
     if isinstance(value, Mapping):

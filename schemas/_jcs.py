@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
-from agent_blackbox.schemas._canonical import MAX_VALUE_DEPTH, too_deep
+from agent_blackbox.schemas._canonical import MAX_VALUE_DEPTH, not_unicode, too_deep
 from agent_blackbox.schemas._errors import NotSerialisable
 
 SAFE_INTEGER = 2**53
@@ -220,13 +220,9 @@ def _write_object(
 
 
 def _string(value: str, path: str, *, what: str = "text") -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        code = ord(value[exc.start])
-        raise NotSerialisable(
-            path, f"a {what} holds a lone surrogate (U+{code:04X}), which is not Unicode"
-        ) from None
+    refused = not_unicode(value, path, what=what)
+    if refused is not None:
+        raise refused
     return str(encode_basestring(value))
 
 
