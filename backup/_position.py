@@ -86,29 +86,27 @@ class BackupPosition:
         try:
             self._moved(moves)
         except OffsetsMoved as exc:
+            # Found, not a rival's: an earlier attempt of this very move that committed
+            # with its reply lost, or offsets of this writer's that the database lost (a
+            # failover to a standby that had not received them: a rival only moves them
+            # forward), stored again from where the database is.
             found = self._stored(positions)
-            if all(found[p] == o for p, o in positions.items()):
-                pass  # an earlier attempt of this very move committed, its reply lost
-            elif self._behind(found):
-                # The database lost offsets this writer stored: a failover to a standby
-                # that had not received them. A rival only moves them forward, so they
-                # are stored again from where the database is.
-                again = [
-                    OffsetMove(self._topic, p, expected=found[p], next_offset=o)
-                    for p, o in sorted(positions.items())
-                    if found[p] != o
-                ]
-                try:
+            if not self._own(found, positions):
+                raise self._diverged(exc) from exc
+            again = [
+                OffsetMove(self._topic, p, expected=found[p], next_offset=o)
+                for p, o in sorted(positions.items())
+                if found[p] != o
+            ]
+            try:
+                if again:
                     self._moved(again)
-                except OffsetsMoved as rival:
-                    raise BackupDiverged(
-                        f"another backup writer moved the offsets of {self._store}: {rival}"
-                    ) from rival
-            else:
-                raise BackupDiverged(
-                    f"another backup writer moved the offsets of {self._store}: {exc}"
-                ) from exc
+            except OffsetsMoved as rival:
+                raise self._diverged(rival) from rival
         self.stored.update(positions)
+
+    def _diverged(self, moved: OffsetsMoved) -> BackupDiverged:
+        return BackupDiverged(f"another backup writer moved the offsets of {self._store}: {moved}")
 
     def _moved(self, moves: list[OffsetMove]) -> None:
         """Advance ``moves`` in one transaction.
@@ -123,13 +121,15 @@ class BackupPosition:
         except SQLAlchemyError as exc:
             raise BackupError(f"cannot store the backup's offsets: {first_line(exc)}") from exc
 
-    def _behind(self, found: Mapping[int, int | None]) -> bool:
-        """Whether the database records no partition past what this writer stored
-        (``found``, read after a compare-and-set failed): its own writes were lost,
-        no rival moved them."""
+    def _own(self, found: Mapping[int, int | None], positions: Mapping[int, int]) -> bool:
+        """Whether every offset the database records (``found``, read after a
+        compare-and-set failed) is this writer's: the one it stored, an earlier one (its
+        later writes were lost), or the one it is moving to (that move committed)."""
         for p, offset in found.items():
             mine = self.stored.get(p)
-            if offset is not None and (mine is None or offset > mine):
+            if offset is None or offset == positions[p]:
+                continue
+            if mine is None or offset > mine:
                 return False
         return True
 
