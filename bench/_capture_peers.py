@@ -15,14 +15,19 @@ local server (``bench._fake_llm``, every answer in one write):
   local server (which accepts anything);
 - ``openinference``: ``OpenAIInstrumentor`` with a batching OTLP exporter to the same.
 
-A round sends every worker one 50-turn support conversation (system prompt, then a user
-message and an assistant reply a turn, English the compression dictionary never saw; the
-request grows from about 3 KB to about 59 KB), the workers' order rotated every round;
-the first round warms up. Per variant, over turns 20-50: the p50 latency added to the
-raw SDK's, and the CPU of the calling thread per call added to the raw SDK's; over
-whole conversations, the process's CPU per call (all-in: background exporters and the
-flush at the end included), added to the raw SDK's; and the added p50 at the first
-three turns (about 3 KB) against the last five (55-59 KB). The last line compares the
+A round has every worker hold the same 50-turn support conversation (system prompt, then
+a user message and an assistant reply a turn, English the compression dictionary never
+saw; the request grows from about 3 KB to about 59 KB) in lockstep: each turn goes to
+every worker before the next turn goes to any, in an order rotated every turn; the first
+round warms up. The calls of one turn are thus made within a few tens of milliseconds of
+each other, and each variant's call is paired with the raw SDK's call of the same turn of
+the same round: on a shared machine the speed of the CPU moves by a third from one second
+to the next, which conversations taken in turn (a second and a half each) would bill to
+whichever variant ran then. Per variant, over turns 20-50: the p50 of the latency added
+to the paired raw call, and the CPU of the calling thread per call added to the raw
+SDK's; over whole conversations, the process's CPU per call (all-in: background
+exporters and the flush at the end included), added to the raw SDK's; and the added p50
+at the first three turns (about 3 KB) against the last five (55-59 KB). The last line compares the
 durable recorder with Langfuse against the issue's targets. A peer that is not installed
 (``pip install -e '.[bench-peers]'``) is left out and named.
 """
@@ -37,7 +42,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import AbstractContextManager, ExitStack, nullcontext, suppress
 from dataclasses import dataclass
 from importlib.util import find_spec
 from multiprocessing.connection import Connection
@@ -172,30 +177,62 @@ def _durable(client: Any, database_url: str | None) -> tuple[Any, Any]:
     return bb.capture_openai(client), lambda: recorder.start_run(snapshot, agent_id="bench-peers")
 
 
+class Conversing:
+    """One conversation under way in a worker: its context entered, the next turn's
+    request ready, every call timed."""
+
+    def __init__(
+        self, client: Any, context: Callable[[], AbstractContextManager[Any]], seed: int
+    ) -> None:
+        self._client = client
+        self._requests = enumerate(requests(seed), start=1)
+        self._began = time.process_time()
+        self._stack = ExitStack()
+        self._stack.enter_context(context())
+
+    def call(self) -> Call:
+        """Make the next turn's call."""
+        turn, request = next(self._requests)
+        cpu, wall = time.thread_time_ns(), time.perf_counter_ns()
+        self._client.chat.completions.create(**request)
+        return Call(
+            turn, (time.perf_counter_ns() - wall) / 1e6, (time.thread_time_ns() - cpu) / 1e6
+        )
+
+    def end(self) -> float:
+        """Leave the conversation's context (a peer flushes what it buffered); the
+        process's CPU milliseconds since it began."""
+        self._stack.close()
+        return (time.process_time() - self._began) * 1000
+
+
 def converse(
     client: Any, context: Callable[[], AbstractContextManager[Any]], seed: int
 ) -> Conversation:
-    """One conversation, every call timed."""
-    calls = []
-    began = time.process_time()
-    with context():
-        for turn, request in enumerate(requests(seed), start=1):
-            cpu, wall = time.thread_time_ns(), time.perf_counter_ns()
-            client.chat.completions.create(**request)
-            calls.append(
-                Call(
-                    turn, (time.perf_counter_ns() - wall) / 1e6, (time.thread_time_ns() - cpu) / 1e6
-                )
-            )
-    return Conversation(calls, (time.process_time() - began) * 1000)
+    """One whole conversation, every call timed."""
+    conversing = Conversing(client, context, seed)
+    calls = [conversing.call() for _ in range(TURNS)]
+    return Conversation(calls, conversing.end())
 
 
 def worker(variant: str, base_url: str, database_url: str | None, conn: Connection) -> None:
-    """A worker's loop: a seed in, a :class:`Conversation` out, until None."""
+    """A worker's loop, until None: a seed begins a conversation (answered with None),
+    each ``"turn"`` makes its next call (answered with the :class:`Call`), ``"end"``
+    ends it (answered with the process's CPU milliseconds over it)."""
     client, context = _client(variant, base_url, database_url)
     conn.send("ready")
-    while (seed := conn.recv()) is not None:
-        conn.send(converse(client, context, seed))
+    conversing: Conversing | None = None
+    while (order := conn.recv()) is not None:
+        if order == "turn":
+            assert conversing is not None
+            conn.send(conversing.call())
+        elif order == "end":
+            assert conversing is not None
+            conn.send(conversing.end())
+            conversing = None
+        else:
+            conversing = Conversing(client, context, order)
+            conn.send(None)
     conn.close()
 
 
@@ -214,6 +251,12 @@ class Worker:
 
     def p50(self, turns: range) -> float:
         return statistics.median(c.wall_ms for c in self.calls(turns))
+
+    def added_p50(self, floor: Worker, turns: range) -> float:
+        """The p50 of the latency this worker's calls added to ``floor``'s calls of the
+        same turns of the same rounds (made in lockstep, moments apart)."""
+        pairs = zip(self.calls(turns), floor.calls(turns), strict=True)
+        return statistics.median(mine.wall_ms - theirs.wall_ms for mine, theirs in pairs)
 
     def cpu(self, turns: range) -> float:
         return statistics.fmean(c.cpu_ms for c in self.calls(turns))
@@ -254,15 +297,28 @@ def stop(workers: Sequence[Worker]) -> None:
             w.process.join()
 
 
+def _each(workers: Sequence[Worker], order: Any) -> list[Any]:
+    """Send ``order`` to every worker, then collect their answers."""
+    for w in workers:
+        w.conn.send(order)
+    return [w.conn.recv() for w in workers]
+
+
 def measure(workers: Sequence[Worker], conversations: int) -> None:
-    """One warm-up round, then ``conversations`` rounds, the order rotated each round."""
+    """One warm-up round, then ``conversations`` rounds, each a conversation that every
+    worker holds in lockstep: a turn goes to each worker, in an order rotated every
+    turn, before the next turn goes to any."""
     for round_ in range(conversations + 1):
-        cut = round_ % len(workers)
-        for w in [*workers[cut:], *workers[:cut]]:
-            w.conn.send(round_)
-            got = w.conn.recv()
+        _each(workers, round_)
+        calls: dict[str, list[Call]] = {w.name: [] for w in workers}
+        for turn in range(TURNS):
+            cut = (round_ + turn) % len(workers)
+            for w in [*workers[cut:], *workers[:cut]]:
+                w.conn.send("turn")
+                calls[w.name].append(w.conn.recv())
+        for w, cpu in zip(workers, _each(workers, "end"), strict=True):
             if round_:
-                w.conversations.append(got)
+                w.conversations.append(Conversation(calls[w.name], cpu))
 
 
 def report(workers: Mapping[str, Worker], labels: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -273,11 +329,11 @@ def report(workers: Mapping[str, Worker], labels: Mapping[str, Any]) -> dict[str
         if name == "raw":
             continue
         mine = {
-            "added_p50_ms": w.p50(MEASURED) - raw.p50(MEASURED),
+            "added_p50_ms": w.added_p50(raw, MEASURED),
             "added_cpu_ms_per_call": w.cpu(MEASURED) - raw.cpu(MEASURED),
             "added_all_in_cpu_ms_per_call": w.all_in_cpu() - raw.all_in_cpu(),
-            "added_p50_small_ms": w.p50(SMALL) - raw.p50(SMALL),
-            "added_p50_large_ms": w.p50(LARGE) - raw.p50(LARGE),
+            "added_p50_small_ms": w.added_p50(raw, SMALL),
+            "added_p50_large_ms": w.added_p50(raw, LARGE),
         }
         figures[name] = mine
         for figure, value in mine.items():
