@@ -5,6 +5,8 @@ cannot rot unnoticed (its figures are not checked here: timings belong to the be
 from __future__ import annotations
 
 import json
+import threading
+from multiprocessing import Pipe
 
 import openai
 import pytest
@@ -31,6 +33,48 @@ def test_a_raw_worker_times_each_call_of_a_conversation(monkeypatch: pytest.Monk
     assert [c.turn for c in got.calls] == [1, 2, 3]
     assert all(c.wall_ms > 0 and c.cpu_ms >= 0 for c in got.calls)
     assert got.process_cpu_ms > 0
+
+
+def test_workers_hold_a_conversation_in_lockstep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each turn goes to every worker before the next turn goes to any; a worker's
+    calls come back as one conversation per round, the warm-up round left out."""
+    monkeypatch.setattr(peers, "TURNS", 3)
+    with FakeLLM() as server:
+        workers, threads = [], []
+        for name in ("raw", "other"):
+            mine, theirs = Pipe()
+            thread = threading.Thread(
+                target=peers.worker, args=("raw", server.base_url, None, theirs)
+            )
+            thread.start()
+            assert mine.recv() == "ready"
+            workers.append(peers.Worker(name, None, mine, []))  # type: ignore[arg-type]
+            threads.append(thread)
+        try:
+            peers.measure(workers, 2)
+        finally:
+            for w in workers:
+                w.conn.send(None)
+            for thread in threads:
+                thread.join(timeout=30)
+    for w in workers:
+        assert [[c.turn for c in conv.calls] for conv in w.conversations] == [[1, 2, 3]] * 2
+        assert all(conv.process_cpu_ms > 0 for conv in w.conversations)
+    assert not any(thread.is_alive() for thread in threads)
+
+
+def test_the_added_p50_pairs_each_call_with_the_raw_call_of_its_turn() -> None:
+    """The CPU's speed moves from one second to the next: a slow moment that slows both
+    calls of a turn adds nothing, where a difference of the two p50s would bill it."""
+
+    def worker(name: str, walls: list[float]) -> peers.Worker:
+        calls = [peers.Call(turn, wall, 1.0) for turn, wall in enumerate(walls, start=1)]
+        return peers.Worker(name, None, None, [peers.Conversation(calls, 1.0)])  # type: ignore[arg-type]
+
+    raw = worker("raw", [10.0, 30.0, 12.0])
+    durable = worker("durable", [11.0, 31.0, 40.0])
+    assert durable.added_p50(raw, range(1, 4)) == pytest.approx(1.0)
+    assert durable.p50(range(1, 4)) - raw.p50(range(1, 4)) == pytest.approx(19.0)
 
 
 def _worker(name: str, wall: float, cpu: float, process: float) -> peers.Worker:
