@@ -27,9 +27,9 @@ whichever variant ran then. Per variant, over turns 20-50: the p50 of the latenc
 to the paired raw call, and the CPU of the calling thread per call added to the raw
 SDK's; over whole conversations, the process's CPU per call (all-in: background
 exporters and the flush at the end included), added to the raw SDK's; and the added p50
-at the first three turns (about 3 KB) against the last five (55-59 KB). The last line compares the
-durable recorder with Langfuse against the issue's targets. A peer that is not installed
-(``pip install -e '.[bench-peers]'``) is left out and named.
+at the first three turns (about 3 KB) against the last five (55-59 KB). The last line
+compares the durable recorder with Langfuse against the issue's targets. A peer that is
+not installed (``pip install -e '.[bench-peers]'``) is left out and named.
 """
 
 from __future__ import annotations
