@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from agent_blackbox.outbox._detectors import is_credential_key, luhn
@@ -50,6 +51,31 @@ _JSON_HEADS_V2 = ("{", "[")
 _JSON_HEADS = ("{", "[", '"')
 """How a string holding JSON starts (version 3: a JSON string too, JSON encoded twice)."""
 
+_PLANNED_KEYS = 64
+"""Mappings of at most this many keys keep their plan (:meth:`ValueWalk._plan`)."""
+_PLANNED_CHARS = 1024
+"""... and whose keys hold at most this many characters in all (what the plans keep
+alive stays small)."""
+_PLANS = 4096
+"""Plans kept at most (then all are forgotten at once)."""
+
+
+def _key_chars(value: dict[Any, Any]) -> int:
+    return sum(len(key) for key in value if isinstance(key, str))
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyPlan:
+    """What a mapping's keys decide, in their order: each key's scanned form (None when
+    the scan left it as it is), whether it names a credential, and whether a card number
+    is expected under it; the rules the keys' scans fired; and whether it has both a
+    ``name`` and a ``value`` (a header given as a name and a value)."""
+
+    keys: tuple[tuple[Any, bool, bool], ...]
+    fired: frozenset[str]
+    named: bool
+
+
 _Live: TypeAlias = PathRules
 """Path rules still in play at a node: each rule's name and its segments left to match."""
 
@@ -72,7 +98,7 @@ class ValueWalk:
         card_ints: whether integers that are card numbers are redacted.
     """
 
-    __slots__ = ("_card_ints", "_paths", "_scan", "_stand_ins", "_version")
+    __slots__ = ("_card_ints", "_paths", "_plans", "_scan", "_stand_ins", "_version")
 
     def __init__(
         self,
@@ -88,6 +114,9 @@ class ValueWalk:
         self._scan = scan
         self._stand_ins = stand_ins
         self._card_ints = card_ints
+        self._plans: dict[tuple[Any, ...], _KeyPlan] = {}
+        """How the keys of mappings seen lately are treated (:meth:`_plan`), by their
+        keys in order (after whether a card is expected)."""
 
     def inert(self, value: Any, depth: int = 0) -> bool:
         """Whether no rule can fire anywhere in ``value``, checked far faster than
@@ -226,20 +255,17 @@ class ValueWalk:
         *,
         cards: bool = False,
     ) -> dict[Any, Any]:
+        plan = self._plans.get((cards, *value)) if len(value) <= _PLANNED_KEYS else None
+        if plan is None:
+            plan = self._plan(value, cards)
+        if plan.fired:
+            fired.update(plan.fired)
         # A header as {"name": "Authorization", "value": "..."} hides its secret in "value".
-        secret_value = self._credential_key(value.get("name")) and "value" in value
-        # A language model's log-probabilities: {"token": "Hello", "logprob": -0.1}.
-        text_token = self._version > 1 and "logprob" in value
-        # Version 3: where a card number is expected (cards: the mapping is under a
-        # card-like key), and the card detector is on.
-        expects = self._card_ints and self._version > 2
-        cards = expects and (cards or holds_card_fields(value))
+        secret_value = plan.named and self._credential_key(value["name"])
         out: dict[Any, Any] = {}
-        for key, item in value.items():
-            credential = self._credential_key(key) and not (text_token and key == "token")
-            card = expects and (cards or is_card_field(key))
-            if self._version > 1 and isinstance(key, str) and len(key) >= _MIN_LENGTH:
-                key = self._key_of(key, out, fired)
+        for (key, item), (scanned, credential, card) in zip(value.items(), plan.keys, strict=True):
+            if scanned is not None:
+                key = scanned
             if credential or (secret_value and key == "value"):
                 fired.add(CREDENTIAL)
                 out[key] = _CREDENTIAL_PLACEHOLDER
@@ -248,6 +274,34 @@ class ValueWalk:
             else:
                 out[key] = self._child(key, item, live, fired, depth, level)
         return out
+
+    def _plan(self, value: dict[Any, Any], cards: bool) -> _KeyPlan:
+        """How :meth:`_mapping` treats the keys of ``value``, in order: all of it is
+        decided by the keys alone (and ``cards``), so it is kept by them."""
+        # A language model's log-probabilities: {"token": "Hello", "logprob": -0.1}.
+        text_token = self._version > 1 and "logprob" in value
+        # Version 3: where a card number is expected (cards: the mapping is under a
+        # card-like key), and the card detector is on.
+        expects = self._card_ints and self._version > 2
+        all_cards = expects and (cards or holds_card_fields(value))
+        fired: set[str] = set()
+        seen: dict[Any, None] = {}
+        keys: list[tuple[Any, bool, bool]] = []
+        for key in value:
+            credential = self._credential_key(key) and not (text_token and key == "token")
+            card = expects and (all_cards or is_card_field(key))
+            scanned = key
+            if self._version > 1 and isinstance(key, str) and len(key) >= _MIN_LENGTH:
+                scanned = self._key_of(key, seen, fired)
+            seen[scanned] = None
+            keys.append((None if scanned is key else scanned, credential, card))
+        plan = _KeyPlan(tuple(keys), frozenset(fired), "name" in value and "value" in value)
+        if len(value) <= _PLANNED_KEYS and _key_chars(value) <= _PLANNED_CHARS:
+            plans = self._plans
+            if len(plans) >= _PLANS:
+                plans.clear()
+            plans[(cards, *value)] = plan
+        return plan
 
     def _card_child(
         self, key: object, item: Any, live: _Live, fired: set[str], depth: int, level: int

@@ -398,3 +398,57 @@ def test_the_scan_forgets_past_its_bound_and_skips_long_texts(
     long = "y" * (_decoded_scan._REMEMBERED_LENGTH + 1)
     scan.scan(long, set())
     assert long not in scan._scanned
+
+
+_KEYS = [
+    "role",
+    "content",
+    "alice@example.com",
+    "bob@example.com",
+    "password",
+    "api_key",
+    "name",
+    "value",
+    "token",
+    "logprob",
+    "card",
+    "number",
+    "exp_month",
+    "cvc",
+    "amount",
+    "Authorization",
+    1,
+    True,
+    2.0,
+    "descriptionWithLongName",
+]
+_VALUES: list[Any] = [
+    "Bearer abcdefghijklmnop",
+    "alice@example.com",
+    4111111111111111,
+    "hello there",
+    -0.1,
+    {"number": "4111 1111 1111 1111", "exp_month": 1},
+    ["Authorization", "secret"],
+]
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_a_mappings_keys_are_judged_alike_from_the_plan_the_walk_keeps(version: int) -> None:
+    """The walk keeps how each mapping's keys were judged (by its keys in order); a
+    mapping met again is redacted exactly as a walk meeting it first redacts it: the
+    same keys (of the same types), values and rules fired."""
+    rng = random.Random(version)
+    kept = Redactor.from_config({}, default_version=version)
+    mappings = []
+    for _ in range(300):
+        keys = rng.sample(_KEYS, rng.randint(1, 6))
+        mappings.append({key: rng.choice(_VALUES) for key in keys})
+    mappings.append({"name": "Authorization", "value": "x"})
+    mappings.append({"name": "role", "value": "x"})
+    mappings.append({"token": "sk-abcdefghijklmnopqrstuv", "logprob": -0.1})
+    for mapping in mappings * 2:  # the second time round, every plan is kept
+        fresh = Redactor.from_config({}, default_version=version).redact(mapping)
+        again = kept.redact(mapping)
+        assert again == fresh
+        assert [type(k) for k in again.value] == [type(k) for k in fresh.value]
