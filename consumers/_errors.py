@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent_blackbox.broker import KafkaUnavailable
+from agent_blackbox.broker import KafkaUnavailable as KafkaUnavailable
 from agent_blackbox.schemas import BlackboxError
 
 
