@@ -1,7 +1,14 @@
-"""``blackbox``: the root group, composing every part's commands (``cli/commands/``)."""
+"""``blackbox``: the root group, composing every part's commands (``cli/commands/``).
+
+A command's module is imported when the command is run (or listed, by ``--help``): the
+parts behind the commands reach far (the consumers, the backup store's client, the run
+console), and a command that loaded them all before doing anything started in a second
+and a half.
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import click
@@ -9,40 +16,63 @@ from rich.logging import RichHandler
 
 from agent_blackbox.cli._roles import RoleCheckedGroup
 from agent_blackbox.cli._wiring import Wiring
-from agent_blackbox.cli.commands.backup import backup_group
-from agent_blackbox.cli.commands.dataset import dataset_group
-from agent_blackbox.cli.commands.demo import demo_command
-from agent_blackbox.cli.commands.experiment import experiment_group
-from agent_blackbox.cli.commands.export import export_command
-from agent_blackbox.cli.commands.fork import fork_command, reexecute_command
-from agent_blackbox.cli.commands.keys import keys_group
-from agent_blackbox.cli.commands.migrate import migrate_command
-from agent_blackbox.cli.commands.prices import prices_command
-from agent_blackbox.cli.commands.recovery import drill_command, restore_command
-from agent_blackbox.cli.commands.relay import relay_command
-from agent_blackbox.cli.commands.replay import replay_command
-from agent_blackbox.cli.commands.retention import forget_command, ledger_group, retention_group
-from agent_blackbox.cli.commands.runs import runs_command
-from agent_blackbox.cli.commands.schemas import schemas_group
-from agent_blackbox.cli.commands.stack import stack_group
-from agent_blackbox.cli.commands.stats import stats_command
-from agent_blackbox.cli.commands.tenants import tenants_group
-from agent_blackbox.cli.commands.timeline import timeline_command
-from agent_blackbox.cli.commands.verify import verify_command
-from agent_blackbox.cli.commands.views import (
-    analytics_command,
-    consume_command,
-    index_text_command,
-    sign_command,
-)
-from agent_blackbox.cli.commands.web import web_command
 from agent_blackbox.replayer import ReadSide
 from agent_blackbox.schemas import env_flag, safe_console
 
 console = safe_console(stderr=True)
 
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "analytics": ("views", "analytics_command"),
+    "backup": ("backup", "backup_group"),
+    "consume": ("views", "consume_command"),
+    "dataset": ("dataset", "dataset_group"),
+    "demo": ("demo", "demo_command"),
+    "drill": ("recovery", "drill_command"),
+    "experiment": ("experiment", "experiment_group"),
+    "export": ("export", "export_command"),
+    "forget": ("retention", "forget_command"),
+    "fork": ("fork", "fork_command"),
+    "index-text": ("views", "index_text_command"),
+    "keys": ("keys", "keys_group"),
+    "ledger": ("retention", "ledger_group"),
+    "migrate": ("migrate", "migrate_command"),
+    "prices": ("prices", "prices_command"),
+    "reexecute": ("fork", "reexecute_command"),
+    "relay": ("relay", "relay_command"),
+    "replay": ("replay", "replay_command"),
+    "restore": ("recovery", "restore_command"),
+    "retention": ("retention", "retention_group"),
+    "runs": ("runs", "runs_command"),
+    "schemas": ("schemas", "schemas_group"),
+    "sign": ("views", "sign_command"),
+    "stack": ("stack", "stack_group"),
+    "stats": ("stats", "stats_command"),
+    "tenants": ("tenants", "tenants_group"),
+    "timeline": ("timeline", "timeline_command"),
+    "verify": ("verify", "verify_command"),
+    "web": ("web", "web_command"),
+}
+"""Each command's name → its module in ``agent_blackbox.cli.commands`` and its name there."""
 
-@click.group(cls=RoleCheckedGroup)
+
+class _Commands(RoleCheckedGroup):
+    """The root group, which imports each command's module the first time it is asked for
+    the command."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = super().get_command(ctx, cmd_name)
+        if found is None and cmd_name in _COMMANDS:
+            module, name = _COMMANDS[cmd_name]
+            found = getattr(importlib.import_module(f"agent_blackbox.cli.commands.{module}"), name)
+            assert isinstance(found, click.Command)
+            self.add_command(found, cmd_name)
+        return found
+
+
+@click.group(cls=_Commands)
 @click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
@@ -68,37 +98,3 @@ def main(ctx: click.Context, verbose: bool) -> None:
     # httpx logs every request a model client sends (a fork's, an experiment's hundreds);
     # the commands say what came of them.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-for _command in (
-    stack_group,
-    consume_command,
-    analytics_command,
-    index_text_command,
-    stats_command,
-    runs_command,
-    prices_command,
-    replay_command,
-    fork_command,
-    reexecute_command,
-    experiment_group,
-    dataset_group,
-    schemas_group,
-    retention_group,
-    forget_command,
-    ledger_group,
-    verify_command,
-    timeline_command,
-    export_command,
-    sign_command,
-    keys_group,
-    tenants_group,
-    backup_group,
-    drill_command,
-    restore_command,
-    web_command,
-    migrate_command,
-    relay_command,
-    demo_command,
-):
-    main.add_command(_command)

@@ -285,3 +285,53 @@ def test_no_class_is_longer_than_a_reader_holds_at_once() -> None:
                     if lines > CLASS_LINES_MAX:
                         long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} {lines}")
     assert not long, f"classes over {CLASS_LINES_MAX} lines: {long}"
+
+
+def test_each_command_is_found_under_its_own_name() -> None:
+    """The root group imports a command's module when the command is asked for: each
+    name of its table names a command of that name."""
+    from click import Context
+
+    from agent_blackbox.cli import main
+
+    context = Context(main)
+    names = main.list_commands(context)
+    assert len(names) == len(set(names)) > 20
+    for name in names:
+        command = main.get_command(context, name)
+        assert command is not None
+        assert command.name == name
+
+
+@pytest.mark.timeout(120)
+def test_a_command_loads_only_the_parts_it_runs() -> None:
+    """``blackbox replay --help`` does not load what other commands need: the backup
+    store's client, the run console, the analytics consumer, the migrations' library."""
+    others = (
+        "boto3",
+        "agent_blackbox.backup",
+        "agent_blackbox.console",
+        "agent_blackbox.consumers._analytics",
+        "alembic",
+    )
+    code = (
+        "from click.testing import CliRunner\n"
+        "from agent_blackbox.cli import main\n"
+        "done = CliRunner().invoke(main, ['replay', '--help'])\n"
+        "assert done.exit_code == 0 and '--all' in done.output, done.output\n"
+    )
+    assert _loaded_after(code, others) == []
+    assert _loaded_after("import agent_blackbox.cli; import agent_blackbox.consumers", others) == []
+
+
+@pytest.mark.timeout(120)
+def test_every_public_name_of_the_read_side_loads() -> None:
+    """The read side's names load on first use (``consumers/__init__.pyi``): each one
+    named there is there."""
+    code = (
+        "import agent_blackbox.consumers as c\n"
+        "assert len(c.__all__) > 100\n"
+        "missing = [n for n in c.__all__ if getattr(c, n, None) is None]\n"
+        "assert not missing, missing\n"
+    )
+    assert _loaded_after(code, ("boto3",)) == []
