@@ -45,6 +45,11 @@ class SchemaRegistry:
     def __init__(self, entries: list[SchemaEntry]) -> None:
         self._by_key = {(e.name, e.version): e for e in entries}
         self._by_fingerprint = {e.fingerprint: e for e in entries}
+        versions: dict[str, list[int]] = {}
+        for name, version in sorted(self._by_key):
+            versions.setdefault(name, []).append(version)
+        self._versions = {name: tuple(found) for name, found in versions.items()}
+        """Each name's versions, oldest first (a registry never changes once made)."""
 
     @classmethod
     def from_directory(cls, directory: Path = AVSC_DIR) -> SchemaRegistry:
@@ -68,7 +73,7 @@ class SchemaRegistry:
 
     def versions(self, name: str) -> tuple[int, ...]:
         """Every version of ``name``, oldest first."""
-        return tuple(sorted(v for n, v in self._by_key if n == name))
+        return self._versions.get(name, ())
 
     def latest(self, name: str) -> SchemaEntry:
         """The newest version of ``name``."""
