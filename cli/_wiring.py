@@ -7,16 +7,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import click
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
 from agent_blackbox.cli._workers import could_not_run
-from agent_blackbox.consumers import ViewReplayResults, ViewRunIndex
 from agent_blackbox.replayer import ReadSide
 from agent_blackbox.schemas import BlackboxError, Settings, safe_console
 from agent_blackbox.wiring import COMMAND_POOL, Pool
+
+if TYPE_CHECKING:
+    from agent_blackbox.consumers import ViewReplayResults, ViewRunIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +74,26 @@ class Wiring:
 def views_read_side(settings: Settings) -> ReadSide:
     """The read side of the views: their run index and replay results. Picklable, so
     that the worker processes of ``replay --all`` and ``verify --all`` get it whole."""
-    return ReadSide(run_index=partial(_view_run_index, settings), replay_results=ViewReplayResults)
+    return ReadSide(
+        run_index=partial(_view_run_index, settings), replay_results=_view_replay_results
+    )
+
+
+# The views are loaded when a command reaches for them, not by every command's wiring.
 
 
 def _view_run_index(settings: Settings, engine: Engine) -> ViewRunIndex:
     """The views' run index (see :meth:`ViewRunIndex.from_settings`)."""
+    from agent_blackbox.consumers import ViewRunIndex
+
     return ViewRunIndex.from_settings(engine, settings)
+
+
+def _view_replay_results(engine: Engine) -> ViewReplayResults:
+    """Where the views keep replay results."""
+    from agent_blackbox.consumers import ViewReplayResults
+
+    return ViewReplayResults(engine)
 
 
 _MADE = "agent_blackbox.wiring"

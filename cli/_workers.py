@@ -17,7 +17,6 @@ import click
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 from rich.console import Console
 
-from agent_blackbox.consumers._membership import host_member_id
 from agent_blackbox.schemas import (
     BlackboxError,
     Settings,
@@ -109,6 +108,10 @@ def membership(
     if session_timeout is not None:
         timeout_ms = round(session_timeout * 1000)
     chosen = settings.consumer_instance_id if instance_id is None else instance_id
+    # Loaded here: the group membership is the long-running workers' alone, and every
+    # command imports this module.
+    from agent_blackbox.consumers._membership import host_member_id
+
     slot = (
         nullcontext(chosen) if chosen is not None else host_member_id(name, settings.consumer_group)
     )
