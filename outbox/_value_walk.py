@@ -255,9 +255,10 @@ class ValueWalk:
         *,
         cards: bool = False,
     ) -> dict[Any, Any]:
-        plan = self._plans.get((cards, *value)) if len(value) <= _PLANNED_KEYS else None
+        kept = (cards, *value) if len(value) <= _PLANNED_KEYS else None
+        plan = None if kept is None else self._plans.get(kept)
         if plan is None:
-            plan = self._plan(value, cards)
+            plan = self._plan(value, cards, kept)
         if plan.fired:
             fired.update(plan.fired)
         # A header as {"name": "Authorization", "value": "..."} hides its secret in "value".
@@ -275,9 +276,10 @@ class ValueWalk:
                 out[key] = self._child(key, item, live, fired, depth, level)
         return out
 
-    def _plan(self, value: dict[Any, Any], cards: bool) -> _KeyPlan:
+    def _plan(self, value: dict[Any, Any], cards: bool, kept: tuple[Any, ...] | None) -> _KeyPlan:
         """How :meth:`_mapping` treats the keys of ``value``, in order: all of it is
-        decided by the keys alone (and ``cards``), so it is kept by them."""
+        decided by the keys alone (and ``cards``), so it is kept under ``kept`` (``cards``
+        and the keys), unless that is None or the keys are long."""
         # A language model's log-probabilities: {"token": "Hello", "logprob": -0.1}.
         text_token = self._version > 1 and "logprob" in value
         # Version 3: where a card number is expected (cards: the mapping is under a
@@ -296,11 +298,11 @@ class ValueWalk:
             seen[scanned] = None
             keys.append((None if scanned is key else scanned, credential, card))
         plan = _KeyPlan(tuple(keys), frozenset(fired), "name" in value and "value" in value)
-        if len(value) <= _PLANNED_KEYS and _key_chars(value) <= _PLANNED_CHARS:
+        if kept is not None and _key_chars(value) <= _PLANNED_CHARS:
             plans = self._plans
             if len(plans) >= _PLANS:
                 plans.clear()
-            plans[(cards, *value)] = plan
+            plans[kept] = plan
         return plan
 
     def _card_child(
