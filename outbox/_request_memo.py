@@ -20,14 +20,24 @@ also raises the error naming where. A property test compares both ways byte for 
 The redacted copies are the recorder's own objects, never handed to the agent and never
 changed, so later steps of the same call (the body's request text, the request stored
 by reference) find the parts of a request by the identity of its fields' values.
+
+Replay knows more than record mode: the request it is about to compare was recorded,
+and when no rule fired on that call (its envelope has no ``redacted`` attribute) the
+recorded request is the one the agent handed over, unchanged. So a replayed request's
+new parts are first taken as they are, without the walk (:class:`Expected`). When the
+request so digested matches the recorded digest, it is the recorded request, which
+redaction left alone, and so would have left each of its parts; when it does not, the
+parts taken that way are forgotten and the request is scrubbed the whole way, as in
+record mode, before the divergence is reported from it.
 """
 
 from __future__ import annotations
 
+import json
 import marshal
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +210,19 @@ class RequestParts:
 
 
 @dataclass(frozen=True, slots=True)
+class Expected:
+    """What replay knows of the recorded llm.call the next call is compared with, when
+    no redaction rule fired on it (see the module's docstring)."""
+
+    digest: str
+    """The call's recorded input digest."""
+
+
+_Taken = list[tuple[int, bytes]]
+"""The keys of the parts one call took as they were (see :class:`Expected`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Asked:
     """An LLM call's request as the memo scrubbed and digested it."""
 
@@ -224,6 +247,9 @@ class RequestMemo:
         self._recent: deque[RequestParts] = deque(maxlen=_RECENT)
         self._latest: _LatestTurns | None = None
         self._lock = threading.Lock()
+        self.expected: Callable[[], Expected | None] | None = None
+        """Replay's: what it knows of the recorded request the next call is compared
+        with (None in record mode)."""
 
     def asked(self, provider: str, model: str, request: dict[str, Any]) -> Asked | None:
         """The scrubbed input of an LLM call of ``request`` (the caller's copy, which is
@@ -232,21 +258,51 @@ class RequestMemo:
         key = turn_key(request)
         if not self._scrub.apart(request, key):
             return None
+        expected = None if self.expected is None else self.expected()
+        taken: _Taken | None = None if expected is None else []
+        with self._lock:
+            latest = self._latest
         try:
-            parts = self._request(request, key)
-            canonical = self._digest.canonical
-            members = {
-                "provider": canonical.json(provider).decode("utf-8"),
-                "model": canonical.json(model).decode("utf-8"),
-                "request": _MARK,
-            }
-            within = object_text(members, code_point_keys=canonical.code_point_keys)
-            digest = parts.digest(canonical, self._digest, within=within)
+            parts, digest = self._digested(provider, model, request, key, taken)
+            if expected is not None and taken and digest != expected.digest:
+                self._forget_taken(taken, latest)
+                parts, digest = self._digested(provider, model, request, key, None)
         except (BlackboxError, ValueError):
+            if taken:
+                self._forget_taken(taken, latest)
             return None  # the whole way raises it again, naming where
         with self._lock:
             self._recent.append(parts)
         return Asked(llm_input(provider, model, parts.value), digest, parts)
+
+    def _digested(
+        self,
+        provider: str,
+        model: str,
+        request: dict[str, Any],
+        key: str | None,
+        taken: _Taken | None,
+    ) -> tuple[RequestParts, str]:
+        """The request's parts (new ones taken as they are when given ``taken``) and its
+        input digest."""
+        parts = self._request(request, key, taken)
+        canonical = self._digest.canonical
+        members = {
+            "provider": canonical.json(provider).decode("utf-8"),
+            "model": canonical.json(model).decode("utf-8"),
+            "request": _MARK,
+        }
+        within = object_text(members, code_point_keys=canonical.code_point_keys)
+        return parts, parts.digest(canonical, self._digest, within=within)
+
+    def _forget_taken(self, taken: _Taken, latest: _LatestTurns | None) -> None:
+        """Forget the parts a call took as they were, and the list of turns they were
+        found in (the request did not match its recorded digest, or was refused)."""
+        with self._lock:
+            for part_key in taken:
+                self._parts.pop(part_key, None)
+            self._latest = latest
+        taken.clear()
 
     def parts_of(self, request: Any) -> RequestParts | None:
         """The parts of a request :meth:`asked` scrubbed (or a copy of it), if recent."""
@@ -259,8 +315,11 @@ class RequestMemo:
                 return parts
         return None
 
-    def _request(self, request: dict[str, Any], key: str | None) -> RequestParts:
-        """The request's parts, each found or made; forgets the parts not used lately.
+    def _request(
+        self, request: dict[str, Any], key: str | None, taken: _Taken | None = None
+    ) -> RequestParts:
+        """The request's parts, each found or made (given ``taken``, the new ones taken as
+        they are and noted there); forgets the parts not used lately.
 
         Raises:
             NotSerialisable: a part nests too deeply or has no JSON form.
@@ -270,11 +329,13 @@ class RequestMemo:
         with self._lock:
             self._calls += 1
             now = self._calls
-        fields = {name: self._part(value, 1, now) for name, value in request.items() if name != key}
+        fields = {
+            name: self._part(value, 1, now, taken) for name, value in request.items() if name != key
+        }
         items: list[_Part] = []
         turns = _TurnTexts()
         if key is not None:
-            items, turns = self._turns(key, request[key], now)
+            items, turns = self._turns(key, request[key], now, taken)
         value: dict[str, Any] = {}
         for name in request:
             value[name] = [p.value for p in items] if name == key else fields[name].value
@@ -283,7 +344,9 @@ class RequestMemo:
             self._forget(now)
         return RequestParts(value, fields, key, items, fired, turns)
 
-    def _turns(self, key: str, turns: list[Any], now: int) -> tuple[list[_Part], _TurnTexts]:
+    def _turns(
+        self, key: str, turns: list[Any], now: int, taken: _Taken | None
+    ) -> tuple[list[_Part], _TurnTexts]:
         """The parts of a request's list of turns, and the texts it is written from.
 
         A conversation's request is most often the run's request before it plus a few
@@ -293,7 +356,7 @@ class RequestMemo:
         them are looked up one by one.
         """
         if type(turns) is not list:  # a subclass: marshal refuses it, its items not
-            return [self._part(item, 2, now) for item in turns], _TurnTexts()
+            return [self._part(item, 2, now, taken) for item in turns], _TurnTexts()
         whole = marshal.dumps(turns, 2)
         with self._lock:
             latest = self._latest
@@ -307,12 +370,12 @@ class RequestMemo:
         at = ends[-1] if ends else _LIST_HEADER
         for item in turns[shared:]:
             exact = marshal.dumps(item, 2)
-            parts.append(self._found(item, exact, 2, now))
+            parts.append(self._found(item, exact, 2, now, taken))
             at += len(exact)
             ends.append(at)
         texts = _TurnTexts()
         if at != len(whole):  # not written as assumed: nothing is shared, each item alone
-            return [self._part(item, 2, now) for item in turns], texts
+            return [self._part(item, 2, now, taken) for item in turns], texts
         if latest is not None and 0 < shared == len(latest.parts):
             texts.earlier, texts.shared = latest.texts.texts, shared
             texts.earlier_fed = latest.texts.fed
@@ -320,21 +383,32 @@ class RequestMemo:
             self._latest = _LatestTurns(key, whole, ends, parts, texts)
         return parts, texts
 
-    def _part(self, value: Any, level: int, now: int) -> _Part:
+    def _part(self, value: Any, level: int, now: int, taken: _Taken | None = None) -> _Part:
         """The part ``value`` at ``level``, found by its exact bytes or made."""
         # marshal's version 2 writes plain types exactly (an int is no float, keys in
         # order, floats by their bits, no references between objects), refuses their
         # subclasses, and costs a fraction of writing JSON.
-        return self._found(value, marshal.dumps(value, 2), level, now)
+        return self._found(value, marshal.dumps(value, 2), level, now, taken)
 
-    def _found(self, value: Any, exact: bytes, level: int, now: int) -> _Part:
-        """The part ``value`` whose marshal bytes are ``exact``, found or made."""
+    def _found(
+        self, value: Any, exact: bytes, level: int, now: int, taken: _Taken | None = None
+    ) -> _Part:
+        """The part ``value`` whose marshal bytes are ``exact``, found or made: scrubbed,
+        or, given ``taken``, copied as it is and its key noted there (see
+        :class:`Expected`)."""
         found = self._parts.get((level, exact))
         if found is None:
-            if plain_ordered_text(value) is None:  # NaN, bytes, a set...
+            ordered = plain_ordered_text(value)
+            if ordered is None:  # NaN, bytes, a set...
                 raise _NotPlain
-            redacted, fired = self._scrub.part(value, level=level)
-            found = _Part(redacted, fired, {}, now)
+            if taken is not None:
+                # The walk's copy of a value no rule fires on: the same keys in the same
+                # order, tuples as lists, every scalar as it is.
+                found = _Part(json.loads(ordered), (), {}, now)
+                taken.append((level, exact))
+            else:
+                redacted, fired = self._scrub.part(value, level=level)
+                found = _Part(redacted, fired, {}, now)
             # Both texts now: a part that has none fails here, not in a later step.
             found.text(CANONICAL_V1)
             found.text(self._digest.canonical)

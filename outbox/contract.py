@@ -41,6 +41,7 @@ from agent_blackbox.outbox._placement import (
     branch_of,
     started_of,
 )
+from agent_blackbox.outbox._request_memo import Expected
 from agent_blackbox.outbox._scrub import FIRED_ATTRIBUTE, RULES_ATTRIBUTE, Scrub
 from agent_blackbox.outbox._sites import agent_file, installed_file, stdlib_file
 from agent_blackbox.outbox._steps import Begin, Call, Cross, Draws, End, Settle, Step, Steps
@@ -63,6 +64,7 @@ __all__ = [
     "EffectPolicy",
     "End",
     "Ending",
+    "Expected",
     "Hole",
     "Place",
     "Placement",

@@ -15,7 +15,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from agent_blackbox.outbox.contract import BRANCH, STARTED, Ask, Place, branch_of
+from agent_blackbox.outbox.contract import (
+    BRANCH,
+    FIRED_ATTRIBUTE,
+    STARTED,
+    Ask,
+    Expected,
+    Place,
+    branch_of,
+)
 from agent_blackbox.replayer._divergence import (
     NOTHING,
     DivergenceKind,
@@ -40,7 +48,8 @@ ENDING = Place(0)
 class RecordedLog:
     """The recorded events read so far and not yet asked for, by branch.
 
-    Every method but :meth:`straight` is called holding the turns' lock.
+    Every method but :meth:`straight` and :meth:`expected_request` is called holding
+    the turns' lock.
 
     Args:
         events: the run's envelopes in sequence order (streamed).
@@ -71,13 +80,55 @@ class RecordedLog:
         """Whether an event read so far ran concurrently with others."""
         self.recorded_status: str | None = None
         self.recorded_error: str | None = None
+        self._ahead: Envelope | None = None
+        """The event :meth:`upcoming` read from the log and nothing has taken yet."""
+        self._unread: BaseException | None = None
+        """What reading the log raised in :meth:`upcoming`: raised by the next read."""
+
+    def upcoming(self) -> Envelope | None:
+        """The event :meth:`straight` would be handed next, read from the log but not
+        taken; None while the log shows concurrent work or events are read ahead, and at
+        its end. What reading raises is raised where the event is taken."""
+        if self.concurrent or self.own or self.finished_read or self._unread is not None:
+            return None
+        if self._ahead is None:
+            try:
+                self._ahead = next(self._events, None)
+            except BaseException as exc:
+                self._unread = exc
+        return self._ahead
+
+    def expected_request(self) -> Expected | None:
+        """What the recorded event the code's next call is compared with says of the
+        call's request, when it is an llm.call no redaction rule fired on (the run's
+        request memo asks: see ``Expected``). Takes the turns' lock."""
+        with self._turns.lock:
+            envelope = self.upcoming()
+        if (
+            envelope is None
+            or envelope.event_type != EventType.LLM_CALL
+            or FIRED_ATTRIBUTE in envelope.attributes
+        ):
+            return None
+        return Expected(envelope.input_digest)
+
+    def _next(self) -> Envelope | None:
+        """The next event of the log (the one :meth:`upcoming` read, if any)."""
+        envelope = self._ahead
+        if envelope is not None:
+            self._ahead = None
+            return envelope
+        if self._unread is not None:
+            unread, self._unread = self._unread, None
+            raise unread
+        return next(self._events, None)
 
     def straight(self, event_type: EventType, actual: str | None) -> Envelope | None:
         """The next event of the log when it is what the call asks for and nothing else
         is pending (most runs cross one boundary at a time, and most calls ask for what
         was recorded next); else None, and the event is taken in among the events read
         ahead. Only while the log shows no concurrent work and no event is read ahead."""
-        envelope = next(self._events, None)
+        envelope = self._next()
         if envelope is None:
             self.finished_read = True
         elif (
@@ -203,7 +254,7 @@ class RecordedLog:
         while not lane:
             if self.finished_read:
                 return None
-            envelope = next(self._events, None)
+            envelope = self._next()
             if envelope is None:
                 self.finished_read = True
                 return None
@@ -244,7 +295,7 @@ class RecordedLog:
 
     def after_end(self) -> Envelope | None:
         """The next event of the log past ``run.finished``, taken in; None at its end."""
-        extra = next(self._events, None)
+        extra = self._next()
         if extra is not None:
             self.admit(extra, after_end=True)
         return extra

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import random
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from agent_blackbox.outbox import AgentRun, MemoryRecorder, Redactor, RunSnapshot, _recording
-from agent_blackbox.outbox._request_memo import RequestMemo
+from agent_blackbox.outbox._request_memo import Expected, RequestMemo
 from agent_blackbox.outbox._scrub import Scrub
 from agent_blackbox.outbox.contract import Contract
 from agent_blackbox.replayer import replay_run
@@ -306,10 +307,12 @@ def test_a_request_that_goes_on_from_the_one_before_looks_up_only_its_new_turns(
     looked_up: list[Any] = []
     found = RequestMemo._found
 
-    def counted(self: RequestMemo, value: Any, exact: bytes, level: int, now: int) -> Any:
+    def counted(
+        self: RequestMemo, value: Any, exact: bytes, level: int, now: int, taken: Any = None
+    ) -> Any:
         if level == 2:
             looked_up.append(value)
-        return found(self, value, exact, level, now)
+        return found(self, value, exact, level, now, taken)
 
     monkeypatch.setattr(RequestMemo, "_found", counted)
     contract = Contract(Scrub(Redactor()), RFC8785.digest)
@@ -390,6 +393,139 @@ def test_replay_checks_each_request_against_its_recording() -> None:
     report = replay_run(events, changed, blobs=recorder)
     assert not report.passed
     assert report.divergence is not None
+
+
+@pytest.mark.parametrize("canonical", [CANONICAL_V1, RFC8785], ids=["v1", "rfc8785"])
+@pytest.mark.parametrize("told", ["when-nothing-fired", "always"])
+def test_requests_replay_takes_as_they_are_ask_what_the_whole_way_asks(
+    canonical: Any, told: str
+) -> None:
+    """Replay tells the memo the recorded digest of a call no rule fired on, and the
+    memo takes the request's new parts as they are. Told it for every call (``always``:
+    as a body's attributes could not say), the calls whose parts redaction changes miss
+    the digest and are scrubbed the whole way: the asks stay the whole way's."""
+    digest = canonical.digest
+    scrub = Scrub(Redactor())
+    whole = Contract(scrub, digest)
+    whole.requests = _Off()  # type: ignore[assignment]
+    replayed = Contract(scrub, digest)
+    recorded: list[Expected | None] = [None]
+    replayed.requests.expected = lambda: recorded[0]
+    taken = missed = 0
+    for seed in range(16):
+        conversation = _conversation if seed % 2 else _quiet_conversation
+        for request in conversation(200 + seed, turns=10):
+            theirs = whole.llm("openai", None, request)
+            nothing_fired = not theirs.fired
+            told_now = nothing_fired or told == "always"
+            recorded[0] = Expected(theirs.input_digest) if told_now else None
+            mine = replayed.llm("openai", None, request)
+            assert mine.input_digest == theirs.input_digest
+            assert plain_ordered_text(mine.value) == plain_ordered_text(theirs.value)
+            assert mine.input == theirs.input
+            assert mine.fired == theirs.fired
+            taken += told_now and nothing_fired
+            missed += told_now and not nothing_fired
+    assert taken > 10, "too few requests were taken as they are to tell"
+    assert told == "when-nothing-fired" or missed > 10
+
+
+def _quiet_conversation(seed: int, turns: int) -> Iterator[dict[str, Any]]:
+    """Conversations most of whose messages no rule fires on (as most are): numbers of
+    each JSON type, JSON inside strings, keys out of order, tuples; now and then one of
+    :func:`_message`'s, a message edited in place or a fork."""
+    rng = random.Random(seed)
+    messages: list[Any] = [{"role": "system", "content": "be brief"}]
+    for turn in range(turns):
+        for _ in range(rng.randint(1, 3)):
+            words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 20)))
+            kind = rng.randrange(5)
+            if kind == 0:
+                message: Any = {"role": "user", "content": words}
+            elif kind == 1:
+                result = {"note": words, "amount": rng.choice([1, 1.0, -0.0, 2**60, 0.25])}
+                message = {"role": "tool", "tool_call_id": "c", "content": json.dumps(result)}
+            elif kind == 2:
+                message = {"content": [{"type": "text", "text": words}], "role": "assistant"}
+            elif kind == 3:
+                message = {"role": "user", "content": (words, rng.choice([True, None, 7]))}
+            else:
+                message = _message(rng) if rng.random() < 0.3 else {"role": "user", "content": ""}
+            messages.append(message)
+        change = rng.random()
+        if change < 0.1 and len(messages) > 2:
+            edited = rng.choice(messages[1:])
+            if isinstance(edited, dict):
+                edited["content"] = "edited " + str(turn)
+        elif change < 0.2 and len(messages) > 3:
+            messages = messages[: rng.randrange(1, len(messages))]
+        request: dict[str, Any] = {"model": "m-1", "messages": list(messages)}
+        if rng.random() < 0.5:
+            request["temperature"] = rng.choice([0.2, 1.0, 1, 0])
+        yield request
+
+
+def test_a_request_that_misses_its_recorded_digest_forgets_what_it_took_as_it_was() -> None:
+    contract = Contract(Scrub(Redactor()), RFC8785.digest)
+    contract.requests.expected = lambda: Expected("sha256:" + "0" * 64)  # never matches
+    messages = [{"role": "user", "content": "hello there"}]
+    contract.llm("openai", None, {"model": "m", "messages": list(messages)})
+    messages.append({"role": "user", "content": "write to alice.smith@example.com"})
+    ask = contract.llm("openai", None, {"model": "m", "messages": list(messages)})
+    assert ask.value["messages"][1]["content"] == "write to [redacted:email]"
+    assert "email" in ask.fired
+    # Asked again, told nothing: the message is found scrubbed, not as it was taken.
+    contract.requests.expected = None
+    again = contract.llm("openai", None, {"model": "m", "messages": list(messages)})
+    assert again.value["messages"][1]["content"] == "write to [redacted:email]"
+    assert again.input_digest == ask.input_digest
+
+
+def test_a_refused_request_forgets_what_it_took_as_it_was() -> None:
+    contract = Contract(Scrub(Redactor()), RFC8785.digest)
+    leaked = {"role": "user", "content": "write to alice.smith@example.com"}
+    contract.requests.expected = lambda: Expected("sha256:" + "0" * 64)
+    with pytest.raises(NotSerialisable, match="not a finite number"):
+        contract.llm("openai", None, {"model": "m", "messages": [leaked, {"content": math.nan}]})
+    contract.requests.expected = None
+    ask = contract.llm("openai", None, {"model": "m", "messages": [leaked]})
+    assert ask.value["messages"][0]["content"] == "write to [redacted:email]"
+
+
+def test_a_replayed_request_that_diverges_is_reported_scrubbed() -> None:
+    """A run whose calls fired no rule: its replay takes the requests as they are, and
+    one that now holds an e-mail address diverges, reported from the scrubbed request."""
+
+    def agent(leak: bool) -> Callable[[AgentRun, Any], Any]:
+        def run_it(run: AgentRun, input: Any) -> Any:
+            messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+            for turn in range(6):
+                text = f"question {turn}"
+                if leak and turn == 4:
+                    text += " from carol.jones@example.net"
+                messages.append({"role": "user", "content": text})
+                run.llm(_quiet, {"model": "m", "messages": list(messages)}, provider="openai")
+                messages.append({"role": "assistant", "content": f"answer {turn}"})
+            return {"done": True}
+
+        return run_it
+
+    recorder = MemoryRecorder(settings=Settings())
+    recorder.record(agent(False), RunSnapshot(code_version="memo", input={}), agent_id="memo")
+    events = list(recorder.events)
+    assert not any("redacted" in e.attributes for e in events)
+    assert replay_run(events, agent(False), blobs=recorder).passed
+    report = replay_run(events, agent(True), blobs=recorder, reveal_values=True)
+    assert report.divergence is not None
+    assert report.divergence.kind.value == "argument_mismatch"
+    shown = json.dumps([report.divergence.asked, [c.actual for c in report.divergence.changes]])
+    assert "carol.jones@example.net" not in shown
+    assert "[redacted:email]" in shown
+
+
+def _quiet(request: Mapping[str, Any]) -> dict[str, Any]:
+    reply = {"role": "assistant", "content": f"answer {len(request['messages'])}"}
+    return {"id": "r", "choices": [{"index": 0, "message": reply, "finish_reason": "stop"}]}
 
 
 def test_digests_of_canonical_bytes_are_the_digests_of_the_value() -> None:
