@@ -409,9 +409,11 @@ class RequestMemo:
             else:
                 redacted, fired = self._scrub.part(value, level=level)
                 found = _Part(redacted, fired, {}, now)
-            # Both texts now: a part that has none fails here, not in a later step.
-            found.text(CANONICAL_V1)
-            found.text(self._digest.canonical)
+            # Both texts now: a part that has none fails here, not in a later step. The
+            # run's text is most often the same text (RFC 8785 writes most values so).
+            canonical = self._digest.canonical
+            v1 = found.text(CANONICAL_V1)
+            found.texts[canonical.name] = canonical.json_beside(found.value, v1)
             self._parts[level, exact] = found
         found.used = now
         return found

@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol
 
 from agent_blackbox.schemas._canonical import DIGEST_PREFIX, HMAC_PREFIX, canonical_json
 from agent_blackbox.schemas._errors import UndecodableMessage
-from agent_blackbox.schemas._jcs import rfc8785_json
+from agent_blackbox.schemas._jcs import jcs_alike, rfc8785_json
 
 C14N_ATTRIBUTE: Final = "c14n"
 """The envelope attribute naming the canonicalisation of the envelope's digests and chain
@@ -49,6 +49,8 @@ class Canonicalisation:
     """``encode(value, *, path)``: the canonical bytes, or NotSerialisable naming where."""
     code_point_keys: bool = field(repr=False)
     """Whether object keys sort by code point (version 1) or by UTF-16 code units."""
+    as_v1: Callable[[Any], bool] = field(repr=False)
+    """Whether it writes a value exactly as version 1 does (:meth:`json_beside`)."""
 
     def json(self, value: Any, *, path: str = "$") -> bytes:
         """The canonical JSON of ``value``.
@@ -58,6 +60,16 @@ class Canonicalisation:
         """
         result: bytes = self.encode(value, path=path)
         return result
+
+    def json_beside(self, value: Any, v1: str) -> str:
+        """The canonical JSON of ``value`` as text, given its version 1 text ``v1``: that
+        same text wherever this canonicalisation writes ``value`` alike (RFC 8785 does
+        for the common value: see :func:`~agent_blackbox.schemas._jcs.jcs_alike`).
+
+        Raises:
+            NotSerialisable: as :meth:`json`.
+        """
+        return v1 if self.as_v1(value) else self.json(value).decode("utf-8")
 
     @property
     def digest(self) -> PlainDigest:
@@ -70,8 +82,10 @@ class Canonicalisation:
         return {} if self is CANONICAL_V1 else {C14N_ATTRIBUTE: self.name}
 
 
-CANONICAL_V1: Final = Canonicalisation("v1", canonical_json, code_point_keys=True)
-RFC8785: Final = Canonicalisation("rfc8785", rfc8785_json, code_point_keys=False)
+CANONICAL_V1: Final = Canonicalisation(
+    "v1", canonical_json, code_point_keys=True, as_v1=lambda _: True
+)
+RFC8785: Final = Canonicalisation("rfc8785", rfc8785_json, code_point_keys=False, as_v1=jcs_alike)
 
 NEW_RUNS: Final = RFC8785
 """The canonicalisation runs started by this release take."""

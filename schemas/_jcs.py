@@ -131,6 +131,12 @@ _FIXED_BAND = (1e-4, 1e16)
 notation with the digits ECMAScript writes, so the C encoder's text is JCS."""
 
 
+def jcs_alike(value: Any) -> bool:
+    """Whether the JCS text of ``value`` is its version 1 canonical text (the standard
+    library's C encoder, keys sorted, writes both alike): see :func:`_jcs_alike`."""
+    return _C_ENCODER is not None and _jcs_alike(value)
+
+
 def _jcs_alike(value: Any, depth: int = 0) -> bool:
     """Whether the C encoder's sorted, compact text of ``value`` is its JCS text: exact
     dicts, lists, tuples, str, bool, None; ints of at most 2**53; floats in
