@@ -3,18 +3,19 @@ run's redaction rules and digested with its digest (see :mod:`agent_blackbox.out
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from agent_blackbox.outbox import _boundaries as b
 from agent_blackbox.outbox._boundaries import error_info
 from agent_blackbox.outbox._llm import llm_input
-from agent_blackbox.outbox._request_memo import RequestMemo
+from agent_blackbox.outbox._request_memo import Expected, RequestMemo
 from agent_blackbox.outbox._scrub import Scrub
-from agent_blackbox.schemas import Digester, EventType, SplitRequest
+from agent_blackbox.schemas import BlackboxError, Digester, EventType, SplitRequest
 
 _NOTHING_FIRED: frozenset[str] = frozenset()
+_TOOL = EventType.TOOL_CALL
 
 
 class Ask(NamedTuple):
@@ -69,6 +70,14 @@ class Contract:
         self.digest = digest
         self.requests = RequestMemo(self.scrub, digest)
         """The parts of the run's latest LLM requests, which the next ones reuse."""
+        self.expected: Callable[[], Expected | None] | None = None
+        """Replay's: the recorded event the code's next crossing is compared with, when
+        no redaction rule fired on it. Its input is then digested as the code gave it
+        first, and scrubbed only when that misses the recorded digest (a crossing that
+        matches is the recorded one, which the rules left alone). None in record mode."""
+        self.requests.expected = lambda: self._recorded(EventType.LLM_CALL)
+        self._state_checked: tuple[Ask, str] | None = None
+        """The last transition taken as given, and the state digest that matched."""
         # Inputs that never change are digested once per run, not once per call.
         self._clocks: dict[str, Ask] = {}
         self._draws: dict[str, Ask] = {}
@@ -81,6 +90,25 @@ class Contract:
         need not be rebuilt from its reference."""
         parts = self.requests.parts_of(ask.value)
         return None if parts is None else parts.split()
+
+    def _recorded(self, event_type: EventType) -> Expected | None:
+        """What replay knows of the next recorded event, when it is of ``event_type``
+        and no rule fired on it (see :attr:`expected`)."""
+        found = None if self.expected is None else self.expected()
+        return found if found is not None and found.event_type == event_type else None
+
+    def _as_given(
+        self, event_type: EventType, inputs: Any, *, path: str, value: Any, recorded: Expected
+    ) -> Ask | None:
+        """The ask of ``inputs`` as the code gave them, when their digest is the recorded
+        one (else None: the whole way scrubs them, and names what is wrong with them)."""
+        try:
+            digest = self.digest(inputs, path=path)
+        except BlackboxError:
+            return None
+        if digest != recorded.digest:
+            return None
+        return Ask(event_type, inputs, digest, value, _NOTHING_FIRED)
 
     def _ask(
         self, event_type: EventType, inputs: Any, *, path: str, value: Any = None, fired: set[str]
@@ -104,8 +132,17 @@ class Contract:
         Raises:
             NotSerialisable: an argument is not JSON (before the tool is called).
         """
-        fired: set[str] = set()
         path = f"{tool}.arguments"
+        # Arguments the rules cannot fire on are handed back as they are: no need to ask.
+        recorded = None if not kwargs and self.scrub.inert(args) else self._recorded(_TOOL)
+        if recorded is not None:
+            inputs = b.tool_input(tool, args, kwargs)
+            given = self._as_given(
+                EventType.TOOL_CALL, inputs, path=path, value=(args, kwargs), recorded=recorded
+            )
+            if given is not None:
+                return given
+        fired: set[str] = set()
         args, kwargs = self.scrub.arguments(args, kwargs, fired, path=path)
         inputs = b.tool_input(tool, args, kwargs)
         return self._ask(EventType.TOOL_CALL, inputs, path=path, value=(args, kwargs), fired=fired)
@@ -172,8 +209,18 @@ class Contract:
 
     def intent(self, effect: str, idempotency_key: str, arguments: Mapping[str, Any]) -> Ask:
         """The intent of a side effect; ``value`` is the scrubbed arguments."""
+        path = f"{effect}.arguments"
+        recorded = self._recorded(EventType.EFFECT_INTENT)
+        if recorded is not None:
+            given = dict(arguments)
+            inputs = b.intent_input(effect, idempotency_key, given)
+            ask = self._as_given(
+                EventType.EFFECT_INTENT, inputs, path=path, value=given, recorded=recorded
+            )
+            if ask is not None:
+                return ask
         fired: set[str] = set()
-        scrubbed = self.scrub.value(dict(arguments), fired, path=f"{effect}.arguments")
+        scrubbed = self.scrub.value(dict(arguments), fired, path=path)
         inputs = b.intent_input(effect, idempotency_key, scrubbed)
         return self._ask(
             EventType.EFFECT_INTENT, inputs, path=f"{effect}.arguments", value=scrubbed, fired=fired
@@ -189,6 +236,11 @@ class Contract:
     ) -> Ask:
         """A state transition; ``value`` is the scrubbed state, whose digest (over
         ``{"state": ...}``) is the recorded output digest."""
+        recorded = self._recorded(EventType.STATE_TRANSITION)
+        if recorded is not None:
+            ask = self._transition_as_given(from_state, to_state, state, reason, recorded)
+            if ask is not None:
+                return ask
         fired: set[str] = set()
         scrubbed = self.scrub.value(state, fired, path=f"{to_state}.state")
         if reason is not None and self.scrub.version >= 2:  # v1 runs recorded it as given
@@ -202,8 +254,39 @@ class Contract:
             fired=fired,
         )
 
+    def _transition_as_given(
+        self,
+        from_state: str | None,
+        to_state: str,
+        state: Any,
+        reason: str | None,
+        recorded: Expected,
+    ) -> Ask | None:
+        """A transition as the code gave it, when its input and the state it sets both
+        digest as recorded (see :attr:`expected`)."""
+        ask = self._as_given(
+            EventType.STATE_TRANSITION,
+            b.transition_input(from_state, to_state, reason),
+            path=f"{to_state}.transition",
+            value=state,
+            recorded=recorded,
+        )
+        if ask is None:
+            return None
+        try:
+            state_digest = self.digest(b.state_output(state), path=f"{to_state}.state")
+        except BlackboxError:
+            return None
+        if state_digest != recorded.output_digest:
+            return None
+        self._state_checked = (ask, state_digest)
+        return ask
+
     def state_digest(self, ask: Ask, to_state: str) -> str:
         """The output digest of a transition: over the state it set."""
+        checked = self._state_checked
+        if checked is not None and checked[0] is ask:
+            return checked[1]
         return self.digest(b.state_output(ask.value), path=f"{to_state}.state")
 
     def ending(

@@ -211,11 +211,17 @@ class RequestParts:
 
 @dataclass(frozen=True, slots=True)
 class Expected:
-    """What replay knows of the recorded llm.call the next call is compared with, when
-    no redaction rule fired on it (see the module's docstring)."""
+    """What replay knows of the recorded event the code's next crossing is compared
+    with, when no redaction rule fired on it: the crossing's input (and output) as the
+    code hands it over is then what was recorded, or the crossing diverges. An LLM call
+    takes its request's new parts as they are (see the module's docstring); the
+    contract's other inputs are digested as given first (``Contract.tool``...)."""
 
+    event_type: str
     digest: str
-    """The call's recorded input digest."""
+    """The event's recorded input digest."""
+    output_digest: str
+    """Its recorded output digest (a transition's: over the state it set)."""
 
 
 _Taken = list[tuple[int, bytes]]

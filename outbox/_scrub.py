@@ -191,6 +191,11 @@ class Scrub:
         scrubbed = self.value(encoded, fired, path=path)
         return encoded if scrubbed is encoded else restore_tags(encoded, scrubbed)
 
+    def inert(self, value: Any) -> bool:
+        """Whether :meth:`value` would hand ``value`` back unchanged without walking it
+        (no rules, or nothing in it any rule could fire on: see ``Redactor.inert``)."""
+        return self._redactor is None or self._redactor.inert(value)
+
     def arguments(
         self,
         args: tuple[Any, ...],
@@ -205,7 +210,7 @@ class Scrub:
         Raises:
             NotSerialisable: an argument nests too deeply to walk.
         """
-        if not kwargs and (self._redactor is None or self._redactor.inert(args)):
+        if not kwargs and self.inert(args):
             return args, {}
         wrapped = {"args": list(args), "kwargs": dict(kwargs)}
         scrubbed = self.value(wrapped, fired, path=path)

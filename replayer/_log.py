@@ -48,7 +48,7 @@ ENDING = Place(0)
 class RecordedLog:
     """The recorded events read so far and not yet asked for, by branch.
 
-    Every method but :meth:`straight` and :meth:`expected_request` is called holding
+    Every method but :meth:`straight` and :meth:`expected_crossing` is called holding
     the turns' lock.
 
     Args:
@@ -98,19 +98,15 @@ class RecordedLog:
                 self._unread = exc
         return self._ahead
 
-    def expected_request(self) -> Expected | None:
-        """What the recorded event the code's next call is compared with says of the
-        call's request, when it is an llm.call no redaction rule fired on (the run's
-        request memo asks: see ``Expected``). Takes the turns' lock."""
+    def expected_crossing(self) -> Expected | None:
+        """What the recorded event the code's next call is compared with says of it, when
+        no redaction rule fired on it (the run's contract asks: see ``Expected``). Takes
+        the turns' lock."""
         with self._turns.lock:
             envelope = self.upcoming()
-        if (
-            envelope is None
-            or envelope.event_type != EventType.LLM_CALL
-            or FIRED_ATTRIBUTE in envelope.attributes
-        ):
+        if envelope is None or FIRED_ATTRIBUTE in envelope.attributes:
             return None
-        return Expected(envelope.input_digest)
+        return Expected(envelope.event_type, envelope.input_digest, envelope.output_digest)
 
     def _next(self) -> Envelope | None:
         """The next event of the log (the one :meth:`upcoming` read, if any)."""

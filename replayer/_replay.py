@@ -176,7 +176,7 @@ class ReplayRun(Boundaries):
         # scrubbed the same way before its digest is compared.
         contract = Contract(Scrub.recorded_in(started.attributes), self._bodies.digest)
         self._bodies.requests = contract.request_split
-        contract.requests.expected = self._log.expected_request
+        contract.expected = self._log.expected_crossing
         self.core = ReplayCore(started.run_id, contract)
         self.snapshot_body = body
         """The recorded ``run.started`` body: the run's input snapshot."""

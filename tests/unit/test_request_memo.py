@@ -31,6 +31,7 @@ from agent_blackbox.schemas import (
     CANONICAL_V1,
     RFC8785,
     Envelope,
+    EventType,
     KeyedDigest,
     NotSerialisable,
     Settings,
@@ -410,7 +411,7 @@ def test_requests_replay_takes_as_they_are_ask_what_the_whole_way_asks(
     whole.requests = _Off()  # type: ignore[assignment]
     replayed = Contract(scrub, digest)
     recorded: list[Expected | None] = [None]
-    replayed.requests.expected = lambda: recorded[0]
+    replayed.expected = lambda: recorded[0]
     taken = missed = 0
     for seed in range(16):
         conversation = _conversation if seed % 2 else _quiet_conversation
@@ -418,7 +419,7 @@ def test_requests_replay_takes_as_they_are_ask_what_the_whole_way_asks(
             theirs = whole.llm("openai", None, request)
             nothing_fired = not theirs.fired
             told_now = nothing_fired or told == "always"
-            recorded[0] = Expected(theirs.input_digest) if told_now else None
+            recorded[0] = _llm_call(theirs.input_digest) if told_now else None
             mine = replayed.llm("openai", None, request)
             assert mine.input_digest == theirs.input_digest
             assert plain_ordered_text(mine.value) == plain_ordered_text(theirs.value)
@@ -428,6 +429,10 @@ def test_requests_replay_takes_as_they_are_ask_what_the_whole_way_asks(
             missed += told_now and not nothing_fired
     assert taken > 10, "too few requests were taken as they are to tell"
     assert told == "when-nothing-fired" or missed > 10
+
+
+def _llm_call(digest: str) -> Expected:
+    return Expected(EventType.LLM_CALL, digest, "")
 
 
 def _quiet_conversation(seed: int, turns: int) -> Iterator[dict[str, Any]]:
@@ -467,7 +472,7 @@ def _quiet_conversation(seed: int, turns: int) -> Iterator[dict[str, Any]]:
 
 def test_a_request_that_misses_its_recorded_digest_forgets_what_it_took_as_it_was() -> None:
     contract = Contract(Scrub(Redactor()), RFC8785.digest)
-    contract.requests.expected = lambda: Expected("sha256:" + "0" * 64)  # never matches
+    contract.expected = lambda: _llm_call("sha256:" + "0" * 64)  # never matches
     messages = [{"role": "user", "content": "hello there"}]
     contract.llm("openai", None, {"model": "m", "messages": list(messages)})
     messages.append({"role": "user", "content": "write to alice.smith@example.com"})
@@ -475,7 +480,7 @@ def test_a_request_that_misses_its_recorded_digest_forgets_what_it_took_as_it_wa
     assert ask.value["messages"][1]["content"] == "write to [redacted:email]"
     assert "email" in ask.fired
     # Asked again, told nothing: the message is found scrubbed, not as it was taken.
-    contract.requests.expected = None
+    contract.expected = None
     again = contract.llm("openai", None, {"model": "m", "messages": list(messages)})
     assert again.value["messages"][1]["content"] == "write to [redacted:email]"
     assert again.input_digest == ask.input_digest
@@ -484,10 +489,10 @@ def test_a_request_that_misses_its_recorded_digest_forgets_what_it_took_as_it_wa
 def test_a_refused_request_forgets_what_it_took_as_it_was() -> None:
     contract = Contract(Scrub(Redactor()), RFC8785.digest)
     leaked = {"role": "user", "content": "write to alice.smith@example.com"}
-    contract.requests.expected = lambda: Expected("sha256:" + "0" * 64)
+    contract.expected = lambda: _llm_call("sha256:" + "0" * 64)
     with pytest.raises(NotSerialisable, match="not a finite number"):
         contract.llm("openai", None, {"model": "m", "messages": [leaked, {"content": math.nan}]})
-    contract.requests.expected = None
+    contract.expected = None
     ask = contract.llm("openai", None, {"model": "m", "messages": [leaked]})
     assert ask.value["messages"][0]["content"] == "write to [redacted:email]"
 

@@ -1,0 +1,142 @@
+"""Replay digests a crossing's input as the code gave it when the recorded event says no
+redaction rule fired on it (``Contract.expected``), and scrubs it only when that misses
+the recorded digest. Every ask must come out as the whole way gives it, and a divergence
+must be reported from scrubbed values."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+import agent_blackbox as bb
+from agent_blackbox.outbox import AgentRun, MemoryRecorder, Redactor, RunSnapshot
+from agent_blackbox.outbox._request_memo import Expected
+from agent_blackbox.outbox._scrub import Scrub
+from agent_blackbox.outbox.contract import Ask, Contract
+from agent_blackbox.replayer import replay_run
+from agent_blackbox.schemas import RFC8785, EventType, plain_ordered_text
+
+SECRETS = ("erin.stone@example.com", "sk-proj-" + "Q9w8E7r6T5y4U3i2" * 3, "password=hunter2hunter2")
+WORDS = ("refund", "order", "late", "parcel", "box", "the", "a", "second")
+
+
+def _value(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(8 if depth < 3 else 5)
+    if kind == 0:
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 8)))
+        return text + (" " + rng.choice(SECRETS) if rng.random() < 0.15 else "")
+    if kind == 1:
+        return rng.choice([1, 1.0, -0.0, 2**60, 0.25, True, None])
+    if kind == 2:
+        return json.dumps({"note": rng.choice(WORDS), "n": rng.randint(0, 9)})
+    if kind in (3, 4):
+        return rng.choice(WORDS)
+    if kind == 5:
+        return [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if kind == 6:
+        return tuple(_value(rng, depth + 1) for _ in range(rng.randint(0, 3)))
+    keys = rng.sample(["b", "a", "token", "api_key", "card", "number", "cvc", "é", "z"], 3)
+    return {key: _value(rng, depth + 1) for key in keys}
+
+
+def _asks(contract: Contract, rng: random.Random) -> list[tuple[str, Any]]:
+    """One ask of each kind the contract takes as given, from the same draws."""
+    args = tuple(_value(rng) for _ in range(rng.randint(0, 2)))
+    kwargs = {f"k{i}": _value(rng) for i in range(rng.randint(0, 2))}
+    arguments = {"to": _value(rng), "body": _value(rng)}
+    state, reason = _value(rng), rng.choice([None, "because " + rng.choice(SECRETS), "ok"])
+    tool = contract.tool("lookup", args, kwargs)
+    intent = contract.intent("send_mail", "k-1", arguments)
+    transition = contract.transition("open", "closed", state, reason)
+    return [("tool", tool), ("intent", intent), ("transition", transition)]
+
+
+def _same(mine: Ask, theirs: Ask) -> None:
+    assert mine.event_type == theirs.event_type
+    assert mine.input_digest == theirs.input_digest
+    assert plain_ordered_text(mine.input) == plain_ordered_text(theirs.input)
+    assert plain_ordered_text(mine.value) == plain_ordered_text(theirs.value)
+    assert mine.fired == theirs.fired
+
+
+@pytest.mark.parametrize("told", ["when-nothing-fired", "always", "a-wrong-digest"])
+def test_asks_taken_as_given_are_the_asks_of_the_whole_way(told: str) -> None:
+    scrub = Scrub(Redactor())
+    given = 0
+    for seed in range(300):
+        whole = Contract(scrub, RFC8785.digest)
+        theirs = _asks(whole, random.Random(seed))
+        replayed = Contract(scrub, RFC8785.digest)
+        queue: list[Expected | None] = []
+        for _, ask in theirs:
+            output = (
+                whole.state_digest(ask, "closed")
+                if ask.event_type == EventType.STATE_TRANSITION
+                else ""
+            )
+            digest = "sha256:" + "0" * 64 if told == "a-wrong-digest" else ask.input_digest
+            tell = told != "when-nothing-fired" or not ask.fired
+            queue.append(Expected(ask.event_type, digest, output) if tell else None)
+            given += tell and (told == "a-wrong-digest" or not ask.fired)
+        asks = _asks_in_turn(replayed, random.Random(seed), queue)
+        for (kind, ask), (_, their) in zip(asks, theirs, strict=True):
+            _same(ask, their)
+            if kind == "transition":
+                assert replayed.state_digest(ask, "closed") == whole.state_digest(their, "closed")
+    assert given > 200, "too few asks were told of to tell"
+
+
+def _asks_in_turn(
+    contract: Contract, rng: random.Random, queue: list[Expected | None]
+) -> list[tuple[str, Any]]:
+    """:func:`_asks`, the contract told of each recorded event in its turn."""
+    told = iter(list(queue))
+    contract.expected = lambda: current[0]
+    current: list[Expected | None] = [next(told)]
+    args = tuple(_value(rng) for _ in range(rng.randint(0, 2)))
+    kwargs = {f"k{i}": _value(rng) for i in range(rng.randint(0, 2))}
+    arguments = {"to": _value(rng), "body": _value(rng)}
+    state, reason = _value(rng), rng.choice([None, "because " + rng.choice(SECRETS), "ok"])
+    tool = contract.tool("lookup", args, kwargs)
+    current[0] = next(told)
+    intent = contract.intent("send_mail", "k-1", arguments)
+    current[0] = next(told)
+    transition = contract.transition("open", "closed", state, reason)
+    return [("tool", tool), ("intent", intent), ("transition", transition)]
+
+
+def _agent(leak: str | None) -> Any:
+    def agent(run: AgentRun, input: Any) -> Any:
+        for turn in range(4):
+            customer = "frank.moss@example.org" if leak == "argument" and turn == 2 else "c-7"
+            run.call("lookup", lambda who: {"who": who, "orders": 2}, customer)
+            note = f"turn {turn}" + (" for frank.moss@example.org" if leak == "state" else "")
+            run.transition(f"step-{turn}", state={"note": note, "turn": turn})
+        return {"turns": 4}
+
+    return agent
+
+
+@pytest.mark.parametrize(
+    ("leak", "kind"), [("argument", "argument_mismatch"), ("state", "state_mismatch")]
+)
+def test_a_crossing_that_diverges_is_reported_from_its_scrubbed_values(
+    leak: str, kind: str
+) -> None:
+    recorder = MemoryRecorder()
+    recorder.record(_agent(None), RunSnapshot(code_version="v1", input={}), agent_id="given")
+    events = list(recorder.events)
+    assert not any("redacted" in e.attributes for e in events), "the run fired a rule"
+    assert replay_run(events, _agent(None), blobs=recorder).passed
+    report = bb.replay(events, _agent(leak), reveal_values=True)
+    assert report.divergence is not None
+    assert report.divergence.kind.value == kind
+    shown = json.dumps(
+        [report.divergence.asked, [(c.expected, c.actual) for c in report.divergence.changes]],
+        default=str,
+    )
+    assert "frank.moss@example.org" not in shown
+    assert "frank.moss@example.org" not in report.divergence.describe()
