@@ -138,9 +138,37 @@ def retrieval_hits(restore: Restore, body: dict[str, Any], output: Any) -> Any:
 def llm(
     contract: Contract, ask: Ask, response: Any, error: BaseException | None, latency_ms: float
 ) -> Crossing:
-    """``llm.call``: the request as scrubbed, the response or the error."""
+    """``llm.call``: the request as scrubbed, the response or the error (also a response
+    that cannot be recorded, such as a text with a lone surrogate: raised to the agent
+    once appended, as a tool's result that cannot be, so the run still replays)."""
     scrub, seen = contract.scrub, set(ask.fired)
-    built = llm_call(
+    refused = None
+    try:
+        built = _llm_built(contract, ask, response, error, latency_ms, seen)
+    except NotSerialisable as exc:
+        refused = b.unserialisable(exc)
+        seen = set(ask.fired)
+        built = _llm_built(contract, ask, None, refused, latency_ms, seen)
+    if refused is not None:
+        # What llm.call recorded of it, which replay raises again (see below).
+        refused.__dict__["recorded_error"] = built.body["error"]
+    elif error is not None:
+        # The error carries what llm.call recorded of it (v2: type and message), so a
+        # run that ends on it records the same error in replay as here.
+        error.__dict__.setdefault("recorded_error", built.body["error"])
+    return _asked(scrub, built, ask, seen).raising(refused)
+
+
+def _llm_built(
+    contract: Contract,
+    ask: Ask,
+    response: Any,
+    error: BaseException | None,
+    latency_ms: float,
+    seen: set[str],
+) -> Crossing:
+    scrub = contract.scrub
+    return llm_call(
         provider=ask.input["provider"],
         model=ask.input["model"],
         request=ask.value,
@@ -149,11 +177,6 @@ def llm(
         latency_ms=latency_ms,
         parts=contract.requests.parts_of(ask.value),
     )
-    if error is not None:
-        # The error carries what llm.call recorded of it (v2: type and message), so a
-        # run that ends on it records the same error in replay as here.
-        error.__dict__.setdefault("recorded_error", built.body["error"])
-    return _asked(scrub, built, ask, seen)
 
 
 def llm_response(restore: Restore, body: dict[str, Any], output: Any) -> Any:

@@ -117,6 +117,55 @@ def test_a_tool_result_that_cannot_be_recorded_is_recorded_as_its_error_and_repl
     assert str(caught[1]) == str(caught[0])
 
 
+@pytest.mark.parametrize("handled", [True, False], ids=["handled", "ends-the-run"])
+@pytest.mark.parametrize(
+    ("content", "where"),
+    [
+        ("a\ud800b", "llm.response.choices[0].message.content: a text holds a lone surrogate"),
+        (_nested(DEEP), "llm.response.choices[0].message.content.a.a"),
+    ],
+    ids=["surrogate", "too-deep"],
+)
+def test_a_model_response_that_cannot_be_recorded_is_recorded_as_the_calls_error_and_replays(
+    content: Any, where: str, handled: bool
+) -> None:
+    """A model's JSON may decode to a text with a lone surrogate: the response is refused
+    naming where, the llm.call recorded with that error and raised to the code, and the
+    run replays whether the code handles it or ends on it."""
+    caught: list[NotSerialisable] = []
+
+    def send(_: Any) -> dict[str, Any]:
+        message = {"role": "assistant", "content": content}
+        return {"id": "r", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+    def agent(run: AgentRun, _: Any) -> str:
+        request = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+        try:
+            run.llm(send, request, provider="openai")
+        except NotSerialisable as exc:
+            caught.append(exc)
+            if not handled:
+                raise
+        return "done"
+
+    recorder = MemoryRecorder()
+    if handled:
+        recorder.record(agent, RunSnapshot(code_version="u"), agent_id="u")
+    else:
+        with pytest.raises(NotSerialisable):
+            recorder.record(agent, RunSnapshot(code_version="u"), agent_id="u")
+    kinds = [e.event_type for e in recorder.events]
+    assert kinds == ["run.started", "llm.call", "run.finished"]
+    body = PayloadPipeline().unpack(recorder.events[1])
+    assert body["raw_response_json"] is None
+    assert body["error"]["type"] == "NotSerialisable"
+    assert body["error"]["kind"] == "unserialisable_result"
+    assert where in str(caught[0])
+    report = replay_run(list(recorder.events), agent)
+    assert report.passed, report.divergence
+    assert str(caught[1]) == str(caught[0])
+
+
 @pytest.mark.parametrize("write", [ordered_text, canonical_text], ids=["ordered", "canonical"])
 def test_a_json_text_of_a_value_that_is_not_unicode_is_refused_naming_where(
     write: Any,
