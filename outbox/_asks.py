@@ -222,9 +222,7 @@ class Contract:
         fired: set[str] = set()
         scrubbed = self.scrub.value(dict(arguments), fired, path=path)
         inputs = b.intent_input(effect, idempotency_key, scrubbed)
-        return self._ask(
-            EventType.EFFECT_INTENT, inputs, path=f"{effect}.arguments", value=scrubbed, fired=fired
-        )
+        return self._ask(EventType.EFFECT_INTENT, inputs, path=path, value=scrubbed, fired=fired)
 
     def receipt(self, effect: str, idempotency_key: str) -> Ask:
         """The receipt of a side effect."""

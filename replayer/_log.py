@@ -82,7 +82,7 @@ class RecordedLog:
         self.recorded_error: str | None = None
         self._ahead: Envelope | None = None
         """The event :meth:`upcoming` read from the log and nothing has taken yet."""
-        self._unread: BaseException | None = None
+        self._unread: Exception | None = None
         """What reading the log raised in :meth:`upcoming`: raised by the next read."""
 
     def upcoming(self) -> Envelope | None:
@@ -94,7 +94,7 @@ class RecordedLog:
         if self._ahead is None:
             try:
                 self._ahead = next(self._events, None)
-            except BaseException as exc:
+            except Exception as exc:  # the read's own error, raised where it is taken
                 self._unread = exc
         return self._ahead
 

@@ -17,6 +17,7 @@ from agent_blackbox.outbox._request_memo import Expected
 from agent_blackbox.outbox._scrub import Scrub
 from agent_blackbox.outbox.contract import Ask, Contract
 from agent_blackbox.replayer import replay_run
+from agent_blackbox.replayer._log import RecordedLog
 from agent_blackbox.schemas import RFC8785, EventType, plain_ordered_text
 
 SECRETS = ("erin.stone@example.com", "sk-proj-" + "Q9w8E7r6T5y4U3i2" * 3, "password=hunter2hunter2")
@@ -140,3 +141,28 @@ def test_a_crossing_that_diverges_is_reported_from_its_scrubbed_values(
     )
     assert "frank.moss@example.org" not in shown
     assert "frank.moss@example.org" not in report.divergence.describe()
+
+
+@pytest.mark.parametrize("at", [1, 2, 3, 5])
+def test_a_log_that_fails_to_read_fails_where_the_event_is_taken(
+    at: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay reads one event ahead to know what the next call is compared with; an
+    error reading the log still comes out where that event is taken, as without it."""
+    recorder = MemoryRecorder()
+    recorder.record(_agent(None), RunSnapshot(code_version="v1", input={}), agent_id="given")
+    events = list(recorder.events)
+
+    def broken() -> Any:
+        for position, envelope in enumerate(events):
+            if position == at:
+                raise OSError(f"the archive went away at {position}")
+            yield envelope
+
+    outcomes = []
+    for ahead in (True, False):
+        if not ahead:
+            monkeypatch.setattr(RecordedLog, "expected_crossing", lambda self: None)
+        report = replay_run(broken(), _agent(None))
+        outcomes.append((report.result, str(report.divergence)))
+    assert outcomes[0] == outcomes[1]
