@@ -153,7 +153,7 @@ def llm(
         # What llm.call recorded of it, which replay raises again (see below).
         refused.__dict__["recorded_error"] = built.body["error"]
     elif error is not None:
-        # The error carries what llm.call recorded of it (v2: type and message), so a
+        # The error carries what llm.call recorded of it, so a
         # run that ends on it records the same error in replay as here.
         error.__dict__.setdefault("recorded_error", built.body["error"])
     return _asked(scrub, built, ask, seen).raising(refused)

@@ -20,12 +20,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from agent_blackbox.outbox._boundaries import (
-    UNSERIALISABLE_RESULT,
-    Crossing,
-    error_info,
-    plain_error,
-)
+from agent_blackbox.outbox._boundaries import Crossing, error_info
 from agent_blackbox.schemas import (
     CANONICAL_V1,
     LLM_CALL_VERSION,
@@ -77,14 +72,9 @@ def llm_call(
 ) -> Crossing:
     """A finished LLM call; ``response`` is the provider's raw JSON. ``parts`` are
     ``request``'s, when a :class:`RequestMemo` scrubbed it: its text is theirs."""
-    info = error_info(error)
-    # llm.call records a provider's error by type and message only (as v2 did); the
-    # recorder's own refusal of a response whole, so replay raises the same class.
-    err = (
-        info
-        if info is not None and info.get("kind") == UNSERIALISABLE_RESULT
-        else plain_error(info)
-    )
+    # The error whole (its module and typed arguments too, as a tool's), so that replay
+    # raises the class the code catches.
+    err = error_info(error)
     params = {k: v for k, v in request.items() if k not in _NOT_PARAMS}
     reply = completion_view(response or {})
     choices = reply.get("choices") or []
