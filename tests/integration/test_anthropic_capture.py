@@ -644,15 +644,19 @@ def test_an_error_it_cannot_rebuild_is_raised_as_recorded_error(
     offline: anthropic.Anthropic,
 ) -> None:
     # An error of a kind the capture does not rebuild: a sender's own exception, recorded
-    # by a plain run.llm call with the request the agent below makes.
+    # by a plain run.llm call with the request the agent below makes, of a class defined
+    # in this function, which replay cannot look up (one it can comes back as itself).
+    class ProxyExploded(Exception):
+        pass
+
     recorder = MemoryRecorder()
     run = recorder.start_run(RunSnapshot(code_version="t"), agent_id="a")
     request = {"model": MODEL, "max_tokens": 8, "messages": user("x")}
 
     def broken(_: Any) -> Any:
-        raise ValueError("proxy exploded")
+        raise ProxyExploded("proxy exploded")
 
-    with pytest.raises(ValueError, match="proxy exploded"):
+    with pytest.raises(ProxyExploded, match="proxy exploded"):
         run.llm(broken, request, provider="anthropic", model=MODEL)
     llm = capture_anthropic(offline, ReplayRun(recorder.events))
     # Raised again in the transport; the Anthropic SDK wraps whatever its transport
@@ -662,5 +666,5 @@ def test_an_error_it_cannot_rebuild_is_raised_as_recorded_error(
         llm.messages.create(**request)
     cause = raised.value.__cause__
     assert isinstance(cause, RecordedError)
-    assert cause.type_name == "ValueError"
+    assert cause.type_name.endswith("<locals>.ProxyExploded")
     assert "proxy exploded" in str(cause)

@@ -495,7 +495,12 @@ def test_a_connection_error_is_recorded_and_replayed(closed_url: str) -> None:
 
 def test_an_error_it_cannot_rebuild_is_raised_as_recorded_error(offline: openai.OpenAI) -> None:
     # An error of a kind the capture does not rebuild: here a sender's own exception,
-    # recorded by a plain run.llm call with the request chat_agent makes.
+    # recorded by a plain run.llm call with the request chat_agent makes, of a class
+    # defined in this function, which replay cannot look up (one it can comes back as
+    # itself).
+    class ProxyExploded(Exception):
+        pass
+
     recorder = MemoryRecorder()
     run = recorder.start_run(RunSnapshot(code_version="t", input=INPUT), agent_id="a")
     request = {
@@ -506,13 +511,13 @@ def test_an_error_it_cannot_rebuild_is_raised_as_recorded_error(offline: openai.
     }
 
     def broken(_: Any) -> Any:
-        raise ValueError("proxy exploded")
+        raise ProxyExploded("proxy exploded")
 
-    with pytest.raises(ValueError, match="proxy exploded"):
+    with pytest.raises(ProxyExploded, match="proxy exploded"):
         run.llm(broken, request, provider="openai", model="gpt-test")
     with pytest.raises(RecordedError, match="proxy exploded") as raised:
         chat_agent(capture_openai(offline, ReplayRun(recorder.events)), [])
-    assert raised.value.type_name == "ValueError"
+    assert raised.value.type_name.endswith("<locals>.ProxyExploded")
 
 
 def test_a_request_that_is_not_json_is_refused_before_sending(
