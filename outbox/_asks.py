@@ -70,12 +70,7 @@ class Contract:
         self.digest = digest
         self.requests = RequestMemo(self.scrub, digest)
         """The parts of the run's latest LLM requests, which the next ones reuse."""
-        self.expected: Callable[[], Expected | None] | None = None
-        """Replay's: the recorded event the code's next crossing is compared with, when
-        no redaction rule fired on it. Its input is then digested as the code gave it
-        first, and scrubbed only when that misses the recorded digest (a crossing that
-        matches is the recorded one, which the rules left alone). None in record mode."""
-        self.requests.expected = lambda: self._recorded(EventType.LLM_CALL)
+        self._expected: Callable[[], Expected | None] | None = None
         self._state_checked: tuple[Ask, str] | None = None
         """The last transition taken as given, and the state digest that matched."""
         # Inputs that never change are digested once per run, not once per call.
@@ -91,10 +86,22 @@ class Contract:
         parts = self.requests.parts_of(ask.value)
         return None if parts is None else parts.split()
 
+    @property
+    def expected(self) -> Callable[[], Expected | None] | None:
+        """Replay's: the recorded event the code's next crossing is compared with, when
+        no redaction rule fired on it. Its input is then digested as the code gave it
+        first, and scrubbed only when that misses the recorded digest (a crossing that
+        matches is the recorded one, which the rules left alone). None in record mode."""
+        return self._expected
+
+    @expected.setter
+    def expected(self, found: Callable[[], Expected | None] | None) -> None:
+        self._expected = self.requests.expected = found
+
     def _recorded(self, event_type: EventType) -> Expected | None:
         """What replay knows of the next recorded event, when it is of ``event_type``
         and no rule fired on it (see :attr:`expected`)."""
-        found = None if self.expected is None else self.expected()
+        found = None if self._expected is None else self._expected()
         return found if found is not None and found.event_type == event_type else None
 
     def _as_given(

@@ -48,6 +48,7 @@ from agent_blackbox.schemas import (
     CANONICAL_V1,
     Canonicalisation,
     Digester,
+    EventType,
     RunningDigest,
     SplitRequest,
     object_text,
@@ -254,8 +255,8 @@ class RequestMemo:
         self._latest: _LatestTurns | None = None
         self._lock = threading.Lock()
         self.expected: Callable[[], Expected | None] | None = None
-        """Replay's: what it knows of the recorded request the next call is compared
-        with (None in record mode)."""
+        """Replay's: what it knows of the recorded event the next call is compared with
+        (None in record mode; set with ``Contract.expected``)."""
 
     def asked(self, provider: str, model: str, request: dict[str, Any]) -> Asked | None:
         """The scrubbed input of an LLM call of ``request`` (the caller's copy, which is
@@ -265,6 +266,8 @@ class RequestMemo:
         if not self._scrub.apart(request, key):
             return None
         expected = None if self.expected is None else self.expected()
+        if expected is not None and expected.event_type != EventType.LLM_CALL:
+            expected = None
         taken: _Taken | None = None if expected is None else []
         with self._lock:
             latest = self._latest
