@@ -252,14 +252,20 @@ def test_a_cut_whose_offsets_commit_lost_its_reply_is_recorded_not_written_again
 
 
 def _end_lock_sessions(engine: Engine) -> int:
-    """End the sessions holding an advisory lock, as a failover ends them all."""
+    """End the sessions holding an advisory lock, as a failover ends them all.
+
+    Each is waited for (up to 10 s) until its backend has exited: a terminated
+    backend lets its locks go only as it exits, after the signal has been sent.
+    """
     query = text(
-        "SELECT pg_terminate_backend(pid) FROM pg_locks "
+        "SELECT pg_terminate_backend(pid, 10000) FROM pg_locks "
         "WHERE locktype = 'advisory' AND database = "
         "(SELECT oid FROM pg_database WHERE datname = current_database())"
     )
     with engine.begin() as conn:
-        return len(conn.execute(query).all())
+        ended = [row[0] for row in conn.execute(query)]
+    assert all(ended), "a session holding the lock did not exit within 10 s"
+    return len(ended)
 
 
 def test_a_writer_whose_lock_went_with_its_session_takes_it_again_before_a_cut(

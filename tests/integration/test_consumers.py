@@ -428,7 +428,7 @@ def test_a_dropped_database_connection_rewinds_and_loses_nothing(
         if len(killed) < 2:  # drop the connection after the work, before the commit
             pid = conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
             with views_engine.connect() as admin:
-                admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                admin.execute(text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": pid})
                 admin.commit()
             killed.append(pid)
         return outcome
