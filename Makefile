@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 # removed is picked up by installing again. The list is rewritten only when it changes.
 PARTS := blackbox schemas outbox consumers replayer backup console keystore broker stack cli wiring examples
 MANIFEST := $(VENV)/.package-files
+COMPILED := $(VENV)/.compiled
 $(shell mkdir -p $(VENV) && find $(PARTS) -type f -not -path '*/__pycache__/*' 2>/dev/null | sort > $(MANIFEST).new && (cmp -s $(MANIFEST).new $(MANIFEST) || mv $(MANIFEST).new $(MANIFEST)); rm -f $(MANIFEST).new)
 
 .DEFAULT_GOAL := help
@@ -24,10 +25,18 @@ $(STAMP): pyproject.toml $(MANIFEST)
 	PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet --config-settings editable_mode=strict --editable '.[dev]'
 	@touch $@
 
-demo: $(STAMP) ## Set up, start the local stack, run the demo pipeline end to end
+# An installed wheel's modules are compiled when it is installed; the editable install's
+# links are not, and where PYTHONDONTWRITEBYTECODE is set (as in some CI images) every
+# process, each test's command and each replay worker, would compile them all again.
+# compileall writes only what is missing or older than its source.
+$(COMPILED): $(STAMP) $(filter %.py,$(shell cat $(MANIFEST)))
+	$(BIN)/python -c "import agent_blackbox as p, compileall as c, os, sys; sys.exit(not c.compile_dir(os.path.dirname(p.__file__), quiet=1, workers=0))"
+	@touch $@
+
+demo: $(COMPILED) ## Set up, start the local stack, run the demo pipeline end to end
 	$(BIN)/blackbox demo
 
-test: $(STAMP) docs ## Set up, build the docs and run every test (starts and stops its own Postgres and Kafka)
+test: $(COMPILED) docs ## Set up, build the docs and run every test (starts and stops its own Postgres and Kafka)
 	$(BIN)/python -m pytest
 
 # Every warning (a broken link or anchor, a name the API reference cannot find, a setting
@@ -40,7 +49,7 @@ lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-bench: $(STAMP) up ## Run the benchmarks against the local stack (JSON lines on stdout)
+bench: $(COMPILED) up ## Run the benchmarks against the local stack (JSON lines on stdout)
 	$(BIN)/python -m bench
 
 soak: $(STAMP) ## The fault matrix over 1M events on its own services (SOAK_EVENTS=N; JSON lines)
