@@ -12,7 +12,14 @@ from agent_blackbox.outbox._boundaries import error_info
 from agent_blackbox.outbox._llm import llm_input
 from agent_blackbox.outbox._request_memo import Expected, RequestMemo
 from agent_blackbox.outbox._scrub import Scrub
-from agent_blackbox.schemas import BlackboxError, Digester, EventType, SplitRequest
+from agent_blackbox.schemas import (
+    BlackboxError,
+    Digester,
+    EventType,
+    NotSerialisable,
+    SplitRequest,
+    canonical_text,
+)
 
 _NOTHING_FIRED: frozenset[str] = frozenset()
 _TOOL = EventType.TOOL_CALL
@@ -45,6 +52,11 @@ class Ending:
     error: BaseException | None
     recorded_output: dict[str, Any]
     fired: frozenset[str]
+    status: str
+    """The status recorded: ``failed`` when the output could not be recorded."""
+    refused: BaseException | None = None
+    """The refusal of an output that could not be recorded (the run's error), raised to
+    the caller once record mode appended the end."""
 
 
 def default_idempotency_key(run_id: str, sequence: int) -> str:
@@ -309,15 +321,30 @@ class Contract:
         error: BaseException | None,
         final_state_digest: str | None,
     ) -> Ending:
-        """The end of a run with ``status``; see :meth:`ending`."""
+        """The end of a run with ``status``; see :meth:`ending`.
+
+        An output that cannot be recorded (a NaN, an object that is not JSON) ends the
+        run ``failed`` instead, its refusal (naming where) recorded as the run's error of
+        kind ``unserialisable_result``, as a tool's result that cannot be recorded is:
+        the run does not stay open, and its replay, given the same output, ends alike.
+        """
         fired: set[str] = set()
-        output = self.scrub.value(output, fired, path="run.output")
+        refused = None
+        try:
+            output = self.scrub.value(output, fired, path="run.output")
+            # Refused here, where each mode ends, rather than half-way through writing
+            # the end (the body's text, then the envelope's digest).
+            canonical_text(output, path="run.output")
+            self.digest(output, path="run.output")
+        except NotSerialisable as exc:
+            status, output, refused = "failed", None, b.unserialisable(exc)
+            error, fired = refused, set()
         error = self.scrub.error(error, fired)
         ask = self._endings.get(status) or self._fixed_ask(
             self._endings, status, EventType.RUN_FINISHED, b.finished_input(status)
         )
         recorded_output = b.finished_output(output, error_info(error), final_state_digest)
-        return Ending(ask, output, error, recorded_output, frozenset(fired))
+        return Ending(ask, output, error, recorded_output, frozenset(fired), status, refused)
 
     def output_digest(self, ending: Ending, *, version: int = b.TYPED_VERSION) -> str:
         """The digest ``run.finished`` records over how the run ended, in the shape of

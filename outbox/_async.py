@@ -37,7 +37,14 @@ from agent_blackbox.outbox._recording import drive_async
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._surface import AsyncBoundaries
 from agent_blackbox.outbox._writer import new_event_id
-from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
+from agent_blackbox.schemas import (
+    BlackboxError,
+    DataKey,
+    Digester,
+    Envelope,
+    NotSerialisable,
+    Settings,
+)
 from agent_blackbox.wiring import AGENT_POOL
 
 if TYPE_CHECKING:
@@ -248,7 +255,11 @@ class AsyncRun(AsyncBoundaries):
             await self.finish(status="failed", error=exc)
             exc.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
             raise
-        await self.finish(output=output)
+        try:
+            await self.finish(output=output)
+        except NotSerialisable as refused:  # the output: the run was ended failed with it
+            refused.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
+            raise
         return output
 
     # What only a recording run has ------------------------------------------------

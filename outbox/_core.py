@@ -330,7 +330,7 @@ class RunCore:
             status, error = "failed", UnrecordedCall(self.holes[0], "the run had a hole")
         ending = self.contract.finish(status, output, error, self.state_digest)
         finished = b.run_finished(
-            status=status,
+            status=ending.status,
             output=ending.output,
             error=ending.error,
             final_state_digest=self.state_digest,
@@ -345,7 +345,7 @@ class RunCore:
                 }
             )
         marked = finished.with_input_digest(ending.ask.input_digest)
-        return self.scrub.mark(marked, set(ending.fired))
+        return self.scrub.mark(marked, set(ending.fired)).raising(ending.refused)
 
 
 def utc_now() -> datetime:

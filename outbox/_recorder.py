@@ -41,7 +41,14 @@ from agent_blackbox.outbox._recording import drive
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._surface import Boundaries
 from agent_blackbox.outbox._writer import new_event_id
-from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
+from agent_blackbox.schemas import (
+    BlackboxError,
+    DataKey,
+    Digester,
+    Envelope,
+    NotSerialisable,
+    Settings,
+)
 from agent_blackbox.wiring import AGENT_POOL
 
 if TYPE_CHECKING:
@@ -278,7 +285,11 @@ class Run(Boundaries):
             self.finish(status="failed", error=exc)
             exc.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
             raise
-        self.finish(output=output)
+        try:
+            self.finish(output=output)
+        except NotSerialisable as refused:  # the output: the run was ended failed with it
+            refused.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
+            raise
         return output
 
     @contextmanager

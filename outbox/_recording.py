@@ -63,7 +63,8 @@ def drive(boundary: Steps[T], core: RunCore, append: Append) -> T:
             reply, failed = step.done.value, _raised(crossing, step.done)
         else:
             assert isinstance(step, End)
-            reply, failed = append(_ending(step, core), step.connection), None
+            ending = _ending(step, core)
+            reply, failed = append(ending, step.connection), ending.raises
             core.finished = True
 
 
@@ -104,7 +105,8 @@ async def drive_async(
         else:
             assert isinstance(step, End)
             await _after(settling)
-            reply, failed = await append(_ending(step, core), step.connection), None
+            ending = _ending(step, core)
+            reply, failed = await append(ending, step.connection), ending.raises
             core.finished = True
 
 
@@ -131,7 +133,8 @@ def _crossed(step: Cross, core: RunCore) -> Crossing:
 
 
 def _ending(step: End, core: RunCore) -> Crossing:
-    """``run.finished``, at the place the end begins."""
+    """``run.finished``, at the place the end begins (raising, once appended, the refusal
+    of an output that could not be recorded)."""
     return core.finish(step.status, step.output, step.error).placed(core.placement.begin())
 
 

@@ -603,8 +603,8 @@ class _Fork:
 
 
 def _ended(run: Run, exc: BaseException) -> None:
-    """End ``run`` failed with ``exc`` unless it ended already (the agent's output that
-    could not be recorded, an interruption: ``drive()`` left it running)."""
+    """End ``run`` failed with ``exc`` unless it ended already (an interruption:
+    ``drive()`` left it running)."""
     if not run.core.finished:
         run.finish(status="failed", error=exc)
 

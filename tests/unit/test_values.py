@@ -272,6 +272,51 @@ def test_an_unrecordable_result_that_ends_the_run_replays() -> None:
     assert _replay(events, agent).passed
 
 
+@pytest.mark.parametrize(
+    "output",
+    [{"ratio": math.nan}, {"ada@example.com": math.inf}, [object()], {1: "a"}],
+    ids=["nan", "inf-under-an-email", "object", "int-key"],
+)
+def test_an_output_that_cannot_be_recorded_ends_the_run_failed_and_replays(output: Any) -> None:
+    def agent(run: AgentRun, _: Any) -> Any:
+        run.call("lookup", lambda: {"n": 1})
+        return output
+
+    recorder = MemoryRecorder()
+    with pytest.raises(NotSerialisable, match=r"^run\.output") as raised:
+        recorder.record(agent, RunSnapshot(code_version="t"), agent_id="values")
+    assert any("(failed)" in note for note in raised.value.__notes__)
+    events = list(recorder.events)
+    assert [e.event_type for e in events][-1] == "run.finished"  # the run did not stay open
+    body = PayloadPipeline().unpack(events[-1])
+    assert (body["status"], body["output_json"]) == ("failed", None)
+    assert body["error"]["kind"] == "unserialisable_result"
+    assert body["error"]["message"] == str(raised.value)
+    assert "ada@example.com" not in body["error"]["message"]
+    report = _replay(events, agent)
+    assert report.passed, report
+    assert report.recorded_status == "failed"
+
+    def mended(run: AgentRun, _: Any) -> Any:
+        run.call("lookup", lambda: {"n": 1})
+        return {"ratio": 0.5}
+
+    assert not _replay(events, mended).passed  # it ends otherwise now
+
+
+def test_an_async_run_whose_output_cannot_be_recorded_ends_failed_and_replays() -> None:
+    async def agent(run: AsyncRun, _: Any) -> Any:
+        await run.call("lookup", lambda: {"n": 1})
+        return {"ratio": math.nan}
+
+    recorder = AsyncMemoryRecorder()
+    with pytest.raises(NotSerialisable, match="nan is not a finite number"):
+        asyncio.run(recorder.record(agent, RunSnapshot(code_version="t"), agent_id="values"))
+    events = list(recorder.events)
+    assert PayloadPipeline().unpack(events[-1])["status"] == "failed"
+    assert replay_run(events, agent).passed
+
+
 def test_values_that_would_change_type_are_refused_with_a_path_and_a_way_out() -> None:
     class Local:
         pass
