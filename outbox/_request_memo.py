@@ -359,37 +359,32 @@ class RequestMemo:
         """The parts of a request's list of turns, and the texts it is written from.
 
         A conversation's request is most often the run's request before it plus a few
-        new turns. The list is written with marshal once, in C, and the bytes it shares
-        with the latest list (whole items, since marshal writes a list as a header and
-        then each item as it writes it alone) are that list's parts: only the items after
+        new turns: the items it begins with that equal the latest list's (see
+        :meth:`_LatestTurns.shared`) are that list's parts, and only the items after
         them are looked up one by one.
         """
         if type(turns) is not list:  # a subclass: marshal refuses it, its items not
             return [self._part(item, 2, now, taken) for item in turns], _TurnTexts()
-        whole = marshal.dumps(turns, 2)
         with self._lock:
             latest = self._latest
-        shared = 0 if latest is None or latest.key != key else latest.shared(whole)
+        shared = 0 if latest is None or latest.key != key else latest.shared(turns)
         parts: list[_Part] = []
-        ends: list[int] = []
+        held = _Held()
         if latest is not None and shared:
-            parts, ends = latest.parts[:shared], latest.ends[:shared]
+            parts = latest.parts[:shared]
+            held = latest.held.prefix(shared)
             for part in parts:
                 part.used = now
-        at = ends[-1] if ends else _LIST_HEADER
         for item in turns[shared:]:
             exact = marshal.dumps(item, 2)
             parts.append(self._found(item, exact, 2, now, taken))
-            at += len(exact)
-            ends.append(at)
+            held.add(item, exact)
         texts = _TurnTexts()
-        if at != len(whole):  # not written as assumed: nothing is shared, each item alone
-            return [self._part(item, 2, now, taken) for item in turns], texts
         if latest is not None and 0 < shared == len(latest.parts):
             texts.earlier, texts.shared = latest.texts.texts, shared
             texts.earlier_fed = latest.texts.fed
         with self._lock:
-            self._latest = _LatestTurns(key, whole, ends, parts, texts)
+            self._latest = _LatestTurns(key, held, parts, texts)
         return parts, texts
 
     def _part(self, value: Any, level: int, now: int, taken: _Taken | None = None) -> _Part:
@@ -432,40 +427,88 @@ class RequestMemo:
             self._parts = {k: p for k, p in self._parts.items() if p.used > now - KEPT_CALLS}
 
 
-_LIST_HEADER = len(marshal.dumps([], 2))
-"""The bytes marshal writes a list's length in, before its items."""
+@dataclass(slots=True)
+class _Held:
+    """The items of a list of turns as the memo holds them, to tell whether a later
+    list begins with them.
+
+    Each item is held as a copy of its own: its dicts and lists copied, its strings and
+    ``None`` the agent's own (immutable) objects. ``==`` compares a list of items with
+    the copies in C, item by item (the same string objects equal at once). It is exact
+    where a part's bytes are concerned for values built of exact dicts, lists, strings
+    and ``None`` alone: no other value equals a string or ``None``, and an equal string,
+    or a mapping equal to a dict, is written, redacted and digested alike. An item with
+    any other value (a number: ``1 == 1.0 == True``; a tuple) is also held as the bytes
+    marshal wrote it in, which it must be written in again.
+    """
+
+    copies: list[Any] = field(default_factory=list)
+    exact: dict[int, bytes] = field(default_factory=dict)
+    """The marshal bytes of each item held whose ``==`` is not exact, by position."""
+
+    def add(self, item: Any, exact: bytes) -> None:
+        copy, plain = _copied(item)
+        if not plain:
+            self.exact[len(self.copies)] = exact
+        self.copies.append(copy)
+
+    def prefix(self, count: int) -> _Held:
+        """The first ``count`` items held (a new holder: the latest list is kept)."""
+        exact = {at: written for at, written in self.exact.items() if at < count}
+        return _Held(self.copies[:count], exact)
+
+    def shared(self, turns: list[Any]) -> int:
+        """How many of the items held ``turns`` begins with."""
+        copies = self.copies
+        count = len(copies)
+        if len(turns) < count or turns[:count] != copies:
+            count = next(
+                (
+                    at
+                    for at, pair in enumerate(zip(turns, copies, strict=False))
+                    if pair[0] != pair[1]
+                ),
+                min(len(turns), count),
+            )
+        for at in sorted(self.exact):
+            if at >= count:
+                break
+            if marshal.dumps(turns[at], 2) != self.exact[at]:
+                return at
+        return count
+
+
+def _copied(value: Any) -> tuple[Any, bool]:
+    """``value`` with its dicts and lists copied, and whether it holds nothing but exact
+    dicts, lists, strings and ``None``."""
+    kind = type(value)
+    if kind is str or value is None:
+        return value, True
+    if kind is dict:
+        plain = True
+        copy = {}
+        for name, item in value.items():
+            copy[name], alone = _copied(item)
+            plain = plain and alone and type(name) is str
+        return copy, plain
+    if kind is list:
+        items = [_copied(item) for item in value]
+        return [copy for copy, _ in items], all(alone for _, alone in items)
+    return value, False  # held by its bytes too: a container inside is checked there
 
 
 @dataclass(frozen=True, slots=True)
 class _LatestTurns:
-    """The list of turns of the run's latest request, as marshal wrote it."""
+    """The list of turns of the run's latest request."""
 
     key: str
-    exact: bytes
-    ends: list[int]
-    """Where each item's bytes end in ``exact``."""
+    held: _Held
     parts: list[_Part]
     texts: _TurnTexts
 
-    def shared(self, exact: bytes) -> int:
-        """How many of this list's first items the list written as ``exact`` begins
-        with (item bytes compared whole)."""
-        view = memoryview(self.exact)
-        ends = self.ends
-
-        def begins(count: int) -> bool:
-            return exact.startswith(view[_LIST_HEADER : ends[count - 1]], _LIST_HEADER)
-
-        if not ends or begins(len(ends)):
-            return len(ends)
-        low, high = 0, len(ends) - 1  # begins(low) holds, begins(high + 1) does not
-        while low < high:
-            middle = (low + high + 1) // 2
-            if begins(middle):
-                low = middle
-            else:
-                high = middle - 1
-        return low
+    def shared(self, turns: list[Any]) -> int:
+        """How many of this list's first items ``turns`` begins with."""
+        return self.held.shared(turns)
 
 
 class _NotPlain(ValueError):

@@ -6,7 +6,9 @@ A property test over seeded random conversations (no hypothesis in the venv): me
 with secrets, e-mail addresses, card numbers, JSON inside strings, numbers of each JSON
 type, keys out of order, tuples; requests whose root makes redaction depend on more than
 a part (path rules, a credential or card key, a header); earlier messages edited in
-place, removed, or the conversation forked. Each is recorded with the memo and with the
+place, removed, or the conversation forked; earlier messages changed into values that
+``==`` holds equal but that are not alike (``1``, ``1.0`` and ``True``, keys in another
+order, another class). Each is recorded with the memo and with the
 memo turned off, and the stored events compared: payload bytes, digests, attributes
 (the rules that fired among them).
 """
@@ -17,6 +19,7 @@ import base64
 import json
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -35,8 +38,8 @@ from agent_blackbox.schemas import (
     KeyedDigest,
     NotSerialisable,
     Settings,
+    canonical_text,
     object_text,
-    plain_ordered_text,
 )
 
 SECRETS = (
@@ -116,7 +119,7 @@ def _message(rng: random.Random) -> dict[str, Any]:
         return {
             "role": "user",
             "content": _text(rng),
-            "payment": {"number": _scalar(rng), "cvc": 123},
+            "payment": {"number": _scalar(rng), "cvc": rng.choice([123, 1])},
         }
     if kind == 5:  # a tuple, and a header given as a pair
         return {
@@ -165,7 +168,39 @@ def _conversation(seed: int, turns: int) -> Iterator[dict[str, Any]]:
             del messages[rng.randrange(1, len(messages))]
         elif change < 0.2 and len(messages) > 3:  # a fork from an earlier point
             messages = messages[: rng.randrange(1, len(messages))]
+        elif change < 0.35 and len(messages) > 2:  # an earlier message, equal but not alike
+            at = rng.randrange(1, len(messages))
+            messages[at] = _alike(rng, messages[at])
         yield _request(rng, messages, turn)
+
+
+class _Text(str):
+    """A string subclass: equal to the string, written alike."""
+
+
+def _alike(rng: random.Random, message: Any) -> Any:
+    """``message`` changed into a value ``==`` holds equal to it: a number of another type
+    (``1``, ``1.0`` and ``True`` are equal), its keys in another order (in place), a
+    string or mapping of another class, the same items as a tuple."""
+    if not isinstance(message, dict):
+        return message
+    payment = message.get("payment")
+    way = rng.randrange(8)
+    if way < 3 and isinstance(payment, dict):
+        number = payment["cvc"]
+        payment["cvc"] = float(number) if type(number) is int else int(number)
+        if payment["cvc"] == 1:
+            payment["cvc"] = rng.choice([1, 1.0, True])
+    elif way < 6:
+        items = list(message.items())
+        message.clear()
+        message.update(reversed(items))
+    elif way == 6 and isinstance(message.get("content"), str):
+        # marshal refuses a subclass: the requests holding it go the whole way
+        message["content"] = _Text(message["content"])
+    else:
+        return OrderedDict(message) if rng.random() < 0.5 else message | {"h": ("a", "b")}
+    return message
 
 
 def _send(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -267,11 +302,28 @@ def test_keyed_asks_are_the_same_with_and_without_the_memo(
         for request in _conversation(100 + seed, turns=12):
             mine, theirs = memo.llm("openai", None, request), whole.llm("openai", None, request)
             assert mine.input_digest == theirs.input_digest
-            assert plain_ordered_text(mine.value) == plain_ordered_text(theirs.value)
+            assert _same_value(mine.value, theirs.value)
             assert mine.input == theirs.input
             assert mine.fired == theirs.fired
             asked += memo.requests.parts_of(mine.value) is not None
     assert asked > 40, "the memo was used for too few requests to tell"
+
+
+def _same_value(mine: Any, theirs: Any) -> bool:
+    """Whether two asks' values are the same JSON. Their canonical texts are compared:
+    an earlier message whose keys the agent put in another order in place keeps, in the
+    memo's copy, the order it was first seen in; nothing recorded depends on key order.
+    The values' types are compared too (``1``, ``1.0`` and ``True`` are written apart)."""
+    return bool(canonical_text(mine) == canonical_text(theirs)) and _shape(mine) == _shape(theirs)
+
+
+def _shape(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return sorted((name, _shape(item)) for name, item in value.items())
+    if isinstance(value, list | tuple):
+        return [_shape(item) for item in value]
+    kind = "str" if isinstance(value, str) else type(value).__name__  # _Text is written alike
+    return (kind, value.hex() if type(value) is float else value)
 
 
 class _Off:
@@ -422,7 +474,7 @@ def test_requests_replay_takes_as_they_are_ask_what_the_whole_way_asks(
             recorded[0] = _llm_call(theirs.input_digest) if told_now else None
             mine = replayed.llm("openai", None, request)
             assert mine.input_digest == theirs.input_digest
-            assert plain_ordered_text(mine.value) == plain_ordered_text(theirs.value)
+            assert _same_value(mine.value, theirs.value)
             assert mine.input == theirs.input
             assert mine.fired == theirs.fired
             taken += told_now and nothing_fired
