@@ -461,15 +461,18 @@ class _Held:
         """How many of the items held ``turns`` begins with."""
         copies = self.copies
         count = len(copies)
-        if len(turns) < count or turns[:count] != copies:
-            count = next(
-                (
-                    at
-                    for at, pair in enumerate(zip(turns, copies, strict=False))
-                    if pair[0] != pair[1]
-                ),
-                min(len(turns), count),
-            )
+        try:
+            if len(turns) < count or turns[:count] != copies:
+                count = next(
+                    (
+                        at
+                        for at, pair in enumerate(zip(turns, copies, strict=False))
+                        if pair[0] != pair[1]
+                    ),
+                    min(len(turns), count),
+                )
+        except Exception:  # an item whose == raises (an array): none is taken as held
+            return 0
         for at in sorted(self.exact):
             if at >= count:
                 break

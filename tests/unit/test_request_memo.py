@@ -417,6 +417,32 @@ def test_a_request_that_cannot_be_recorded_fails_as_the_whole_way_fails(
     assert errors[0] == errors[1]
 
 
+class _Touchy:
+    """Not JSON, and ``==`` raises (as an array's does when it cannot say)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise TypeError("cannot compare")
+
+    __hash__ = object.__hash__
+
+
+def test_an_earlier_message_whose_equality_raises_fails_as_the_whole_way_fails(
+    whole_way: Callable[[bool], None],
+) -> None:
+    errors = []
+    for off in (False, True):
+        whole_way(off)
+        contract = Contract(Scrub(Redactor()), RFC8785.digest)
+        messages: list[Any] = [{"content": "fine words"}, {"content": "more words"}]
+        contract.llm("openai", None, {"model": "m", "messages": messages})
+        messages[0] = _Touchy()  # where the memo holds a copy of the first message
+        with pytest.raises(NotSerialisable) as raised:
+            contract.llm("openai", None, {"model": "m", "messages": messages})
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1]
+    assert "messages[0]" in errors[0]
+
+
 @pytest.mark.parametrize("canonical", ["v1", "rfc8785"])
 def test_random_conversations_replay_their_requests_rebuilt_by_reference(canonical: str) -> None:
     recorder = MemoryRecorder(settings=Settings(canonical_json=canonical))
