@@ -30,6 +30,7 @@ from agent_blackbox.outbox._core import (
 )
 from agent_blackbox.outbox._crossings import Done
 from agent_blackbox.outbox._effects import EffectReceipt
+from agent_blackbox.outbox._errors import NotSerialisable
 from agent_blackbox.outbox._group import Batch, RunBuffer, buffered
 from agent_blackbox.outbox._network import Hole
 from agent_blackbox.outbox._postgres import AsyncPostgresLog
@@ -37,14 +38,7 @@ from agent_blackbox.outbox._recording import drive_async
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._surface import AsyncBoundaries
 from agent_blackbox.outbox._writer import new_event_id
-from agent_blackbox.schemas import (
-    BlackboxError,
-    DataKey,
-    Digester,
-    Envelope,
-    NotSerialisable,
-    Settings,
-)
+from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
 from agent_blackbox.wiring import AGENT_POOL
 
 if TYPE_CHECKING:

@@ -34,6 +34,7 @@ from agent_blackbox.outbox._core import (
 )
 from agent_blackbox.outbox._crossings import Done
 from agent_blackbox.outbox._effects import EffectOutcome, EffectReceipt
+from agent_blackbox.outbox._errors import NotSerialisable
 from agent_blackbox.outbox._group import IDLE_S, Batch, Flusher, RunBuffer, buffered
 from agent_blackbox.outbox._network import Hole
 from agent_blackbox.outbox._postgres import PostgresLog
@@ -41,14 +42,7 @@ from agent_blackbox.outbox._recording import drive
 from agent_blackbox.outbox._recovery import PendingEffect, StoredRun
 from agent_blackbox.outbox._surface import Boundaries
 from agent_blackbox.outbox._writer import new_event_id
-from agent_blackbox.schemas import (
-    BlackboxError,
-    DataKey,
-    Digester,
-    Envelope,
-    NotSerialisable,
-    Settings,
-)
+from agent_blackbox.schemas import BlackboxError, DataKey, Digester, Envelope, Settings
 from agent_blackbox.wiring import AGENT_POOL
 
 if TYPE_CHECKING:
