@@ -163,7 +163,9 @@ class Bodies:
 
         ``ask``: what the code asked, when it asked for this event. An llm.call whose
         input digest it matches gives the reader its request's parts (``requests``):
-        a recorded request made of the same texts is taken as it is, not rebuilt.
+        a recorded request made of the same texts is taken as it is, not rebuilt, and
+        its body is handed back as stored (replay hands the code the response; the code
+        holds the request).
 
         Raises:
             ReplaySetupError: the body cannot be read through no fault of the log.

@@ -220,7 +220,8 @@ class PayloadPipeline:
         ``version`` is the body version wanted, the newest when None; older bodies go
         through Avro resolution and the migrators (see :class:`BodyReader`).
         ``request``: an llm.call's request the caller holds that may be the recorded one
-        (see :meth:`RequestMemory.read`).
+        (see :meth:`RequestMemory.read`); when it is, a body stored by reference is
+        handed back as stored, not with the whole request written out again.
 
         Raises:
             UnknownSchemaVersion: the envelope's body version has no reader path.

@@ -202,8 +202,11 @@ class RequestMemory:
 
         ``known`` is a request the caller holds that may be the recorded one (replay's:
         the request the agent's code just made, whose input digest matched). When the
-        stored parts are its parts, text for text, it is the request, and nothing is
-        rebuilt or digested again; else it is ignored.
+        stored parts are its parts, text for text, it is the request: nothing is
+        rebuilt or digested again, and a body stored by reference is handed back as
+        stored (its ``raw_request_json`` the part its request adds to the one
+        ``request_prefix`` names), since the caller has the whole request; writing it
+        out was a tenth of a replayed call. Else ``known`` is ignored.
 
         Raises:
             RequestPrefixMissing: the request names an llm.call not read before.
@@ -231,7 +234,7 @@ class RequestMemory:
         parts = earlier.parts()
         if known is not None and _continues(parts, text, prefix, known):
             run.hold(sequence, _Held(None, known))
-            return {**body, "raw_request_json": known.text(), "request_prefix": None}
+            return body
         split = _spliced(parts, json.loads(text), prefix, where)
         whole = split.text()
         continued = (parts, prefix["items"])

@@ -203,11 +203,13 @@ def test_a_request_known_to_be_the_recorded_one_is_taken_as_it_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Replay hands the reader the request the code just made; when the stored parts
-    are its parts text for text, the reader takes it: the same bodies, nothing spliced
-    or digested again, and later references still rebuild from it."""
+    are its parts text for text, the reader takes it: nothing spliced or digested
+    again, each body handed back as stored (the caller holds the whole request), and
+    later references still rebuild from it."""
     calls = _llm(_record().events)
     reader = PayloadPipeline()
     expected = [reader.unpack(e) for e in calls]
+    as_stored = [PayloadPipeline().unpack_as_stored(e) for e in calls]
     rebuilt = 0
     spliced = _request_prefix._spliced
 
@@ -218,11 +220,11 @@ def test_a_request_known_to_be_the_recorded_one_is_taken_as_it_is(
 
     monkeypatch.setattr(_request_prefix, "_spliced", counted)
     pipeline = PayloadPipeline()
-    taken = [
-        pipeline.unpack(e, request=_known(body["raw_request_json"]))
-        for e, body in zip(calls, expected, strict=True)
-    ]
-    assert taken == expected
+    known = [_known(body["raw_request_json"]) for body in expected]
+    taken = [pipeline.unpack(e, request=k) for e, k in zip(calls, known, strict=True)]
+    assert taken == as_stored
+    assert sum(b["request_prefix"] is not None for b in taken) >= len(calls) - 1
+    assert [k.text() for k in known] == [b["raw_request_json"] for b in expected]
     assert rebuilt == 0
     # A reader given nothing for the later calls rebuilds them from the known ones.
     mixed = PayloadPipeline()
@@ -230,7 +232,8 @@ def test_a_request_known_to_be_the_recorded_one_is_taken_as_it_is(
         mixed.unpack(e, request=_known(b["raw_request_json"]))
         for e, b in zip(calls[:6], expected, strict=False)
     ]
-    assert firsts + [mixed.unpack(e) for e in calls[6:]] == expected
+    assert firsts == as_stored[:6]
+    assert [mixed.unpack(e) for e in calls[6:]] == expected[6:]
     assert rebuilt == len(calls) - 6
 
 
