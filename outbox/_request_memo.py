@@ -360,14 +360,14 @@ class RequestMemo:
 
         A conversation's request is most often the run's request before it plus a few
         new turns: the items it begins with that equal the latest list's (see
-        :meth:`_LatestTurns.shared`) are that list's parts, and only the items after
+        :meth:`_Held.shared`) are that list's parts, and only the items after
         them are looked up one by one.
         """
         if type(turns) is not list:  # a subclass: marshal refuses it, its items not
             return [self._part(item, 2, now, taken) for item in turns], _TurnTexts()
         with self._lock:
             latest = self._latest
-        shared = 0 if latest is None or latest.key != key else latest.shared(turns)
+        shared = 0 if latest is None or latest.key != key else latest.held.shared(turns)
         parts: list[_Part] = []
         held = _Held()
         if latest is not None and shared:
@@ -508,10 +508,6 @@ class _LatestTurns:
     held: _Held
     parts: list[_Part]
     texts: _TurnTexts
-
-    def shared(self, turns: list[Any]) -> int:
-        """How many of this list's first items ``turns`` begins with."""
-        return self.held.shared(turns)
 
 
 class _NotPlain(ValueError):

@@ -205,8 +205,8 @@ class RequestMemory:
         stored parts are its parts, text for text, it is the request: nothing is
         rebuilt or digested again, and a body stored by reference is handed back as
         stored (its ``raw_request_json`` the part its request adds to the one
-        ``request_prefix`` names), since the caller has the whole request; writing it
-        out was a tenth of a replayed call. Else ``known`` is ignored.
+        ``request_prefix`` names), since the caller has the whole request and replay
+        never reads it. Else ``known`` is ignored.
 
         Raises:
             RequestPrefixMissing: the request names an llm.call not read before.
