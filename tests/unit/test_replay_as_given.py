@@ -166,3 +166,38 @@ def test_a_log_that_fails_to_read_fails_where_the_event_is_taken(
         report = replay_run(broken(), _agent(None))
         outcomes.append((report.result, str(report.divergence)))
     assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("told", ["when-nothing-fired", "always", "a-wrong-digest"])
+def test_ends_taken_as_given_are_the_ends_of_the_whole_way(told: str) -> None:
+    """A run's end is taken as given (its output not scrubbed) only when what
+    ``run.finished`` records of it digests as recorded; the end comes out as the whole
+    way gives it, in every body version, a refused output included."""
+    scrub = Scrub(Redactor())
+    given = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        output = _value(rng) if rng.random() < 0.9 else {"mean": float("nan")}
+        state = rng.choice([None, "sha256:" + "1" * 64])
+        whole = Contract(scrub, RFC8785.digest)
+        theirs = whole.finish("succeeded", output, None, state)
+        recorded = whole.output_digest(theirs)
+        replayed = Contract(scrub, RFC8785.digest)
+        tell = told != "when-nothing-fired" or not theirs.fired
+        digest = "sha256:" + "0" * 64 if told == "a-wrong-digest" else recorded
+        expected = Expected(EventType.RUN_FINISHED, theirs.ask.input_digest, digest)
+        replayed.expected = lambda expected=expected, tell=tell: expected if tell else None
+        mine = replayed.finish("succeeded", output, None, state)
+        plain = tell and not theirs.fired and not theirs.refused
+        given += plain
+        taken = plain and told != "a-wrong-digest"
+        checked = replayed._ending_checked
+        assert (checked is not None and checked[0] is mine) == taken
+        _same(mine.ask, theirs.ask)
+        assert (mine.status, mine.fired) == (theirs.status, theirs.fired)
+        assert type(mine.refused) is type(theirs.refused)
+        for version in (1, 2, 3):
+            assert replayed.output_digest(mine, version=version) == whole.output_digest(
+                theirs, version=version
+            )
+    assert given > 150, "too few ends were told of to tell"
