@@ -57,6 +57,8 @@ class Ending:
     refused: BaseException | None = None
     """The refusal of an output that could not be recorded (the run's error), raised to
     the caller once record mode appended the end."""
+    digest: str | None = None
+    """The output digest of ``run.finished``, when taken already (replay's end as given)."""
 
 
 def default_idempotency_key(run_id: str, sequence: int) -> str:
@@ -85,8 +87,6 @@ class Contract:
         self._expected: Callable[[], Expected | None] | None = None
         self._state_checked: tuple[Ask, str] | None = None
         """The last transition taken as given, and the state digest that matched."""
-        self._ending_checked: tuple[Ending, str] | None = None
-        """The last end taken as given, and the output digest that matched."""
         # Inputs that never change are digested once per run, not once per call.
         self._clocks: dict[str, Ask] = {}
         self._draws: dict[str, Ask] = {}
@@ -200,11 +200,8 @@ class Contract:
         """
         fired: set[str] = set()
         query = self.scrub.value(query, fired, path=f"{index}.query")
-        filters = (
-            None
-            if filters is None
-            else self.scrub.value(dict(filters), fired, path=f"{index}.filters")
-        )
+        if filters is not None:
+            filters = self.scrub.value(dict(filters), fired, path=f"{index}.filters")
         inputs = b.retrieval_input(index, index_version, query, filters, top_k)
         return self._ask(
             EventType.RETRIEVAL,
@@ -331,11 +328,9 @@ class Contract:
         kind ``unserialisable_result``, as a tool's result that cannot be recorded is:
         the run does not stay open, and its replay, given the same output, ends alike.
         """
-        recorded = None if error is not None else self._recorded(EventType.RUN_FINISHED)
-        if recorded is not None:
-            given = self._finish_as_given(status, output, final_state_digest, recorded)
-            if given is not None:
-                return given
+        given = None if error else self._end_as_given(status, output, final_state_digest)
+        if given is not None:
+            return given
         fired: set[str] = set()
         refused = None
         try:
@@ -354,12 +349,13 @@ class Contract:
         recorded_output = b.finished_output(output, error_info(error), final_state_digest)
         return Ending(ask, output, error, recorded_output, frozenset(fired), status, refused)
 
-    def _finish_as_given(
-        self, status: str, output: Any, final_state_digest: str | None, recorded: Expected
-    ) -> Ending | None:
+    def _end_as_given(self, status: str, output: Any, final_state: str | None) -> Ending | None:
         """A run that ended without an error, its output as the code gave it, when what
         ``run.finished`` records of that digests as recorded (see :attr:`expected`)."""
-        recorded_output = b.finished_output(output, None, final_state_digest)
+        recorded = self._recorded(EventType.RUN_FINISHED)
+        if recorded is None:
+            return None
+        recorded_output = b.finished_output(output, None, final_state)
         try:
             digest = self.digest(recorded_output, path="output")
         except BlackboxError:
@@ -369,16 +365,13 @@ class Contract:
         ask = self._endings.get(status) or self._fixed_ask(
             self._endings, status, EventType.RUN_FINISHED, b.finished_input(status)
         )
-        ending = Ending(ask, output, None, recorded_output, _NOTHING_FIRED, status)
-        self._ending_checked = (ending, digest)
-        return ending
+        return Ending(ask, output, None, recorded_output, _NOTHING_FIRED, status, digest=digest)
 
     def output_digest(self, ending: Ending, *, version: int = b.TYPED_VERSION) -> str:
         """The digest ``run.finished`` records over how the run ended, in the shape of
         body ``version`` (version 1 recorded an error as its type and message alone)."""
-        checked = self._ending_checked
-        if checked is not None and checked[0] is ending:
-            return checked[1]  # taken as given: no error, so alike in every version
+        if ending.digest is not None:  # an end taken as given: no error, alike in every version
+            return ending.digest
         output = ending.recorded_output
         if version < b.TYPED_VERSION and output["error"] is not None:
             output = {**output, "error": b.plain_error(output["error"])}
