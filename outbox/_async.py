@@ -238,14 +238,15 @@ class AsyncRun(AsyncBoundaries):
 
     async def drive(self, entry: Callable[[AsyncRun, Any], Awaitable[T] | T], input: Any) -> T:
         """Run ``entry(self, input)`` (awaited when it is a coroutine) and finish the run
-        with its output or its error."""
+        with its output or its error (an interruption too: a cancelled task ends the run
+        ``failed``, and the cancellation goes on)."""
         self.core.placement.root()
         try:
             with in_force(self):
                 output = entry(self, input)
                 if inspect.isawaitable(output):
                     output = await output
-        except Exception as exc:
+        except BaseException as exc:  # an interruption too (Ctrl-C, a cancelled task)
             await self.finish(status="failed", error=exc)
             exc.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
             raise

@@ -270,12 +270,13 @@ class Run(Boundaries):
             take_out(self, self._in_force)
 
     def drive(self, entry: Callable[[Run, Any], T], input: Any) -> T:
-        """Run ``entry(self, input)`` and finish the run with its output or its error."""
+        """Run ``entry(self, input)`` and finish the run with its output or its error (an
+        interruption too: Ctrl-C ends the run ``failed``, and goes on)."""
         self.core.placement.root()
         try:
             with in_force(self):
                 output = entry(self, input)
-        except Exception as exc:
+        except BaseException as exc:  # an interruption too (Ctrl-C, a cancelled task)
             self.finish(status="failed", error=exc)
             exc.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
             raise

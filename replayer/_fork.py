@@ -603,8 +603,8 @@ class _Fork:
 
 
 def _ended(run: Run, exc: BaseException) -> None:
-    """End ``run`` failed with ``exc`` unless it ended already (an interruption:
-    ``drive()`` left it running)."""
+    """End ``run`` failed with ``exc`` unless it ended already (``drive()`` ends it, unless
+    writing the end failed)."""
     if not run.core.finished:
         run.finish(status="failed", error=exc)
 

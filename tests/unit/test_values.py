@@ -583,3 +583,46 @@ def test_the_async_recorder_records_typed_results_and_refuses_the_same_way() -> 
     assert json.loads(bodies[0]["result_json"]) == {"$type": "tuple", "items": [1, 2]}
     assert bodies[0]["result_codec"] == "tagged"
     assert bodies[1]["error"]["kind"] == "unserialisable_result"
+
+
+def test_a_run_interrupted_by_ctrl_c_ends_failed_and_the_interruption_goes_on() -> None:
+    def agent(run: AgentRun, _: Any) -> Any:
+        run.call("lookup", lambda: {"n": 1})
+        raise KeyboardInterrupt
+
+    recorder = MemoryRecorder()
+    with pytest.raises(KeyboardInterrupt) as raised:
+        recorder.record(agent, RunSnapshot(code_version="t"), agent_id="values")
+    assert any("(failed)" in note for note in raised.value.__notes__)
+    events = list(recorder.events)
+    assert events[-1].event_type == "run.finished"  # the run did not stay open
+    body = PayloadPipeline().unpack(events[-1])
+    assert body["status"] == "failed"
+    assert body["error"]["type"] == "KeyboardInterrupt"
+
+
+def test_a_cancelled_async_run_ends_failed_and_the_cancellation_goes_on() -> None:
+    started = asyncio.Event()
+
+    async def agent(run: AsyncRun, _: Any) -> Any:
+        await run.call("lookup", lambda: {"n": 1})
+        started.set()
+        await asyncio.sleep(3600)  # cancelled here
+        return {"n": 2}
+
+    recorder = AsyncMemoryRecorder()
+
+    async def main() -> None:
+        task = asyncio.create_task(
+            recorder.record(agent, RunSnapshot(code_version="t"), agent_id="values")
+        )
+        await asyncio.wait_for(started.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    events = list(recorder.events)
+    assert events[-1].event_type == "run.finished"
+    body = PayloadPipeline().unpack(events[-1])
+    assert (body["status"], body["error"]["type"]) == ("failed", "CancelledError")
