@@ -211,13 +211,12 @@ class RecordedLog:
         kind of boundary, other input)."""
         findings = self._findings
         if envelope is None or (envelope.event_type == _FINISHED and event_type != _FINISHED):
-            where = f" of branch {place.branch}" if place.branch else ""
             findings.diverge(
                 DivergenceKind.MISSING_EVENT,
                 self._turns.released + 1,
                 expected=NOTHING,
                 actual=asked(event_type, actual, ask),
-                detail=f"the recorded run has no more boundary events{where}",
+                detail=self._nothing_left(place.branch),
                 asked=None if ask is None else ask.input,
             )
         assert envelope is not None
@@ -327,6 +326,20 @@ class RecordedLog:
             return None
         self._bound[branch] = (best[1], best[0].sequence)
         return best[0], self._lanes[best[1]]
+
+    def _nothing_left(self, branch: int) -> str:
+        """Why a call of ``branch`` finds no recorded event: the run holds no more, or
+        only on other branches (the code crosses a boundary on another thread or task
+        than when it was recorded, or one the recording did not)."""
+        where = f" of branch {branch}" if branch else ""
+        other = self.left()
+        if other is None:
+            return f"the recorded run has no more boundary events{where}"
+        return (
+            f"the recorded run has no more boundary events{where or ' of the run itself'}; "
+            f"it still holds a {other.event_type} at sequence {other.sequence}, recorded on "
+            f"branch {branch_of(other.attributes)} (concurrent work)"
+        )
 
     def left(self) -> Envelope | None:
         """The earliest recorded boundary event nobody asked for."""

@@ -337,3 +337,19 @@ def test_a_run_the_code_now_ends_with_an_exception_says_so_at_the_raise() -> Non
     revealed = replay_run(events, raises, reveal_values=True)
     assert revealed.divergence is not None
     assert "inventory failed" in revealed.divergence.detail
+
+
+def test_a_call_the_run_itself_adds_before_its_children_names_what_the_run_still_holds() -> None:
+    async def children(run: Any, input: Any) -> Any:
+        found = await asyncio.gather(*(_child(run, item, 0.0) for item in input["items"]))
+        return {"found": found}
+
+    async def checks_first(run: Any, input: Any) -> Any:
+        await run.call("lookup", lookup, "first", 0.0)  # the run's own thread: branch 0
+        return await children(run, input)
+
+    events = _record(children, ["a1", "b22"], [0.0, 0.0])
+    assert all(e.attributes.get(BRANCH, "0") != "0" for e in events[1:-1])  # all children's
+    divergence = _diverged(replay_run(events, checks_first), DivergenceKind.MISSING_EVENT)
+    assert "no more boundary events of the run itself" in divergence.detail
+    assert "still holds a tool.call at sequence 2, recorded on branch 1" in divergence.detail
