@@ -6,6 +6,7 @@ import importlib
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from agent_blackbox.replayer._driver import AgentEntry, entry_problem
@@ -36,6 +37,13 @@ def load_entry(path: str) -> AgentEntry:
         raise UnknownAgent(
             f"{path!r} is not an entry point: give module:function, for example "
             "agent_blackbox.examples.ticket_agent:replay_entry"
+        )
+    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+        file = Path(module_name)
+        raise UnknownAgent(
+            f"{module_name!r} in {path!r} is a file, and an entry point names a module: "
+            f"give {file.stem}:{attribute} from the folder {str(file.parent)!r} (or with that "
+            "folder on PYTHONPATH)"
         )
     try:
         module = _imported(module_name)

@@ -273,6 +273,7 @@ def test_single_run_json_is_the_same_stream(cli: Any, runs: dict[str, Any]) -> N
         ("agent_blackbox.examples.ticket_agent:no_such_function", "has no 'no_such_function'"),
         ("agent_blackbox.examples.ticket_agent:CODE_VERSION", "not a function"),
         ("just-a-name", "give module:function"),
+        ("./agents/my_agent.py:entry", "give my_agent:entry from the folder 'agents'"),
     ],
 )
 def test_a_wrong_entry_point_exits_2_with_the_reason(
