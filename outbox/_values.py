@@ -522,7 +522,7 @@ def describe_error(
     ``args_json`` (canonical JSON of the typed arguments, or of what its converter
     records; left out when they cannot be recorded)."""
     cls = type(exc)
-    info = {"type": cls.__qualname__, "message": str(exc), "module": cls.__module__}
+    info = {"type": cls.__qualname__, "message": _message(exc), "module": cls.__module__}
     converter = converters.get(cls)
     try:
         args = converter.to_recorded(exc) if converter is not None else list(exc.args)
@@ -530,6 +530,21 @@ def describe_error(
     except NotSerialisable:
         pass  # the class and message are still worth recording
     return info
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, as text a body can hold: a lone surrogate (text decoded with
+    ``surrogateescape``, say) written as its escape, and an exception whose ``__str__``
+    raises named by its class, so the agent's own error is what is recorded and raised."""
+    try:
+        message = str(exc)
+    except Exception:  # its own __str__ failed
+        return f"<{type(exc).__qualname__}: the message could not be written>"
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError:
+        return message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return message
 
 
 def rebuild_error(

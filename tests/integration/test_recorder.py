@@ -263,3 +263,66 @@ def test_appends_lend_the_pool_its_connections_back_in_transaction_mode(
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM public.orders")).scalar_one() == 0
     assert [seq for seq, _ in _events(engine, run.run_id)] == [1, 2, 3, 4]
+
+
+def _status(engine: Engine, run_id: str) -> str | None:
+    with engine.connect() as conn:
+        found = conn.execute(
+            text("SELECT status FROM blackbox.runs WHERE run_id = :r"), {"r": run_id}
+        ).scalar_one_or_none()
+    return None if found is None else str(found)
+
+
+def test_a_nul_in_a_name_or_an_id_is_refused_as_a_value_not_as_an_outage(
+    engine: Engine, settings: Settings
+) -> None:
+    recorder = Recorder(engine, settings=settings)
+
+    def agent(run: Any, _: Any) -> str:
+        run.transition("a\x00b", state={})
+        return "ok"
+
+    with pytest.raises(NotSerialisable, match="NUL") as raised:
+        recorder.record(agent, RunSnapshot(code_version="n"), agent_id="nul", run_id="nul-state")
+    assert "reachable" not in str(raised.value)
+    assert _status(engine, "nul-state") == "failed"  # the run did not stay open
+    assert [t for _, t in _events(engine, "nul-state")] == ["run.started", "run.finished"]
+    for given in ({"agent_id": "a\x00b"}, {"agent_id": "nul", "subject_ids": ("s\x00",)}):
+        with pytest.raises(NotSerialisable, match="NUL"):
+            recorder.start_run(RunSnapshot(code_version="n"), run_id="nul-start", **given)
+        assert _status(engine, "nul-start") is None  # nothing was recorded
+
+
+def test_a_label_too_long_for_an_event_is_refused_before_anything_is_written(
+    engine: Engine, settings: Settings
+) -> None:
+    recorder = Recorder(engine, settings=settings)
+    snapshot = RunSnapshot(code_version="n")
+    refused = pytest.raises(NotSerialisable, match=r"^state\.transition\.to_state: the event")
+    with refused, recorder.start_run(snapshot, run_id="long", agent_id="a") as run:
+        run.transition("s" * 300_000, state={})
+    assert [t for _, t in _events(engine, "long")] == ["run.started", "run.finished"]
+    assert _status(engine, "long") == "failed"
+
+
+def test_an_error_whose_message_is_not_unicode_is_the_error_recorded_and_raised(
+    engine: Engine, settings: Settings
+) -> None:
+    recorder = Recorder(engine, settings=settings)
+
+    def tool() -> None:
+        raise ValueError(b"caf\xe9".decode("utf-8", "surrogateescape"))
+
+    def agent(run: Any, _: Any) -> str:
+        run.call("tool", tool)
+        return "ok"
+
+    with pytest.raises(ValueError, match="caf"):  # the agent's own error, not an encoding one
+        recorder.record(agent, RunSnapshot(code_version="n"), agent_id="u", run_id="surrogate")
+    assert _status(engine, "surrogate") == "failed"
+    with engine.connect() as conn:
+        data = conn.execute(
+            text("SELECT envelope FROM blackbox.outbox WHERE run_id = 'surrogate' AND sequence = 2")
+        ).scalar_one()
+    body = PayloadPipeline().unpack(EnvelopeCodec().decode(data))
+    assert body["error"]["message"] == "caf\\udce9"
