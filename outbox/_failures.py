@@ -8,12 +8,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
 
 from agent_blackbox.outbox._errors import (
     ConcurrentRunWriter,
     DatabaseUnavailable,
     MaybeRecorded,
+    NotSerialisable,
     RunNotActive,
     WriterRefused,
 )
@@ -34,9 +35,23 @@ _NOT_RUNNING = "55000"
 _IN_USE = "55006"
 
 
-def refusal(exc: DBAPIError) -> WriterRefused | RunNotActive | ConcurrentRunWriter | None:
-    """The writer's error for a refusal by the write functions (None: not a refusal)."""
+def refusal(
+    exc: DBAPIError,
+) -> WriterRefused | RunNotActive | ConcurrentRunWriter | NotSerialisable | None:
+    """The writer's error for a refusal by the write functions, or of a value Postgres
+    cannot store (None: not a refusal)."""
     code = getattr(exc.orig, "sqlstate", None)
+    if isinstance(exc, DataError) and (code is None or code.startswith("22")):
+        # The driver refused a parameter before sending it (no SQLSTATE), or the server
+        # refused a value: nothing was written, and trying again changes nothing.
+        return NotSerialisable(
+            "the event's ids and names",
+            f"Postgres cannot store one of them ({str(exc.orig).splitlines()[0]}); "
+            "nothing was recorded",
+            "Remove what it cannot hold (a NUL character) from the run's agent_id, "
+            "tenant_id, run_id, subject_ids or code_version, the state's name, or the "
+            "effect's name or idempotency key.",
+        )
     if code not in (_NOT_ALLOWED, _NOT_RUNNING, _IN_USE):
         return None
     diagnostic = getattr(exc.orig, "diag", None)
