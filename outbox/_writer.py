@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from agent_blackbox.outbox._boundaries import Crossing
-from agent_blackbox.outbox._errors import PayloadTooLarge
+from agent_blackbox.outbox._errors import NotSerialisable, PayloadTooLarge
 from agent_blackbox.outbox._llm import truncated_llm_call
 from agent_blackbox.outbox._placement import placed_attributes
 from agent_blackbox.outbox._tracing import current_trace
@@ -39,6 +39,12 @@ ceiling, canonical) -> Crossing``; its input and output (so its digests) must st
 same, and the digests it writes into the body are taken over ``canonical``."""
 
 _TRUNCATE: dict[str, Truncate] = {EventType.LLM_CALL: truncated_llm_call}
+
+MAX_ENVELOPE_BYTES = 256 * 1024
+"""The most an encoded envelope may take: a body over ``blob_threshold_bytes`` is stored
+out of line, so what is left is ids, names and attributes, a few hundred bytes as a
+rule. Far under the topic's message size (a megabyte by default), so that no event the
+recorder writes is one the relay cannot send."""
 """Bodies that are recorded truncated over the ceiling rather than refused: a model
 reply is paid for once it came back."""
 
@@ -189,7 +195,10 @@ class EventFactory:
         status = (
             crossing.attributes.get("status") if crossing.event_type == "run.finished" else None
         )
-        return PreparedEvent(envelope, self._codec.encode(envelope), blob, status)
+        encoded = self._codec.encode(envelope)
+        if len(encoded) > MAX_ENVELOPE_BYTES:
+            raise _too_large(envelope, len(encoded))
+        return PreparedEvent(envelope, encoded, blob, status)
 
     def _packed(
         self, crossing: Crossing, context: PayloadContext, canonical: Canonicalisation
@@ -215,6 +224,21 @@ class EventFactory:
 def new_credential() -> bytes:
     """A fresh writer credential for a run."""
     return os.urandom(CREDENTIAL_BYTES)
+
+
+def _too_large(envelope: Envelope, size: int) -> NotSerialisable:
+    """The refusal of an event whose envelope is over :data:`MAX_ENVELOPE_BYTES`, naming
+    its longest label (a state's, a tool's, a model's name; an id)."""
+    labels = {**envelope.attributes, "agent_id": envelope.agent_id, "run_id": envelope.run_id}
+    labels.update((f"subject_ids[{i}]", s) for i, s in enumerate(envelope.subject_ids))
+    name, value = max(labels.items(), key=lambda item: len(item[1]))
+    return NotSerialisable(
+        f"{envelope.event_type}.{name}",
+        f"the event would take {size:,} bytes, over the {MAX_ENVELOPE_BYTES:,} an event "
+        f"may (this label alone is {len(value):,} characters)",
+        "Names and ids are labels: put long text in the call's arguments, result or state, "
+        "which are stored as the event's body.",
+    )
 
 
 CREDENTIAL_BYTES = 32

@@ -89,7 +89,8 @@ def relay_command(
             BlackboxError(
                 f"the outbox could not be drained: nothing was published for "
                 f"{watch.stuck:.0f} s and the relay never found its shards empty (see the "
-                "warnings above: is the database or Kafka reachable?)"
+                "errors and warnings above: an event the producer refused, or the database "
+                "or Kafka out of reach)"
             ),
         )
 

@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from confluent_kafka import KafkaException
+
 from agent_blackbox.broker import new_producer, producer_config
 from agent_blackbox.outbox.relay._batch import Batch, Row
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
@@ -85,6 +87,8 @@ class Publisher:
         self._window: deque[Batch] = deque()
         """Batches produced and not yet settled, oldest first."""
         self._order = RunOrder()
+        self._refused_runs: set[str] = set()
+        """Runs a message of which the producer refused (said once each)."""
         self._leases: Leases | None = None
         """The leases the last batch was produced under; held rows are produced under
         them too, when their turn comes."""
@@ -144,6 +148,10 @@ class Publisher:
                     produce(topic, row[3], key, on_delivery=delivered, headers=headers)
                 except BufferError:
                     self._produce_when_room(topic, row, headers, batch)
+                except KafkaException as exc:
+                    self._refused(row, batch, exc)
+                    produced += 1
+                    continue
                 open_runs[key] = None  # its run's next row waits for the report
                 produced += 1
                 if clock() >= until:
@@ -263,12 +271,34 @@ class Publisher:
                     produce(topic, row[3], row[1], on_delivery=batch.delivered, headers=headers)
                 except BufferError:
                     self._produce_when_room(topic, row, headers, batch)
+                except KafkaException as exc:
+                    self._refused(row, batch, exc)
                 # Its run stays open: the acknowledgement that released it left it so.
                 if time.monotonic() >= until and leases is not None:
                     until = leases.deadline.produce_until  # renewed meanwhile, or not
                     if time.monotonic() >= until:
                         late = True  # as in ``publish``: it stood still before the produce
                         self._produced_late()
+
+    def _refused(self, row: Row, batch: Batch, exc: KafkaException) -> None:
+        """The producer refused ``row``'s message outright (larger than the topic takes,
+        say): it stays in the outbox and its run is stopped, so the run's order holds
+        and every other run goes on; said once per run, as an error to act on."""
+        batch.drop(row)
+        self._order.stop(row[1])
+        run = row[1].decode("utf-8", "replace")
+        if run not in self._refused_runs:
+            self._refused_runs.add(run)
+            log.error(
+                "the producer refused event %s of run %s (%s, %d bytes): the run's events "
+                "stay in the outbox and wait, the other runs' go on. An event recorded "
+                "before its size was capped: to send it, raise the topic's and the "
+                "producer's message size (message.max.bytes)",
+                row[2].decode("utf-8", "replace") if isinstance(row[2], bytes) else row[2],
+                run,
+                exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else exc,
+                len(row[3]),
+            )
 
     def _produced_late(self) -> None:
         """A message was handed to the producer after its lease's last moment for it

@@ -16,7 +16,8 @@ import pytest
 from sqlalchemy import Engine, func, select, text
 
 from agent_blackbox.consumers import integrity_violations
-from agent_blackbox.outbox import Recorder
+from agent_blackbox.outbox import Recorder, RunSnapshot
+from agent_blackbox.outbox import _writer as writer
 from agent_blackbox.outbox.relay import Relay, RelayOptions
 from agent_blackbox.schemas import Settings
 from agent_blackbox.stack import LocalKafka
@@ -146,3 +147,45 @@ def test_broker_outage_keeps_agents_committing_and_drains_on_return(
         worker.join(timeout=30)
     assert not worker.is_alive()
     _assert_complete_and_ordered(settings, before + during)
+
+
+def test_an_event_the_producer_refuses_waits_with_its_run_and_the_other_runs_go_on(
+    settings: Settings, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event larger than the topic takes (recorded before the recorder capped an
+    envelope's size): the relay leaves it and its run's later events in the outbox,
+    says so, and relays every other run; it does not stop."""
+    recorder = Recorder(engine, settings=settings)
+    monkeypatch.setattr(writer, "MAX_ENVELOPE_BYTES", 8 * 1024 * 1024)  # as before the cap
+    with recorder.start_run(RunSnapshot(code_version="big"), agent_id="big") as run:
+        run.transition("s" * 2_000_000, state={})  # a 2 MB label: over the producer's 1 MB
+        run.transition("after", state={})
+    monkeypatch.undo()
+    big = run.run_id
+    others = record_ticket_runs(recorder, ticket_ids(5))
+    relay = Relay(engine, settings=settings, options=RelayOptions(batch_size=100, idle_wait_s=0.2))
+    stop = threading.Event()
+    worker = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    worker.start()
+
+    def waiting() -> set[str]:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT DISTINCT run_id FROM blackbox.outbox")).scalars()
+            return set(rows)
+
+    try:
+        eventually(lambda: waiting() == {big}, timeout=60, what="every other run relayed")
+        assert worker.is_alive()
+        with engine.connect() as conn:
+            left = conn.execute(
+                text("SELECT sequence FROM blackbox.outbox ORDER BY sequence")
+            ).scalars()
+            assert list(left) == [2, 3, 4]  # the big event, and its run's after it
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    assert not worker.is_alive()
+    messages = read_topic(
+        settings.kafka_bootstrap, settings.topic, expect=1 + sum(r.events for r in others)
+    )
+    assert [e.sequence for _, _, e in messages if e.run_id == big] == [1]
