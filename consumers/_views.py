@@ -298,7 +298,9 @@ def views_screen(envelope: Envelope) -> str | None:
             *(envelope.event_id, envelope.run_id, envelope.event_type, envelope.tenant_id),
             *(envelope.agent_id, envelope.input_digest, envelope.output_digest),
             *(envelope.chain_hash, envelope.key_id or "", envelope.payload_ref or ""),
+            *envelope.attributes,
             *envelope.attributes.values(),
+            *envelope.subject_ids,
         )
     )
     if "\x00" not in every:
@@ -306,7 +308,11 @@ def views_screen(envelope: Envelope) -> str | None:
     for name, value in _texts(envelope):
         if value is not None and "\x00" in value:
             return f"envelope field {name} contains a NUL character"
-    return None
+    # The attributes are written whole (a tool's, a model's name: any of them).
+    for key, value in envelope.attributes.items():
+        if "\x00" in key or "\x00" in value:
+            return f"envelope attribute {key!r} contains a NUL character"
+    return "an envelope subject id contains a NUL character"
 
 
 def split_repeats(records: Sequence[Delivered]) -> tuple[list[Delivered], list[Delivered]]:

@@ -168,6 +168,9 @@ def test_screen_accepts_an_ordinary_envelope() -> None:
         ({"sequence": 2**63}, "outside"),
         ({"run_id": "r\x00"}, "run_id contains a NUL"),
         ({"attributes": {"status": "ok\x00"}}, "attributes.status"),
+        ({"attributes": {"tool": "t\x00x"}}, "attribute 'tool'"),
+        ({"attributes": {"k\x00": "v"}}, "attribute 'k\\x00'"),
+        ({"subject_ids": ("s\x00",)}, "subject id"),
     ],
 )
 def test_screen_rejects_what_postgres_would_refuse(overrides: dict[str, Any], reason: str) -> None:
