@@ -253,6 +253,8 @@ class AsyncRun(AsyncBoundaries):
         try:
             await self.finish(output=output)
         except NotSerialisable as refused:  # the output: the run was ended failed with it
+            if not self.core.finished:  # a call settled at the end: end it failed with that
+                await self.finish(status="failed", error=refused)
             refused.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
             raise
         return output

@@ -283,6 +283,8 @@ class Run(Boundaries):
         try:
             self.finish(output=output)
         except NotSerialisable as refused:  # the output: the run was ended failed with it
+            if not self.core.finished:  # a call settled at the end: end it failed with that
+                self.finish(status="failed", error=refused)
             refused.add_note(f"agent-blackbox: recorded as run {self.run_id} (failed)")
             raise
         return output

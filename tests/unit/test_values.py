@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, cast
 import pydantic
 import pytest
 
+import agent_blackbox as bb
 from agent_blackbox.outbox import (
     DEFAULT_CONVERTERS,
     AgentRun,
@@ -626,3 +627,24 @@ def test_a_cancelled_async_run_ends_failed_and_the_cancellation_goes_on() -> Non
     assert events[-1].event_type == "run.finished"
     body = PayloadPipeline().unpack(events[-1])
     assert (body["status"], body["error"]["type"]) == ("failed", "CancelledError")
+
+
+def test_a_call_that_cannot_be_recorded_found_at_the_end_ends_the_run_failed() -> None:
+    """A tool's result recorded only when the run ends (an async generator's, which the
+    agent iterated instead of awaiting) cannot be recorded: the run still ends."""
+
+    @bb.tool
+    async def numbers(n: int) -> Any:
+        for i in range(n):
+            yield i
+
+    async def agent(run: AsyncRun, _: Any) -> Any:
+        return [i async for i in numbers(3)]
+
+    recorder = AsyncMemoryRecorder()
+    with pytest.raises(NotSerialisable, match=r"numbers\.result") as raised:
+        asyncio.run(recorder.record(agent, RunSnapshot(code_version="t"), agent_id="values"))
+    assert any("(failed)" in note for note in raised.value.__notes__)
+    events = list(recorder.events)
+    assert events[-1].event_type == "run.finished"
+    assert PayloadPipeline().unpack(events[-1])["status"] == "failed"
