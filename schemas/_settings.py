@@ -194,8 +194,25 @@ class Settings:
             )
         # A primary-and-standby URL (h1:p1,h2:p2) becomes the form SQLAlchemy parses.
         object.__setattr__(self, "database_url", normalize_database_url(self.database_url))
+        _check_database_url(self.database_url)
         on = flag("BLACKBOX_LLM_REQUEST_REFERENCES", self.llm_request_references)
         object.__setattr__(self, "llm_request_references", "on" if on else "off")
+
+
+def _check_database_url(url: str) -> None:
+    """Refuse a database URL no PostgreSQL driver takes, before a command reaches for it
+    (its password is never repeated).
+
+    Raises:
+        ValueError: saying what the URL should look like.
+    """
+    scheme, separator, _ = url.partition("://")
+    if not url or (separator and scheme.startswith("postgresql")):
+        return
+    what = f"begins with {scheme}://" if separator else "is not a URL"
+    raise ValueError(
+        f"BLACKBOX_DATABASE_URL {what}: write postgresql+psycopg://USER:PASSWORD@HOST:5432/DATABASE"
+    )
 
 
 def _classes(listed: str) -> set[str]:

@@ -247,3 +247,18 @@ def test_a_command_whose_database_cannot_be_reached_says_so_and_exits_2(
     assert "cannot reach the database" in result.output
     assert "BLACKBOX_DATABASE_URL" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [("not a url", "is not a URL"), ("postgres://u:secret@h/db", "begins with postgres://")],
+)
+def test_a_database_url_no_driver_takes_is_a_usage_error_without_its_password(
+    url: str, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BLACKBOX_DATABASE_URL", url)
+    result = CliRunner().invoke(main, ["runs"])
+    assert result.exit_code == 2, result.output
+    assert said in result.output
+    assert "postgresql+psycopg://" in result.output
+    assert "secret" not in result.output
