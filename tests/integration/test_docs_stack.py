@@ -25,7 +25,6 @@ def test_page_runs_on_the_stack(page: Page, settings: Settings, tmp_path: Path) 
         "BLACKBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "BLACKBOX_TOPIC": settings.topic,
         "BLACKBOX_CONSUMER_GROUP": settings.consumer_group,
-        "BLACKBOX_PURPOSE": "documentation test",
     }
     with model_servers() as providers:
         run_page(
