@@ -133,6 +133,16 @@ def could_not_run(console: Console, exc: BlackboxError) -> NoReturn:
     sys.exit(2)
 
 
+def views_unread(exc: Exception, what: str) -> BlackboxError:
+    """Why ``what`` (a set of views) could not be read: the driver's first line, and what
+    to check, rather than the driver's whole message with its SQL."""
+    cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    return BlackboxError(
+        f"cannot read {what}: {cause}; check BLACKBOX_DATABASE_URL, that Postgres is up "
+        "(blackbox stack up, locally) and that the views were built (blackbox consume)"
+    )
+
+
 @contextmanager
 def stop_on_signals(stop: threading.Event) -> Iterator[None]:
     """Set ``stop`` on SIGTERM/SIGINT (in-flight work finishes first: a view batch is

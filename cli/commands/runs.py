@@ -10,7 +10,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.cli._wiring import wired
-from agent_blackbox.cli._workers import could_not_run
+from agent_blackbox.cli._workers import could_not_run, views_unread
 from agent_blackbox.consumers import (
     ListedRun,
     RunFilter,
@@ -21,7 +21,7 @@ from agent_blackbox.consumers import (
     parse_search,
     with_search,
 )
-from agent_blackbox.schemas import BlackboxError, moment, safe_console, safe_text
+from agent_blackbox.schemas import moment, safe_console, safe_text
 
 
 @click.command("runs")
@@ -72,7 +72,7 @@ def runs_command(
         with engine.connect() as conn:
             page = list_runs_txn(conn, where, limit=limit)
     except SQLAlchemyError as exc:
-        could_not_run(console, BlackboxError(f"cannot read the views: {exc}"))
+        could_not_run(console, views_unread(exc, "the views"))
     finally:
         engine.dispose()
     if as_json:

@@ -12,7 +12,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.cli._wiring import wired
-from agent_blackbox.cli._workers import could_not_run
+from agent_blackbox.cli._workers import could_not_run, views_unread
 from agent_blackbox.consumers import (
     GROUPINGS,
     UsageRow,
@@ -20,7 +20,7 @@ from agent_blackbox.consumers import (
     dollars_text,
     llm_usage_txn,
 )
-from agent_blackbox.schemas import BlackboxError, moment, safe_console, safe_text
+from agent_blackbox.schemas import moment, safe_console, safe_text
 
 
 def _since(raw: str) -> datetime:
@@ -68,7 +68,7 @@ def stats_command(by: str, since_raw: str, as_json: bool, include_unverified: bo
         with engine.connect() as conn:
             rows = llm_usage_txn(conn, by=by, since=since, include_unverified=include_unverified)
     except SQLAlchemyError as exc:
-        could_not_run(console, BlackboxError(f"cannot read the analytics views: {exc}"))
+        could_not_run(console, views_unread(exc, "the analytics views"))
     finally:
         engine.dispose()
     if as_json:

@@ -262,3 +262,14 @@ def test_a_database_url_no_driver_takes_is_a_usage_error_without_its_password(
     assert said in result.output
     assert "postgresql+psycopg://" in result.output
     assert "secret" not in result.output
+
+
+@pytest.mark.parametrize("command", [["runs"], ["stats"]])
+def test_views_out_of_reach_say_what_to_check_in_a_line(
+    command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BLACKBOX_DATABASE_URL", NOWHERE)
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 2, result.output
+    assert "check BLACKBOX_DATABASE_URL" in result.output
+    assert "sqlalche.me" not in result.output
