@@ -47,7 +47,7 @@ def load_entry(path: str) -> AgentEntry:
         )
     try:
         module = _imported(module_name)
-    except Exception as exc:  # the agent's module ran its own code: anything can fail
+    except (Exception, SystemExit) as exc:  # the agent's module ran its own code
         raise UnknownAgent(
             f"cannot import {module_name!r} for entry point {path!r}: {type(exc).__name__}: {exc}"
         ) from exc

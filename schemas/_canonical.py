@@ -274,7 +274,8 @@ def too_deep(path: str) -> NotSerialisable:
     shown = path if len(path) <= 2 * _PATH_SHOWN else f"{path[:_PATH_SHOWN]}…{path[-_PATH_SHOWN:]}"
     return NotSerialisable(
         shown,
-        f"lists and mappings nest more than {MAX_VALUE_DEPTH} levels deep here",
+        f"lists and mappings nest more than {MAX_VALUE_DEPTH} levels deep here (or one "
+        "holds itself)",
         "Flatten the value, or record a summary of it (a count, a digest, the first levels), "
         "before it crosses a recorded boundary.",
     )

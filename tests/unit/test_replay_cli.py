@@ -29,6 +29,7 @@ from agent_blackbox.schemas import Envelope, Settings
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "replay-json.md"
 TICKET_ENTRY = "agent_blackbox.examples.ticket_agent:replay_entry"
 BROKEN_MODULE = "blackbox_test_agent_that_fails_to_import"
+EXITING_MODULE = "blackbox_test_agent_that_exits_on_import"
 
 
 def mutant_entry(run: AgentRun, input: Any) -> Any:
@@ -83,6 +84,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, runs: dict[str, Any]) -> Any:
     (tmp_path / f"{BROKEN_MODULE}.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / f"{EXITING_MODULE}.py").write_text("raise SystemExit(3)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     env = {
         "BLACKBOX_PURPOSE": "unit test of the replay command",
@@ -270,6 +272,7 @@ def test_single_run_json_is_the_same_stream(cli: Any, runs: dict[str, Any]) -> N
     [
         ("no_such_module_anywhere:entry", "ModuleNotFoundError: No module named"),
         (f"{BROKEN_MODULE}:entry", "RuntimeError: boom at import"),
+        (f"{EXITING_MODULE}:entry", "SystemExit: 3"),
         ("agent_blackbox.examples.ticket_agent:no_such_function", "has no 'no_such_function'"),
         ("agent_blackbox.examples.ticket_agent:CODE_VERSION", "not a function"),
         ("just-a-name", "give module:function"),
