@@ -19,6 +19,8 @@ it opens is not a hole.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
@@ -31,12 +33,17 @@ __all__ = [
     "in_crossing",
     "in_force",
     "leave_crossing",
+    "live_runs",
     "put_in_force",
     "take_out",
 ]
 
 _RUN: ContextVar[Any] = ContextVar("blackbox_run", default=None)
 _CROSSING: ContextVar[bool] = ContextVar("blackbox_crossing", default=False)
+_PUT: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+"""The runs in force in this process, each with how many contexts put it in force and
+have not taken it out yet (see :func:`live_runs`)."""
+_COUNTING = threading.Lock()
 
 
 def current_run() -> Any | None:
@@ -55,9 +62,22 @@ def _finished(run: Any) -> bool:
     return bool(getattr(core, "finished", False))
 
 
+def live_runs() -> list[Any]:
+    """The runs in force somewhere in this process and not finished: where a crossing
+    found no run in its own context, whether one was meant (a thread that did not carry
+    the run's context over)."""
+    return [run for run, count in list(_PUT.items()) if count > 0 and not _finished(run)]
+
+
+def _counted(run: Any, step: int) -> None:
+    with _COUNTING:
+        _PUT[run] = _PUT.get(run, 0) + step
+
+
 def put_in_force(run: Any) -> Token[Any]:
     """Make ``run`` the run in force in the calling context; :func:`take_out` with the
     token it gives ends that."""
+    _counted(run, 1)
     return _RUN.set(run)
 
 
@@ -67,6 +87,7 @@ def take_out(run: Any, token: Token[Any] | None) -> None:
     by another thread), nothing changes there: a finished run is never in force."""
     if token is None or _RUN.get() is not run:
         return
+    _counted(run, -1)
     try:
         _RUN.reset(token)
     except ValueError:  # the token belongs to another context
@@ -76,11 +97,13 @@ def take_out(run: Any, token: Token[Any] | None) -> None:
 @contextmanager
 def in_force(run: Any) -> Iterator[None]:
     """``run`` is the run in force inside the block."""
+    _counted(run, 1)
     token = _RUN.set(run)
     try:
         yield
     finally:
         _RUN.reset(token)
+        _counted(run, -1)
 
 
 def in_crossing() -> bool:

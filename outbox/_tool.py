@@ -20,10 +20,13 @@ import asyncio
 import functools
 import inspect
 import time
+import warnings
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar, cast, overload
 
-from agent_blackbox.outbox._context import current_run, in_crossing
+from agent_blackbox.outbox._context import current_run, in_crossing, live_runs
+from agent_blackbox.outbox._errors import RunNotActive
+from agent_blackbox.outbox._network import UnrecordedCallWarning
 
 __all__ = ["tool"]
 
@@ -98,9 +101,48 @@ def _is_context(value: Any) -> bool:
     return name in _CONTEXT_NAMES or name.endswith(_CONTEXT_SUFFIXES)
 
 
-def _run_here() -> Any | None:
+def _run_here(name: str) -> Any | None:
     """The run a tool call belongs to, or None for a plain call."""
-    return None if in_crossing() else current_run()
+    if in_crossing():
+        return None
+    run = current_run()
+    if run is None:
+        _outside_runs(name)
+    return run
+
+
+_WARNED: set[str] = set()
+
+
+def _outside_runs(name: str) -> None:
+    """A tool called where no run is in force while runs are live in this process: most
+    likely a thread that did not carry the run's context over (a ``ThreadPoolExecutor``'s).
+    A recording run goes on without the call, said once per tool; a replay refuses it,
+    which would otherwise run the tool for real.
+
+    Raises:
+        RunNotActive: a replay is live.
+    """
+    live = live_runs()
+    if not live:
+        return
+    advice = (
+        "a thread that does not carry the run's context (a ThreadPoolExecutor's): submit the "
+        "work as pool.submit(contextvars.copy_context().run, tool, ...), or call run.call there"
+    )
+    if any(getattr(run, "replaying", False) for run in live):
+        raise RunNotActive(
+            f"tool {name!r} was called where no run is in force while a run is replayed, and "
+            f"replay does not run tools for real: {advice}"
+        )
+    if name not in _WARNED:
+        _WARNED.add(name)
+        warnings.warn(
+            f"tool {name!r} was called where no run is in force while a run records; it is "
+            f"not recorded: {advice}",
+            UnrecordedCallWarning,
+            stacklevel=4,
+        )
 
 
 def _on_its_loop(run: Any) -> bool:
@@ -115,7 +157,7 @@ def _since(started: float) -> float:
 def _sync_tool(function: Callable[..., Any], name: str, arguments: _Arguments) -> Any:
     @functools.wraps(function)
     def recorded_tool(*args: Any, **kwargs: Any) -> Any:
-        run = _run_here()
+        run = _run_here(name)
         if run is None:
             return function(*args, **kwargs)
         recorded = arguments.of(args, kwargs)
@@ -173,7 +215,7 @@ def _keep_failure(run: Any, error: Exception | None, task: asyncio.Task[Any]) ->
 def _async_tool(function: Callable[..., Any], name: str, arguments: _Arguments) -> Any:
     @functools.wraps(function)
     async def recorded_tool(*args: Any, **kwargs: Any) -> Any:
-        run = _run_here()
+        run = _run_here(name)
         if run is None:
             return await function(*args, **kwargs)
         recorded = arguments.of(args, kwargs)

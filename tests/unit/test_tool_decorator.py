@@ -6,9 +6,11 @@ a framework's executor thread), and that replay answers from the log without cal
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +18,12 @@ import openai
 import pytest
 
 import agent_blackbox as bb
-from agent_blackbox.outbox import AsyncMemoryRecorder, MemoryRecorder, RunSnapshot
+from agent_blackbox.outbox import (
+    AsyncMemoryRecorder,
+    MemoryRecorder,
+    RunSnapshot,
+    UnrecordedCallWarning,
+)
 from agent_blackbox.replayer import replay_run
 from agent_blackbox.schemas import Envelope, PayloadPipeline
 from tests.integration.frameworks._harness import instrumented
@@ -247,3 +254,38 @@ def test_a_model_call_inside_a_tool_is_the_tools_and_not_recorded_twice() -> Non
         assert [e.event_type for e in events] == ["run.started", "tool.call", "run.finished"]
         replays_without_calling(events, entry)
         assert len(server.requests) == 1  # replay asked neither the tool nor the model
+
+
+def test_a_tool_in_a_thread_without_the_runs_context_is_said_and_never_run_by_replay() -> None:
+    """A pool thread does not carry the run's context: recording says the tool went
+    unrecorded, and replay refuses to run it for real; a copy of the context records it."""
+    sent: list[int] = []
+
+    @bb.tool
+    def send_mail(i: int) -> dict[str, int]:
+        sent.append(i)
+        return {"sent": i}
+
+    def agent(run: Any, n: int) -> list[int]:
+        with ThreadPoolExecutor(2) as pool:
+            return [r["sent"] for r in pool.map(send_mail, range(n))]
+
+    recorder = MemoryRecorder()
+    with pytest.warns(UnrecordedCallWarning, match="'send_mail' was called where no run"):
+        recorder.record(agent, RunSnapshot(code_version="t", input=2), agent_id="pool")
+    assert sent == [0, 1]
+    assert not any(e.event_type == "tool.call" for e in recorder.events)
+    report = replay_run(recorder.events, agent)
+    assert not report.passed
+    assert sent == [0, 1]  # replay ran no tool for real
+
+    def carried(run: Any, n: int) -> list[int]:
+        with ThreadPoolExecutor(2) as pool:
+            calls = [pool.submit(contextvars.copy_context().run, send_mail, i) for i in range(n)]
+            return [call.result()["sent"] for call in calls]
+
+    recorder = MemoryRecorder()
+    recorder.record(carried, RunSnapshot(code_version="t", input=2), agent_id="pool")
+    assert sum(e.event_type == "tool.call" for e in recorder.events) == 2
+    assert replay_run(recorder.events, carried).passed
+    assert sent == [0, 1, 0, 1]
