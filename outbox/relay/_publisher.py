@@ -89,6 +89,8 @@ class Publisher:
         self._order = RunOrder()
         self._refused_runs: set[str] = set()
         """Runs a message of which the producer refused (said once each)."""
+        self.refusals = 0
+        """Messages the producer refused outright, each time it did."""
         self._leases: Leases | None = None
         """The leases the last batch was produced under; held rows are produced under
         them too, when their turn comes."""
@@ -284,6 +286,7 @@ class Publisher:
         """The producer refused ``row``'s message outright (larger than the topic takes,
         say): it stays in the outbox and its run is stopped, so the run's order holds
         and every other run goes on; said once per run, as an error to act on."""
+        self.refusals += 1
         batch.drop(row)
         self._order.stop(row[1])
         run = row[1].decode("utf-8", "replace")

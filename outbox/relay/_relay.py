@@ -169,6 +169,7 @@ class Relay:
             read_ahead=options.pipeline_batches > 1,
             idle_ms=timing.message_timeout_ms,
         )
+        self._publisher = publisher
         self._pipeline = BatchPipeline(
             self.settings,
             reader=reader,
@@ -236,8 +237,13 @@ class Relay:
         backoff = Backoff()
         while not stop.is_set():
             refused, timed_out = self.failed_deliveries, self.timed_out
+            refusals, published = self._publisher.refusals, self.published
             try:
                 if self.drain_once(stop) == 0 or self._pipeline.caught_up:
+                    self._wait_for_work(stop)
+                elif self._publisher.refusals > refusals and self.published == published:
+                    # Left only rows the producer refuses each time: read again at a
+                    # writer's NOTIFY or the polling interval, not at once.
                     self._wait_for_work(stop)
             except (SQLAlchemyError, KafkaUnavailable) as exc:
                 if refusal := permission_refused(exc):
