@@ -41,10 +41,10 @@ same, and the digests it writes into the body are taken over ``canonical``."""
 _TRUNCATE: dict[str, Truncate] = {EventType.LLM_CALL: truncated_llm_call}
 
 MAX_ENVELOPE_BYTES = 256 * 1024
-"""The most an encoded envelope may take: a body over ``blob_threshold_bytes`` is stored
-out of line, so what is left is ids, names and attributes, a few hundred bytes as a
-rule. Far under the topic's message size (a megabyte by default), so that no event the
-recorder writes is one the relay cannot send."""
+"""The most an encoded envelope may take besides its body (which goes out of line past
+``blob_threshold_bytes``): ids, names and attributes, a few hundred bytes as a rule. Far
+under the topic's message size (a megabyte by default), so that no label makes an event
+the relay cannot send."""
 """Bodies that are recorded truncated over the ceiling rather than refused: a model
 reply is paid for once it came back."""
 
@@ -196,8 +196,8 @@ class EventFactory:
             crossing.attributes.get("status") if crossing.event_type == "run.finished" else None
         )
         encoded = self._codec.encode(envelope)
-        if len(encoded) > MAX_ENVELOPE_BYTES:
-            raise _too_large(envelope, len(encoded))
+        if (labels := len(encoded) - len(payload or b"")) > MAX_ENVELOPE_BYTES:
+            raise _too_large(envelope, labels)
         return PreparedEvent(envelope, encoded, blob, status)
 
     def _packed(
@@ -234,8 +234,8 @@ def _too_large(envelope: Envelope, size: int) -> NotSerialisable:
     name, value = max(labels.items(), key=lambda item: len(item[1]))
     return NotSerialisable(
         f"{envelope.event_type}.{name}",
-        f"the event would take {size:,} bytes, over the {MAX_ENVELOPE_BYTES:,} an event "
-        f"may (this label alone is {len(value):,} characters)",
+        f"the event's ids, names and attributes would take {size:,} bytes, over the "
+        f"{MAX_ENVELOPE_BYTES:,} they may (this label alone is {len(value):,} characters)",
         "Names and ids are labels: put long text in the call's arguments, result or state, "
         "which are stored as the event's body.",
     )

@@ -9,6 +9,7 @@ import dataclasses
 import enum
 import json
 import math
+import secrets
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, time, timedelta, timezone
@@ -37,7 +38,13 @@ from agent_blackbox.outbox import (
 )
 from agent_blackbox.replayer import ReplayReport, read_archive, replay_run
 from agent_blackbox.replayer._fork import RecordedTools, parent_snapshot
-from agent_blackbox.schemas import BodyReader, Envelope, MigratorRegistry, PayloadPipeline
+from agent_blackbox.schemas import (
+    BodyReader,
+    Envelope,
+    MigratorRegistry,
+    PayloadPipeline,
+    Settings,
+)
 
 
 class Colour(enum.Enum):
@@ -648,3 +655,18 @@ def test_a_call_that_cannot_be_recorded_found_at_the_end_ends_the_run_failed() -
     events = list(recorder.events)
     assert events[-1].event_type == "run.finished"
     assert PayloadPipeline().unpack(events[-1])["status"] == "failed"
+
+
+def test_a_label_too_long_is_refused_and_a_big_body_is_not_counted_as_one() -> None:
+    def agent(run: AgentRun, size: int) -> Any:
+        text = secrets.token_urlsafe(size)  # a body zstd cannot shrink under 256 KiB
+        run.call("lookup", lambda: {"text": text})  # inline: under its threshold
+        run.transition("s" * 300_000, state={})  # a label
+        return "ok"
+
+    recorder = MemoryRecorder(settings=Settings(blob_threshold_bytes=2 * 1024 * 1024))
+    with pytest.raises(NotSerialisable, match=r"^state\.transition\.to_state: the event's ids"):
+        recorder.record(agent, RunSnapshot(code_version="t", input=400_000), agent_id="labels")
+    types = [e.event_type for e in recorder.events]
+    assert types == ["run.started", "tool.call", "run.finished"]  # the big body went in
+    assert len(recorder.events[1].payload or b"") > 256 * 1024  # inline
