@@ -133,13 +133,18 @@ def could_not_run(console: Console, exc: BlackboxError) -> NoReturn:
     sys.exit(2)
 
 
+def driver_cause(exc: Exception) -> str:
+    """The first line of what the database driver said of ``exc`` (SQLAlchemy's wrapper
+    goes on with the SQL and a link)."""
+    return str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+
+
 def views_unread(exc: Exception, what: str) -> BlackboxError:
     """Why ``what`` (a set of views) could not be read: the driver's first line, and what
     to check, rather than the driver's whole message with its SQL."""
-    cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
     return BlackboxError(
-        f"cannot read {what}: {cause}; check BLACKBOX_DATABASE_URL, that Postgres is up "
-        "(blackbox stack up, locally) and that the views were built (blackbox consume)"
+        f"cannot read {what}: {driver_cause(exc)}; check BLACKBOX_DATABASE_URL, that Postgres "
+        "is up (blackbox stack up, locally) and that the views were built (blackbox consume)"
     )
 
 

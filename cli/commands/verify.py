@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.cli._wiring import wired
+from agent_blackbox.cli._workers import driver_cause
 from agent_blackbox.outbox.storage import PostgresBlobs, pending_events_txn, run_heads_txn
 from agent_blackbox.replayer import (
     AssembledRun,
@@ -338,7 +339,7 @@ class _Check:
             with self._engine.connect() as conn:
                 head = run_heads_txn(conn, [run_id]).get(run_id)
         except SQLAlchemyError as exc:
-            cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            cause = driver_cause(exc)
             raise BlackboxError(
                 f"cannot read blackbox.runs to cross-check run {safe_text(run_id)}: {cause}; "
                 "connect as a role that may read runs (blackbox_reader, granted the run's "

@@ -13,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from agent_blackbox.cli._wiring import wired
+from agent_blackbox.cli._workers import driver_cause
 from agent_blackbox.console import (
     Authenticator,
     ConsoleAuthError,
@@ -116,7 +117,7 @@ def web_command(
         with engine.connect() as conn:
             conn.execute(text("SELECT 1 FROM blackbox_views.runs LIMIT 1"))
     except SQLAlchemyError as exc:
-        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        detail = driver_cause(exc)
         err.print(
             f"[red]error:[/] the views cannot be read ({safe_text(detail)}); check "
             "BLACKBOX_DATABASE_URL (a blackbox_reader login, or blackbox_replayer to open "

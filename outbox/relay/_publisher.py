@@ -26,7 +26,7 @@ from confluent_kafka import KafkaException
 from agent_blackbox.broker import new_producer, producer_config
 from agent_blackbox.outbox.relay._batch import Batch, Row
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
-from agent_blackbox.outbox.relay._log import log
+from agent_blackbox.outbox.relay._log import first_line, log
 from agent_blackbox.outbox.relay._run_order import RunOrder
 from agent_blackbox.schemas import Settings
 
@@ -297,9 +297,9 @@ class Publisher:
                 "stay in the outbox and wait, the other runs' go on. An event recorded "
                 "before its size was capped: to send it, raise the topic's and the "
                 "producer's message size (message.max.bytes)",
-                row[2].decode("utf-8", "replace") if isinstance(row[2], bytes) else row[2],
+                row[2].decode("utf-8", "replace"),
                 run,
-                exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else exc,
+                first_line(exc),
                 len(row[3]),
             )
 
