@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select, text
 
+from agent_blackbox.broker import read_stamp
 from agent_blackbox.consumers import integrity_violations
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.outbox import _writer as writer
 from agent_blackbox.outbox.relay import Relay, RelayOptions
-from agent_blackbox.schemas import Settings
+from agent_blackbox.schemas import EnvelopeCodec, Settings
 from agent_blackbox.stack import LocalKafka
 from tests.integration._agents import RecordedRun, record_ticket_runs, ticket_ids
-from tests.integration._kafka import read_topic
+from tests.integration._kafka import read_messages, read_topic
 from tests.integration._views import build_views, view_runs
 from tests.integration._wait import eventually
 
@@ -42,15 +43,25 @@ def _assert_complete_and_ordered(settings: Settings, recorded: list[RecordedRun]
     Returns how many duplicates the topic holds.
     """
     total = sum(r.events for r in recorded)
-    messages = read_topic(settings.kafka_bootstrap, settings.topic, expect=total)
+    messages = read_messages(settings.kafka_bootstrap, settings.topic, expect=total)
+    codec = EnvelopeCodec()
     firsts: dict[str, list[int]] = defaultdict(list)
+    copies: dict[str, list[str]] = defaultdict(list)
     seen: set[tuple[str, int]] = set()
-    for _, _, envelope in messages:
+    for message in messages:
+        envelope = codec.decode(message.value())  # type: ignore[arg-type]
         key = (envelope.run_id, envelope.sequence)
+        stamp = read_stamp(message.headers())
+        lease = f"lease {stamp.shard}:{stamp.epoch}" if stamp else "no lease"
+        at = f"{message.partition()}:{message.offset()}"
+        copies[envelope.run_id].append(f"seq {envelope.sequence} at {at}, {lease}")
         if key not in seen:
             seen.add(key)
             firsts[envelope.run_id].append(envelope.sequence)
-    assert {r.run_id: list(range(1, r.events + 1)) for r in recorded} == dict(firsts)
+    expected = {r.run_id: list(range(1, r.events + 1)) for r in recorded}
+    # A run out of order is shown whole: every copy, where it lies, which lease sent it.
+    broken = {run: copies[run] for run, seqs in expected.items() if firsts.get(run) != seqs}
+    assert expected == dict(firsts), f"runs out of order or incomplete: {broken}"
     return len(messages) - total
 
 
