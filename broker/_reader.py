@@ -16,6 +16,12 @@ from agent_blackbox.broker._clients import new_consumer
 from agent_blackbox.broker._errors import CHECK_BROKER, KafkaUnavailable, describe, kafka_errors
 from agent_blackbox.schemas import Settings
 
+PROBE_AFTER_S = 3.0
+"""How long a bounded read waits without a message before it asks the broker for the
+topic's metadata: an unreachable broker is then reported within seconds."""
+PROBE_TIMEOUT_S = 5.0
+"""How long that question waits for an answer."""
+
 Ranges = Mapping[int, tuple[int, int]]
 """Partition → (first offset, end offset): the offsets from first up to, not including, end."""
 
@@ -107,18 +113,27 @@ def read_ranges(
     try:
         with kafka_errors(f"cannot read {topic}"):
             consumer.assign([TopicPartition(topic, p, position[p]) for p in sorted(pending)])
+        quiet_s = min(PROBE_AFTER_S, timeout_s)
         deadline = time.monotonic() + timeout_s
+        probe_at = deadline - timeout_s + quiet_s
         while pending:
             # consume() returns once it holds the batch asked for, or at its timeout: ask
             # for no more than is still to read, so a short stretch does not wait it out.
             wanted = min(batch, sum(end - position[p] for p, end in pending.items()))
             with kafka_errors(f"cannot read {topic}"):
                 messages = consumer.consume(max(wanted, 1), 0.1)
-            if not messages and time.monotonic() > deadline:
-                raise KafkaUnavailable(
-                    f"reading {topic} stalled for {timeout_s:.0f}s at {_where(position)}; "
-                    f"{CHECK_BROKER}"
-                )
+            if not messages:
+                now = time.monotonic()
+                if now > deadline:
+                    raise KafkaUnavailable(
+                        f"reading {topic} stalled for {timeout_s:.0f}s at {_where(position)}; "
+                        f"{CHECK_BROKER}"
+                    )
+                if now > probe_at:
+                    # Quiet for a while: a broker that is down says so now, not at the
+                    # stall deadline (a consumer only retries a refused connection).
+                    _probe(consumer, settings, topic)
+                    probe_at = time.monotonic() + quiet_s
             for message in messages:
                 partition = message.partition() or 0
                 error = message.error()
@@ -130,6 +145,7 @@ def read_ranges(
                 if partition not in pending:
                     continue
                 deadline = time.monotonic() + timeout_s
+                probe_at = deadline - timeout_s + quiet_s
                 position[partition] = (message.offset() or 0) + 1
                 yield message
                 if position[partition] >= pending[partition]:
@@ -145,3 +161,10 @@ def _reader_group() -> str:
 
 def _where(position: Mapping[int, int]) -> str:
     return ", ".join(f"[{p}]@{o}" for p, o in sorted(position.items()))
+
+
+def _probe(consumer: Consumer, settings: Settings, topic: str) -> None:
+    """Ask the broker for ``topic``'s metadata; raises KafkaUnavailable when it does not
+    answer in :data:`PROBE_TIMEOUT_S`."""
+    with kafka_errors(f"cannot reach Kafka at {settings.kafka_bootstrap} to read {topic}"):
+        consumer.list_topics(topic, timeout=PROBE_TIMEOUT_S)
