@@ -298,9 +298,15 @@ def _registry(agent_paths: tuple[str, ...]) -> AgentRegistry:
             "give one, and name the others' agents: --agent NAME=module:function"
         )
     registry = AgentRegistry.from_env(load_replay_entry(plain[0]) if plain else None)
+    given: dict[str, str] = {}
     for name, _, path in named:
         if not name.strip():
             raise UnknownAgent(f"--agent {name}={path}: the agent's name is empty")
+        if (earlier := given.setdefault(name.strip(), path.strip())) != path.strip():
+            raise UnknownAgent(
+                f"--agent names agent {name.strip()} twice ({earlier}, {path.strip()}); "
+                "give each agent one entry point"
+            )
         registry.register(name.strip(), load_replay_entry(path.strip()))
     return registry
 

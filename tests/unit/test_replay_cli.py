@@ -404,6 +404,10 @@ def test_agent_names_bind_entry_points_to_their_agents(cli: Any, runs: dict[str,
     two_defaults = cli("--all", "--agent", TICKET_ENTRY, "--agent", TICKET_ENTRY)
     assert two_defaults.exit_code == 2
     assert "name the others' agents" in two_defaults.stderr
+    other = "tests.unit.test_replay_cli:not_an_agent"
+    one_name_twice = cli("--all", "--agent", f"x={TICKET_ENTRY}", "--agent", f"x={other}")
+    assert one_name_twice.exit_code == 2
+    assert f"names agent x twice ({TICKET_ENTRY}, {other})" in one_name_twice.stderr
 
 
 # -- runs that failed when recorded ----------------------------------------------------
