@@ -36,6 +36,8 @@ from agent_blackbox.replayer._turns import Turns
 from agent_blackbox.schemas import Envelope, EventType
 
 _FINISHED = EventType.RUN_FINISHED
+_INTERRUPTIONS = frozenset({"KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit"})
+"""The exceptions that end a recorded run from outside the agent's own logic."""
 
 OPENING = Place(1)
 """The place of ``run.started``."""
@@ -334,11 +336,24 @@ class RecordedLog:
         where = f" of branch {branch}" if branch else ""
         other = self.left()
         if other is None:
-            return f"the recorded run has no more boundary events{where}"
+            return f"the recorded run has no more boundary events{where}{self._interrupted()}"
         return (
             f"the recorded run has no more boundary events{where or ' of the run itself'}; "
             f"it still holds a {other.event_type} at sequence {other.sequence}, recorded on "
             f"branch {branch_of(other.attributes)} (concurrent work)"
+        )
+
+    def _interrupted(self) -> str:
+        """What to add when the recording ended on an interruption (Ctrl-C, a cancelled
+        task): the code replayed goes on past the point where the recording stopped."""
+        finished = self.finished
+        body = None if finished is None else self._bodies.recorded_body(finished)
+        error = None if body is None else body.get("error")
+        if not isinstance(error, dict) or error.get("type") not in _INTERRUPTIONS:
+            return ""
+        return (
+            f": the recording was interrupted there ({error['type']}), and the code "
+            "replayed goes on past that point"
         )
 
     def left(self) -> Envelope | None:

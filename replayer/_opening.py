@@ -290,13 +290,19 @@ class Bodies:
     def recorded_input(self, envelope: Envelope) -> Any:
         """The input ``envelope`` recorded (for what changed in a call); None when its
         body cannot be read or says nothing more than its type."""
+        body = self.recorded_body(envelope)
+        return None if body is None else recorded_input(envelope.event_type, body)
+
+    def recorded_body(self, envelope: Envelope) -> dict[str, Any] | None:
+        """The body of ``envelope`` for a divergence's detail, unchecked and noting
+        nothing; None when it cannot be read."""
         try:
             data = None
             if envelope.payload_ref is not None:
                 if self._blobs is None:
                     return None
                 data = self._blobs.read(envelope.payload_ref)
-            return recorded_input(envelope.event_type, self._pipeline.unpack(envelope, data))
+            return self._pipeline.unpack(envelope, data)
         except BlackboxError:
             return None
 

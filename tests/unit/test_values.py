@@ -594,9 +594,13 @@ def test_the_async_recorder_records_typed_results_and_refuses_the_same_way() -> 
 
 
 def test_a_run_interrupted_by_ctrl_c_ends_failed_and_the_interruption_goes_on() -> None:
+    interrupted = [True]  # pressed while recording, not in replay
+
     def agent(run: AgentRun, _: Any) -> Any:
         run.call("lookup", lambda: {"n": 1})
-        raise KeyboardInterrupt
+        if interrupted[0]:
+            raise KeyboardInterrupt
+        return run.call("lookup", lambda: {"n": 2})
 
     recorder = MemoryRecorder()
     with pytest.raises(KeyboardInterrupt) as raised:
@@ -607,6 +611,12 @@ def test_a_run_interrupted_by_ctrl_c_ends_failed_and_the_interruption_goes_on() 
     body = PayloadPipeline().unpack(events[-1])
     assert body["status"] == "failed"
     assert body["error"]["type"] == "KeyboardInterrupt"
+    # Replayed, the code goes on where the recording was stopped, and the report says so.
+    interrupted[0] = False
+    divergence = replay_run(events, agent).divergence
+    assert divergence is not None
+    assert divergence.kind == "missing_event"
+    assert "the recording was interrupted there (KeyboardInterrupt)" in divergence.detail
 
 
 def test_a_cancelled_async_run_ends_failed_and_the_cancellation_goes_on() -> None:
