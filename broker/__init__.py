@@ -17,7 +17,13 @@ from agent_blackbox.broker._clients import (
     producer_config,
 )
 from agent_blackbox.broker._errors import KafkaUnavailable, kafka_errors
-from agent_blackbox.broker._fencing import LEASE_HEADER, EpochFence, LeaseStamp, read_stamp
+from agent_blackbox.broker._fencing import (
+    LEASE_HEADER,
+    EpochFence,
+    GrantedEpochs,
+    LeaseStamp,
+    read_stamp,
+)
 from agent_blackbox.broker._partitioning import (
     murmur2,
     partition_count,
@@ -32,6 +38,7 @@ __all__ = [
     "LEASE_HEADER",
     "ClientConfig",
     "EpochFence",
+    "GrantedEpochs",
     "KafkaUnavailable",
     "LeaseStamp",
     "broker_answers",

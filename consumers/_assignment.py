@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from confluent_kafka import OFFSET_BEGINNING, Consumer
 from confluent_kafka import TopicPartition as KafkaPartition
 
-from agent_blackbox.broker import EpochFence, kafka_errors
+from agent_blackbox.broker import EpochFence, GrantedEpochs, kafka_errors
 from agent_blackbox.consumers._errors import ConsumerError
 from agent_blackbox.consumers._offsets import OffsetMove, TopicPartition, load_fences, load_offsets
 from agent_blackbox.consumers._view_database import ViewDatabase
@@ -41,8 +41,9 @@ class Assignment:
         self.unsynced: set[TopicPartition] = set()
         """Partitions whose Kafka position may not be the stored one: nothing of theirs
         is applied until :meth:`rewind` has read the database again."""
-        self.fence = EpochFence()
-        """Judges stale relay copies; stored beside the offsets."""
+        self.fence = EpochFence(GrantedEpochs(database.lease_epochs))
+        """Judges stale relay copies (moved only to epochs the write side granted);
+        stored beside the offsets."""
         self.rebalances = 0
         """Rebalances seen (each assignment and revocation counts)."""
 

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from sqlalchemy import Connection, Engine
 
-from agent_blackbox.broker import EpochFence, read_ranges, watermarks
+from agent_blackbox.broker import EpochFence, GrantedEpochs, read_ranges, watermarks
 from agent_blackbox.keystore import destroy_key_ids_txn, key_owners_txn
 from agent_blackbox.outbox.lifecycle import (
     RunHead,
+    lease_epochs_txn,
     ledger_key_ids_txn,
     run_head_txn,
     scrub_run_txn,
@@ -290,20 +292,33 @@ def note_entry(
     )
 
 
-def ledger_entries(settings: Settings, *, timeout_s: float = 30.0) -> Iterator[LedgerEntry]:
+def ledger_entries(
+    settings: Settings, *, engine: Engine | None = None, timeout_s: float = 30.0
+) -> Iterator[LedgerEntry]:
     """Every ``run.redacted`` in the event topic, read from the start of each partition
     to its end as of now. The topic is the copy of the ledger a database restore cannot
     roll back; :func:`reapply_ledger` decides which notes to trust.
 
+    ``engine``: the write side's database, asked which lease epochs it granted, so that
+    a message stamped with an epoch no relay held cannot fence the real notes out.
+
     Raises:
         BlackboxError: the broker cannot be reached or the topic does not exist.
     """
-    yield from entries_of(_topic_envelopes(settings, timeout_s), PayloadPipeline())
+    granted = None if engine is None else GrantedEpochs(partial(_lease_epochs, engine))
+    yield from entries_of(_topic_envelopes(settings, timeout_s, granted), PayloadPipeline())
 
 
-def _topic_envelopes(settings: Settings, timeout_s: float) -> Iterator[Envelope]:
+def _lease_epochs(engine: Engine) -> dict[int, int] | None:
+    with engine.connect() as conn:
+        return lease_epochs_txn(conn)
+
+
+def _topic_envelopes(
+    settings: Settings, timeout_s: float, granted: GrantedEpochs | None
+) -> Iterator[Envelope]:
     codec = EnvelopeCodec()
-    fence = EpochFence()  # a stale relay's late copy is not read (see broker._fencing)
+    fence = EpochFence(granted)  # a stale relay's late copy is not read (broker._fencing)
     ends = watermarks(settings, settings.topic, timeout_s=timeout_s)
     for message in read_ranges(settings, settings.topic, ends, timeout_s=timeout_s):
         headers = message.headers()

@@ -34,6 +34,7 @@ __all__ = [
     "StatementSigner",
     "append_redaction_txn",
     "delete_run_metadata_txn",
+    "lease_epochs_txn",
     "ledger_key_ids_txn",
     "ledger_readable_txn",
     "lock_run_txn",
@@ -382,6 +383,25 @@ def run_heads_txn(conn: Connection, run_ids: Sequence[str]) -> dict[str, RunHead
         str(r.run_id): RunHead(str(r.tenant_id), int(r.last_sequence), str(r.chain_head))
         for r in rows
     }
+
+
+_EPOCHS_READABLE = text(
+    """
+    SELECT COALESCE(
+        has_function_privilege(to_regprocedure('blackbox.lease_epochs()'), 'EXECUTE'), false
+    )
+    """
+)
+_EPOCHS = text("SELECT shard, epoch FROM blackbox.lease_epochs()")
+
+
+def lease_epochs_txn(conn: Connection) -> dict[int, int] | None:
+    """Each outbox shard's newest lease epoch, as the write side granted it (a relay
+    stamps its messages with the epoch it holds, never a later one); None when this
+    database has no write side or the session may not ask it."""
+    if not conn.execute(_EPOCHS_READABLE).scalar():
+        return None
+    return {int(shard): int(epoch) for shard, epoch in conn.execute(_EPOCHS)}
 
 
 def runs_readable_txn(conn: Connection) -> bool:

@@ -187,7 +187,7 @@ def ledger_reapply() -> None:
         verifier = CheckpointVerifier.from_env()
         engine = wiring.engine(COMMAND_POOL)
         with console.status(f"reading run.redacted events from {settings.topic}"):
-            entries = list(ledger_entries(settings))
+            entries = list(ledger_entries(settings, engine=engine))
         with console.status(f"checking and re-applying {len(entries)} notes"):
             report = reapply_ledger(engine, entries, verifier=verifier)
     except BlackboxError as exc:

@@ -93,6 +93,21 @@ def leases(engine: Engine) -> dict[int, tuple[str | None, int]]:
         return {int(s): (o, int(e)) for s, o, e in rows}
 
 
+def grant_epoch(engine: Engine, shard: int, epoch: int) -> None:
+    """Record that a relay was granted ``epoch`` of ``shard`` (as a takeover does), for a
+    test that publishes as that relay would: readers move their fences only to epochs
+    the write side granted."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO blackbox.relay_leases (shard, epoch) VALUES (:shard, :epoch) "
+                "ON CONFLICT (shard) DO UPDATE "
+                "SET epoch = greatest(blackbox.relay_leases.epoch, excluded.epoch)"
+            ),
+            {"shard": shard, "epoch": epoch},
+        )
+
+
 def outbox_rows(engine: Engine, shards: list[int] | None = None, upto: int | None = None) -> int:
     query = "SELECT count(*) FROM blackbox.outbox WHERE true"
     params: dict[str, Any] = {}

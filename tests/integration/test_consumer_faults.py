@@ -36,6 +36,7 @@ from agent_blackbox.outbox import Recorder
 from agent_blackbox.schemas import CheckpointSigner, Envelope, EnvelopeCodec, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._outbox import outbox_envelopes
+from tests.integration._relays import grant_epoch
 from tests.integration.test_consumers import (
     Offsets,
     caught_up,
@@ -133,6 +134,7 @@ def test_stale_copies_are_applied_neither_to_the_views_nor_by_the_signer(
     assert len(events) >= 4
     last = len(events)
     stamped = StampedProducer(topic_settings)
+    grant_epoch(engine, SHARD, 2)
     # The first relay publishes two events; the lease moves on (epoch 2) and its
     # successor publishes up to the last but one; then the first relay wakes up and
     # its queued copies land: the run's end, and an event already published.
@@ -189,6 +191,44 @@ def test_stale_copies_are_applied_neither_to_the_views_nor_by_the_signer(
     )
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(integrity_violations)).scalar() == 0
+
+
+def test_a_stamp_of_an_epoch_no_relay_was_granted_hides_no_run(
+    topic_settings: Settings, engine: Engine
+) -> None:
+    """Anyone who may produce to the topic can stamp a message with any epoch: junk, and
+    a copy of a real event, stamped far past what the write side granted, move no fence,
+    so the relay's real events after them are applied, now and after a restart."""
+    [run] = record_ticket_runs(Recorder(engine, settings=topic_settings), ticket_ids(1))
+    events = outbox_envelopes(engine, run.run_id)
+    grant_epoch(engine, SHARD, 2)
+    stamped = StampedProducer(topic_settings)
+    stamped.send(events[:2], epoch=2)
+    forger = Producer(  # the run's partition, as Java clients and the relay pick it
+        {"bootstrap.servers": topic_settings.kafka_bootstrap, "partitioner": "murmur2_random"}
+    )
+    forged = [LeaseStamp(SHARD, 999_999).header()]
+    key = run.run_id.encode()
+    forger.produce(topic_settings.topic, b"junk", key, headers=forged)
+    forger.produce(topic_settings.topic, CODEC.encode(events[1]), key, headers=forged)
+    assert forger.flush(30) == 0
+    stamped.send(events[2:], epoch=2)
+
+    def drained() -> BatchOutcome:
+        views = ViewConsumer(topic_settings, registry=CollectorRegistry())
+        try:
+            return _drain([views], caught_up(engine, topic_settings, stamped.ends))
+        finally:
+            views.close()
+
+    outcome = drained()
+    assert (outcome.inserted, outcome.stale) == (len(events), 0)
+    row = run_row(engine, run.run_id)
+    assert (row.status, row.event_count) == ("succeeded", len(events))
+    # The fence stored beside the offsets holds no forged epoch: after a restart, the
+    # real relay's next copy is still read as live (a duplicate, not a stale copy).
+    stamped.send([events[-1]], epoch=2)
+    assert drained().stale == 0
 
 
 # -- consume as a process ------------------------------------------------------------------

@@ -21,6 +21,7 @@ from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.schemas import Envelope, EnvelopeCodec, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._kafka import read_topic
+from tests.integration._relays import grant_epoch
 from tests.integration._views import build_views
 
 pytestmark = pytest.mark.integration
@@ -59,6 +60,7 @@ def _history(settings: Settings, engine: Engine) -> list[str]:
         key=lambda e: (e.run_id, e.sequence),
     )
     target = recorded[0].run_id
+    grant_epoch(engine, 0, 2)  # the lease of shard 0 moved on
     ensure_topics(settings)
     producer = new_producer(settings, producer_config(settings))
     live, stale = [LeaseStamp(0, 2).header()], [LeaseStamp(0, 1).header()]

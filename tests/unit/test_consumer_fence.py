@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from agent_blackbox.broker import LeaseStamp
+from agent_blackbox.broker import EpochFence, GrantedEpochs, LeaseStamp
 from agent_blackbox.cli._workers import membership
 from agent_blackbox.consumers import BatchOutcome, ConsumerRuntime
 from agent_blackbox.consumers._idle import IdleClock
@@ -62,6 +62,8 @@ def _runtime(**kwargs: object) -> ConsumerRuntime:
 
 def test_a_stale_copy_is_dropped_counted_and_its_offset_passed() -> None:
     runtime = _runtime()
+    # The epochs the write side granted, as the consumer asks its database for them.
+    runtime._assignment.fence = EpochFence(GrantedEpochs(lambda: {3: 2, 4: 1}))
     runtime._assignment.positions = {(TOPIC, 0): 0, (TOPIC, 1): 0}
     messages = [
         FakeMessage(0, 0, LeaseStamp(3, 2)),

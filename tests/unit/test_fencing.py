@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent_blackbox.broker import LEASE_HEADER, EpochFence, LeaseStamp, read_stamp
+from agent_blackbox.broker import LEASE_HEADER, EpochFence, GrantedEpochs, LeaseStamp, read_stamp
 
 
 def stamped(shard: int, epoch: int) -> list[tuple[str, bytes | str | None]]:
@@ -59,3 +59,47 @@ def test_a_header_longer_than_any_stamp_is_malformed_and_not_remembered() -> Non
     assert _fencing._remembered_stamp.cache_info().currsize == before
     assert read_stamp([("blackbox.lease", b"5:9")]) == LeaseStamp(5, 9)
     assert _fencing._remembered_stamp.cache_info().currsize == before + 1
+
+
+def test_a_fence_moves_only_to_an_epoch_the_write_side_granted() -> None:
+    granted = {3: 6}
+    asked: list[int] = []
+
+    def lookup() -> dict[int, int]:
+        asked.append(1)
+        return dict(granted)
+
+    fence = EpochFence(GrantedEpochs(lookup, every_s=0.0))
+    assert fence.admit(0, stamped(3, 5))
+    assert fence.admit(0, stamped(3, 999_999))  # forged: read as unstamped, moves nothing
+    assert (fence.unproven, fence.state(0)) == (1, {3: 5})
+    assert fence.admit(0, stamped(3, 6))  # the relay that took the shard over
+    assert not fence.admit(0, stamped(3, 5))  # a stale copy is still dropped
+    assert fence.dropped == 1
+    granted[3] = 7
+    assert fence.admit(0, stamped(3, 7))
+    assert fence.state(0) == {3: 7}
+    assert len(asked) == 3  # only when a stamp claims an epoch past those known
+
+
+def test_a_stored_forged_epoch_is_forgotten_on_restore() -> None:
+    fence = EpochFence(GrantedEpochs(lambda: {3: 6}))
+    fence.restore(0, {3: 999_999, 4: 2})
+    assert fence.state(0) == {3: 6, 4: -1}
+    assert fence.admit(0, stamped(3, 6))
+
+
+def test_without_a_write_side_to_ask_stamps_are_taken_at_their_word() -> None:
+    fence = EpochFence(GrantedEpochs(lambda: None))
+    assert fence.admit(0, stamped(3, 999_999))
+    assert not fence.admit(0, stamped(3, 5))
+
+
+def test_a_write_side_that_cannot_answer_moves_no_fence() -> None:
+    def down() -> dict[int, int]:
+        raise ConnectionError("the database is down")
+
+    fence = EpochFence(GrantedEpochs(down, every_s=0.0))
+    assert fence.admit(0, stamped(3, 5))
+    assert fence.admit(0, stamped(3, 4))
+    assert (fence.dropped, fence.unproven, fence.state(0)) == (0, 2, {})
