@@ -13,9 +13,9 @@ import click
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from agent_blackbox.cli._workers import could_not_run
+from agent_blackbox.cli._workers import could_not_run, database_unreachable
 from agent_blackbox.replayer import ReadSide
-from agent_blackbox.schemas import BlackboxError, Settings, safe_console
+from agent_blackbox.schemas import Settings, safe_console
 from agent_blackbox.wiring import COMMAND_POOL, Pool
 
 if TYPE_CHECKING:
@@ -62,11 +62,7 @@ class Wiring:
             with engine.begin() if begin else engine.connect() as conn:
                 yield conn
         except OperationalError as exc:
-            problem = BlackboxError(
-                f"cannot reach the database ({exc.orig or exc}); is it running, and is "
-                "BLACKBOX_DATABASE_URL right?"
-            )
-            could_not_run(safe_console(stderr=True), problem)
+            could_not_run(safe_console(stderr=True), database_unreachable(exc))
         finally:
             engine.dispose()
 

@@ -16,6 +16,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 from rich.console import Console
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from agent_blackbox.schemas import (
     BlackboxError,
@@ -137,6 +138,19 @@ def driver_cause(exc: Exception) -> str:
     """The first line of what the database driver said of ``exc`` (SQLAlchemy's wrapper
     goes on with the SQL and a link)."""
     return str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+
+
+DATABASE_DOWN = (OperationalError, InterfaceError)
+"""What SQLAlchemy raises when the database cannot be reached or dropped the session."""
+
+
+def database_unreachable(exc: Exception) -> BlackboxError:
+    """A database that could not be reached, as a command says it: the driver's first
+    line and what to check."""
+    return BlackboxError(
+        f"cannot reach the database ({driver_cause(exc)}); is it running (blackbox stack "
+        "status, locally), and is BLACKBOX_DATABASE_URL right?"
+    )
 
 
 def views_unread(exc: Exception, what: str) -> BlackboxError:

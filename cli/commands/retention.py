@@ -14,7 +14,9 @@ from rich.table import Table
 
 from agent_blackbox.cli._wiring import wired
 from agent_blackbox.cli._workers import (
+    DATABASE_DOWN,
     could_not_run,
+    database_unreachable,
     metrics_port_option,
     serve_metrics,
     stop_on_signals,
@@ -88,7 +90,16 @@ def retention_run(every: float | None, metrics_port: int | None) -> None:
         with stop_on_signals(stop):
             while True:
                 started = time.monotonic()
-                report = job.run_once()
+                try:
+                    report = job.run_once()
+                except DATABASE_DOWN as exc:
+                    if every is None:
+                        raise
+                    # A job that runs for good outlives an outage: the next round retries.
+                    console.log(f"retention: {database_unreachable(exc)} Retrying in {every:g}s.")
+                    if stop.wait(every):
+                        return
+                    continue
                 if gauges is not None:
                     gauges.show(report, seconds=time.monotonic() - started)
                 console.log(
@@ -106,6 +117,8 @@ def retention_run(every: float | None, metrics_port: int | None) -> None:
                     _print_redactions(report, safe_console(), title="Runs shredded by retention")
                 if every is None or stop.wait(every):
                     return
+    except DATABASE_DOWN as exc:
+        could_not_run(console, database_unreachable(exc))
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as
@@ -127,6 +140,8 @@ def forget_command(subject_id: str, as_json: bool) -> None:
     settings = wired().settings
     try:
         report = _retention_job(settings, COMMAND_POOL).forget(subject_id)
+    except DATABASE_DOWN as exc:
+        could_not_run(safe_console(stderr=True), database_unreachable(exc))
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as
@@ -190,6 +205,8 @@ def ledger_reapply() -> None:
             entries = list(ledger_entries(settings, engine=engine))
         with console.status(f"checking and re-applying {len(entries)} notes"):
             report = reapply_ledger(engine, entries, verifier=verifier)
+    except DATABASE_DOWN as exc:
+        could_not_run(console, database_unreachable(exc))
     except BlackboxError as exc:
         if permission_refused(exc) is not None:
             raise  # the top-level command names the role to run as

@@ -236,7 +236,14 @@ def doubler(run: Any, value: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    "args", [("dataset", "list"), ("dataset", "show", "x"), ("experiment", "list")]
+    "args",
+    [
+        ("dataset", "list"),
+        ("dataset", "show", "x"),
+        ("experiment", "list"),
+        ("forget", "--subject", "cust-2"),
+        ("retention", "run"),
+    ],
 )
 def test_a_command_whose_database_cannot_be_reached_says_so_and_exits_2(
     args: tuple[str, ...],
