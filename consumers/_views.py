@@ -103,9 +103,12 @@ class StoredEvent:
     chain_hash: str
 
     def matches(self, envelope: Envelope) -> bool:
-        """Whether ``envelope`` carries the same digests and chain hash (of a shredded
-        run, whose digests the views no longer keep, the same chain hash: it covers the
-        digests)."""
+        """Whether ``envelope`` is a copy of this event: the same event id, digests and
+        chain hash (of a shredded run, whose digests the views no longer keep, the same
+        event id and chain hash: it covers the digests). A relay's repeat is the same
+        envelope; one under another event id is another event at this place."""
+        if self.event_id != envelope.event_id:
+            return False
         if self.input_digest == SHREDDED_DIGEST:
             return self.chain_hash == envelope.chain_hash
         return (self.input_digest, self.output_digest, self.chain_hash) == (

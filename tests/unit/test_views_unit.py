@@ -92,8 +92,10 @@ def test_same_digests_are_a_duplicate() -> None:
     assert (len(duplicates), violations) == (1, [])
 
 
-@pytest.mark.parametrize("field", ["input_digest", "output_digest", "chain_hash"])
+@pytest.mark.parametrize("field", ["input_digest", "output_digest", "chain_hash", "event_id"])
 def test_any_differing_digest_is_a_violation(field: str) -> None:
+    """A copy under another event id (a forged run.redacted with the digests and chain
+    hash of the event at its place, say) is another event, not a repeat."""
     original = envelope("r", 1)
     forged = envelope("r", 1, **{field: "forged"})
 
