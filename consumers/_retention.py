@@ -163,6 +163,9 @@ class RetentionReport:
     abandoned: tuple[str, ...] = ()
     """Runs marked ``abandoned`` by this pass: running, with no event for longer than
     the job's ``abandon_after``."""
+    linked: int = 0
+    """Runs a deletion request found linked to its subject (shredded now, before, or
+    still recording)."""
 
 
 def shred_run_txn(
@@ -330,7 +333,7 @@ class RetentionJob:
                 continue
             if done is not None:
                 redacted.append(done)
-        return RetentionReport(tuple(redacted), still_running=tuple(running))
+        return RetentionReport(tuple(redacted), still_running=tuple(running), linked=len(run_ids))
 
     def _expire_bodies(self, retention: RetentionClass, before: datetime) -> list[Redaction]:
         done: list[Redaction] = []

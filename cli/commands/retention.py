@@ -137,6 +137,8 @@ def forget_command(subject_id: str, as_json: bool) -> None:
       1  some runs are still recording: shredded all the others; run forget again later
       2  could not run
     """
+    if not subject_id.strip():
+        raise click.BadParameter("is empty: give the data subject's id", param_hint="--subject")
     settings = wired().settings
     try:
         report = _retention_job(settings, COMMAND_POOL).forget(subject_id)
@@ -156,12 +158,17 @@ def forget_command(subject_id: str, as_json: bool) -> None:
         click.echo(json.dumps(payload, indent=2))
         sys.exit(1 if still else 0)
     console = safe_console()
-    if not report.redacted:
+    if not report.linked:
+        console.print(
+            f"no run is linked to subject {safe_text(subject_id)}, so nothing was destroyed: "
+            "check the id (a subject forgotten before has no run linked either)"
+        )
+    elif not report.redacted:
         console.print(f"no run of subject {safe_text(subject_id)} had bodies left to destroy")
     else:
         _print_redactions(report, console, title=f"Runs of subject {safe_text(subject_id)}")
         console.print(
-            f"{len(report.redacted)} runs redacted; each was announced by a run.redacted "
+            f"{_runs(len(report.redacted))} redacted; each was announced by a run.redacted "
             "event and written to the deletion ledger"
         )
     if report.still_running:
@@ -236,3 +243,7 @@ def _print_ignored(report: LedgerReport, console: Console) -> None:
             safe_text(item.why),
         )
     console.print(table)
+
+
+def _runs(count: int) -> str:
+    return "1 run" if count == 1 else f"{count} runs"

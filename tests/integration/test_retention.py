@@ -291,11 +291,21 @@ def test_the_forget_table_escapes_a_hostile_run_id(engine: Engine, settings: Set
     }
     result = CliRunner(env=env).invoke(main, ["forget", "--subject", subject])
     assert result.exit_code == 0, result.output
-    assert "1 runs redacted" in result.output
+    assert "1 run redacted" in result.output
     assert "\\x1b]8;;https://evil.example/" in result.output  # the run is listed, escaped
     assert "\x1b" not in result.output
     assert "\u202e" not in result.output
     assert "\U0001f604" not in result.output  # :smile: is not turned into an emoji
+    # Forgotten, the subject has no run linked, as an id never recorded (a typo): the
+    # command says so and what it may mean; an empty id is refused.
+    for again in (subject, f"{subject}x"):
+        result = CliRunner(env=env).invoke(main, ["forget", "--subject", again])
+        assert result.exit_code == 0, result.output
+        assert f"no run is linked to subject {again}, so nothing" in result.output
+        assert "check the id" in result.output
+    empty = CliRunner(env=env).invoke(main, ["forget", "--subject", " "])
+    assert empty.exit_code == 2
+    assert "is empty" in empty.output
 
 
 def test_forget_signs_its_run_redacted_note_with_the_signers_key(
