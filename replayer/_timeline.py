@@ -15,6 +15,7 @@ from agent_blackbox.schemas import (
     PayloadPipeline,
     PlaintextInSealedRun,
     SealedRunGuard,
+    permission_refused,
     safe_text,
 )
 
@@ -70,7 +71,9 @@ def _body(envelope: Envelope, pipeline: PayloadPipeline) -> str:
         return safe_text(f"(out of line: {envelope.payload_ref})")
     try:
         body = pipeline.unpack(envelope)
-    except BlackboxError as exc:  # a refusal too: shown in place of that body
+    except BlackboxError as exc:  # a body that cannot be opened: said in its place
+        if permission_refused(exc) is not None:
+            raise  # the login may open no body at all: the command stops and says so
         return safe_text(f"({type(exc).__name__}: {exc})", limit=BODY_LIMIT)
     if envelope.event_type == EventType.LLM_CALL:
         body = answer_first(body)

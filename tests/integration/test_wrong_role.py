@@ -15,8 +15,10 @@ from agent_blackbox.cli import main
 from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
+from agent_blackbox.replayer import write_archive
 from agent_blackbox.schemas import CheckpointSigner, Settings
 from tests.conftest import Login
+from tests.integration._kafka import read_topic
 from tests.security._keys import table
 
 pytestmark = pytest.mark.integration
@@ -126,3 +128,29 @@ def test_a_command_run_as_the_wrong_role_names_the_role_and_exits_2(
     assert named in output, output
     assert elapsed < 10, f"{args} took {elapsed:.1f} s: a permission error was retried"
     assert table(engine, _STATE) == before
+
+
+def test_a_timeline_with_bodies_as_a_login_that_may_open_none_stops_and_says_so(
+    engine: Engine, settings: Settings, login: Login, tmp_path: Path, kek: Path, recorded: str
+) -> None:
+    """A reader may see a sealed run's timeline, not its bodies: asked for them, the
+    command stops at the first (exit 2, naming the role to use), as export does, rather
+    than print the refusal in every row and exit 0."""
+    archive = tmp_path / "run.avro"
+    published = read_topic(settings.kafka_bootstrap, settings.topic, expect=3)
+    write_archive(archive, [e for _, _, e in published if e.run_id == recorded])
+    reader = login("blackbox_reader", tenant="*")
+    env = {
+        "BLACKBOX_DATABASE_URL": reader.url.render_as_string(hide_password=False),
+        "BLACKBOX_KEK_FILE": str(kek),
+        "COLUMNS": "400",
+    }
+    args = ["timeline", recorded, "--archive", str(archive)]
+    plain = CliRunner(env=env).invoke(main, args)
+    assert plain.exit_code == 0, plain.output  # the metadata is the reader's to see
+    bodies = CliRunner(env=env).invoke(main, [*args, "--bodies", "--purpose", "a role test"])
+    output = bodies.output.replace("\n", " ")
+    assert bodies.exit_code == 2, output
+    assert "AccessDenied" not in output
+    assert "the database refused `blackbox " in output, output
+    assert "blackbox_replayer" in output, output
