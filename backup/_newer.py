@@ -95,23 +95,30 @@ def _later_cuts(
             later.append(manifest)
     if not later:
         return
-    found.add_rows(table_rows(store, later[-1], "deletion_ledger"), known)
+    # A later cut's damaged object is said and passed over: the cut being restored is
+    # whole, and what the other later cuts, the database and the topic hold still counts.
+    for manifest in reversed(later):  # the newest ledger that reads holds the others'
+        try:
+            found.add_rows(table_rows(store, manifest, "deletion_ledger"), known)
+            break
+        except BlackboxError as exc:
+            found.unread.append(f"deletion ledger of later cut {manifest.number} ({exc})")
     gone = load_pruned(store, verifier).segments
-    found.add_notes(_notes(store, later, gone))
-    found.read.append(f"{len(later)} later backup cuts")
-
-
-def _notes(store: BackupStore, manifests: list[Manifest], gone: set[str]) -> Iterator[Envelope]:
     codec = EnvelopeCodec()
-    for manifest in manifests:
+    for manifest in later:
         for segment in manifest.segments:
             if segment.key in gone:
                 continue
-            data = fetch_checked(store, segment.key, segment.sha256)
-            values = (m.value or b"" for m in decode_segment(data, key=segment.key))
-            for envelope in _decodable(codec, values):
-                if envelope.event_type == EventType.RUN_REDACTED:
-                    yield envelope
+            try:
+                data = fetch_checked(store, segment.key, segment.sha256)
+                values = [m.value or b"" for m in decode_segment(data, key=segment.key)]
+            except BlackboxError as exc:
+                found.unread.append(f"run.redacted notes of later cut {manifest.number} ({exc})")
+                continue
+            found.add_notes(
+                e for e in _decodable(codec, values) if e.event_type == EventType.RUN_REDACTED
+            )
+    found.read.append(f"{len(later)} later backup cuts")
 
 
 def _production_database(found: NewerDeletions, production: Settings, known: int) -> None:

@@ -336,30 +336,31 @@ class RecordedLog:
         where = f" of branch {branch}" if branch else ""
         other = self.left()
         if other is None:
-            return f"the recorded run has no more boundary events{where}{self._interrupted()}"
+            interrupted = _interrupted(self.finished, self._bodies)
+            return f"the recorded run has no more boundary events{where}{interrupted}"
         return (
             f"the recorded run has no more boundary events{where or ' of the run itself'}; "
             f"it still holds a {other.event_type} at sequence {other.sequence}, recorded on "
             f"branch {branch_of(other.attributes)} (concurrent work)"
         )
 
-    def _interrupted(self) -> str:
-        """What to add when the recording ended on an interruption (Ctrl-C, a cancelled
-        task): the code replayed goes on past the point where the recording stopped."""
-        finished = self.finished
-        body = None if finished is None else self._bodies.recorded_body(finished)
-        error = None if body is None else body.get("error")
-        if not isinstance(error, dict) or error.get("type") not in _INTERRUPTIONS:
-            return ""
-        return (
-            f": the recording was interrupted there ({error['type']}), and the code "
-            "replayed goes on past that point"
-        )
-
     def left(self) -> Envelope | None:
         """The earliest recorded boundary event nobody asked for."""
         heads = [lane[0] for lane in self._lanes.values() if lane]
         return min(heads, key=lambda e: e.sequence, default=None)
+
+
+def _interrupted(finished: Envelope | None, bodies: Bodies) -> str:
+    """What to add when the recording ended on an interruption (Ctrl-C, a cancelled
+    task): the code replayed goes on past the point where the recording stopped."""
+    body = None if finished is None else bodies.recorded_body(finished)
+    error = None if body is None else body.get("error")
+    if not isinstance(error, dict) or error.get("type") not in _INTERRUPTIONS:
+        return ""
+    return (
+        f": the recording was interrupted there ({error['type']}), and the code "
+        "replayed goes on past that point"
+    )
 
 
 def _answers(envelope: Envelope | None, event_type: str, actual: str | None) -> bool:

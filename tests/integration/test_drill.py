@@ -189,6 +189,38 @@ def test_a_drill_after_production_is_destroyed_restores_everything_and_forgets(
     assert live[history["edsger"]] is True
 
 
+def test_a_damaged_later_cut_leaves_an_earlier_whole_cut_restorable_and_is_named(
+    settings: Settings,
+    engine: Engine,
+    store: BackupStore,
+    history: dict[str, str],
+    kept: list[DrillReport],
+) -> None:
+    """Restoring a cut reads the later cuts for newer deletions: one whose objects are
+    damaged is said to be unread, and the cut restores from what else knows of them
+    (here production's deletion ledger, which forgot grace after the first cut)."""
+    later = check_store(store, verifier=VERIFIER).cut
+    assert later is not None
+    assert later.created_at != history["at"]
+    damaged = [s.key for s in later.segments]
+    damaged.append(later.snapshot.tables["deletion_ledger"].key)
+    for key in damaged:
+        corrupt(store, key)
+
+    report = run_drill(
+        settings, store, verifier=VERIFIER, options=DrillOptions(at=_at(history), keep=True)
+    )
+    kept.append(report)
+
+    assert [(c.name, c.detail) for c in report.checks if c.passed is False] == []
+    ledger = {c.name: c for c in report.checks}["deletion ledger applied first"]
+    assert f"not read: deletion ledger of later cut {later.number}" in ledger.detail
+    assert "is corrupt" in ledger.detail
+    assert report.kept_target is not None
+    live = _live_keys(report.kept_target.settings)
+    assert (live[history["grace"]], live[history["edsger"]]) == (False, True)
+
+
 def _damage(kind: str, store: BackupStore, cut: Manifest) -> str:
     """Damage the store one way; the key the drill must name."""
     segment = cut.segments[0].key
