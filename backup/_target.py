@@ -119,19 +119,37 @@ def create_target(production: Settings, name: str, *, partitions: int) -> Target
     return target
 
 
-def _refuse_existing(admin: Engine, name: str) -> None:
+def copy_exists(production: Settings, name: str) -> bool:
+    """Whether a restored copy's database or role named ``name`` exists.
+
+    Raises:
+        TargetError: the database server cannot be asked.
+    """
+    admin = _admin(production)
+    try:
+        return _taken(admin, name)
+    finally:
+        admin.dispose()
+
+
+def _taken(admin: Engine, name: str) -> bool:
     try:
         with admin.connect() as conn:
-            taken = conn.execute(
-                text(
-                    "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :n) "
-                    "OR EXISTS (SELECT 1 FROM pg_database WHERE datname = :n)"
-                ),
-                {"n": name},
-            ).scalar_one()
+            return bool(
+                conn.execute(
+                    text(
+                        "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :n) "
+                        "OR EXISTS (SELECT 1 FROM pg_database WHERE datname = :n)"
+                    ),
+                    {"n": name},
+                ).scalar_one()
+            )
     except SQLAlchemyError as exc:
         raise TargetError(_refusal(name, exc)) from exc
-    if taken:
+
+
+def _refuse_existing(admin: Engine, name: str) -> None:
+    if _taken(admin, name):
         raise TargetError(
             f"a restored copy named {name} exists already (its database or role); drop it "
             "first or choose another name"

@@ -33,7 +33,7 @@ from agent_blackbox.backup import (
 )
 from agent_blackbox.backup._partial import RESTORE_PREFIX
 from agent_blackbox.backup._tally import EventTally
-from agent_blackbox.backup._target import existing_target
+from agent_blackbox.backup._target import copy_exists, existing_target
 from agent_blackbox.cli._wiring import wired
 from agent_blackbox.keystore import purpose_problem
 from agent_blackbox.schemas import (
@@ -338,6 +338,16 @@ def _drop(
     """Drop the copy ``name`` (and the env file written for it), then exit."""
     if not name.startswith(prefix):
         raise click.UsageError(f"{name!r} is not a copy this command made ({prefix}...)")
+    try:
+        exists = copy_exists(settings, name)
+    except BackupError as exc:
+        cannot_run(console, exc, as_json=False)
+    if not exists:
+        cannot_run(
+            console,
+            BackupError(f"no copy named {name} to drop: no database or role of that name"),
+            as_json=False,
+        )
     target = existing_target(settings, name)
     left = drop_target(settings, target)
     for line in left:
@@ -358,6 +368,7 @@ def _write_env(path: Path, target: Target) -> None:
         f"{_ENV_MARK}{target.name}: `. {path}` points the blackbox commands at it.",
         f"export BLACKBOX_DATABASE_URL='{settings.database_url}'",
         f"export BLACKBOX_TOPIC='{settings.topic}'",
+        f"export BLACKBOX_KAFKA_BOOTSTRAP='{settings.kafka_bootstrap}'",
         f"export BLACKBOX_PARTITIONS={settings.partitions}",
         f"export BLACKBOX_CONSUMER_GROUP='{settings.consumer_group}'",
     ]

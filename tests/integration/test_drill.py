@@ -468,3 +468,17 @@ def test_a_removed_newest_manifest_is_found_from_the_database(
     assert not report.passed
     [check] = report.checks
     assert any("manifests after it were removed" in w for w in check.where)
+
+
+def test_dropping_a_copy_that_does_not_exist_says_so_and_exits_2(settings: Settings) -> None:
+    from click.testing import CliRunner
+
+    from agent_blackbox.cli import main
+
+    env = {"BLACKBOX_DATABASE_URL": settings.database_url, "BLACKBOX_TOPIC": settings.topic}
+    drops = (["drill", "--drop", "blackbox_drill_nosuch"], ["restore", "--into", "no", "--drop"])
+    for args in drops:
+        result = CliRunner(env=env).invoke(main, args)
+        assert result.exit_code == 2, result.output
+        assert "no copy named" in result.output
+        assert "dropped" not in result.output
