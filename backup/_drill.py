@@ -120,12 +120,19 @@ class DrillReport:
     def passed(self) -> bool:
         return bool(self.checks) and all(c.passed is not False for c in self.checks)
 
+    @property
+    def unrun(self) -> bool:
+        """Failed only for want of a service or a setting: no check found anything."""
+        failed = [c for c in self.checks if c.passed is False]
+        return bool(failed) and all(c.unrun for c in failed)
+
     def add(self, check: Check) -> None:
         self.checks.append(check)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
+            "could_not_run": self.unrun,
             "started_at": self.started_at.isoformat(),
             "disaster_point": self.disaster_point.isoformat(),
             "cut": self.cut,
@@ -141,7 +148,13 @@ class DrillReport:
             "skipped": self.skipped,
             "stages_s": {k: round(v, 3) for k, v in self.stages.items()},
             "checks": [
-                {"name": c.name, "passed": c.passed, "detail": c.detail, "where": list(c.where)}
+                {
+                    "name": c.name,
+                    "passed": c.passed,
+                    "could_not_run": c.unrun,
+                    "detail": c.detail,
+                    "where": list(c.where),
+                }
                 for c in self.checks
             ],
             "left_behind": self.left_behind,

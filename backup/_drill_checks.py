@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Engine
@@ -55,6 +55,9 @@ class Check:
     detail: str
     where: tuple[str, ...] = ()
     """The objects, offsets or runs concerned (at most a screenful)."""
+    unrun: bool = False
+    """It failed for want of a service or a setting, not for what it found (the drill
+    then could not run, exit 2, unless another check found something)."""
 
 
 class DrillChecks:
@@ -101,7 +104,7 @@ class DrillChecks:
             self.same_views(),
             self.replay_sample(sample, purpose),
         ):
-            yield Check(found.name, found.passed, found.detail, found.where[:_SHOWN])
+            yield replace(found, where=found.where[:_SHOWN])
         if tables.checkpoints_past_cut:
             yield Check(
                 "checkpoints within the cut",
@@ -119,7 +122,8 @@ class DrillChecks:
         try:
             ends = watermarks(self._target.settings, self._target.settings.topic)
         except KafkaUnavailable as exc:
-            return Check("events per partition", False, f"cannot read the restored topic: {exc}")
+            problem = f"cannot read the restored topic: {exc}"
+            return Check("events per partition", False, problem, unrun=True)
         held = {p: high - low for p, (low, high) in ends.items() if high - low}
         wrong = [
             f"partition {p}: manifests {expected.get(p, 0)}, restored topic {held.get(p, 0)}"
@@ -211,7 +215,7 @@ class DrillChecks:
         code, out, err = self._child(["verify", "--all", "--json"])
         name = "verify --all on the restored copy"
         if code == 2 or not out.strip():
-            return Check(name, False, f"could not run: {_tail(err)}")
+            return Check(name, False, f"could not run: {_tail(err)}", unrun=True)
         reports = json.loads(out)
         bad = [f"run {r['run_id']}: {r['problem']}: {r['detail']}" for r in reports if r["problem"]]
         ok = sum(1 for r in reports if r["ok"])
@@ -274,6 +278,7 @@ class DrillChecks:
                 False,
                 "could not replay: no entry points; set BLACKBOX_AGENTS (name=module:function,"
                 "...) or give --agent, or give --sample 0",
+                unrun=True,
             )
         plan = plan_sample(self._tally.agents, self._entries, sample)
         self.skipped = plan.skipped_runs
@@ -283,7 +288,7 @@ class DrillChecks:
             lines = [json.loads(line) for line in out.splitlines() if line.strip()]
             found = [line for line in lines if line.get("type") == "run"]
             if not found:
-                return Check(name, False, f"could not replay: {_tail(err)}")
+                return Check(name, False, f"could not replay: {_tail(err)}", unrun=True)
             runs += found
         if not runs:
             return Check(

@@ -187,7 +187,8 @@ def drill_command(
     The backup is checked as `backup verify` checks it; a store whose newest manifests
     were removed fails the drill unless --trust-cut names the cut to restore.
 
-    Exit status: 0 every check passed, 1 a check failed, 2 the drill could not run.
+    Exit status: 0 every check passed, 1 a check failed, 2 the drill could not run (or
+    its only failed checks could not run: a service away, no entry points).
     """
     console = safe_console(stderr=True, log_path=False)
     quiet_views()
@@ -222,7 +223,8 @@ def drill_command(
     if report.kept_target is not None:
         name = report.kept_target.name
         console.print(f"kept: . ./{name}.env to use it; blackbox drill --drop {name} to drop it")
-    sys.exit(0 if report.passed else 1)
+    # A drill whose only failures are checks that could not run found nothing: exit 2.
+    sys.exit(0 if report.passed else 2 if report.unrun else 1)
 
 
 @click.command("restore")

@@ -450,6 +450,14 @@ def test_a_sample_that_cannot_be_replayed_fails_the_drill_as_such(
     assert check.name == "sample of runs replayed"
     assert "could not be replayed" in check.detail
     assert any("ERROR" in w for w in check.where)
+    assert not report.unrun  # runs of the copy the drill cannot open: a finding (exit 1)
+
+    # With no entry point at all, the sample could not run: that alone is no finding.
+    monkeypatch.delenv("BLACKBOX_AGENTS")
+    report = run_drill(settings, store, verifier=VERIFIER, options=DrillOptions(sample=1))
+    [check] = [c for c in report.checks if c.passed is False]
+    assert (check.name, check.unrun, report.unrun) == ("sample of runs replayed", True, True), check
+    assert report.to_dict()["could_not_run"] is True
 
 
 def test_a_removed_newest_manifest_is_found_from_the_database(
