@@ -266,17 +266,24 @@ class BackupWriter:
         *,
         timeout_s: float = 300.0,
         progress: Callable[[int, int], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> Manifest:
         """Back up everything the topic holds now, and write a cut (also when nothing
         was new: the snapshot is fresh). ``progress(read, total)`` is called as it goes.
 
+        Given ``stop``, a cut the store is away for is tried again with back-off, as
+        :meth:`run` does, and setting ``stop`` interrupts the catch-up.
+
         Raises:
-            BackupError: the topic stalled for ``timeout_s`` before its end was read.
+            BackupError: the topic stalled for ``timeout_s`` before its end was read, or
+                ``stop`` was set (what was read and not cut is read again next time).
+            StoreOutageTooLong: the store stayed unreachable for ``give_up_after_s``.
         """
         ends = {p: high for p, (_low, high) in watermarks(self._settings, self._topic).items()}
         total = sum(max(0, ends[p] - self._pending.read.get(p, 0)) for p in ends)
         deadline = time.monotonic() + timeout_s
         while any(self._pending.read.get(p, 0) < end for p, end in ends.items()):
+            _interrupted(stop)
             before = sum(self._pending.read.values())
             self.poll(0.5)
             if sum(self._pending.read.values()) != before:
@@ -290,8 +297,23 @@ class BackupWriter:
                 left = sum(max(0, ends[p] - self._pending.read.get(p, 0)) for p in ends)
                 progress(total - left, total)
             if self.buffered >= self._policy.roll_bytes:
-                self.cut()
-        return self.cut()
+                self._cut_riding_outages(stop)
+        return self._cut_riding_outages(stop)
+
+    def _cut_riding_outages(self, stop: threading.Event | None) -> Manifest:
+        """:meth:`cut`, tried again as it was while the store is away (given ``stop``)."""
+        while True:
+            try:
+                manifest = self.cut()
+            except StoreUnreachable as exc:
+                if stop is None:
+                    raise
+                self.metrics.cut_failed()
+                stop.wait(self._outage.failed(exc))
+                _interrupted(stop)
+                continue
+            self._outage.succeeded()
+            return manifest
 
     @property
     def buffered(self) -> int:
@@ -359,3 +381,11 @@ class BackupWriter:
     def _report_lag(self) -> None:
         for partition, high in self._reader.ends(self._pending.read).items():
             self.metrics.lag(partition, high - (self._position.stored.get(partition) or 0))
+
+
+def _interrupted(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise BackupError(
+            "interrupted: no cut was written for what this backup read since its last "
+            "cut; the next backup reads it again"
+        )

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent_blackbox.backup import (
+    BackupError,
     BackupPolicy,
     BackupStore,
     BackupWriter,
@@ -145,8 +146,7 @@ def backup_run(
         writer = BackupWriter(settings, store, signer=signer, policy=policy)
         serve_metrics(metrics_port, writer.metrics.registry)
         if once:
-            with writer:
-                written = _once(console, settings.topic, writer, store)
+            written = _once(console, settings.topic, writer, store)
         else:
             written = _continuously(console, settings.topic, writer, store)
     except BlackboxError as exc:
@@ -157,9 +157,19 @@ def backup_run(
 
 
 def _once(console: Console, topic: str, writer: BackupWriter, store: BackupStore) -> int:
-    console.log(f"backing up [bold]{topic}[/] to {safe_text(store.describe())}")
-    settle_heap()
-    manifest = writer.catch_up(progress=_Progress(console, "read", "messages"))
+    """Back up the topic up to its end and write a cut; an unreachable store is waited
+    for as in continuous mode (see --give-up-after); a signal interrupts it."""
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        if not writer.open_riding_outages(stop):
+            raise BackupError("interrupted while waiting for the store; nothing was written")
+        try:
+            console.log(f"backing up [bold]{topic}[/] to {safe_text(store.describe())}")
+            settle_heap()
+            progress = _Progress(console, "read", "messages")
+            manifest = writer.catch_up(progress=progress, stop=stop)
+        finally:
+            writer.close()
     _say_cut(console, manifest)
     return writer.written
 

@@ -7,12 +7,14 @@ way a disaster or an attacker could damage it.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import Engine, create_engine, text
 
 from agent_blackbox.backup import (
@@ -27,6 +29,8 @@ from agent_blackbox.backup import (
     check_store,
     open_store,
 )
+from agent_blackbox.broker import ensure_topics
+from agent_blackbox.cli import main
 from agent_blackbox.consumers import load_offsets
 from agent_blackbox.schemas import CheckpointSigner, Settings
 from tests.integration._backups import (
@@ -367,3 +371,31 @@ def test_the_running_backup_rolls_cuts_on_time_and_reports_its_lag(
     assert lags
     assert all(lag == 0 for lag in lags)
     assert check_store(store, VERIFIER).passed
+
+
+def test_a_backup_once_rides_out_a_store_away_until_give_up_after(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """--once waits for the store as the continuous backup does, for --give-up-after."""
+    key = tmp_path / "signing.pem"
+    key.write_bytes(CheckpointSigner.generate().private_key_pem())
+    key.chmod(0o600)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        "BLACKBOX_DATABASE_URL": settings.database_url,
+        "BLACKBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "BLACKBOX_TOPIC": settings.topic,
+        "BLACKBOX_SIGNING_KEY_FILE": str(key),
+        "AWS_ACCESS_KEY_ID": "local",
+        "AWS_SECRET_ACCESS_KEY": "local-secret",
+    }
+    ensure_topics(settings)
+    store = f"s3://backups/?endpoint=http://127.0.0.1:{port}"
+    args = ["backup", "run", "--once", "--give-up-after", "2s", "--store", store]
+    result = CliRunner(env=env).invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "longer than BLACKBOX_BACKUP_GIVE_UP_AFTER / --give-up-after allows (2 s)" in " ".join(
+        result.output.split()
+    )
