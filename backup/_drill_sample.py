@@ -1,9 +1,12 @@
 """The drill's replay sample: runs of the restored copy replayed by ``blackbox replay``.
 
-The sample is drawn from the agents that have an entry point (``BLACKBOX_AGENTS``, or
-the drill's ``--agent``), shared out among them in turn; the runs of the other agents
-are counted as skipped (a figure of the report), never a failure: a copy holds every
-agent's runs, and a drill runs where only some agents' code is installed.
+The sample is a random draw (``replay --all --random``), so that a drill repeated over
+time looks at runs across the history, the newest and the sealed ones among them, not
+only the oldest. It is drawn from the agents that have an entry point
+(``BLACKBOX_AGENTS``, or the drill's ``--agent``), shared out among them in turn; the
+runs of the other agents are counted as skipped (a figure of the report), never a
+failure: a copy holds every agent's runs, and a drill runs where only some agents'
+code is installed.
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ def replay_arguments(
     """The ``blackbox replay`` arguments of each replay the plan asks for."""
     done: list[tuple[str | None, list[str]]] = []
     for agent, quota in plan.quotas.items():
-        args = ["replay", "--all", "--limit", str(quota), "--json", "--purpose", purpose]
+        args = ["replay", "--all", "--random", "--limit", str(quota), "--json"]
+        args += ["--purpose", purpose]
         if agent is not None:
             args += ["--agent-id", agent]
         done.append((agent, [*args, *entries.options]))

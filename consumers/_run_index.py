@@ -36,13 +36,16 @@ _LOCATE = text(
 
 _RUNS = text(
     """
-    SELECT run_id FROM blackbox_views.runs
-     WHERE (NOT :finished_only OR status <> 'running')
-       AND (CAST(:since AS timestamptz) IS NULL OR started_at >= :since)
-       AND (CAST(:agent AS text) IS NULL OR agent_id = :agent)
-       AND (:include_forks OR parent_run_id IS NULL)
+    SELECT run_id FROM (
+        SELECT run_id, started_at FROM blackbox_views.runs
+         WHERE (NOT :finished_only OR status <> 'running')
+           AND (CAST(:since AS timestamptz) IS NULL OR started_at >= :since)
+           AND (CAST(:agent AS text) IS NULL OR agent_id = :agent)
+           AND (:include_forks OR parent_run_id IS NULL)
+         ORDER BY CASE WHEN :random THEN random() END, started_at, run_id
+         LIMIT :limit
+     ) drawn
      ORDER BY started_at, run_id
-     LIMIT :limit
     """
 )
 
@@ -140,9 +143,11 @@ class ViewRunIndex:
         agent_id: str | None = None,
         limit: int = 100_000,
         include_forks: bool = True,
+        random: bool = False,
     ) -> list[str]:
         """The ids of indexed runs (finished ones only, when asked; forks too unless
-        ``include_forks`` is False), oldest first.
+        ``include_forks`` is False; ``random``: a random draw of ``limit``), oldest
+        first.
 
         Raises:
             ViewStoreUnavailable: the runs view cannot be read.
@@ -153,6 +158,7 @@ class ViewRunIndex:
             "agent": agent_id,
             "limit": limit,
             "include_forks": include_forks,
+            "random": random,
         }
         try:
             with self._engine.connect() as conn:

@@ -54,6 +54,8 @@ class RunFilter:
     limit: int = DEFAULT_LIMIT
     include_forks: bool = False
     """Forks (runs whose ``run.started`` names a parent) are left out unless asked for."""
+    random: bool = False
+    """A random draw of ``limit`` runs, not the oldest (needs the run index)."""
 
     def describe(self) -> str:
         """The filter in words, for messages and the summary: ``finished runs of agent
@@ -63,8 +65,8 @@ class RunFilter:
             words += f" of agent {self.agent_id!r}"
         if self.since is not None:
             words += f" started since {self.since.isoformat(sep=' ')}"
-        if self.limit != DEFAULT_LIMIT:
-            words += f", at most {self.limit}"
+        if self.limit != DEFAULT_LIMIT or self.random:
+            words += f", {'a random draw of' if self.random else 'at most'} {self.limit}"
         return words + (", forks included" if self.include_forks else ", forks excluded")
 
     def admits(self, first: Envelope) -> bool:

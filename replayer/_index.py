@@ -71,6 +71,7 @@ class RunIndex(Protocol):
         agent_id: str | None = None,
         limit: int = 100_000,
         include_forks: bool = True,
+        random: bool = False,
     ) -> list[str]:
         """The ids of indexed runs, oldest first.
 
@@ -81,6 +82,8 @@ class RunIndex(Protocol):
             limit: at most this many ids.
             include_forks: with False, leave out forks (runs whose ``run.started``
                 names a ``parent_run_id``).
+            random: ``limit`` ids drawn at random from those that match, not the
+                oldest (still given oldest first).
         """
         ...
 

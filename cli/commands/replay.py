@@ -88,6 +88,13 @@ T = TypeVar("T")
     help="With --all: at most N runs.",
 )
 @click.option(
+    "--random",
+    "draw",
+    is_flag=True,
+    help="With --all: a random draw of --limit runs instead of the oldest (a sample across "
+    "the history; not with --archive).",
+)
+@click.option(
     "--include-forks",
     is_flag=True,
     help="With --all: replay forks too (runs re-executed from a parent; left out by default).",
@@ -155,6 +162,7 @@ def replay_command(
     agent_id: str | None,
     since: datetime | None,
     limit: int,
+    draw: bool,
     include_forks: bool,
     workers: int | None,
     archive: Path | None,
@@ -187,12 +195,14 @@ def replay_command(
     if every == (run_id is not None):
         raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
     if not every and (
-        agent_id or since or include_forks or limit != DEFAULT_LIMIT or workers is not None
+        agent_id or since or include_forks or draw or limit != DEFAULT_LIMIT or workers is not None
     ):
         raise click.UsageError(
-            "--agent-id, --since, --limit, --include-forks and --workers need --all"
+            "--agent-id, --since, --limit, --random, --include-forks and --workers need --all"
         )
-    scope = RunFilter(agent_id, since, limit, include_forks) if every else None
+    if draw and archive is not None:
+        raise click.UsageError("--random draws from the run index: not with --archive")
+    scope = RunFilter(agent_id, since, limit, include_forks, draw) if every else None
     out = _Output(as_json, Tally(filters=scope.describe() if scope else None))
     wiring = wired()
     results = _ResultKeeper(code_version, None if archive is not None else wiring)
@@ -440,6 +450,7 @@ def _indexed_runs(index: RunIndex, scope: RunFilter | None) -> list[str]:
         agent_id=scope.agent_id,
         limit=scope.limit,
         include_forks=scope.include_forks,
+        random=scope.random,
     )
     if not ids:
         raise nothing_matched(

@@ -144,6 +144,18 @@ def test_batch_replay_command_summarises_a_history(settings: Settings, engine: E
     assert "nothing matched in the run index" in nothing.stderr
     assert "of agent 'nobody'" in nothing.stderr
 
+    # --random draws --limit runs across the history, not the oldest: 12 draws of one
+    # run out of four leave the same run every time with a chance of 1 in 4**11.
+    index = ViewRunIndex(engine)
+    oldest = index.runs(finished_only=True, limit=1)
+    draws = {tuple(index.runs(finished_only=True, limit=1, random=True)) for _ in range(12)}
+    assert len(draws) > 1, (oldest, draws)
+    random_two = ["replay", "--all", "--random", "--limit", "2", "--json"]
+    drawn = CliRunner(env=env).invoke(main, random_two)
+    assert drawn.exit_code == 0, drawn.output
+    assert len(_lines(drawn)) == 3
+    assert _lines(drawn)[-1]["filters"] == "finished runs, a random draw of 2, forks excluded"
+
 
 def test_forks_are_left_out_of_a_batch_unless_asked_for(settings: Settings, engine: Engine) -> None:
     parents = _publish(settings, engine, 2)
