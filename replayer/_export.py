@@ -20,6 +20,7 @@ from datetime import datetime
 from itertools import groupby
 from typing import Any
 
+from agent_blackbox.keystore import KeyDestroyed
 from agent_blackbox.replayer._opening import BlobReader
 from agent_blackbox.schemas import (
     BlackboxError,
@@ -52,7 +53,9 @@ class ExportTally:
     skipped: Counter[str] = field(default_factory=Counter)
     """LLM calls not made into an example, by reason (``truncated``, ``failed``, ...)."""
     unreadable: int = 0
-    """Bodies that could not be opened (destroyed keys, a missing blob, ...)."""
+    """Bodies that could not be opened (a missing key or blob, a damaged body, ...)."""
+    forgotten: int = 0
+    """Bodies whose data key was destroyed on purpose (retention, a deletion request)."""
     refused: int = 0
     """Plaintext bodies in runs that have a data key: not written by the run's recorder."""
     problems: list[str] = field(default_factory=list)
@@ -114,7 +117,8 @@ class BodyOpener:
         self._pipeline, self._blobs, self._tally = pipeline, blobs, tally
         self._guard = SealedRunGuard()
         self._run: str | None = None
-        self._lost_keys: dict[str, str] = {}
+        self._lost_keys: dict[str, tuple[str, bool]] = {}
+        """Data keys that could not be had: why, and whether destroyed on purpose."""
 
     def refused(self, envelope: Envelope) -> str | None:
         """Why the body of ``envelope`` must not be read (a plaintext body in a run that
@@ -155,18 +159,25 @@ class BodyOpener:
             )
         lost = self._lost_keys.get(envelope.key_id or "")
         if lost is not None:
-            self._tally.unreadable += 1
-            return None, lost
+            self._count_unopened(destroyed=lost[1])
+            return None, lost[0]
         try:
             return self._unpacked(envelope), None
         except BlackboxError as exc:
             if permission_refused(exc) is not None:
                 raise
             why = f"{type(exc).__name__}: {exc}"
+            destroyed = isinstance(exc, KeyDestroyed)
             if isinstance(exc, KeyUnavailable) and envelope.key_id is not None:
-                self._lost_keys[envelope.key_id] = why
-            self._tally.unreadable += 1
+                self._lost_keys[envelope.key_id] = (why, destroyed)
+            self._count_unopened(destroyed=destroyed)
             return None, self._note(why)
+
+    def _count_unopened(self, *, destroyed: bool) -> None:
+        if destroyed:
+            self._tally.forgotten += 1  # destroyed on purpose: no finding
+        else:
+            self._tally.unreadable += 1
 
     def _unpacked(self, envelope: Envelope) -> dict[str, Any]:
         if envelope.payload is None and envelope.payload_ref is not None:

@@ -150,8 +150,10 @@ def export_command(
     \b
     Exit status:
       0  exported
-      1  exported, but a body was refused: a plaintext body in a sealed run, not
-         written by the run's recorder (see blackbox_views.integrity_violations)
+      1  exported, but a body was refused (a plaintext body in a sealed run, not
+         written by the run's recorder: see blackbox_views.integrity_violations) or
+         could not be opened (a key or blob missing); a body forgotten on purpose (its
+         key destroyed) is written as null and is no finding
       2  could not export: bad options, an unknown run, nothing matched, Kafka or the
          database away, keys missing (a FILE is then left as it was)
     """
@@ -490,6 +492,11 @@ def _summary(
             err.print(
                 f"[yellow]{_count(tally.unreadable, 'body', 'bodies')} could not be opened[/]: "
                 "written as null, with body_unavailable saying why"
+            )
+        if tally.forgotten:
+            err.print(
+                f"{_count(tally.forgotten, 'body', 'bodies')} forgotten (data key destroyed by "
+                "retention or a deletion request): written as null, with body_unavailable"
             )
     if tally.refused:
         err.print(

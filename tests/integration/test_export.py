@@ -16,6 +16,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
 
 from agent_blackbox.cli import main
+from agent_blackbox.consumers import shred_run_txn
 from agent_blackbox.keystore import DataKeyStore
 from agent_blackbox.outbox import AgentRun, Recorder, RunSnapshot
 from agent_blackbox.outbox.integrations.openai import capture_openai
@@ -220,3 +221,20 @@ def test_since_selects_the_indexed_runs(
     nothing = _export(settings, reader, "--since", "1h", "--agent", "someone-else")
     assert nothing.exit_code == 2, nothing.output
     assert "nothing matched in the run index" in nothing.stderr
+
+
+def test_bodies_forgotten_on_purpose_are_written_as_null_and_are_no_finding(
+    engine: Engine, settings: Settings, login: Login, recorded: tuple[str, int]
+) -> None:
+    run_id, events = recorded
+    with engine.begin() as conn:  # retention shreds the run: its data key is destroyed
+        assert shred_run_txn(conn, run_id, reason="retention", settings=settings) is not None
+    result = _export(
+        settings, login("blackbox_replayer", tenant="*"), run_id, "--bodies", "--purpose", PURPOSE
+    )
+    lines = _lines(result)  # exit 0: a body forgotten on purpose is no refusal
+    assert len(lines) == events
+    assert all(line["body"] is None for line in lines)
+    assert all(line["body_unavailable"].startswith("KeyDestroyed") for line in lines)
+    assert f"{events} bodies forgotten (data key destroyed" in result.stderr
+    assert "could not be opened" not in result.stderr
