@@ -101,12 +101,7 @@ class RetentionPolicy:
         """``{class: {"bodies_days": N, "metadata_days": M}}``; metadata outlives bodies."""
         classes = {}
         for name, spec in raw.items():
-            try:
-                bodies, metadata = int(spec["bodies_days"]), int(spec["metadata_days"])
-            except (KeyError, TypeError, ValueError) as exc:
-                raise RetentionConfigError(
-                    f"retention class {name!r} needs integer bodies_days and metadata_days"
-                ) from exc
+            bodies, metadata = _days(name, spec, "bodies_days"), _days(name, spec, "metadata_days")
             if not 0 < bodies <= metadata:
                 raise RetentionConfigError(
                     f"retention class {name!r}: need 0 < bodies_days ({bodies}) <= "
@@ -166,6 +161,34 @@ class RetentionReport:
     linked: int = 0
     """Runs a deletion request found linked to its subject (shredded now, before, or
     still recording)."""
+
+
+_KNOWN_KEYS = frozenset({"bodies_days", "metadata_days"})
+
+
+def _days(name: str, spec: Any, key: str) -> int:
+    """``spec[key]``, a whole number of days (not a string, a bool or a fraction).
+
+    Raises:
+        RetentionConfigError: it is missing or not such a number, or ``spec`` is not an
+            object with only the two keys.
+    """
+    if not isinstance(spec, Mapping):
+        raise RetentionConfigError(
+            f"retention class {name!r} must be an object with bodies_days and metadata_days"
+        )
+    if unknown := sorted(set(spec) - _KNOWN_KEYS):
+        raise RetentionConfigError(
+            f"retention class {name!r}: unknown key {', '.join(map(repr, unknown))}; a class "
+            "has bodies_days and metadata_days"
+        )
+    value = spec.get(key)
+    if type(value) is not int:
+        found = "missing" if value is None else f"{value!r}, a {type(value).__name__}"
+        raise RetentionConfigError(
+            f"retention class {name!r}: {key} must be a whole number of days ({found})"
+        )
+    return value
 
 
 def shred_run_txn(

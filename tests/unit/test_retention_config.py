@@ -45,3 +45,24 @@ def test_without_a_standard_class_an_undefined_one_gets_the_shortest_periods() -
 def test_a_policy_without_any_class_is_refused() -> None:
     with pytest.raises(RetentionConfigError, match="defines no class"):
         RetentionPolicy.from_mapping({})
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        (
+            {"bodies_days": "1", "metadata_days": 400},
+            "bodies_days must be a whole number of days ('1', a str)",
+        ),
+        ({"bodies_days": 1.5, "metadata_days": 400}, "(1.5, a float)"),
+        ({"bodies_days": True, "metadata_days": 400}, "(True, a bool)"),
+        ({"bodies_days": 7}, "metadata_days must be a whole number of days (missing)"),
+        ({"body_days": 7, "metadata_days": 400}, "unknown key 'body_days'"),
+        ([7, 400], "must be an object"),
+    ],
+)
+def test_a_class_is_whole_days_under_its_two_keys(spec: object, says: str) -> None:
+    with pytest.raises(RetentionConfigError) as raised:
+        RetentionPolicy.from_mapping({"standard": spec})
+    assert says in str(raised.value)
+    assert "'standard'" in str(raised.value)
