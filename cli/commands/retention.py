@@ -167,9 +167,15 @@ def forget_command(subject_id: str, as_json: bool) -> None:
         console.print(f"no run of subject {safe_text(subject_id)} had bodies left to destroy")
     else:
         _print_redactions(report, console, title=f"Runs of subject {safe_text(subject_id)}")
+        sealed = sum(1 for r in report.redacted if r.encrypted)
         console.print(
-            f"{_runs(len(report.redacted))} redacted; each was announced by a run.redacted "
-            "event and written to the deletion ledger"
+            f"{_runs(len(report.redacted))} redacted, each written to the deletion ledger; "
+            + (
+                "each announced by a run.redacted event"
+                if sealed == len(report.redacted)
+                else f"{sealed} announced by a run.redacted event (the runs recorded "
+                "unencrypted had no data key to destroy: their labels were scrubbed)"
+            )
         )
     if report.still_running:
         safe_console(stderr=True).print(
