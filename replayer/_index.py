@@ -15,6 +15,7 @@ from typing import Protocol
 
 from sqlalchemy import Engine
 
+from agent_blackbox.broker import GrantedEpochs
 from agent_blackbox.replayer._report import ReplayReport
 from agent_blackbox.schemas import Checkpoint
 
@@ -89,6 +90,11 @@ class RunIndex(Protocol):
 
     def checkpoint(self, run_id: str) -> Checkpoint | None:
         """The signed checkpoint of ``run_id``, when one was signed."""
+        ...
+
+    def granted_epochs(self) -> GrantedEpochs | None:
+        """The write side's granted lease epochs, for the fences of the runs read through
+        this index (one for all of them); None when there is no write side to ask."""
         ...
 
 

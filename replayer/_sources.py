@@ -156,8 +156,9 @@ class KafkaRunSource:
         """Messages under the run's key that are not its events: anyone who can produce
         to the topic can write one; the view consumer dead-letters or flags them, and a
         reader passes over them rather than stop at them."""
-        self.fence = EpochFence()
-        """The fence of this read: :attr:`EpochFence.dropped` counts stale copies."""
+        self.fence = EpochFence(index.granted_epochs())
+        """The fence of this read (moved only to epochs the write side granted):
+        :attr:`EpochFence.dropped` counts stale copies."""
 
     def _skip(self, offset: int, why: str) -> None:
         self.skipped.append(SkippedMessage(self.partition, offset, why, self.run_id))

@@ -28,11 +28,13 @@ from agent_blackbox.consumers import (
     BatchOutcome,
     CheckpointConsumer,
     ViewConsumer,
+    ViewRunIndex,
     integrity_violations,
     load_checkpoint,
 )
 from agent_blackbox.consumers._errors import MemberFenced
 from agent_blackbox.outbox import Recorder
+from agent_blackbox.replayer import KafkaRunSource
 from agent_blackbox.schemas import CheckpointSigner, Envelope, EnvelopeCodec, Settings
 from tests.integration._agents import record_ticket_runs, ticket_ids
 from tests.integration._outbox import outbox_envelopes
@@ -225,6 +227,10 @@ def test_a_stamp_of_an_epoch_no_relay_was_granted_hides_no_run(
     assert (outcome.inserted, outcome.stale) == (len(events), 0)
     row = run_row(engine, run.run_id)
     assert (row.status, row.event_count) == ("succeeded", len(events))
+    # A run read back for replay or verify passes the forged stamp too.
+    source = KafkaRunSource(topic_settings, ViewRunIndex(engine), run.run_id)
+    assert [e.sequence for e in source] == [e.sequence for e in events]
+    assert (source.fence.dropped, source.fence.unproven) == (0, 2)
     # The fence stored beside the offsets holds no forged epoch: after a restart, the
     # real relay's next copy is still read as live (a duplicate, not a stale copy).
     stamped.send([events[-1]], epoch=2)

@@ -546,6 +546,9 @@ class _Index:
     def runs(self, **_filters: Any) -> list[str]:
         return []
 
+    def granted_epochs(self) -> None:
+        return None
+
     def checkpoint(self, run_id: str) -> None:
         return None
 
