@@ -27,7 +27,7 @@ from agent_blackbox.broker import EpochFence, GrantedEpochs, read_ranges, waterm
 from agent_blackbox.keystore import destroy_key_ids_txn, key_owners_txn
 from agent_blackbox.outbox.lifecycle import (
     RunHead,
-    lease_epochs_txn,
+    lease_epochs,
     ledger_key_ids_txn,
     run_head_txn,
     scrub_run_txn,
@@ -305,13 +305,8 @@ def ledger_entries(
     Raises:
         BlackboxError: the broker cannot be reached or the topic does not exist.
     """
-    granted = None if engine is None else GrantedEpochs(partial(_lease_epochs, engine))
+    granted = None if engine is None else GrantedEpochs(partial(lease_epochs, engine))
     yield from entries_of(_topic_envelopes(settings, timeout_s, granted), PayloadPipeline())
-
-
-def _lease_epochs(engine: Engine) -> dict[int, int] | None:
-    with engine.connect() as conn:
-        return lease_epochs_txn(conn)
 
 
 def _topic_envelopes(

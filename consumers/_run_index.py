@@ -22,7 +22,7 @@ from agent_blackbox.broker import GrantedEpochs, run_partition
 from agent_blackbox.broker import partition_count as topic_partitions
 from agent_blackbox.consumers._checkpoints import load_checkpoint
 from agent_blackbox.consumers._errors import ViewStoreUnavailable
-from agent_blackbox.outbox.lifecycle import lease_epochs_txn
+from agent_blackbox.outbox.lifecycle import lease_epochs
 from agent_blackbox.schemas import BlackboxError, Checkpoint, Settings, safe_text
 
 _LOCATE = text(
@@ -80,7 +80,7 @@ class ViewRunIndex:
     ) -> None:
         self._engine = engine
         self._partition_count = partition_count
-        self._granted = GrantedEpochs(self._lease_epochs)
+        self._granted = GrantedEpochs(partial(lease_epochs, engine))
 
     @classmethod
     def from_settings(cls, engine: Engine, settings: Settings) -> ViewRunIndex:
@@ -176,10 +176,6 @@ class ViewRunIndex:
         """The lease epochs the write side in this database granted (asked at most once a
         second, by every run read through this index)."""
         return self._granted
-
-    def _lease_epochs(self) -> dict[int, int] | None:
-        with self._engine.connect() as conn:
-            return lease_epochs_txn(conn)
 
 
 def _unreadable(what: str, exc: SQLAlchemyError) -> ViewStoreUnavailable:

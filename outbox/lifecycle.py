@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 
 from agent_blackbox.outbox import _boundaries as b
 from agent_blackbox.outbox._core import new_factory, utc_now
@@ -34,6 +34,7 @@ __all__ = [
     "StatementSigner",
     "append_redaction_txn",
     "delete_run_metadata_txn",
+    "lease_epochs",
     "lease_epochs_txn",
     "ledger_key_ids_txn",
     "ledger_readable_txn",
@@ -402,6 +403,12 @@ def lease_epochs_txn(conn: Connection) -> dict[int, int] | None:
     if not conn.execute(_EPOCHS_READABLE).scalar():
         return None
     return {int(shard): int(epoch) for shard, epoch in conn.execute(_EPOCHS)}
+
+
+def lease_epochs(engine: Engine) -> dict[int, int] | None:
+    """:func:`lease_epochs_txn` in a connection of its own (a reader's fence asks it)."""
+    with engine.connect() as conn:
+        return lease_epochs_txn(conn)
 
 
 def runs_readable_txn(conn: Connection) -> bool:

@@ -38,17 +38,20 @@ import pickle
 import queue
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import Message
 
 from agent_blackbox.broker import (
     EpochFence,
+    GrantedEpochs,
     KafkaUnavailable,
     partition_of,
     read_ranges,
     watermarks,
 )
+from agent_blackbox.outbox.lifecycle import lease_epochs
 from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
@@ -57,6 +60,7 @@ from agent_blackbox.schemas import (
     Settings,
     UndecodableMessage,
 )
+from agent_blackbox.wiring import COMMAND_POOL
 
 log = logging.getLogger(__name__)
 
@@ -408,6 +412,16 @@ class HistoryScan(Generic[R]):
             handler.close()
 
 
+def _lease_epochs(database_url: str) -> dict[int, int] | None:
+    """The write side's granted lease epochs (asked once a reader meets a stamp past
+    those it knows: about once per reader)."""
+    engine = COMMAND_POOL.engine(database_url)
+    try:
+        return lease_epochs(engine)
+    finally:
+        engine.dispose()
+
+
 def _picklable(work: object) -> bool:
     try:
         pickle.dumps(work)
@@ -454,9 +468,10 @@ def _scan_partitions(
     reader: str,
 ) -> Iterator[_Item]:
     codec = EnvelopeCodec()
+    granted = GrantedEpochs(partial(_lease_epochs, settings.database_url))
     for partition, (low, high) in plan:
         yield _Taken(reader, partition, (low, high))
-        fence = EpochFence()
+        fence = EpochFence(granted)
         counted = _Counted(
             read_ranges(settings, settings.topic, {partition: (low, high)}, batch=FETCH_BATCH)
         )

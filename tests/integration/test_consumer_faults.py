@@ -8,6 +8,7 @@ database are never stopped.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -18,12 +19,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Consumer, ConsumerGroupState, Message, Producer
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, func, select
 
 from agent_blackbox.broker import KafkaUnavailable, LeaseStamp, ensure_topics
+from agent_blackbox.cli import main
 from agent_blackbox.consumers import (
     BatchOutcome,
     CheckpointConsumer,
@@ -231,6 +234,21 @@ def test_a_stamp_of_an_epoch_no_relay_was_granted_hides_no_run(
     source = KafkaRunSource(topic_settings, ViewRunIndex(engine), run.run_id)
     assert [e.sequence for e in source] == [e.sequence for e in events]
     assert (source.fence.dropped, source.fence.unproven) == (0, 2)
+    # And so does replay --all's scan of the whole topic.
+    env = {
+        "BLACKBOX_DATABASE_URL": topic_settings.database_url,
+        "BLACKBOX_KAFKA_BOOTSTRAP": topic_settings.kafka_bootstrap,
+        "BLACKBOX_TOPIC": topic_settings.topic,
+        "BLACKBOX_PARTITIONS": str(topic_settings.partitions),
+        "BLACKBOX_KEK": None,
+        "BLACKBOX_KEK_FILE": None,
+    }
+    entry = "ticket-agent=agent_blackbox.examples.ticket_agent:replay_entry"
+    args = ["replay", "--all", "--json", "--purpose", "a fencing test", "--agent", entry]
+    replayed = CliRunner(env=env).invoke(main, args)
+    assert replayed.exit_code == 0, replayed.output
+    [line] = [json.loads(x) for x in replayed.stdout.splitlines() if '"type": "run"' in x]
+    assert (line["run_id"], line["result"]) == (run.run_id, "PASS")
     # The fence stored beside the offsets holds no forged epoch: after a restart, the
     # real relay's next copy is still read as live (a duplicate, not a stale copy).
     stamped.send([events[-1]], epoch=2)
