@@ -85,7 +85,7 @@ class GrantedEpochs:
     message claims a later one (at most once per ``every_s``).
 
     Args:
-        lookup: every shard's granted epoch (``outbox.lifecycle.lease_epochs_txn``);
+        lookup: every shard's granted epoch (``outbox.lifecycle.lease_epochs``);
             None when there is no write side to ask (then every stamp is taken at its
             word, as before the check). An exception is logged, and the stamp is not
             taken until an answer allows it.

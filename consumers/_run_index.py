@@ -35,19 +35,17 @@ _LOCATE = text(
     """
 )
 
-_RUNS = text(
-    """
-    SELECT run_id FROM (
-        SELECT run_id, started_at FROM blackbox_views.runs
-         WHERE (NOT :finished_only OR status <> 'running')
-           AND (CAST(:since AS timestamptz) IS NULL OR started_at >= :since)
-           AND (CAST(:agent AS text) IS NULL OR agent_id = :agent)
-           AND (:include_forks OR parent_run_id IS NULL)
-         ORDER BY CASE WHEN :random THEN random() END, started_at, run_id
-         LIMIT :limit
-     ) drawn
-     ORDER BY started_at, run_id
-    """
+_MATCHING = """
+    SELECT run_id, started_at FROM blackbox_views.runs
+     WHERE (NOT :finished_only OR status <> 'running')
+       AND (CAST(:since AS timestamptz) IS NULL OR started_at >= :since)
+       AND (CAST(:agent AS text) IS NULL OR agent_id = :agent)
+       AND (:include_forks OR parent_run_id IS NULL)
+"""
+_RUNS = text(f"SELECT run_id FROM ({_MATCHING}) m ORDER BY started_at, run_id LIMIT :limit")
+_DRAWN = text(
+    f"SELECT run_id FROM (SELECT * FROM ({_MATCHING}) m ORDER BY random() LIMIT :limit) d "
+    "ORDER BY started_at, run_id"
 )
 
 
@@ -160,11 +158,11 @@ class ViewRunIndex:
             "agent": agent_id,
             "limit": limit,
             "include_forks": include_forks,
-            "random": random,
         }
         try:
             with self._engine.connect() as conn:
-                return [str(r) for r in conn.execute(_RUNS, params).scalars()]
+                statement = _DRAWN if random else _RUNS
+                return [str(r) for r in conn.execute(statement, params).scalars()]
         except SQLAlchemyError as exc:
             raise _unreadable("the runs view", exc) from exc
 

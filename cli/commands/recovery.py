@@ -31,6 +31,7 @@ from agent_blackbox.backup import (
     restore_runs,
     run_drill,
 )
+from agent_blackbox.backup._drill_sample import EntryPoints
 from agent_blackbox.backup._partial import RESTORE_PREFIX
 from agent_blackbox.backup._tally import EventTally
 from agent_blackbox.backup._target import copy_exists, existing_target
@@ -205,6 +206,13 @@ def drill_command(
         trust_cut=trust_cut,
         agents=agents,
     )
+    if sample > 0 and EntryPoints.of(agents).empty:
+        # Said before the restore, not after it: the sample could not run anyway.
+        raise click.UsageError(
+            f"--sample {sample} replays runs with the agents' entry points, and none is "
+            "given: set BLACKBOX_AGENTS (name=module:function,...) or give --agent, or "
+            "give --sample 0"
+        )
     try:
         store = open_store(url)
         verifier = required_verifier()

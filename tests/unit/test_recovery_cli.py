@@ -29,3 +29,11 @@ def test_bad_input_is_refused_with_exit_2_naming_it(args: list[str], says: str) 
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert says in result.output
+
+
+def test_a_drill_with_a_sample_and_no_entry_point_is_refused_before_it_restores() -> None:
+    result = CliRunner(env={"BLACKBOX_AGENTS": None}).invoke(main, ["drill", "--sample", "5"])
+    assert result.exit_code == 2, result.output
+    assert "--sample 5 replays runs with the agents' entry points, and none is given" in (
+        " ".join(result.output.split())
+    )
