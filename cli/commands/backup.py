@@ -282,7 +282,8 @@ def _print_check(console: Console, check: StoreCheck) -> None:
     for problem in check.problems:
         table.add_row(safe_text(problem.where), safe_text(problem.problem))
     console.print(table)
-    console.print(f"[red]FAIL[/]: {len(check.problems)} problems")
+    count = len(check.problems)
+    console.print(f"[red]FAIL[/]: {count} problem{'' if count == 1 else 's'}")
 
 
 @backup_group.command("prune")
