@@ -269,6 +269,8 @@ def _backup_check(check: StoreCheck) -> Check:
         detail += f"; restored as told ({TRUST_CUT_OPTION}) although " + "; ".join(
             f"{p.where}: {p.problem}" for p in check.waived[:3]
         )
+    if check.unchecked:
+        detail += "; " + "; ".join(check.unchecked)
     return Check("backup objects and manifest chain", not check.problems, detail, where)
 
 

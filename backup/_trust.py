@@ -16,8 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from agent_blackbox.backup._chain import head_manifest, manifest_numbers
-from agent_blackbox.backup._errors import BackupCorrupt, BackupError
+from agent_blackbox.backup._errors import BackupCorrupt, BackupError, first_line
 from agent_blackbox.backup._manifest import MANIFESTS, manifest_key
 from agent_blackbox.backup._store import BackupStore
 from agent_blackbox.backup._verify import StoreCheck, check_store
@@ -54,7 +56,11 @@ def check_backup(
         raise BackupError(f"give --at or {TRUST_CUT_OPTION}, not both: each chooses the cut")
     if trust_cut is not None:
         _require_manifest(store, trust_cut)
-    recorded = recorded_by_production(production, store)
+    try:
+        recorded = recorded_by_production(production, store)
+        unchecked = None
+    except SQLAlchemyError as exc:
+        recorded, unchecked = None, first_line(exc)
     check = check_store(
         store,
         verifier,
@@ -66,6 +72,11 @@ def check_backup(
     )
     if check.cut is None and not check.chain.problems:
         raise BackupError(no_cut(store, at))
+    if unchecked is not None:
+        check.unchecked.append(
+            "not checked: whether the store's newest manifests were removed (production's "
+            f"database, which records how far the backup got, cannot be read: {unchecked})"
+        )
     return check
 
 
@@ -97,7 +108,11 @@ def _require_manifest(store: BackupStore, number: int) -> None:
 
 
 def recorded_by_production(production: Settings, store: BackupStore) -> dict[int, int] | None:
-    """How far production's database says the backup got (None: unknown)."""
+    """How far production's database says the backup got (None: unknown).
+
+    Raises:
+        SQLAlchemyError: production's database cannot be read.
+    """
     try:
         head = head_manifest(store)
     except BackupCorrupt:

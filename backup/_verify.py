@@ -53,6 +53,8 @@ class StoreCheck:
     waived: list[ChainProblem] = field(default_factory=list)
     """Problems the operator accepted by naming the cut to trust (newest manifests
     removed from the store): reported, not failed."""
+    unchecked: list[str] = field(default_factory=list)
+    """What could not be checked, and why (it fails nothing)."""
 
     def segments_held(self) -> list[SegmentEntry]:
         """The segments up to the cut that the store still holds (not pruned)."""

@@ -28,7 +28,6 @@ from datetime import datetime
 
 from confluent_kafka import Message as KafkaMessage
 from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.backup._chain import head_manifest
 from agent_blackbox.backup._cut import CutWriter
@@ -80,15 +79,16 @@ def recorded_offsets(
     settings: Settings, store: BackupStore, partitions: Iterable[int]
 ) -> dict[int, int] | None:
     """How far the database says the backup to ``store`` got in ``partitions``
-    (partition -> next offset); None when the database cannot be read (a disaster took
-    it) or records nothing."""
+    (partition -> next offset); None when it records nothing.
+
+    Raises:
+        SQLAlchemyError: the database cannot be read (a disaster took it).
+    """
     wanted = [(settings.topic, p) for p in partitions]
     engine = COMMAND_POOL.engine(settings.database_url)
     try:
         with engine.connect() as conn:
             found = load_offsets(conn, group_id=backup_group(store), partitions=wanted)
-    except SQLAlchemyError:
-        return None
     finally:
         engine.dispose()
     return {p: o for (_t, p), o in found.items() if o is not None} or None

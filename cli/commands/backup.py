@@ -263,6 +263,7 @@ def _check_doc(check: StoreCheck) -> dict[str, object]:
         "bytes": check.bytes,
         "blobs": check.blobs,
         "problems": [{"where": p.where, "problem": p.problem} for p in check.problems],
+        "unchecked": list(check.unchecked),
     }
 
 
@@ -273,6 +274,8 @@ def _print_check(console: Console, check: StoreCheck) -> None:
         f"{len(check.chain.manifests)} manifests up to {where}: {check.segments:,} segments, "
         f"{check.messages:,} events, {check.bytes:,} bytes, {check.blobs:,} blobs"
     )
+    for note in check.unchecked:
+        console.print(f"[yellow]{safe_text(note)}[/]")
     if not check.problems:
         console.print("[green]PASS[/]: every object is the one the signed manifests name")
         return
