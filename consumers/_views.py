@@ -83,6 +83,9 @@ log = logging.getLogger(__name__)
 RUNNING = "running"
 FINISHED_WITHOUT_STATUS = "finished"
 DIGEST_MISMATCH = "digest_mismatch"
+CONFLICTING_DUPLICATE = "conflicting_duplicate"
+"""An event at a stored one's place with its digests and chain hash, under another event
+id: passed off as a repeat (the signer's ``SignerFinding.CONFLICTING_DUPLICATE`` too)."""
 EVENT_ID_REUSED = "event_id_reused"
 WRONG_PARTITION = "wrong_partition"
 """An event on another partition than the one its run's key maps to."""
@@ -104,11 +107,13 @@ class StoredEvent:
 
     def matches(self, envelope: Envelope) -> bool:
         """Whether ``envelope`` is a copy of this event: the same event id, digests and
-        chain hash (of a shredded run, whose digests the views no longer keep, the same
-        event id and chain hash: it covers the digests). A relay's repeat is the same
-        envelope; one under another event id is another event at this place."""
-        if self.event_id != envelope.event_id:
-            return False
+        chain hash. A relay's repeat is the same envelope; one under another event id is
+        another event at this place (a conflicting duplicate)."""
+        return self.event_id == envelope.event_id and self.same_digests(envelope)
+
+    def same_digests(self, envelope: Envelope) -> bool:
+        """Whether ``envelope`` carries this event's digests and chain hash (of a shredded
+        run, whose digests the views no longer keep, its chain hash: it covers them)."""
         if self.input_digest == SHREDDED_DIGEST:
             return self.chain_hash == envelope.chain_hash
         return (self.input_digest, self.output_digest, self.chain_hash) == (
@@ -352,7 +357,11 @@ def classify_collisions(
         if existing is not None and existing.matches(record.envelope):
             duplicates.append(record)
         elif existing is not None:
-            violations.append(Violation(DIGEST_MISMATCH, record, existing))
+            # The digests of the event at its place under another event id: a copy
+            # passed off as this event (as the signer names it), else another event.
+            same = existing.same_digests(record.envelope)
+            kind = CONFLICTING_DUPLICATE if same else DIGEST_MISMATCH
+            violations.append(Violation(kind, record, existing))
         elif (reused := by_event_id.get(record.envelope.event_id)) is not None:
             violations.append(Violation(EVENT_ID_REUSED, record, reused))
         else:

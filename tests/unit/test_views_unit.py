@@ -25,6 +25,7 @@ from agent_blackbox.consumers._dead_letters import (
     Poison,
 )
 from agent_blackbox.consumers._views import (
+    CONFLICTING_DUPLICATE,
     DIGEST_MISMATCH,
     EVENT_ID_REUSED,
     StoredEvent,
@@ -92,10 +93,8 @@ def test_same_digests_are_a_duplicate() -> None:
     assert (len(duplicates), violations) == (1, [])
 
 
-@pytest.mark.parametrize("field", ["input_digest", "output_digest", "chain_hash", "event_id"])
+@pytest.mark.parametrize("field", ["input_digest", "output_digest", "chain_hash"])
 def test_any_differing_digest_is_a_violation(field: str) -> None:
-    """A copy under another event id (a forged run.redacted with the digests and chain
-    hash of the event at its place, say) is another event, not a repeat."""
     original = envelope("r", 1)
     forged = envelope("r", 1, **{field: "forged"})
 
@@ -106,6 +105,16 @@ def test_any_differing_digest_is_a_violation(field: str) -> None:
     assert violation.kind == DIGEST_MISMATCH
     assert violation.existing == stored(original)
     assert violation.incoming.envelope is forged
+
+
+def test_a_copy_under_another_event_id_is_a_conflicting_duplicate() -> None:
+    """A forged run.redacted with the digests and chain hash of the event at its place,
+    say: not a relay's repeat, which is the same envelope."""
+    original = envelope("r", 1)
+    forged = envelope("r", 1, event_id="forged", event_type="run.redacted")
+    duplicates, (violation,) = classify_collisions([delivered(forged)], [stored(original)])
+    assert duplicates == []
+    assert violation.kind == CONFLICTING_DUPLICATE
 
 
 def test_an_event_id_reused_by_another_event_is_a_violation() -> None:
