@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer
 from confluent_kafka import TopicPartition as KafkaPartition
@@ -18,6 +19,7 @@ from agent_blackbox.broker import EpochFence, GrantedEpochs, kafka_errors
 from agent_blackbox.consumers._errors import ConsumerError
 from agent_blackbox.consumers._offsets import OffsetMove, TopicPartition, load_fences, load_offsets
 from agent_blackbox.consumers._view_database import ViewDatabase
+from agent_blackbox.outbox.lifecycle import lease_epochs
 
 # These are the runtime's log lines: they keep its logger's name.
 log = logging.getLogger("agent_blackbox.consumers._runtime")
@@ -41,7 +43,7 @@ class Assignment:
         self.unsynced: set[TopicPartition] = set()
         """Partitions whose Kafka position may not be the stored one: nothing of theirs
         is applied until :meth:`rewind` has read the database again."""
-        self.fence = EpochFence(GrantedEpochs(database.lease_epochs))
+        self.fence = EpochFence(GrantedEpochs(partial(lease_epochs, database.engine)))
         """Judges stale relay copies (moved only to epochs the write side granted);
         stored beside the offsets."""
         self.rebalances = 0

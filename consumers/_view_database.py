@@ -14,7 +14,6 @@ from agent_blackbox.consumers._errors import (
     ViewsNotMigrated,
     ViewStoreUnavailable,
 )
-from agent_blackbox.outbox.lifecycle import lease_epochs
 from agent_blackbox.schemas import Settings
 from agent_blackbox.wiring import SERVICE_POOL
 
@@ -69,11 +68,6 @@ class ViewDatabase:
             raise ProjectionFailed(self._refused(exc)) from exc
         except SQLAlchemyError as exc:
             raise ProjectionFailed(self._refused(exc)) from exc
-
-    def lease_epochs(self) -> dict[int, int] | None:
-        """Each outbox shard's granted lease epoch, from the write side in this
-        database (None: it has none this login may ask); raises what the driver raises."""
-        return lease_epochs(self._engine)
 
     def close(self) -> None:
         """Release the engine's connections if the consumer made it."""
