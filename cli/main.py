@@ -8,8 +8,10 @@ and a half.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import logging
+import signal
 
 import click
 from rich.logging import RichHandler
@@ -77,6 +79,11 @@ class _Commands(RoleCheckedGroup):
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
     """agent-blackbox: a flight recorder for AI agents."""
+    # ``kill -USR1 <pid>`` prints where every thread of a long-running command is, to
+    # stderr, without stopping it: the first thing to look at when a relay, consumer or
+    # backup seems stuck.
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     given = ctx.obj if isinstance(ctx.obj, ReadSide) else None
     try:  # a BLACKBOX_* variable with a bad value is named once, before any command runs
         # The composition root: the settings are read here, once per invocation, and

@@ -152,7 +152,7 @@ def after_heal(current: Scenario, figures: Figures, *, timeout: float = 180.0) -
         phases[name] = round(now - began, 2)
         began = now
 
-    _waited(current, lambda: current.outbox_rows() == 0, timeout=timeout, what="outbox drained")
+    waited(current, lambda: current.outbox_rows() == 0, timeout=timeout, what="outbox drained")
     figures.outbox_left = current.outbox_rows()
     phase("drain")
     committed = _committed(current, figures)
@@ -168,7 +168,7 @@ def after_heal(current: Scenario, figures: Figures, *, timeout: float = 180.0) -
     return figures
 
 
-def _waited(current: Scenario, probe: Callable[[], bool], *, timeout: float, what: str) -> None:
+def waited(current: Scenario, probe: Callable[[], bool], *, timeout: float, what: str) -> None:
     """``eventually``, with the scenario's state and logs in the failure."""
     try:
         eventually(probe, timeout=timeout, what=what)
@@ -269,7 +269,7 @@ def _views(
     timeout: float,
 ) -> None:
     """Wait until the consumers indexed as many events as committed, then compare."""
-    _waited(
+    waited(
         current,
         lambda: current.indexed() >= len(committed),
         timeout=timeout,

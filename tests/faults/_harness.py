@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -173,6 +174,25 @@ class Worker:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=timeout)
 
+    def dump_stacks(self, timeout: float = 5.0) -> str:
+        """Every thread's stack of a live process, which it prints into its log on
+        SIGUSR1 (the command line registers it); "" when it has exited or did not answer
+        within ``timeout``."""
+        if self.process.poll() is not None:
+            return ""
+        start = self.log.stat().st_size
+        self.process.send_signal(signal.SIGUSR1)
+        deadline, last = time.monotonic() + timeout, ""
+        while time.monotonic() < deadline:
+            with self.log.open("rb") as log:
+                log.seek(start)
+                written = log.read().decode(errors="replace")
+            if "most recent call first" in written and written == last:
+                return written  # the dump is written at once: it stopped growing
+            last = written
+            time.sleep(0.1)
+        return last
+
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)  # a paused process dies paused too
@@ -261,6 +281,9 @@ class Scenario:
             tail = worker.log.read_text(errors="replace").splitlines()[-lines:]
             parts.append(f"--- {worker.name} (exit {state}) {worker.log}")
             parts.extend(line[:300] for line in tail)
+            if stacks := worker.dump_stacks():
+                parts.append(f"--- {worker.name}: every thread's stack (SIGUSR1)")
+                parts.extend(stacks.splitlines())
         return "\n".join(parts)
 
 

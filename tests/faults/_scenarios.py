@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, make_url, text
 
 from agent_blackbox.broker import new_admin, partition_of
 from agent_blackbox.outbox import Recorder, RunSnapshot
-from tests.faults._check import Figures, after_heal, stale_so_far, takeover
+from tests.faults._check import Figures, after_heal, stale_so_far, takeover, waited
 from tests.faults._harness import FaultStack, Load, Scenario, Worker, eventually, scenario
 from tests.integration._pgproxy import CommitDropper, through
 
@@ -73,7 +73,7 @@ def _loaded(
     try:
         # Faults start once the whole pipeline runs (a consumer that cannot reach the
         # database at start-up exits 2 by design; that is not the fault under test).
-        eventually(lambda: current.indexed() > 0, timeout=120, what="the pipeline running")
+        waited(current, lambda: current.indexed() > 0, timeout=120, what="the pipeline running")
         for number, size in enumerate(_rounds(events)):
             load.wait_events(target + size // 2, timeout=300)
             fault(number, load)
