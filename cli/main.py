@@ -12,6 +12,7 @@ import faulthandler
 import importlib
 import logging
 import signal
+import sys
 
 import click
 from rich.logging import RichHandler
@@ -57,6 +58,19 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 """Each command's name → its module in ``agent_blackbox.cli.commands`` and its name there."""
 
 
+def _stacks_on_signal() -> None:
+    """``kill -USR1 <pid>`` prints where every thread of a long-running command is, to
+    the process's stderr, without stopping it: the first thing to look at when a relay,
+    a consumer or a backup seems stuck. Not where stderr is no file (a test's runner)."""
+    stderr = sys.__stderr__
+    if not hasattr(signal, "SIGUSR1") or stderr is None:
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, file=stderr, all_threads=True)
+    except (OSError, ValueError):  # no file descriptor behind it
+        return
+
+
 class _Commands(RoleCheckedGroup):
     """The root group, which imports each command's module the first time it is asked for
     the command."""
@@ -79,11 +93,7 @@ class _Commands(RoleCheckedGroup):
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
     """agent-blackbox: a flight recorder for AI agents."""
-    # ``kill -USR1 <pid>`` prints where every thread of a long-running command is, to
-    # stderr, without stopping it: the first thing to look at when a relay, consumer or
-    # backup seems stuck.
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _stacks_on_signal()
     given = ctx.obj if isinstance(ctx.obj, ReadSide) else None
     try:  # a BLACKBOX_* variable with a bad value is named once, before any command runs
         # The composition root: the settings are read here, once per invocation, and
