@@ -117,7 +117,7 @@ class Contract:
         """What replay knows of the next recorded event, when it is of ``event_type``
         and no rule fired on it (see :attr:`expected`)."""
         found = None if self._expected is None else self._expected()
-        return found if found is not None and found.event_type == event_type else None
+        return found if found and not found.fired and found.event_type == event_type else None
 
     def _as_given(
         self, event_type: EventType, inputs: Any, *, path: str, value: Any, recorded: Expected

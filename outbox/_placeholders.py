@@ -27,6 +27,15 @@ def placeholder(rule: str) -> str:
 
 PSEUDONYMOUS = ("card_number", "email", "path", "phone")
 """The rules that may replace values by pseudonyms; never credentials."""
+_OPENINGS = (PLACEHOLDER_PREFIX, *(f"[{rule}:" for rule in PSEUDONYMOUS))
+
+
+def may_hold_stand_in(text: str) -> bool:
+    """Whether ``text`` (a value's JSON) holds what a placeholder or a pseudonym opens
+    with: a value without it was changed by no rule (every rule leaves one)."""
+    return any(opening in text for opening in _OPENINGS)
+
+
 PSEUDONYM_HEX = 12
 """Hex digits of a pseudonym's tag: 48 bits, so distinct values of one tenant collide
 with odds near one in a million only past some 24,000 of them."""

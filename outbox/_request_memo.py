@@ -29,6 +29,14 @@ request so digested matches the recorded digest, it is the recorded request, whi
 redaction left alone, and so would have left each of its parts; when it does not, the
 parts taken that way are forgotten and the request is scrubbed the whole way, as in
 record mode, before the divergence is reported from it.
+
+When a rule did fire on the call, it most often fired on a turn of the conversation's
+beginning, which the memo holds scrubbed since the call that sent it first; the new
+turns are still taken as they are, except a part whose text holds what a stand-in opens
+with (``[redacted:``, ``[email:``...), which is scrubbed. The same follows from a
+match: a taken part's text is then the recorded part's, which holds no stand-in, so no
+rule fired on it when it was recorded, and redaction (a pure function of the value and
+the run's rules) leaves it as it is now.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from typing import Any
 
 from agent_blackbox.outbox._errors import BlackboxError
 from agent_blackbox.outbox._llm import llm_input
+from agent_blackbox.outbox._placeholders import may_hold_stand_in
 from agent_blackbox.outbox._scrub import Scrub
 from agent_blackbox.schemas import (
     CANONICAL_V1,
@@ -213,8 +222,8 @@ class RequestParts:
 @dataclass(frozen=True, slots=True)
 class Expected:
     """What replay knows of the recorded event the code's next crossing is compared
-    with, when no redaction rule fired on it: the crossing's input (and output) as the
-    code hands it over is then what was recorded, or the crossing diverges. An LLM call
+    with. When no redaction rule fired on it, the crossing's input (and output) as the
+    code hands it over is what was recorded, or the crossing diverges. An LLM call
     takes its request's new parts as they are (see the module's docstring); the
     contract's other inputs are digested as given first (``Contract.tool``...)."""
 
@@ -223,10 +232,25 @@ class Expected:
     """The event's recorded input digest."""
     output_digest: str
     """Its recorded output digest (a transition's: over the state it set)."""
+    fired: bool = False
+    """A redaction rule fired on the event: only an LLM call's request parts that hold
+    no stand-in are taken as they are (see the module's docstring); other inputs are
+    scrubbed the whole way."""
 
 
-_Taken = list[tuple[int, bytes]]
-"""The keys of the parts one call took as they were (see :class:`Expected`)."""
+class _Taken(list[tuple[int, bytes]]):
+    """The keys of the parts one call took as they were (see :class:`Expected`).
+
+    Args:
+        fired: a rule fired on the recorded call: a part that may hold a stand-in is
+            scrubbed rather than taken.
+    """
+
+    __slots__ = ("fired",)
+
+    def __init__(self, *, fired: bool) -> None:
+        super().__init__()
+        self.fired = fired
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +292,7 @@ class RequestMemo:
         expected = None if self.expected is None else self.expected()
         if expected is not None and expected.event_type != EventType.LLM_CALL:
             expected = None
-        taken: _Taken | None = None if expected is None else []
+        taken = None if expected is None else _Taken(fired=expected.fired)
         with self._lock:
             latest = self._latest
         try:
@@ -405,7 +429,7 @@ class RequestMemo:
             ordered = plain_ordered_text(value)
             if ordered is None:  # NaN, bytes, a set...
                 raise _NotPlain
-            if taken is not None:
+            if taken is not None and not (taken.fired and may_hold_stand_in(ordered)):
                 # The walk's copy of a value no rule fires on: the same keys in the same
                 # order, tuples as lists, every scalar as it is.
                 found = _Part(json.loads(ordered), (), {}, now)

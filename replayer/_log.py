@@ -101,14 +101,15 @@ class RecordedLog:
         return self._ahead
 
     def expected_crossing(self) -> Expected | None:
-        """What the recorded event the code's next call is compared with says of it, when
-        no redaction rule fired on it (the run's contract asks: see ``Expected``). Takes
-        the turns' lock."""
+        """What the recorded event the code's next call is compared with says of it, and
+        whether a redaction rule fired on it (the run's contract asks: see ``Expected``).
+        Takes the turns' lock."""
         with self._turns.lock:
             envelope = self.upcoming()
-        if envelope is None or FIRED_ATTRIBUTE in envelope.attributes:
+        if envelope is None:
             return None
-        return Expected(envelope.event_type, envelope.input_digest, envelope.output_digest)
+        fired = FIRED_ATTRIBUTE in envelope.attributes
+        return Expected(envelope.event_type, envelope.input_digest, envelope.output_digest, fired)
 
     def _next(self) -> Envelope | None:
         """The next event of the log (the one :meth:`upcoming` read, if any)."""

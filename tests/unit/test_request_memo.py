@@ -475,14 +475,16 @@ def test_replay_checks_each_request_against_its_recording() -> None:
 
 
 @pytest.mark.parametrize("canonical", [CANONICAL_V1, RFC8785], ids=["v1", "rfc8785"])
-@pytest.mark.parametrize("told", ["when-nothing-fired", "always"])
+@pytest.mark.parametrize("told", ["when-nothing-fired", "always", "with-what-fired"])
 def test_requests_replay_takes_as_they_are_ask_what_the_whole_way_asks(
     canonical: Any, told: str
 ) -> None:
     """Replay tells the memo the recorded digest of a call no rule fired on, and the
     memo takes the request's new parts as they are. Told it for every call (``always``:
     as a body's attributes could not say), the calls whose parts redaction changes miss
-    the digest and are scrubbed the whole way: the asks stay the whole way's."""
+    the digest and are scrubbed the whole way; told it for every call with whether a
+    rule fired (``with-what-fired``, as replay tells it), the new parts holding no
+    stand-in are taken: the asks stay the whole way's."""
     digest = canonical.digest
     scrub = Scrub(Redactor())
     whole = Contract(scrub, digest)
@@ -496,8 +498,9 @@ def test_requests_replay_takes_as_they_are_ask_what_the_whole_way_asks(
         for request in conversation(200 + seed, turns=10):
             theirs = whole.llm("openai", None, request)
             nothing_fired = not theirs.fired
-            told_now = nothing_fired or told == "always"
-            recorded[0] = _llm_call(theirs.input_digest) if told_now else None
+            told_now = nothing_fired or told != "when-nothing-fired"
+            fired = told == "with-what-fired" and not nothing_fired
+            recorded[0] = _llm_call(theirs.input_digest, fired) if told_now else None
             mine = replayed.llm("openai", None, request)
             assert mine.input_digest == theirs.input_digest
             assert _same_value(mine.value, theirs.value)
@@ -509,8 +512,52 @@ def test_requests_replay_takes_as_they_are_ask_what_the_whole_way_asks(
     assert told == "when-nothing-fired" or missed > 10
 
 
-def _llm_call(digest: str) -> Expected:
-    return Expected(EventType.LLM_CALL, digest, "")
+def _llm_call(digest: str, fired: bool = False) -> Expected:
+    return Expected(EventType.LLM_CALL, digest, "", fired)
+
+
+def test_a_call_a_rule_fired_on_takes_its_new_turns_as_they_are_unless_one_holds_a_stand_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The e-mail address of the first turn fired a rule on every later call; the memo
+    holds that turn scrubbed, so a later call's new turns are taken as they are, and
+    only a turn that holds a stand-in's text (which a rule may have left) is scrubbed."""
+    scrubbed: list[Any] = []
+    part = Scrub.part
+
+    def spied(self: Scrub, value: Any, *, level: int) -> Any:
+        scrubbed.append(value)
+        return part(self, value, level=level)
+
+    monkeypatch.setattr(Scrub, "part", spied)
+    whole = Contract(Scrub(Redactor()), RFC8785.digest)
+    whole.requests = _Off()  # type: ignore[assignment]
+    replayed = Contract(Scrub(Redactor()), RFC8785.digest)
+    recorded: list[Expected | None] = [None]
+    replayed.expected = lambda: recorded[0]
+    messages: list[Any] = [{"role": "user", "content": "mail alice.smith@example.com"}]
+    new_turns = [
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "thanks, and the order?"},
+        {"role": "user", "content": "it said [redacted:email] there"},
+        {"role": "user", "content": "and [email:0123456789ab] here"},
+    ]
+    scrubbed_new: list[bool] = []
+    for turn in [None, *new_turns]:
+        if turn is not None:
+            messages.append(turn)
+        request = {"model": "m", "messages": list(messages)}
+        theirs = whole.llm("openai", None, request)
+        assert "email" in theirs.fired
+        recorded[0] = _llm_call(theirs.input_digest, fired=True)
+        scrubbed.clear()
+        mine = replayed.llm("openai", None, request)
+        assert mine.input_digest == theirs.input_digest
+        assert mine.input == theirs.input
+        assert mine.fired == theirs.fired
+        if turn is not None:
+            scrubbed_new.append(any(value is turn for value in scrubbed))
+    assert scrubbed_new == [False, False, True, True]
 
 
 def _quiet_conversation(seed: int, turns: int) -> Iterator[dict[str, Any]]:
