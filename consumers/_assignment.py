@@ -81,6 +81,8 @@ class Assignment:
             self.unsynced.discard((p.topic, p.partition))
         self.fence.forget(p.partition for p in partitions)
         consumer.unassign()
+        given_up = [f"{p.topic}[{p.partition}]" for p in partitions]
+        log.info("consumer %s gave up %s", self._consumer, ", ".join(given_up) or "nothing")
 
     def drop_all(self) -> None:
         """Hold nothing: the client that held the partitions is gone (fenced), and the
