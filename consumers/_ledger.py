@@ -27,6 +27,7 @@ from agent_blackbox.broker import EpochFence, GrantedEpochs, read_ranges, waterm
 from agent_blackbox.keystore import destroy_key_ids_txn, key_owners_txn
 from agent_blackbox.outbox.lifecycle import (
     RunHead,
+    check_may_shred_txn,
     lease_epochs,
     ledger_key_ids_txn,
     run_head_txn,
@@ -130,6 +131,7 @@ def reapply_ledger(
     ignored: list[IgnoredEntry] = []
     applied = 0
     with engine.begin() as conn:
+        check_may_shred_txn(conn, work="reapplying the deletion ledger")
         for entry in entries:
             why = entry_problem(entry, database_facts(conn, entry), verifier)
             if why is not None:

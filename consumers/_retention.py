@@ -32,6 +32,7 @@ from agent_blackbox.keystore import (
 )
 from agent_blackbox.outbox.lifecycle import (
     append_redaction_txn,
+    check_may_shred_txn,
     delete_run_metadata_txn,
     lock_run_txn,
     mark_abandoned_txn,
@@ -335,6 +336,7 @@ class RetentionJob:
         the full-text index). Runs still recording cannot be shredded yet: they are
         reported (``still_running``) and the request goes on with the others."""
         with self._engine.connect() as conn:
+            check_may_shred_txn(conn, work="forgetting a data subject")
             run_ids = runs_of_subject_txn(conn, subject_id)
         redacted, running = [], []
         for run_id in run_ids:

@@ -26,7 +26,7 @@ from agent_blackbox.outbox._core import new_factory, utc_now
 from agent_blackbox.outbox._errors import RunNotActive
 from agent_blackbox.outbox._postgres import append_txn, load_run_txn
 from agent_blackbox.outbox._writer import new_event_id
-from agent_blackbox.schemas import Envelope, Settings, deletion_statement
+from agent_blackbox.schemas import Envelope, PermissionRefused, Settings, deletion_statement
 
 __all__ = [
     "SHREDDED",
@@ -203,6 +203,36 @@ def write_ledger_txn(
     """Write one entry of the deletion ledger, as the session's database user."""
     params = {"action": action, "run_id": run_id, "key_ids": list(key_ids)}
     conn.execute(_LEDGER, {**params, "subject_id": subject_id, "reason": reason})
+
+
+_SHREDDING_PRIVILEGES = text(
+    """
+    SELECT privilege FROM (VALUES
+        ('UPDATE on blackbox.runs', 'blackbox.runs', 'UPDATE'),
+        ('INSERT on blackbox.deletion_ledger', 'blackbox.deletion_ledger', 'INSERT'),
+        ('UPDATE on blackbox.data_keys', 'blackbox.data_keys', 'UPDATE')
+    ) AS needed (privilege, relation, kind)
+     WHERE NOT COALESCE(has_table_privilege(to_regclass(relation), kind), false)
+    """
+)
+
+
+def check_may_shred_txn(conn: Connection, *, work: str) -> None:
+    """Refuse ``work`` (a deletion) before it looks at anything when the session may not
+    destroy keys and write the deletion ledger: with fewer privileges it would see fewer
+    runs (its tenants' only, or none) and could report a subject or ledger with nothing
+    to do, which it cannot know.
+
+    Raises:
+        PermissionRefused: naming what the login lacks.
+    """
+    missing = [str(p) for p in conn.execute(_SHREDDING_PRIVILEGES).scalars()]
+    if missing:
+        raise PermissionRefused(
+            f"permission denied: {work} needs {', '.join(missing)}, which login "
+            f"{conn.exec_driver_sql('SELECT session_user').scalar()!r} lacks; nothing was "
+            "looked at or changed"
+        )
 
 
 def retention_classes_txn(conn: Connection) -> list[str]:
