@@ -524,7 +524,7 @@ class _Pages:
         by = query.get("by", "model")
         bucket = query.get("bucket", "minute")
         try:
-            since = _since(query.get("since") or "6h")
+            since = _moment(query.get("since") or "6h", "since")
             if by not in USAGE_GROUPS:
                 raise _BadInput(f"split by one of {', '.join(USAGE_GROUPS)}, not {by!r}")
             if bucket not in ("minute", "hour"):
@@ -554,7 +554,7 @@ def _prompts(pages: _Pages, request: Request) -> Response:
     """Prompt versions side by side (``/prompts?agent=...&since=...``)."""
     agent = request.query_params.get("agent") or None
     try:
-        since = _since(request.query_params.get("since") or "7d")
+        since = _moment(request.query_params.get("since") or "7d", "since")
     except _BadInput as exc:
         return pages.render(request, "error.html", status=400, message=str(exc))
     with _Reading() as failed, pages.c.engine.connect() as conn:
@@ -619,7 +619,7 @@ def _run_filter(query: Any) -> RunFilter:
         if not raw or f.name == "tags":  # tags come from the search box only
             continue
         if f.name == "since":
-            values["since"] = _since(raw)
+            values["since"] = _moment(raw, "since")
         elif f.name == "until":
             values["until"] = _moment(raw, "until")
         elif f.name == "has_error":
@@ -635,22 +635,16 @@ def _run_filter(query: Any) -> RunFilter:
     return RunFilter(**values)
 
 
-def _since(raw: str) -> datetime:
-    """``15m``, ``6h``, ``7d`` ago, or an ISO 8601 moment (UTC when it names no zone)."""
+def _moment(raw: str, name: str, *, spans: str = "mhd") -> datetime:
+    """``15m``, ``6h``, ``7d`` ago (given ``spans``), or an ISO 8601 moment (UTC when it
+    names no zone)."""
     try:
-        return moment(raw, spans="mhd", naive=UTC)
+        return moment(raw, spans=spans, naive=UTC)
     except ValueError as exc:
         if "year 1" in str(exc):
-            raise _BadInput(f"since: {exc}") from None
-        raise _BadInput("since: give a time like 2026-12-01T10:00 or a span like 6h") from None
-
-
-def _moment(raw: str, name: str) -> datetime:
-    """An ISO 8601 moment (UTC when it names no zone)."""
-    try:
-        return moment(raw, spans="", naive=UTC)
-    except ValueError:
-        raise _BadInput(f"{name}: give a time like 2026-12-01T10:00 or a span like 6h") from None
+            raise _BadInput(f"{name}: {exc}") from None
+        span = " or a span like 6h" if spans else ""
+        raise _BadInput(f"{name}: give a time like 2026-12-01T10:00{span}") from None
 
 
 def _float(raw: str, name: str) -> float:
@@ -676,7 +670,7 @@ def _cursor(at: str | None, run_id: str | None) -> Cursor | None:
         return None
     if len(run_id) > 200 or hidden_characters().search(run_id):
         raise _BadInput("after_id is not a run id")
-    return Cursor(_moment(at, "after_at"), run_id)
+    return Cursor(_moment(at, "after_at", spans=""), run_id)
 
 
 def _cross_site(request: Request) -> bool:

@@ -267,6 +267,18 @@ def test_odd_filters_are_bad_input_not_failures(query: str) -> None:
     assert _client(LoopbackOnly()).get(f"/runs?{query}").status_code == 400
 
 
+@pytest.mark.parametrize("query", ["until=2h", "since=2h&until=30m", "until=2026-12-01T10:00"])
+def test_until_takes_a_span_back_from_now_as_since_does(query: str) -> None:
+    answer = _client(LoopbackOnly()).get(f"/runs?{query}")
+    assert answer.status_code == 503, answer.text  # past the filters: no database here
+
+
+def test_a_bad_until_says_which_forms_it_takes() -> None:
+    answer = _client(LoopbackOnly()).get("/runs?until=2x")
+    assert answer.status_code == 400
+    assert "until: give a time like 2026-12-01T10:00 or a span like 6h" in answer.text
+
+
 def test_a_trailing_dot_on_localhost_is_still_local() -> None:
     answer = _client(LoopbackOnly()).get("/runs", headers={"Host": "localhost.:8765"})
     assert answer.status_code == 503
