@@ -7,8 +7,10 @@ The root ``blackbox`` command mounts :data:`stack_group`. Progress goes to stder
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +25,7 @@ from agent_blackbox.stack._settings import (
     BACKUP_URL_ENV,
     DATABASE_URL_ENV,
     KAFKA_BOOTSTRAP_ENV,
+    default_cache_dir,
     redact_url,
 )
 
@@ -65,19 +68,25 @@ def _open_stack(
 ) -> LocalStack:
     """The stack the options name. Explicit ports or ``--cache-dir`` ask for the local
     services there, so the variables pointing at external ones are set aside (and the
-    command says so)."""
-    try:
-        ports = StackPorts(
-            postgres=postgres_port,
-            kafka=kafka_port,
-            controller=controller_port,
-            s3=s3_port,
-            console=console_port,
-        )
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    command says so). A port not given is the one ``stack up`` last started that
+    service on in the cache folder (see :func:`_remember_ports`), else the default."""
     environ: Mapping[str, str] = os.environ
     given = _explicit_options()
+    chosen = {
+        "postgres": postgres_port,
+        "kafka": kafka_port,
+        "controller": controller_port,
+        "s3": s3_port,
+        "console": console_port,
+    }
+    saved = _remembered_ports(default_cache_dir(environ) if cache_dir is None else cache_dir)
+    for name, port in saved.items():
+        if f"--{name}-port" not in given:
+            chosen[name] = port
+    try:
+        ports = StackPorts(**chosen)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
     overridden = [name for name in _EXTERNAL if environ.get(name)]
     if given and overridden:
         _err.print(
@@ -94,6 +103,33 @@ _LOCAL_OPTIONS = (
 )
 
 
+_PORTS_FILE = "ports.json"
+"""In the cache folder: the ports ``stack up`` last started the services on."""
+
+
+def _remember_ports(cache_dir: Path, ports: StackPorts) -> None:
+    """Keep the ports ``stack up`` used, for ``status``, ``down`` and the next ``up``
+    of the same folder."""
+    (cache_dir / _PORTS_FILE).write_text(json.dumps(asdict(ports)) + "\n")
+
+
+def _remembered_ports(cache_dir: Path) -> dict[str, int]:
+    """The ports kept by :func:`_remember_ports` in ``cache_dir`` (none when the file is
+    missing or not what it writes)."""
+    try:
+        saved = json.loads((cache_dir.expanduser() / _PORTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    names = {f.name for f in fields(StackPorts)}
+    if not isinstance(saved, dict):
+        return {}
+    return {
+        name: port
+        for name, port in saved.items()
+        if name in names and type(port) is int and 1 <= port <= 65535
+    }
+
+
 def _explicit_options() -> list[str]:
     """The stack options given on the command line, as they are spelled there."""
     context = click.get_current_context()
@@ -107,7 +143,11 @@ def _explicit_options() -> list[str]:
 @click.group(name="stack")
 def stack_group() -> None:
     """Run PostgreSQL, Kafka and (optionally) S3Proxy and the run console locally,
-    without Docker."""
+    without Docker.
+
+    A port not given is the one `stack up` last started that service on in the cache
+    folder, else the default shown.
+    """
 
 
 @stack_group.command()
@@ -172,6 +212,7 @@ def up(
         )
     except StackError as exc:
         raise click.ClickException(str(exc)) from exc
+    _remember_ports(stack.settings.cache_dir, stack.settings.ports)
     table = Table(title="blackbox local stack", show_header=False)
     table.add_column("what")
     table.add_column("where", overflow="fold")

@@ -382,3 +382,30 @@ def test_without_explicit_options_the_variables_still_mean_external(tmp_path: Pa
     assert "postgres: external (postgresql+psycopg://me:***@db.invalid:5432/x)" in down.stderr
     assert "nothing to stop" in down.stderr
     assert not (tmp_path / "postgres").exists()
+
+
+def test_status_and_down_find_the_ports_the_stack_was_started_on(tmp_path: Path) -> None:
+    """``stack up --postgres-port 27432`` then ``stack status`` (no port): the status shows
+    the service on 27432, not the default port (another stack's, maybe)."""
+    from agent_blackbox.cli.commands.stack import _remember_ports
+
+    _remember_ports(tmp_path, StackPorts(postgres=27432, kafka=27092, controller=27093))
+    env: dict[str, str | None] = {**NO_BACKUP_URL, **{k: None for k in EXTERNAL_ENV}}
+    status = _stack_cli("status", "--cache-dir", str(tmp_path), env=env)
+    assert status.exit_code == 0, status.output
+    flat = "".join(status.stdout.split())
+    assert "127.0.0.1:27432" in flat
+    assert "127.0.0.1:27092" in flat
+    assert ":25432" not in flat
+    given = _stack_cli("status", "--cache-dir", str(tmp_path), "--kafka-port", "27192", env=env)
+    flat = "".join(given.stdout.split())
+    assert "127.0.0.1:27192" in flat
+    assert "127.0.0.1:27432" in flat
+
+
+def test_a_damaged_ports_file_is_set_aside_for_the_defaults(tmp_path: Path) -> None:
+    (tmp_path / "ports.json").write_text('{"postgres": "x", "kafka": 0, "other": 1}')
+    env: dict[str, str | None] = {**NO_BACKUP_URL, **{k: None for k in EXTERNAL_ENV}}
+    status = _stack_cli("status", "--cache-dir", str(tmp_path), env=env)
+    assert status.exit_code == 0, status.output
+    assert "127.0.0.1:25432" in "".join(status.stdout.split())
