@@ -112,6 +112,8 @@ def main(ctx: click.Context, verbose: bool) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # boto3 says where it found credentials on every client; nothing to act on.
     logging.getLogger("botocore").setLevel(logging.WARNING)
-    # httpx logs every request a model client sends (a fork's, an experiment's hundreds);
-    # the commands say what came of them.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # httpx logs every request a model client sends (a fork's, an experiment's hundreds,
+    # a replay's answered ones); the commands say what came of them. SDKs built on the
+    # httpx2 line log under that name.
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)

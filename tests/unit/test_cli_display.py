@@ -4,6 +4,7 @@ never reaches the output raw. Runs come from an archive, so no service is needed
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,13 @@ def test_every_console_of_the_project_is_made_by_safe_console() -> None:
         if "Console(" in path.read_text(encoding="utf-8").replace("safe_console(", "")
     ]
     assert makers == ["schemas/_display.py"]
+
+
+def test_a_model_clients_request_lines_are_not_logged() -> None:
+    """Replay answers every model call; httpx (and SDKs on the httpx2 line) would log a
+    line for each at INFO."""
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    assert CliRunner().invoke(main, ["stack", "--help"]).exit_code == 0
+    for name in ("httpx", "httpx2"):
+        assert logging.getLogger(name).getEffectiveLevel() >= logging.WARNING, name
