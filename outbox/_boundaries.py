@@ -351,6 +351,8 @@ def recorded_input(event_type: str, body: Mapping[str, Any]) -> Any:
         )
     if event_type == EventType.STATE_TRANSITION:
         return transition_input(body["from_state"], body["to_state"], body["reason"])
+    if event_type == EventType.RUN_FINISHED:
+        return finished_input(body["status"])
     return None
 
 

@@ -9,6 +9,7 @@ holes and replay divergences name their call sites by the same rules, kept here.
 
 from __future__ import annotations
 
+import asyncio.events
 import os
 import site
 import sys
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["Site", "agent_file", "agent_site", "installed_file", "stdlib_file"]
+__all__ = ["Site", "agent_file", "agent_site", "installed_file", "loop_step", "stdlib_file"]
 
 # As the interpreter names the files it imported (code objects keep those names).
 PROJECT_DIR = str(Path(__file__).parents[1])
@@ -75,15 +76,28 @@ def agent_file(filename: str) -> bool:
     return not installed_file(filename)
 
 
+def loop_step(filename: str, function: str) -> bool:
+    """Whether a frame is the event loop running one step of a task (``Handle._run``):
+    the frames outside it are whoever runs the loop (a script's ``asyncio.run`` line),
+    not the code of the task, so no site is looked for past it."""
+    return function == "_run" and filename == _LOOP_STEP_FILE
+
+
+_LOOP_STEP_FILE = str(Path(asyncio.events.__file__))
+
+
 def agent_site(frame: FrameType | None = None) -> tuple[Site | None, Site | None]:
     """The innermost frame of the agent's code from ``frame`` outwards (the caller's
     caller when None), and the installed library's frame it called (None when the agent
     crossed directly): the framework function the agent's line called, not the HTTP
-    library's frame deep below it."""
+    library's frame deep below it. A task's frames end at the event loop's step (see
+    :func:`loop_step`): a framework's own task holds no frame of the agent's."""
     frame = frame if frame is not None else sys._getframe(2)
     library: Site | None = None
     while frame is not None:
         code = frame.f_code
+        if loop_step(code.co_filename, code.co_name):
+            break
         if agent_file(code.co_filename):
             return Site(code.co_name, code.co_filename, frame.f_lineno), library
         if installed_file(code.co_filename):  # the outermost: the one the agent called

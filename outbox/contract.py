@@ -43,7 +43,7 @@ from agent_blackbox.outbox._placement import (
 )
 from agent_blackbox.outbox._request_memo import Expected
 from agent_blackbox.outbox._scrub import FIRED_ATTRIBUTE, RULES_ATTRIBUTE, Scrub
-from agent_blackbox.outbox._sites import agent_file, installed_file, stdlib_file
+from agent_blackbox.outbox._sites import agent_file, installed_file, loop_step, stdlib_file
 from agent_blackbox.outbox._steps import Begin, Call, Cross, Draws, End, Settle, Step, Steps
 from agent_blackbox.outbox._surface import AsyncBoundaries, Boundaries
 
@@ -86,6 +86,7 @@ __all__ = [
     "in_force",
     "installed_file",
     "leave_crossing",
+    "loop_step",
     "recorded",
     "recorded_input",
     "started_of",

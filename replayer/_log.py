@@ -153,11 +153,14 @@ class RecordedLog:
         place: Place,
         strict: bool,
         begin: Callable[[], Place],
+        *,
+        detail: str = "",
     ) -> Envelope:
         """The recorded event the call of ``place`` stands for, checked against what it
         asks (type, then input digest: ``actual``, None to leave it unchecked), and taken
         out of the events read ahead. ``begin`` places a call made as
-        :data:`SEQUENTIAL` once reading ahead found concurrent work."""
+        :data:`SEQUENTIAL` once reading ahead found concurrent work; ``detail`` says
+        more of a mismatched input (how the code ended a run)."""
         findings = self._findings
         if findings.unreadable is not None or findings.fatal is not None:
             findings.check()  # the replay stopped: raises why
@@ -186,7 +189,7 @@ class RecordedLog:
             or envelope.event_type != event_type
             or (actual is not None and actual != envelope.input_digest)
         ):
-            self._diverge(envelope, event_type, actual, ask, place)
+            self._diverge(envelope, event_type, actual, ask, place, detail)
         assert envelope is not None
         # Taken out of the events read ahead (inline: every call of an async run, and
         # every call of a sync one past the straight path, comes this way).
@@ -209,6 +212,7 @@ class RecordedLog:
         actual: str | None,
         ask: Ask | None,
         place: Place,
+        detail: str,
     ) -> None:
         """Diverge: ``envelope`` is not what the call asks for (a missing event, another
         kind of boundary, other input)."""
@@ -240,6 +244,7 @@ class RecordedLog:
                 actual=asked(event_type, actual, ask),
                 changes=() if before is None or ask is None else findings.changes(before, ask),
                 asked=None if ask is None else ask.input,
+                detail=detail,
             )
 
     def head(self, branch: int) -> Envelope | None:

@@ -371,8 +371,9 @@ class ReplayRun(Boundaries):
                     detail=f"the code ended{how} before consuming every recorded event",
                 )
             ask = ending.ask
+            ended = f"the code ended{how}" if how else "the code ended without an error"
             envelope, _, recorded = self._taker.take_locked(
-                EventType.RUN_FINISHED, ask.input_digest, ask, ENDING, True
+                EventType.RUN_FINISHED, ask.input_digest, ask, ENDING, True, detail=ended
             )
         if recorded["final_state_digest"] != core.state_digest:
             findings.diverge(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
-from agent_blackbox.outbox.contract import Hole, agent_file, installed_file, stdlib_file
+from agent_blackbox.outbox.contract import Hole, agent_file, installed_file, loop_step, stdlib_file
 
 # Frames of these modules are never the agent's: the call site is the innermost other one.
 _NOT_AGENT = (
@@ -121,7 +121,10 @@ def _origin() -> CallSite | None:
     task = asyncio.current_task()
     origin = getattr(task.get_coro(), "cr_origin", None) if task is not None else None
     library = None
+    driver = getattr(sys.modules.get(_DRIVER), "__file__", None)
     for filename, line, function in origin or ():
+        if filename == driver or loop_step(filename, function):
+            break  # made in another task's step, or by the replay itself: not the agent
         if agent_file(filename):
             return CallSite(function, filename, line, library)
         if installed_file(filename):  # the outermost: what the agent's line called

@@ -82,12 +82,15 @@ class Taker:
         ask: Ask | None,
         place: Place,
         strict: bool,
+        *,
+        detail: str = "",
     ) -> Taken:
         """The event the code asks for, checked in the order that names the most precise
-        cause: sequence, type, input digest (``actual``, None to leave unchecked), body
-        against output digest, then (when its turn comes) the chain hash (held: the
-        turns' lock)."""
-        envelope = self._log.claim(event_type, actual, ask, place, strict, self.placement.begin)
+        cause: sequence, type, input digest (``actual``, None to leave unchecked; a
+        mismatch says ``detail``), body against output digest, then (when its turn comes)
+        the chain hash (held: the turns' lock)."""
+        begin = self.placement.begin
+        envelope = self._log.claim(event_type, actual, ask, place, strict, begin, detail=detail)
         body, output = self._bodies.open(envelope, ask)
         if envelope.sequence != self._turns.released + 1:
             try:

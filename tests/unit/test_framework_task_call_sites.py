@@ -77,3 +77,60 @@ def test_a_call_from_a_task_a_framework_started_deep_down_names_the_agents_line(
     assert (site.function, site.file, site.line) == ("oslo_entry", __file__, agent_line)
     assert site.library is not None
     assert site.library.file == framework.__file__
+
+
+NESTED = "blackbox_fake_nested_tasking_framework"
+NESTED_SOURCE = """
+import asyncio
+
+
+async def look_up(run, city):
+    return await asyncio.create_task(_outer(run, city))
+
+
+async def _outer(run, city):
+    return await asyncio.create_task(_cross(run, city))  # mark:inner-task
+
+
+async def _cross(run, city):
+    return await run.call("weather", _weather, city)
+
+
+async def _weather(city):
+    return {"city": city}
+"""
+
+
+@pytest.fixture
+def nested(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    yield from installed(NESTED, NESTED_SOURCE, tmp_path=tmp_path, monkeypatch=monkeypatch)
+
+
+async def _nested_paris(run: Any, input: Any) -> Any:
+    return await sys.modules[NESTED].look_up(run, "Paris")
+
+
+async def _nested_oslo(run: Any, input: Any) -> Any:
+    return await sys.modules[NESTED].look_up(run, "Oslo")
+
+
+def test_a_call_from_a_task_started_in_another_task_names_no_frame_outside_the_run(
+    nested: ModuleType,
+) -> None:
+    """The inner task's coroutine was made in the outer task's step: past that step's
+    event loop are the frames of whoever runs the replay (this test; ``blackbox`` and
+    click under the command line), which are no site of the agent's. The framework's
+    frame that started the task is named instead."""
+
+    async def record() -> list[Envelope]:
+        recorder = AsyncMemoryRecorder()
+        await recorder.record(_nested_paris, RunSnapshot("weather/1", {}), agent_id="weather")
+        return recorder.events
+
+    report = replay_run(asyncio.run(record()), _nested_oslo)
+    assert report.divergence is not None
+    assert report.divergence.kind == DivergenceKind.ARGUMENT_MISMATCH
+    site = report.divergence.call_site
+    assert site is not None
+    assert site.file == nested.__file__, site
+    assert (site.function, site.line) == ("_outer", marked_line(NESTED_SOURCE, "inner-task"))

@@ -200,3 +200,35 @@ def test_ends_taken_as_given_are_the_ends_of_the_whole_way(told: str) -> None:
                 theirs, version=version
             )
     assert given > 150, "too few ends were told of to tell"
+
+
+def test_a_run_that_now_raises_says_so_at_its_end() -> None:
+    """Recorded ending well, the code now raises after the same calls: the divergence at
+    ``run.finished`` names the status that changed and how the code ended (it named
+    neither: an argument mismatch with no detail)."""
+    from agent_blackbox.testing import replay
+
+    recorder = MemoryRecorder()
+
+    def agent(run: AgentRun, city: Any) -> Any:
+        return run.call("weather", lambda c: {"sky": "clear"}, city)
+
+    def raising(run: AgentRun, city: Any) -> Any:
+        run.call("weather", lambda c: {"sky": "clear"}, city)
+        raise KeyError("sky")
+
+    recorder.record(agent, RunSnapshot(code_version="v1", input="Oslo"), agent_id="w")
+    divergence = replay(recorder, raising).divergence
+    assert divergence is not None
+    assert divergence.expected_type == "run.finished"
+    assert divergence.detail == "the code ended raising KeyError"
+    assert [(c.path, c.expected, c.actual) for c in divergence.changes] == [
+        ("status", "succeeded", "failed")
+    ]
+
+    failed = MemoryRecorder()
+    with pytest.raises(KeyError):
+        failed.record(raising, RunSnapshot(code_version="v1", input="Oslo"), agent_id="w")
+    back = replay(failed, agent).divergence
+    assert back is not None
+    assert back.detail == "the code ended without an error"
