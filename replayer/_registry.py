@@ -58,8 +58,8 @@ def load_entry(path: str) -> AgentEntry:
         )
     if not callable(entry):
         raise UnknownAgent(
-            f"{path!r} is a {type(entry).__name__}, not a function; an entry point is called "
-            "as entry(run, input)"
+            f"{path!r} is not a function (it is of type {type(entry).__name__}); an entry "
+            "point is called as entry(run, input)"
         )
     return entry  # type: ignore[no-any-return]
 
