@@ -23,12 +23,23 @@ def build_views(settings: Settings, engine: Engine, *, expect: int, timeout: flo
             return int(conn.execute(select(func.count()).select_from(events_index)).scalar_one())
 
     with ViewConsumer(settings, engine=engine) as consumer:
+        total = BatchOutcome()
 
         def caught_up() -> bool:
-            consumer.poll_once(0.5)
+            nonlocal total
+            outcome = consumer.poll_once(0.5)
+            if outcome is not None:
+                total += outcome
             return indexed() >= expect
 
-        eventually(caught_up, timeout=timeout, what=f"{expect} events in the views")
+        try:
+            eventually(caught_up, timeout=timeout, what=f"{expect} events in the views")
+        except AssertionError as exc:  # what the consumer holds, for a failure seen once
+            raise AssertionError(
+                f"{exc}; indexed {indexed()}, assigned {consumer.assigned}, lag "
+                f"{consumer.lag(timeout_s=5.0)}, stale dropped {consumer.stale_dropped}, "
+                f"batches came to {total}"
+            ) from None
     assert indexed() == expect
 
 
