@@ -334,15 +334,21 @@ class _Off:
         return None
 
 
-def test_each_request_redacts_only_the_parts_it_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+def _spied_parts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every value ``Scrub.part`` is handed from now on, in order."""
     walked: list[Any] = []
     part = Scrub.part
 
-    def counted(self: Scrub, value: Any, *, level: int) -> Any:
+    def spied(self: Scrub, value: Any, *, level: int) -> Any:
         walked.append(value)
         return part(self, value, level=level)
 
-    monkeypatch.setattr(Scrub, "part", counted)
+    monkeypatch.setattr(Scrub, "part", spied)
+    return walked
+
+
+def test_each_request_redacts_only_the_parts_it_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    walked = _spied_parts(monkeypatch)
     contract = Contract(Scrub(Redactor()), RFC8785.digest)
     messages: list[dict[str, Any]] = []
     for turn in range(30):
@@ -522,14 +528,7 @@ def test_a_call_a_rule_fired_on_takes_its_new_turns_as_they_are_unless_one_holds
     """The e-mail address of the first turn fired a rule on every later call; the memo
     holds that turn scrubbed, so a later call's new turns are taken as they are, and
     only a turn that holds a stand-in's text (which a rule may have left) is scrubbed."""
-    scrubbed: list[Any] = []
-    part = Scrub.part
-
-    def spied(self: Scrub, value: Any, *, level: int) -> Any:
-        scrubbed.append(value)
-        return part(self, value, level=level)
-
-    monkeypatch.setattr(Scrub, "part", spied)
+    scrubbed = _spied_parts(monkeypatch)
     whole = Contract(Scrub(Redactor()), RFC8785.digest)
     whole.requests = _Off()  # type: ignore[assignment]
     replayed = Contract(Scrub(Redactor()), RFC8785.digest)
