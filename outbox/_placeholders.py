@@ -27,7 +27,14 @@ def placeholder(rule: str) -> str:
 
 PSEUDONYMOUS = ("card_number", "email", "path", "phone")
 """The rules that may replace values by pseudonyms; never credentials."""
-_OPENINGS = (PLACEHOLDER_PREFIX, *(f"[{rule}:" for rule in PSEUDONYMOUS))
+
+
+def _pseudonym_opening(rule: str) -> str:
+    """What every pseudonym of ``rule`` begins with (``[email:``)."""
+    return f"[{rule}:"
+
+
+_OPENINGS = (PLACEHOLDER_PREFIX, *map(_pseudonym_opening, PSEUDONYMOUS))
 
 
 def may_hold_stand_in(text: str) -> bool:
@@ -45,7 +52,7 @@ def pseudonym(rule: str, value: str, key: bytes) -> str:
     """The stable placeholder of ``value`` found by ``rule``, keyed by ``key`` (the
     tenant's pseudonym key), e.g. ``[email:9f3a1c04be7d]``."""
     mac = hmac.new(key, f"{rule}\x00{value}".encode(), hashlib.sha256)
-    return f"[{rule}:{mac.hexdigest()[:PSEUDONYM_HEX]}]"
+    return f"{_pseudonym_opening(rule)}{mac.hexdigest()[:PSEUDONYM_HEX]}]"
 
 
 class StandIns:

@@ -20,12 +20,18 @@ from rich.table import Table
 from rich.text import Text
 
 from agent_blackbox.schemas import safe_console
-from agent_blackbox.stack import Endpoints, LocalStack, ServiceStatus, StackError, StackPorts
+from agent_blackbox.stack import (
+    Endpoints,
+    LocalStack,
+    ServiceStatus,
+    StackError,
+    StackPorts,
+    StackSettings,
+)
 from agent_blackbox.stack._settings import (
     BACKUP_URL_ENV,
     DATABASE_URL_ENV,
     KAFKA_BOOTSTRAP_ENV,
-    default_cache_dir,
     redact_url,
 )
 
@@ -79,7 +85,8 @@ def _open_stack(
         "s3": s3_port,
         "console": console_port,
     }
-    saved = _remembered_ports(default_cache_dir(environ) if cache_dir is None else cache_dir)
+    local = {k: v for k, v in environ.items() if k not in _EXTERNAL}  # the folder alone
+    saved = _remembered_ports(StackSettings.from_env(local, cache_dir=cache_dir).cache_dir)
     for name, port in saved.items():
         if f"--{name}-port" not in given:
             chosen[name] = port
@@ -117,7 +124,7 @@ def _remembered_ports(cache_dir: Path) -> dict[str, int]:
     """The ports kept by :func:`_remember_ports` in ``cache_dir`` (none when the file is
     missing or not what it writes)."""
     try:
-        saved = json.loads((cache_dir.expanduser() / _PORTS_FILE).read_text())
+        saved = json.loads((cache_dir / _PORTS_FILE).read_text())
     except (OSError, ValueError):
         return {}
     names = {f.name for f in fields(StackPorts)}
