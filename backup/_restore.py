@@ -128,15 +128,18 @@ def restore_blobs(
 ) -> int:
     """Copy the cut's blobs (those of ``only``, when given) into the target, each
     checked against its content address; how many."""
-    digests = [str(r["digest"]) for r in table_rows(store, cut, "blobs")]
+    owners: dict[str, list[str]] = {}
+    for row in table_rows(store, cut, "blobs"):
+        tenant = row.get("tenant_id", write_side.UNATTRIBUTED)
+        owners.setdefault(str(row["digest"]), []).append(str(tenant))
     if only is not None:
-        digests = [d for d in digests if d in only]
+        owners = {d: tenants for d, tenants in owners.items() if d in only}
     with engine.begin() as conn:
-        for done, digest in enumerate(digests, 1):
-            write_side.restore_blob_txn(conn, digest, fetch_blob(store, digest))
+        for done, (digest, tenants) in enumerate(owners.items(), 1):
+            write_side.restore_blob_txn(conn, digest, tenants, fetch_blob(store, digest))
             if progress is not None:
-                progress(done, len(digests))
-    return len(digests)
+                progress(done, len(owners))
+    return len(owners)
 
 
 def produce_events(

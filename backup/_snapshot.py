@@ -9,7 +9,7 @@ written, so every data key an event in the cut was sealed under is in it:
 - ``deletion_ledger``, so a restore knows what was destroyed before the cut;
 - ``checkpoints``, the signer's signatures, which cannot be rebuilt;
 - ``blobs``: the bodies stored out of line, each once under its content address (an
-  incremental copy), and the list of them in the cut.
+  incremental copy), and the list of them in the cut with the tenants each belongs to.
 
 Each table is an Avro container file under ``snapshots/<table>/<sha256>.avro``, with
 bytes that depend only on the rows, so an unchanged table is not uploaded again.
@@ -74,8 +74,8 @@ class SnapshotTable:
 
 
 def _blob_rows(conn: Connection) -> Rows:
-    for digest in write_side.blob_digests_txn(conn):
-        yield {"digest": digest}
+    for digest, tenant in write_side.blob_owners_txn(conn):
+        yield {"digest": digest, "tenant_id": tenant}
 
 
 def _no_restore(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
@@ -176,7 +176,11 @@ TABLES: tuple[SnapshotTable, ...] = (
         checkpoint_rows_txn,
         restore_checkpoints_txn,
     ),
-    SnapshotTable("blobs", (("digest", "string"),), _blob_rows, _no_restore),
+    # A row per tenant that stored the body (cuts taken before bodies had tenants have
+    # none: their bodies are restored for the owner only).
+    SnapshotTable(
+        "blobs", (("digest", "string"), ("tenant_id", "string")), _blob_rows, _no_restore
+    ),
 )
 TABLES_BY_NAME = {table.name: table for table in TABLES}
 

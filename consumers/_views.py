@@ -878,3 +878,16 @@ def delete_run_views_txn(conn: Connection, run_ids: Sequence[str]) -> None:
     forget_run_labels_txn(conn, run_ids)
     conn.execute(events_index.delete().where(events_index.c.run_id.in_(list(run_ids))))
     conn.execute(runs_view.delete().where(runs_view.c.run_id.in_(list(run_ids))))
+
+
+def runs_naming_bodies_txn(conn: Connection, refs: Sequence[str]) -> list[tuple[str, str]]:
+    """``(run_id, ref)`` for each indexed event whose body is stored out of line under one
+    of ``refs`` (each pair once)."""
+    if not refs:
+        return []
+    named = (
+        select(events_index.c.run_id, events_index.c.payload_ref)
+        .where(events_index.c.payload_ref.in_(list(refs)))
+        .distinct()
+    )
+    return [(str(run_id), str(ref)) for run_id, ref in conn.execute(named)]

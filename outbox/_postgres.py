@@ -134,7 +134,7 @@ _BATCH_ARRAYS = (
 _SAVEPOINT = text("SAVEPOINT blackbox_flush")
 _BACK_TO_SAVEPOINT = text("ROLLBACK TO SAVEPOINT blackbox_flush")
 
-_INSERT_BLOB = text("SELECT blackbox.store_blob(:digest, :data)")
+_INSERT_BLOB = text("SELECT blackbox.store_blob(:tenant, :digest, :data)")
 
 _INTENT = text(
     """
@@ -172,7 +172,9 @@ _RUN = text(
     """
 )
 
-_BLOB = text("SELECT data FROM blackbox.blobs WHERE digest = :digest")
+# Row security shows a replayer its granted tenants' copies only; the bytes of every
+# copy are the same (content-addressed), so any one visible will do.
+_BLOB = text("SELECT data FROM blackbox.blobs WHERE digest = :digest LIMIT 1")
 _PENDING = text(
     "SELECT count(*) FROM blackbox.outbox "
     "WHERE CAST(:run_ids AS text[]) IS NULL OR run_id = ANY(:run_ids)"
@@ -286,8 +288,7 @@ def _append_batch(identity: RunIdentity, events: list[PreparedEvent]) -> Plan[in
     each under its own guard."""
     for event in events:
         if event.blob is not None:
-            ref, data = event.blob
-            yield _INSERT_BLOB, {"digest": ref, "data": data}
+            yield _store_blob(identity, event.blob)
     if identity.credential is None:  # the owner's path: one guarded statement each
         count = 0
         for event in events:
@@ -318,8 +319,7 @@ def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
     but an out-of-line body, which is content-addressed)."""
     envelope = event.envelope
     if event.blob is not None:
-        ref, data = event.blob
-        yield _INSERT_BLOB, {"digest": ref, "data": data}
+        yield _store_blob(identity, event.blob)
     is_transition = envelope.event_type == "state.transition"
     row = {
         "run_id": identity.run_id,
@@ -348,6 +348,12 @@ def _guarded_append(identity: RunIdentity, event: PreparedEvent) -> Plan[bool]:
         status = {"status": effect["effect_status"], "external_id": effect["external_id"]}
         yield _RECEIPT, {**keys, **status}
     return True
+
+
+def _store_blob(identity: RunIdentity, blob: tuple[str, bytes]) -> Statement:
+    """Store a body out of line as the run's tenant's (only its replayers read it)."""
+    ref, data = blob
+    return _INSERT_BLOB, {"tenant": identity.tenant_id, "digest": ref, "data": data}
 
 
 def _stands_alone(identity: RunIdentity, event: PreparedEvent) -> bool:
@@ -692,5 +698,9 @@ class PostgresBlobs:
         except SQLAlchemyError as exc:
             raise DatabaseUnavailable(f"cannot read blob {ref}: {exc}") from exc
         if data is None:
-            raise DatabaseUnavailable(f"blob {ref} is not in blackbox.blobs")
+            raise DatabaseUnavailable(
+                f"blob {ref} is not in blackbox.blobs for the tenants this login is granted "
+                "(a body stored before bodies had tenants is the owner's until `blackbox "
+                "migrate` attributes it)"
+            )
         return data

@@ -64,6 +64,7 @@ blobs = Table(
     "blobs",
     metadata,
     Column("digest", Text, primary_key=True),
+    Column("tenant_id", Text, primary_key=True),  # "" before blobs had a tenant: owner only
     Column("data", LargeBinary, nullable=False),
     Column("size", Integer, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),

@@ -14,6 +14,9 @@ from typing import Any
 
 from sqlalchemy import Connection, TextClause, text
 
+# The tenant of a blob in a cut taken before blobs had one.
+from agent_blackbox.outbox._blobs import UNATTRIBUTED as UNATTRIBUTED
+
 _BATCH = 2_000
 
 RUN_COLUMNS = (
@@ -87,13 +90,18 @@ def ledger_rows_txn(conn: Connection) -> Iterator[dict[str, Any]]:
     return _rows(conn, "deletion_ledger")
 
 
-_BLOB_DIGESTS = text("SELECT digest FROM blackbox.blobs ORDER BY digest").execution_options(
-    yield_per=_BATCH
+_BLOB_DIGESTS = text(
+    "SELECT DISTINCT digest FROM blackbox.blobs ORDER BY digest"
+).execution_options(yield_per=_BATCH)
+_BLOB_OWNERS = text(
+    "SELECT digest, tenant_id FROM blackbox.blobs ORDER BY digest, tenant_id"
+).execution_options(yield_per=_BATCH)
+_BLOBS = text(
+    "SELECT DISTINCT ON (digest) digest, data FROM blackbox.blobs WHERE digest = ANY(:digests)"
 )
-_BLOBS = text("SELECT digest, data FROM blackbox.blobs WHERE digest = ANY(:digests)")
 _RESTORE_BLOB = text(
-    "INSERT INTO blackbox.blobs (digest, data, size) VALUES (:digest, :data, :size) "
-    "ON CONFLICT (digest) DO NOTHING"
+    "INSERT INTO blackbox.blobs (digest, tenant_id, data, size) "
+    "VALUES (:digest, :tenant, :data, :size) ON CONFLICT (digest, tenant_id) DO NOTHING"
 )
 _LEDGER_IDENTITY = text(
     "SELECT setval(pg_get_serial_sequence('blackbox.deletion_ledger', 'id'), "
@@ -102,9 +110,16 @@ _LEDGER_IDENTITY = text(
 
 
 def blob_digests_txn(conn: Connection) -> Iterator[str]:
-    """The content address of every body stored out of line, in order."""
+    """The content address of every body stored out of line, in order (each once)."""
     for digest in conn.execute(_BLOB_DIGESTS).scalars():
         yield str(digest)
+
+
+def blob_owners_txn(conn: Connection) -> Iterator[tuple[str, str]]:
+    """Every ``(digest, tenant)`` a body is stored for, in order (``''``: a body
+    stored before bodies had a tenant, which only the owner reads)."""
+    for digest, tenant in conn.execute(_BLOB_OWNERS):
+        yield str(digest), str(tenant)
 
 
 def blobs_txn(conn: Connection, digests: Sequence[str]) -> dict[str, bytes]:
@@ -113,9 +128,13 @@ def blobs_txn(conn: Connection, digests: Sequence[str]) -> dict[str, bytes]:
     return {str(digest): bytes(data) for digest, data in rows}
 
 
-def restore_blob_txn(conn: Connection, digest: str, data: bytes) -> None:
-    """Store a body out of line under its content address (kept if already there)."""
-    conn.execute(_RESTORE_BLOB, {"digest": digest, "data": data, "size": len(data)})
+def restore_blob_txn(conn: Connection, digest: str, tenants: Sequence[str], data: bytes) -> None:
+    """Store a body out of line under its content address for each of ``tenants`` (kept
+    where already there)."""
+    rows = [
+        {"digest": digest, "tenant": tenant, "data": data, "size": len(data)} for tenant in tenants
+    ]
+    conn.execute(_RESTORE_BLOB, rows)
 
 
 _RESTORE_RUNS = _insert("runs")

@@ -6,6 +6,11 @@ CLI's tenant grants, backups); an agent records through the Recorder and never n
 Each ``*_txn`` function takes the caller's ``Connection`` and never commits.
 """
 
+from agent_blackbox.outbox._blobs import (
+    UNATTRIBUTED,
+    attribute_blobs_txn,
+    unattributed_blobs_txn,
+)
 from agent_blackbox.outbox._heads import RunHead, run_heads_txn
 from agent_blackbox.outbox._migrate import migrate_write_side
 from agent_blackbox.outbox._postgres import PostgresBlobs, outbox_backlog_txn, pending_events_txn
@@ -35,9 +40,11 @@ __all__ = [
     "EVERY_TENANT",
     "NOTIFY_CHANNEL",
     "SCHEMA",
+    "UNATTRIBUTED",
     "PostgresBlobs",
     "RunHead",
     "access_audit",
+    "attribute_blobs_txn",
     "blobs",
     "data_keys",
     "deletion_ledger",
@@ -55,4 +62,5 @@ __all__ = [
     "shard_of",
     "tenant_grants",
     "tenant_grants_txn",
+    "unattributed_blobs_txn",
 ]

@@ -312,7 +312,9 @@ def test_writer_stores_bodies_only_under_their_own_digest(
     assert run.call("echo", lambda text: text, big) == big
     planted = "sha256:" + hashlib.sha256(b"the real body").hexdigest()
     with writer.connect() as conn, pytest.raises(Exception, match="does not match the digest"):
-        conn.execute(text("SELECT blackbox.store_blob(:d, 'forged')"), {"d": planted})
+        conn.execute(
+            text("SELECT blackbox.store_blob(:t, :d, 'forged')"), {"t": TENANT_A, "d": planted}
+        )
     with engine.connect() as conn:
         blobs = conn.execute(text("SELECT digest FROM blackbox.blobs")).scalars().all()
     assert len(blobs) == 1

@@ -347,7 +347,9 @@ SEGMENT_KEY = "segments/3/00000000000000000100.avro"
         pytest.param(b"Obj\x01", id="header-cut-short"),
         pytest.param(encode_segment(TOPIC, 3, MESSAGES)[:-20], id="truncated"),
         pytest.param(
-            encode_table(TABLES_BY_NAME["blobs"], [{"digest": "sha256:" + _sha("b")}])[0],
+            encode_table(
+                TABLES_BY_NAME["blobs"], [{"digest": "sha256:" + _sha("b"), "tenant_id": "t"}]
+            )[0],
             id="a-snapshot-table",
         ),
     ],
@@ -554,7 +556,10 @@ SAMPLE_ROWS: dict[str, list[dict[str, Any]]] = {
             "finished": None,
         },
     ],
-    "blobs": [{"digest": "sha256:" + _sha("blob 1")}, {"digest": "sha256:" + _sha("blob 2")}],
+    "blobs": [
+        {"digest": "sha256:" + _sha("blob 1"), "tenant_id": "t"},
+        {"digest": "sha256:" + _sha("blob 2"), "tenant_id": "t"},
+    ],
 }
 
 

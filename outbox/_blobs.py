@@ -1,0 +1,57 @@
+"""Whose bodies stored out of line are: each ``blackbox.blobs`` row names a tenant, and
+row security lets a role read its granted tenants' rows only.
+
+Bodies stored before bodies had a tenant are :data:`UNATTRIBUTED` (no grant reaches
+them; the owner reads them). :func:`attribute_blobs_txn` gives each to the tenants of
+the runs whose events name it, as the views index them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import Connection, text
+
+UNATTRIBUTED = ""
+"""The tenant of a body stored before bodies had one: readable by the owner only."""
+
+_UNATTRIBUTED = text(
+    "SELECT digest FROM blackbox.blobs WHERE tenant_id = :none ORDER BY digest"
+).bindparams(none=UNATTRIBUTED)
+# One statement: every sub-statement sees the rows as they were before it, so the copies
+# are taken from the unattributed rows the same statement then removes.
+_ATTRIBUTE = text(
+    """
+    WITH named AS (
+        SELECT n.run_id, n.digest FROM unnest(CAST(:runs AS text[]), CAST(:refs AS text[]))
+            AS n(run_id, digest)),
+    owners AS (
+        SELECT DISTINCT n.digest, r.tenant_id FROM named n
+          JOIN blackbox.runs r ON r.run_id = n.run_id),
+    copied AS (
+        INSERT INTO blackbox.blobs (digest, tenant_id, data, size, created_at)
+        SELECT o.digest, o.tenant_id, b.data, b.size, b.created_at
+          FROM owners o JOIN blackbox.blobs b ON b.digest = o.digest AND b.tenant_id = :none
+        ON CONFLICT (digest, tenant_id) DO NOTHING)
+    DELETE FROM blackbox.blobs b
+     WHERE b.tenant_id = :none AND b.digest IN (SELECT digest FROM owners)
+    """
+).bindparams(none=UNATTRIBUTED)
+
+
+def unattributed_blobs_txn(conn: Connection) -> list[str]:
+    """The digests of the bodies no tenant owns yet (stored before bodies had one)."""
+    return [str(digest) for digest in conn.execute(_UNATTRIBUTED).scalars()]
+
+
+def attribute_blobs_txn(conn: Connection, named: Iterable[tuple[str, str]]) -> int:
+    """Give each unattributed body to the tenant of every run that names it: ``named``
+    holds ``(run_id, digest)`` pairs (from the events that refer to the body). A run
+    the write side does not hold attributes nothing. How many bodies were attributed.
+    """
+    pairs: Sequence[tuple[str, str]] = list(named)
+    if not pairs:
+        return 0
+    runs, refs = zip(*pairs, strict=True)
+    result = conn.execute(_ATTRIBUTE, {"runs": list(runs), "refs": list(refs)})
+    return int(result.rowcount)

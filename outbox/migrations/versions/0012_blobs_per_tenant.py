@@ -1,0 +1,111 @@
+"""Bodies stored out of line belong to a tenant, and only its replayers read them.
+
+Revision ID: 0012
+Revises: 0011
+
+``blackbox.blobs`` was content-addressed and nothing more: a replayer granted one tenant
+could read any tenant's large bodies by their digest. Now:
+
+- each row names its tenant, and the key is ``(digest, tenant_id)``: the same bytes
+  stored by two tenants are two rows, so neither tenant's grant reaches the other's;
+- row-level security lets a role read the rows of its granted tenants only (the
+  schema's owner, whose jobs back up and verify everything, reads all of them);
+- ``store_blob(tenant, digest, data)`` stores for a tenant the calling writer is
+  granted, still only under the digest of the bytes; the old two-argument function is
+  gone, so a writer that does not say whose body it stores is refused.
+
+Rows stored before this revision have no known tenant: they get ``''``, which no grant
+matches, and are readable by the owner only until ``blackbox migrate`` attributes each
+to the tenants of the runs whose indexed events name it.
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0012"
+down_revision: str | None = "0011"
+branch_labels: str | None = None
+depends_on: str | None = None
+
+SCHEMA = "blackbox"
+UNATTRIBUTED = ""
+"""The tenant of a body stored before bodies had one (no grant reaches it)."""
+
+_REFUSE = "USING ERRCODE = '42501'"
+
+
+def upgrade() -> None:
+    """Give every blob a tenant, guard reads with row security, and store per tenant."""
+    op.execute(
+        f"ALTER TABLE {SCHEMA}.blobs ADD COLUMN tenant_id text NOT NULL DEFAULT '{UNATTRIBUTED}'"
+    )
+    op.execute(f"ALTER TABLE {SCHEMA}.blobs ALTER COLUMN tenant_id DROP DEFAULT")
+    op.execute(f"ALTER TABLE {SCHEMA}.blobs DROP CONSTRAINT blobs_pkey")
+    # Digest first: reads and the backup's ordered scan look bodies up by digest.
+    op.execute(f"ALTER TABLE {SCHEMA}.blobs ADD PRIMARY KEY (digest, tenant_id)")
+    granted = f"CAST((SELECT {SCHEMA}.granted_tenants()) AS text[])"
+    op.execute(f"ALTER TABLE {SCHEMA}.blobs ENABLE ROW LEVEL SECURITY")
+    op.execute(
+        f"CREATE POLICY blobs_of_granted_tenants ON {SCHEMA}.blobs FOR SELECT USING "
+        f"(tenant_id <> '{UNATTRIBUTED}' "
+        f"AND (tenant_id = ANY ({granted}) OR '*' = ANY ({granted})))"
+    )
+    op.execute(f"DROP FUNCTION {SCHEMA}.store_blob(text, bytea)")
+    op.execute(
+        f"""
+        CREATE FUNCTION {SCHEMA}.store_blob(p_tenant_id text, p_digest text, p_data bytea)
+        RETURNS void
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+        BEGIN
+            IF p_tenant_id IS NULL OR p_tenant_id = '{UNATTRIBUTED}'
+               OR NOT {SCHEMA}.granted_tenant(p_tenant_id) THEN
+                RAISE EXCEPTION 'this writer may not store bodies for tenant %',
+                    quote_literal(left(coalesce(p_tenant_id, ''), 200)) {_REFUSE};
+            END IF;
+            IF p_digest IS DISTINCT FROM 'sha256:' || encode(sha256(p_data), 'hex') THEN
+                RAISE EXCEPTION 'blob % does not match the digest of its content',
+                    quote_literal(left(p_digest, 80)) USING ERRCODE = '22023';
+            END IF;
+            INSERT INTO {SCHEMA}.blobs (digest, tenant_id, data, size)
+            VALUES (p_digest, p_tenant_id, p_data, length(p_data))
+            ON CONFLICT (digest, tenant_id) DO NOTHING;
+        END $$
+        """
+    )
+    op.execute(f"REVOKE ALL ON FUNCTION {SCHEMA}.store_blob(text, text, bytea) FROM PUBLIC")
+    op.execute(
+        f"GRANT EXECUTE ON FUNCTION {SCHEMA}.store_blob(text, text, bytea) TO blackbox_writer"
+    )
+
+
+def downgrade() -> None:
+    """Back to one row per digest, readable by every replayer."""
+    op.execute(f"DROP FUNCTION {SCHEMA}.store_blob(text, text, bytea)")
+    op.execute(f"DROP POLICY blobs_of_granted_tenants ON {SCHEMA}.blobs")
+    op.execute(f"ALTER TABLE {SCHEMA}.blobs DISABLE ROW LEVEL SECURITY")
+    op.execute(
+        f"DELETE FROM {SCHEMA}.blobs b USING {SCHEMA}.blobs o "
+        "WHERE o.digest = b.digest AND o.tenant_id < b.tenant_id"
+    )
+    op.execute(f"ALTER TABLE {SCHEMA}.blobs DROP CONSTRAINT blobs_pkey")
+    op.execute(f"ALTER TABLE {SCHEMA}.blobs DROP COLUMN tenant_id")
+    op.execute(f"ALTER TABLE {SCHEMA}.blobs ADD PRIMARY KEY (digest)")
+    op.execute(
+        f"""
+        CREATE FUNCTION {SCHEMA}.store_blob(p_digest text, p_data bytea)
+        RETURNS void
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+        BEGIN
+            IF p_digest IS DISTINCT FROM 'sha256:' || encode(sha256(p_data), 'hex') THEN
+                RAISE EXCEPTION 'blob % does not match the digest of its content',
+                    quote_literal(left(p_digest, 80)) USING ERRCODE = '22023';
+            END IF;
+            INSERT INTO {SCHEMA}.blobs (digest, data, size)
+            VALUES (p_digest, p_data, length(p_data))
+            ON CONFLICT (digest) DO NOTHING;
+        END $$
+        """
+    )
+    op.execute(f"REVOKE ALL ON FUNCTION {SCHEMA}.store_blob(text, bytea) FROM PUBLIC")
+    op.execute(f"GRANT EXECUTE ON FUNCTION {SCHEMA}.store_blob(text, bytea) TO blackbox_writer")

@@ -1,0 +1,154 @@
+"""Bodies stored out of line (``blackbox.blobs``) are read only by their tenant's replayers.
+
+Attacks: a replayer granted tenant B reads tenant A's large body by its digest (digests
+travel in every envelope, so knowing one is no secret); a writer of tenant A stores a
+body as tenant B's, or as nobody's; a reader (who may not open bodies at all) reads the
+table. And a database from before bodies had tenants: its bodies are nobody's until
+``blackbox migrate`` gives each to the tenant of the runs that name it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.config import Config
+from click.testing import CliRunner
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
+
+from agent_blackbox.cli import main
+from agent_blackbox.outbox import DatabaseUnavailable, Recorder, RunSnapshot
+from agent_blackbox.outbox.relay import Relay
+from agent_blackbox.outbox.storage import EVERY_TENANT, PostgresBlobs, migrate_write_side
+from agent_blackbox.schemas import Settings
+from tests.conftest import Login
+from tests.integration._agents import noise
+from tests.integration._views import build_views
+from tests.security.conftest import TENANT_A, TENANT_B
+
+pytestmark = pytest.mark.integration
+
+_OWNERS = text("SELECT digest, tenant_id FROM blackbox.blobs ORDER BY digest, tenant_id")
+_STORE = text("SELECT blackbox.store_blob(:tenant, :digest, :data)")
+
+
+def _record_large(writer: Engine, settings: Settings, tenant: str, *, seed: int) -> str:
+    """A run of ``tenant`` with one body out of line; the body's digest."""
+    run = Recorder(writer, settings=settings).start_run(
+        RunSnapshot(code_version="sec.1", input={}), agent_id="a", tenant_id=tenant
+    )
+    big = noise(2 * settings.blob_threshold_bytes, seed=seed)
+    assert run.call("echo", lambda value: value, big) == big
+    run.finish(output={"ok": True})
+    return run.run_id
+
+
+def _owners(engine: Engine) -> list[tuple[str, str]]:
+    with engine.connect() as conn:
+        return [(str(d), str(t)) for d, t in conn.execute(_OWNERS)]
+
+
+def test_a_replayer_reads_its_tenants_bodies_and_no_other(
+    login: Login, engine: Engine, settings: Settings
+) -> None:
+    _record_large(login("blackbox_writer", tenant=TENANT_A), settings, TENANT_A, seed=1)
+    _record_large(login("blackbox_writer", tenant=TENANT_B), settings, TENANT_B, seed=2)
+    owners = dict((tenant, digest) for digest, tenant in _owners(engine))
+    assert set(owners) == {TENANT_A, TENANT_B}, "each run's body is stored as its tenant's"
+    body_a, body_b = owners[TENANT_A], owners[TENANT_B]
+
+    replayer_b = PostgresBlobs(login("blackbox_replayer", tenant=TENANT_B))
+    assert replayer_b.read(body_b)
+    with pytest.raises(DatabaseUnavailable, match="granted"):
+        replayer_b.read(body_a)
+    with login("blackbox_replayer", tenant=TENANT_B).connect() as conn:
+        seen = conn.execute(text("SELECT digest FROM blackbox.blobs")).scalars().all()
+    assert seen == [body_b], "a scan shows the granted tenant's rows only"
+
+    everyone = PostgresBlobs(login("blackbox_replayer", tenant=EVERY_TENANT))
+    assert everyone.read(body_a)
+    assert everyone.read(body_b)
+    ungranted = PostgresBlobs(login("blackbox_replayer"))
+    with pytest.raises(DatabaseUnavailable):
+        ungranted.read(body_a)
+    reader = login("blackbox_reader", tenant=TENANT_A)
+    with reader.connect() as conn, pytest.raises(DBAPIError, match="permission denied"):
+        conn.execute(text("SELECT data FROM blackbox.blobs"))
+
+
+def test_the_same_bytes_stored_by_two_tenants_are_two_rows(
+    login: Login, engine: Engine, settings: Settings
+) -> None:
+    """Content addressing does not share a body across tenants: tenant B storing bytes
+    tenant A stored does not let A's replayer read B's copy or B's read A's."""
+    data = b"the same large body"
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    for tenant in (TENANT_A, TENANT_B):
+        with login("blackbox_writer", tenant=tenant).begin() as conn:
+            conn.execute(_STORE, {"tenant": tenant, "digest": digest, "data": data})
+    assert _owners(engine) == [(digest, TENANT_A), (digest, TENANT_B)]
+    with login("blackbox_replayer", tenant=TENANT_A).connect() as conn:
+        tenants = conn.execute(text("SELECT tenant_id FROM blackbox.blobs")).scalars().all()
+    assert tenants == [TENANT_A]
+
+
+@pytest.mark.parametrize("claimed", [TENANT_B, "", EVERY_TENANT])
+def test_a_writer_stores_bodies_for_its_own_tenants_only(
+    login: Login, engine: Engine, claimed: str
+) -> None:
+    data = b"planted for another tenant"
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    writer = login("blackbox_writer", tenant=TENANT_A)
+    with writer.begin() as conn, pytest.raises(DBAPIError, match="may not store bodies"):
+        conn.execute(_STORE, {"tenant": claimed, "digest": digest, "data": data})
+    assert _owners(engine) == []
+
+
+def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
+    login: Login, engine: Engine, settings: Settings
+) -> None:
+    """A database from before this revision: its bodies are nobody's (the owner reads
+    them, no replayer does, not even one granted every tenant) until ``blackbox
+    migrate`` gives each to the tenants of the runs whose indexed events name it."""
+    writer_a = login("blackbox_writer", tenant=TENANT_A)
+    _record_large(writer_a, settings, TENANT_A, seed=3)
+    orphan = b"a body no indexed event names"
+    with writer_a.begin() as conn:
+        orphan_digest = "sha256:" + hashlib.sha256(orphan).hexdigest()
+        conn.execute(_STORE, {"tenant": TENANT_A, "digest": orphan_digest, "data": orphan})
+    published = Relay(login("blackbox_relay"), settings=settings).drain(timeout=60)
+    build_views(settings, engine, expect=published)
+    (body_a, _), _ = sorted(_owners(engine), key=lambda row: row[0] == orphan_digest)
+
+    _migrate_write_side_to(engine, "0011")  # as it was: one row per digest, no tenant
+    migrate_write_side(engine)
+    assert {tenant for _, tenant in _owners(engine)} == {""}
+    replayer_a = PostgresBlobs(login("blackbox_replayer", tenant=TENANT_A))
+    everyone = PostgresBlobs(login("blackbox_replayer", tenant=EVERY_TENANT))
+    for reader in (replayer_a, everyone):
+        with pytest.raises(DatabaseUnavailable, match="blackbox migrate"):
+            reader.read(body_a)
+    assert PostgresBlobs(engine).read(body_a), "the owner reads a body nobody owns"
+
+    env = {"BLACKBOX_DATABASE_URL": settings.database_url}
+    result = CliRunner().invoke(main, ["migrate"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "1 of 2 bodies" in " ".join(result.output.split())
+    assert "stay readable by the owner only" in " ".join(result.output.split())
+    assert sorted(_owners(engine)) == sorted([(body_a, TENANT_A), (orphan_digest, "")])
+    assert replayer_a.read(body_a)
+    with pytest.raises(DatabaseUnavailable):
+        PostgresBlobs(login("blackbox_replayer", tenant=TENANT_B)).read(body_a)
+
+
+def _migrate_write_side_to(engine: Engine, revision: str) -> None:
+    import agent_blackbox.outbox as outbox
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(outbox.__file__).parent / "migrations"))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
