@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import partial
 from itertools import chain, groupby
 from pathlib import Path
@@ -22,6 +21,7 @@ from rich.table import Table
 from sqlalchemy import Engine
 
 from agent_blackbox.cli._purpose import purpose_option
+from agent_blackbox.cli._selection import moment_given
 from agent_blackbox.cli._wiring import Wiring, wired
 from agent_blackbox.outbox import NondeterminismGuard
 from agent_blackbox.outbox.storage import PostgresBlobs
@@ -79,7 +79,13 @@ T = TypeVar("T")
     "agents in the runs, name them, or keep --all to one with --agent-id.",
 )
 @click.option("--agent-id", default=None, help="With --all: only runs of this agent.")
-@click.option("--since", type=click.DateTime(), default=None, help="With --all: started after.")
+@click.option(
+    "--since",
+    "since_raw",
+    default=None,
+    help="With --all: started since: a span back from now (30m, 1h, 2d, 1w) or an ISO "
+    "time (local without a zone).",
+)
 @click.option(
     "--limit",
     default=DEFAULT_LIMIT,
@@ -160,7 +166,7 @@ def replay_command(
     every: bool,
     agent_paths: tuple[str, ...],
     agent_id: str | None,
-    since: datetime | None,
+    since_raw: str | None,
     limit: int,
     draw: bool,
     include_forks: bool,
@@ -194,6 +200,7 @@ def replay_command(
     """
     if every == (run_id is not None):
         raise click.UsageError("give either a RUN_ID or --all (exactly one of them)")
+    since = moment_given(since_raw, "--since")
     if not every and (
         agent_id or since or include_forks or draw or limit != DEFAULT_LIMIT or workers is not None
     ):

@@ -190,6 +190,9 @@ def test_a_drill_after_production_is_destroyed_restores_everything_and_forgets(
     assert live[history["ada"]] is False  # forgotten before the cut
     assert live[history["grace"]] is False  # forgotten after it: a later cut's ledger
     assert live[history["edsger"]] is True
+    assert _blob_tenants(report.kept_target.settings) == {"default"}, (
+        "the large run's body is restored as its tenant's (its replayers read it)"
+    )
 
 
 def test_a_damaged_later_cut_leaves_an_earlier_whole_cut_restorable_and_is_named(
@@ -349,6 +352,16 @@ def test_a_partial_restore_brings_back_the_selection_forgotten_and_audited(
     finally:
         for result in restored:
             assert drop_target(settings, result.target) == []
+
+
+def _blob_tenants(target: Settings) -> set[str]:
+    restored = create_engine(target.database_url)
+    try:
+        with restored.connect() as conn:
+            query = text("SELECT DISTINCT tenant_id FROM blackbox.blobs")
+            return {str(tenant) for tenant in conn.execute(query).scalars()}
+    finally:
+        restored.dispose()
 
 
 def _live_keys(target: Settings) -> dict[str, bool]:

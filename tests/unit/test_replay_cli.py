@@ -255,6 +255,15 @@ def test_nothing_matched_exits_2_and_says_what_was_filtered(cli: Any) -> None:
     assert "since 2999-01-01" in summary["error"]
 
 
+def test_since_takes_a_span_as_export_does(cli: Any, runs: dict[str, Any]) -> None:
+    recent = cli("--all", "--agent-id", "ticket-agent", "--since", "1w", "--json")
+    assert recent.exit_code == 0, recent.stderr
+    assert [line["run_id"] for line in _lines(recent)[:-1]] == [runs["pass"]]
+    wrong = cli("--all", "--since", "last tuesday")
+    assert wrong.exit_code == 2
+    assert "span back from now (30m, 1h, 2d, 1w) or an ISO time" in " ".join(wrong.stderr.split())
+
+
 def test_single_run_json_is_the_same_stream(cli: Any, runs: dict[str, Any]) -> None:
     result = cli(runs["diverge"], "--json")
     lines = _lines(result)
