@@ -39,12 +39,14 @@ def migrate_command() -> None:
     console.print("[green]migrated[/] the write side (blackbox) and the views (blackbox_views)")
     done, of = attributed or (0, 0)
     if of:
+        left = of - done
         console.print(
-            f"{done:,} of {of:,} bodies stored out of line before they had a tenant are now "
-            "their runs' tenants'"
+            f"bodies stored out of line before they had a tenant: {done:,} of {of:,} given to "
+            "the tenants of the runs that name them"
             + (
-                f"; {of - done:,} that no indexed event names stay readable by the owner only"
-                if done < of
+                f"; {left:,} that no indexed event names stay readable by the owner only "
+                "(run `blackbox migrate` again once the views have caught up)"
+                if left
                 else ""
             )
         )

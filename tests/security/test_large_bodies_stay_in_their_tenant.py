@@ -95,6 +95,16 @@ def test_the_same_bytes_stored_by_two_tenants_are_two_rows(
     assert tenants == [TENANT_A]
 
 
+def test_an_agent_of_an_older_release_is_told_to_upgrade(login: Login, engine: Engine) -> None:
+    writer = login("blackbox_writer", tenant=TENANT_A)
+    data = b"a large body"
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    old_call = text("SELECT blackbox.store_blob(:digest, :data)")
+    with writer.begin() as conn, pytest.raises(DBAPIError, match="upgrade agent-blackbox"):
+        conn.execute(old_call, {"digest": digest, "data": data})
+    assert _owners(engine) == []
+
+
 @pytest.mark.parametrize("claimed", [TENANT_B, "", EVERY_TENANT])
 def test_a_writer_stores_bodies_for_its_own_tenants_only(
     login: Login, engine: Engine, claimed: str
@@ -136,7 +146,7 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
     env = {"BLACKBOX_DATABASE_URL": settings.database_url}
     result = CliRunner().invoke(main, ["migrate"], env=env)
     assert result.exit_code == 0, result.output
-    assert "1 of 2 bodies" in " ".join(result.output.split())
+    assert "1 of 2 given to the tenants" in " ".join(result.output.split())
     assert "stay readable by the owner only" in " ".join(result.output.split())
     assert sorted(_owners(engine)) == sorted([(body_a, TENANT_A), (orphan_digest, "")])
     assert replayer_a.read(body_a)

@@ -11,8 +11,8 @@ could read any tenant's large bodies by their digest. Now:
 - row-level security lets a role read the rows of its granted tenants only (the
   schema's owner, whose jobs back up and verify everything, reads all of them);
 - ``store_blob(tenant, digest, data)`` stores for a tenant the calling writer is
-  granted, still only under the digest of the bytes; the old two-argument function is
-  gone, so a writer that does not say whose body it stores is refused.
+  granted, still only under the digest of the bytes; the old two-argument function
+  refuses every call, telling an agent of an older release to upgrade.
 
 Rows stored before this revision have no known tenant: they get ``''``, which no grant
 matches, and are readable by the owner only until ``blackbox migrate`` attributes each
@@ -51,7 +51,21 @@ def upgrade() -> None:
         f"(tenant_id <> '{UNATTRIBUTED}' "
         f"AND (tenant_id = ANY ({granted}) OR '*' = ANY ({granted})))"
     )
-    op.execute(f"DROP FUNCTION {SCHEMA}.store_blob(text, bytea)")
+    # An agent of an older release still calls the two-argument function: it is told
+    # what to do (upgrade the agent), not that a function is missing.
+    op.execute(
+        f"""
+        CREATE OR REPLACE FUNCTION {SCHEMA}.store_blob(p_digest text, p_data bytea)
+        RETURNS void
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+        BEGIN
+            RAISE EXCEPTION 'this agent runs an agent-blackbox release older than the '
+                'database (write-side revision 0012): it stores large bodies without their '
+                'tenant, which the database no longer takes; upgrade agent-blackbox in the '
+                'agent' USING ERRCODE = '0A000';
+        END $$
+        """
+    )
     op.execute(
         f"""
         CREATE FUNCTION {SCHEMA}.store_blob(p_tenant_id text, p_digest text, p_data bytea)
@@ -82,6 +96,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     """Back to one row per digest, readable by every replayer."""
     op.execute(f"DROP FUNCTION {SCHEMA}.store_blob(text, text, bytea)")
+    op.execute(f"DROP FUNCTION {SCHEMA}.store_blob(text, bytea)")
     op.execute(f"DROP POLICY blobs_of_granted_tenants ON {SCHEMA}.blobs")
     op.execute(f"ALTER TABLE {SCHEMA}.blobs DISABLE ROW LEVEL SECURITY")
     op.execute(
