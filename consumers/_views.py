@@ -880,14 +880,12 @@ def delete_run_views_txn(conn: Connection, run_ids: Sequence[str]) -> None:
     conn.execute(runs_view.delete().where(runs_view.c.run_id.in_(list(run_ids))))
 
 
-def runs_naming_bodies_txn(conn: Connection, refs: Sequence[str]) -> list[tuple[str, str]]:
-    """``(run_id, ref)`` for each indexed event whose body is stored out of line under one
-    of ``refs`` (each pair once)."""
+def runs_naming_bodies_txn(conn: Connection, refs: Sequence[str]) -> list[tuple[str, int, str]]:
+    """``(run_id, sequence, ref)`` of each indexed event the write side vouches for whose
+    body is stored out of line under one of ``refs``."""
     if not refs:
         return []
-    named = (
-        select(events_index.c.run_id, events_index.c.payload_ref)
-        .where(events_index.c.payload_ref.in_(list(refs)))
-        .distinct()
-    )
-    return [(str(run_id), str(ref)) for run_id, ref in conn.execute(named)]
+    named = select(
+        events_index.c.run_id, events_index.c.sequence, events_index.c.payload_ref
+    ).where(events_index.c.payload_ref.in_(list(refs)), events_index.c.unverified.is_(None))
+    return [(str(run_id), int(sequence), str(ref)) for run_id, sequence, ref in conn.execute(named)]

@@ -19,15 +19,20 @@ _UNATTRIBUTED = text(
     "SELECT digest FROM blackbox.blobs WHERE tenant_id = :none ORDER BY digest"
 ).bindparams(none=UNATTRIBUTED)
 # One statement: every sub-statement sees the rows as they were before it, so the copies
-# are taken from the unattributed rows the same statement then removes.
+# are taken from the unattributed rows the same statement then removes. A run may claim a
+# body only with an event the write side holds (its sequence within the run's) and only
+# if nothing was appended to it since bodies got tenants: every body such a run names was
+# stored before then, while a run written to since could name a digest it learned later.
 _ATTRIBUTE = text(
     """
     WITH named AS (
-        SELECT n.run_id, n.digest FROM unnest(CAST(:runs AS text[]), CAST(:refs AS text[]))
-            AS n(run_id, digest)),
+        SELECT n.run_id, n.sequence, n.digest
+          FROM unnest(CAST(:runs AS text[]), CAST(:sequences AS bigint[]),
+                      CAST(:refs AS text[])) AS n(run_id, sequence, digest)),
     owners AS (
         SELECT DISTINCT n.digest, r.tenant_id FROM named n
-          JOIN blackbox.runs r ON r.run_id = n.run_id),
+          JOIN blackbox.runs r ON r.run_id = n.run_id AND n.sequence <= r.last_sequence
+         WHERE r.updated_at <= (SELECT min(t.since) FROM blackbox.blob_tenancy t)),
     copied AS (
         INSERT INTO blackbox.blobs (digest, tenant_id, data, size, created_at)
         SELECT o.digest, o.tenant_id, b.data, b.size, b.created_at
@@ -44,14 +49,16 @@ def unattributed_blobs_txn(conn: Connection) -> list[str]:
     return [str(digest) for digest in conn.execute(_UNATTRIBUTED).scalars()]
 
 
-def attribute_blobs_txn(conn: Connection, named: Iterable[tuple[str, str]]) -> int:
+def attribute_blobs_txn(conn: Connection, named: Iterable[tuple[str, int, str]]) -> int:
     """Give each unattributed body to the tenant of every run that names it: ``named``
-    holds ``(run_id, digest)`` pairs (from the events that refer to the body). A run
-    the write side does not hold attributes nothing. How many bodies were attributed.
+    holds ``(run_id, sequence, digest)`` of the events that refer to a body (those the
+    views vouch for). Only a run the write side holds with that event, and to which
+    nothing was appended since bodies got tenants, gives its tenant a body. How many
+    bodies were attributed.
     """
-    pairs: Sequence[tuple[str, str]] = list(named)
-    if not pairs:
+    rows: Sequence[tuple[str, int, str]] = list(named)
+    if not rows:
         return 0
-    runs, refs = zip(*pairs, strict=True)
-    result = conn.execute(_ATTRIBUTE, {"runs": list(runs), "refs": list(refs)})
-    return int(result.rowcount)
+    runs, sequences, refs = zip(*rows, strict=True)
+    params = {"runs": list(runs), "sequences": list(sequences), "refs": list(refs)}
+    return int(conn.execute(_ATTRIBUTE, params).rowcount)

@@ -57,7 +57,14 @@ from agent_blackbox.outbox._writer import (
     new_credential,
     shard_of,
 )
-from agent_blackbox.schemas import GENESIS_CHAIN_HASH, DataKey, Digester, Envelope
+from agent_blackbox.schemas import (
+    GENESIS_CHAIN_HASH,
+    DataKey,
+    Digester,
+    Envelope,
+    PermissionRefused,
+    permission_refused,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -172,9 +179,9 @@ _RUN = text(
     """
 )
 
-# Row security shows a replayer its granted tenants' copies only; the bytes of every
-# copy are the same (content-addressed), so any one visible will do.
-_BLOB = text("SELECT data FROM blackbox.blobs WHERE digest = :digest LIMIT 1")
+# The copy of one of the login's granted tenants (any, for the owner): the bytes of every
+# copy are the same (content-addressed).
+_BLOB = text("SELECT blackbox.read_blob(:digest)")
 _PENDING = text(
     "SELECT count(*) FROM blackbox.outbox "
     "WHERE CAST(:run_ids AS text[]) IS NULL OR run_id = ANY(:run_ids)"
@@ -690,17 +697,26 @@ class PostgresBlobs:
         """The bytes stored under ``ref``.
 
         Raises:
-            DatabaseUnavailable: the blob is not there, or the database failed.
+            PermissionRefused: the login may not read bodies, or this one is stored
+                before bodies had tenants and is the owner's until ``blackbox migrate``.
+            DatabaseUnavailable: the blob is not there (for the login's tenants), or
+                the database failed.
         """
         try:
             with self._engine.connect() as conn:
                 data = read_blob_txn(conn, ref)
         except SQLAlchemyError as exc:
+            if refusal := permission_refused(exc):
+                hint = (
+                    ""
+                    if "before bodies had tenants" in refusal
+                    else ": bodies stored out of line are read by a blackbox_replayer login "
+                    "granted the run's tenant"
+                )
+                raise PermissionRefused(f"cannot read blob {ref}: {refusal}{hint}") from exc
             raise DatabaseUnavailable(f"cannot read blob {ref}: {exc}") from exc
         if data is None:
             raise DatabaseUnavailable(
-                f"blob {ref} is not in blackbox.blobs for the tenants this login is granted "
-                "(a body stored before bodies had tenants is the owner's until `blackbox "
-                "migrate` attributes it)"
+                f"blob {ref} is not in blackbox.blobs for the tenants this login is granted"
             )
         return data

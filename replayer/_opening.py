@@ -228,8 +228,18 @@ class Bodies:
                     "replays with agent_blackbox.testing.replay(recorder, agent)"
                 )
             )
-        with crossing():  # the replay's own reading, not the agent's I/O
-            return self._blobs.read(envelope.payload_ref)
+        try:
+            with crossing():  # the replay's own reading, not the agent's I/O
+                return self._blobs.read(envelope.payload_ref)
+        except BlackboxError as exc:
+            # Not the code's doing: the login, the database or the store. Raised into
+            # the code it would otherwise read as the code's own failure.
+            raise self._findings.setup(
+                ReplaySetupError(
+                    f"run {envelope.run_id} sequence {envelope.sequence}: the body stored "
+                    f"out of line cannot be read: {exc}"
+                )
+            ) from exc
 
     def _unopened(self, envelope: Envelope, exc: BlackboxError) -> NoReturn:
         """Why the body of ``envelope`` does not open, raised: not the log's fault (a

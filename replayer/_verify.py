@@ -35,6 +35,7 @@ from agent_blackbox.schemas import (
     Envelope,
     EventType,
     ForgedCheckpoint,
+    PermissionRefused,
     digest_bytes,
     is_plaintext,
     safe_text,
@@ -390,6 +391,9 @@ class _Walk:
             return None
         try:
             actual = digest_bytes(self._blobs.read(ref))
+        except PermissionRefused:  # the login's limits, not the log's fault: unchecked
+            self.unchecked_blobs += 1
+            return None
         except Exception as exc:  # any reader's failure is a finding, never a crash
             return (
                 Problem.PAYLOAD_MISMATCH,

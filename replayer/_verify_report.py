@@ -114,7 +114,8 @@ class VerifyReport:
     chain_head: str | None = None
     """The chain hash of event :attr:`last_sequence`: what a signer signs."""
     unchecked_blobs: int = 0
-    """Events whose out-of-line body was not checked because no blob reader was given."""
+    """Events whose out-of-line body was not checked: no blob reader was given, or it
+    may not read the body (the login's role or grants)."""
     unverified_from: int | None = None
     """The first sequence no genuine checkpoint covers, when the log is sound but not
     vouched for to its end (no checkpoint, or a mid-run one); None otherwise."""

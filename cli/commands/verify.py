@@ -391,3 +391,9 @@ def _print(reports: list[VerifyReport], console: Console) -> None:
         f"{len(reports) - bad - unverified}/{len(reports)} runs verified, "
         f"{unverified} unverified, {bad} with a problem"
     )
+    if unchecked := sum(r.unchecked_blobs for r in reports):
+        console.print(
+            f"{unchecked} bodies stored out of line were not checked (an archive holds "
+            "none, or this login may not read them: a blackbox_replayer login granted "
+            "their tenants checks them)"
+        )

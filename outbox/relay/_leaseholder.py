@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.broker import LeaseStamp
 from agent_blackbox.outbox.relay._lease import LeaseDeadline, LeaseTiming
-from agent_blackbox.outbox.relay._log import first_line, log
+from agent_blackbox.outbox.relay._log import Repeated, first_line, log
 
 _SEED_LEASES = text(
     "INSERT INTO blackbox.relay_leases (shard) SELECT generate_series(0, :shards - 1) "
@@ -118,6 +118,7 @@ class Leaseholder:
         self._beating = False
         """True while the heartbeat thread renews the leases (``heartbeats``)."""
         self._lock = threading.RLock()
+        self._renewals = Repeated("renew leases")
 
     @property
     def shards(self) -> list[int]:
@@ -164,20 +165,21 @@ class Leaseholder:
         """Renew (and claim or hand back) at the next chance, not a heartbeat later."""
         self._next_check = -math.inf
 
-    def keep(self, *, may_release: bool, wait: bool = True) -> None:
+    def keep(self, *, may_release: bool, wait: bool = True) -> bool:
         """Heartbeat and renew when due; claim or (with ``may_release``, when nothing is
         queued) hand back shards towards a fair share. Without ``wait`` nothing is done
         while another thread renews (the loop does not stall behind the heartbeat).
+        Whether a renewal was made.
 
         Raises:
             SQLAlchemyError: the renewal failed; the leases are as they were.
         """
         if time.monotonic() < self._next_check:
-            return
+            return False
         if not self._lock.acquire(blocking=wait):
-            return
+            return False
         try:
-            self._renew_if_due(may_release=may_release)
+            return self._renew_if_due(may_release=may_release)
         finally:
             self._lock.release()
 
@@ -218,17 +220,20 @@ class Leaseholder:
         """Renew when due; a failed renewal is logged and tried again half a heartbeat
         later (the fence follows if none succeeds in time)."""
         try:
-            self.keep(may_release=False, wait=wait)
+            renewed = self.keep(may_release=False, wait=wait)
         except SQLAlchemyError as exc:
-            log.warning("could not renew leases: %s", first_line(exc))
+            self._renewals.failed(first_line(exc), time.monotonic())
             self._next_check = time.monotonic() + self._timing.heartbeat_s / 2
+        else:
+            if renewed:
+                self._renewals.succeeded(time.monotonic())
 
-    def _renew_if_due(self, *, may_release: bool) -> None:
-        """Renew, claim or hand back in one transaction, then hold what it left us with.
-        Called with the lease lock held."""
+    def _renew_if_due(self, *, may_release: bool) -> bool:
+        """Renew, claim or hand back in one transaction, then hold what it left us with;
+        whether it was due. Called with the lease lock held."""
         started = time.monotonic()
         if started < self._next_check:
-            return
+            return False
         with self._engine.begin() as conn:
             held, soonest = self._renew_txn(conn, may_release=may_release)
         self._seeded = True
@@ -251,6 +256,7 @@ class Leaseholder:
             # Look again the moment another relay's lease runs out: if it died, its
             # heartbeat ran out with it and its shards are ours to share.
             self._next_check = min(self._next_check, started + soonest + 0.01)
+        return True
 
     def _renew_txn(
         self, conn: Connection, *, may_release: bool

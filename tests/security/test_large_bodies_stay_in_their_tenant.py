@@ -10,12 +10,13 @@ table. And a database from before bodies had tenants: its bodies are nobody's un
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
 from alembic import command
 from alembic.config import Config
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
@@ -23,9 +24,10 @@ from agent_blackbox.cli import main
 from agent_blackbox.outbox import DatabaseUnavailable, Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.outbox.storage import EVERY_TENANT, PostgresBlobs, migrate_write_side
-from agent_blackbox.schemas import Settings
+from agent_blackbox.schemas import PermissionRefused, Settings
 from tests.conftest import Login
 from tests.integration._agents import noise
+from tests.integration._backups import AGENTS, large_entry
 from tests.integration._views import build_views
 from tests.security.conftest import TENANT_A, TENANT_B
 
@@ -36,7 +38,7 @@ _STORE = text("SELECT blackbox.store_blob(:tenant, :digest, :data)")
 
 
 def _record_large(writer: Engine, settings: Settings, tenant: str, *, seed: int) -> str:
-    """A run of ``tenant`` with one body out of line; the body's digest."""
+    """A run of ``tenant`` with one body out of line; its run id."""
     run = Recorder(writer, settings=settings).start_run(
         RunSnapshot(code_version="sec.1", input={}), agent_id="a", tenant_id=tenant
     )
@@ -64,9 +66,11 @@ def test_a_replayer_reads_its_tenants_bodies_and_no_other(
     assert replayer_b.read(body_b)
     with pytest.raises(DatabaseUnavailable, match="granted"):
         replayer_b.read(body_a)
-    with login("blackbox_replayer", tenant=TENANT_B).connect() as conn:
-        seen = conn.execute(text("SELECT digest FROM blackbox.blobs")).scalars().all()
-    assert seen == [body_b], "a scan shows the granted tenant's rows only"
+    # No plan over the table either: an EXPLAIN ANALYZE's "rows removed by filter" would
+    # count the rows row security hides, and so list other tenants' digests.
+    planner = login("blackbox_replayer", tenant=TENANT_B)
+    with planner.connect() as conn, pytest.raises(DBAPIError, match="permission denied"):
+        conn.execute(text("EXPLAIN ANALYZE SELECT 1 FROM blackbox.blobs"))
 
     everyone = PostgresBlobs(login("blackbox_replayer", tenant=EVERY_TENANT))
     assert everyone.read(body_a)
@@ -90,9 +94,12 @@ def test_the_same_bytes_stored_by_two_tenants_are_two_rows(
         with login("blackbox_writer", tenant=tenant).begin() as conn:
             conn.execute(_STORE, {"tenant": tenant, "digest": digest, "data": data})
     assert _owners(engine) == [(digest, TENANT_A), (digest, TENANT_B)]
-    with login("blackbox_replayer", tenant=TENANT_A).connect() as conn:
-        tenants = conn.execute(text("SELECT tenant_id FROM blackbox.blobs")).scalars().all()
-    assert tenants == [TENANT_A]
+    replayer_a = PostgresBlobs(login("blackbox_replayer", tenant=TENANT_A))
+    assert replayer_a.read(digest) == data
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM blackbox.blobs WHERE tenant_id = :t"), {"t": TENANT_A})
+    with pytest.raises(DatabaseUnavailable, match="granted"):
+        replayer_a.read(digest)  # B's copy of the same bytes is B's
 
 
 def test_an_agent_of_an_older_release_is_told_to_upgrade(login: Login, engine: Engine) -> None:
@@ -139,19 +146,79 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
     replayer_a = PostgresBlobs(login("blackbox_replayer", tenant=TENANT_A))
     everyone = PostgresBlobs(login("blackbox_replayer", tenant=EVERY_TENANT))
     for reader in (replayer_a, everyone):
-        with pytest.raises(DatabaseUnavailable, match="blackbox migrate"):
+        with pytest.raises(PermissionRefused, match="blackbox migrate"):
             reader.read(body_a)
     assert PostgresBlobs(engine).read(body_a), "the owner reads a body nobody owns"
+
+    # A run of tenant B written to since: an event of it naming A's body (a writer that
+    # learned the digest) claims nothing, though the views vouch for it.
+    writer_b = login("blackbox_writer", tenant=TENANT_B)
+    run_b = _record_large(writer_b, settings, TENANT_B, seed=4)
+    published += Relay(login("blackbox_relay"), settings=settings).drain(timeout=60)
+    build_views(settings, engine, expect=published)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE blackbox_views.events SET payload_ref = :ref "
+                "WHERE run_id = :run AND sequence = 1"
+            ),
+            {"ref": body_a, "run": run_b},
+        )
 
     env = {"BLACKBOX_DATABASE_URL": settings.database_url}
     result = CliRunner().invoke(main, ["migrate"], env=env)
     assert result.exit_code == 0, result.output
     assert "1 of 2 given to the tenants" in " ".join(result.output.split())
     assert "stay readable by the owner only" in " ".join(result.output.split())
-    assert sorted(_owners(engine)) == sorted([(body_a, TENANT_A), (orphan_digest, "")])
+    assert [row for row in _owners(engine) if row[0] in (body_a, orphan_digest)] == sorted(
+        [(body_a, TENANT_A), (orphan_digest, "")]
+    ), "A's body is A's alone; the body no event names stays the owner's"
     assert replayer_a.read(body_a)
     with pytest.raises(DatabaseUnavailable):
         PostgresBlobs(login("blackbox_replayer", tenant=TENANT_B)).read(body_a)
+
+
+def test_a_body_the_login_may_not_read_is_a_setup_error_not_a_finding(
+    login: Login, engine: Engine, settings: Settings
+) -> None:
+    """Replay as a replayer whose run's body is still the owner's: an ERROR naming what
+    to do (exit 2), not a divergence; verify as a reader (who reads no bodies): the
+    body is unchecked and said to be, not reported as tampered."""
+    run, _ = Recorder(engine, settings=settings).record(
+        large_entry,
+        RunSnapshot(code_version="sec.1", input={"q": "weather"}),
+        agent_id="backup-large",
+    )
+    published = Relay(login("blackbox_relay"), settings=settings).drain(timeout=60)
+    build_views(settings, engine, expect=published)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE blackbox.blobs SET tenant_id = ''"))
+
+    def cli(who: Engine, *args: str) -> Result:
+        env = {
+            "BLACKBOX_DATABASE_URL": who.url.render_as_string(hide_password=False),
+            "BLACKBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "BLACKBOX_TOPIC": settings.topic,
+            "BLACKBOX_AGENTS": AGENTS,
+            "BLACKBOX_PURPOSE": "security test of out-of-line bodies",
+            "BLACKBOX_KEK": None,
+            "BLACKBOX_KEK_FILE": None,
+        }
+        return CliRunner(env=env).invoke(main, list(args))
+
+    replayer = login("blackbox_replayer", tenant="default")
+    replayed = cli(replayer, "replay", run.run_id, "--json")
+    assert replayed.exit_code == 2, replayed.output
+    [line] = [json.loads(row) for row in replayed.stdout.splitlines() if '"result"' in row]
+    assert line["result"] == "ERROR", line
+    assert "stored before bodies had tenants" in line["error"]
+
+    verified = cli(login("blackbox_reader", tenant="default"), "verify", run.run_id)
+    assert verified.exit_code == 0, verified.output
+    assert "1 bodies stored out of line were not checked" in " ".join(verified.output.split())
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE blackbox.blobs SET tenant_id = 'default'"))
+    assert cli(replayer, "replay", run.run_id).exit_code == 0
 
 
 def _migrate_write_side_to(engine: Engine, revision: str) -> None:

@@ -8,15 +8,19 @@ could read any tenant's large bodies by their digest. Now:
 
 - each row names its tenant, and the key is ``(digest, tenant_id)``: the same bytes
   stored by two tenants are two rows, so neither tenant's grant reaches the other's;
-- row-level security lets a role read the rows of its granted tenants only (the
-  schema's owner, whose jobs back up and verify everything, reads all of them);
+- replayers read bodies through ``read_blob(digest)``, which gives the copy of one of
+  their granted tenants (the schema's owner, whose jobs back up and verify everything,
+  reads any), and no longer select from the table: a plan over it would count the
+  rows it hides. Row-level security on the table guards any other grant of it;
 - ``store_blob(tenant, digest, data)`` stores for a tenant the calling writer is
   granted, still only under the digest of the bytes; the old two-argument function
   refuses every call, telling an agent of an older release to upgrade.
 
 Rows stored before this revision have no known tenant: they get ``''``, which no grant
 matches, and are readable by the owner only until ``blackbox migrate`` attributes each
-to the tenants of the runs whose indexed events name it.
+to the tenants of the runs whose indexed events name it. ``blob_tenancy.since`` keeps
+when this revision ran: only a run whose last append is older may claim such a body (a
+run still written to could name any digest it learned since).
 """
 
 from __future__ import annotations
@@ -44,6 +48,45 @@ def upgrade() -> None:
     op.execute(f"ALTER TABLE {SCHEMA}.blobs DROP CONSTRAINT blobs_pkey")
     # Digest first: reads and the backup's ordered scan look bodies up by digest.
     op.execute(f"ALTER TABLE {SCHEMA}.blobs ADD PRIMARY KEY (digest, tenant_id)")
+    # When bodies got tenants: only runs whose last append is older may give a body
+    # stored before then to their tenant (see ``attribute_blobs_txn``).
+    op.execute(f"CREATE TABLE {SCHEMA}.blob_tenancy (since timestamptz NOT NULL DEFAULT now())")
+    op.execute(f"INSERT INTO {SCHEMA}.blob_tenancy DEFAULT VALUES")
+    op.execute(f"REVOKE ALL ON {SCHEMA}.blob_tenancy FROM PUBLIC")
+    # Replayers read through read_blob, not the table: a plan of their own over it (an
+    # EXPLAIN ANALYZE's "rows removed by filter") would count the rows security hides,
+    # and so list other tenants' digests.
+    op.execute(f"REVOKE SELECT ON {SCHEMA}.blobs FROM blackbox_replayer")
+    op.execute(
+        f"""
+        CREATE FUNCTION {SCHEMA}.read_blob(p_digest text) RETURNS bytea
+        LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+        DECLARE
+            v_data bytea;
+        BEGIN
+            IF {SCHEMA}.owns_schema() THEN
+                RETURN (SELECT b.data FROM {SCHEMA}.blobs b WHERE b.digest = p_digest LIMIT 1);
+            END IF;
+            SELECT b.data INTO v_data FROM {SCHEMA}.blobs b
+             WHERE b.digest = p_digest AND b.tenant_id <> '{UNATTRIBUTED}'
+               AND {SCHEMA}.granted_tenant(b.tenant_id)
+             LIMIT 1;
+            IF FOUND THEN
+                RETURN v_data;
+            END IF;
+            IF EXISTS (SELECT 1 FROM {SCHEMA}.blobs b
+                        WHERE b.digest = p_digest AND b.tenant_id = '{UNATTRIBUTED}') THEN
+                RAISE EXCEPTION 'body % was stored before bodies had tenants and is the '
+                    'schema''s owner''s until `blackbox migrate` (run by the owner) gives it '
+                    'to the tenant of the runs that name it', quote_literal(left(p_digest, 80))
+                    {_REFUSE};
+            END IF;
+            RETURN NULL;
+        END $$
+        """
+    )
+    op.execute(f"REVOKE ALL ON FUNCTION {SCHEMA}.read_blob(text) FROM PUBLIC")
+    op.execute(f"GRANT EXECUTE ON FUNCTION {SCHEMA}.read_blob(text) TO blackbox_replayer")
     granted = f"CAST((SELECT {SCHEMA}.granted_tenants()) AS text[])"
     op.execute(f"ALTER TABLE {SCHEMA}.blobs ENABLE ROW LEVEL SECURITY")
     op.execute(
@@ -75,7 +118,7 @@ def upgrade() -> None:
             IF p_tenant_id IS NULL OR p_tenant_id = '{UNATTRIBUTED}'
                OR NOT {SCHEMA}.granted_tenant(p_tenant_id) THEN
                 RAISE EXCEPTION 'this writer may not store bodies for tenant %',
-                    quote_literal(left(coalesce(p_tenant_id, ''), 200)) {_REFUSE};
+                    quote_nullable(left(p_tenant_id, 200)) {_REFUSE};
             END IF;
             IF p_digest IS DISTINCT FROM 'sha256:' || encode(sha256(p_data), 'hex') THEN
                 RAISE EXCEPTION 'blob % does not match the digest of its content',
@@ -95,6 +138,9 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     """Back to one row per digest, readable by every replayer."""
+    op.execute(f"DROP FUNCTION {SCHEMA}.read_blob(text)")
+    op.execute(f"DROP TABLE {SCHEMA}.blob_tenancy")
+    op.execute(f"GRANT SELECT ON {SCHEMA}.blobs TO blackbox_replayer")
     op.execute(f"DROP FUNCTION {SCHEMA}.store_blob(text, text, bytea)")
     op.execute(f"DROP FUNCTION {SCHEMA}.store_blob(text, bytea)")
     op.execute(f"DROP POLICY blobs_of_granted_tenants ON {SCHEMA}.blobs")
