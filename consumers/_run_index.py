@@ -23,7 +23,14 @@ from agent_blackbox.broker import partition_count as topic_partitions
 from agent_blackbox.consumers._checkpoints import load_checkpoint
 from agent_blackbox.consumers._errors import ViewStoreUnavailable
 from agent_blackbox.outbox.lifecycle import lease_epochs
-from agent_blackbox.schemas import BlackboxError, Checkpoint, Settings, safe_text
+from agent_blackbox.schemas import (
+    BlackboxError,
+    Checkpoint,
+    PermissionRefused,
+    Settings,
+    permission_refused,
+    safe_text,
+)
 
 _LOCATE = text(
     """
@@ -176,7 +183,12 @@ class ViewRunIndex:
         return self._granted
 
 
-def _unreadable(what: str, exc: SQLAlchemyError) -> ViewStoreUnavailable:
+def _unreadable(what: str, exc: SQLAlchemyError) -> BlackboxError:
+    if refusal := permission_refused(exc):  # the login, not the database: say which
+        return PermissionRefused(
+            f"cannot read {what}: {refusal}; the views are read by a blackbox_reader or "
+            "blackbox_replayer login (granted the runs' tenants)"
+        )
     cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
     return ViewStoreUnavailable(
         f"cannot read {what}: {cause}. Check that Postgres runs (blackbox stack status) and "
