@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from rich.table import Table
 
 from agent_blackbox.replayer._bodies import answer_first
+from agent_blackbox.replayer._opening import BlobReader
 from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
@@ -29,6 +30,7 @@ def timeline_table(
     *,
     pipeline: PayloadPipeline | None = None,
     unverified: frozenset[int] = frozenset(),
+    blobs: BlobReader | None = None,
 ) -> Table:
     """The run as a table: sequence, type, time, attributes and, with ``pipeline``, a
     shortened body. Every value from the log passes :func:`agent_blackbox.schemas.safe_text`.
@@ -54,7 +56,7 @@ def timeline_table(
             safe_text(attributes, limit=BODY_LIMIT),
         ]
         if pipeline is not None:
-            row.append(_refused(refusal) if refusal else _body(envelope, pipeline))
+            row.append(_refused(refusal) if refusal else _body(envelope, pipeline, blobs))
         table.add_row(*row)
     return table
 
@@ -66,11 +68,14 @@ def _refused(refusal: PlaintextInSealedRun) -> str:
     )
 
 
-def _body(envelope: Envelope, pipeline: PayloadPipeline) -> str:
-    if envelope.payload is None:
+def _body(envelope: Envelope, pipeline: PayloadPipeline, blobs: BlobReader | None) -> str:
+    if envelope.payload is None and blobs is None:
         return safe_text(f"(out of line: {envelope.payload_ref})")
     try:
-        body = pipeline.unpack(envelope)
+        data = None
+        if envelope.payload_ref is not None and blobs is not None:
+            data = blobs.read(envelope.payload_ref)
+        body = pipeline.unpack(envelope, data)
     except BlackboxError as exc:  # a body that cannot be opened: said in its place
         if permission_refused(exc) is not None:
             raise  # the login may open no body at all: the command stops and says so

@@ -9,6 +9,7 @@ import click
 
 from agent_blackbox.cli._purpose import purpose_option
 from agent_blackbox.cli._wiring import wired
+from agent_blackbox.outbox.storage import PostgresBlobs
 from agent_blackbox.replayer import KafkaRunSource, read_archive
 from agent_blackbox.replayer._access import opening
 from agent_blackbox.replayer._timeline import timeline_table
@@ -49,7 +50,9 @@ def timeline_command(
                 "vouch for (--include-unverified shows them, marked)"
             )
         pipeline = opening(lambda: engine, purpose=purpose).pipeline if bodies and purpose else None
-        table = timeline_table(run_id, events, pipeline=pipeline, unverified=marked)
+        # From the database, bodies stored out of line are read too (an archive has none).
+        blobs = PostgresBlobs(engine) if archive is None else None
+        table = timeline_table(run_id, events, pipeline=pipeline, unverified=marked, blobs=blobs)
         safe_console().print(table)
     except BlackboxError as exc:
         if permission_refused(exc) is not None:

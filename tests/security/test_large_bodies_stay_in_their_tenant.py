@@ -219,6 +219,9 @@ def test_a_body_the_login_may_not_read_is_a_setup_error_not_a_finding(
     with engine.begin() as conn:
         conn.execute(text("UPDATE blackbox.blobs SET tenant_id = 'default'"))
     assert cli(replayer, "replay", run.run_id).exit_code == 0
+    timeline = cli(replayer, "timeline", run.run_id, "--bodies")
+    assert timeline.exit_code == 0, timeline.output
+    assert "(out of line" not in timeline.output, "the granted replayer sees the body"
     as_writer = cli(login("blackbox_writer", tenant="default"), "replay", run.run_id)
     assert as_writer.exit_code == 2
     assert "blackbox_reader or blackbox_replayer login" in " ".join(as_writer.output.split())
