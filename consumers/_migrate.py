@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.util.exc import CommandError
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
 from agent_blackbox.consumers._errors import MigrationFailed
 
@@ -36,9 +36,16 @@ def migrate_views(database_url: str) -> None:
     try:
         command.upgrade(views_alembic_config(database_url), "head")
     except (SQLAlchemyError, CommandError) as exc:
+        # The driver's first line: the rest is SQL and a link, and prints escaped.
+        cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        if isinstance(exc, OperationalError | InterfaceError):
+            raise MigrationFailed(
+                f"cannot reach the database at {_redacted(database_url)} ({cause}); is it "
+                "running (blackbox stack status, locally), and is BLACKBOX_DATABASE_URL right?"
+            ) from exc
         raise MigrationFailed(
-            f"could not migrate the views in {_redacted(database_url)}: {exc}; check that "
-            "the database is reachable and the user may create schemas and tables"
+            f"could not migrate the views in {_redacted(database_url)}: {cause}; check that "
+            "the user may create schemas and tables in it"
         ) from exc
 
 

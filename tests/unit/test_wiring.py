@@ -243,6 +243,8 @@ def doubler(run: Any, value: Any) -> Any:
         ("experiment", "list"),
         ("forget", "--subject", "cust-2"),
         ("retention", "run"),
+        ("migrate",),
+        ("consume",),
     ],
 )
 def test_a_command_whose_database_cannot_be_reached_says_so_and_exits_2(
@@ -253,6 +255,7 @@ def test_a_command_whose_database_cannot_be_reached_says_so_and_exits_2(
     assert result.exit_code == 2, result.output
     assert "cannot reach the database" in result.output
     assert "BLACKBOX_DATABASE_URL" in result.output
+    assert "\\n" not in result.output, "the driver's first line, not its escaped rest"
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
