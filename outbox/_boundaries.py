@@ -27,6 +27,7 @@ from agent_blackbox.schemas import (
     REDACTED_SIGNED_VERSION,
     EventType,
     canonical_text,
+    encoded_parts,
     ordered_text,
 )
 
@@ -407,7 +408,21 @@ def _llm_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:
     truncated = body.get("body_truncated")
     if text is None and truncated is not None:
         text = truncated["reduced_response_json"]  # replay checks it cannot, and says so
-    return {"response": _loads(text), "error": _present(body["error"])}, None
+    output = {"response": _loads(text), "error": _present(body["error"])}
+    return output, _decoded_material(output)
+
+
+def _decoded_material(output: dict[str, Any]) -> bytes | None:
+    """The C encoder's sorted, compact text of an output just decoded from a body (exact
+    types, string keys), without the walk that checks a value's types first: the
+    canonical JSON of most responses (not of one holding an integral float or a number
+    written with an exponent, whose digest then mismatches and the value is digested).
+    None where the encoder refuses it."""
+    try:
+        parts = encoded_parts([output])
+        return None if parts is None else parts[0].encode("utf-8")
+    except (TypeError, ValueError):  # NaN, an infinity, a lone surrogate
+        return None
 
 
 def _receipt_output(body: Mapping[str, Any]) -> tuple[Any, bytes | None]:

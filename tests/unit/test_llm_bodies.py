@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from agent_blackbox.outbox import MemoryRecorder, PayloadTooLarge, RunSnapshot
-from agent_blackbox.outbox._boundaries import recorded_output, tool_call
+from agent_blackbox.outbox._boundaries import recorded, recorded_output, tool_call
 from agent_blackbox.outbox._llm import llm_call, truncated_llm_call
 from agent_blackbox.outbox._writer import Cursor, EventFactory, RunIdentity
 from agent_blackbox.replayer import DivergenceKind, reexecute, replay_run
@@ -304,3 +304,30 @@ def test_state_and_output_taken_from_a_reduced_text_are_not_counted_as_divergenc
         "state_mismatch at sequence 3",
         "output_mismatch at sequence 4",
     ]
+
+
+@pytest.mark.parametrize(
+    ("reply", "composed"),
+    [
+        ({"choices": [{"message": {"content": "Paris"}}], "usage": {"total_tokens": 7}}, True),
+        # Written otherwise by RFC 8785 ("1", "1e-7"): the composed text's digest does
+        # not match, and the value itself is digested.
+        ({"choices": [], "temperature": 1.0, "logprob": 1e-7}, False),
+    ],
+)
+def test_a_replayed_reply_is_checked_from_its_text_where_it_is_canonical(
+    reply: dict[str, Any], composed: bool
+) -> None:
+    def entry(run: Any, question: Any) -> Any:
+        request = {"model": "m", "messages": [{"role": "user", "content": question}]}
+        return run.llm(lambda _: reply, request, provider="test", model="m")
+
+    recorder = MemoryRecorder()
+    recorder.record(entry, RunSnapshot(code_version="v1", input="capital?"), agent_id="a")
+    [call] = [e for e in recorder.events if e.event_type == EventType.LLM_CALL]
+    output, material = recorded(call.event_type, PayloadPipeline().unpack(call))
+    assert material is not None
+    assert (digest_bytes(material) == call.output_digest) is composed
+    assert output["response"] == reply
+    report = replay_run(recorder.events, entry, blobs=recorder)
+    assert report.passed, report.divergence and report.divergence.describe()
