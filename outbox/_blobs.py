@@ -1,5 +1,5 @@
-"""Whose bodies stored out of line are: each ``blackbox.blobs`` row names a tenant, and
-row security lets a role read its granted tenants' rows only.
+"""Whose bodies stored out of line are: each ``blackbox.blobs`` row names a tenant, and a
+replayer reads (through ``blackbox.read_blob``) the copies of its granted tenants only.
 
 Bodies stored before bodies had a tenant are :data:`UNATTRIBUTED` (no grant reaches
 them; the owner reads them). :func:`attribute_blobs_txn` gives each to the tenants of
