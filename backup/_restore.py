@@ -44,6 +44,7 @@ from agent_blackbox.backup._tally import EventTally
 from agent_blackbox.backup._verify import fetch_blob, fetch_checked
 from agent_blackbox.broker import kafka_errors, new_producer, producer_config
 from agent_blackbox.outbox.lifecycle import scrub_shredded_runs_txn
+from agent_blackbox.outbox.storage import remember_tenancy_heads_txn
 from agent_blackbox.schemas import Settings
 
 _BATCH = 2_000
@@ -135,6 +136,10 @@ def restore_blobs(
     if only is not None:
         owners = {d: tenants for d, tenants in owners.items() if d in only}
     with engine.begin() as conn:
+        if any(write_side.UNATTRIBUTED in tenants for tenants in owners.values()):
+            # A cut from before bodies had tenants: the runs it restored are as they were
+            # then, so their heads are the ones `blackbox migrate` attributes by.
+            remember_tenancy_heads_txn(conn)
         for done, (digest, tenants) in enumerate(owners.items(), 1):
             write_side.restore_blob_txn(conn, digest, tenants, fetch_blob(store, digest))
             if progress is not None:

@@ -14,11 +14,24 @@ import os
 import site
 import sys
 import sysconfig
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-__all__ = ["Site", "agent_file", "agent_site", "installed_file", "loop_step", "stdlib_file"]
+__all__ = [
+    "Site",
+    "agent_file",
+    "agent_site",
+    "crossing_tool",
+    "installed_file",
+    "loop_step",
+    "stdlib_file",
+    "tool_definition",
+]
 
 # As the interpreter names the files it imported (code objects keep those names).
 PROJECT_DIR = str(Path(__file__).parents[1])
@@ -104,3 +117,27 @@ def agent_site(frame: FrameType | None = None) -> tuple[Site | None, Site | None
             library = Site(code.co_name, code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return None, library
+
+
+_TOOL: ContextVar[Site | None] = ContextVar("blackbox_crossing_tool", default=None)
+
+
+@contextmanager
+def crossing_tool(function: Callable[..., Any]) -> Iterator[None]:
+    """While the agent's tool ``function`` crosses its boundary: where it is defined, the
+    site to name when no frame of the agent's is on the stack (a framework ran the tool
+    on a thread of its own, as LangGraph's tool node does)."""
+    code = getattr(function, "__code__", None)
+    site = None if code is None else Site(function.__name__, code.co_filename, code.co_firstlineno)
+    token = _TOOL.set(site)
+    try:
+        yield
+    finally:
+        _TOOL.reset(token)
+
+
+def tool_definition() -> Site | None:
+    """Where the tool crossing now is defined, when one of the agent's is (see
+    :func:`crossing_tool`)."""
+    site = _TOOL.get()
+    return site if site is not None and agent_file(site.file) else None

@@ -27,6 +27,7 @@ from typing import Any, TypeVar, cast, overload
 from agent_blackbox.outbox._context import current_run, in_crossing, live_runs
 from agent_blackbox.outbox._errors import RunNotActive
 from agent_blackbox.outbox._network import UnrecordedCallWarning
+from agent_blackbox.outbox._sites import crossing_tool
 
 __all__ = ["tool"]
 
@@ -165,11 +166,12 @@ def _sync_tool(function: Callable[..., Any], name: str, arguments: _Arguments) -
         def call(**_: Any) -> Any:
             return function(*args, **kwargs)
 
-        if not inspect.iscoroutinefunction(run.call):
-            return run.call(name, call, **recorded)
-        if getattr(run, "replaying", False):  # an async replay run: its sync twin answers
-            return run.replay.call(name, call, **recorded)
-        return _through_loop(run, name, recorded, call)
+        with crossing_tool(function):
+            if not inspect.iscoroutinefunction(run.call):
+                return run.call(name, call, **recorded)
+            if getattr(run, "replaying", False):  # an async replay run: its sync twin answers
+                return run.replay.call(name, call, **recorded)
+            return _through_loop(run, name, recorded, call)
 
     return recorded_tool
 
@@ -223,11 +225,12 @@ def _async_tool(function: Callable[..., Any], name: str, arguments: _Arguments) 
         async def call(**_: Any) -> Any:
             return await function(*args, **kwargs)
 
-        if inspect.iscoroutinefunction(run.call):
-            return await run.call(name, call, **recorded)
-        if getattr(run, "replaying", False):
-            return run.call(name, call, **recorded)  # answered from the log: nothing awaited
-        return await _awaited_in_sync_run(run, name, recorded, call)
+        with crossing_tool(function):
+            if inspect.iscoroutinefunction(run.call):
+                return await run.call(name, call, **recorded)
+            if getattr(run, "replaying", False):
+                return run.call(name, call, **recorded)  # answered from the log: nothing awaited
+            return await _awaited_in_sync_run(run, name, recorded, call)
 
     return recorded_tool
 

@@ -43,7 +43,13 @@ from agent_blackbox.outbox._placement import (
 )
 from agent_blackbox.outbox._request_memo import Expected
 from agent_blackbox.outbox._scrub import FIRED_ATTRIBUTE, RULES_ATTRIBUTE, Scrub
-from agent_blackbox.outbox._sites import agent_file, installed_file, loop_step, stdlib_file
+from agent_blackbox.outbox._sites import (
+    agent_file,
+    installed_file,
+    loop_step,
+    stdlib_file,
+    tool_definition,
+)
 from agent_blackbox.outbox._steps import Begin, Call, Cross, Draws, End, Settle, Step, Steps
 from agent_blackbox.outbox._surface import AsyncBoundaries, Boundaries
 
@@ -91,5 +97,6 @@ __all__ = [
     "recorded_input",
     "started_of",
     "stdlib_file",
+    "tool_definition",
     "watch_connections",
 ]

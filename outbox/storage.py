@@ -9,7 +9,10 @@ Each ``*_txn`` function takes the caller's ``Connection`` and never commits.
 from agent_blackbox.outbox._blobs import (
     UNATTRIBUTED,
     attribute_blobs_txn,
+    remember_tenancy_heads_txn,
+    tenancy_heads_txn,
     unattributed_blobs_txn,
+    unclaimed_blobs_txn,
 )
 from agent_blackbox.outbox._heads import RunHead, run_heads_txn
 from agent_blackbox.outbox._migrate import migrate_write_side
@@ -56,11 +59,14 @@ __all__ = [
     "pending_events_txn",
     "relay_leases",
     "relay_members",
+    "remember_tenancy_heads_txn",
     "revoke_tenant_txn",
     "run_heads_txn",
     "runs",
     "shard_of",
+    "tenancy_heads_txn",
     "tenant_grants",
     "tenant_grants_txn",
     "unattributed_blobs_txn",
+    "unclaimed_blobs_txn",
 ]

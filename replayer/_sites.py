@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
-from agent_blackbox.outbox.contract import Hole, agent_file, installed_file, loop_step, stdlib_file
+from agent_blackbox.outbox.contract import (
+    Hole,
+    agent_file,
+    installed_file,
+    loop_step,
+    stdlib_file,
+    tool_definition,
+)
 
 # Frames of these modules are never the agent's: the call site is the innermost other one.
 _NOT_AGENT = (
@@ -57,7 +64,8 @@ def call_site() -> CallSite | None:
     When a task runs the boundary's coroutine itself (``gather(run.call(...), ...)``), no
     agent frame is on its stack: then it is the place that made the coroutine, as the
     coroutine's origin says (the driver turns origin tracking on while an async entry
-    replays). Without an agent frame at all, the library frame is the site.
+    replays). When a framework ran the agent's tool on a thread of its own, it is the
+    tool's definition. Without an agent frame at all, the library frame is the site.
     """
     library = None
     frame: FrameType | None = sys._getframe(2)
@@ -72,6 +80,10 @@ def call_site() -> CallSite | None:
             library = CallSite(code.co_name, code.co_filename, frame.f_lineno)
         frame = frame.f_back
     origin = _origin()
+    if origin is None and (tool := tool_definition()) is not None:
+        # A framework's thread ran the agent's tool (LangGraph's tool node): the nearest
+        # the agent's code comes is the tool's own definition.
+        return CallSite(tool.function, tool.file, tool.line, library)
     if origin is None or origin.library is not None or library is None:
         return origin or library
     return replace(origin, library=library)

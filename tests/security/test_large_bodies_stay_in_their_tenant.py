@@ -129,14 +129,21 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
 ) -> None:
     """A database from before this revision: its bodies are nobody's (the owner reads
     them, no replayer does, not even one granted every tenant) until ``blackbox
-    migrate`` gives each to the tenants of the runs whose indexed events name it."""
+    migrate`` gives a copy to the tenants of the runs whose events name it, and only on
+    sound evidence: an event up to the head its run had at the upgrade, of a run the
+    views hold whole and vouched for."""
     writer_a = login("blackbox_writer", tenant=TENANT_A)
-    _record_large(writer_a, settings, TENANT_A, seed=3)
+    run_a = _record_large(writer_a, settings, TENANT_A, seed=3)
     orphan = b"a body no indexed event names"
     with writer_a.begin() as conn:
         orphan_digest = "sha256:" + hashlib.sha256(orphan).hexdigest()
         conn.execute(_STORE, {"tenant": TENANT_A, "digest": orphan_digest, "data": orphan})
-    published = Relay(login("blackbox_relay"), settings=settings).drain(timeout=60)
+    # A run of tenant B that goes on after the upgrade.
+    going_on = Recorder(login("blackbox_writer", tenant=TENANT_B), settings=settings)
+    run_b = going_on.start_run(RunSnapshot("sec.1", {}), agent_id="b", tenant_id=TENANT_B)
+    run_b.call("echo", lambda value: value, "before the upgrade")  # sequence 2
+    relay = Relay(login("blackbox_relay"), settings=settings)
+    published = relay.drain(timeout=60)
     build_views(settings, engine, expect=published)
     (body_a, _), _ = sorted(_owners(engine), key=lambda row: row[0] == orphan_digest)
 
@@ -150,32 +157,48 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
             reader.read(body_a)
     assert PostgresBlobs(engine).read(body_a), "the owner reads a body nobody owns"
 
-    # A run of tenant B written to since: an event of it naming A's body (a writer that
-    # learned the digest) claims nothing, though the views vouch for it.
-    writer_b = login("blackbox_writer", tenant=TENANT_B)
-    run_b = _record_large(writer_b, settings, TENANT_B, seed=4)
-    published += Relay(login("blackbox_relay"), settings=settings).drain(timeout=60)
+    # B's run appends a large body of its own after the upgrade; its indexed event names
+    # A's body instead (as if its writer had learned A's digest and named it).
+    big = noise(2 * settings.blob_threshold_bytes, seed=5)
+    run_b.call("echo", lambda value: value, big)  # sequence 3
+    run_b.finish(output={})
+    published += relay.drain(timeout=60)
     build_views(settings, engine, expect=published)
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE blackbox_views.events SET payload_ref = :ref "
-                "WHERE run_id = :run AND sequence = 1"
-            ),
-            {"ref": body_a, "run": run_b},
-        )
+    _views(
+        engine, "SET payload_ref = :ref WHERE run_id = :run AND sequence = 3", body_a, run_b.run_id
+    )
+    # And A's run is not sound in the views (an event of it not vouched for).
+    _views(engine, "SET unverified = :ref WHERE run_id = :run AND sequence = 1", "forged", run_a)
 
+    first = _migrate(settings)
+    assert "0 copies given" in first
+    assert "2 no tenant has yet stay readable by the owner only" in first
+    assert {tenant for _, tenant in _owners(engine)} == {"", TENANT_B}  # B's own body only
+
+    _views(engine, "SET unverified = :ref WHERE run_id = :run", None, run_a)
+    second = _migrate(settings)
+    assert "1 copies given" in second
+    assert "1 no tenant has yet" in second
+    owners = [row for row in _owners(engine) if row[0] in (body_a, orphan_digest)]
+    assert owners == sorted([(body_a, ""), (body_a, TENANT_A), (orphan_digest, "")]), (
+        "A's body is A's (and the owner keeps its copy); the body no event names stays the owner's"
+    )
+    assert replayer_a.read(body_a)
+    with pytest.raises(PermissionRefused, match="blackbox migrate"):  # not B's: the owner's
+        PostgresBlobs(login("blackbox_replayer", tenant=TENANT_B)).read(body_a)
+    relay.close()
+
+
+def _views(engine: Engine, change: str, ref: str | None, run: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE blackbox_views.events {change}"), {"ref": ref, "run": run})
+
+
+def _migrate(settings: Settings) -> str:
     env = {"BLACKBOX_DATABASE_URL": settings.database_url}
     result = CliRunner().invoke(main, ["migrate"], env=env)
     assert result.exit_code == 0, result.output
-    assert "1 of 2 given to the tenants" in " ".join(result.output.split())
-    assert "stay readable by the owner only" in " ".join(result.output.split())
-    assert [row for row in _owners(engine) if row[0] in (body_a, orphan_digest)] == sorted(
-        [(body_a, TENANT_A), (orphan_digest, "")]
-    ), "A's body is A's alone; the body no event names stays the owner's"
-    assert replayer_a.read(body_a)
-    with pytest.raises(DatabaseUnavailable):
-        PostgresBlobs(login("blackbox_replayer", tenant=TENANT_B)).read(body_a)
+    return " ".join(result.output.split())
 
 
 def test_a_body_the_login_may_not_read_is_a_setup_error_not_a_finding(

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from agent_blackbox.outbox import AsyncMemoryRecorder, RunSnapshot
+import agent_blackbox as bb
+from agent_blackbox.outbox import AsyncMemoryRecorder, MemoryRecorder, RunSnapshot
 from agent_blackbox.replayer import DivergenceKind, replay_run
 from agent_blackbox.schemas import Envelope
 from tests.unit._installed import installed, marked_line
@@ -134,3 +135,54 @@ def test_a_call_from_a_task_started_in_another_task_names_no_frame_outside_the_r
     assert site is not None
     assert site.file == nested.__file__, site
     assert (site.function, site.line) == ("_outer", marked_line(NESTED_SOURCE, "inner-task"))
+
+
+THREADING_FRAMEWORK = "blackbox_fake_threading_framework"
+THREADING_SOURCE = """
+import contextvars
+from concurrent.futures import ThreadPoolExecutor
+
+
+def run_tool(tool, city):
+    context = contextvars.copy_context()  # as LangChain's executor does
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(context.run, _invoke, tool, city).result()
+
+
+def _invoke(tool, city):
+    return tool(city)
+"""
+
+
+@bb.tool  # mark:tool
+def weather(city: str) -> dict[str, str]:
+    return {"city": city}
+
+
+def paris_by_thread(run: Any, input: Any) -> Any:
+    return sys.modules[THREADING_FRAMEWORK].run_tool(weather, "Paris")
+
+
+def oslo_by_thread(run: Any, input: Any) -> Any:
+    return sys.modules[THREADING_FRAMEWORK].run_tool(weather, "Oslo")
+
+
+def test_a_tool_a_framework_ran_on_its_own_thread_is_named_by_its_definition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No frame of the agent's is on the thread's stack (LangGraph's tool node): the
+    divergence names the tool's definition, with the framework's frame second."""
+    framework = next(
+        installed(THREADING_FRAMEWORK, THREADING_SOURCE, tmp_path=tmp_path, monkeypatch=monkeypatch)
+    )
+    recorder = MemoryRecorder()
+    recorder.record(paris_by_thread, RunSnapshot("weather/1", {}), agent_id="weather")
+    divergence = replay_run(recorder.events, oslo_by_thread).divergence
+    assert divergence is not None
+    assert divergence.kind == DivergenceKind.ARGUMENT_MISMATCH
+    site = divergence.call_site
+    assert site is not None
+    tool_line = marked_line(Path(__file__).read_text(), "tool")
+    assert (site.function, site.file, site.line) == ("weather", __file__, tool_line)
+    assert site.library is not None
+    assert site.library.file == framework.__file__

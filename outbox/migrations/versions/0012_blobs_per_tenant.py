@@ -18,9 +18,10 @@ could read any tenant's large bodies by their digest. Now:
 
 Rows stored before this revision have no known tenant: they get ``''``, which no grant
 matches, and are readable by the owner only until ``blackbox migrate`` attributes each
-to the tenants of the runs whose indexed events name it. ``blob_tenancy.since`` keeps
-when this revision ran: only a run whose last append is older may claim such a body (a
-run still written to could name any digest it learned since).
+to the tenants of the runs whose indexed events name it. ``blob_tenancy_heads`` keeps
+each run's head as this revision found it: only events up to it, of a run whose indexed
+events up to it are whole and vouched for, may claim such a body (an event appended
+since could name any digest its writer learned since).
 """
 
 from __future__ import annotations
@@ -48,11 +49,24 @@ def upgrade() -> None:
     op.execute(f"ALTER TABLE {SCHEMA}.blobs DROP CONSTRAINT blobs_pkey")
     # Digest first: reads and the backup's ordered scan look bodies up by digest.
     op.execute(f"ALTER TABLE {SCHEMA}.blobs ADD PRIMARY KEY (digest, tenant_id)")
-    # When bodies got tenants: only runs whose last append is older may give a body
-    # stored before then to their tenant (see ``attribute_blobs_txn``).
-    op.execute(f"CREATE TABLE {SCHEMA}.blob_tenancy (since timestamptz NOT NULL DEFAULT now())")
-    op.execute(f"INSERT INTO {SCHEMA}.blob_tenancy DEFAULT VALUES")
-    op.execute(f"REVOKE ALL ON {SCHEMA}.blob_tenancy FROM PUBLIC")
+    # Each run's head when bodies got tenants: only the events up to it, committed
+    # before this revision, may give a body stored before then to their run's tenant
+    # (see ``attribute_blobs_txn``). Kept only where there are such bodies.
+    op.execute(
+        f"""
+        CREATE TABLE {SCHEMA}.blob_tenancy_heads (
+            run_id text PRIMARY KEY,
+            last_sequence bigint NOT NULL,
+            chain_head text NOT NULL
+        )
+        """
+    )
+    op.execute(
+        f"INSERT INTO {SCHEMA}.blob_tenancy_heads (run_id, last_sequence, chain_head) "
+        f"SELECT r.run_id, r.last_sequence, r.chain_head FROM {SCHEMA}.runs r "
+        f"WHERE EXISTS (SELECT 1 FROM {SCHEMA}.blobs)"
+    )
+    op.execute(f"REVOKE ALL ON {SCHEMA}.blob_tenancy_heads FROM PUBLIC")
     # Replayers read through read_blob, not the table: a plan of their own over it (an
     # EXPLAIN ANALYZE's "rows removed by filter") would count the rows security hides,
     # and so list other tenants' digests.
@@ -139,7 +153,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     """Back to one row per digest, readable by every replayer."""
     op.execute(f"DROP FUNCTION {SCHEMA}.read_blob(text)")
-    op.execute(f"DROP TABLE {SCHEMA}.blob_tenancy")
+    op.execute(f"DROP TABLE {SCHEMA}.blob_tenancy_heads")
     op.execute(f"GRANT SELECT ON {SCHEMA}.blobs TO blackbox_replayer")
     op.execute(f"DROP FUNCTION {SCHEMA}.store_blob(text, text, bytea)")
     op.execute(f"DROP FUNCTION {SCHEMA}.store_blob(text, bytea)")
