@@ -142,8 +142,8 @@ class KafkaRunSource:
         if location is None:
             raise SourceError(
                 f"run {run_id} is not in the events index this login can read: is the run id "
-                "right, is the view consumer running (blackbox consume), and is the run's "
-                "tenant granted to this login?"
+                "right (the whole id), have its events been relayed (blackbox relay) and "
+                "indexed (blackbox consume), and is the run's tenant granted to this login?"
             )
         self.topic, self.partition = location.topic, location.partition
         self.first, self.last = location.first_offset, location.last_offset

@@ -168,7 +168,9 @@ def export_command(
     if examples is not None and form != "openai-chat":
         raise click.UsageError("--examples goes with --format openai-chat")
     if bodies and not purpose:
-        raise click.UsageError("--bodies reads recorded content: give --purpose")
+        raise click.UsageError(
+            "--bodies reads recorded content: give --purpose (or set BLACKBOX_PURPOSE)"
+        )
     selecting = since is not None or (archive is not None and not run_ids)
     scope = RunFilter(agent_id, since, limit, include_forks) if selecting else None
     err = safe_console(stderr=True, soft_wrap=True)

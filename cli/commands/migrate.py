@@ -51,8 +51,9 @@ def migrate_command() -> None:
     console.print("[green]migrated[/] the write side (blackbox) and the views (blackbox_views)")
     if done.copies or done.unclaimed:
         console.print(
-            f"bodies stored out of line before they had a tenant: {done.copies:,} copies "
-            "given to the tenants of the runs that name them"
+            f"bodies stored out of line before they had a tenant: {done.copies:,} "
+            f"{'copy' if done.copies == 1 else 'copies'} given to the tenants of the runs "
+            "that name them"
             + (
                 f"; {done.unclaimed:,} no tenant has yet stay readable by the owner only (a "
                 "run that names one is not whole and sound in the views up to the head it "

@@ -262,6 +262,8 @@ class _ResultKeeper:
     def keep(self, report: ReplayReport, out: _Output) -> None:
         if self._results is None or self._failed:
             return
+        if report.error is not None and report.error.startswith(_UNREAD):
+            return  # the run was not found to read: the views have no run to keep it with
         if not self._waiting:
             self._since = time.monotonic()
         self._waiting.append(report)
@@ -402,6 +404,10 @@ class ReplayWork:
         return _ReplayHandler(replayer, engine, held)
 
 
+_UNREAD = "SourceError:"
+"""How the report of a run that could not be found to read begins."""
+
+
 @dataclass(frozen=True, slots=True)
 class _ReplayHandler:
     replayer: BatchReplayer
@@ -416,7 +422,7 @@ class _ReplayHandler:
         return self.replayer.replay(run.run_id, partial(_opened, run.events, run.agent_id))
 
     def missing(self, run_id: str, why: str, *, unread: bool) -> ReplayReport:
-        return ReplayReport(run_id, None, 0, error=f"SourceError: run {run_id} {why}")
+        return ReplayReport(run_id, None, 0, error=f"{_UNREAD} run {run_id} {why}")
 
     def late(self, run_id: str) -> None:
         return None  # the agent's run ended at run.finished; what follows is not replayed

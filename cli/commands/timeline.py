@@ -33,7 +33,9 @@ def timeline_command(
     """Show RUN_ID event by event (metadata only, unless --bodies)."""
     console = safe_console(stderr=True)
     if bodies and not purpose:
-        raise click.UsageError("--bodies reads recorded content: give --purpose")
+        raise click.UsageError(
+            "--bodies reads recorded content: give --purpose (or set BLACKBOX_PURPOSE)"
+        )
     wiring = wired()
     engine = wiring.engine()
     try:

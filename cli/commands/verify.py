@@ -393,7 +393,8 @@ def _print(reports: list[VerifyReport], console: Console) -> None:
     )
     if unchecked := sum(r.unchecked_blobs for r in reports):
         console.print(
-            f"{unchecked} bodies stored out of line were not checked (an archive holds "
+            f"{unchecked} {'body' if unchecked == 1 else 'bodies'} stored out of line "
+            f"{'was' if unchecked == 1 else 'were'} not checked (an archive holds "
             "none, or this login may not read them: a blackbox_replayer login granted "
             "their tenants checks them)"
         )

@@ -177,7 +177,7 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
 
     _views(engine, "SET unverified = :ref WHERE run_id = :run", None, run_a)
     second = _migrate(settings)
-    assert "1 copies given" in second
+    assert "1 copy given" in second
     assert "1 no tenant has yet" in second
     owners = [row for row in _owners(engine) if row[0] in (body_a, orphan_digest)]
     assert owners == sorted([(body_a, ""), (body_a, TENANT_A), (orphan_digest, "")]), (
@@ -238,7 +238,7 @@ def test_a_body_the_login_may_not_read_is_a_setup_error_not_a_finding(
 
     verified = cli(login("blackbox_reader", tenant="default"), "verify", run.run_id)
     assert verified.exit_code == 0, verified.output
-    assert "1 bodies stored out of line were not checked" in " ".join(verified.output.split())
+    assert "1 body stored out of line was not checked" in " ".join(verified.output.split())
     with engine.begin() as conn:
         conn.execute(text("UPDATE blackbox.blobs SET tenant_id = 'default'"))
     assert cli(replayer, "replay", run.run_id).exit_code == 0

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import create_engine
 
+from agent_blackbox.cli import main
 from agent_blackbox.keystore import AccessDenied, AuditedKeys, LocalKeyProvider
 
 
@@ -28,3 +30,15 @@ def test_the_audited_key_reader_refuses_a_purpose_the_audit_cannot_show(
     provider = LocalKeyProvider({"v1": b"k" * 32}, current="v1")
     with pytest.raises(AccessDenied, match=why.replace("+", r"\+")):
         AuditedKeys(engine, provider, purpose=purpose)
+
+
+@pytest.mark.parametrize("command", [("replay", "some-run"), ("timeline", "r", "--bodies")])
+def test_a_command_that_needs_a_purpose_names_both_ways_to_give_it(
+    command: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BLACKBOX_PURPOSE", raising=False)
+    result = CliRunner().invoke(main, list(command))
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert "--purpose" in said
+    assert "BLACKBOX_PURPOSE" in said

@@ -74,3 +74,14 @@ def test_a_refused_batch_keeps_the_runs_before_the_refused_one_and_says_so_once(
     keeper.close(out)
     assert results.kept == [f"run-{i}" for i in range(5)]
     assert out.warnings == ["replay results are not kept: run run-5 is not in the views"]
+
+
+def test_a_run_that_was_not_found_to_read_is_not_kept_nor_warned_about() -> None:
+    """A mistyped run id is one error, said once: not also a warning that its result
+    cannot be kept (the views have no such run to keep it with)."""
+    results, out = _Results(refused="typo"), _Out()
+    keeper = _keeper(results)
+    unread = ReplayReport("typo", None, 0, error="SourceError: run typo is not in the index")
+    keeper.keep(unread, out)
+    keeper.close(out)
+    assert (results.kept, results.transactions, out.warnings) == ([], 0, [])
