@@ -130,15 +130,19 @@ def restore_blobs(
     """Copy the cut's blobs (those of ``only``, when given) into the target, each
     checked against its content address; how many."""
     owners: dict[str, list[str]] = {}
+    before_tenants = False  # a cut from before bodies had tenants: its rows name none
     for row in table_rows(store, cut, "blobs"):
-        tenant = row.get("tenant_id", write_side.UNATTRIBUTED)
+        tenant = row.get("tenant_id")
+        before_tenants = before_tenants or tenant is None
+        tenant = write_side.UNATTRIBUTED if tenant is None else tenant
         owners.setdefault(str(row["digest"]), []).append(str(tenant))
     if only is not None:
         owners = {d: tenants for d, tenants in owners.items() if d in only}
     with engine.begin() as conn:
-        if any(write_side.UNATTRIBUTED in tenants for tenants in owners.values()):
-            # A cut from before bodies had tenants: the runs it restored are as they were
-            # then, so their heads are the ones `blackbox migrate` attributes by.
+        if before_tenants:
+            # The runs this cut restored are as they were before bodies had tenants, so
+            # their heads are the ones `blackbox migrate` attributes its bodies by. (A
+            # later cut's bodies that were still the owner's stay the owner's.)
             remember_tenancy_heads_txn(conn)
         for done, (digest, tenants) in enumerate(owners.items(), 1):
             write_side.restore_blob_txn(conn, digest, tenants, fetch_blob(store, digest))

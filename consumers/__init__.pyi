@@ -151,7 +151,6 @@ from ._view_metrics import refresh_view_gauges as refresh_view_gauges
 from ._view_metrics import view_figures_txn as view_figures_txn
 from ._views import apply_batch as apply_batch
 from ._views import runs_naming_bodies_txn as runs_naming_bodies_txn
-from ._views import sound_runs_txn as sound_runs_txn
 from ._views import views_screen as views_screen
 from ._vouching import Unverified as Unverified
 from ._vouching import Vouching as Vouching

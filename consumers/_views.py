@@ -881,48 +881,12 @@ def delete_run_views_txn(conn: Connection, run_ids: Sequence[str]) -> None:
 
 
 def runs_naming_bodies_txn(conn: Connection, refs: Sequence[str]) -> list[tuple[str, int, str]]:
-    """``(run_id, sequence, ref)`` of each indexed event the write side vouches for whose
-    body is stored out of line under one of ``refs``."""
+    """``(run_id, sequence, ref)`` of each indexed event whose body is stored out of line
+    under one of ``refs``: where to look, not proof (the index keeps the first copy of an
+    event it was given, which anyone who may produce to the topic can write)."""
     if not refs:
         return []
     named = select(
         events_index.c.run_id, events_index.c.sequence, events_index.c.payload_ref
-    ).where(events_index.c.payload_ref.in_(list(refs)), events_index.c.unverified.is_(None))
+    ).where(events_index.c.payload_ref.in_(list(refs)))
     return [(str(run_id), int(sequence), str(ref)) for run_id, sequence, ref in conn.execute(named)]
-
-
-# A run whose indexed events up to a head are each there once, each vouched for, with the
-# head's chain hash the one given and no copy of any of its events ever in conflict: every
-# event up to the head is the one its writer appended (a forged copy that came first
-# leaves a conflict when the real one comes, or breaks the chain the next event or the
-# head is checked against).
-_SOUND = text(
-    f"""
-    SELECT h.run_id
-      FROM unnest(CAST(:runs AS text[]), CAST(:lasts AS bigint[]), CAST(:heads AS text[]))
-           AS h(run_id, last_sequence, chain_head)
-     WHERE (SELECT count(*) FROM {VIEWS_SCHEMA}.events e
-             WHERE e.run_id = h.run_id AND e.sequence <= h.last_sequence
-               AND e.unverified IS NULL) = h.last_sequence
-       AND EXISTS (SELECT 1 FROM {VIEWS_SCHEMA}.events e
-                    WHERE e.run_id = h.run_id AND e.sequence = h.last_sequence
-                      AND e.chain_hash = h.chain_head)
-       AND NOT EXISTS (SELECT 1 FROM {VIEWS_SCHEMA}.integrity_violations v
-                        WHERE v.run_id = h.run_id)
-    """
-)
-
-
-def sound_runs_txn(conn: Connection, heads: Mapping[str, tuple[int, str]]) -> set[str]:
-    """Which of the runs in ``heads`` (``run_id -> (last_sequence, chain_head)``) the
-    views hold whole and sound up to that head: every event from 1 to it indexed and
-    vouched for, the head's chain hash the one given, and no integrity violation."""
-    if not heads:
-        return set()
-    runs = list(heads)
-    params = {
-        "runs": runs,
-        "lasts": [heads[run][0] for run in runs],
-        "heads": [heads[run][1] for run in runs],
-    }
-    return {str(run) for run in conn.execute(_SOUND, params).scalars()}

@@ -3,11 +3,9 @@ replayer reads (through ``blackbox.read_blob``) the copies of its granted tenant
 
 Bodies stored before bodies had a tenant are :data:`UNATTRIBUTED` (no grant reaches
 them; the owner reads them). :func:`attribute_blobs_txn` gives a tenant its copy of
-such a body on the evidence of its run's events: only those up to the head the run had
-when bodies got tenants (``blackbox.blob_tenancy_heads``), which were committed before
-any writer could learn another tenant's digest from the new rules' refusals, and only
-as the views vouch for them (the caller's part: see ``blackbox migrate``).
-"""
+such a body for events of its runs up to the head each run had when bodies got tenants
+(``blackbox.blob_tenancy_heads``): the caller proves those events by their chain, read
+from the topic (see ``blackbox migrate``)"""
 
 from __future__ import annotations
 
@@ -80,9 +78,9 @@ def remember_tenancy_heads_txn(conn: Connection) -> None:
 
 def attribute_blobs_txn(conn: Connection, named: Iterable[tuple[str, int, str]]) -> int:
     """Give the tenant of each run in ``named`` (``(run_id, sequence, digest)`` of events
-    that refer to a body stored before bodies had a tenant, which the caller found
-    sound) its copy of the body, where the event is within the run's head of then. The
-    owner's copy stays. How many copies were made.
+    that refer to a body stored before bodies had a tenant, which the caller proved by
+    their chain) its copy of the body, where the event is within the run's head of
+    then. The owner's copy stays. How many copies were made.
     """
     rows: Sequence[tuple[str, int, str]] = list(named)
     if not rows:

@@ -7,6 +7,7 @@ from ._bodies import OpenedBody as OpenedBody
 from ._bodies import open_bodies as open_bodies
 from ._bodies import open_body as open_body
 from ._bodies import readable_body as readable_body
+from ._chain_refs import chained_references as chained_references
 from ._chat import chat_examples as chat_examples
 from ._divergence import Change as Change
 from ._divergence import Divergence as Divergence

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import click
-from sqlalchemy import Connection
 
-from agent_blackbox.cli._wiring import wired
+from agent_blackbox.cli._wiring import Wiring, wired
 from agent_blackbox.cli._workers import guarded
-from agent_blackbox.consumers import migrate_views, runs_naming_bodies_txn, sound_runs_txn
+from agent_blackbox.consumers import migrate_views, runs_naming_bodies_txn
 from agent_blackbox.outbox.storage import (
     attribute_blobs_txn,
     migrate_write_side,
@@ -17,7 +16,8 @@ from agent_blackbox.outbox.storage import (
     unattributed_blobs_txn,
     unclaimed_blobs_txn,
 )
-from agent_blackbox.schemas import safe_console
+from agent_blackbox.replayer import KafkaRunSource, chained_references
+from agent_blackbox.schemas import BlackboxError, safe_console, safe_text
 
 
 @dataclass
@@ -26,6 +26,8 @@ class _Attributed:
 
     copies: int = 0
     unclaimed: int = 0
+    unread: list[str] = field(default_factory=list)
+    """Why runs naming such bodies could not be read from the topic."""
 
 
 @click.command("migrate")
@@ -33,9 +35,10 @@ def migrate_command() -> None:
     """Create or upgrade the write side and the views in BLACKBOX_DATABASE_URL.
 
     Bodies stored out of line before they had a tenant are given to the tenants of the
-    runs whose events name them, as far as the views hold those runs whole and sound up
-    to the head they had when bodies got tenants; the owner keeps its copy. Run it again
-    once the views have caught up.
+    runs whose events name them, as far as those events, read from the topic, chain from
+    the run's first event to the head the write side held for it when bodies got
+    tenants; the owner keeps its copy. Run it again once the topic and the views have
+    caught up.
     """
     wiring = wired()
     console = safe_console(stderr=True)
@@ -44,34 +47,55 @@ def migrate_command() -> None:
     def both() -> None:
         migrate_write_side(wiring.settings.database_url)
         migrate_views(wiring.settings.database_url)
-        with wiring.connection(begin=True) as conn:
-            _attribute(conn, done)
+        _attribute(wiring, done)
 
     guarded(both, console)
     console.print("[green]migrated[/] the write side (blackbox) and the views (blackbox_views)")
+    if done.unread:
+        console.print(
+            f"[yellow]warning:[/] {len(done.unread):,} runs naming bodies stored before they "
+            f"had a tenant could not be read from the topic (first: {safe_text(done.unread[0])}"
+            "); run `blackbox migrate` again with Kafka reachable"
+        )
     if done.copies or done.unclaimed:
         console.print(
             f"bodies stored out of line before they had a tenant: {done.copies:,} "
             f"{'copy' if done.copies == 1 else 'copies'} given to the tenants of the runs "
             "that name them"
             + (
-                f"; {done.unclaimed:,} no tenant has yet stay readable by the owner only (a "
-                "run that names one is not whole and sound in the views up to the head it "
-                "had at the upgrade: run `blackbox consume` to let them catch up, "
-                "`blackbox verify` to see why, then `blackbox migrate` again)"
+                f"; {done.unclaimed:,} no tenant has yet stay readable by the owner only (no "
+                "run's events, read from the topic, chain to the head the run had at the "
+                "upgrade and name it: `blackbox verify` shows why; run `blackbox migrate` "
+                "again once the topic and the views have caught up)"
                 if done.unclaimed
                 else ""
             )
         )
 
 
-def _attribute(conn: Connection, done: _Attributed) -> None:
-    """Give the tenants of sound runs their copies of the bodies their events name."""
-    unattributed = unattributed_blobs_txn(conn)
-    if not unattributed:
-        return
-    named = runs_naming_bodies_txn(conn, unattributed)
-    heads = tenancy_heads_txn(conn, sorted({run for run, _, _ in named}))
-    sound = sound_runs_txn(conn, heads)
-    done.copies = attribute_blobs_txn(conn, [row for row in named if row[0] in sound])
-    done.unclaimed = unclaimed_blobs_txn(conn)
+def _attribute(wiring: Wiring, done: _Attributed) -> None:
+    """Give the tenants of runs whose chained events name a body their copies of it."""
+    with wiring.connection() as conn:
+        unattributed = unattributed_blobs_txn(conn)
+        if not unattributed:
+            return
+        named = runs_naming_bodies_txn(conn, unattributed)
+        heads = tenancy_heads_txn(conn, sorted({run for run, _, _ in named}))
+    wanted = set(unattributed)
+    proven: list[tuple[str, int, str]] = []
+    engine = wiring.engine()
+    try:
+        index = wiring.read_side.run_index(engine)
+        for run_id, (last_sequence, chain_head) in heads.items():
+            try:
+                copies = KafkaRunSource(wiring.settings, index, run_id).every_copy()
+                refs = chained_references(copies, last_sequence, chain_head)
+            except BlackboxError as exc:
+                done.unread.append(f"{run_id}: {exc}")
+                continue
+            proven += [(run_id, seq, ref) for seq, ref in refs or () if ref in wanted]
+    finally:
+        engine.dispose()
+    with wiring.connection(begin=True) as conn:
+        done.copies = attribute_blobs_txn(conn, proven)
+        done.unclaimed = unclaimed_blobs_txn(conn)

@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from alembic import command
 from alembic.config import Config
 from click.testing import CliRunner, Result
+from confluent_kafka import Producer
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from agent_blackbox.cli import main
+from agent_blackbox.consumers import ViewRunIndex
 from agent_blackbox.outbox import DatabaseUnavailable, Recorder, RunSnapshot
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.outbox.storage import EVERY_TENANT, PostgresBlobs, migrate_write_side
-from agent_blackbox.schemas import PermissionRefused, Settings
+from agent_blackbox.replayer import KafkaRunSource
+from agent_blackbox.schemas import Envelope, EnvelopeCodec, PermissionRefused, Settings
 from tests.conftest import Login
 from tests.integration._agents import noise
 from tests.integration._backups import AGENTS, large_entry
@@ -130,10 +134,11 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
     """A database from before this revision: its bodies are nobody's (the owner reads
     them, no replayer does, not even one granted every tenant) until ``blackbox
     migrate`` gives a copy to the tenants of the runs whose events name it, and only on
-    sound evidence: an event up to the head its run had at the upgrade, of a run the
-    views hold whole and vouched for."""
+    proof: events read from the topic that chain from the run's first event to the head
+    the write side held for it at the upgrade (neither an event appended since nor a
+    forged copy beside a real one is on that chain)."""
     writer_a = login("blackbox_writer", tenant=TENANT_A)
-    run_a = _record_large(writer_a, settings, TENANT_A, seed=3)
+    _record_large(writer_a, settings, TENANT_A, seed=3)
     orphan = b"a body no indexed event names"
     with writer_a.begin() as conn:
         orphan_digest = "sha256:" + hashlib.sha256(orphan).hexdigest()
@@ -157,7 +162,14 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
             reader.read(body_a)
     assert PostgresBlobs(engine).read(body_a), "the owner reads a body nobody owns"
 
-    # B's run appends a large body of its own after the upgrade; its indexed event names
+    # Whoever may produce to the topic writes a copy of B's event 2 (within the head B's
+    # run had at the upgrade) that names A's body, its chain hash consistent with event 1.
+    index = ViewRunIndex.from_settings(engine, settings)
+    source = KafkaRunSource(settings, index, run_b.run_id)
+    started, echoed = list(source)[:2]
+    forged = replace(echoed, payload=None, payload_ref=body_a, chain_hash="")
+    _produce(settings, forged.linked(started.chain_hash), source.partition)
+    # B's run goes on: a large body of its own at sequence 3, whose indexed event names
     # A's body instead (as if its writer had learned A's digest and named it).
     big = noise(2 * settings.blob_threshold_bytes, seed=5)
     run_b.call("echo", lambda value: value, big)  # sequence 3
@@ -167,26 +179,31 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
     _views(
         engine, "SET payload_ref = :ref WHERE run_id = :run AND sequence = 3", body_a, run_b.run_id
     )
-    # And A's run is not sound in the views (an event of it not vouched for).
-    _views(engine, "SET unverified = :ref WHERE run_id = :run AND sequence = 1", "forged", run_a)
 
-    first = _migrate(settings)
-    assert "0 copies given" in first
-    assert "2 no tenant has yet stay readable by the owner only" in first
-    assert {tenant for _, tenant in _owners(engine)} == {"", TENANT_B}  # B's own body only
-
-    _views(engine, "SET unverified = :ref WHERE run_id = :run", None, run_a)
-    second = _migrate(settings)
-    assert "1 copy given" in second
-    assert "1 no tenant has yet" in second
+    said = _migrate(settings)
+    assert "1 copy given" in said
+    assert "1 no tenant has yet stay readable by the owner only" in said
     owners = [row for row in _owners(engine) if row[0] in (body_a, orphan_digest)]
     assert owners == sorted([(body_a, ""), (body_a, TENANT_A), (orphan_digest, "")]), (
-        "A's body is A's (and the owner keeps its copy); the body no event names stays the owner's"
+        "A's body is A's (and the owner keeps its copy); B's forged and late references "
+        "claim nothing; the body no event names stays the owner's"
     )
     assert replayer_a.read(body_a)
-    with pytest.raises(PermissionRefused, match="blackbox migrate"):  # not B's: the owner's
+    with pytest.raises(DatabaseUnavailable, match="granted"):
         PostgresBlobs(login("blackbox_replayer", tenant=TENANT_B)).read(body_a)
+    assert "0 copies given" in _migrate(settings), "again: nothing more"
     relay.close()
+
+
+def _produce(settings: Settings, envelope: Envelope, partition: int) -> None:
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    producer.produce(
+        settings.topic,
+        EnvelopeCodec().encode(envelope),
+        key=envelope.run_id.encode(),
+        partition=partition,
+    )
+    assert producer.flush(30) == 0, "the forged copy was not acknowledged"
 
 
 def _views(engine: Engine, change: str, ref: str | None, run: str) -> None:

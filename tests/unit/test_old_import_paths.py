@@ -14,7 +14,14 @@ from agent_blackbox.outbox import storage
 from agent_blackbox.testing import AsyncMemoryRecorder, MemoryRecorder
 
 # Names the storage module gained after the move were never at the old path.
-ADDED_SINCE = {"UNATTRIBUTED", "attribute_blobs_txn", "unattributed_blobs_txn"}
+ADDED_SINCE = {
+    "UNATTRIBUTED",
+    "attribute_blobs_txn",
+    "remember_tenancy_heads_txn",
+    "tenancy_heads_txn",
+    "unattributed_blobs_txn",
+    "unclaimed_blobs_txn",
+}
 STORAGE_NAMES = sorted(set(storage.__all__) - ADDED_SINCE)
 
 
@@ -22,7 +29,10 @@ def test_the_storage_module_holds_the_tables_txn_functions_and_migrations() -> N
     assert {"outbox", "runs", "blobs", "effects", "data_keys"} <= set(STORAGE_NAMES)
     assert {name for name in storage.__all__ if name.endswith("_txn")} == {
         "attribute_blobs_txn",
+        "remember_tenancy_heads_txn",
+        "tenancy_heads_txn",
         "unattributed_blobs_txn",
+        "unclaimed_blobs_txn",
         "grant_tenant_txn",
         "outbox_backlog_txn",
         "pending_events_txn",

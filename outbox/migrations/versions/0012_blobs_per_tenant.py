@@ -18,10 +18,10 @@ could read any tenant's large bodies by their digest. Now:
 
 Rows stored before this revision have no known tenant: they get ``''``, which no grant
 matches, and are readable by the owner only until ``blackbox migrate`` attributes each
-to the tenants of the runs whose indexed events name it. ``blob_tenancy_heads`` keeps
-each run's head as this revision found it: only events up to it, of a run whose indexed
-events up to it are whole and vouched for, may claim such a body (an event appended
-since could name any digest its writer learned since).
+to the tenants of the runs whose events name it. ``blob_tenancy_heads`` keeps each
+run's head as this revision found it: only events that chain from the run's first event
+to that head, read from the topic, may claim such a body (an event appended since could
+name any digest its writer learned since; a forged copy is not on the chain).
 """
 
 from __future__ import annotations
@@ -88,8 +88,13 @@ def upgrade() -> None:
             IF FOUND THEN
                 RETURN v_data;
             END IF;
+            -- Said only while no tenant has a copy: once one has, a login of another
+            -- tenant learns nothing of the body from asking.
             IF EXISTS (SELECT 1 FROM {SCHEMA}.blobs b
-                        WHERE b.digest = p_digest AND b.tenant_id = '{UNATTRIBUTED}') THEN
+                        WHERE b.digest = p_digest AND b.tenant_id = '{UNATTRIBUTED}')
+               AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.blobs b
+                                WHERE b.digest = p_digest AND b.tenant_id <> '{UNATTRIBUTED}')
+            THEN
                 RAISE EXCEPTION 'body % was stored before bodies had tenants and is the '
                     'schema''s owner''s until `blackbox migrate` (run by the owner) gives it '
                     'to the tenant of the runs that name it', quote_literal(left(p_digest, 80))

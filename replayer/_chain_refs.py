@@ -1,0 +1,48 @@
+"""Which bodies a run's genuine events name, proven by their chain.
+
+A run's events are chained: each one's chain hash covers the previous one's and its
+own envelope (its ``payload_ref`` included). Given the head the write side recorded
+for the run (its last sequence and chain hash at some moment), the envelopes that lead
+from the genesis hash to that head are the ones its writer appended, whatever else was
+produced to the topic beside them: a forged copy of an event cannot lie on that path
+without a SHA-256 collision. The views are no proof of this (they keep the first copy
+they were given and compare the head's chain hash as a field, not as computed).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, UnknownCanonicalisation
+
+
+def chained_references(
+    copies: Iterable[Envelope], last_sequence: int, chain_head: str
+) -> list[tuple[int, str]] | None:
+    """``(sequence, payload_ref)`` of each event from 1 to ``last_sequence`` that stores
+    its body out of line, along the chain of ``copies`` (every copy the topic holds,
+    forged ones included) that leads from the genesis hash to ``chain_head``; None when
+    no such chain is among them (an event missing, or only copies that do not chain)."""
+    by_sequence: dict[int, list[Envelope]] = defaultdict(list)
+    for envelope in copies:
+        if 1 <= envelope.sequence <= last_sequence:
+            by_sequence[envelope.sequence].append(envelope)
+    # Every chain hash reachable so far, with the references along its path.
+    reached: dict[str, list[tuple[int, str]]] = {GENESIS_CHAIN_HASH: []}
+    for sequence in range(1, last_sequence + 1):
+        following: dict[str, list[tuple[int, str]]] = {}
+        for envelope in by_sequence.get(sequence, ()):
+            for previous, refs in reached.items():
+                try:
+                    computed = envelope.expected_chain_hash(previous)
+                except (UnknownCanonicalisation, ValueError):
+                    continue  # a copy that names no canonicalisation known here
+                if computed != envelope.chain_hash:
+                    continue
+                ref = envelope.payload_ref
+                following[computed] = refs if ref is None else [*refs, (sequence, ref)]
+        if not following:
+            return None
+        reached = following
+    return reached.get(chain_head)
