@@ -172,6 +172,9 @@ _SUBJECT_RUNS = text(
 # included) lose their metadata; the ledger keeps what was destroyed.
 _DELETE_METADATA = [
     text("DELETE FROM blackbox.effects WHERE run_id = ANY(:run_ids)"),
+    # A head kept for attributing older bodies dies with its run: a later run given the
+    # same id is another run.
+    text("DELETE FROM blackbox.blob_tenancy_heads WHERE run_id = ANY(:run_ids)"),
     text("DELETE FROM blackbox.runs WHERE run_id = ANY(:run_ids)"),
 ]
 

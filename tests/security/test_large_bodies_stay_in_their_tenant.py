@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from agent_blackbox.cli import main
 from agent_blackbox.consumers import ViewRunIndex
 from agent_blackbox.outbox import DatabaseUnavailable, Recorder, RunSnapshot
+from agent_blackbox.outbox.lifecycle import delete_run_metadata_txn
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.outbox.storage import EVERY_TENANT, PostgresBlobs, migrate_write_side
 from agent_blackbox.replayer import KafkaRunSource
@@ -193,6 +194,13 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
         PostgresBlobs(login("blackbox_replayer", tenant=TENANT_B)).read(body_a)
     assert "0 copies given" in _migrate(settings), "again: nothing more"
     relay.close()
+    # The head kept for B's run goes with it (retention): a later run given its id is
+    # another run, and may claim nothing by it.
+    heads = text("SELECT count(*) FROM blackbox.blob_tenancy_heads WHERE run_id = :run")
+    with engine.begin() as conn:
+        assert conn.execute(heads, {"run": run_b.run_id}).scalar_one() == 1
+        delete_run_metadata_txn(conn, [run_b.run_id])
+        assert conn.execute(heads, {"run": run_b.run_id}).scalar_one() == 0
 
 
 def _produce(settings: Settings, envelope: Envelope, partition: int) -> None:
