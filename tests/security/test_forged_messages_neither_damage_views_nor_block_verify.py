@@ -40,10 +40,11 @@ from agent_blackbox.consumers import (
 )
 from agent_blackbox.keystore import DataKeyStore, LocalKeyProvider
 from agent_blackbox.outbox import Recorder, RunSnapshot
-from agent_blackbox.schemas import BodyCodec, Envelope, EnvelopeCodec, EventType, Settings
+from agent_blackbox.schemas import BodyCodec, Envelope, EventType, Settings
 from tests.integration._agents import RecordedRun, record_ticket_runs, ticket_ids
 from tests.integration._views import build_views
 from tests.integration._wait import eventually
+from tests.security._forging import produce_to
 from tests.security._signing import (
     produce,
     relay_all,
@@ -143,18 +144,6 @@ def test_a_forged_redaction_note_changes_nothing_in_the_views(
     assert {i for _, i, _ in _digests(engine, real.run_id)} == {"shredded"}
 
 
-def _produce_to(settings: Settings, envelope: Envelope, partition: int) -> None:
-    """Write ``envelope`` to one chosen partition, as any producer may."""
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
-    producer.produce(
-        settings.topic,
-        EnvelopeCodec().encode(envelope),
-        key=envelope.run_id.encode(),
-        partition=partition,
-    )
-    assert producer.flush(30) == 0, "the forged event was not acknowledged"
-
-
 def _cli(settings: Settings, *args: str) -> Any:
     env = {
         "BLACKBOX_DATABASE_URL": settings.database_url,
@@ -177,7 +166,7 @@ def _forge_on_wrong_partition(settings: Settings, engine: Engine, run: RecordedR
     forged = replace(forged, chain_hash=forged.expected_chain_hash(last.chain_hash))
     home = run_partition(run.run_id, settings.partitions)
     wrong = (home + 1) % settings.partitions
-    _produce_to(settings, forged, wrong)
+    produce_to(settings, forged, wrong)
     with ViewConsumer(settings, engine=engine) as consumer:
 
         def taken() -> bool:

@@ -18,7 +18,6 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from click.testing import CliRunner, Result
-from confluent_kafka import Producer
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
@@ -29,11 +28,12 @@ from agent_blackbox.outbox.lifecycle import delete_run_metadata_txn
 from agent_blackbox.outbox.relay import Relay
 from agent_blackbox.outbox.storage import EVERY_TENANT, PostgresBlobs, migrate_write_side
 from agent_blackbox.replayer import KafkaRunSource
-from agent_blackbox.schemas import Envelope, EnvelopeCodec, PermissionRefused, Settings
+from agent_blackbox.schemas import PermissionRefused, Settings
 from tests.conftest import Login
 from tests.integration._agents import noise
 from tests.integration._backups import AGENTS, large_entry
 from tests.integration._views import build_views
+from tests.security._forging import produce_to
 from tests.security.conftest import TENANT_A, TENANT_B
 
 pytestmark = pytest.mark.integration
@@ -169,7 +169,7 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
     source = KafkaRunSource(settings, index, run_b.run_id)
     started, echoed = list(source)[:2]
     forged = replace(echoed, payload=None, payload_ref=body_a, chain_hash="")
-    _produce(settings, forged.linked(started.chain_hash), source.partition)
+    produce_to(settings, forged.linked(started.chain_hash), source.partition)
     # B's run goes on: a large body of its own at sequence 3, whose indexed event names
     # A's body instead (as if its writer had learned A's digest and named it).
     big = noise(2 * settings.blob_threshold_bytes, seed=5)
@@ -201,17 +201,6 @@ def test_bodies_stored_before_they_had_tenants_are_attributed_by_migrate(
         assert conn.execute(heads, {"run": run_b.run_id}).scalar_one() == 1
         delete_run_metadata_txn(conn, [run_b.run_id])
         assert conn.execute(heads, {"run": run_b.run_id}).scalar_one() == 0
-
-
-def _produce(settings: Settings, envelope: Envelope, partition: int) -> None:
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
-    producer.produce(
-        settings.topic,
-        EnvelopeCodec().encode(envelope),
-        key=envelope.run_id.encode(),
-        partition=partition,
-    )
-    assert producer.flush(30) == 0, "the forged copy was not acknowledged"
 
 
 def _views(engine: Engine, change: str, ref: str | None, run: str) -> None:
