@@ -150,6 +150,7 @@ from ._view_metrics import ViewGauges as ViewGauges
 from ._view_metrics import refresh_view_gauges as refresh_view_gauges
 from ._view_metrics import view_figures_txn as view_figures_txn
 from ._views import apply_batch as apply_batch
+from ._views import runs_in_conflict_txn as runs_in_conflict_txn
 from ._views import runs_naming_bodies_txn as runs_naming_bodies_txn
 from ._views import views_screen as views_screen
 from ._vouching import Unverified as Unverified

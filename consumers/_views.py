@@ -890,3 +890,11 @@ def runs_naming_bodies_txn(conn: Connection, refs: Sequence[str]) -> list[tuple[
         events_index.c.run_id, events_index.c.sequence, events_index.c.payload_ref
     ).where(events_index.c.payload_ref.in_(list(refs)))
     return [(str(run_id), int(sequence), str(ref)) for run_id, sequence, ref in conn.execute(named)]
+
+
+def runs_in_conflict_txn(conn: Connection) -> list[str]:
+    """The runs the views hold an integrity violation of (a copy of an event that
+    differed from the one indexed, or came on the wrong partition): the copy indexed
+    first may be a forged one, hiding what the real event names."""
+    listed = select(integrity_violations.c.run_id).distinct()
+    return [str(run_id) for run_id in conn.execute(listed).scalars()]

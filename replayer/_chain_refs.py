@@ -14,7 +14,21 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from agent_blackbox.schemas import GENESIS_CHAIN_HASH, Envelope, UnknownCanonicalisation
+from agent_blackbox.schemas import (
+    GENESIS_CHAIN_HASH,
+    BlackboxError,
+    Envelope,
+    UnknownCanonicalisation,
+)
+
+MAX_COPIES = 16
+"""Copies of one event looked at: a relay leaves a few (a retry, a crash); more were
+produced by someone else, and following each of them costs a hash for every hash
+reached before it (many thousands make it hours)."""
+
+
+class TooManyCopies(BlackboxError):
+    """An event has more copies in the topic than a relay leaves: the run is not proven."""
 
 
 def chained_references(
@@ -23,16 +37,31 @@ def chained_references(
     """``(sequence, payload_ref)`` of each event from 1 to ``last_sequence`` that stores
     its body out of line, along the chain of ``copies`` (every copy the topic holds,
     forged ones included) that leads from the genesis hash to ``chain_head``; None when
-    no such chain is among them (an event missing, or only copies that do not chain)."""
-    by_sequence: dict[int, list[Envelope]] = defaultdict(list)
+    no such chain is among them (an event missing, or only copies that do not chain).
+
+    Raises:
+        TooManyCopies: an event has more than :data:`MAX_COPIES` distinct copies.
+    """
+    by_sequence: dict[int, dict[bytes, Envelope]] = defaultdict(dict)
     for envelope in copies:
         if 1 <= envelope.sequence <= last_sequence:
-            by_sequence[envelope.sequence].append(envelope)
+            try:
+                material = envelope.chain_material()
+            except (UnknownCanonicalisation, ValueError):
+                continue  # a copy that names no canonicalisation known here
+            same = by_sequence[envelope.sequence]
+            same.setdefault(material + envelope.chain_hash.encode(), envelope)
+            if len(same) > MAX_COPIES:
+                raise TooManyCopies(
+                    f"event {envelope.sequence} of run {envelope.run_id} has more than "
+                    f"{MAX_COPIES} different copies in the topic (a relay leaves a few): "
+                    "someone else produced them; `blackbox verify` shows the run"
+                )
     # Every chain hash reachable so far, with the references along its path.
     reached: dict[str, list[tuple[int, str]]] = {GENESIS_CHAIN_HASH: []}
     for sequence in range(1, last_sequence + 1):
         following: dict[str, list[tuple[int, str]]] = {}
-        for envelope in by_sequence.get(sequence, ()):
+        for envelope in by_sequence[sequence].values() if sequence in by_sequence else ():
             for previous, refs in reached.items():
                 try:
                     computed = envelope.expected_chain_hash(previous)

@@ -8,7 +8,11 @@ import click
 
 from agent_blackbox.cli._wiring import Wiring, wired
 from agent_blackbox.cli._workers import guarded
-from agent_blackbox.consumers import migrate_views, runs_naming_bodies_txn
+from agent_blackbox.consumers import (
+    migrate_views,
+    runs_in_conflict_txn,
+    runs_naming_bodies_txn,
+)
 from agent_blackbox.outbox.storage import (
     attribute_blobs_txn,
     migrate_write_side,
@@ -80,7 +84,10 @@ def _attribute(wiring: Wiring, done: _Attributed) -> None:
         if not unattributed:
             return
         named = runs_naming_bodies_txn(conn, unattributed)
-        heads = tenancy_heads_txn(conn, sorted({run for run, _, _ in named}))
+        # And runs a conflicting copy was indexed of: a forged copy indexed first may
+        # hide that the real event names one of the bodies.
+        candidates = {run for run, _, _ in named} | set(runs_in_conflict_txn(conn))
+        heads = tenancy_heads_txn(conn, sorted(candidates))
     wanted = set(unattributed)
     proven: list[tuple[str, int, str]] = []
     engine = wiring.engine()

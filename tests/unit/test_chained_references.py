@@ -7,8 +7,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from agent_blackbox.outbox import MemoryRecorder, RunSnapshot
 from agent_blackbox.replayer import chained_references
+from agent_blackbox.replayer._chain_refs import MAX_COPIES, TooManyCopies
 from agent_blackbox.schemas import Envelope, Settings
 
 BIG = "x" * 200_000  # out of line, uncompressed
@@ -67,3 +70,19 @@ def test_no_chain_to_the_head_is_none() -> None:
         chained_references([events[0], tampered, *events[2:]], head.sequence, head.chain_hash)
         is None
     )
+
+
+def test_more_copies_of_an_event_than_a_relay_leaves_are_refused_not_followed() -> None:
+    """Thousands of forged copies, each chained to one before it, would cost a hash for
+    every pair: the run is refused at once, naming why."""
+    events = _run()
+    copies = [
+        _forged(events[1], events[0].chain_hash, f"sha256:{i:064x}") for i in range(MAX_COPIES + 1)
+    ]
+    head = events[-1]
+    with pytest.raises(TooManyCopies, match="more than 16 different copies"):
+        chained_references([*events, *copies], head.sequence, head.chain_hash)
+    # Repeats of one copy are one copy.
+    assert chained_references(events * 20, head.sequence, head.chain_hash) == [
+        (2, events[1].payload_ref)
+    ]
