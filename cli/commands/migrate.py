@@ -31,7 +31,7 @@ class _Attributed:
     copies: int = 0
     unclaimed: int = 0
     unread: list[str] = field(default_factory=list)
-    """Why runs naming such bodies could not be read from the topic."""
+    """Why runs that may name such bodies could not be read from the topic or proven."""
 
 
 @click.command("migrate")
@@ -57,9 +57,10 @@ def migrate_command() -> None:
     console.print("[green]migrated[/] the write side (blackbox) and the views (blackbox_views)")
     if done.unread:
         console.print(
-            f"[yellow]warning:[/] {len(done.unread):,} runs naming bodies stored before they "
-            f"had a tenant could not be read from the topic (first: {safe_text(done.unread[0])}"
-            "); run `blackbox migrate` again with Kafka reachable"
+            f"[yellow]warning:[/] {len(done.unread):,} runs that may name bodies stored "
+            "before they had a tenant could not be read from the topic or proven by it "
+            f"(first: {safe_text(done.unread[0])}); run `blackbox migrate` again once Kafka "
+            "is reachable, or look at the run with `blackbox verify`"
         )
     if done.copies or done.unclaimed:
         console.print(
