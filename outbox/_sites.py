@@ -14,8 +14,7 @@ import os
 import site
 import sys
 import sysconfig
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,25 +118,34 @@ def agent_site(frame: FrameType | None = None) -> tuple[Site | None, Site | None
     return None, library
 
 
-_TOOL: ContextVar[Site | None] = ContextVar("blackbox_crossing_tool", default=None)
+_TOOL: ContextVar[Callable[..., Any] | None] = ContextVar("blackbox_crossing_tool", default=None)
 
 
-@contextmanager
-def crossing_tool(function: Callable[..., Any]) -> Iterator[None]:
+class crossing_tool:  # noqa: N801 - used as a ``with`` block, as a function would be
     """While the agent's tool ``function`` crosses its boundary: where it is defined, the
     site to name when no frame of the agent's is on the stack (a framework ran the tool
-    on a thread of its own, as LangGraph's tool node does)."""
-    code = getattr(function, "__code__", None)
-    site = None if code is None else Site(function.__name__, code.co_filename, code.co_firstlineno)
-    token = _TOOL.set(site)
-    try:
-        yield
-    finally:
-        _TOOL.reset(token)
+    on a thread of its own, as LangGraph's tool node does).
+
+    Entered for every recorded tool call: it keeps the function, and the site is made
+    only when a divergence asks for it (:func:`tool_definition`)."""
+
+    __slots__ = ("_function", "_token")
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self._function = function
+
+    def __enter__(self) -> None:
+        self._token = _TOOL.set(self._function)
+
+    def __exit__(self, *_: object) -> None:
+        _TOOL.reset(self._token)
 
 
 def tool_definition() -> Site | None:
     """Where the tool crossing now is defined, when one of the agent's is (see
-    :func:`crossing_tool`)."""
-    site = _TOOL.get()
-    return site if site is not None and agent_file(site.file) else None
+    :class:`crossing_tool`)."""
+    function = _TOOL.get()
+    code = None if function is None else getattr(function, "__code__", None)
+    if function is None or code is None or not agent_file(code.co_filename):
+        return None
+    return Site(function.__name__, code.co_filename, code.co_firstlineno)
