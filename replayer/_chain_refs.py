@@ -19,6 +19,7 @@ from agent_blackbox.schemas import (
     BlackboxError,
     Envelope,
     UnknownCanonicalisation,
+    next_chain_hash,
 )
 
 MAX_COPIES = 16
@@ -42,7 +43,9 @@ def chained_references(
     Raises:
         TooManyCopies: an event has more than :data:`MAX_COPIES` distinct copies.
     """
-    by_sequence: dict[int, dict[bytes, Envelope]] = defaultdict(dict)
+    # Each distinct copy with its chain material, taken once (every hash reached before
+    # it is tried against it).
+    by_sequence: dict[int, dict[bytes, tuple[Envelope, bytes]]] = defaultdict(dict)
     for envelope in copies:
         if 1 <= envelope.sequence <= last_sequence:
             try:
@@ -50,7 +53,7 @@ def chained_references(
             except (UnknownCanonicalisation, ValueError):
                 continue  # a copy that names no canonicalisation known here
             same = by_sequence[envelope.sequence]
-            same.setdefault(material + envelope.chain_hash.encode(), envelope)
+            same.setdefault(material + envelope.chain_hash.encode(), (envelope, material))
             if len(same) > MAX_COPIES:
                 raise TooManyCopies(
                     f"event {envelope.sequence} of run {envelope.run_id} has more than "
@@ -61,12 +64,9 @@ def chained_references(
     reached: dict[str, list[tuple[int, str]]] = {GENESIS_CHAIN_HASH: []}
     for sequence in range(1, last_sequence + 1):
         following: dict[str, list[tuple[int, str]]] = {}
-        for envelope in by_sequence[sequence].values() if sequence in by_sequence else ():
-            for previous, refs in reached.items():
-                try:
-                    computed = envelope.expected_chain_hash(previous)
-                except (UnknownCanonicalisation, ValueError):
-                    continue  # a copy that names no canonicalisation known here
+        for envelope, material in by_sequence[sequence].values() if sequence in by_sequence else ():
+            for previous, refs in reached.items():  # hashes computed here: hex
+                computed = next_chain_hash(previous, material)
                 if computed != envelope.chain_hash:
                     continue
                 ref = envelope.payload_ref
