@@ -21,9 +21,11 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from agent_blackbox.schemas import (
     BlackboxError,
     Settings,
+    driver_cause,
     permission_refused,
     safe_console,
     safe_text,
+    unreachable_database,
 )
 
 until_idle_option = click.option(
@@ -134,12 +136,6 @@ def could_not_run(console: Console, exc: BlackboxError) -> NoReturn:
     sys.exit(2)
 
 
-def driver_cause(exc: Exception) -> str:
-    """The first line of what the database driver said of ``exc`` (SQLAlchemy's wrapper
-    goes on with the SQL and a link)."""
-    return str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-
-
 DATABASE_DOWN = (OperationalError, InterfaceError)
 """What SQLAlchemy raises when the database cannot be reached or dropped the session."""
 
@@ -147,10 +143,7 @@ DATABASE_DOWN = (OperationalError, InterfaceError)
 def database_unreachable(exc: Exception) -> BlackboxError:
     """A database that could not be reached, as a command says it: the driver's first
     line and what to check."""
-    return BlackboxError(
-        f"cannot reach the database ({driver_cause(exc)}); is it running (blackbox stack "
-        "status, locally), and is BLACKBOX_DATABASE_URL right?"
-    )
+    return BlackboxError(unreachable_database(driver_cause(exc)))
 
 
 def views_unread(exc: Exception, what: str) -> BlackboxError:

@@ -82,6 +82,7 @@ from agent_blackbox.keystore import bodies_openable_txn
 from agent_blackbox.replayer import OpenedBody
 from agent_blackbox.schemas import (
     Settings,
+    driver_cause,
     hidden_characters,
     is_run_id,
     moment,
@@ -581,7 +582,7 @@ class _Reading:
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
         if isinstance(exc, SQLAlchemyError):
-            detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            detail = driver_cause(exc)
             log.warning("console: the views could not be read: %s", detail)
             self.message = (
                 f"the views could not be read ({detail}); is the database up and does this "

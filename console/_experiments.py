@@ -27,6 +27,7 @@ from agent_blackbox.consumers import (
 )
 from agent_blackbox.replayer import METHOD, ExperimentReport
 from agent_blackbox.replayer._experiment_stats import Mean, ScoreSummary
+from agent_blackbox.schemas import driver_cause
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class _ExperimentPages:
         )
 
     def _unreadable(self, request: Request, exc: SQLAlchemyError) -> Response:
-        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        detail = driver_cause(exc)
         log.warning("console: the experiments could not be read: %s", detail)
         return self.render(
             request,

@@ -20,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.consumers._errors import ViewStoreUnavailable
 from agent_blackbox.consumers._prices import PriceTable, TokenCounts
-from agent_blackbox.schemas import cache_write_tokens, llm_usage
+from agent_blackbox.schemas import cache_write_tokens, driver_cause, llm_usage
 
 # What is kept of a plan, a result and its scores (the replayer's ExperimentPlan,
 # RunResult and ScorePair have these; the read side does not import the replayer).
@@ -192,7 +192,7 @@ class ViewExperiments:
                 for statement, params in writes:
                     conn.execute(statement, params)
         except SQLAlchemyError as exc:
-            cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            cause = driver_cause(exc)
             raise ViewStoreUnavailable(
                 f"cannot keep {what}: {cause}. Check that the views are migrated "
                 "(blackbox migrate) and that this login has the blackbox_replayer role"

@@ -11,6 +11,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
 from agent_blackbox.consumers._errors import MigrationFailed
+from agent_blackbox.schemas import driver_cause, unreachable_database
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -36,13 +37,9 @@ def migrate_views(database_url: str) -> None:
     try:
         command.upgrade(views_alembic_config(database_url), "head")
     except (SQLAlchemyError, CommandError) as exc:
-        # The driver's first line: the rest is SQL and a link, and prints escaped.
-        cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        cause = driver_cause(exc)
         if isinstance(exc, OperationalError | InterfaceError):
-            raise MigrationFailed(
-                f"cannot reach the database at {_redacted(database_url)} ({cause}); is it "
-                "running (blackbox stack status, locally), and is BLACKBOX_DATABASE_URL right?"
-            ) from exc
+            raise MigrationFailed(unreachable_database(cause, _redacted(database_url))) from exc
         raise MigrationFailed(
             f"could not migrate the views in {_redacted(database_url)}: {cause}; check that "
             "the user may create schemas and tables in it"

@@ -10,6 +10,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.consumers._errors import ViewStoreUnavailable
+from agent_blackbox.schemas import driver_cause
 
 
 class _Divergence(Protocol):
@@ -104,7 +105,7 @@ class ViewReplayResults:
                 # not one per run (what bounded ``replay --all`` over short runs).
                 conn.execute(_RECORD, rows if len(rows) > 1 else rows[0])
         except SQLAlchemyError as exc:
-            detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            detail = driver_cause(exc)
             which = reports[0].run_id if len(reports) == 1 else _named(exc, reports)
             raise ViewStoreUnavailable(
                 f"cannot record the replay result of run {which}: {detail}"

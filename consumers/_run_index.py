@@ -28,6 +28,7 @@ from agent_blackbox.schemas import (
     Checkpoint,
     PermissionRefused,
     Settings,
+    driver_cause,
     permission_refused,
     safe_text,
 )
@@ -189,7 +190,7 @@ def _unreadable(what: str, exc: SQLAlchemyError) -> BlackboxError:
             f"cannot read {what}: {refusal}; the views are read by a blackbox_reader or "
             "blackbox_replayer login (granted the runs' tenants)"
         )
-    cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    cause = driver_cause(exc)
     return ViewStoreUnavailable(
         f"cannot read {what}: {cause}. Check that Postgres runs (blackbox stack status) and "
         "BLACKBOX_DATABASE_URL points at it, and that the views were built (blackbox consume)"

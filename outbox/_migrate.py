@@ -8,6 +8,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
 from agent_blackbox.outbox._errors import DatabaseUnavailable
+from agent_blackbox.schemas import driver_cause, unreachable_database
 from agent_blackbox.wiring import MIGRATION_POOL
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -32,14 +33,10 @@ def migrate_write_side(database: str | Engine) -> None:
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
     except SQLAlchemyError as exc:
-        # The driver's first line: the rest is SQL and a link, and prints escaped.
-        cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        cause = driver_cause(exc)
         where = engine.url.render_as_string()
         if isinstance(exc, OperationalError | InterfaceError):
-            raise DatabaseUnavailable(
-                f"cannot reach the database at {where} ({cause}); is it running (blackbox "
-                "stack status, locally), and is BLACKBOX_DATABASE_URL right?"
-            ) from exc
+            raise DatabaseUnavailable(unreachable_database(cause, where)) from exc
         raise DatabaseUnavailable(
             f"could not migrate the write side at {where}: {cause}; check that the user "
             "may create schemas and tables in it"

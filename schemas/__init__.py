@@ -82,7 +82,9 @@ from agent_blackbox.schemas._errors import (
     PermissionRefused,
     UndecodableMessage,
     UnknownSchemaVersion,
+    driver_cause,
     permission_refused,
+    unreachable_database,
 )
 from agent_blackbox.schemas._jcs import rfc8785_json
 from agent_blackbox.schemas._keyfile import (
@@ -267,6 +269,7 @@ __all__ = [
     "deletion_statement",
     "digest",
     "digest_bytes",
+    "driver_cause",
     "encoded_parts",
     "env_flag",
     "hidden_characters",
@@ -298,6 +301,7 @@ __all__ = [
     "tag_problem",
     "too_deep",
     "tool_call_views",
+    "unreachable_database",
     "visible_text",
     "write_owner_only",
 ]

@@ -134,3 +134,20 @@ def permission_refused(exc: BaseException) -> str | None:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def driver_cause(exc: BaseException) -> str:
+    """The first line of what the database driver said of ``exc`` (SQLAlchemy's wrapper,
+    which it is read through as ``orig``, goes on with the SQL and a link, and prints
+    escaped on one line): its type's name when it said nothing."""
+    return _first_line(getattr(exc, "orig", None) or exc)
+
+
+def unreachable_database(cause: str, where: str | None = None) -> str:
+    """What to say of a database that could not be reached: the driver's ``cause`` and
+    what to check (``where``: its URL, without the password)."""
+    at = "" if where is None else f" at {where}"
+    return (
+        f"cannot reach the database{at} ({cause}); is it running (blackbox stack status, "
+        "locally), and is BLACKBOX_DATABASE_URL right?"
+    )

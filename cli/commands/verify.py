@@ -25,7 +25,6 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_blackbox.cli._wiring import wired
-from agent_blackbox.cli._workers import driver_cause
 from agent_blackbox.outbox.storage import PostgresBlobs, pending_events_txn, run_heads_txn
 from agent_blackbox.replayer import (
     AssembledRun,
@@ -48,6 +47,7 @@ from agent_blackbox.schemas import (
     CheckpointVerifier,
     Envelope,
     Settings,
+    driver_cause,
     permission_refused,
     safe_console,
     safe_text,

@@ -13,7 +13,6 @@ from sqlalchemy import text
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from agent_blackbox.cli._wiring import wired
-from agent_blackbox.cli._workers import driver_cause
 from agent_blackbox.console import (
     Authenticator,
     ConsoleAuthError,
@@ -24,7 +23,7 @@ from agent_blackbox.console import (
     create_app,
     is_loopback,
 )
-from agent_blackbox.schemas import safe_console, safe_text
+from agent_blackbox.schemas import driver_cause, safe_console, safe_text
 from agent_blackbox.wiring import SERVICE_POOL
 
 

@@ -8,7 +8,12 @@ import pytest
 from click.testing import CliRunner
 
 from agent_blackbox.cli._roles import ROLES, RoleCheckedGroup
-from agent_blackbox.schemas import BlackboxError, PermissionRefused, permission_refused
+from agent_blackbox.schemas import (
+    BlackboxError,
+    PermissionRefused,
+    driver_cause,
+    permission_refused,
+)
 
 
 class _DriverError(Exception):
@@ -111,3 +116,22 @@ def test_other_errors_pass_through_untouched() -> None:
     result = CliRunner().invoke(_cli(RuntimeError("boom")), ["ledger", "reapply"])
     assert isinstance(result.exception, RuntimeError)
     assert result.exit_code == 1
+
+
+class _Said(Exception):
+    """A driver's error whose message goes on over several lines."""
+
+
+class _Wrapper(Exception):
+    """What SQLAlchemy wraps a driver error in (``orig``), with the SQL and a link."""
+
+    def __init__(self, orig: BaseException) -> None:
+        super().__init__(f"({type(orig).__name__}) {orig}\n[SQL: SELECT 1]\n(Background: ...)")
+        self.orig = orig
+
+
+def test_the_drivers_cause_is_its_first_line_or_its_type() -> None:
+    refused = _Said("connection to server failed: refused\n\tIs the server running?")
+    assert driver_cause(_Wrapper(refused)) == "connection to server failed: refused"
+    assert driver_cause(_Wrapper(_Said())) == "_Said"  # it said nothing
+    assert driver_cause(ValueError("plain\nsecond")) == "plain"
